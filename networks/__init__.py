@@ -1,0 +1,14 @@
+"""Moving bytes between GPUs inside a simpy.Environment, and the topologies they cross."""
+
+from networks.base import Network, TransferRecord, network_class, register
+from networks.packet import PacketSwitchNetwork
+from networks.photonic import PhotonicNetwork
+
+__all__ = [
+    "Network",
+    "PacketSwitchNetwork",
+    "PhotonicNetwork",
+    "TransferRecord",
+    "network_class",
+    "register",
+]

@@ -1,0 +1,163 @@
+"""The Network interface: move bytes between GPUs inside a simpy.Environment.
+
+A device or an extrapolator only calls `transfer` / `transfer_group` and waits on the
+returned events; it never knows which implementation it talks to. To add a network,
+subclass `Network`, implement `_start_group`, and register it with `register`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import networkx as nx
+import simpy
+
+from triosim.errors import NetworkError
+
+
+@dataclass(slots=True)
+class TransferRecord:
+    src: object
+    dst: object
+    nbytes: float
+    start: float
+    end: float = math.nan
+    tag: str = ""
+
+
+class Network:
+    """Base class. Subclasses implement `_start_group(records, events)`."""
+
+    kind = "abstract"
+
+    def __init__(self, env: simpy.Environment, graph: nx.DiGraph):
+        self.env = env
+        self.graph = validate_graph(graph)
+        self.gpus = gpu_nodes(self.graph)
+        self._gpu_set = set(self.gpus)
+        self.records: list[TransferRecord] = []
+        self.bytes_sent = 0.0
+        self.bytes_delivered = 0.0
+        self.in_flight = 0
+
+    # -- public API ----------------------------------------------------------------
+    def transfer(self, src, dst, nbytes: float, tag: str = "") -> simpy.Event:
+        """Start one transfer; the event fires (value: the TransferRecord) on delivery."""
+        return self.transfer_group([(src, dst, nbytes)], tag=tag)[0]
+
+    def transfer_group(self, transfers, tag: str = "") -> list[simpy.Event]:
+        """Start many transfers at the same instant (one collective step).
+
+        Implementations solve their bandwidth allocation once for the whole group.
+        """
+        records, events = [], []
+        for src, dst, nbytes in transfers:
+            self._check(src, dst, nbytes)
+            rec = TransferRecord(src, dst, float(nbytes), self.env.now, tag=tag)
+            self.records.append(rec)
+            self.bytes_sent += rec.nbytes
+            self.in_flight += 1
+            records.append(rec)
+            events.append(self.env.event())
+        if records:
+            self._start_group(records, events)
+        return events
+
+    def _deliver(self, rec: TransferRecord, event: simpy.Event) -> None:
+        rec.end = self.env.now
+        self.bytes_delivered += rec.nbytes
+        self.in_flight -= 1
+        event.succeed(rec)
+
+    # -- statistics ----------------------------------------------------------------
+    def link_stats(self):
+        """A DataFrame: one row per link with bytes carried and busy time."""
+        import pandas as pd
+
+        return pd.DataFrame(columns=["src", "dst", "bandwidth", "bytes", "busy_time"])
+
+    def transfers(self):
+        import pandas as pd
+
+        return pd.DataFrame(
+            [(r.src, r.dst, r.nbytes, r.start, r.end, r.tag) for r in self.records],
+            columns=["src", "dst", "nbytes", "start", "end", "tag"],
+        )
+
+    # -- to implement -----------------------------------------------------------------
+    def _start_group(self, records: list[TransferRecord], events: list[simpy.Event]) -> None:
+        raise NotImplementedError
+
+    def _check(self, src, dst, nbytes) -> None:
+        for who, node in (("source", src), ("destination", dst)):
+            if node not in self._gpu_set:
+                raise NetworkError(
+                    f"transfer {who} {node!r} is not a GPU of this topology "
+                    f"(GPUs: {_short(self.gpus)})"
+                )
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, float)):
+            raise NetworkError(f"transfer size must be a number of bytes, got {nbytes!r}")
+        if not (nbytes >= 0) or math.isinf(nbytes):
+            raise NetworkError(f"transfer size must be finite and >= 0 bytes, got {nbytes!r}")
+
+
+def _short(items, n=8) -> str:
+    items = list(items)
+    s = ", ".join(map(repr, items[:n]))
+    return s + (f", ... ({len(items)} in all)" if len(items) > n else "")
+
+
+def gpu_nodes(graph: nx.DiGraph) -> list:
+    """GPUs are nodes with kind='gpu' (the builders set it); default: every node."""
+    gpus = [n for n, d in graph.nodes(data=True) if d.get("kind", "gpu") == "gpu"]
+    return sorted(gpus, key=lambda n: (str(type(n)), n))
+
+
+def validate_graph(graph) -> nx.DiGraph:
+    """Check a topology: non-empty, positive bandwidth, non-negative latency, GPUs connected."""
+    if not isinstance(graph, nx.Graph):
+        raise NetworkError(f"topology must be a networkx graph, got {type(graph).__name__}")
+    if not graph.is_directed():
+        graph = graph.to_directed()
+    gpus = gpu_nodes(graph)
+    if not gpus:
+        raise NetworkError("topology has no GPUs (it is empty or no node has kind='gpu')")
+    for u, v, d in graph.edges(data=True):
+        bw, lat = d.get("bandwidth"), d.get("latency", 0.0)
+        if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
+            raise NetworkError(f"link {u!r}->{v!r}: bandwidth must be > 0 bytes/s, got {bw!r}")
+        if isinstance(lat, bool) or not isinstance(lat, (int, float)) or not (
+            0 <= lat < math.inf
+        ):
+            raise NetworkError(f"link {u!r}->{v!r}: latency must be finite and >= 0 s, got {lat!r}")
+    if len(gpus) > 1:
+        reach = nx.descendants(graph, gpus[0]) | {gpus[0]}
+        back = nx.ancestors(graph, gpus[0]) | {gpus[0]}
+        cut = [g for g in gpus if g not in reach or g not in back]
+        if cut:
+            raise NetworkError(
+                f"topology is disconnected: GPU(s) {_short(cut)} cannot exchange data with "
+                f"GPU {gpus[0]!r}"
+            )
+    return graph
+
+
+_REGISTRY: dict[str, type[Network]] = {}
+
+
+def register(name: str):
+    def deco(cls):
+        _REGISTRY[name] = cls
+        cls.kind = name
+        return cls
+
+    return deco
+
+
+def network_class(name: str) -> type[Network]:
+    from triosim.errors import ConfigError
+
+    if name not in _REGISTRY:
+        raise ConfigError("network.kind", name, f"one of {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]

@@ -1,0 +1,168 @@
+"""Flow-based packet-switched network: shortest-path routing, per-link latency, max-min sharing.
+
+A transfer's bytes enter the path at the max-min fair rate, which is recomputed
+whenever a flow starts or ends; its last byte arrives one path latency after it
+left, so a lone transfer takes latency + bytes / bandwidth.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+import simpy
+
+from networks.base import Network, TransferRecord, register
+from networks.maxmin import incidence, max_min_rates
+from triosim.errors import ConfigError
+
+_REL_TOL = 1e-9  # a flow with this fraction of its bytes left is done (float round-off)
+
+
+@dataclass(slots=True)
+class _Flow:
+    rec: TransferRecord
+    event: simpy.Event
+    links: np.ndarray
+    latency: float
+    remaining: float
+    rate: float = 0.0
+
+
+@register("packet")
+class PacketSwitchNetwork(Network):
+    def __init__(self, env, graph, routing: str = "latency"):
+        super().__init__(env, graph)
+        if routing not in ("latency", "hops"):
+            raise ConfigError("network.routing", routing, "'latency' or 'hops'")
+        self.routing = routing
+        self.links = list(self.graph.edges())
+        self._link_index = {e: i for i, e in enumerate(self.links)}
+        self.capacity = np.array([self.graph.edges[e]["bandwidth"] for e in self.links], float)
+        self.latency = np.array([self.graph.edges[e].get("latency", 0.0) for e in self.links])
+        self.link_bytes = np.zeros(len(self.links))
+        self.link_busy = np.zeros(len(self.links))
+        self.max_utilisation = 0.0  # highest load/capacity seen on any link (<= 1)
+        self._preds: dict = {}
+        self._paths: dict = {}
+        self._flows: list[_Flow] = []
+        self._load = np.zeros(len(self.links))
+        self._last = env.now
+        self._generation = 0
+        self.reallocations = 0
+
+    # -- routing ----------------------------------------------------------------------
+    def _weight(self, u, v, d):
+        if self.routing == "hops":
+            return 1
+        # integer picoseconds, then hops to break ties: exact sums keep equal-cost paths tied
+        return int(round(d.get("latency", 0.0) * 1e12)) * 4096 + 1
+
+    def path_links(self, src, dst) -> np.ndarray:
+        key = (src, dst)
+        if key not in self._paths:
+            if src not in self._preds:
+                self._preds[src] = nx.dijkstra_predecessor_and_distance(
+                    self.graph, src, weight=self._weight
+                )[0]
+            preds = self._preds[src]
+            nodes, v = [dst], dst
+            while v != src:  # walk back, picking among equal-cost predecessors by hash (ECMP)
+                options = preds[v]
+                h = zlib.crc32(f"{src!r}|{dst!r}|{v!r}".encode())
+                v = options[h % len(options)]
+                nodes.append(v)
+            nodes.reverse()
+            idx = [self._link_index[(a, b)] for a, b in zip(nodes, nodes[1:], strict=False)]
+            self._paths[key] = np.array(idx, dtype=np.int64)
+        return self._paths[key]
+
+    def path(self, src, dst) -> list:
+        links = self.path_links(src, dst)
+        return [src] + [self.links[i][1] for i in links]
+
+    # -- flow dynamics ----------------------------------------------------------------
+    def _start_group(self, records, events):
+        self._advance()
+        for rec, ev in zip(records, events, strict=True):
+            links = self.path_links(rec.src, rec.dst)
+            lat = float(self.latency[links].sum()) if len(links) else 0.0
+            self._flows.append(_Flow(rec, ev, links, lat, rec.nbytes))
+            np.add.at(self.link_bytes, links, rec.nbytes)
+        self._finish_and_reallocate()
+
+    def _advance(self):
+        """Move every flow forward to now at its current rate."""
+        dt = self.env.now - self._last
+        if dt > 0 and self._flows:
+            for f in self._flows:
+                f.remaining -= f.rate * dt
+            self.link_busy += np.where(self._load > 0, dt, 0.0)
+        self._last = self.env.now
+
+    def _finish_and_reallocate(self):
+        still = []
+        for f in self._flows:
+            if f.remaining <= _REL_TOL * f.rec.nbytes or len(f.links) == 0:
+                self._schedule_delivery(f)
+            else:
+                still.append(f)
+        self._flows = still
+        self._generation += 1
+        if not still:
+            self._load[:] = 0.0
+            return
+        self.reallocations += 1
+        A = incidence([f.links for f in still], len(self.links))
+        rates = max_min_rates(A, self.capacity)
+        for f, r in zip(still, rates, strict=True):
+            f.rate = float(r)
+        if np.isinf(rates).any():  # flows over infinitely fast links only: done at once
+            for f in still:
+                if f.rate == np.inf:
+                    self._schedule_delivery(f)
+            self._flows = still = [f for f in still if f.rate != np.inf]
+            if not still:
+                self._load[:] = 0.0
+                return
+            A = incidence([f.links for f in still], len(self.links))
+            rates = np.array([f.rate for f in still])
+        finite = np.where(np.isfinite(rates), rates, 0.0)
+        self._load = A @ finite
+        with np.errstate(divide="ignore", invalid="ignore"):
+            util = np.where(np.isfinite(self.capacity), self._load / self.capacity, 0.0)
+        self.max_utilisation = max(self.max_utilisation, float(util.max(initial=0.0)))
+        with np.errstate(divide="ignore"):
+            dt = min(f.remaining / f.rate for f in still)
+        gen = self._generation
+        self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _e: self._on_timer(gen))
+
+    def _on_timer(self, gen):
+        if gen != self._generation:
+            return  # superseded by a later reallocation
+        self._advance()
+        self._finish_and_reallocate()
+
+    def _schedule_delivery(self, f: _Flow):
+        if f.latency > 0:
+            self.env.timeout(f.latency).callbacks.append(lambda _e: self._deliver(f.rec, f.event))
+        else:
+            self._deliver(f.rec, f.event)
+
+    # -- statistics --------------------------------------------------------------------
+    def link_stats(self):
+        import pandas as pd
+
+        self._advance()
+        return pd.DataFrame(
+            {
+                "src": [u for u, _ in self.links],
+                "dst": [v for _, v in self.links],
+                "bandwidth": self.capacity,
+                "latency": self.latency,
+                "bytes": self.link_bytes,
+                "busy_time": self.link_busy,
+            }
+        )

@@ -1,0 +1,51 @@
+"""The project's own exception types: every bad input ends in one of these."""
+
+from __future__ import annotations
+
+
+class TrioSimError(Exception):
+    """Base class of every error triosim raises on purpose."""
+
+
+class TraceError(TrioSimError, ValueError):
+    """A trace file is malformed; names the file, the row and the field."""
+
+    def __init__(self, message: str, *, file=None, row=None, field=None):
+        where = []
+        if file is not None:
+            where.append(f"file {file}")
+        if row is not None:
+            where.append(f"row {row}")
+        if field is not None:
+            where.append(f"field '{field}'")
+        self.file, self.row, self.field = file, row, field
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+
+
+class ConfigError(TrioSimError, ValueError):
+    """A configuration value is not allowed; names the field, the value and what is allowed."""
+
+    def __init__(self, field: str, value, allowed: str):
+        self.field, self.value, self.allowed = field, value, allowed
+        super().__init__(f"config field '{field}' = {value!r} is not allowed: {allowed}")
+
+
+class NetworkError(TrioSimError, ValueError):
+    """A topology or a transfer request is invalid."""
+
+
+class SimulationError(TrioSimError, RuntimeError):
+    """The simulation broke an invariant (work left over, bytes lost, overlapping tasks)."""
+
+
+class DeadlockError(SimulationError):
+    """Events ran out while tasks were still waiting; names the stuck GPUs and tasks."""
+
+    def __init__(self, stuck: list[tuple[str, str]]):
+        self.stuck = stuck
+        lines = "\n".join(f"  {who}: waiting on {what}" for who, what in stuck[:20])
+        more = f"\n  ... and {len(stuck) - 20} more" if len(stuck) > 20 else ""
+        super().__init__(
+            f"simulation stalled with {len(stuck)} stream(s) unfinished "
+            f"(no events left to run):\n{lines}{more}"
+        )

@@ -1,0 +1,297 @@
+"""The trace data model: one training iteration on one GPU.
+
+A `Trace` holds operators (in issue order) and the tensors they read and write.
+Times are seconds, sizes bytes. The on-disk format is described in
+docs/trace-format.md; `load`/`save` read and write it, `import_triosim_csv`
+reads the original TrioSim CSV pair.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from triosim.errors import TraceError
+
+FORMAT_NAME = "triosim-trace"
+FORMAT_VERSION = 1
+
+PHASES = ("forward", "backward", "optimizer")
+CATEGORIES = ("input", "activation", "weight", "gradient", "optimizer_state", "buffer")
+# Categories whose size grows with the batch; the others (weights, their gradients,
+# optimizer states, buffers such as running means) keep their size.
+BATCH_SCALED = frozenset({"input", "activation"})
+
+DTYPE_BYTES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
+    "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8": 1, "complex64": 8,
+}  # fmt: skip
+
+OPERATOR_COLUMNS = ("id", "name", "layer", "phase", "time", "inputs", "outputs", "flops")
+OPERATOR_OPTIONAL = ("fwd_id", "kernels", "tp_split")
+TENSOR_COLUMNS = ("id", "shape", "dtype", "nbytes", "category")
+
+
+@dataclass(slots=True)
+class Tensor:
+    id: int
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: float
+    category: str
+
+    @property
+    def scales_with_batch(self) -> bool:
+        return self.category in BATCH_SCALED
+
+
+@dataclass(slots=True)
+class Operator:
+    id: int
+    name: str
+    layer: str
+    phase: str
+    time: float  # measured GPU time, seconds
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    flops: float | None = None  # None when unknown
+    fwd_id: int | None = None  # for a backward op: the forward op it differentiates
+    kernels: int = 1  # GPU kernels launched (for per-kernel overhead models)
+    tp_split: bool = False  # splittable by tensor parallelism (conv, linear, embedding, matmul)
+
+
+@dataclass
+class Trace:
+    operators: list[Operator]
+    tensors: dict[int, Tensor]
+    metadata: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self._by_id = None
+
+    # -- convenience -------------------------------------------------------------
+    @property
+    def batch_size(self) -> int | None:
+        return self.metadata.get("batch_size")
+
+    @property
+    def total_time(self) -> float:
+        return math.fsum(op.time for op in self.operators)
+
+    def op(self, op_id: int) -> Operator:
+        if self._by_id is None:
+            self._by_id = {o.id: o for o in self.operators}
+        return self._by_id[op_id]
+
+    def phase_ops(self, phase: str) -> list[Operator]:
+        return [o for o in self.operators if o.phase == phase]
+
+    def weights(self) -> list[Tensor]:
+        return [t for t in self.tensors.values() if t.category == "weight"]
+
+    def weight_bytes(self) -> float:
+        return math.fsum(t.nbytes for t in self.weights())
+
+    def op_bytes(self, op: Operator) -> float:
+        """Bytes an operator reads and writes (each distinct tensor once)."""
+        ids = set(op.inputs) | set(op.outputs)
+        return math.fsum(self.tensors[i].nbytes for i in ids)
+
+    def validate(self, file=None) -> Trace:
+        validate(self, file)
+        return self
+
+
+# -- validation ------------------------------------------------------------------
+
+
+def validate(trace: Trace, file=None) -> None:
+    """Raise TraceError naming the file, row and field of the first problem."""
+    for row, t in enumerate(trace.tensors.values()):
+        if t.category not in CATEGORIES:
+            raise TraceError(
+                f"unknown category {t.category!r}; allowed: {', '.join(CATEGORIES)}",
+                file=file, row=row, field="category",
+            )  # fmt: skip
+        if not _finite_nonneg(t.nbytes):
+            raise TraceError(f"bytes must be a finite number >= 0, got {t.nbytes!r}",
+                             file=file, row=row, field="nbytes")  # fmt: skip
+    seen: set[int] = set()
+    for row, op in enumerate(trace.operators):
+        if op.id in seen:
+            raise TraceError(f"duplicated operator id {op.id}", file=file, row=row, field="id")
+        seen.add(op.id)
+        if op.phase not in PHASES:
+            raise TraceError(f"unknown phase {op.phase!r}; allowed: {', '.join(PHASES)}",
+                             file=file, row=row, field="phase")  # fmt: skip
+        if not _finite_nonneg(op.time):
+            raise TraceError(f"time must be a finite number of seconds >= 0, got {op.time!r}",
+                             file=file, row=row, field="time")  # fmt: skip
+        if op.flops is not None and not _finite_nonneg(op.flops):
+            raise TraceError(f"flops must be a finite number >= 0, got {op.flops!r}",
+                             file=file, row=row, field="flops")  # fmt: skip
+        for fname in ("inputs", "outputs"):
+            for tid in getattr(op, fname):
+                if tid not in trace.tensors:
+                    raise TraceError(f"tensor id {tid} is not defined in the tensor table",
+                                     file=file, row=row, field=fname)  # fmt: skip
+    for row, op in enumerate(trace.operators):
+        if op.fwd_id is not None and op.fwd_id not in seen:
+            raise TraceError(f"fwd_id {op.fwd_id} names no operator", file=file, row=row,
+                             field="fwd_id")  # fmt: skip
+
+
+def _finite_nonneg(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+
+
+# -- the project's own format --------------------------------------------------------
+
+
+def _open(path: Path, mode: str):
+    if path.suffix == ".gz":
+        return gzip.open(path, mode + "t", encoding="utf-8")
+    return open(path, mode, encoding="utf-8")
+
+
+def save(trace: Trace, path) -> Path:
+    """Write a trace as JSON (gzip-compressed when the name ends in .gz)."""
+    path = Path(path)
+    doc = {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "metadata": trace.metadata,
+        "tensors": {
+            "columns": list(TENSOR_COLUMNS),
+            "rows": [[t.id, list(t.shape), t.dtype, t.nbytes, t.category]
+                     for t in trace.tensors.values()],
+        },  # fmt: skip
+        "operators": {
+            "columns": list(OPERATOR_COLUMNS + OPERATOR_OPTIONAL),
+            "rows": [
+                [o.id, o.name, o.layer, o.phase, o.time, list(o.inputs), list(o.outputs),
+                 o.flops, o.fwd_id, o.kernels, o.tp_split]
+                for o in trace.operators
+            ],  # fmt: skip
+        },
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _open(path, "w") as f:
+        json.dump(doc, f, separators=(",", ":"))
+    return path
+
+
+def load(path, progress: bool = False) -> Trace:
+    """Read and validate a trace written by `save` (or the tracer)."""
+    path = Path(path)
+    if path.is_dir():
+        candidates = sorted(path.glob("*.trace.json*"))
+        if not candidates:
+            raise TraceError("folder holds no *.trace.json or *.trace.json.gz file", file=path)
+        path = candidates[0]
+    try:
+        with _open(path, "r") as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise TraceError("no such file", file=path) from None
+    except (json.JSONDecodeError, EOFError, OSError, UnicodeDecodeError) as e:
+        raise TraceError(f"not a readable trace (truncated or not JSON): {e}", file=path) from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
+        raise TraceError(f"not a triosim trace (expected \"format\": \"{FORMAT_NAME}\")",
+                         file=path, field="format")  # fmt: skip
+    version = doc.get("format_version")
+    if version != FORMAT_VERSION:
+        raise TraceError(f"format_version {version!r} is not supported; this triosim reads "
+                         f"version {FORMAT_VERSION}", file=path, field="format_version")  # fmt: skip
+    metadata = doc.get("metadata", {})
+    if not isinstance(metadata, dict):
+        raise TraceError("metadata must be an object", file=path, field="metadata")
+    tensors = {}
+    for row, rec in _rows(doc, "tensors", TENSOR_COLUMNS, (), path, False):
+        t = Tensor(
+            id=_int(rec, "id", path, row),
+            shape=tuple(_int_list(rec, "shape", path, row)),
+            dtype=_str(rec, "dtype", path, row),
+            nbytes=_num(rec, "nbytes", path, row),
+            category=_str(rec, "category", path, row),
+        )
+        if t.id in tensors:
+            raise TraceError(f"duplicated tensor id {t.id}", file=path, row=row, field="id")
+        tensors[t.id] = t
+    ops = []
+    for row, rec in _rows(doc, "operators", OPERATOR_COLUMNS, OPERATOR_OPTIONAL, path, progress):
+        flops = rec.get("flops")
+        fwd = rec.get("fwd_id")
+        ops.append(
+            Operator(
+                id=_int(rec, "id", path, row),
+                name=_str(rec, "name", path, row),
+                layer=_str(rec, "layer", path, row),
+                phase=_str(rec, "phase", path, row),
+                time=_num(rec, "time", path, row),
+                inputs=tuple(_int_list(rec, "inputs", path, row)),
+                outputs=tuple(_int_list(rec, "outputs", path, row)),
+                flops=None if flops is None else _num(rec, "flops", path, row),
+                fwd_id=None if fwd is None else _int(rec, "fwd_id", path, row),
+                kernels=int(rec.get("kernels") or 1),
+                tp_split=bool(rec.get("tp_split", False)),
+            )
+        )
+    if not ops:
+        raise TraceError("the trace has no operators", file=path, field="operators")
+    return Trace(ops, tensors, metadata).validate(file=path)
+
+
+def _rows(doc, table, required, optional, path, progress) -> Iterable[tuple[int, dict]]:
+    tab = doc.get(table)
+    if not isinstance(tab, dict) or "columns" not in tab or "rows" not in tab:
+        raise TraceError(f"missing table '{table}' with 'columns' and 'rows'", file=path,
+                         field=table)  # fmt: skip
+    cols = tab["columns"]
+    for c in required:
+        if c not in cols:
+            raise TraceError(f"missing column '{c}' in table '{table}'", file=path, field=c)
+    rows = tab["rows"]
+    if progress:
+        from tqdm import tqdm
+
+        rows = tqdm(rows, desc=f"loading {table}", unit="row", leave=False)
+    for row, values in enumerate(rows):
+        if not isinstance(values, list) or len(values) != len(cols):
+            raise TraceError(f"{table} row has {len(values) if isinstance(values, list) else 0}"
+                             f" values, expected {len(cols)}", file=path, row=row)  # fmt: skip
+        yield row, dict(zip(cols, values, strict=True))
+
+
+def _num(rec, f, path, row) -> float:
+    v = rec.get(f)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TraceError(f"expected a number, got {v!r}", file=path, row=row, field=f)
+    if not math.isfinite(v) or v < 0:
+        raise TraceError(f"expected a finite number >= 0, got {v!r}", file=path, row=row, field=f)
+    return float(v)
+
+
+def _int(rec, f, path, row) -> int:
+    v = rec.get(f)
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TraceError(f"expected an integer, got {v!r}", file=path, row=row, field=f)
+    return v
+
+
+def _str(rec, f, path, row) -> str:
+    v = rec.get(f)
+    if not isinstance(v, str):
+        raise TraceError(f"expected a string, got {v!r}", file=path, row=row, field=f)
+    return v
+
+
+def _int_list(rec, f, path, row) -> list[int]:
+    v = rec.get(f)
+    if not isinstance(v, list) or any(isinstance(x, bool) or not isinstance(x, int) for x in v):
+        raise TraceError(f"expected a list of integers, got {v!r}", file=path, row=row, field=f)
+    return v
