@@ -1,0 +1,101 @@
+"""The Extrapolator interface: a single-GPU trace and a parallel plan become task streams.
+
+`streams()` returns {(gpu, stream_name): iterator of tasks}; each iterator is a
+generator that walks the shared trace, so nothing is copied per GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from perfmodel import OperatorModel, Target
+from triosim.errors import ConfigError
+from triosim.trace import Trace
+
+
+@dataclass(frozen=True)
+class Plan:
+    mode: str = "single"
+    num_gpus: int = 1
+    batch_size: float | None = None  # global mini-batch; None: the traced batch size
+    gpu: str | None = None  # target GPU; None: the traced GPU
+    bucket_bytes: float = 25e6  # DDP bucket cap
+    microbatches: int = 1  # pipeline
+    stages: tuple = field(default=())  # pipeline: layer names or op positions where stages begin
+    collective: str = "ring"
+    ring_order: tuple | None = None  # GPU order for rings; None: follow the topology
+
+
+class Extrapolator:
+    name = "abstract"
+
+    def __init__(self, trace: Trace, model: OperatorModel, plan: Plan, gpus: list, ring=None):
+        self.trace = trace
+        self.model = model
+        self.plan = plan
+        self.gpus = list(gpus)
+        self.ring = tuple(ring) if ring is not None else tuple(self.gpus)
+        self.batch = plan.batch_size if plan.batch_size is not None else trace.batch_size
+        self._times: dict = {}  # (op id, target, scale) -> seconds, shared by all GPUs
+        self.check()
+
+    def check(self) -> None:
+        """Validate the plan against the trace; raise ConfigError naming the field."""
+
+    def streams(self) -> dict:
+        raise NotImplementedError
+
+    # -- helpers shared by the schedules ----------------------------------------------------
+    def target(self, batch=None, tp: int = 1) -> Target:
+        return Target(gpu=self.plan.gpu, batch_size=batch, tp=tp)
+
+    def compute(self, op, target: Target, scale: float = 1.0):
+        from extrapolators.tasks import Compute
+
+        key = (op.id, target, scale)
+        t = self._times.get(key)
+        if t is None:
+            t = self._times[key] = self.model.time(op, target) * scale
+        return Compute(op.name, op.layer, op.phase, t, op.id)
+
+    def per_gpu_batch(self, parts: int) -> float | None:
+        if self.batch is None:
+            if parts == 1:
+                return None
+            raise ConfigError("batch_size", None,
+                              "a batch size (the trace's metadata has none) to split it")  # fmt: skip
+        if self.batch < parts:
+            raise ConfigError("batch_size", self.batch, f"at least {parts} to split over {parts}")
+        return self.batch / parts
+
+    def ops(self, *phases):
+        return [op for op in self.trace.operators if op.phase in phases]
+
+
+def gradient_ready(trace: Trace) -> dict[int, int]:
+    """For each weight tensor id, the position (in the trace) of the backward op after which
+    its gradient is ready. Uses fwd_id pairing where the trace has it, else the last backward
+    op reading the weight; a weight with neither (a bias) is ready with its layer's siblings."""
+    weights = {t.id for t in trace.weights()}
+    fwd_weights: dict[int, list[int]] = {}
+    for op in trace.operators:
+        if op.phase == "forward":
+            fwd_weights[op.id] = [t for t in op.inputs if t in weights]
+    ready: dict[int, int] = {}
+    last_bwd = None
+    for i, op in enumerate(trace.operators):
+        if op.phase != "backward":
+            continue
+        last_bwd = i
+        touched = [t for t in op.inputs + op.outputs if t in weights]
+        if op.fwd_id is not None:
+            touched += fwd_weights.get(op.fwd_id, [])
+        for t in touched:
+            ready[t] = max(ready.get(t, -1), i)
+    for ws in fwd_weights.values():
+        known = [ready[w] for w in ws if w in ready]
+        for w in ws:
+            if w not in ready and known:
+                ready[w] = max(known)
+    end = last_bwd if last_bwd is not None else len(trace.operators) - 1
+    return {w: ready.get(w, end) for w in weights}

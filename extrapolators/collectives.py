@@ -1,0 +1,123 @@
+"""Collective algorithms as SimPy generators over the Network interface.
+
+Each step of an algorithm starts all its transfers as one group (one bandwidth
+allocation) and waits for all of them. Ring all-reduce: reduce-scatter then
+all-gather, the buffer cut into N chunks, 2(N-1) steps; with lone links of
+bandwidth B and latency L it takes 2(N-1)/N x bytes/B + 2(N-1) x L.
+Register a new algorithm with `register(op, name)`.
+"""
+
+from __future__ import annotations
+
+import networkx as nx
+
+from triosim.errors import ConfigError
+
+_ALGORITHMS: dict[tuple[str, str], object] = {}
+
+
+def register(op: str, name: str):
+    def deco(fn):
+        _ALGORITHMS[(op, name)] = fn
+        return fn
+
+    return deco
+
+
+def algorithm(op: str, name: str):
+    if (op, name) not in _ALGORITHMS:
+        allowed = sorted(n for o, n in _ALGORITHMS if o == op)
+        if not allowed:
+            ops = sorted({o for o, _ in _ALGORITHMS})
+            raise ConfigError("collective", op, f"one of {', '.join(ops)}")
+        raise ConfigError("collective.algorithm", name, f"one of {', '.join(allowed)} for {op}")
+    return _ALGORITHMS[(op, name)]
+
+
+def _step(env, net, transfers, tag):
+    if transfers:
+        yield env.all_of(net.transfer_group(transfers, tag=tag))
+
+
+def _ring_steps(env, net, group, chunk, steps, tag):
+    n = len(group)
+    for _ in range(steps):
+        yield from _step(env, net, [(group[i], group[(i + 1) % n], chunk) for i in range(n)], tag)
+
+
+@register("allreduce", "ring")
+def ring_allreduce(env, net, group, nbytes, tag="allreduce", root=None):
+    n = len(group)
+    if n > 1:
+        yield from _ring_steps(env, net, group, nbytes / n, 2 * (n - 1), tag)
+
+
+@register("reduce_scatter", "ring")
+def ring_reduce_scatter(env, net, group, nbytes, tag="reduce_scatter", root=None):
+    n = len(group)
+    if n > 1:
+        yield from _ring_steps(env, net, group, nbytes / n, n - 1, tag)
+
+
+@register("all_gather", "ring")
+def ring_all_gather(env, net, group, nbytes, tag="all_gather", root=None):
+    """nbytes is the gathered buffer each GPU ends with."""
+    n = len(group)
+    if n > 1:
+        yield from _ring_steps(env, net, group, nbytes / n, n - 1, tag)
+
+
+def _chain(group, root):
+    i = group.index(root) if root in group else 0
+    return list(group[i:]) + list(group[:i])
+
+
+@register("broadcast", "ring")
+def ring_broadcast(env, net, group, nbytes, tag="broadcast", root=None):
+    """Pipelined chain from the root: N chunks flow down N-1 hops in 2N-2 steps."""
+    order = _chain(list(group), root)
+    n = len(order)
+    if n < 2:
+        return
+    chunk = nbytes / n
+    for step in range(2 * n - 2):
+        hops = [(order[h], order[h + 1], chunk) for h in range(n - 1) if 0 <= step - h < n]
+        yield from _step(env, net, hops, tag)
+
+
+@register("reduce", "ring")
+def ring_reduce(env, net, group, nbytes, tag="reduce", root=None):
+    """The broadcast chain run backwards, ending at the root."""
+    order = list(reversed(_chain(list(group), root)))
+    yield from ring_broadcast(env, net, order, nbytes, tag, root=order[0])
+
+
+@register("all_to_all", "direct")
+def direct_all_to_all(env, net, group, nbytes, tag="all_to_all", root=None):
+    """Every GPU sends nbytes/N to every other, all at once."""
+    n = len(group)
+    pairs = [(a, b, nbytes / n) for a in group for b in group if a != b]
+    yield from _step(env, net, pairs, tag)
+
+
+def ring_order(graph: nx.DiGraph, group) -> tuple:
+    """Order a group so ring neighbours are near in the topology (greedy nearest neighbour).
+
+    On a ring this recovers the ring; on a mesh it snakes through neighbouring GPUs.
+    """
+    group = list(group)
+    if len(group) <= 2:
+        return tuple(group)
+    members = set(group)
+    dist = {}
+    for g in group:
+        lengths = nx.single_source_shortest_path_length(graph, g)
+        dist[g] = {h: lengths.get(h, 1 << 30) for h in members}
+    pos = {g: i for i, g in enumerate(group)}
+    order, left = [group[0]], set(group[1:])
+    while left:
+        here = order[-1]
+        nxt = min(left, key=lambda h: (dist[here][h], pos[h]))
+        order.append(nxt)
+        left.remove(nxt)
+    return tuple(order)

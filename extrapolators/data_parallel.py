@@ -1,0 +1,112 @@
+"""Single-GPU replay, standard data parallelism (dp) and distributed data parallelism (ddp)."""
+
+from __future__ import annotations
+
+from extrapolators.base import Extrapolator, gradient_ready
+from extrapolators.tasks import Collective, Signal, Wait
+from triosim.errors import ConfigError
+
+
+class Single(Extrapolator):
+    """Replay the trace on one GPU (at the plan's batch size and GPU)."""
+
+    name = "single"
+
+    def check(self):
+        if len(self.gpus) != 1:
+            raise ConfigError("num_gpus", len(self.gpus), "1 for mode 'single'")
+
+    def streams(self):
+        target = self.target(self.per_gpu_batch(1))
+        return {(self.gpus[0], "compute"): (self.compute(op, target) for op in self.trace.operators)}
+
+
+class DataParallel(Extrapolator):
+    """Every GPU runs the trace on batch/N; gradients are all-reduced after the backward pass."""
+
+    name = "dp"
+
+    def grad_bytes(self) -> float:
+        return self.trace.weight_bytes()  # one gradient per weight, of the weight's size
+
+    def streams(self):
+        return {key: gen for g in self.gpus for key, gen in self._gpu_streams(g).items()}
+
+    def _gpu_streams(self, gpu):
+        return {(gpu, "compute"): self._compute(gpu), (gpu, "comm"): self._comm(gpu)}
+
+    def _compute(self, gpu):
+        target = self.target(self.per_gpu_batch(len(self.gpus)))
+        for op in self.ops("forward", "backward"):
+            yield self.compute(op, target)
+        yield Signal(f"{gpu}:grads")
+        yield Wait(f"{gpu}:reduced")
+        for op in self.ops("optimizer"):
+            yield self.compute(op, target)
+
+    def _comm(self, gpu):
+        yield Wait(f"{gpu}:grads")
+        yield Collective("allreduce", self.ring, self.grad_bytes(), "dp:allreduce",
+                         layer="gradients", phase="backward", algorithm=self.plan.collective)  # fmt: skip
+        yield Signal(f"{gpu}:reduced")
+
+
+class DistributedDataParallel(DataParallel):
+    """Gradients grouped into buckets in the order backward produces them (cap 25 MB by
+    default); each bucket's all-reduce starts on the comm stream as soon as its last gradient
+    is ready, overlapping the rest of the backward pass. Every gradient is reduced."""
+
+    name = "ddp"
+
+    def check(self):
+        cap = self.plan.bucket_bytes
+        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
+            raise ConfigError("parallelism.bucket_size", cap, "a size > 0 bytes, e.g. '25 MB'")
+
+    def buckets(self) -> list[tuple[int, float, int]]:
+        """[(ready position, bytes, number of tensors)] in the order they are reduced."""
+        if not hasattr(self, "_buckets"):
+            self._buckets = self._make_buckets()
+        return self._buckets
+
+    def _make_buckets(self):
+        ready = gradient_ready(self.trace)
+        weights = sorted(ready, key=lambda w: (ready[w], -w))
+        out, size, count, last = [], 0.0, 0, -1
+        for w in weights:
+            size += self.trace.tensors[w].nbytes
+            count += 1
+            last = max(last, ready[w])
+            if size >= self.plan.bucket_bytes:
+                out.append((last, size, count))
+                size, count, last = 0.0, 0, -1
+        if count:
+            out.append((last, size, count))  # the leftover bucket is reduced too
+        return out
+
+    def _compute(self, gpu):
+        target = self.target(self.per_gpu_batch(len(self.gpus)))
+        buckets = self.buckets()
+        by_pos: dict[int, list[int]] = {}
+        for k, (p, _, _) in enumerate(buckets):
+            by_pos.setdefault(p, []).append(k)
+        for i, op in enumerate(self.trace.operators):
+            if op.phase == "optimizer":
+                continue
+            yield self.compute(op, target)
+            for k in by_pos.get(i, ()):
+                yield Signal(f"{gpu}:bucket{k}")
+        # buckets whose ready point was an optimizer op (no backward in the trace)
+        for k, (p, _, _) in enumerate(buckets):
+            if self.trace.operators[p].phase == "optimizer":
+                yield Signal(f"{gpu}:bucket{k}")
+        yield Wait(f"{gpu}:reduced")
+        for op in self.ops("optimizer"):
+            yield self.compute(op, target)
+
+    def _comm(self, gpu):
+        for k, (_, size, _) in enumerate(self.buckets()):
+            yield Wait(f"{gpu}:bucket{k}")
+            yield Collective("allreduce", self.ring, size, f"ddp:bucket{k}", layer=f"bucket{k}",
+                             phase="backward", algorithm=self.plan.collective)  # fmt: skip
+        yield Signal(f"{gpu}:reduced")

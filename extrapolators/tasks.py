@@ -1,0 +1,57 @@
+"""The tasks an extrapolator yields for a GPU stream; the runtime executes them in order."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Compute:
+    name: str
+    layer: str
+    phase: str
+    duration: float  # seconds, from the performance model
+    op_id: int | None = None
+
+
+@dataclass(slots=True)
+class Collective:
+    """Every GPU of `group` posts the same key; it runs once all have arrived."""
+
+    op: str  # allreduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all
+    group: tuple
+    nbytes: float  # bytes per GPU (the buffer each member holds)
+    key: str
+    layer: str = ""
+    phase: str = ""
+    algorithm: str = "ring"
+    root: object = None
+
+
+@dataclass(slots=True)
+class Send:
+    dst: object
+    nbytes: float
+    key: str
+    layer: str = ""
+    phase: str = ""
+
+
+@dataclass(slots=True)
+class Recv:
+    src: object
+    key: str
+    layer: str = ""
+    phase: str = ""
+
+
+@dataclass(slots=True)
+class Signal:
+    """Fire the named event (e.g. 'bucket 3 is ready') for another stream to wait on."""
+
+    key: str
+
+
+@dataclass(slots=True)
+class Wait:
+    key: str

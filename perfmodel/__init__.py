@@ -1,0 +1,24 @@
+"""Operator performance models: the time of one operator on a target GPU at a target size."""
+
+from perfmodel.base import OperatorModel, Target, model_class, op_features, register
+from perfmodel.regression import LinearRegressionModel
+from perfmodel.replay import TraceTime
+from perfmodel.roofline import Roofline
+
+
+def make_model(kind: str, trace, **options) -> OperatorModel:
+    """Build a registered model by name ("trace", "regression", "roofline")."""
+    return model_class(kind)(trace, **options)
+
+
+__all__ = [
+    "LinearRegressionModel",
+    "OperatorModel",
+    "Roofline",
+    "Target",
+    "TraceTime",
+    "make_model",
+    "model_class",
+    "op_features",
+    "register",
+]

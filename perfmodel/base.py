@@ -1,0 +1,88 @@
+"""The operator-model interface and the sizes of an operator at a target setting.
+
+`OperatorModel.time(op, target) -> seconds`. A Target names the GPU, the batch size
+(per GPU, or per micro-batch) and the tensor-parallel degree applied to this operator.
+Weights, their gradients, optimizer states and buffers keep their size when the batch
+changes; inputs and activations scale with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from triosim.errors import ConfigError
+from triosim.trace import Operator, Trace
+
+
+@dataclass(frozen=True)
+class Target:
+    gpu: str | None = None  # None: the GPU the trace was taken on
+    batch_size: float | None = None  # None: the traced batch size
+    tp: int = 1  # tensor-parallel degree for a splittable operator
+
+
+def batch_ratio(trace: Trace, target: Target) -> float:
+    if target.batch_size is None:
+        return 1.0
+    if not trace.batch_size:
+        raise ConfigError("batch_size", target.batch_size,
+                          "the trace's metadata must give its batch_size to scale it")  # fmt: skip
+    return float(target.batch_size) / float(trace.batch_size)
+
+
+def scales_with_batch(trace: Trace, op: Operator) -> bool:
+    return any(trace.tensors[t].scales_with_batch for t in op.inputs + op.outputs)
+
+
+def op_features(trace: Trace, op: Operator, target: Target = Target()) -> tuple[float, float]:
+    """(FLOPs, bytes moved) of `op` at the target; FLOPs are 0 when the trace does not know them."""
+    r = batch_ratio(trace, target)
+    shard = target.tp if op.tp_split else 1
+    nbytes = 0.0
+    for tid in set(op.inputs) | set(op.outputs):
+        t = trace.tensors[tid]
+        nbytes += t.nbytes * (r if t.scales_with_batch else 1.0 / shard)
+    flops = op.flops or 0.0
+    if flops and scales_with_batch(trace, op):
+        flops *= r
+    return flops / shard, nbytes
+
+
+def is_traced_setting(trace: Trace, target: Target) -> bool:
+    same_gpu = target.gpu is None or target.gpu == trace.metadata.get("gpu")
+    same_batch = target.batch_size is None or target.batch_size == trace.batch_size
+    return same_gpu and same_batch and target.tp == 1
+
+
+class OperatorModel:
+    """Base class: the time of one operator on the target GPU at the target size."""
+
+    name = "abstract"
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+
+    def time(self, op: Operator, target: Target = Target()) -> float:
+        raise NotImplementedError
+
+    def iteration_time(self, target: Target = Target()) -> float:
+        """Sum of operator times: a single-GPU iteration at the target."""
+        return sum(self.time(op, target) for op in self.trace.operators)
+
+
+_REGISTRY: dict[str, type[OperatorModel]] = {}
+
+
+def register(name: str):
+    def deco(cls):
+        _REGISTRY[name] = cls
+        cls.name = name
+        return cls
+
+    return deco
+
+
+def model_class(name: str) -> type[OperatorModel]:
+    if name not in _REGISTRY:
+        raise ConfigError("perfmodel.kind", name, f"one of {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]

@@ -1,0 +1,153 @@
+"""Linear-regression operator model (the paper's "Li's model" role), with scikit-learn.
+
+Three levels, best first:
+1. several traces of the same model at different batch sizes: one line per operator,
+   time = a + b * batch, fitted across the traces (operators matched by position);
+2. several traces that do not line up: per operator kind, time on FLOPs and bytes moved;
+3. one trace: scale the traced time by the work ratio (FLOPs, or bytes where FLOPs are
+   unknown) around a fixed per-kernel overhead, fitted on the trace as the kernel-count
+   coefficient of time ~ kernels + FLOPs + bytes.
+At the traced setting the measured time is returned unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from sklearn.linear_model import LinearRegression
+
+from perfmodel.base import (
+    OperatorModel,
+    Target,
+    batch_ratio,
+    is_traced_setting,
+    op_features,
+    register,
+)
+from triosim.errors import ConfigError
+from triosim.trace import Trace
+
+
+def _design(trace: Trace, ops) -> np.ndarray:
+    rows = [(op.kernels, *op_features(trace, op)) for op in ops]
+    return np.array(rows, dtype=float).reshape(-1, 3)
+
+
+def _mape(pred, true) -> float:
+    true = np.asarray(true, float)
+    mask = true > 0
+    if not mask.any():
+        return 0.0
+    return float(np.mean(np.abs(np.asarray(pred)[mask] - true[mask]) / true[mask]) * 100)
+
+
+@register("regression")
+class LinearRegressionModel(OperatorModel):
+    def __init__(self, trace: Trace, extra_traces=(), holdout: float = 0.2, seed: int = 0):
+        super().__init__(trace)
+        self.traces = [trace, *extra_traces]
+        self.report: dict = {}
+        self.per_op: np.ndarray | None = None  # (n_ops, 2): intercept, slope per batch item
+        self._fit_overhead(holdout, seed)
+        if len(self.traces) > 1:
+            self._fit_per_op()
+
+    # -- fitting --------------------------------------------------------------------------
+    def _fit_overhead(self, holdout, seed):
+        ops = [o for t in self.traces for o in t.operators]
+        X = np.vstack([_design(t, t.operators) for t in self.traces])
+        y = np.array([o.time for o in ops])
+        # scale columns so the positive least squares is well conditioned
+        scale = np.where(X.max(axis=0) > 0, X.max(axis=0), 1.0)
+        rng = np.random.default_rng(seed)
+        test = rng.random(len(y)) < holdout if len(y) >= 10 else np.zeros(len(y), bool)
+        reg = LinearRegression(positive=True, fit_intercept=False)
+        reg.fit(X[~test] / scale, y[~test])
+        if test.any():
+            self.report["heldout_mape_pct"] = _mape(reg.predict(X[test] / scale), y[test])
+            self.report["heldout_ops"] = int(test.sum())
+        reg.fit(X / scale, y)
+        coef = reg.coef_ / scale
+        # the kernel coefficient absorbs fit error from big ops; the shortest ops are
+        # launch overhead and nothing else, so they bound it from above
+        floor = float(np.percentile(y / X[:, 0], 10)) if len(y) else 0.0
+        self.overhead = min(float(coef[0]), floor)  # seconds per kernel launch
+        self.report["overhead_s_per_kernel"] = self.overhead
+
+    def _fit_per_op(self):
+        names = [tuple(o.name for o in t.operators) for t in self.traces]
+        batches = [t.batch_size for t in self.traces]
+        if len(set(names)) != 1 or None in batches or len(set(batches)) < 2:
+            self.report["per_op"] = "traces do not line up (different operators or batch sizes)"
+            return
+        b = np.array(batches, float)
+        Y = np.array([[o.time for o in t.operators] for t in self.traces])  # traces x ops
+        A = np.vstack([np.ones_like(b), b]).T
+        self.per_op = np.linalg.lstsq(A, Y, rcond=None)[0].T  # ops x 2
+        if len(b) >= 3:  # leave-one-trace-out error on the iteration time
+            errs = []
+            for k in range(len(b)):
+                keep = np.arange(len(b)) != k
+                coef = np.linalg.lstsq(A[keep], Y[keep], rcond=None)[0]
+                pred = np.maximum(coef[0] + coef[1] * b[k], 0).sum()
+                errs.append(abs(pred - Y[k].sum()) / Y[k].sum() * 100)
+            self.report["leave_one_trace_out_pct"] = float(np.mean(errs))
+
+    # -- prediction -----------------------------------------------------------------------
+    def time(self, op, target: Target = Target()) -> float:
+        if is_traced_setting(self.trace, target):
+            return op.time
+        if target.gpu is not None and target.gpu != self.trace.metadata.get("gpu"):
+            raise ConfigError("perfmodel.kind", "regression",
+                              "a target on the traced GPU; use 'roofline' to predict another GPU")  # fmt: skip
+        shard = target.tp if op.tp_split else 1
+        if self.per_op is not None:
+            index = self._index(op)
+            a, slope = self.per_op[index]
+            batch = target.batch_size if target.batch_size is not None else self.trace.batch_size
+            variable = max(slope * batch, 0.0) / shard
+            return max(a, 0.0) + variable if a >= 0 else max(a + variable, 0.0)
+        return self._scale(op, target)
+
+    def _scale(self, op, target: Target) -> float:
+        f0, b0 = op_features(self.trace, op)
+        f1, b1 = op_features(self.trace, op, target)
+        ratio = f1 / f0 if f0 > 0 else (b1 / b0 if b0 > 0 else 1.0)
+        overhead = min(self.overhead * op.kernels, op.time)
+        return overhead + (op.time - overhead) * ratio
+
+    def _index(self, op) -> int:
+        if not hasattr(self, "_pos"):
+            self._pos = {o.id: i for i, o in enumerate(self.trace.operators)}
+        return self._pos[op.id]
+
+    # -- persistence ----------------------------------------------------------------------
+    def save(self, path) -> Path:
+        path = Path(path)
+        doc = {"kind": "regression", "overhead": self.overhead, "report": self.report,
+               "per_op": None if self.per_op is None else self.per_op.tolist()}  # fmt: skip
+        path.write_text(json.dumps(doc))
+        return path
+
+    @classmethod
+    def load(cls, path, trace: Trace) -> LinearRegressionModel:
+        doc = json.loads(Path(path).read_text())
+        if doc.get("kind") != "regression":
+            raise ConfigError("perfmodel file", str(path), "a file written by LinearRegressionModel.save")
+        self = cls.__new__(cls)
+        OperatorModel.__init__(self, trace)
+        self.traces = [trace]
+        self.overhead = float(doc["overhead"])
+        self.report = doc.get("report", {})
+        per_op = doc.get("per_op")
+        self.per_op = None if per_op is None else np.array(per_op, float)
+        if self.per_op is not None and len(self.per_op) != len(trace.operators):
+            raise ConfigError("perfmodel file", str(path), "a model fitted on this trace's operators")
+        return self
+
+
+def predicted_ratio(trace: Trace, target: Target) -> float:
+    """How much the batch changes: exposed for reports."""
+    return batch_ratio(trace, target)

@@ -1,0 +1,44 @@
+"""Roofline model: max(FLOPs / peak FLOP/s, bytes / memory bandwidth) / efficiency.
+
+The efficiency of each operator kind (name) is fitted on a trace from one GPU as
+total roof time / total measured time (capped at 1: no op beats its roof), so
+the kinds' traced totals are reproduced on the traced GPU and the same trace predicts
+any GPU in the hardware catalogue.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from perfmodel.base import OperatorModel, Target, op_features, register
+from triosim import hardware
+from triosim.errors import ConfigError
+
+
+@register("roofline")
+class Roofline(OperatorModel):
+    def __init__(self, trace, source_gpu: str | None = None, dtype: str | None = None):
+        super().__init__(trace)
+        name = source_gpu or trace.metadata.get("gpu")
+        if not name:
+            raise ConfigError("perfmodel.source_gpu", None,
+                              "the GPU the trace was taken on (the trace metadata has none)")  # fmt: skip
+        self.source = hardware.gpu(name)
+        self.dtype = dtype or trace.metadata.get("dtype", "float32")
+        sums: dict[str, np.ndarray] = {}
+        for op in trace.operators:
+            roof = self.roof(op, self.source, Target())
+            if op.time > 0 and roof > 0:
+                sums.setdefault(op.name, np.zeros(2))[:] += (roof, op.time)
+        total = sum(sums.values(), np.zeros(2))
+        self.default_efficiency = min(total[0] / total[1], 1.0) if total[1] > 0 else 1.0
+        self.efficiency = {k: min(r / t, 1.0) for k, (r, t) in sums.items()}
+
+    def roof(self, op, gpu: hardware.GPU, target: Target) -> float:
+        flops, nbytes = op_features(self.trace, op, target)
+        return max(flops / gpu.flops_for(self.dtype), nbytes / gpu.memory_bandwidth)
+
+    def time(self, op, target: Target = Target()) -> float:
+        gpu = hardware.gpu(target.gpu) if target.gpu else self.source
+        eff = self.efficiency.get(op.name, self.default_efficiency)
+        return self.roof(op, gpu, target) / eff

@@ -1,0 +1,176 @@
+"""What a run returns: iteration time, timeline and breakdowns as DataFrames, and exports.
+
+Times are seconds and sizes bytes in every DataFrame; `summary()` and the CLI print ms.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+COLUMNS = ("gpu", "stream", "kind", "name", "layer", "phase", "start", "end", "nbytes", "key")
+
+
+def union_length(starts, ends) -> float:
+    """Total length covered by a set of intervals."""
+    if len(starts) == 0:
+        return 0.0
+    order = np.argsort(starts, kind="stable")
+    s, e = np.asarray(starts)[order], np.asarray(ends)[order]
+    total, cur_s, cur_e = 0.0, s[0], e[0]
+    for a, b in zip(s[1:], e[1:], strict=True):
+        if a > cur_e:
+            total += cur_e - cur_s
+            cur_s, cur_e = a, b
+        elif b > cur_e:
+            cur_e = b
+    return float(total + cur_e - cur_s)
+
+
+def _intervals(df):
+    return df["start"].to_numpy(), df["end"].to_numpy()
+
+
+class Result:
+    def __init__(self, rows, network, runtime, config, extrapolator, wall_time: float):
+        self.timeline = pd.DataFrame(rows, columns=list(COLUMNS))
+        self.network = network
+        self.config = config
+        self.extrapolator = extrapolator
+        self.wall_time = wall_time
+        self.collective_bytes = dict(runtime.collective_bytes)
+        self.iteration_time = float(self.timeline["end"].max()) if len(self.timeline) else 0.0
+        self.gpus = list(network.gpus)
+
+    # -- breakdowns ----------------------------------------------------------------------------
+    def per_gpu(self) -> pd.DataFrame:
+        """Per GPU: compute, communication, exposed (not overlapped) communication, idle."""
+        out = []
+        for g in self.gpus:
+            d = self.timeline[self.timeline["gpu"] == g]
+            comp = d[d["kind"] == "compute"]
+            comm = d[d["kind"] == "comm"]
+            c = union_length(*_intervals(comp))
+            m = union_length(*_intervals(comm))
+            both = union_length(*_intervals(pd.concat([comp, comm])))
+            out.append({"gpu": g, "compute": c, "comm": m, "exposed_comm": both - c,
+                        "idle": self.iteration_time - both})  # fmt: skip
+        return pd.DataFrame(out).set_index("gpu")
+
+    def per_layer(self) -> pd.DataFrame:
+        """Per layer: compute and communication seconds, averaged over GPUs."""
+        d = self.timeline[self.timeline["kind"].isin(["compute", "comm"])]
+        d = d.assign(duration=d["end"] - d["start"], layer=d["layer"].replace("", "(none)"))
+        table = d.pivot_table(index="layer", columns="kind", values="duration", aggfunc="sum",
+                              fill_value=0.0, sort=False)  # fmt: skip
+        for k in ("compute", "comm"):
+            if k not in table:
+                table[k] = 0.0
+        return table[["compute", "comm"]] / max(len(self.gpus), 1)
+
+    def per_link(self) -> pd.DataFrame:
+        return self.network.link_stats()
+
+    def transfers(self) -> pd.DataFrame:
+        return self.network.transfers()
+
+    # -- reports -------------------------------------------------------------------------------
+    def summary_dict(self) -> dict:
+        g = self.per_gpu()
+        c = self.config
+        return {
+            "mode": c.parallelism.mode if c else None,
+            "num_gpus": len(self.gpus),
+            "iteration_time_ms": self.iteration_time * 1e3,
+            "compute_ms_mean": float(g["compute"].mean()) * 1e3,
+            "comm_ms_mean": float(g["comm"].mean()) * 1e3,
+            "exposed_comm_ms_mean": float(g["exposed_comm"].mean()) * 1e3,
+            "idle_ms_mean": float(g["idle"].mean()) * 1e3,
+            "bytes_moved": float(self.network.bytes_delivered),
+            "collective_bytes": self.collective_bytes,
+            "simulation_wall_s": self.wall_time,
+        }
+
+    def summary(self) -> str:
+        s = self.summary_dict()
+        rows = [
+            ("mode", s["mode"]),
+            ("GPUs", s["num_gpus"]),
+            ("iteration time", f"{s['iteration_time_ms']:.4f} ms"),
+            ("compute / GPU (mean)", f"{s['compute_ms_mean']:.4f} ms"),
+            ("communication / GPU (mean)", f"{s['comm_ms_mean']:.4f} ms"),
+            ("exposed communication (mean)", f"{s['exposed_comm_ms_mean']:.4f} ms"),
+            ("idle / GPU (mean)", f"{s['idle_ms_mean']:.4f} ms"),
+            ("bytes moved", f"{s['bytes_moved'] / 1e6:.3f} MB"),
+            ("simulated in", f"{s['simulation_wall_s']:.3f} s wall"),
+        ]
+        w = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+    # -- exports -------------------------------------------------------------------------------
+    def to_chrome_trace(self, path) -> Path:
+        """Chrome trace-event JSON (open in https://ui.perfetto.dev): a track per GPU stream,
+        and one per network link direction for the transfers."""
+        events = []
+        for pid, g in enumerate(self.gpus):
+            events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"GPU {g}"}})
+        pid_of = {g: i for i, g in enumerate(self.gpus)}
+        tl = self.timeline[self.timeline["kind"] != "wait"]
+        for r in tl.itertuples(index=False):
+            events.append({"ph": "X", "name": r.name, "cat": r.kind, "pid": pid_of[r.gpu],
+                           "tid": r.stream, "ts": r.start * 1e6, "dur": (r.end - r.start) * 1e6,
+                           "args": {"layer": r.layer, "phase": r.phase, "bytes": r.nbytes}})  # fmt: skip
+        net_pid = len(self.gpus)
+        events.append({"ph": "M", "name": "process_name", "pid": net_pid, "args": {"name": "network"}})
+        for r in self.network.records:
+            events.append({"ph": "X", "name": r.tag or "transfer", "cat": "transfer", "pid": net_pid,
+                           "tid": f"{r.src}->{r.dst}", "ts": r.start * 1e6,
+                           "dur": (r.end - r.start) * 1e6, "args": {"bytes": r.nbytes}})  # fmt: skip
+        path = Path(path)
+        path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+        return path
+
+    def plot_timeline(self, path, max_gpus: int = 16) -> Path:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        gpus = self.gpus[:max_gpus]
+        fig, ax = plt.subplots(figsize=(12, 0.5 + 0.6 * len(gpus)))
+        colors = {"forward": "tab:blue", "backward": "tab:orange", "optimizer": "tab:green"}
+        for y, g in enumerate(gpus):
+            d = self.timeline[(self.timeline["gpu"] == g) & (self.timeline["kind"] != "wait")]
+            for kind, off in (("compute", 0.0), ("comm", 0.4)):
+                k = d[d["kind"] == kind]
+                cols = [colors.get(p, "grey") if kind == "compute" else "tab:red" for p in k["phase"]]
+                ax.broken_barh(list(zip(k["start"] * 1e3, (k["end"] - k["start"]) * 1e3, strict=True)),
+                               (y + off, 0.35), facecolors=cols)  # fmt: skip
+        ax.set_yticks([y + 0.4 for y in range(len(gpus))], [f"GPU {g}" for g in gpus])
+        ax.set_xlabel("time (ms)")
+        ax.set_title(f"{self.config.parallelism.mode if self.config else ''}: "
+                     f"iteration {self.iteration_time * 1e3:.3f} ms "
+                     "(blue fwd, orange bwd, green optimizer, red communication)")  # fmt: skip
+        fig.tight_layout()
+        path = Path(path)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
+    def save(self, folder) -> Path:
+        """Write every output (CSV, JSON, Chrome trace, PNG, the config) into `folder`."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.timeline.to_csv(folder / "timeline.csv", index=False)
+        self.per_gpu().to_csv(folder / "per_gpu.csv")
+        self.per_layer().to_csv(folder / "per_layer.csv")
+        self.per_link().to_csv(folder / "links.csv", index=False)
+        (folder / "summary.json").write_text(json.dumps(self.summary_dict(), indent=2))
+        self.to_chrome_trace(folder / "chrome_trace.json")
+        self.plot_timeline(folder / "timeline.png")
+        if self.config is not None:
+            self.config.save(folder / "config.yaml")
+        return folder
