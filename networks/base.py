@@ -132,9 +132,10 @@ def validate_graph(graph) -> nx.DiGraph:
         ):
             raise NetworkError(f"link {u!r}->{v!r}: latency must be finite and >= 0 s, got {lat!r}")
     if len(gpus) > 1:
-        reach = nx.descendants(graph, gpus[0]) | {gpus[0]}
-        back = nx.ancestors(graph, gpus[0]) | {gpus[0]}
-        cut = [g for g in gpus if g not in reach or g not in back]
+        # weak connectivity here; a one-way graph may still lack a path for some pair,
+        # which routing reports when such a transfer is asked for
+        reach = nx.node_connected_component(graph.to_undirected(as_view=True), gpus[0])
+        cut = [g for g in gpus if g not in reach]
         if cut:
             raise NetworkError(
                 f"topology is disconnected: GPU(s) {_short(cut)} cannot exchange data with "

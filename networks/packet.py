@@ -16,9 +16,10 @@ import simpy
 
 from networks.base import Network, TransferRecord, register
 from networks.maxmin import incidence, max_min_rates
-from triosim.errors import ConfigError
+from triosim.errors import ConfigError, NetworkError
 
 _REL_TOL = 1e-9  # a flow with this fraction of its bytes left is done (float round-off)
+_TIME_TOL = 1e-12  # relative to the clock: shorter remaining times are below its resolution
 
 
 @dataclass(slots=True)
@@ -68,6 +69,8 @@ class PacketSwitchNetwork(Network):
                     self.graph, src, weight=self._weight
                 )[0]
             preds = self._preds[src]
+            if dst not in preds:
+                raise NetworkError(f"no path from GPU {src!r} to GPU {dst!r} in this topology")
             nodes, v = [dst], dst
             while v != src:  # walk back, picking among equal-cost predecessors by hash (ECMP)
                 options = preds[v]
@@ -104,8 +107,12 @@ class PacketSwitchNetwork(Network):
 
     def _finish_and_reallocate(self):
         still = []
+        # a flow whose remaining time is below the clock's resolution is done: otherwise
+        # now + dt == now and the timer would fire forever without progress
+        tick = _TIME_TOL * max(self.env.now, 1e-9)
         for f in self._flows:
-            if f.remaining <= _REL_TOL * f.rec.nbytes or len(f.links) == 0:
+            if (f.remaining <= _REL_TOL * f.rec.nbytes or len(f.links) == 0
+                    or (f.rate > 0 and f.remaining <= f.rate * tick)):  # fmt: skip
                 self._schedule_delivery(f)
             else:
                 still.append(f)

@@ -49,3 +49,8 @@ class DeadlockError(SimulationError):
             f"simulation stalled with {len(stuck)} stream(s) unfinished "
             f"(no events left to run):\n{lines}{more}"
         )
+
+
+class TracerError(TrioSimError, ValueError):
+    """Tracing a model failed: not a module, no parameters, the model raised, or an
+    Execution Trace schema this tracer does not read."""

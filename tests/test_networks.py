@@ -1,0 +1,204 @@
+import math
+
+import networkx as nx
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from networks import PacketSwitchNetwork, PhotonicNetwork
+from networks import topology as topo
+from triosim.errors import NetworkError
+
+GB = 1e9
+
+
+def run(net_cls, graph, transfers, **kw):
+    env = simpy.Environment()
+    net = net_cls(env, graph, **kw)
+    evs = net.transfer_group(transfers) if transfers else []
+    env.run()
+    return net, [e.value for e in evs]
+
+
+def test_lone_transfer_latency_plus_bytes_over_bandwidth():
+    g = topo.ring(4, 10 * GB, 2e-6)
+    _, [rec] = run(PacketSwitchNetwork, g, [(0, 1, 3e8)])
+    assert rec.end == pytest.approx(2e-6 + 3e8 / (10 * GB), rel=1e-12)
+
+
+def test_multi_hop_latency_adds_up():
+    g = topo.ring(8, 10 * GB, 1e-6, bidirectional=False)
+    _, [rec] = run(PacketSwitchNetwork, g, [(0, 3, 1e6)])
+    assert rec.end == pytest.approx(3e-6 + 1e6 / (10 * GB), rel=1e-12)
+
+
+@pytest.mark.parametrize("k", [2, 3, 7])
+def test_k_equal_flows_finish_together_at_k_times(k):
+    g = topo.ring(2, 5 * GB)
+    _, recs = run(PacketSwitchNetwork, g, [(0, 1, 1e9)] * k)
+    lone = 1e9 / (5 * GB)
+    assert all(r.end == pytest.approx(k * lone, rel=1e-9) for r in recs)
+
+
+def test_textbook_max_min():
+    # links A (a->b) 10, B (b->c) 4, C (c->d) 10. flow 1 a->d crosses all three,
+    # flow 2 b->c only B, flow 3 c->d only C. B is the bottleneck: flows 1 and 2 get 2
+    # each; flow 3 takes the 8 that flow 1 leaves unused on C.
+    g = nx.DiGraph()
+    for u, v, bw in [("a", "b", 10), ("b", "c", 4), ("c", "d", 10)]:
+        g.add_edge(u, v, bandwidth=bw, latency=0.0)
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, g)
+    net.transfer_group([("a", "d", 1000.0), ("b", "c", 1000.0), ("c", "d", 1000.0)])
+    rates = sorted(f.rate for f in net._flows)
+    assert rates == pytest.approx([2.0, 2.0, 8.0])
+    env.run()
+    assert net.max_utilisation <= 1 + 1e-9
+
+
+def test_zero_byte_transfer_takes_path_latency():
+    _, [rec] = run(PacketSwitchNetwork, topo.ring(4, GB, 3e-6, bidirectional=False), [(0, 2, 0)])
+    assert rec.end == pytest.approx(6e-6)
+
+
+def test_bad_inputs():
+    env = simpy.Environment()
+    g = topo.ring(4, GB)
+    with pytest.raises(NetworkError, match="disconnected"):
+        bad = nx.DiGraph()
+        bad.add_nodes_from([0, 1], kind="gpu")
+        PacketSwitchNetwork(env, bad)
+    net = PacketSwitchNetwork(env, g)
+    with pytest.raises(NetworkError, match="not a GPU"):
+        net.transfer(0, 9, 10)
+    with pytest.raises(NetworkError, match=">= 0"):
+        net.transfer(0, 1, -5)
+    with pytest.raises(NetworkError, match="bandwidth"):
+        topo.ring(4, 0)
+    g2 = topo.ring(3, GB)
+    g2.edges[0, 1]["bandwidth"] = -1
+    with pytest.raises(NetworkError, match="bandwidth must be > 0"):
+        PacketSwitchNetwork(env, g2)
+    with pytest.raises(NetworkError, match="no GPUs"):
+        PacketSwitchNetwork(env, nx.DiGraph())
+
+
+def test_photonic_setup_once_then_reuse():
+    g = topo.fully_connected(4, GB)
+    env = simpy.Environment()
+    net = PhotonicNetwork(env, g, total_bandwidth=8 * GB, links=8, setup_time=0.02)
+    first = net.transfer(0, 1, 1e9)
+    env.run()
+    assert first.value.end == pytest.approx(0.02 + 1e9 / GB)
+    t0 = env.now
+    second = net.transfer(0, 1, 1e9)
+    env.run()
+    assert second.value.end - t0 == pytest.approx(1e9 / GB)
+    assert net.setups == 1
+
+
+def test_photonic_lru_teardown_when_ports_run_out():
+    env = simpy.Environment()
+    net = PhotonicNetwork(env, topo.fully_connected(4, GB), total_bandwidth=GB, links=1,
+                          ports=2, setup_time=0.01)
+    order = []
+
+    def user():
+        for dst in (1, 2):
+            yield net.transfer(0, dst, 1e6)
+            order.append(dst)
+            yield env.timeout(1)
+        yield net.transfer(0, 1, 1e6)  # reuses 0-1 (most... no: oldest) circuit, still up
+        yield env.timeout(1)
+        yield net.transfer(0, 3, 1e6)  # no free port at 0: tear down the LRU circuit (0-2)
+
+    env.process(user())
+    env.run()
+    assert net.setups == 3 and net.teardowns == 1
+    assert frozenset((0, 2)) not in net.circuits and frozenset((0, 1)) in net.circuits
+
+
+transfers = st.lists(
+    st.tuples(st.integers(0, 5), st.integers(0, 5), st.floats(0, 1e9), st.floats(0, 1e-3)),
+    min_size=1, max_size=12,
+)  # fmt: skip
+
+
+def _timed(env, net, items):
+    evs = []
+
+    def go(s, d, b, t):
+        yield env.timeout(t)
+        evs.append((yield net.transfer(s, d, b)))
+
+    for s, d, b, t in items:
+        env.process(go(s, d, b, t))
+    env.run()
+    return evs
+
+
+@settings(max_examples=40, deadline=None)
+@given(items=transfers, bw=st.lists(st.floats(1e8, 1e11), min_size=8, max_size=8))
+def test_conservation_and_capacity(items, bw):
+    g = topo.torus2d(2, 3, GB, 1e-6)
+    for (u, v), b in zip(list(g.edges())[:8], bw, strict=False):
+        g.edges[u, v]["bandwidth"] = b
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, g)
+    recs = _timed(env, net, items)
+    assert len(recs) == len(items)
+    assert net.bytes_delivered == pytest.approx(net.bytes_sent) == pytest.approx(sum(i[2] for i in items))
+    assert net.in_flight == 0
+    assert net.max_utilisation <= 1 + 1e-9
+
+
+@settings(max_examples=40, deadline=None)
+@given(items=transfers, link=st.integers(0, 13), factor=st.floats(1.0, 100.0))
+def test_more_bandwidth_never_delays(items, link, factor):
+    def ends(scale):
+        g = topo.torus2d(2, 3, GB, 1e-6)
+        u, v = list(g.edges())[link % g.number_of_edges()]
+        g.edges[u, v]["bandwidth"] *= scale
+        env = simpy.Environment()
+        net = PacketSwitchNetwork(env, g)
+        _timed(env, net, items)
+        return [r.end for r in net.records]
+
+    slow, fast = ends(1.0), ends(factor)
+    assert all(f <= s * (1 + 1e-9) + 1e-15 for f, s in zip(fast, slow, strict=True))
+
+
+@pytest.mark.parametrize("builder,args,n", [
+    (topo.ring, (8, GB), 8), (topo.ring_chord, (8, GB), 8), (topo.double_ring, (8, GB), 8),
+    (topo.fully_connected, (5, GB), 5), (topo.switch_star, (6, GB), 6),
+    (topo.mesh2d, (12, 7, GB), 84), (topo.torus2d, (4, 4, GB), 16), (topo.fat_tree, (64, GB, 0, 16), 64),
+    (topo.pcie_tree, (8, GB), 8), (lambda *a: topo.dgx1(*a), (GB,), 8),
+    (topo.multi_node, (2, 4, 4 * GB, GB), 8),
+])  # fmt: skip
+def test_builders_make_connected_graphs(builder, args, n):
+    g = builder(*args)
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, g)
+    assert len(net.gpus) == n
+    _, [rec] = run(PacketSwitchNetwork, g, [(0, n - 1, 1e6)])
+    assert math.isfinite(rec.end)
+
+
+def test_ring_chord_links_most_distant_node():
+    g = topo.ring_chord(8, GB)
+    assert g.has_edge(0, 4) and g.has_edge(3, 7)
+
+
+def test_asymmetric_link():
+    g = topo.ring(2, 10 * GB)
+    topo.set_link(g, 1, 0, bandwidth=1 * GB)
+    _, recs = run(PacketSwitchNetwork, g, [(0, 1, 1e9), (1, 0, 1e9)])
+    assert recs[0].end == pytest.approx(0.1) and recs[1].end == pytest.approx(1.0)
+
+
+def test_yaml_edge_list():
+    g = topo.from_edges([{"src": 0, "dst": "sw", "bandwidth": "10 GB/s", "latency": "1 us"},
+                         {"src": 1, "dst": "sw", "bandwidth": "5 GB/s"}])  # fmt: skip
+    _, [rec] = run(PacketSwitchNetwork, g, [(0, 1, 5e9)])
+    assert rec.end == pytest.approx(1.0 + 1e-6)

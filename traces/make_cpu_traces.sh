@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# How the shipped CPU traces were made (torch 2.13.0 CPU build, 2-core machine, Adam, fp32).
+# Re-run from the repository root to regenerate them: bash traces/make_cpu_traces.sh
+set -euo pipefail
+for b in 4 8 16; do
+  python -m triosim.cli trace resnet18 --batch-size "$b" --device cpu --out traces/cpu --warmup 3 --measure 5
+  python -m triosim.cli trace gpt2 --small --seq-len 128 --batch-size "$b" --device cpu --out traces/cpu --warmup 3 --measure 5
+done
