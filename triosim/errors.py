@@ -4,13 +4,20 @@ from __future__ import annotations
 
 
 class TrioSimError(Exception):
-    """Base class of every error triosim raises on purpose."""
+    """Base class of every error triosim raises on purpose.
+
+    `args` holds the constructor's arguments so that `type(e)(*e.args)` rebuilds the same
+    error (SimPy does this when a process fails); `str(e)` is the message.
+    """
+
+    def __str__(self) -> str:
+        return getattr(self, "message", super().__str__())
 
 
 class TraceError(TrioSimError, ValueError):
     """A trace file is malformed; names the file, the row and the field."""
 
-    def __init__(self, message: str, *, file=None, row=None, field=None):
+    def __init__(self, message: str, file=None, row=None, field=None):
         where = []
         if file is not None:
             where.append(f"file {file}")
@@ -19,7 +26,8 @@ class TraceError(TrioSimError, ValueError):
         if field is not None:
             where.append(f"field '{field}'")
         self.file, self.row, self.field = file, row, field
-        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+        self.message = f"{', '.join(where)}: {message}" if where else message
+        super().__init__(message, file, row, field)
 
 
 class ConfigError(TrioSimError, ValueError):
@@ -27,7 +35,8 @@ class ConfigError(TrioSimError, ValueError):
 
     def __init__(self, field: str, value, allowed: str):
         self.field, self.value, self.allowed = field, value, allowed
-        super().__init__(f"config field '{field}' = {value!r} is not allowed: {allowed}")
+        self.message = f"config field '{field}' = {value!r} is not allowed: {allowed}"
+        super().__init__(field, value, allowed)
 
 
 class NetworkError(TrioSimError, ValueError):
@@ -45,10 +54,9 @@ class DeadlockError(SimulationError):
         self.stuck = stuck
         lines = "\n".join(f"  {who}: waiting on {what}" for who, what in stuck[:20])
         more = f"\n  ... and {len(stuck) - 20} more" if len(stuck) > 20 else ""
-        super().__init__(
-            f"simulation stalled with {len(stuck)} stream(s) unfinished "
-            f"(no events left to run):\n{lines}{more}"
-        )
+        self.message = (f"simulation stalled with {len(stuck)} stream(s) unfinished "
+                        f"(no events left to run):\n{lines}{more}")  # fmt: skip
+        super().__init__(stuck)
 
 
 class TracerError(TrioSimError, ValueError):

@@ -1,0 +1,146 @@
+import math
+
+import networkx as nx
+import pytest
+import simpy
+
+from extrapolators import Plan, Runtime
+from extrapolators.tasks import Recv, Send
+from networks import PacketSwitchNetwork
+from networks import topology as topo
+from tests.conftest import chain_trace
+from triosim.errors import ConfigError, DeadlockError
+from triosim.simulation import Simulation
+
+GB = 1e9
+FAST = {"kind": "ring", "bandwidth": 1e30, "latency": 0.0}
+
+
+def sim(trace, n, mode, topology=None, **par):
+    cfg = {"num_gpus": n, "parallelism": {"mode": mode, **par},
+           "topology": topology or {"kind": "ring", "bandwidth": 10 * GB, "latency": 1e-6}}
+    return Simulation(cfg, trace=trace).run()
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_dp_adds_exactly_the_ring_allreduce_time(n):
+    t = chain_trace(batch=8 * n)
+    r = sim(t, n, "dp", {"kind": "ring", "bandwidth": 10 * GB, "latency": 2e-6})
+    compute = r.per_gpu()["compute"].max()
+    grads = t.weight_bytes()
+    ring = 2 * (n - 1) / n * grads / (10 * GB) + 2 * (n - 1) * 2e-6
+    assert r.iteration_time == pytest.approx(compute + ring, rel=1e-9)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_ring_allreduce_moves_2n_minus_1_over_n_per_gpu(n):
+    t = chain_trace(batch=16)
+    r = sim(t, n, "dp")
+    assert r.network.bytes_delivered == pytest.approx(n * 2 * (n - 1) / n * t.weight_bytes())
+
+
+@pytest.mark.parametrize("bw", [1 * GB, 10 * GB, 100 * GB])
+def test_ddp_never_slower_than_dp(bw):
+    t = chain_trace(batch=32, layers=6)
+    top = {"kind": "ring", "bandwidth": bw, "latency": 1e-6}
+    dp = sim(t, 4, "dp", top)
+    ddp = sim(t, 4, "ddp", top, bucket_size=4e6)
+    assert ddp.iteration_time <= dp.iteration_time * (1 + 1e-12)
+
+
+def test_ddp_with_infinitely_fast_network_equals_compute():
+    t = chain_trace(batch=32, layers=6)
+    r = sim(t, 4, "ddp", FAST, bucket_size=5e6)
+    assert r.iteration_time == pytest.approx(r.per_gpu()["compute"].max(), rel=1e-12)
+
+
+def test_ddp_reduces_every_gradient_including_leftover_bucket():
+    t = chain_trace(batch=32, layers=5, weight_bytes=3e6)
+    r = sim(t, 2, "ddp", bucket_size=7e6)  # 3+3+3 | 3+3 (leftover)
+    assert r.collective_bytes["allreduce"] == pytest.approx(t.weight_bytes())
+    buckets = r.extrapolator.buckets()
+    assert [b[2] for b in buckets] == [3, 2]
+
+
+def test_tp_degree_one_and_gpipe_one_gpu_equal_single():
+    t = chain_trace()
+    single = sim(t, 1, "single").iteration_time
+    assert single == pytest.approx(t.total_time)
+    assert sim(t, 1, "tp").iteration_time == pytest.approx(single)
+    assert sim(t, 1, "gpipe").iteration_time == pytest.approx(single)
+
+
+@pytest.mark.parametrize("S,M", [(2, 1), (2, 4), (4, 4), (4, 8), (3, 2)])
+def test_gpipe_forward_span(S, M):
+    # S equal stages of forward time t: the last forward ends at (M + S - 1) t / M
+    t_layer = 1e-3
+    tr = chain_trace(layers=S, batch=8 * M, t_fwd=t_layer, t_bwd=2e-3, t_opt=0)
+    r = sim(tr, S, "gpipe", FAST, microbatches=M)
+    fwd = r.timeline[(r.timeline.phase == "forward") & (r.timeline.kind == "compute")]
+    assert fwd.end.max() == pytest.approx((M + S - 1) * t_layer / M, rel=1e-6)
+    # and every stage got exactly one layer (balanced by time)
+    assert [len(x) for x in r.extrapolator.fwd_ops] == [1] * S
+
+
+def test_1f1b_matches_gpipe_time_with_equal_stages():
+    tr = chain_trace(layers=4, batch=32, t_opt=0)
+    g = sim(tr, 4, "gpipe", FAST, microbatches=4).iteration_time
+    o = sim(tr, 4, "1f1b", FAST, microbatches=4).iteration_time
+    assert o == pytest.approx(g, rel=1e-9)
+
+
+def test_tp_communicates_after_split_layers():
+    t = chain_trace(batch=8)
+    r = sim(t, 4, "tp")
+    comm = r.timeline[r.timeline.kind == "comm"]
+    assert len(comm) == 4 * 2 * 4  # 4 GPUs x (4 forward + 4 backward) split ops
+    assert r.iteration_time > sim(t, 4, "tp", FAST).iteration_time
+
+
+def test_deadlock_names_stuck_gpu_and_task():
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, topo.ring(2, GB))
+    rt = Runtime(env, net)
+    rt.start(0, "compute", [Recv(1, "never-sent")])
+    rt.start(1, "compute", [Send(0, 10.0, "other-key")])
+    env.run()
+    with pytest.raises(DeadlockError) as e:
+        rt.check_finished()
+    assert "GPU 0 compute" in str(e.value) and "never-sent" in str(e.value)
+
+
+def test_plan_errors_name_the_field():
+    t = chain_trace(batch=4)
+    with pytest.raises(ConfigError, match="microbatches"):
+        sim(t, 2, "gpipe", microbatches=8)
+    with pytest.raises(ConfigError, match="num_gpus"):
+        sim(t, 3, "single")
+    with pytest.raises(ConfigError, match="num_gpus"):
+        sim(chain_trace(layers=2), 4, "gpipe")
+    with pytest.raises(ConfigError, match="batch_size"):
+        sim(t, 8, "dp")
+
+
+def test_more_bandwidth_never_slows_dp_or_ddp():
+    t = chain_trace(batch=32, layers=6)
+    for mode in ("dp", "ddp", "tp", "gpipe"):
+        times = [sim(t, 4, mode, {"kind": "ring", "bandwidth": bw, "latency": 1e-6},
+                     **({"microbatches": 2} if mode == "gpipe" else {})).iteration_time
+                 for bw in (1 * GB, 4 * GB, 16 * GB)]  # fmt: skip
+        assert times == sorted(times, reverse=True)
+
+
+def test_ring_order_follows_mesh():
+    from extrapolators.collectives import ring_order
+
+    g = topo.mesh2d(3, 4, GB)
+    order = ring_order(g, list(range(12)))
+    hops = [nx.shortest_path_length(g, a, b) for a, b in zip(order, order[1:], strict=False)]
+    assert max(hops) == 1 and math.isfinite(sum(hops))
+
+
+def test_memory_does_not_grow_with_gpu_count():
+    t = chain_trace(batch=1024)
+    r = sim(t, 64, "ddp", {"kind": "switch", "bandwidth": 100 * GB})
+    assert r.extrapolator.trace is t and len(r.timeline) > 64 * len(t.operators)
+    _ = Plan

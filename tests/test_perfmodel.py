@@ -1,0 +1,85 @@
+import numpy as np
+import pytest
+
+from perfmodel import LinearRegressionModel, Roofline, Target, TraceTime, op_features
+from tests.conftest import chain_trace
+from triosim import hardware
+from triosim.errors import ConfigError
+
+
+def test_weights_keep_size_when_batch_doubles(chain):
+    fwd = chain.operators[0]  # reads input (batch-scaled) and a weight
+    f1, b1 = op_features(chain, fwd, Target(batch_size=chain.batch_size))
+    f2, b2 = op_features(chain, fwd, Target(batch_size=2 * chain.batch_size))
+    w = chain.tensors[fwd.inputs[1]].nbytes
+    act = chain.tensors[fwd.inputs[0]].nbytes + chain.tensors[fwd.outputs[0]].nbytes
+    assert b1 == pytest.approx(w + act) and b2 == pytest.approx(w + 2 * act)
+    assert f2 == pytest.approx(2 * f1)
+    opt = chain.operators[-1]  # optimizer: weights and gradients only
+    assert op_features(chain, opt, Target(batch_size=64)) == op_features(chain, opt)
+
+
+def test_per_op_regression_recovers_known_coefficients():
+    # time = a + b * batch for every op, a and b known: the fit must recover them
+    traces = []
+    for batch in (4, 8, 16, 32):
+        t = chain_trace(batch=batch)
+        for k, op in enumerate(t.operators):
+            op.time = 1e-5 * (k + 1) + 2e-6 * (k + 2) * batch
+        traces.append(t)
+    m = LinearRegressionModel(traces[0], extra_traces=traces[1:])
+    a = np.array([1e-5 * (k + 1) for k in range(len(traces[0].operators))])
+    b = np.array([2e-6 * (k + 2) for k in range(len(traces[0].operators))])
+    assert np.allclose(m.per_op[:, 0], a) and np.allclose(m.per_op[:, 1], b)
+    op = traces[0].operators[3]
+    assert m.time(op, Target(batch_size=64)) == pytest.approx(1e-5 * 4 + 2e-6 * 5 * 64)
+    assert m.report["leave_one_trace_out_pct"] < 1e-6
+
+
+def test_single_trace_scales_by_flop_ratio_around_overhead():
+    t = chain_trace()
+    for op in t.operators:  # time = 5 us launch + flops / 1e12
+        op.time = 5e-6 + (op.flops or 0) / 1e12
+    m = LinearRegressionModel(t)
+    assert m.overhead == pytest.approx(5e-6, rel=1e-6)
+    op = t.operators[0]
+    want = 5e-6 + (op.time - 5e-6) * 2
+    assert m.time(op, Target(batch_size=2 * t.batch_size)) == pytest.approx(want, rel=1e-6)
+    assert m.time(op) == op.time  # traced setting: the measured time
+
+
+def test_save_load(tmp_path, chain):
+    m = LinearRegressionModel(chain)
+    back = LinearRegressionModel.load(m.save(tmp_path / "m.json"), chain)
+    op = chain.operators[1]
+    assert back.time(op, Target(batch_size=3)) == m.time(op, Target(batch_size=3))
+
+
+def test_trace_time_only_at_traced_setting(chain):
+    m = TraceTime(chain)
+    assert m.time(chain.operators[0]) == chain.operators[0].time
+    with pytest.raises(ConfigError, match="regression"):
+        m.time(chain.operators[0], Target(batch_size=99))
+
+
+@pytest.mark.parametrize("gpu", ["A40", "A100-40GB", "A100-80GB", "H100-SXM", "H200"])
+def test_roofline_bounded_by_both_roofs(chain, gpu):
+    m = Roofline(chain)
+    g = hardware.gpu(gpu)
+    for op in chain.operators:
+        flops, nbytes = op_features(chain, op, Target(gpu=gpu))
+        t = m.time(op, Target(gpu=gpu))
+        assert t >= flops / g.flops_for("float32") * (1 - 1e-12)
+        assert t >= nbytes / g.memory_bandwidth * (1 - 1e-12)
+
+
+def test_roofline_reproduces_traced_gpu_totals(chain):
+    m = Roofline(chain)
+    assert m.iteration_time() == pytest.approx(chain.total_time, rel=1e-9) or m.iteration_time() >= chain.total_time
+    faster = m.iteration_time(Target(gpu="H200"))
+    assert faster <= m.iteration_time(Target(gpu="A40"))
+
+
+def test_unknown_gpu_is_a_config_error():
+    with pytest.raises(ConfigError, match="gpu"):
+        hardware.gpu("Z9000")
