@@ -18,7 +18,9 @@ class Single(Extrapolator):
 
     def streams(self):
         target = self.target(self.per_gpu_batch(1))
-        return {(self.gpus[0], "compute"): (self.compute(op, target) for op in self.trace.operators)}
+        return {
+            (self.gpus[0], "compute"): (self.compute(op, target) for op in self.trace.operators)
+        }
 
 
 class DataParallel(Extrapolator):

@@ -125,7 +125,11 @@ class GPipe(Extrapolator):
             if isinstance(s, int) and not isinstance(s, bool):
                 k = s
             else:
-                hits = [k for k, i in enumerate(fwd) if ops[i].layer == s or ops[i].layer.startswith(f"{s}.")]
+                hits = [
+                    k
+                    for k, i in enumerate(fwd)
+                    if ops[i].layer == s or ops[i].layer.startswith(f"{s}.")
+                ]
                 if not hits:
                     raise ConfigError("parallelism.stages", s, "a layer name found in the trace")
                 k = hits[0]

@@ -76,7 +76,9 @@ class Runtime:
             elif type(task) is Wait:
                 yield self.event(task.key)
                 if env.now > start:
-                    rows.append((gpu, stream, "wait", "wait", "", "", start, env.now, 0.0, task.key))
+                    rows.append(
+                        (gpu, stream, "wait", "wait", "", "", start, env.now, 0.0, task.key)
+                    )
             else:
                 raise SimulationError(f"GPU {gpu} {stream}: unknown task {task!r}")
             self.tasks_finished += 1

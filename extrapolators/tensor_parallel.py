@@ -34,7 +34,11 @@ class TensorParallel(Extrapolator):
                                   f" (op {op.id}) has only {max(dims)} output units to split")  # fmt: skip
 
     def _ratio(self) -> float:
-        return 1.0 if self.batch is None or not self.trace.batch_size else self.batch / self.trace.batch_size
+        return (
+            1.0
+            if self.batch is None or not self.trace.batch_size
+            else self.batch / self.trace.batch_size
+        )
 
     def activation_bytes(self, tensor_ids) -> float:
         r = self._ratio()

@@ -127,9 +127,7 @@ def validate_graph(graph) -> nx.DiGraph:
         bw, lat = d.get("bandwidth"), d.get("latency", 0.0)
         if isinstance(bw, bool) or not isinstance(bw, (int, float)) or not bw > 0:
             raise NetworkError(f"link {u!r}->{v!r}: bandwidth must be > 0 bytes/s, got {bw!r}")
-        if isinstance(lat, bool) or not isinstance(lat, (int, float)) or not (
-            0 <= lat < math.inf
-        ):
+        if isinstance(lat, bool) or not isinstance(lat, (int, float)) or not (0 <= lat < math.inf):
             raise NetworkError(f"link {u!r}->{v!r}: latency must be finite and >= 0 s, got {lat!r}")
     if len(gpus) > 1:
         # weak connectivity here; a one-way graph may still lack a path for some pair,

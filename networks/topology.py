@@ -215,7 +215,9 @@ def from_edges(edges, default_bandwidth=None, default_latency: float = 0.0, gpus
             raise ConfigError(f"topology.edges[{k}]", e, "a mapping with src and dst")
         bw = e.get("bandwidth", default_bandwidth)
         if bw is None:
-            raise ConfigError(f"topology.edges[{k}].bandwidth", None, "a bandwidth such as '50 GB/s'")
+            raise ConfigError(
+                f"topology.edges[{k}].bandwidth", None, "a bandwidth such as '50 GB/s'"
+            )
         bw = parse_bandwidth(bw, f"topology.edges[{k}].bandwidth")
         lat = parse_seconds(e.get("latency", default_latency), f"topology.edges[{k}].latency")
         if not bw > 0:

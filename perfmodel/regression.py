@@ -135,7 +135,9 @@ class LinearRegressionModel(OperatorModel):
     def load(cls, path, trace: Trace) -> LinearRegressionModel:
         doc = json.loads(Path(path).read_text())
         if doc.get("kind") != "regression":
-            raise ConfigError("perfmodel file", str(path), "a file written by LinearRegressionModel.save")
+            raise ConfigError(
+                "perfmodel file", str(path), "a file written by LinearRegressionModel.save"
+            )
         self = cls.__new__(cls)
         OperatorModel.__init__(self, trace)
         self.traces = [trace]
@@ -144,7 +146,9 @@ class LinearRegressionModel(OperatorModel):
         per_op = doc.get("per_op")
         self.per_op = None if per_op is None else np.array(per_op, float)
         if self.per_op is not None and len(self.per_op) != len(trace.operators):
-            raise ConfigError("perfmodel file", str(path), "a model fitted on this trace's operators")
+            raise ConfigError(
+                "perfmodel file", str(path), "a model fitted on this trace's operators"
+            )
         return self
 
 

@@ -11,8 +11,17 @@ from triosim.trace import Operator, Tensor, Trace
 GO_TRACES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "triosim-go-traces"
 
 
-def chain_trace(layers=4, t_fwd=1e-3, t_bwd=2e-3, t_opt=0.5e-3, weight_bytes=4e6,
-                act_bytes=1e6, batch=8, flops_per_s=1e12, split=True) -> Trace:
+def chain_trace(
+    layers=4,
+    t_fwd=1e-3,
+    t_bwd=2e-3,
+    t_opt=0.5e-3,
+    weight_bytes=4e6,
+    act_bytes=1e6,
+    batch=8,
+    flops_per_s=1e12,
+    split=True,
+) -> Trace:
     """A chain of `layers` linear layers: forward op i reads activation i and weight i and
     writes activation i+1; backward op i (fwd_id = forward i) writes weight i's gradient.
     FLOPs are time x flops_per_s, so FLOP-ratio scaling is exact."""
@@ -29,20 +38,52 @@ def chain_trace(layers=4, t_fwd=1e-3, t_bwd=2e-3, t_opt=0.5e-3, weight_bytes=4e6
         w = add("weight", weight_bytes, (64, 16))
         weights.append(w)
         a = add("activation", act_bytes, (batch, 8))
-        ops.append(Operator(len(ops), "aten::linear", f"layer{i}", "forward", t_fwd,
-                            (acts[-1], w), (a,), t_fwd * flops_per_s, tp_split=split))
+        ops.append(
+            Operator(
+                len(ops),
+                "aten::linear",
+                f"layer{i}",
+                "forward",
+                t_fwd,
+                (acts[-1], w),
+                (a,),
+                t_fwd * flops_per_s,
+                tp_split=split,
+            )
+        )
         acts.append(a)
     grads = {}
     for i in reversed(range(layers)):
         g = add("gradient", weight_bytes, (64, 16))
         ga = add("activation", act_bytes, (batch, 8))
         grads[i] = g
-        ops.append(Operator(len(ops), "AddmmBackward0", f"layer{i}", "backward", t_bwd,
-                            (acts[i + 1], weights[i]), (ga, g), t_bwd * flops_per_s, fwd_id=i,
-                            tp_split=split))
+        ops.append(
+            Operator(
+                len(ops),
+                "AddmmBackward0",
+                f"layer{i}",
+                "backward",
+                t_bwd,
+                (acts[i + 1], weights[i]),
+                (ga, g),
+                t_bwd * flops_per_s,
+                fwd_id=i,
+                tp_split=split,
+            )
+        )
     if t_opt:
-        ops.append(Operator(len(ops), "aten::_foreach_add_", "optimizer", "optimizer", t_opt,
-                            tuple(weights) + tuple(grads.values()), (), None))
+        ops.append(
+            Operator(
+                len(ops),
+                "aten::_foreach_add_",
+                "optimizer",
+                "optimizer",
+                t_opt,
+                tuple(weights) + tuple(grads.values()),
+                (),
+                None,
+            )
+        )
     return Trace(ops, tensors, {"batch_size": batch, "gpu": "H100-SXM"}).validate()
 
 

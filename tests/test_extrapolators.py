@@ -17,8 +17,11 @@ FAST = {"kind": "ring", "bandwidth": 1e30, "latency": 0.0}
 
 
 def sim(trace, n, mode, topology=None, **par):
-    cfg = {"num_gpus": n, "parallelism": {"mode": mode, **par},
-           "topology": topology or {"kind": "ring", "bandwidth": 10 * GB, "latency": 1e-6}}
+    cfg = {
+        "num_gpus": n,
+        "parallelism": {"mode": mode, **par},
+        "topology": topology or {"kind": "ring", "bandwidth": 10 * GB, "latency": 1e-6},
+    }
     return Simulation(cfg, trace=trace).run()
 
 

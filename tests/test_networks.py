@@ -100,8 +100,9 @@ def test_photonic_setup_once_then_reuse():
 
 def test_photonic_lru_teardown_when_ports_run_out():
     env = simpy.Environment()
-    net = PhotonicNetwork(env, topo.fully_connected(4, GB), total_bandwidth=GB, links=1,
-                          ports=2, setup_time=0.01)
+    net = PhotonicNetwork(
+        env, topo.fully_connected(4, GB), total_bandwidth=GB, links=1, ports=2, setup_time=0.01
+    )
     order = []
 
     def user():
@@ -148,7 +149,11 @@ def test_conservation_and_capacity(items, bw):
     net = PacketSwitchNetwork(env, g)
     recs = _timed(env, net, items)
     assert len(recs) == len(items)
-    assert net.bytes_delivered == pytest.approx(net.bytes_sent) == pytest.approx(sum(i[2] for i in items))
+    assert (
+        net.bytes_delivered
+        == pytest.approx(net.bytes_sent)
+        == pytest.approx(sum(i[2] for i in items))
+    )
     assert net.in_flight == 0
     assert net.max_utilisation <= 1 + 1e-9
 

@@ -75,7 +75,10 @@ def test_roofline_bounded_by_both_roofs(chain, gpu):
 
 def test_roofline_reproduces_traced_gpu_totals(chain):
     m = Roofline(chain)
-    assert m.iteration_time() == pytest.approx(chain.total_time, rel=1e-9) or m.iteration_time() >= chain.total_time
+    assert (
+        m.iteration_time() == pytest.approx(chain.total_time, rel=1e-9)
+        or m.iteration_time() >= chain.total_time
+    )
     faster = m.iteration_time(Target(gpu="H200"))
     assert faster <= m.iteration_time(Target(gpu="A40"))
 

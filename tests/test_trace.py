@@ -17,20 +17,36 @@ finite = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=F
 def traces(draw):
     n_t = draw(st.integers(1, 8))
     tensors = {
-        i: Tensor(i, tuple(draw(st.lists(st.integers(0, 64), max_size=3))),
-                  draw(st.sampled_from(["float32", "float16", "int64"])), draw(finite),
-                  draw(st.sampled_from(CATEGORIES)))
+        i: Tensor(
+            i,
+            tuple(draw(st.lists(st.integers(0, 64), max_size=3))),
+            draw(st.sampled_from(["float32", "float16", "int64"])),
+            draw(finite),
+            draw(st.sampled_from(CATEGORIES)),
+        )
         for i in range(n_t)
     }
     ids = st.lists(st.integers(0, n_t - 1), max_size=4).map(tuple)
     n_o = draw(st.integers(1, 10))
     ops = [
-        Operator(i, draw(st.text(min_size=1, max_size=12)), draw(st.text(max_size=12)),
-                 draw(st.sampled_from(PHASES)), draw(finite), draw(ids), draw(ids),
-                 draw(st.none() | finite), None, draw(st.integers(1, 5)), draw(st.booleans()))
+        Operator(
+            i,
+            draw(st.text(min_size=1, max_size=12)),
+            draw(st.text(max_size=12)),
+            draw(st.sampled_from(PHASES)),
+            draw(finite),
+            draw(ids),
+            draw(ids),
+            draw(st.none() | finite),
+            None,
+            draw(st.integers(1, 5)),
+            draw(st.booleans()),
+        )
         for i in range(n_o)
     ]
-    meta = draw(st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3))
+    meta = draw(
+        st.dictionaries(st.text(max_size=5), st.integers() | st.text(max_size=5), max_size=3)
+    )
     return Trace(ops, tensors, meta)
 
 
@@ -42,7 +58,6 @@ def test_save_load_round_trip(tmp_path, t, gz):
     assert back.operators == t.operators
     assert back.tensors == t.tensors
     assert back.metadata == t.metadata
-
 
 
 def _write(tmp_path, mutate):
@@ -71,14 +86,20 @@ def test_missing_column_names_file_and_field(tmp_path):
 
 
 def test_negative_time_names_row_and_field(tmp_path):
-    path = _write(tmp_path, lambda d: d["operators"]["rows"][2].__setitem__(_col(d, "operators", "time"), -1.0))
+    path = _write(
+        tmp_path,
+        lambda d: d["operators"]["rows"][2].__setitem__(_col(d, "operators", "time"), -1.0),
+    )
     with pytest.raises(TraceError) as e:
         load(path)
     assert (e.value.row, e.value.field) == (2, "time") and "row 2" in str(e.value)
 
 
 def test_undefined_tensor_id_names_row_and_field(tmp_path):
-    path = _write(tmp_path, lambda d: d["operators"]["rows"][1].__setitem__(_col(d, "operators", "inputs"), [999]))
+    path = _write(
+        tmp_path,
+        lambda d: d["operators"]["rows"][1].__setitem__(_col(d, "operators", "inputs"), [999]),
+    )
     with pytest.raises(TraceError) as e:
         load(path)
     assert (e.value.row, e.value.field) == (1, "inputs") and "999" in str(e.value)

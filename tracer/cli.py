@@ -18,8 +18,14 @@ def trace_model(name, batch_size, device="cpu", warmup=3, measure=5, small=False
     if ":" in name:
         mod, fn = name.split(":", 1)
         model = getattr(importlib.import_module(mod), fn)()
-        raise TracerError(f"{name}: custom models need make_batch and loss_fn; call "
-                          "tracer.collect() from Python") if model is None else None
+        raise (
+            TracerError(
+                f"{name}: custom models need make_batch and loss_fn; call "
+                "tracer.collect() from Python"
+            )
+            if model is None
+            else None
+        )
     if name not in MODELS:
         raise TracerError(f"unknown model {name!r}; reference models: {', '.join(MODELS)}")
     torch.manual_seed(0)

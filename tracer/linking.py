@@ -43,10 +43,15 @@ def _tensor_values(vals, types, shapes):
         if isinstance(t, str) and t.startswith("Tensor(") and isinstance(v, list) and len(v) == 6:
             yield (v[0], v[1]), s, t[7:-1], v[3] * v[4]
         elif isinstance(t, str) and t.startswith("GenericList[Tensor") and isinstance(v, list):
-            inner = t[len("GenericList["):-1].split(",")
+            inner = t[len("GenericList[") : -1].split(",")
             for vi, ti, si in zip(v, inner, s if isinstance(s, list) else [], strict=False):
                 if isinstance(vi, list) and len(vi) == 6:
-                    yield (vi[0], vi[1]), si, ti[7:-1] if ti.startswith("Tensor(") else "float", vi[3] * vi[4]
+                    yield (
+                        (vi[0], vi[1]),
+                        si,
+                        ti[7:-1] if ti.startswith("Tensor(") else "float",
+                        vi[3] * vi[4],
+                    )
 
 
 def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None) -> Trace:
@@ -74,9 +79,11 @@ def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None) ->
         for a in ancestors(i):
             name = nodes[a]["name"]
             if name.startswith("## mark "):
-                cat = name[len("## mark "):-3]
+                cat = name[len("## mark ") : -3]
                 inp = n["inputs"]
-                for key, *_ in _tensor_values(inp["values"], inp.get("types", []), inp.get("shapes", [])):
+                for key, *_ in _tensor_values(
+                    inp["values"], inp.get("types", []), inp.get("shapes", [])
+                ):
                     marked.setdefault(key, cat)
                 break
     storage_cat = {k[1]: c for k, c in marked.items()}
@@ -102,7 +109,7 @@ def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None) ->
         for a in ancestors(i):
             an = nodes[a]["name"]
             if an.startswith("## module "):
-                return an[len("## module "):-3]
+                return an[len("## module ") : -3]
         return ""
 
     top = []
@@ -165,7 +172,13 @@ def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None) ->
     def tid(key, shape, dtype, nbytes, produced_phase):
         if key not in ids:
             ids[key] = len(ids)
-            cat = marked.get(key) or storage_cat.get(key[1])
+            cat = marked.get(key)
+            if cat is None and storage_cat.get(key[1]) in ("weight", "gradient", "optimizer_state"):
+                cat = (
+                    "buffer"  # a view of a weight/gradient/state: fixed size, not a copy to reduce
+                )
+            elif cat is None and storage_cat.get(key[1]) == "input":
+                cat = "input"
             if cat is None:
                 cat = "activation" if produced_phase != "optimizer" else "optimizer_state"
             tensors[key] = Tensor(ids[key], tuple(shape) if isinstance(shape, list) else (),
@@ -184,7 +197,9 @@ def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None) ->
                     continue
                 ji, jo = nodes[j]["inputs"], nodes[j]["outputs"]
                 ins += list(_tensor_values(ji["values"], ji.get("types", []), ji.get("shapes", [])))
-                outs += list(_tensor_values(jo["values"], jo.get("types", []), jo.get("shapes", [])))
+                outs += list(
+                    _tensor_values(jo["values"], jo.get("types", []), jo.get("shapes", []))
+                )
         else:
             ins = list(_tensor_values(inp["values"], inp.get("types", []), inp.get("shapes", [])))
             outs = list(_tensor_values(out["values"], out.get("types", []), out.get("shapes", [])))
@@ -213,11 +228,14 @@ def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None) ->
                 fwd_id = fwd
                 layer = layer_of(fwd)
         split = (ph == "forward" and name.startswith(_SPLIT)) or (
-            ph == "backward" and any(s in name for s in _SPLIT_BWD))
+            ph == "backward" and any(s in name for s in _SPLIT_BWD)
+        )
         flops = None
         if flops_of is not None:
             flops = flops_of(nodes, i, subtree, children)
-        ops.append(Operator(i, name, layer, ph, t, in_ids, out_ids, flops, fwd_id, max(k, 1), split))
+        ops.append(
+            Operator(i, name, layer, ph, t, in_ids, out_ids, flops, fwd_id, max(k, 1), split)
+        )
     # a forward op in the root module's own forward, outside every submodule
     for op in ops:
         if op.phase == "forward" and not op.layer:
@@ -262,11 +280,15 @@ def node_flops(nodes, i, subtree, children) -> float | None:
                                        strict=False)]  # fmt: skip
             out_shapes = out.get("shapes", [])
             out_val = out_shapes[0] if len(out_shapes) == 1 else tuple(out_shapes)
-            try:
-                total += float(flop_registry[packet](*args, out_val=out_val))
-                known = True
-            except Exception:  # noqa: BLE001 - a formula that needs more than shapes
-                pass
+            # formulas differ in how many trailing scalars they take (addmm's beta/alpha
+            # are not in its formula): try all arguments, then fewer
+            for n_args in range(len(args), 0, -1):
+                try:
+                    total += float(flop_registry[packet](*args[:n_args], out_val=out_val))
+                    known = True
+                    break
+                except Exception:  # noqa: BLE001 - a formula that needs more than shapes
+                    continue
             continue  # outermost counted op: do not count its children again
         stack.extend(children.get(j, ()))
     return total if known else None

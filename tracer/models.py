@@ -91,7 +91,26 @@ class ResNet(nn.Module):
 VGG_CFG = {
     "vgg11": [64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
     "vgg13": [64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
-    "vgg16": [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"],
+    "vgg16": [
+        64,
+        64,
+        "M",
+        128,
+        128,
+        "M",
+        256,
+        256,
+        256,
+        "M",
+        512,
+        512,
+        512,
+        "M",
+        512,
+        512,
+        512,
+        "M",
+    ],
 }
 
 
@@ -277,4 +296,14 @@ def build(name: str, small: bool = False, image_size: int = 224, seq_len: int = 
     raise KeyError(name)
 
 
-MODELS = ("resnet18", "resnet50", "resnet152", "vgg11", "vgg13", "vgg16", "densenet121", "gpt2", "bert")
+MODELS = (
+    "resnet18",
+    "resnet50",
+    "resnet152",
+    "vgg11",
+    "vgg13",
+    "vgg16",
+    "densenet121",
+    "gpt2",
+    "bert",
+)

@@ -108,7 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-save", action="store_true", help="print the summary only")
     s.set_defaults(func=cmd_simulate)
 
-    i = sub.add_parser("info", help="describe a trace", description="Load, validate and describe a trace.")
+    i = sub.add_parser(
+        "info", help="describe a trace", description="Load, validate and describe a trace."
+    )
     i.add_argument("trace", help="a .trace.json(.gz) file or a TrioSim CSV folder")
     i.set_defaults(func=cmd_info)
 

@@ -33,7 +33,9 @@ class TopologyConfig:
     bandwidth: float = 65e9
     latency: float = 0.0
     options: dict = field(default_factory=dict)  # builder-specific: rows, cols, radix, edges...
-    links: list = field(default_factory=list)  # per-link overrides {src, dst, bandwidth, latency, both}
+    links: list = field(
+        default_factory=list
+    )  # per-link overrides {src, dst, bandwidth, latency, both}
 
 
 @dataclass
@@ -180,7 +182,9 @@ def from_dict(data: dict, base_dir=".") -> Config:
         "bandwidth": _positive_bw, "latency": _nonneg_time, "links": _list,
     })  # fmt: skip
     cfg.network = _take("network", data.get("network"), NetworkConfig, {})
-    cfg.perfmodel = _take("perfmodel", data.get("perfmodel"), PerfModelConfig, {"extra_traces": _list})
+    cfg.perfmodel = _take(
+        "perfmodel", data.get("perfmodel"), PerfModelConfig, {"extra_traces": _list}
+    )
     if not cfg.trace:
         raise ConfigError("trace", None, "the path of a trace file")
     cfg.base_dir = str(base_dir)

@@ -28,7 +28,9 @@ class GPU:
         try:
             return self.peak_flops[dtype]
         except KeyError:
-            raise ConfigError("dtype", dtype, f"one of {sorted(self.peak_flops)} for {self.name}") from None
+            raise ConfigError(
+                "dtype", dtype, f"one of {sorted(self.peak_flops)} for {self.name}"
+            ) from None
 
 
 @dataclass(frozen=True)

@@ -76,9 +76,13 @@ def import_triosim_csv(folder_or_trace, tensor_csv=None, batch_size: int | None 
     # a backward output the size of some weight is that weight's gradient (the CSV has
     # no gradient type); without this, weight gradients would wrongly grow with the batch
     # (only ops of weighted layers; the first of several outputs is the input's gradient)
-    grads = {t for o in ops if o.phase == "backward" and (o.tp_split or "Norm" in o.name)
-             for t in (o.outputs[1:] if len(o.outputs) > 1 else o.outputs)
-             if info[t][1] in weight_sizes and not types[t] & _WEIGHT_TYPES}
+    grads = {
+        t
+        for o in ops
+        if o.phase == "backward" and (o.tp_split or "Norm" in o.name)
+        for t in (o.outputs[1:] if len(o.outputs) > 1 else o.outputs)
+        if info[t][1] in weight_sizes and not types[t] & _WEIGHT_TYPES
+    }
     optimizer_inputs = {t for o in ops if o.phase == "optimizer" for t in o.inputs}
     tensors = {}
     for tid, (shape, n, each) in info.items():
@@ -97,11 +101,16 @@ def import_triosim_csv(folder_or_trace, tensor_csv=None, batch_size: int | None 
             cat = "input"
         else:
             cat = "activation"
-        tensors[tid] = Tensor(tid, shape, _DTYPE_BY_SIZE.get(each, f"{each}B"), float(n * each), cat)
+        tensors[tid] = Tensor(
+            tid, shape, _DTYPE_BY_SIZE.get(each, f"{each}B"), float(n * each), cat
+        )
     # the original trace has no layer names; number the forward ops so per-layer tables work
     for op in ops:
         op.layer = f"op{op.id}"
-    meta = {"source": f"TrioSim CSV import of {trace_csv}", "time_column": "Operator_cudatimenooverlap"}
+    meta = {
+        "source": f"TrioSim CSV import of {trace_csv}",
+        "time_column": "Operator_cudatimenooverlap",
+    }
     if batch_size is None and ops and ops[0].inputs and tensors[ops[0].inputs[0]].shape:
         batch_size = tensors[ops[0].inputs[0]].shape[0]
     if batch_size is not None:
@@ -133,7 +142,9 @@ def _int(v: str, path, row, field) -> int:
     try:
         return int(v.strip())
     except (ValueError, AttributeError):
-        raise TraceError(f"expected an integer, got {v!r}", file=path, row=row, field=field) from None
+        raise TraceError(
+            f"expected an integer, got {v!r}", file=path, row=row, field=field
+        ) from None
 
 
 def _num(v: str, path, row, field) -> float:

@@ -116,7 +116,9 @@ class Result:
         and one per network link direction for the transfers."""
         events = []
         for pid, g in enumerate(self.gpus):
-            events.append({"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"GPU {g}"}})
+            events.append(
+                {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"GPU {g}"}}
+            )
         pid_of = {g: i for i, g in enumerate(self.gpus)}
         tl = self.timeline[self.timeline["kind"] != "wait"]
         for r in tl.itertuples(index=False):
@@ -124,7 +126,9 @@ class Result:
                            "tid": r.stream, "ts": r.start * 1e6, "dur": (r.end - r.start) * 1e6,
                            "args": {"layer": r.layer, "phase": r.phase, "bytes": r.nbytes}})  # fmt: skip
         net_pid = len(self.gpus)
-        events.append({"ph": "M", "name": "process_name", "pid": net_pid, "args": {"name": "network"}})
+        events.append(
+            {"ph": "M", "name": "process_name", "pid": net_pid, "args": {"name": "network"}}
+        )
         for r in self.network.records:
             events.append({"ph": "X", "name": r.tag or "transfer", "cat": "transfer", "pid": net_pid,
                            "tid": f"{r.src}->{r.dst}", "ts": r.start * 1e6,
@@ -146,7 +150,9 @@ class Result:
             d = self.timeline[(self.timeline["gpu"] == g) & (self.timeline["kind"] != "wait")]
             for kind, off in (("compute", 0.0), ("comm", 0.4)):
                 k = d[d["kind"] == kind]
-                cols = [colors.get(p, "grey") if kind == "compute" else "tab:red" for p in k["phase"]]
+                cols = [
+                    colors.get(p, "grey") if kind == "compute" else "tab:red" for p in k["phase"]
+                ]
                 ax.broken_barh(list(zip(k["start"] * 1e3, (k["end"] - k["start"]) * 1e3, strict=True)),
                                (y + off, 0.35), facecolors=cols)  # fmt: skip
         ax.set_yticks([y + 0.4 for y in range(len(gpus))], [f"GPU {g}" for g in gpus])

@@ -46,7 +46,9 @@ def build_topology(cfg: Config):
         rows = rows or n // cols
         cols = cols or n // rows
         if rows * cols != n:
-            raise ConfigError("topology.rows", rows, f"rows x cols = num_gpus ({n}); got {rows} x {cols}")
+            raise ConfigError(
+                "topology.rows", rows, f"rows x cols = num_gpus ({n}); got {rows} x {cols}"
+            )
         g = topo.BUILDERS[kind](rows, cols, bw, lat, **opts)
     elif kind == "dgx1":
         if n != 8:
@@ -55,7 +57,9 @@ def build_topology(cfg: Config):
     elif kind == "multi_node":
         per = opts.pop("gpus_per_node", 8)
         if not isinstance(per, int) or per < 1 or n % per:
-            raise ConfigError("topology.gpus_per_node", per, f"an integer >= 1 dividing num_gpus ({n})")
+            raise ConfigError(
+                "topology.gpus_per_node", per, f"an integer >= 1 dividing num_gpus ({n})"
+            )
         inter = parse_bandwidth(opts.pop("inter_bandwidth", "50 GB/s"), "topology.inter_bandwidth")
         inter_lat = parse_seconds(opts.pop("inter_latency", "2 us"), "topology.inter_latency")
         g = topo.multi_node(n // per, per, bw, inter, lat, inter_lat)
@@ -65,7 +69,9 @@ def build_topology(cfg: Config):
         g = topo.BUILDERS[kind](n, bw, lat, **opts)
     for k, link in enumerate(t.links):
         if not isinstance(link, dict) or "src" not in link or "dst" not in link:
-            raise ConfigError(f"topology.links[{k}]", link, "a mapping with src, dst and bandwidth/latency")
+            raise ConfigError(
+                f"topology.links[{k}]", link, "a mapping with src, dst and bandwidth/latency"
+            )
         b = link.get("bandwidth")
         la = link.get("latency")
         topo.set_link(g, link["src"], link["dst"],
@@ -106,7 +112,9 @@ class Simulation:
         try:
             net = network_class(cfg.network.kind)(env, self.graph, **opts)
         except TypeError as e:
-            raise ConfigError("network", cfg.network.options, f"options the network takes ({e})") from None
+            raise ConfigError(
+                "network", cfg.network.options, f"options the network takes ({e})"
+            ) from None
         if len(net.gpus) != cfg.num_gpus:
             raise ConfigError("num_gpus", cfg.num_gpus,
                               f"the number of GPUs in the topology ({len(net.gpus)})")  # fmt: skip
@@ -117,7 +125,9 @@ class Simulation:
         try:
             model = make_model(cfg.perfmodel.kind, trace, **model_opts)
         except TypeError as e:
-            raise ConfigError("perfmodel", cfg.perfmodel.options, f"options the model takes ({e})") from None
+            raise ConfigError(
+                "perfmodel", cfg.perfmodel.options, f"options the model takes ({e})"
+            ) from None
         p = cfg.parallelism
         plan = Plan(mode=p.mode, num_gpus=cfg.num_gpus, batch_size=cfg.batch_size, gpu=cfg.gpu,
                     bucket_bytes=p.bucket_size, microbatches=p.microbatches,
@@ -149,7 +159,8 @@ def check_invariants(result: Result, runtime: Runtime, net) -> None:
         eps = 1e-9 * max(result.iteration_time, 1e-12)
         ordered = tl.sort_values(["gpu", "stream", "start", "end"])
         same = (ordered["gpu"].values[1:] == ordered["gpu"].values[:-1]) & (
-            ordered["stream"].values[1:] == ordered["stream"].values[:-1])
+            ordered["stream"].values[1:] == ordered["stream"].values[:-1]
+        )
         overlap = same & (ordered["start"].values[1:] < ordered["end"].values[:-1] - eps)
         if overlap.any():
             k = int(overlap.argmax())

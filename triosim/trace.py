@@ -23,7 +23,7 @@ FORMAT_VERSION = 1
 PHASES = ("forward", "backward", "optimizer")
 CATEGORIES = ("input", "activation", "weight", "gradient", "optimizer_state", "buffer")
 # Categories whose size grows with the batch; the others (weights, their gradients,
-# optimizer states, buffers such as running means) keep their size.
+# optimizer states, buffers: running statistics and views of weights) keep their size.
 BATCH_SCALED = frozenset({"input", "activation"})
 
 DTYPE_BYTES = {
@@ -167,14 +167,26 @@ def save(trace: Trace, path) -> Path:
         "metadata": trace.metadata,
         "tensors": {
             "columns": list(TENSOR_COLUMNS),
-            "rows": [[t.id, list(t.shape), t.dtype, t.nbytes, t.category]
-                     for t in trace.tensors.values()],
+            "rows": [
+                [t.id, list(t.shape), t.dtype, t.nbytes, t.category] for t in trace.tensors.values()
+            ],
         },  # fmt: skip
         "operators": {
             "columns": list(OPERATOR_COLUMNS + OPERATOR_OPTIONAL),
             "rows": [
-                [o.id, o.name, o.layer, o.phase, o.time, list(o.inputs), list(o.outputs),
-                 o.flops, o.fwd_id, o.kernels, o.tp_split]
+                [
+                    o.id,
+                    o.name,
+                    o.layer,
+                    o.phase,
+                    o.time,
+                    list(o.inputs),
+                    list(o.outputs),
+                    o.flops,
+                    o.fwd_id,
+                    o.kernels,
+                    o.tp_split,
+                ]
                 for o in trace.operators
             ],  # fmt: skip
         },

@@ -32,7 +32,9 @@ def _parse(value, field: str, table: dict, suffix: str, what: str) -> float:
             unit = unit[: -len(suffix)]
         if m is None or (unit or "B" if table is _SIZE else unit or "S") not in table:
             allowed = ", ".join(k + suffix for k in table)
-            raise ConfigError(field, value, f"a {what}: a number or a string with a unit ({allowed})")
+            raise ConfigError(
+                field, value, f"a {what}: a number or a string with a unit ({allowed})"
+            )
         number = float(m.group(1)) * table[unit or ("B" if table is _SIZE else "S")]
     else:
         raise ConfigError(field, value, f"a {what}")

@@ -1,0 +1,39 @@
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def triosim(*args):
+    return subprocess.run([sys.executable, "-m", "triosim.cli", *args], capture_output=True,
+                          text=True, cwd=ROOT)  # fmt: skip
+
+
+@pytest.mark.parametrize("cmd", [[], ["simulate"], ["trace"], ["info"], ["import"]])
+def test_help(cmd):
+    p = triosim(*cmd, "--help")
+    assert p.returncode == 0 and "usage: triosim" in p.stdout
+
+
+@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.yaml")))
+def test_every_example_runs(tmp_path, example):
+    p = triosim("simulate", f"examples/{example}", "--out", str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert "iteration time" in p.stdout and (tmp_path / "chrome_trace.json").exists()
+
+
+def test_bad_config_is_a_clear_error(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trace: ../traces/cpu/resnet18-b8.trace.json.gz\nnum_gpus: two\n")
+    p = triosim("simulate", str(bad))
+    assert p.returncode == 2 and "num_gpus" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_set_override_and_info():
+    p = triosim("simulate", "examples/dp.yaml", "--no-save", "--set", "num_gpus=2")
+    assert p.returncode == 0 and "GPUs                          2" in p.stdout
+    p = triosim("info", "traces/cpu/gpt2-small-b8.trace.json.gz")
+    assert p.returncode == 0 and "operators" in p.stdout

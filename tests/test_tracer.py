@@ -1,0 +1,96 @@
+from collections import Counter
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tracer import collect  # noqa: E402
+from triosim.errors import TracerError  # noqa: E402
+
+
+def tiny(batch=4):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+    def make_batch(b, device):
+        return torch.randn(b, 8, device=device), torch.randint(0, 4, (b,), device=device)
+
+    opt = torch.optim.Adam(model.parameters())
+    return collect(model, make_batch, torch.nn.functional.cross_entropy, opt, batch_size=batch,
+                   warmup=1, measure=2, model_name="tiny")  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def trace():
+    return tiny()
+
+
+def test_every_tensor_is_defined_and_trace_validates(trace):
+    used = {t for op in trace.operators for t in op.inputs + op.outputs}
+    assert used <= set(trace.tensors)
+    trace.validate()
+    assert (
+        trace.metadata["batch_size"] == 4
+        and trace.metadata["parameters"] == 8 * 16 + 16 + 16 * 4 + 4
+    )
+    assert trace.metadata["measured_iteration_time"] > 0
+
+
+def test_forward_and_backward_are_paired(trace):
+    fwd = {op.id: op for op in trace.operators if op.phase == "forward"}
+    bwd = [op for op in trace.operators if op.phase == "backward" and op.fwd_id is not None]
+    linear_bwd = [op for op in bwd if "AddmmBackward" in op.name]
+    assert len(linear_bwd) == 2
+    for op in bwd:
+        assert op.fwd_id in fwd and fwd[op.fwd_id].layer == op.layer
+    assert {fwd[op.fwd_id].layer for op in linear_bwd} == {"0", "2"}
+
+
+def test_weights_and_gradients_have_matching_shapes(trace):
+    cats = Counter(t.category for t in trace.tensors.values())
+    assert cats["weight"] == 4 and cats["gradient"] == 4
+    w = Counter(t.shape for t in trace.tensors.values() if t.category == "weight")
+    g = Counter(t.shape for t in trace.tensors.values() if t.category == "gradient")
+    assert w == g
+
+
+def test_linear_flops_are_2mnk(trace):
+    lin = [op for op in trace.operators if op.phase == "forward" and op.name == "aten::linear"]
+    assert [op.flops for op in lin] == [2 * 4 * 8 * 16, 2 * 4 * 16 * 4]
+    assert all(op.tp_split for op in lin)
+
+
+def test_phases_in_order(trace):
+    phases = [op.phase for op in trace.operators]
+    assert phases.index("backward") > phases.index("forward")
+    assert phases[-1] == "optimizer" and "forward" not in phases[phases.index("backward") :]
+
+
+def test_model_that_raises():
+    class Broken(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            raise RuntimeError("boom")
+
+    m = Broken()
+    with pytest.raises(TracerError, match="raised while tracing: RuntimeError: boom"):
+        collect(m, lambda b, d: (torch.zeros(b, 2), torch.zeros(b)), torch.nn.functional.mse_loss,
+                torch.optim.SGD(m.parameters(), 0.1), batch_size=2, warmup=1, measure=1)  # fmt: skip
+
+
+def test_empty_model_and_non_module():
+    empty = torch.nn.Sequential()
+    with pytest.raises(TracerError, match="no trainable parameters"):
+        collect(empty, None, None, None, batch_size=2)
+    with pytest.raises(TracerError, match="must be a torch.nn.Module"):
+        collect(lambda x: x, None, None, None, batch_size=2)
+
+
+def test_unsupported_schema_is_named():
+    from tracer.linking import link
+
+    with pytest.raises(TracerError, match="schema '9.9'"):
+        link({"schema": "9.9", "nodes": []}, {}, gpu=False, metadata={})
