@@ -64,8 +64,9 @@ class Extrapolator:
                 return None
             raise ConfigError("batch_size", None,
                               "a batch size (the trace's metadata has none) to split it")  # fmt: skip
-        if self.batch < parts:
-            raise ConfigError("batch_size", self.batch, f"at least {parts} to split over {parts}")
+        if self.batch < parts or self.batch % parts:
+            raise ConfigError("batch_size", self.batch,
+                              f"a multiple of {parts}, to split it evenly over {parts} parts")  # fmt: skip
         return self.batch / parts
 
     def ops(self, *phases):

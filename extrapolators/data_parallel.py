@@ -28,6 +28,9 @@ class DataParallel(Extrapolator):
 
     name = "dp"
 
+    def check(self):
+        self.per_gpu_batch(len(self.gpus))
+
     def grad_bytes(self) -> float:
         return self.trace.weight_bytes()  # one gradient per weight, of the weight's size
 
@@ -61,6 +64,7 @@ class DistributedDataParallel(DataParallel):
     name = "ddp"
 
     def check(self):
+        super().check()
         cap = self.plan.bucket_bytes
         if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
             raise ConfigError("parallelism.bucket_size", cap, "a size > 0 bytes, e.g. '25 MB'")

@@ -65,6 +65,7 @@ class GPipe(Extrapolator):
                               f"at most the batch size ({self.batch})")  # fmt: skip
         if self.batch is None and m > 1:
             raise ConfigError("batch_size", None, "a batch size to split into micro-batches")
+        self.per_gpu_batch(m)
         self._assign()
 
     # -- partition ----------------------------------------------------------------------------

@@ -90,3 +90,14 @@ def chain_trace(
 @pytest.fixture
 def chain():
     return chain_trace()
+
+
+def pytest_terminal_summary(terminalreporter):
+    import sys
+
+    mod = next((m for n, m in sys.modules.items() if n.split(".")[-1] == "test_fuzz"), None)
+    TRIED = getattr(mod, "TRIED", None)
+    if TRIED:
+        terminalreporter.write_line(
+            "fuzz inputs tried: " + ", ".join(f"{k} {v}" for k, v in sorted(TRIED.items()))
+        )

@@ -31,6 +31,20 @@ def load_any_trace(path, progress: bool = False) -> Trace:
     return load(path, progress=progress)
 
 
+def _check_options(kind, builder, opts) -> None:
+    import inspect
+
+    params = list(inspect.signature(builder).parameters)[3:]  # after n, bandwidth, latency
+    for k, v in opts.items():
+        if k not in params:
+            raise ConfigError(f"topology.{k}", v, f"an option of topology '{kind}': "
+                              f"{', '.join(params) or 'none'}")  # fmt: skip
+        if k in ("radix", "per_switch") and (
+            isinstance(v, bool) or not isinstance(v, int) or v < 2
+        ):
+            raise ConfigError(f"topology.{k}", v, "an integer >= 2")
+
+
 def build_topology(cfg: Config):
     t, n = cfg.topology, cfg.num_gpus
     opts = dict(t.options)
@@ -41,6 +55,12 @@ def build_topology(cfg: Config):
     if kind in ("mesh2d", "torus2d"):
         rows = opts.pop("rows", None)
         cols = opts.pop("cols", None)
+        for name, v in (("rows", rows), ("cols", cols)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+                raise ConfigError(f"topology.{name}", v, "an integer >= 1")
+        if opts:
+            raise ConfigError(f"topology.{next(iter(opts))}", next(iter(opts.values())),
+                              f"an option of topology '{kind}': rows, cols")  # fmt: skip
         if rows is None and cols is None:
             rows = int(math.isqrt(n))
         rows = rows or n // cols
@@ -66,6 +86,7 @@ def build_topology(cfg: Config):
     elif kind == "edges":
         g = topo.from_edges(opts.pop("edges", None), bw, lat)
     else:
+        _check_options(kind, topo.BUILDERS[kind], opts)
         g = topo.BUILDERS[kind](n, bw, lat, **opts)
     for k, link in enumerate(t.links):
         if not isinstance(link, dict) or "src" not in link or "dst" not in link:

@@ -31,6 +31,7 @@ DTYPE_BYTES = {
     "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8": 1, "complex64": 8,
 }  # fmt: skip
 
+MAX_OP_TIME = 1e6  # seconds (11 days): a larger operator time is a unit mistake, not a trace
 OPERATOR_COLUMNS = ("id", "name", "layer", "phase", "time", "inputs", "outputs", "flops")
 OPERATOR_OPTIONAL = ("fwd_id", "kernels", "tp_split")
 TENSOR_COLUMNS = ("id", "shape", "dtype", "nbytes", "category")
@@ -128,9 +129,9 @@ def validate(trace: Trace, file=None) -> None:
         if op.phase not in PHASES:
             raise TraceError(f"unknown phase {op.phase!r}; allowed: {', '.join(PHASES)}",
                              file=file, row=row, field="phase")  # fmt: skip
-        if not _finite_nonneg(op.time):
-            raise TraceError(f"time must be a finite number of seconds >= 0, got {op.time!r}",
-                             file=file, row=row, field="time")  # fmt: skip
+        if not _finite_nonneg(op.time) or op.time > MAX_OP_TIME:
+            raise TraceError(f"time must be a number of seconds in [0, {MAX_OP_TIME:g}], got "
+                             f"{op.time!r}", file=file, row=row, field="time")  # fmt: skip
         if op.flops is not None and not _finite_nonneg(op.flops):
             raise TraceError(f"flops must be a finite number >= 0, got {op.flops!r}",
                              file=file, row=row, field="flops")  # fmt: skip
@@ -139,10 +140,18 @@ def validate(trace: Trace, file=None) -> None:
                 if tid not in trace.tensors:
                     raise TraceError(f"tensor id {tid} is not defined in the tensor table",
                                      file=file, row=row, field=fname)  # fmt: skip
+    phase_before: dict[int, str] = {}
     for row, op in enumerate(trace.operators):
-        if op.fwd_id is not None and op.fwd_id not in seen:
-            raise TraceError(f"fwd_id {op.fwd_id} names no operator", file=file, row=row,
-                             field="fwd_id")  # fmt: skip
+        if op.fwd_id is not None:
+            if op.fwd_id not in seen:
+                raise TraceError(f"fwd_id {op.fwd_id} names no operator", file=file, row=row,
+                                 field="fwd_id")  # fmt: skip
+            # backward -> an earlier forward op only: this rules out cycles
+            if op.phase != "backward" or phase_before.get(op.fwd_id) != "forward":
+                raise TraceError(f"fwd_id {op.fwd_id} must pair a backward operator with an "
+                                 "earlier forward operator (a cycle or a wrong pairing)",
+                                 file=file, row=row, field="fwd_id")  # fmt: skip
+        phase_before[op.id] = op.phase
 
 
 def _finite_nonneg(x) -> bool:
@@ -249,8 +258,8 @@ def load(path, progress: bool = False) -> Trace:
                 outputs=tuple(_int_list(rec, "outputs", path, row)),
                 flops=None if flops is None else _num(rec, "flops", path, row),
                 fwd_id=None if fwd is None else _int(rec, "fwd_id", path, row),
-                kernels=int(rec.get("kernels") or 1),
-                tp_split=bool(rec.get("tp_split", False)),
+                kernels=_optional_kernels(rec, path, row),
+                tp_split=_optional_bool(rec, "tp_split", path, row),
             )
         )
     if not ops:
@@ -299,6 +308,26 @@ def _str(rec, f, path, row) -> str:
     v = rec.get(f)
     if not isinstance(v, str):
         raise TraceError(f"expected a string, got {v!r}", file=path, row=row, field=f)
+    return v
+
+
+def _optional_kernels(rec, path, row) -> int:
+    v = rec.get("kernels", 1)
+    if v is None:
+        return 1
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise TraceError(
+            f"expected an integer >= 1, got {v!r}", file=path, row=row, field="kernels"
+        )
+    return v
+
+
+def _optional_bool(rec, f, path, row) -> bool:
+    v = rec.get(f, False)
+    if v is None:
+        return False
+    if not isinstance(v, bool):
+        raise TraceError(f"expected true or false, got {v!r}", file=path, row=row, field=f)
     return v
 
 
