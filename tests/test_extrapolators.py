@@ -92,12 +92,24 @@ def test_1f1b_matches_gpipe_time_with_equal_stages():
     assert o == pytest.approx(g, rel=1e-9)
 
 
-def test_tp_communicates_after_split_layers():
-    t = chain_trace(batch=8)
+def test_tp_pairs_column_and_row_layers_megatron_style():
+    t = chain_trace(batch=8)  # four linear layers in a chain: pairs (0, 1) and (2, 3)
     r = sim(t, 4, "tp")
-    comm = r.timeline[r.timeline.kind == "comm"]
-    assert len(comm) == 4 * 2 * 4  # 4 GPUs x (4 forward + 4 backward) split ops
+    roles = r.extrapolator.roles
+    assert [roles[i] for i in range(4)] == ["column", "row", "column", "row"]
+    comm = r.timeline[(r.timeline.kind == "comm") & (r.timeline.gpu == 0)]
+    # one all-reduce per pair in forward (after the row layer), one in backward (after the
+    # column layer's backward), each of one activation
+    assert len(comm) == 2 * 2 and (comm.nbytes == t.tensors[0].nbytes).all()
     assert r.iteration_time > sim(t, 4, "tp", FAST).iteration_time
+
+
+def test_tp_unpaired_layer_reduces_its_output():
+    t = chain_trace(batch=8, layers=3)  # the third layer has no partner
+    r = sim(t, 2, "tp")
+    assert r.extrapolator.roles.get(2) is None and r.extrapolator.roles[0] == "column"
+    comm = r.timeline[(r.timeline.kind == "comm") & (r.timeline.gpu == 0)]
+    assert len(comm) == 2 + 2  # pair: 1 fwd + 1 bwd; lone layer: 1 fwd + 1 bwd
 
 
 def test_deadlock_names_stuck_gpu_and_task():
