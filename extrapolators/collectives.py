@@ -87,9 +87,11 @@ def ring_broadcast(env, net, group, nbytes, tag="broadcast", root=None):
 
 @register("reduce", "ring")
 def ring_reduce(env, net, group, nbytes, tag="reduce", root=None):
-    """The broadcast chain run backwards, ending at the root."""
-    order = list(reversed(_chain(list(group), root)))
-    yield from ring_broadcast(env, net, order, nbytes, tag, root=order[0])
+    """A pipelined chain in ring direction that ends at the root (starts just after it)."""
+    group = list(group)
+    i = group.index(root) if root in group else 0
+    start = group[(i + 1) % len(group)]
+    yield from ring_broadcast(env, net, _chain(group, start), nbytes, tag, root=start)
 
 
 @register("all_to_all", "direct")

@@ -37,3 +37,12 @@ def test_set_override_and_info():
     assert p.returncode == 0 and "GPUs                          2" in p.stdout
     p = triosim("info", "traces/cpu/gpt2-small-b8.trace.json.gz")
     assert p.returncode == 0 and "operators" in p.stdout
+
+
+def test_photonic_wafer_case_study(tmp_path):
+    p = subprocess.run([sys.executable, "case_studies/photonic_wafer.py", "--out", str(tmp_path / "w.png")],
+                       capture_output=True, text=True, cwd=ROOT, env={**__import__("os").environ,
+                       "PYTHONPATH": str(ROOT)})  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    rows = [line for line in p.stdout.splitlines() if "electrical" in line or "photonic" in line]
+    assert len(rows) == 5 and (tmp_path / "w.png").stat().st_size > 0  # header + 4 rows

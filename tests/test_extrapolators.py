@@ -159,3 +159,44 @@ def test_memory_does_not_grow_with_gpu_count():
     r = sim(t, 64, "ddp", {"kind": "switch", "bandwidth": 100 * GB})
     assert r.extrapolator.trace is t and len(r.timeline) > 64 * len(t.operators)
     _ = Plan
+
+
+@pytest.mark.parametrize("op,steps,chunks", [
+    ("allreduce", lambda n: 2 * (n - 1), lambda n: n),
+    ("reduce_scatter", lambda n: n - 1, lambda n: n),
+    ("all_gather", lambda n: n - 1, lambda n: n),
+    ("broadcast", lambda n: 2 * n - 2, lambda n: n),
+    ("reduce", lambda n: 2 * n - 2, lambda n: n),
+])  # fmt: skip
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_collectives_closed_forms(op, steps, chunks, n):
+    # on a one-way ring every step moves one chunk per link: steps x (S/chunks/B + L)
+    from extrapolators.tasks import Collective
+
+    size, bw, lat = 6e8, 10 * GB, 3e-6
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, topo.ring(n, bw, lat, bidirectional=False))
+    rt = Runtime(env, net)
+    for g in range(n):
+        algo = "direct" if op == "all_to_all" else "ring"
+        rt.start(g, "comm", [Collective(op, tuple(range(n)), size, "c", algorithm=algo, root=0)])
+    env.run()
+    rt.check_finished()
+    want = steps(n) * (size / chunks(n) / bw + lat)
+    assert env.now == pytest.approx(want, rel=1e-9)
+
+
+def test_all_to_all_on_fully_connected():
+    from extrapolators.tasks import Collective
+
+    n, size, bw = 4, 8e8, 10 * GB
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, topo.fully_connected(n, bw, 1e-6))
+    rt = Runtime(env, net)
+    for g in range(n):
+        rt.start(
+            g, "comm", [Collective("all_to_all", tuple(range(n)), size, "a", algorithm="direct")]
+        )
+    env.run()
+    assert env.now == pytest.approx(size / n / bw + 1e-6)
+    assert net.bytes_delivered == pytest.approx(n * (n - 1) * size / n)
