@@ -50,6 +50,9 @@ class LinearRegressionModel(OperatorModel):
         self.traces = [trace, *extra_traces]
         self.report: dict = {}
         self.per_op: np.ndarray | None = None  # (n_ops, 2): intercept, slope per batch item
+        self.per_kind: dict[
+            str, tuple[float, list[float]]
+        ] = {}  # name -> intercept, (FLOPs, bytes)
         self._fit_overhead(holdout, seed)
         if len(self.traces) > 1:
             self._fit_per_op()
@@ -81,6 +84,7 @@ class LinearRegressionModel(OperatorModel):
         batches = [t.batch_size for t in self.traces]
         if len(set(names)) != 1 or None in batches or len(set(batches)) < 2:
             self.report["per_op"] = "traces do not line up (different operators or batch sizes)"
+            self._fit_per_kind()
             return
         b = np.array(batches, float)
         Y = np.array([[o.time for o in t.operators] for t in self.traces])  # traces x ops
@@ -94,6 +98,28 @@ class LinearRegressionModel(OperatorModel):
                 pred = np.maximum(coef[0] + coef[1] * b[k], 0).sum()
                 errs.append(abs(pred - Y[k].sum()) / Y[k].sum() * 100)
             self.report["leave_one_trace_out_pct"] = float(np.mean(errs))
+
+    def _fit_per_kind(self, min_samples: int = 4):
+        """Per operator name: time ~ intercept + FLOPs + bytes (non-negative), over every
+        operator of that name in every trace; kinds with too few distinct sizes are left to
+        the single-trace scaling."""
+        samples: dict[str, list] = {}
+        for t in self.traces:
+            for op in t.operators:
+                samples.setdefault(op.name, []).append((*op_features(t, op), op.time))
+        errors = []
+        for name, rows in samples.items():
+            arr = np.array(rows, float)
+            X, y = arr[:, :2], arr[:, 2]
+            if len(y) < min_samples or len({tuple(r) for r in X}) < 3:
+                continue
+            scale = np.where(X.max(axis=0) > 0, X.max(axis=0), 1.0)
+            reg = LinearRegression(positive=True).fit(X / scale, y)
+            self.per_kind[name] = (float(reg.intercept_), (reg.coef_ / scale).tolist())
+            errors.append(_mape(reg.predict(X / scale), y))
+        if errors:
+            self.report["per_kind_fit_mape_pct"] = float(np.mean(errors))
+            self.report["per_kind_kinds"] = len(self.per_kind)
 
     # -- prediction -----------------------------------------------------------------------
     def time(self, op, target: Target = Target()) -> float:
@@ -109,6 +135,10 @@ class LinearRegressionModel(OperatorModel):
             batch = target.batch_size if target.batch_size is not None else self.trace.batch_size
             variable = max(slope * batch, 0.0) / shard
             return max(a, 0.0) + variable if a >= 0 else max(a + variable, 0.0)
+        if op.name in self.per_kind:
+            intercept, (cf, cb) = self.per_kind[op.name]
+            flops, nbytes = op_features(self.trace, op, target)
+            return max(intercept + cf * flops + cb * nbytes, 0.0)
         return self._scale(op, target)
 
     def _scale(self, op, target: Target) -> float:
@@ -127,7 +157,8 @@ class LinearRegressionModel(OperatorModel):
     def save(self, path) -> Path:
         path = Path(path)
         doc = {"kind": "regression", "overhead": self.overhead, "report": self.report,
-               "per_op": None if self.per_op is None else self.per_op.tolist()}  # fmt: skip
+               "per_op": None if self.per_op is None else self.per_op.tolist(),
+               "per_kind": self.per_kind}  # fmt: skip
         path.write_text(json.dumps(doc))
         return path
 
@@ -145,6 +176,7 @@ class LinearRegressionModel(OperatorModel):
         self.report = doc.get("report", {})
         per_op = doc.get("per_op")
         self.per_op = None if per_op is None else np.array(per_op, float)
+        self.per_kind = {k: (float(v[0]), list(v[1])) for k, v in doc.get("per_kind", {}).items()}
         if self.per_op is not None and len(self.per_op) != len(trace.operators):
             raise ConfigError(
                 "perfmodel file", str(path), "a model fitted on this trace's operators"

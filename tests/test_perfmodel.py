@@ -86,3 +86,24 @@ def test_roofline_reproduces_traced_gpu_totals(chain):
 def test_unknown_gpu_is_a_config_error():
     with pytest.raises(ConfigError, match="gpu"):
         hardware.gpu("Z9000")
+
+
+def test_per_kind_regression_recovers_coefficients_across_unaligned_traces():
+    # traces of different depths do not line up; every linear op obeys
+    # time = 3 us + FLOPs / 2e12 + bytes / 5e11, so the per-kind fit must find it
+    traces = []
+    for layers, batch in ((2, 4), (3, 8), (5, 16)):
+        t = chain_trace(layers=layers, batch=batch, act_bytes=1e5 * batch)
+        for k, op in enumerate(t.operators):
+            op.flops = 1e9 * (k + 1) * batch
+            f, b = op_features(t, op)
+            op.time = 3e-6 + f / 2e12 + b / 5e11
+        traces.append(t)
+    m = LinearRegressionModel(traces[0], extra_traces=traces[1:])
+    assert m.per_op is None and "aten::linear" in m.per_kind
+    intercept, (cf, cb) = m.per_kind["aten::linear"]
+    assert intercept == pytest.approx(3e-6, rel=1e-3)
+    assert cf == pytest.approx(1 / 2e12, rel=1e-3) and cb == pytest.approx(1 / 5e11, rel=1e-3)
+    op = traces[0].operators[0]
+    f, b = op_features(traces[0], op, Target(batch_size=32))
+    assert m.time(op, Target(batch_size=32)) == pytest.approx(3e-6 + f / 2e12 + b / 5e11, rel=1e-3)

@@ -15,20 +15,23 @@ def trace_model(name, batch_size, device="cpu", warmup=3, measure=5, small=False
     from tracer.collect import collect
     from tracer.models import MODELS, build
 
-    if ":" in name:
-        mod, fn = name.split(":", 1)
-        model = getattr(importlib.import_module(mod), fn)()
-        raise (
-            TracerError(
-                f"{name}: custom models need make_batch and loss_fn; call "
-                "tracer.collect() from Python"
-            )
-            if model is None
-            else None
-        )
-    if name not in MODELS:
-        raise TracerError(f"unknown model {name!r}; reference models: {', '.join(MODELS)}")
     torch.manual_seed(0)
+    if ":" in name:  # module:function returning (model, make_batch, loss_fn)
+        mod, fn = name.split(":", 1)
+        try:
+            built = getattr(importlib.import_module(mod), fn)()
+        except (ImportError, AttributeError) as e:
+            raise TracerError(f"cannot load {name!r}: {e}") from None
+        if not (isinstance(built, tuple) and len(built) == 3):
+            raise TracerError(f"{name} must return (model, make_batch, loss_fn), got "
+                              f"{type(built).__name__}")  # fmt: skip
+        model, make_batch, loss_fn = built
+        opt = torch.optim.Adam(model.parameters()) if isinstance(model, torch.nn.Module) else None
+        return collect(model, make_batch, loss_fn, opt, batch_size=batch_size, device=device,
+                       warmup=warmup, measure=measure, model_name=fn)  # fmt: skip
+    if name not in MODELS:
+        raise TracerError(f"unknown model {name!r}; reference models: {', '.join(MODELS)}, "
+                          "or module:function returning (model, make_batch, loss_fn)")  # fmt: skip
     model, make_batch, loss_fn = build(name, small=small, image_size=image_size, seq_len=seq_len)
     opt = torch.optim.Adam(model.parameters())
     label = name + ("-small" if small else "")

@@ -243,6 +243,7 @@ class Transformer(nn.Module):
         self.blocks = nn.Sequential(*(Block(d, heads, causal, causal) for _ in range(layers)))
         self.ln_f = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
+        self.head.weight = self.tok.weight  # tied, as in GPT-2 and BERT's masked-LM head
 
     def forward(self, idx):
         pos = torch.arange(idx.shape[1], device=idx.device)
@@ -291,7 +292,8 @@ def build(name: str, small: bool = False, image_size: int = 224, seq_len: int = 
     if name in ("gpt2", "bert"):
         vocab = 1000 if small else (50257 if name == "gpt2" else 30522)
         d, layers, heads = (64, 2, 4) if small else (768, 12, 12)
-        model = Transformer(vocab, d, layers, heads, max(seq_len, 512), causal=name == "gpt2")
+        max_len = max(seq_len, 1024 if name == "gpt2" else 512)
+        model = Transformer(vocab, d, layers, heads, max_len, causal=name == "gpt2")
         return model, _token_batch(seq_len, vocab), _lm_loss
     raise KeyError(name)
 

@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Run warm-up and timed iterations, then profile one iteration with "
                        "PyTorch Profiler + Execution Trace Observer; write a triosim trace.")  # fmt: skip
     t.add_argument("model", help="a reference model: resnet18, resnet50, resnet152, vgg11, vgg16, "
-                   "densenet121, gpt2, bert (or module:function returning an nn.Module)")  # fmt: skip
+                   "densenet121, gpt2, bert, or module:function returning (model, make_batch(batch_size, device), loss_fn)")  # fmt: skip
     t.add_argument("--batch-size", type=int, required=True)
     t.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     t.add_argument("--out", required=True, help="output folder")
