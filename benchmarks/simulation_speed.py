@@ -28,7 +28,9 @@ def main():
         Simulation(cfg, trace=trace).run()
         peak = tracemalloc.get_traced_memory()[1] / 1e6
         tracemalloc.stop()
-        print(f"{n:>5} {wall:>8.2f} {peak:>8.1f} {len(r.timeline):>8} {r.iteration_time * 1e3:>13.3f}")
+        print(
+            f"{n:>5} {wall:>8.2f} {peak:>8.1f} {len(r.timeline):>8} {r.iteration_time * 1e3:>13.3f}"
+        )
 
 
 if __name__ == "__main__":

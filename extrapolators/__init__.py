@@ -5,24 +5,19 @@ from extrapolators.data_parallel import DataParallel, DistributedDataParallel, S
 from extrapolators.pipeline import GPipe, OneFOneB
 from extrapolators.runtime import Runtime
 from extrapolators.tensor_parallel import TensorParallel
-from triosim.errors import ConfigError
+from triosim.registry import Registry
 
-EXTRAPOLATORS: dict[str, type[Extrapolator]] = {
-    cls.name: cls
-    for cls in (Single, DataParallel, DistributedDataParallel, TensorParallel, GPipe, OneFOneB)
-}
+EXTRAPOLATORS = Registry("parallelism.mode", "name")
+for _cls in (Single, DataParallel, DistributedDataParallel, TensorParallel, GPipe, OneFOneB):
+    EXTRAPOLATORS.register(_cls.name)(_cls)
 
 
 def register(cls: type[Extrapolator]) -> type[Extrapolator]:
-    EXTRAPOLATORS[cls.name] = cls
-    return cls
+    """Add a parallelism mode: a subclass of Extrapolator with a unique `name`."""
+    return EXTRAPOLATORS.register(cls.name)(cls)
 
 
-def extrapolator_class(mode: str) -> type[Extrapolator]:
-    if mode not in EXTRAPOLATORS:
-        raise ConfigError("parallelism.mode", mode, f"one of {', '.join(sorted(EXTRAPOLATORS))}")
-    return EXTRAPOLATORS[mode]
-
+extrapolator_class = EXTRAPOLATORS.get
 
 __all__ = ["EXTRAPOLATORS", "Extrapolator", "Plan", "Runtime", "extrapolator_class",
            "gradient_ready", "register"]  # fmt: skip

@@ -14,6 +14,7 @@ import networkx as nx
 import simpy
 
 from triosim.errors import NetworkError
+from triosim.registry import Registry
 
 
 @dataclass(slots=True)
@@ -142,21 +143,6 @@ def validate_graph(graph) -> nx.DiGraph:
     return graph
 
 
-_REGISTRY: dict[str, type[Network]] = {}
-
-
-def register(name: str):
-    def deco(cls):
-        _REGISTRY[name] = cls
-        cls.kind = name
-        return cls
-
-    return deco
-
-
-def network_class(name: str) -> type[Network]:
-    from triosim.errors import ConfigError
-
-    if name not in _REGISTRY:
-        raise ConfigError("network.kind", name, f"one of {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
+NETWORKS = Registry("network.kind", "kind")
+register = NETWORKS.register
+network_class = NETWORKS.get

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from triosim.errors import ConfigError
+from triosim.registry import Registry
 from triosim.trace import Operator, Trace
 
 
@@ -70,19 +71,6 @@ class OperatorModel:
         return sum(self.time(op, target) for op in self.trace.operators)
 
 
-_REGISTRY: dict[str, type[OperatorModel]] = {}
-
-
-def register(name: str):
-    def deco(cls):
-        _REGISTRY[name] = cls
-        cls.name = name
-        return cls
-
-    return deco
-
-
-def model_class(name: str) -> type[OperatorModel]:
-    if name not in _REGISTRY:
-        raise ConfigError("perfmodel.kind", name, f"one of {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
+MODELS = Registry("perfmodel.kind", "name")
+register = MODELS.register
+model_class = MODELS.get

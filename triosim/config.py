@@ -15,7 +15,6 @@ import yaml
 from triosim.errors import ConfigError
 from triosim.units import parse_bandwidth, parse_bytes, parse_seconds
 
-MODES = ("single", "dp", "ddp", "tp", "gpipe", "1f1b")
 
 
 @dataclass
@@ -118,6 +117,12 @@ def _choice(allowed):
     return conv
 
 
+def _mode(v, name):
+    from extrapolators import EXTRAPOLATORS  # registered modes, user-added ones included
+
+    return _choice(EXTRAPOLATORS.names())(v, name)
+
+
 def _positive_batch(v, name):
     if v is None:
         return None
@@ -173,7 +178,7 @@ def from_dict(data: dict, base_dir=".") -> Config:
         "seed": _int_at_least(0),
     })  # fmt: skip
     cfg.parallelism = _take("parallelism", data.get("parallelism"), ParallelismConfig, {
-        "mode": _choice(MODES),
+        "mode": _mode,
         "bucket_size": _positive_bytes,
         "microbatches": _int_at_least(1),
         "stages": _list,
