@@ -101,3 +101,12 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(
             "fuzz inputs tried: " + ", ".join(f"{k} {v}" for k, v in sorted(TRIED.items()))
         )
+
+
+# CI runs the same examples every time (derandomize): a red CI then means a change broke
+# something, not that the fuzzer got lucky. Locally the search stays random.
+from hypothesis import settings as _settings  # noqa: E402
+
+_settings.register_profile("ci", derandomize=True, database=None)
+if __import__("os").environ.get("CI"):
+    _settings.load_profile("ci")

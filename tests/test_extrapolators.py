@@ -200,3 +200,42 @@ def test_all_to_all_on_fully_connected():
     env.run()
     assert env.now == pytest.approx(size / n / bw + 1e-6)
     assert net.bytes_delivered == pytest.approx(n * (n - 1) * size / n)
+
+
+def test_a_user_network_plugs_in_by_subclassing():
+    # the paper's "Send and Deliver" point: a new network is one subclass, nothing else changes
+    from networks import Network, register
+
+    @register("constant-delay")
+    class ConstantDelay(Network):
+        def __init__(self, env, graph, delay=1e-3):
+            super().__init__(env, graph)
+            self.delay = delay
+
+        def _start_group(self, records, events):
+            for rec, ev in zip(records, events, strict=True):
+                self.env.timeout(self.delay).callbacks.append(
+                    lambda _e, r=rec, v=ev: self._deliver(r, v)
+                )
+
+    t = chain_trace(batch=16)
+    n = 4
+    r = Simulation({"num_gpus": n, "parallelism": {"mode": "dp"},
+                    "network": {"kind": "constant-delay", "delay": 2e-3}}, trace=t).run()  # fmt: skip
+    compute = r.per_gpu()["compute"].max()
+    assert r.iteration_time == pytest.approx(compute + 2 * (n - 1) * 2e-3)
+
+
+def test_a_user_parallelism_mode_plugs_in():
+    from extrapolators import DataParallel, register
+
+    @register
+    class HalfGradients(DataParallel):  # e.g. gradient compression: half the bytes reduced
+        name = "dp-half"
+
+        def grad_bytes(self):
+            return self.trace.weight_bytes() / 2
+
+    t = chain_trace(batch=16)
+    r = Simulation({"num_gpus": 2, "parallelism": {"mode": "dp-half"}}, trace=t).run()
+    assert r.collective_bytes["allreduce"] == pytest.approx(t.weight_bytes() / 2)

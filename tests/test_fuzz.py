@@ -19,7 +19,7 @@ from triosim.simulation import Simulation
 from triosim.trace import OPERATOR_COLUMNS, TENSOR_COLUMNS, load, save
 
 TRIED: Counter = Counter()
-FUZZ = settings(max_examples=400, deadline=None,
+FUZZ = settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", 400)), deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
 
 junk = st.recursive(

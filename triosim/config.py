@@ -16,7 +16,6 @@ from triosim.errors import ConfigError
 from triosim.units import parse_bandwidth, parse_bytes, parse_seconds
 
 
-
 @dataclass
 class ParallelismConfig:
     mode: str = "single"
