@@ -65,6 +65,10 @@ def table(out) -> float:
         errs_s.append(es)
         print(f"{device:<8} {name:<14} {src:<11} {bt:>5} {pred * 1e3:>13.3f} "
               f"{(meas or float('nan')) * 1e3:>12.3f} {em:>7.2f} {opsum * 1e3:>10.3f} {es:>7.2f}")  # fmt: skip
+    for name in sorted({r[1] for r in out}):
+        pick = [k for k, r in enumerate(out) if r[1] == name]
+        print(f"  {name}: mean error {sum(errs_m[k] for k in pick) / len(pick):.2f}% vs measured, "
+              f"{sum(errs_s[k] for k in pick) / len(pick):.2f}% vs op-sum")  # fmt: skip
     if out:
         mm = sum(errs_m) / len(errs_m)
         ms = sum(errs_s) / len(errs_s)
