@@ -42,3 +42,28 @@ class Roofline(OperatorModel):
         gpu = hardware.gpu(target.gpu) if target.gpu else self.source
         eff = self.efficiency.get(op.name, self.default_efficiency)
         return self.roof(op, gpu, target) / eff
+
+    def save(self, path):
+        import json
+        from pathlib import Path
+
+        doc = {"kind": "roofline", "source_gpu": self.source.name, "dtype": self.dtype,
+               "default_efficiency": self.default_efficiency, "efficiency": self.efficiency}  # fmt: skip
+        Path(path).write_text(json.dumps(doc))
+        return Path(path)
+
+    @classmethod
+    def load(cls, path, trace) -> Roofline:
+        import json
+        from pathlib import Path
+
+        doc = json.loads(Path(path).read_text())
+        if doc.get("kind") != "roofline":
+            raise ConfigError("perfmodel file", str(path), "a file written by Roofline.save")
+        self = cls.__new__(cls)
+        OperatorModel.__init__(self, trace)
+        self.source = hardware.gpu(doc["source_gpu"])
+        self.dtype = doc["dtype"]
+        self.default_efficiency = float(doc["default_efficiency"])
+        self.efficiency = {k: float(v) for k, v in doc["efficiency"].items()}
+        return self

@@ -239,3 +239,20 @@ def test_a_user_parallelism_mode_plugs_in():
     t = chain_trace(batch=16)
     r = Simulation({"num_gpus": 2, "parallelism": {"mode": "dp-half"}}, trace=t).run()
     assert r.collective_bytes["allreduce"] == pytest.approx(t.weight_bytes() / 2)
+
+
+def test_gpipe_user_stages_by_layer_name_and_position():
+    t = chain_trace(layers=6, batch=8)
+    r = sim(t, 3, "gpipe", microbatches=2, stages=["layer1", "layer5"])
+    assert [[op.layer for op in s] for s in r.extrapolator.fwd_ops] == [
+        ["layer0"],
+        ["layer1", "layer2", "layer3", "layer4"],
+        ["layer5"],
+    ]
+    r = sim(t, 2, "gpipe", microbatches=2, stages=[4])
+    assert [len(s) for s in r.extrapolator.fwd_ops] == [4, 2]
+    assert [len(s) for s in r.extrapolator.bwd_ops] == [4, 2]
+    with pytest.raises(ConfigError, match="parallelism.stages"):
+        sim(t, 3, "gpipe", stages=["nolayer", "layer2"])
+    with pytest.raises(ConfigError, match="parallelism.stages"):
+        sim(t, 3, "gpipe", stages=[3])

@@ -107,3 +107,10 @@ def test_per_kind_regression_recovers_coefficients_across_unaligned_traces():
     op = traces[0].operators[0]
     f, b = op_features(traces[0], op, Target(batch_size=32))
     assert m.time(op, Target(batch_size=32)) == pytest.approx(3e-6 + f / 2e12 + b / 5e11, rel=1e-3)
+
+
+def test_roofline_save_load(tmp_path, chain):
+    m = Roofline(chain)
+    back = Roofline.load(m.save(tmp_path / "r.json"), chain)
+    for op in chain.operators:
+        assert back.time(op, Target(gpu="A40")) == m.time(op, Target(gpu="A40"))

@@ -150,3 +150,31 @@ def test_small_reference_models_trace_and_replay(name):
     assert any(o.flops for o in t.operators) and any(o.fwd_id is not None for o in t.operators)
     r = Simulation({"num_gpus": 2, "parallelism": {"mode": "ddp"}}, trace=t).run()
     assert r.iteration_time > 0
+
+
+def test_gpu_time_is_the_union_of_linked_kernels():
+    # no GPU here: record a CPU iteration, then add kernel events the way Kineto writes them
+    # on a GPU (cat "kernel", args "External id" = the launching cpu_op's) and link as GPU
+    from tracer.collect import record
+    from tracer.linking import link
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    et, kineto, meta = record(model, lambda b, d: (torch.randn(b, 8), torch.randint(0, 4, (b,))),
+                              torch.nn.functional.cross_entropy, torch.optim.Adam(model.parameters()),
+                              batch_size=4, warmup=1, measure=1)  # fmt: skip
+    ops = {e["args"]["Record function id"]: e for e in kineto["traceEvents"]
+           if e.get("cat") == "cpu_op" and "Record function id" in e.get("args", {})}  # fmt: skip
+    rf = {a["value"]: n for n in et["nodes"] for a in n.get("attrs", []) if a["name"] == "rf_id"}
+    addmm = [n for n in et["nodes"] if n["name"] == "aten::addmm"]
+    first = next(ops[a["value"]] for a in addmm[0]["attrs"] if a["name"] == "rf_id")
+    ext = first["args"]["External id"]
+    # two overlapping kernels (union 15 us) and one apart (5 us): 20 us in all
+    for ts, dur in ((100.0, 10.0), (105.0, 10.0), (200.0, 5.0)):
+        kineto["traceEvents"].append({"ph": "X", "cat": "kernel", "name": "gemm", "ts": ts, "dur": dur,
+                                      "args": {"External id": ext, "correlation": 1}})  # fmt: skip
+    t = link(et, kineto, gpu=True, metadata=meta)
+    lin = [op for op in t.operators if op.name == "aten::linear"]
+    assert lin[0].time == pytest.approx(20e-6) and lin[0].kernels == 3
+    assert lin[1].time == 0.0  # no kernels linked to it
+    assert rf  # the ET carried record-function ids to link by

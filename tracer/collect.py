@@ -65,13 +65,27 @@ def collect(model, make_batch, loss_fn, optimizer, *, batch_size: int, device: s
     make_batch(batch_size, device) -> (inputs, target); loss_fn(output, target) -> loss;
     optimizer: a torch.optim.Optimizer over the model's parameters.
     """
+    from tracer.linking import link, node_flops
+
+    et_doc, k_doc, meta = record(model, make_batch, loss_fn, optimizer, batch_size=batch_size,
+                                 device=device, warmup=warmup, measure=measure,
+                                 model_name=model_name, dtype=dtype)  # fmt: skip
+    return link(et_doc, k_doc, gpu=device.startswith("cuda"), metadata=meta, flops_of=node_flops)
+
+
+def record(model, make_batch, loss_fn, optimizer, *, batch_size: int, device: str = "cpu",
+           warmup: int = 3, measure: int = 5, model_name: str | None = None,
+           dtype: str = "float32") -> tuple[dict, dict, dict]:  # fmt: skip
+    """Run and profile the iterations; return (Execution Trace, Kineto trace, metadata).
+
+    make_batch(batch_size, device) -> (inputs, target); loss_fn(output, target) -> loss;
+    optimizer: a torch.optim.Optimizer over the model's parameters.
+    """
     try:
         import torch
         from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile
     except ImportError:
         raise TracerError("tracing needs PyTorch: pip install 'triosim[trace]'") from None
-    from tracer.linking import link, node_flops
-
     if not isinstance(model, torch.nn.Module):
         raise TracerError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     params = [p for p in model.parameters() if p.requires_grad]
@@ -169,4 +183,4 @@ def collect(model, make_batch, loss_fn, optimizer, *, batch_size: int, device: s
         "et_schema": et_doc.get("schema"),
         "time_source": "union of GPU kernel busy time" if gpu else "CPU operator duration",
     }
-    return link(et_doc, k_doc, gpu=gpu, metadata=meta, flops_of=node_flops)
+    return et_doc, k_doc, meta

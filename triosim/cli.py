@@ -45,7 +45,7 @@ def cmd_simulate(args) -> int:
     for s in args.set or []:
         _set(data, s)
     cfg = from_dict(data, base_dir=path.parent)
-    result = Simulation(cfg).run()
+    result = Simulation(cfg, progress=True).run()
     print(result.summary())
     out = Path(args.out) if args.out else Path("out") / path.stem
     if not args.no_save:

@@ -113,7 +113,7 @@ class Simulation:
     (a networkx graph) override the config's.
     """
 
-    def __init__(self, config, trace: Trace | None = None, topology=None):
+    def __init__(self, config, trace: Trace | None = None, topology=None, progress: bool = False):
         if isinstance(config, (str, Path)):
             config = load_config(config)
         elif isinstance(config, dict):
@@ -121,7 +121,7 @@ class Simulation:
                 config = {**config, "trace": "<in memory>"}
             config = from_dict(config)
         self.config: Config = config
-        self.trace = trace if trace is not None else load_any_trace(config.trace_path())
+        self.trace = trace if trace is not None else load_any_trace(config.trace_path(), progress)
         self.graph = topology if topology is not None else build_topology(config)
 
     def run(self) -> Result:

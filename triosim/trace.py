@@ -280,7 +280,9 @@ def _rows(doc, table, required, optional, path, progress) -> Iterable[tuple[int,
     if progress:
         from tqdm import tqdm
 
-        rows = tqdm(rows, desc=f"loading {table}", unit="row", leave=False)
+        # disable=None: no bar when stderr is not a terminal (CI logs, pipes)
+        rows = tqdm(rows, desc=f"loading {table}", unit="row", leave=False, disable=None,
+                    mininterval=0.5)  # fmt: skip
     for row, values in enumerate(rows):
         if not isinstance(values, list) or len(values) != len(cols):
             raise TraceError(f"{table} row has {len(values) if isinstance(values, list) else 0}"
