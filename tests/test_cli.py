@@ -46,3 +46,20 @@ def test_photonic_wafer_case_study(tmp_path):
     assert p.returncode == 0, p.stderr
     rows = [line for line in p.stdout.splitlines() if "electrical" in line or "photonic" in line]
     assert len(rows) == 5 and (tmp_path / "w.png").stat().st_size > 0  # header + 4 rows
+
+
+def test_import_then_info_then_simulate(tmp_path):
+    from tests.test_trace import TENSOR_CSV, TRACE_CSV
+
+    (tmp_path / "go").mkdir()
+    (tmp_path / "go" / "trace.csv").write_text(TRACE_CSV)
+    (tmp_path / "go" / "tensor.csv").write_text(TENSOR_CSV)
+    out = tmp_path / "t.trace.json.gz"
+    p = triosim("import", str(tmp_path / "go"), str(out))
+    assert p.returncode == 0 and "imported 3 operators" in p.stdout
+    p = triosim("info", str(out))
+    assert p.returncode == 0 and "sum of op times 0.0350 ms" in p.stdout
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"trace: {out.name}\nnum_gpus: 2\nbatch_size: 4\nparallelism: {{mode: ddp}}\n")
+    p = triosim("simulate", str(cfg), "--no-save")
+    assert p.returncode == 0 and "ddp" in p.stdout, p.stderr
