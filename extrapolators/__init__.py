@@ -2,13 +2,22 @@
 
 from extrapolators.base import Extrapolator, Plan, gradient_ready
 from extrapolators.data_parallel import DataParallel, DistributedDataParallel, Single
+from extrapolators.hybrid import Hybrid
 from extrapolators.pipeline import GPipe, OneFOneB
 from extrapolators.runtime import Runtime
 from extrapolators.tensor_parallel import TensorParallel
 from triosim.registry import Registry
 
 EXTRAPOLATORS = Registry("parallelism.mode", "name")
-for _cls in (Single, DataParallel, DistributedDataParallel, TensorParallel, GPipe, OneFOneB):
+for _cls in (
+    Single,
+    DataParallel,
+    DistributedDataParallel,
+    TensorParallel,
+    GPipe,
+    OneFOneB,
+    Hybrid,
+):
     EXTRAPOLATORS.register(_cls.name)(_cls)
 
 

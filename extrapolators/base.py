@@ -23,7 +23,8 @@ class Plan:
     microbatches: int = 1  # pipeline
     stages: tuple = field(default=())  # pipeline: layer names or op positions where stages begin
     collective: str = "ring"
-    ring_order: tuple | None = None  # GPU order for rings; None: follow the topology
+    dp: int = 1  # hybrid: data-parallel replicas
+    inner: str = "single"  # hybrid: the mode inside each replica (tp, gpipe, 1f1b, single)
 
 
 class Extrapolator:
@@ -44,6 +45,11 @@ class Extrapolator:
 
     def streams(self) -> dict:
         raise NotImplementedError
+
+    def held_weight_bytes(self, gpu) -> float:
+        """Bytes of weights (so of gradients) this GPU holds: what data parallelism across
+        replicas of this plan must all-reduce for it."""
+        return self.trace.weight_bytes()
 
     # -- helpers shared by the schedules ----------------------------------------------------
     def target(self, batch=None, tp: int = 1) -> Target:

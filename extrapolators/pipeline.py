@@ -171,6 +171,9 @@ class GPipe(Extrapolator):
             share[s] += trace.tensors[t].nbytes
         self.weight_share = [x / total if total else 1.0 / S for x in share]
 
+    def held_weight_bytes(self, gpu) -> float:
+        return self.weight_share[self.gpus.index(gpu)] * self.trace.weight_bytes()
+
     # -- schedule -------------------------------------------------------------------------------
     def order(self, s: int) -> list[tuple[str, int]]:
         """GPipe: all forwards, then all backwards (last micro-batch first)."""

@@ -61,6 +61,9 @@ class TensorParallel(Extrapolator):
         split = sum(self.trace.tensors[t].nbytes for t in split_w)
         return ((total - split) + split / len(self.gpus)) / total
 
+    def held_weight_bytes(self, gpu) -> float:
+        return self.optimizer_fraction() * self.trace.weight_bytes()
+
     def streams(self):
         self._plan_pairs()
         return {(g, "compute"): self._compute(g) for g in self.gpus}

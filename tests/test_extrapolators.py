@@ -16,9 +16,10 @@ GB = 1e9
 FAST = {"kind": "ring", "bandwidth": 1e30, "latency": 0.0}
 
 
-def sim(trace, n, mode, topology=None, **par):
+def sim(trace, n, mode, topology=None, batch_size=None, **par):
     cfg = {
         "num_gpus": n,
+        "batch_size": batch_size,
         "parallelism": {"mode": mode, **par},
         "topology": topology or {"kind": "ring", "bandwidth": 10 * GB, "latency": 1e-6},
     }
@@ -256,3 +257,46 @@ def test_gpipe_user_stages_by_layer_name_and_position():
         sim(t, 3, "gpipe", stages=["nolayer", "layer2"])
     with pytest.raises(ConfigError, match="parallelism.stages"):
         sim(t, 3, "gpipe", stages=[3])
+
+
+def test_hybrid_dp_of_single_gpus_is_plain_dp():
+    t = chain_trace(batch=16)
+    top = {"kind": "ring", "bandwidth": 10 * GB, "latency": 1e-6}
+    assert sim(t, 4, "hybrid", top, dp=4, inner="single").iteration_time == pytest.approx(
+        sim(t, 4, "dp", top).iteration_time, rel=1e-12
+    )
+
+
+def test_hybrid_with_one_replica_is_the_inner_mode():
+    t = chain_trace(batch=16, layers=4)
+    assert sim(t, 2, "hybrid", dp=1, inner="gpipe", microbatches=2).iteration_time == pytest.approx(
+        sim(t, 2, "gpipe", microbatches=2).iteration_time, rel=1e-12
+    )
+
+
+def test_hybrid_dp_over_pipelines_on_a_free_network_is_one_pipeline_on_its_share():
+    t = chain_trace(batch=16, layers=4)
+    hybrid = sim(t, 4, "hybrid", FAST, dp=2, inner="gpipe", microbatches=2, batch_size=16)
+    one = Simulation({"num_gpus": 2, "batch_size": 8, "topology": FAST,
+                      "parallelism": {"mode": "gpipe", "microbatches": 2}}, trace=t).run()  # fmt: skip
+    assert hybrid.iteration_time == pytest.approx(one.iteration_time, rel=1e-9)
+    # each stage position all-reduces what it holds: together, every weight once
+    assert hybrid.collective_bytes["allreduce"] == pytest.approx(t.weight_bytes())
+
+
+def test_hybrid_dp_over_tensor_parallel_reduces_the_shards():
+    t = chain_trace(batch=16, layers=4)
+    r = sim(t, 4, "hybrid", dp=2, inner="tp")
+    tp_allreduce = 2 * 2 * t.tensors[0].nbytes / 2  # 2 pairs x (fwd + bwd) per replica, batch/2
+    shards = 2 * t.weight_bytes() / 2  # 2 positions, each holding half of every weight
+    assert r.collective_bytes["allreduce"] == pytest.approx(2 * tp_allreduce + shards)
+
+
+def test_hybrid_errors():
+    t = chain_trace(batch=16)
+    with pytest.raises(ConfigError, match="parallelism.dp"):
+        sim(t, 4, "hybrid", dp=3, inner="single")
+    with pytest.raises(ConfigError, match="parallelism.inner"):
+        sim(t, 4, "hybrid", dp=2, inner="hybrid")
+    with pytest.raises(ConfigError, match="parallelism.inner"):
+        sim(t, 4, "hybrid", dp=2, inner="nope")

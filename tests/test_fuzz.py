@@ -93,7 +93,9 @@ config_values = st.fixed_dictionaries({}, optional={
     "batch_size": st.integers(-4, 70) | junk,
     "gpu": st.sampled_from(["H100", "A40", "nope", None]) | junk,
     "parallelism": st.fixed_dictionaries({}, optional={
-        "mode": st.sampled_from(["single", "dp", "ddp", "tp", "gpipe", "1f1b", "zero"]),
+        "mode": st.sampled_from(["single", "dp", "ddp", "tp", "gpipe", "1f1b", "hybrid", "zero"]),
+        "dp": st.integers(-1, 9) | junk,
+        "inner": st.sampled_from(["single", "tp", "gpipe", "1f1b", "hybrid", "x"]),
         "microbatches": st.integers(-1, 80) | junk,
         "bucket_size": st.sampled_from(["25 MB", "0 B", -1, "big"]) | junk,
         "stages": st.lists(st.integers(-1, 9) | st.sampled_from(["layer1", "nope"]), max_size=4),

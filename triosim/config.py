@@ -23,6 +23,8 @@ class ParallelismConfig:
     microbatches: int = 1
     stages: list = field(default_factory=list)
     collective: str = "ring"
+    dp: int = 1  # hybrid: data-parallel replicas
+    inner: str = "single"  # hybrid: mode inside each replica
 
 
 @dataclass
@@ -181,6 +183,8 @@ def from_dict(data: dict, base_dir=".") -> Config:
         "bucket_size": _positive_bytes,
         "microbatches": _int_at_least(1),
         "stages": _list,
+        "dp": _int_at_least(1),
+        "inner": _mode,
     })  # fmt: skip
     cfg.topology = _take("topology", data.get("topology"), TopologyConfig, {
         "bandwidth": _positive_bw, "latency": _nonneg_time, "links": _list,

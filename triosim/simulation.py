@@ -152,7 +152,8 @@ class Simulation:
         p = cfg.parallelism
         plan = Plan(mode=p.mode, num_gpus=cfg.num_gpus, batch_size=cfg.batch_size, gpu=cfg.gpu,
                     bucket_bytes=p.bucket_size, microbatches=p.microbatches,
-                    stages=tuple(p.stages), collective=p.collective)  # fmt: skip
+                    stages=tuple(p.stages), collective=p.collective, dp=p.dp,
+                    inner=p.inner)  # fmt: skip
         gpus = net.gpus
         ring = ring_order(self.graph, gpus) if len(gpus) > 2 else tuple(gpus)
         extrapolator = extrapolator_class(p.mode)(trace, model, plan, gpus, ring)
