@@ -132,25 +132,21 @@ def _positive_batch(v, name):
     return v
 
 
-def _positive_bw(v, name):
-    bw = parse_bandwidth(v, name)
-    if not bw > 0:
-        raise ConfigError(name, v, "a bandwidth > 0, e.g. '65 GB/s'")
-    return bw
+def _parsed(parse, ok, allowed):
+    """A converter: parse a value with units, then check it (e.g. > 0)."""
+
+    def conv(v, name):
+        x = parse(v, name)
+        if not ok(x):
+            raise ConfigError(name, v, allowed)
+        return x
+
+    return conv
 
 
-def _nonneg_time(v, name):
-    t = parse_seconds(v, name)
-    if t < 0:
-        raise ConfigError(name, v, "a time >= 0, e.g. '1 us'")
-    return t
-
-
-def _positive_bytes(v, name):
-    b = parse_bytes(v, name)
-    if not b > 0:
-        raise ConfigError(name, v, "a size > 0, e.g. '25 MB'")
-    return b
+_positive_bw = _parsed(parse_bandwidth, lambda x: x > 0, "a bandwidth > 0, e.g. '65 GB/s'")
+_nonneg_time = _parsed(parse_seconds, lambda x: x >= 0, "a time >= 0, e.g. '1 us'")
+_positive_bytes = _parsed(parse_bytes, lambda x: x > 0, "a size > 0, e.g. '25 MB'")
 
 
 def _str_or_none(v, name):
