@@ -1,47 +1,49 @@
-"""Max-min fair bandwidth allocation by progressive filling, vectorised with numpy/scipy.
+"""Max-min fair bandwidth allocation by progressive filling, vectorised with numpy.
 
-Each round raises every unfrozen flow's rate equally until some link saturates; the
-flows crossing the saturated links are frozen at that rate. The loop runs once per
-distinct bottleneck level, never once per flow per link.
+The link-by-flow incidence is kept as two index arrays (link of each entry, flow of each
+entry). Each round raises every unfrozen flow's rate equally until some link saturates;
+the flows crossing saturated links are frozen at that rate and their entries dropped,
+so later rounds work on ever smaller arrays. The loop runs once per distinct bottleneck
+level, never once per flow per link.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from scipy.sparse import csr_matrix
 
 
-def incidence(flow_links: list[np.ndarray], n_links: int) -> csr_matrix:
-    """Link-by-flow 0/1 matrix from each flow's list of link indices."""
+def incidence(flow_links: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(link index, flow index) of every entry of the link-by-flow incidence."""
     lens = np.fromiter((len(x) for x in flow_links), dtype=np.int64, count=len(flow_links))
     rows = np.concatenate(flow_links) if len(flow_links) else np.zeros(0, np.int64)
-    cols = np.repeat(np.arange(len(flow_links)), lens)
-    data = np.ones(len(rows))
-    return csr_matrix((data, (rows, cols)), shape=(n_links, len(flow_links)))
+    return rows.astype(np.int64, copy=False), np.repeat(np.arange(len(flow_links)), lens)
 
 
-def max_min_rates(A: csr_matrix, capacity: np.ndarray) -> np.ndarray:
-    """Rates (bytes/s) of the flows (columns of A) sharing links (rows) of `capacity`.
+def link_loads(rows, cols, rates, n_links: int) -> np.ndarray:
+    """Bytes/s on each link (finite rates only)."""
+    finite = np.where(np.isfinite(rates), rates, 0.0)
+    return np.bincount(rows, weights=finite[cols], minlength=n_links)
 
-    A flow crossing no link gets an infinite rate; links may have infinite capacity.
-    """
-    n_links, n_flows = A.shape
+
+def max_min_rates(rows, cols, n_flows: int, capacity: np.ndarray) -> np.ndarray:
+    """Rates (bytes/s) of `n_flows` flows over links of `capacity`, given the incidence
+    entries (rows: link, cols: flow). A flow crossing no link, or only links of infinite
+    capacity, gets an infinite rate."""
     rate = np.full(n_flows, np.inf)
-    active = np.asarray(A.sum(axis=0)).ravel() > 0
-    if not active.any():
-        return rate
-    AT = A.T.tocsr()
     cap = capacity.astype(float).copy()
-    while active.any():
-        n = A @ active.astype(float)
+    n_links = len(cap)
+    while len(rows):
+        n = np.bincount(rows, minlength=n_links)
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(n > 0, cap / n, np.inf)
         m = share.min()
         if not np.isfinite(m):
             break  # the rest cross only infinite links
         bottleneck = share <= m * (1 + 1e-12) + 1e-300
-        newly = (AT @ bottleneck.astype(float) > 0) & active
+        newly = np.zeros(n_flows, bool)
+        newly[cols[bottleneck[rows]]] = True
         rate[newly] = m
-        active &= ~newly
-        cap = np.maximum(cap - A @ np.where(newly, m, 0.0), 0.0)
+        hit = newly[cols]  # entries of the flows frozen now: they take m from their links
+        cap = np.maximum(cap - np.bincount(rows[hit], minlength=n_links) * m, 0.0)
+        rows, cols = rows[~hit], cols[~hit]
     return rate

@@ -14,7 +14,7 @@ import numpy as np
 import simpy
 
 from networks.base import Network, TransferRecord, register
-from networks.maxmin import incidence, max_min_rates
+from networks.maxmin import incidence, link_loads, max_min_rates
 from triosim.errors import ConfigError, NetworkError
 
 _REL_TOL = 1e-9  # a flow with this fraction of its bytes left is done (float round-off)
@@ -146,8 +146,8 @@ class PacketSwitchNetwork(Network):
             self._load[:] = 0.0
             return
         self.reallocations += 1
-        A = incidence([f.links for f in still], len(self.links))
-        rates = max_min_rates(A, self.capacity)
+        rows, cols = incidence([f.links for f in still])
+        rates = max_min_rates(rows, cols, len(still), self.capacity)
         for f, r in zip(still, rates, strict=True):
             f.rate = float(r)
         if np.isinf(rates).any():  # flows over infinitely fast links only: done at once
@@ -158,10 +158,9 @@ class PacketSwitchNetwork(Network):
             if not still:
                 self._load[:] = 0.0
                 return
-            A = incidence([f.links for f in still], len(self.links))
+            rows, cols = incidence([f.links for f in still])
             rates = np.array([f.rate for f in still])
-        finite = np.where(np.isfinite(rates), rates, 0.0)
-        self._load = A @ finite
+        self._load = link_loads(rows, cols, rates, len(self.links))
         with np.errstate(divide="ignore", invalid="ignore"):
             util = np.where(np.isfinite(self.capacity), self._load / self.capacity, 0.0)
         self.max_utilisation = max(self.max_utilisation, float(util.max(initial=0.0)))
