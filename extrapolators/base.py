@@ -19,7 +19,8 @@ class Plan:
     num_gpus: int = 1
     batch_size: float | None = None  # global mini-batch; None: the traced batch size
     gpu: str | None = None  # target GPU; None: the traced GPU
-    bucket_bytes: float = 25e6  # DDP bucket cap
+    bucket_bytes: float = 25 * 2**20  # DDP bucket cap (PyTorch: bucket_cap_mb=25, in MiB)
+    first_bucket_bytes: float = 2**20  # DDP's first bucket (PyTorch: 1 MiB)
     microbatches: int = 1  # pipeline
     stages: tuple = field(default=())  # pipeline: layer names or op positions where stages begin
     collective: str = "ring"

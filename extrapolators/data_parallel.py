@@ -57,7 +57,8 @@ class DataParallel(Extrapolator):
 
 
 class DistributedDataParallel(DataParallel):
-    """Gradients grouped into buckets in the order backward produces them (cap 25 MB by
+    """Gradients grouped into buckets in the order backward produces them (as PyTorch: the
+    first bucket capped at 1 MiB so communication starts early, the others at 25 MiB by
     default); each bucket's all-reduce starts on the comm stream as soon as its last gradient
     is ready, overlapping the rest of the backward pass. Every gradient is reduced."""
 
@@ -65,9 +66,10 @@ class DistributedDataParallel(DataParallel):
 
     def check(self):
         super().check()
-        cap = self.plan.bucket_bytes
-        if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
-            raise ConfigError("parallelism.bucket_size", cap, "a size > 0 bytes, e.g. '25 MB'")
+        for field, cap in (("bucket_size", self.plan.bucket_bytes),
+                           ("first_bucket_size", self.plan.first_bucket_bytes)):  # fmt: skip
+            if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
+                raise ConfigError(f"parallelism.{field}", cap, "a size > 0 bytes, e.g. '25 MB'")
 
     def buckets(self) -> list[tuple[int, float, int]]:
         """[(ready position, bytes, number of tensors)] in the order they are reduced."""
@@ -83,7 +85,7 @@ class DistributedDataParallel(DataParallel):
             size += self.trace.tensors[w].nbytes
             count += 1
             last = max(last, ready[w])
-            if size >= self.plan.bucket_bytes:
+            if size >= (self.plan.first_bucket_bytes if not out else self.plan.bucket_bytes):
                 out.append((last, size, count))
                 size, count, last = 0.0, 0, -1
         if count:

@@ -60,10 +60,13 @@ def test_ddp_with_infinitely_fast_network_equals_compute():
 
 def test_ddp_reduces_every_gradient_including_leftover_bucket():
     t = chain_trace(batch=32, layers=5, weight_bytes=3e6)
-    r = sim(t, 2, "ddp", bucket_size=7e6)  # 3+3+3 | 3+3 (leftover)
+    r = sim(t, 2, "ddp", bucket_size=7e6, first_bucket_size=7e6)  # 3+3+3 | 3+3 (leftover)
     assert r.collective_bytes["allreduce"] == pytest.approx(t.weight_bytes())
-    buckets = r.extrapolator.buckets()
-    assert [b[2] for b in buckets] == [3, 2]
+    assert [b[2] for b in r.extrapolator.buckets()] == [3, 2]
+    # PyTorch's small first bucket: the last layer's gradient goes alone, early
+    r = sim(t, 2, "ddp", bucket_size=7e6, first_bucket_size=2**20)  # 3 | 3+3+3 | 3
+    assert [b[2] for b in r.extrapolator.buckets()] == [1, 3, 1]
+    assert r.collective_bytes["allreduce"] == pytest.approx(t.weight_bytes())
 
 
 def test_tp_degree_one_and_gpipe_one_gpu_equal_single():

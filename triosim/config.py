@@ -19,7 +19,8 @@ from triosim.units import parse_bandwidth, parse_bytes, parse_seconds
 @dataclass
 class ParallelismConfig:
     mode: str = "single"
-    bucket_size: float = 25e6
+    bucket_size: float = 25 * 2**20  # 25 MiB, PyTorch DDP's bucket_cap_mb default
+    first_bucket_size: float = 2**20  # PyTorch DDP's first bucket: 1 MiB
     microbatches: int = 1
     stages: list = field(default_factory=list)
     collective: str = "ring"
@@ -177,6 +178,7 @@ def from_dict(data: dict, base_dir=".") -> Config:
     cfg.parallelism = _take("parallelism", data.get("parallelism"), ParallelismConfig, {
         "mode": _mode,
         "bucket_size": _positive_bytes,
+        "first_bucket_size": _positive_bytes,
         "microbatches": _int_at_least(1),
         "stages": _list,
         "dp": _int_at_least(1),

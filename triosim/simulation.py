@@ -151,7 +151,8 @@ class Simulation:
             ) from None
         p = cfg.parallelism
         plan = Plan(mode=p.mode, num_gpus=cfg.num_gpus, batch_size=cfg.batch_size, gpu=cfg.gpu,
-                    bucket_bytes=p.bucket_size, microbatches=p.microbatches,
+                    bucket_bytes=p.bucket_size, first_bucket_bytes=p.first_bucket_size,
+                    microbatches=p.microbatches,
                     stages=tuple(p.stages), collective=p.collective, dp=p.dp,
                     inner=p.inner)  # fmt: skip
         gpus = net.gpus
