@@ -21,7 +21,6 @@ from sklearn.linear_model import LinearRegression
 from perfmodel.base import (
     OperatorModel,
     Target,
-    batch_ratio,
     is_traced_setting,
     op_features,
     register,
@@ -182,8 +181,3 @@ class LinearRegressionModel(OperatorModel):
                 "perfmodel file", str(path), "a model fitted on this trace's operators"
             )
         return self
-
-
-def predicted_ratio(trace: Trace, target: Target) -> float:
-    """How much the batch changes: exposed for reports."""
-    return batch_ratio(trace, target)

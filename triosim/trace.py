@@ -88,19 +88,11 @@ class Trace:
             self._by_id = {o.id: o for o in self.operators}
         return self._by_id[op_id]
 
-    def phase_ops(self, phase: str) -> list[Operator]:
-        return [o for o in self.operators if o.phase == phase]
-
     def weights(self) -> list[Tensor]:
         return [t for t in self.tensors.values() if t.category == "weight"]
 
     def weight_bytes(self) -> float:
         return math.fsum(t.nbytes for t in self.weights())
-
-    def op_bytes(self, op: Operator) -> float:
-        """Bytes an operator reads and writes (each distinct tensor once)."""
-        ids = set(op.inputs) | set(op.outputs)
-        return math.fsum(self.tensors[i].nbytes for i in ids)
 
     def validate(self, file=None) -> Trace:
         validate(self, file)

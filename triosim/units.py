@@ -56,11 +56,3 @@ def parse_bandwidth(value, field: str = "bandwidth") -> float:
     if isinstance(value, str) and re.search(r"[0-9.\s][KMGT]?b/s\s*$", value):
         return _parse(value.replace("b/s", "B/s"), field, _SIZE, "/S", "bandwidth") / 8
     return _parse(value, field, _SIZE, "/S", "bandwidth")
-
-
-def ms(seconds: float) -> float:
-    return seconds * 1e3
-
-
-def gb_per_s(bytes_per_s: float) -> float:
-    return bytes_per_s / 1e9
