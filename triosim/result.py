@@ -49,8 +49,10 @@ class Result:
     def per_gpu(self) -> pd.DataFrame:
         """Per GPU: compute, communication, exposed (not overlapped) communication, idle."""
         out = []
+        groups = dict(tuple(self.timeline.groupby("gpu", sort=False)))
+        empty = self.timeline.iloc[:0]
         for g in self.gpus:
-            d = self.timeline[self.timeline["gpu"] == g]
+            d = groups.get(g, empty)
             comp = d[d["kind"] == "compute"]
             comm = d[d["kind"] == "comm"]
             c = union_length(*_intervals(comp))
