@@ -70,11 +70,10 @@ class DistributedDataParallel(DataParallel):
                            ("first_bucket_size", self.plan.first_bucket_bytes)):  # fmt: skip
             if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
                 raise ConfigError(f"parallelism.{field}", cap, "a size > 0 bytes, e.g. '25 MB'")
+        self._buckets = self._make_buckets()
 
     def buckets(self) -> list[tuple[int, float, int]]:
         """[(ready position, bytes, number of tensors)] in the order they are reduced."""
-        if not hasattr(self, "_buckets"):
-            self._buckets = self._make_buckets()
         return self._buckets
 
     def _make_buckets(self):

@@ -51,6 +51,7 @@ class PacketSwitchNetwork(Network):
         self._last = env.now
         self._generation = 0
         self.reallocations = 0
+        self._routing_tables()
 
     # -- routing ----------------------------------------------------------------------
     def _weight(self, d) -> int:
@@ -87,8 +88,6 @@ class PacketSwitchNetwork(Network):
     def path_links(self, src, dst) -> np.ndarray:
         key = (src, dst)
         if key not in self._paths:
-            if not hasattr(self, "_node_index"):
-                self._routing_tables()
             self._distances([src])
             dist = self._dist[src]
             d_idx, s_idx = self._node_index[dst], self._node_index[src]
@@ -110,8 +109,6 @@ class PacketSwitchNetwork(Network):
     # -- flow dynamics ----------------------------------------------------------------
     def _start_group(self, records, events):
         self._advance()
-        if not hasattr(self, "_node_index"):
-            self._routing_tables()
         self._distances([r.src for r in records if (r.src, r.dst) not in self._paths])
         for rec, ev in zip(records, events, strict=True):
             links = self.path_links(rec.src, rec.dst)

@@ -46,6 +46,7 @@ def _mape(pred, true) -> float:
 class LinearRegressionModel(OperatorModel):
     def __init__(self, trace: Trace, extra_traces=(), holdout: float = 0.2, seed: int = 0):
         super().__init__(trace)
+        self._pos = {o.id: i for i, o in enumerate(trace.operators)}
         self.traces = [trace, *extra_traces]
         self.report: dict = {}
         self.per_op: np.ndarray | None = None  # (n_ops, 2): intercept, slope per batch item
@@ -148,8 +149,6 @@ class LinearRegressionModel(OperatorModel):
         return overhead + (op.time - overhead) * ratio
 
     def _index(self, op) -> int:
-        if not hasattr(self, "_pos"):
-            self._pos = {o.id: i for i, o in enumerate(self.trace.operators)}
         return self._pos[op.id]
 
     # -- persistence ----------------------------------------------------------------------
@@ -170,6 +169,7 @@ class LinearRegressionModel(OperatorModel):
             )
         self = cls.__new__(cls)
         OperatorModel.__init__(self, trace)
+        self._pos = {o.id: i for i, o in enumerate(trace.operators)}
         self.traces = [trace]
         self.overhead = float(doc["overhead"])
         self.report = doc.get("report", {})
