@@ -15,6 +15,8 @@ import numpy as np
 
 from extrapolators.base import Extrapolator
 from extrapolators.tasks import Recv, Send, Signal, Wait
+from perfmodel import Target
+from perfmodel.base import batch_ratio
 from triosim.errors import ConfigError
 
 
@@ -189,8 +191,7 @@ class GPipe(Extrapolator):
 
     def _mb_bytes(self, b: int) -> float:
         mb = self.per_gpu_batch(self.plan.microbatches)
-        ratio = 1.0 if mb is None else mb / self.trace.batch_size
-        return self.boundary[b] * ratio
+        return self.boundary[b] * batch_ratio(self.trace, Target(batch_size=mb))
 
     def _compute(self, s):
         S, g = len(self.gpus), self.gpus

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from extrapolators.base import Extrapolator
 from extrapolators.tasks import Collective
+from perfmodel import Target
+from perfmodel.base import batch_ratio
 from triosim.errors import ConfigError
 
 
@@ -40,15 +42,8 @@ class TensorParallel(Extrapolator):
                 raise ConfigError("num_gpus", n, f"at most {max(dims)}: layer {op.layer or op.name}"
                                   f" (op {op.id}) has only {max(dims)} output units to split")  # fmt: skip
 
-    def _ratio(self) -> float:
-        return (
-            1.0
-            if self.batch is None or not self.trace.batch_size
-            else self.batch / self.trace.batch_size
-        )
-
     def activation_bytes(self, tensor_ids) -> float:
-        r = self._ratio()
+        r = batch_ratio(self.trace, Target(batch_size=self.batch))
         return sum(self.trace.tensors[t].nbytes * r for t in set(tensor_ids)
                    if self.trace.tensors[t].scales_with_batch)  # fmt: skip
 

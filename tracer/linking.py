@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from triosim.errors import TracerError
+from triosim.intervals import union_length
 from triosim.trace import Operator, Tensor, Trace
 
 SUPPORTED_SCHEMA_MAJOR = "1."
@@ -212,7 +213,7 @@ def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None) ->
             first_forward = False
         if gpu:
             ivs = op_kernels.get(i, [])
-            t = _union(ivs) * 1e-6
+            t = union_length([a for a, _ in ivs], [b for _, b in ivs]) * 1e-6
             k = len(ivs)
         else:
             ev = by_rf.get(attrs[i].get("rf_id"))
@@ -242,20 +243,6 @@ def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None) ->
             op.layer = "(model)"
     table = {t.id: t for t in tensors.values()}
     return Trace(ops, table, metadata).validate()
-
-
-def _union(ivs) -> float:
-    if not ivs:
-        return 0.0
-    ivs = sorted(ivs)
-    total, (s, e) = 0.0, ivs[0]
-    for a, b in ivs[1:]:
-        if a > e:
-            total += e - s
-            s, e = a, b
-        else:
-            e = max(e, b)
-    return total + e - s
 
 
 def node_flops(nodes, i, subtree, children) -> float | None:

@@ -8,26 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
-COLUMNS = ("gpu", "stream", "kind", "name", "layer", "phase", "start", "end", "nbytes", "key")
-
-
-def union_length(starts, ends) -> float:
-    """Total length covered by a set of intervals."""
-    if len(starts) == 0:
-        return 0.0
-    order = np.argsort(starts, kind="stable")
-    s, e = np.asarray(starts)[order], np.asarray(ends)[order]
-    total, cur_s, cur_e = 0.0, s[0], e[0]
-    for a, b in zip(s[1:], e[1:], strict=True):
-        if a > cur_e:
-            total += cur_e - cur_s
-            cur_s, cur_e = a, b
-        elif b > cur_e:
-            cur_e = b
-    return float(total + cur_e - cur_s)
+from extrapolators.runtime import COLUMNS
+from triosim.intervals import union_length
 
 
 def _intervals(df):
@@ -44,10 +28,16 @@ class Result:
         self.collective_bytes = dict(runtime.collective_bytes)
         self.iteration_time = float(self.timeline["end"].max()) if len(self.timeline) else 0.0
         self.gpus = list(network.gpus)
+        self._per_gpu = None  # the timeline is final: compute the breakdown once
 
     # -- breakdowns ----------------------------------------------------------------------------
     def per_gpu(self) -> pd.DataFrame:
         """Per GPU: compute, communication, exposed (not overlapped) communication, idle."""
+        if self._per_gpu is None:
+            self._per_gpu = self._breakdown()
+        return self._per_gpu.copy()
+
+    def _breakdown(self) -> pd.DataFrame:
         out = []
         groups = dict(tuple(self.timeline.groupby("gpu", sort=False)))
         empty = self.timeline.iloc[:0]
