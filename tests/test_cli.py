@@ -63,3 +63,8 @@ def test_import_then_info_then_simulate(tmp_path):
     cfg.write_text(f"trace: {out.name}\nnum_gpus: 2\nbatch_size: 4\nparallelism: {{mode: ddp}}\n")
     p = triosim("simulate", str(cfg), "--no-save")
     assert p.returncode == 0 and "ddp" in p.stdout, p.stderr
+
+
+def test_set_through_a_non_mapping_is_a_clear_error():
+    p = triosim("simulate", "examples/dp.yaml", "--no-save", "--set", "num_gpus.x=1")
+    assert p.returncode == 2 and "num_gpus.x" in p.stderr and "Traceback" not in p.stderr

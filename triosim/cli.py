@@ -22,12 +22,10 @@ def _set(data: dict, assignment: str) -> None:
 
     if "=" not in assignment:
         raise SystemExit(f"--set expects FIELD=VALUE, got {assignment!r}")
+    from triosim.config import set_field
+
     key, value = assignment.split("=", 1)
-    node = data
-    parts = key.split(".")
-    for p in parts[:-1]:
-        node = node.setdefault(p, {})
-    node[parts[-1]] = yaml.safe_load(value)
+    set_field(data, key, yaml.safe_load(value))
 
 
 def cmd_simulate(args) -> int:

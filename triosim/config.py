@@ -197,6 +197,17 @@ def from_dict(data: dict, base_dir=".") -> Config:
     return cfg
 
 
+def set_field(data: dict, dotted: str, value) -> None:
+    """Set a dotted field ("parallelism.mode") in a config mapping, making sections as needed."""
+    node = data
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(dotted, value, f"a path through mappings ('{p}' is not one)")
+    node[parts[-1]] = value
+
+
 def load_config(path) -> Config:
     path = Path(path)
     try:

@@ -14,17 +14,8 @@ import itertools
 
 import pandas as pd
 
+from triosim.config import set_field
 from triosim.errors import ConfigError, TrioSimError
-
-
-def _assign(data: dict, dotted: str, value) -> None:
-    node = data
-    parts = dotted.split(".")
-    for p in parts[:-1]:
-        node = node.setdefault(p, {})
-        if not isinstance(node, dict):
-            raise ConfigError(dotted, value, f"a path through mappings ('{p}' is not one)")
-    node[parts[-1]] = value
 
 
 def expand(base: dict, grid: dict) -> list[dict]:
@@ -36,7 +27,7 @@ def expand(base: dict, grid: dict) -> list[dict]:
     for combo in itertools.product(*(grid[k] for k in keys)):
         cfg = copy.deepcopy(base)
         for k, v in zip(keys, combo, strict=True):
-            _assign(cfg, k, v)
+            set_field(cfg, k, v)
         out.append({"point": dict(zip(keys, combo, strict=True)), "config": cfg})
     return out
 
