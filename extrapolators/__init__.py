@@ -1,6 +1,6 @@
 """Extrapolators: a single-GPU trace and a parallel plan become per-GPU task streams."""
 
-from extrapolators.base import Extrapolator, Plan, gradient_ready
+from extrapolators.base import Extrapolator, gradient_ready
 from extrapolators.data_parallel import DataParallel, DistributedDataParallel, Single
 from extrapolators.hybrid import Hybrid
 from extrapolators.pipeline import GPipe, OneFOneB
@@ -8,7 +8,7 @@ from extrapolators.runtime import Runtime
 from extrapolators.tensor_parallel import TensorParallel
 from triosim.registry import Registry
 
-EXTRAPOLATORS = Registry("parallelism.mode", "name")
+EXTRAPOLATORS = Registry("parallelism.mode", "name", "parallelism mode")
 for _cls in (
     Single,
     DataParallel,
@@ -21,12 +21,12 @@ for _cls in (
     EXTRAPOLATORS.register(_cls.name)(_cls)
 
 
-def register(cls: type[Extrapolator]) -> type[Extrapolator]:
+def register(cls: type[Extrapolator], *, replace: bool = False) -> type[Extrapolator]:
     """Add a parallelism mode: a subclass of Extrapolator with a unique `name`."""
-    return EXTRAPOLATORS.register(cls.name)(cls)
+    return EXTRAPOLATORS.register(cls.name, cls, replace=replace)
 
 
 extrapolator_class = EXTRAPOLATORS.get
 
-__all__ = ["EXTRAPOLATORS", "Extrapolator", "Plan", "Runtime", "extrapolator_class",
+__all__ = ["EXTRAPOLATORS", "Extrapolator", "Runtime", "extrapolator_class",
            "gradient_ready", "register"]  # fmt: skip

@@ -6,40 +6,44 @@ generator that walks the shared trace, so nothing is copied per GPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 from perfmodel import OperatorModel, Target
+from triosim import schema
 from triosim.errors import ConfigError
 from triosim.trace import Trace
 
 
-@dataclass(frozen=True)
-class Plan:
-    mode: str = "single"
-    num_gpus: int = 1
-    batch_size: float | None = None  # global mini-batch; None: the traced batch size
-    gpu: str | None = None  # target GPU; None: the traced GPU
-    bucket_bytes: float = 25 * 2**20  # DDP bucket cap (PyTorch: bucket_cap_mb=25, in MiB)
-    first_bucket_bytes: float = 2**20  # DDP's first bucket (PyTorch: 1 MiB)
-    microbatches: int = 1  # pipeline
-    stages: tuple = field(default=())  # pipeline: layer names or op positions where stages begin
-    collective: str = "ring"
-    dp: int = 1  # hybrid: data-parallel replicas
-    inner: str = "single"  # hybrid: the mode inside each replica (tp, gpipe, 1f1b, single)
-
-
 class Extrapolator:
-    name = "abstract"
+    """Turns the trace into task streams for `gpus`.
 
-    def __init__(self, trace: Trace, model: OperatorModel, plan: Plan, gpus: list, ring=None):
+    A mode declares its config fields as an `Options` dataclass (triosim.schema);
+    `options` is one of those or None for the defaults. `batch_size` is the global
+    mini-batch (None: the traced one), `gpu` the target GPU (None: the traced one),
+    `collective` the collective algorithm, `ring` the GPUs in ring order.
+    """
+
+    name = "abstract"
+    Options = schema.NoOptions
+    hybrid_inner = False  # can run inside the data-parallel replicas of `hybrid`
+
+    def __init__(self, trace: Trace, model: OperatorModel, gpus, options=None, *,
+                 batch_size: float | None = None, gpu: str | None = None,
+                 collective: str = "ring", ring=None):  # fmt: skip
         self.trace = trace
         self.model = model
-        self.plan = plan
+        self.options = schema.check(options, "parallelism") if options else self.Options()
         self.gpus = list(gpus)
         self.ring = tuple(ring) if ring is not None else tuple(self.gpus)
-        self.batch = plan.batch_size if plan.batch_size is not None else trace.batch_size
+        self.batch_size, self.gpu, self.collective = batch_size, gpu, collective
+        self.batch = batch_size if batch_size is not None else trace.batch_size
         self._times: dict = {}  # (op id, target, scale) -> seconds, shared by all GPUs
         self.check()
+
+    @classmethod
+    def load_options(cls, data: dict, where: str, elsewhere: dict, also: tuple = ()):
+        """This mode's options from the config section's mode-specific fields (`also`: the
+        section's common fields, for messages)."""
+        return schema.load(cls.Options, data, where, elsewhere=elsewhere,
+                           owner=f"parallelism mode '{cls.name}'", also=also)  # fmt: skip
 
     def check(self) -> None:
         """Validate the plan against the trace; raise ConfigError naming the field."""
@@ -54,7 +58,7 @@ class Extrapolator:
 
     # -- helpers shared by the schedules ----------------------------------------------------
     def target(self, batch=None, tp: int = 1) -> Target:
-        return Target(gpu=self.plan.gpu, batch_size=batch, tp=tp)
+        return Target(gpu=self.gpu, batch_size=batch, tp=tp)
 
     def compute(self, op, target: Target, scale: float = 1.0):
         from extrapolators.tasks import Compute

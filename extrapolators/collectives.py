@@ -12,26 +12,35 @@ from __future__ import annotations
 import networkx as nx
 
 from triosim.errors import ConfigError
+from triosim.registry import Registry
 
-_ALGORITHMS: dict[tuple[str, str], object] = {}
+# keyed "op:name" (e.g. "allreduce:ring"); `parallelism.collective` names the algorithm
+ALGORITHMS = Registry("parallelism.collective", "algorithm", "collective algorithm")
 
 
-def register(op: str, name: str):
+def register(op: str, name: str, *, replace: bool = False):
     def deco(fn):
-        _ALGORITHMS[(op, name)] = fn
-        return fn
+        return ALGORITHMS.register(f"{op}:{name}", fn, replace=replace)
 
     return deco
 
 
+def names() -> list[str]:
+    """Algorithm names a config may choose (those that implement an all-reduce)."""
+    return sorted(k.split(":", 1)[1] for k in ALGORITHMS.names() if k.startswith("allreduce:"))
+
+
 def algorithm(op: str, name: str):
-    if (op, name) not in _ALGORITHMS:
-        allowed = sorted(n for o, n in _ALGORITHMS if o == op)
+    key = f"{op}:{name}"
+    if key not in ALGORITHMS:
+        pairs = [k.split(":", 1) for k in ALGORITHMS.names()]
+        allowed = sorted(n for o, n in pairs if o == op)
         if not allowed:
-            ops = sorted({o for o, _ in _ALGORITHMS})
-            raise ConfigError("collective", op, f"one of {', '.join(ops)}")
-        raise ConfigError("collective.algorithm", name, f"one of {', '.join(allowed)} for {op}")
-    return _ALGORITHMS[(op, name)]
+            raise ConfigError(
+                "collective", op, f"one of {', '.join(sorted({o for o, _ in pairs}))}"
+            )
+        raise ConfigError("parallelism.collective", name, f"one of {', '.join(allowed)} for {op}")
+    return ALGORITHMS.get(key)
 
 
 def _step(env, net, transfers, tag):

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from extrapolators.base import Extrapolator, gradient_ready
 from extrapolators.tasks import Collective, Signal, Wait
 from triosim.errors import ConfigError
+from triosim.schema import option
 
 
 class Single(Extrapolator):
     """Replay the trace on one GPU (at the plan's batch size and GPU)."""
 
     name = "single"
+    hybrid_inner = True
 
     def check(self):
         if len(self.gpus) != 1:
@@ -52,8 +56,20 @@ class DataParallel(Extrapolator):
     def _comm(self, gpu):
         yield Wait(f"{gpu}:grads")
         yield Collective("allreduce", self.ring, self.grad_bytes(), "dp:allreduce",
-                         layer="gradients", phase="backward", algorithm=self.plan.collective)  # fmt: skip
+                         layer="gradients", phase="backward", algorithm=self.collective)  # fmt: skip
         yield Signal(f"{gpu}:reduced")
+
+
+@dataclass(frozen=True)
+class DDPOptions:
+    bucket_size: float = option(
+        25 * 2**20,
+        unit="bytes",
+        gt=0,
+        help="gradient bucket cap (PyTorch's bucket_cap_mb=25: 25 MiB)",
+    )
+    first_bucket_size: float = option(2**20, unit="bytes", gt=0,
+                                      help="the first bucket's cap (PyTorch: 1 MiB)")  # fmt: skip
 
 
 class DistributedDataParallel(DataParallel):
@@ -64,12 +80,10 @@ class DistributedDataParallel(DataParallel):
 
     name = "ddp"
 
+    Options = DDPOptions
+
     def check(self):
         super().check()
-        for field, cap in (("bucket_size", self.plan.bucket_bytes),
-                           ("first_bucket_size", self.plan.first_bucket_bytes)):  # fmt: skip
-            if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not cap > 0:
-                raise ConfigError(f"parallelism.{field}", cap, "a size > 0 bytes, e.g. '25 MB'")
         self._buckets = self._make_buckets()
 
     def buckets(self) -> list[tuple[int, float, int]]:
@@ -84,7 +98,8 @@ class DistributedDataParallel(DataParallel):
             size += self.trace.tensors[w].nbytes
             count += 1
             last = max(last, ready[w])
-            if size >= (self.plan.first_bucket_bytes if not out else self.plan.bucket_bytes):
+            o = self.options
+            if size >= (o.first_bucket_size if not out else o.bucket_size):
                 out.append((last, size, count))
                 size, count, last = 0.0, 0, -1
         if count:
@@ -115,5 +130,5 @@ class DistributedDataParallel(DataParallel):
         for k, (_, size, _) in enumerate(self.buckets()):
             yield Wait(f"{gpu}:bucket{k}")
             yield Collective("allreduce", self.ring, size, f"ddp:bucket{k}", layer=f"bucket{k}",
-                             phase="backward", algorithm=self.plan.collective)  # fmt: skip
+                             phase="backward", algorithm=self.collective)  # fmt: skip
         yield Signal(f"{gpu}:reduced")

@@ -13,41 +13,67 @@ optimizer waits for it. The gradient reduction is not overlapped with backward h
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 
 from extrapolators.base import Extrapolator
 from extrapolators.tasks import Collective, Recv, Send, Signal, Wait
+from triosim import schema
 from triosim.errors import ConfigError
+from triosim.schema import option
+
+
+@dataclass(frozen=True)
+class HybridOptions:
+    dp: int = option(1, ge=1, help="data-parallel replicas (num_gpus / dp GPUs each)")
+    inner: str = option("single", help="the mode inside each replica (tp, gpipe, 1f1b, single)")
+    inner_options: object = option(None, flatten=True)  # the inner mode's own fields
 
 
 class Hybrid(Extrapolator):
     name = "hybrid"
+    Options = HybridOptions
+
+    @classmethod
+    def load_options(cls, data, where, elsewhere, also=()):
+        from extrapolators import EXTRAPOLATORS
+
+        own = {k: v for k, v in data.items() if k in ("dp", "inner")}
+        o = schema.load(HybridOptions, own, where, owner="parallelism mode 'hybrid'", also=also)
+        inner_cls = EXTRAPOLATORS.get(o.inner) if o.inner in EXTRAPOLATORS else None
+        if inner_cls is None or not inner_cls.hybrid_inner:
+            allowed = [n for n, c in EXTRAPOLATORS.items() if c.hybrid_inner]
+            raise ConfigError(f"{where}.inner", o.inner,
+                              f"a mode that hybrid replicates: {', '.join(allowed)}")  # fmt: skip
+        rest = {k: v for k, v in data.items() if k not in own}
+        inner = inner_cls.load_options(rest, where, elsewhere, also=(*also, "dp", "inner"))
+        return dataclasses.replace(o, inner_options=inner)
 
     def check(self):
-        from extrapolators import extrapolator_class
+        from extrapolators import EXTRAPOLATORS
 
-        dp, n = self.plan.dp, len(self.gpus)
-        if isinstance(dp, bool) or not isinstance(dp, int) or dp < 1 or n % dp:
+        dp, n, inner = self.options.dp, len(self.gpus), self.options.inner
+        if n % dp:
             raise ConfigError("parallelism.dp", dp, f"an integer >= 1 dividing num_gpus ({n})")
-        if self.plan.inner == "hybrid":
-            raise ConfigError("parallelism.inner", "hybrid", "tp, gpipe, 1f1b or single")
-        inner_cls = extrapolator_class(self.plan.inner)
+        inner_cls = EXTRAPOLATORS.get(inner) if inner in EXTRAPOLATORS else None
+        if inner_cls is None or not inner_cls.hybrid_inner:
+            raise ConfigError("parallelism.inner", inner, "a mode that hybrid replicates")
         k = n // dp
         batch = self.per_gpu_batch(dp)
-        plan = dataclasses.replace(self.plan, mode=self.plan.inner, num_gpus=k,
-                                   batch_size=batch if self.plan.batch_size is not None or dp > 1
-                                   else None)  # fmt: skip
         self.replicas = []
         for r in range(dp):
             group = self.gpus[r * k : (r + 1) * k]
-            ring = [g for g in self.ring if g in set(group)]  # keep the topology's ring order
-            self.replicas.append(inner_cls(self.trace, self.model, plan, group, ring))
+            members = set(group)
+            ring = [g for g in self.ring if g in members]  # keep the topology's ring order
+            self.replicas.append(inner_cls(self.trace, self.model, group,
+                                           self.options.inner_options, batch_size=batch,
+                                           gpu=self.gpu, collective=self.collective, ring=ring))  # fmt: skip
 
     def held_weight_bytes(self, gpu) -> float:
         return self.replicas[0].held_weight_bytes(self._peers(gpu)[0])
 
     def _peers(self, gpu) -> list:
         """The GPU at the same position in every replica (its data-parallel group)."""
-        k = len(self.gpus) // self.plan.dp
+        k = len(self.gpus) // self.options.dp
         j = self.gpus.index(gpu) % k
         return [rep.gpus[j] for rep in self.replicas]
 
@@ -81,7 +107,7 @@ class Hybrid(Extrapolator):
             ring = tuple(g for g in self.ring if g in set(peers))
             yield Collective("allreduce", ring, self.held_weight_bytes(gpu),
                              f"dp:{self.gpus.index(peers[0])}", layer="gradients",
-                             phase="backward", algorithm=self.plan.collective)  # fmt: skip
+                             phase="backward", algorithm=self.collective)  # fmt: skip
         yield Signal(f"{gpu}:dp-reduced")
 
 

@@ -11,6 +11,8 @@ share of the weight bytes.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from extrapolators.base import Extrapolator
@@ -18,6 +20,7 @@ from extrapolators.tasks import Recv, Send, Signal, Wait
 from perfmodel import Target
 from perfmodel.base import batch_ratio
 from triosim.errors import ConfigError
+from triosim.schema import option
 
 
 def balanced_cuts(costs, parts: int) -> list[int]:
@@ -55,13 +58,20 @@ def balanced_cuts(costs, parts: int) -> list[int]:
     return starts
 
 
+@dataclass(frozen=True)
+class PipelineOptions:
+    microbatches: int = option(1, ge=1, help="micro-batches the mini-batch is split into")
+    stages: list[int | str] = option(factory=list, help="where stages 2..S begin: layer names "
+                                     "or forward-op positions (default: balanced)")  # fmt: skip
+
+
 class GPipe(Extrapolator):
     name = "gpipe"
+    Options = PipelineOptions
+    hybrid_inner = True
 
     def check(self):
-        m = self.plan.microbatches
-        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ConfigError("parallelism.microbatches", m, "an integer >= 1")
+        m = self.options.microbatches
         if self.batch is not None and m > self.batch:
             raise ConfigError("parallelism.microbatches", m,
                               f"at most the batch size ({self.batch})")  # fmt: skip
@@ -99,7 +109,7 @@ class GPipe(Extrapolator):
         cost = np.array([self.model.time(trace.operators[i], target) for i in fwd])
         for i, k in owner.items():
             cost[k] += self.model.time(trace.operators[i], target)
-        starts = self._user_cuts(fwd) if self.plan.stages else balanced_cuts(cost, S)
+        starts = self._user_cuts(fwd) if self.options.stages else balanced_cuts(cost, S)
         stage_of_fwd = np.searchsorted(np.array(starts), np.arange(len(fwd)), side="right") - 1
         self.stage_of = {}
         for k, i in enumerate(fwd):
@@ -119,12 +129,12 @@ class GPipe(Extrapolator):
 
     def _user_cuts(self, fwd) -> list[int]:
         S, ops = len(self.gpus), self.trace.operators
-        if len(self.plan.stages) != S - 1:
-            raise ConfigError("parallelism.stages", list(self.plan.stages),
+        if len(self.options.stages) != S - 1:
+            raise ConfigError("parallelism.stages", list(self.options.stages),
                               f"{S - 1} stage starts (layer names or forward-op positions) for "
                               f"{S} GPUs")  # fmt: skip
         starts = [0]
-        for s in self.plan.stages:
+        for s in self.options.stages:
             if isinstance(s, int) and not isinstance(s, bool):
                 k = s
             else:
@@ -179,7 +189,7 @@ class GPipe(Extrapolator):
     # -- schedule -------------------------------------------------------------------------------
     def order(self, s: int) -> list[tuple[str, int]]:
         """GPipe: all forwards, then all backwards (last micro-batch first)."""
-        m = self.plan.microbatches
+        m = self.options.microbatches
         return [("F", k) for k in range(m)] + [("B", k) for k in reversed(range(m))]
 
     def streams(self):
@@ -190,12 +200,12 @@ class GPipe(Extrapolator):
         return out
 
     def _mb_bytes(self, b: int) -> float:
-        mb = self.per_gpu_batch(self.plan.microbatches)
+        mb = self.per_gpu_batch(self.options.microbatches)
         return self.boundary[b] * batch_ratio(self.trace, Target(batch_size=mb))
 
     def _compute(self, s):
         S, g = len(self.gpus), self.gpus
-        target = self.target(self.per_gpu_batch(self.plan.microbatches))
+        target = self.target(self.per_gpu_batch(self.options.microbatches))
         for kind, m in self.order(s):
             if kind == "F":
                 if s > 0:
@@ -230,7 +240,7 @@ class OneFOneB(GPipe):
     name = "1f1b"
 
     def order(self, s: int) -> list[tuple[str, int]]:
-        m, S = self.plan.microbatches, len(self.gpus)
+        m, S = self.options.microbatches, len(self.gpus)
         warm = min(S - s - 1, m)
         seq = [("F", k) for k in range(warm)]
         f, b = warm, 0

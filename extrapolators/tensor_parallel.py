@@ -25,6 +25,7 @@ from triosim.errors import ConfigError
 
 class TensorParallel(Extrapolator):
     name = "tp"
+    hybrid_inner = True
 
     def check(self):
         n = len(self.gpus)
@@ -35,12 +36,19 @@ class TensorParallel(Extrapolator):
             raise ConfigError("parallelism.mode", "tp",
                               "a trace with splittable layers (conv, linear, embedding); none "
                               "is marked tp_split in this trace")  # fmt: skip
+        tensors = self.trace.tensors
+        # vocabularies are padded to a multiple of the degree (Megatron's
+        # make-vocab-size-divisible-by), so an embedding table (tied or not) need not divide
+        vocab = {t for op in split if "embedding" in op.name for t in op.inputs
+                 if tensors[t].category == "weight"}  # fmt: skip
         for op in split:
-            dims = [self.trace.tensors[t].shape[0] for t in op.inputs
-                    if self.trace.tensors[t].category == "weight" and self.trace.tensors[t].shape]  # fmt: skip
-            if dims and max(dims) < n:
-                raise ConfigError("num_gpus", n, f"at most {max(dims)}: layer {op.layer or op.name}"
-                                  f" (op {op.id}) has only {max(dims)} output units to split")  # fmt: skip
+            dims = {tensors[t].shape[0] for t in op.inputs if tensors[t].category == "weight"
+                    and len(tensors[t].shape) >= 2 and t not in vocab}  # fmt: skip
+            for d in sorted(dims):
+                if d % n:
+                    raise ConfigError("num_gpus", n, f"a tensor-parallel degree dividing layer "
+                                      f"{op.layer or op.name}'s {d} output units (op {op.id}): "
+                                      f"each GPU takes an equal shard")  # fmt: skip
 
     def activation_bytes(self, tensor_ids) -> float:
         r = batch_ratio(self.trace, Target(batch_size=self.batch))
@@ -108,7 +116,7 @@ class TensorParallel(Extrapolator):
 
     def _compute(self, gpu):
         n = len(self.gpus)
-        target = self.target(self.batch if self.plan.batch_size is not None else None, tp=n)
+        target = self.target(self.batch_size, tp=n)
         opt_scale = self.optimizer_fraction()
         for op in self.trace.operators:
             if op.phase == "optimizer":
@@ -124,7 +132,7 @@ class TensorParallel(Extrapolator):
                 size = 0.0  # column forward / row backward / sharded: stays local
             if size > 0:
                 yield Collective("allreduce", self.ring, size, f"tp:{op.id}", layer=op.layer,
-                                 phase=op.phase, algorithm=self.plan.collective)  # fmt: skip
+                                 phase=op.phase, algorithm=self.collective)  # fmt: skip
 
     def _reduced_bytes(self, op) -> float:
         """Forward: the layer's output. Backward: its input gradient, the size of the forward

@@ -13,8 +13,11 @@ from dataclasses import dataclass
 import networkx as nx
 import simpy
 
+from triosim import schema
 from triosim.errors import NetworkError
 from triosim.registry import Registry
+
+LINK_COLUMNS = ("src", "dst", "bandwidth", "latency", "bytes", "busy_time")
 
 
 @dataclass(slots=True)
@@ -28,11 +31,21 @@ class TransferRecord:
 
 
 class Network:
-    """Base class. Subclasses implement `_start_group(records, events)`."""
+    """Base class. Subclasses implement `_start_group(records, events)` and declare their
+    config fields as an `Options` dataclass (triosim.schema); `self.options` holds them,
+    given as an Options object or as keyword arguments (units allowed: "20 ms")."""
 
     kind = "abstract"
+    Options = schema.NoOptions
 
-    def __init__(self, env: simpy.Environment, graph: nx.DiGraph):
+    def __init__(self, env: simpy.Environment, graph: nx.DiGraph, options=None, **kwargs):
+        if isinstance(options, self.Options) and not kwargs:
+            self.options = schema.check(options, "network")
+        elif options is None:
+            self.options = schema.load(self.Options, kwargs, "network",
+                                       owner=f"network '{self.kind}'")  # fmt: skip
+        else:
+            raise NetworkError(f"options must be a {self.Options.__name__} or keyword arguments")
         self.env = env
         self.graph = validate_graph(graph)
         self.gpus = gpu_nodes(self.graph)
@@ -73,10 +86,15 @@ class Network:
 
     # -- statistics ----------------------------------------------------------------
     def link_stats(self):
-        """A DataFrame: one row per link with bytes carried and busy time."""
+        """A DataFrame with LINK_COLUMNS: one row per link (direction), bytes carried and the
+        time it carried any. Every network returns these columns, so results compare."""
         import pandas as pd
 
-        return pd.DataFrame(columns=["src", "dst", "bandwidth", "bytes", "busy_time"])
+        return pd.DataFrame(columns=list(LINK_COLUMNS))
+
+    def stats(self) -> dict:
+        """Counters worth reporting (set-ups, reallocations, ...): plain numbers."""
+        return {}
 
     def transfers(self):
         import pandas as pd
@@ -143,6 +161,6 @@ def validate_graph(graph) -> nx.DiGraph:
     return graph
 
 
-NETWORKS = Registry("network.kind", "kind")
+NETWORKS = Registry("network.kind", "kind", "network")
 register = NETWORKS.register
 network_class = NETWORKS.get

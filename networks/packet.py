@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import simpy
 
 from networks.base import Network, TransferRecord, register
 from networks.maxmin import incidence, link_loads, max_min_rates
-from triosim.errors import ConfigError, NetworkError
+from triosim.errors import NetworkError
+from triosim.schema import option
 
 _REL_TOL = 1e-9  # a flow with this fraction of its bytes left is done (float round-off)
 _TIME_TOL = 1e-12  # relative to the clock: shorter remaining times are below its resolution
@@ -31,13 +33,20 @@ class _Flow:
     rate: float = 0.0
 
 
+@dataclass(frozen=True)
+class PacketOptions:
+    routing: Literal["latency", "hops"] = option(
+        "latency", help="shortest paths by summed link latency (ties: fewest hops), or by hops"
+    )
+
+
 @register("packet")
 class PacketSwitchNetwork(Network):
-    def __init__(self, env, graph, routing: str = "latency"):
-        super().__init__(env, graph)
-        if routing not in ("latency", "hops"):
-            raise ConfigError("network.routing", routing, "'latency' or 'hops'")
-        self.routing = routing
+    Options = PacketOptions
+
+    def __init__(self, env, graph, options=None, **kwargs):
+        super().__init__(env, graph, options, **kwargs)
+        self.routing = self.options.routing
         self.links = list(self.graph.edges())
         self._link_index = {e: i for i, e in enumerate(self.links)}
         self.capacity = np.array([self.graph.edges[e]["bandwidth"] for e in self.links], float)
@@ -179,6 +188,9 @@ class PacketSwitchNetwork(Network):
             self._deliver(f.rec, f.event)
 
     # -- statistics --------------------------------------------------------------------
+    def stats(self) -> dict:
+        return {"reallocations": self.reallocations, "max_utilisation": self.max_utilisation}
+
     def link_stats(self):
         import pandas as pd
 

@@ -17,6 +17,7 @@ import simpy
 
 from networks.base import Network, register
 from triosim.errors import ConfigError
+from triosim.schema import option
 
 
 @dataclass
@@ -28,41 +29,35 @@ class _Circuit:
     last_used: float = 0.0
 
 
-def _positive(name, value, allow_inf=False):
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
-    if not ok or (math.isinf(value) and not allow_inf):
-        raise ConfigError(f"network.{name}", value, "a number > 0")
-    return float(value)
+@dataclass(frozen=True)
+class PhotonicOptions:
+    total_bandwidth: float = option(
+        484e9, unit="bandwidth", gt=0, help="optical bandwidth per GPU, shared by its links"
+    )
+    links: int = option(8, ge=1, help="circuits per GPU; each gets total_bandwidth / links")
+    ports: int | None = option(None, ge=1, help="optical ports per GPU (default: links)")
+    setup_time: float = option(
+        20e-3, unit="seconds", ge=0, lt=math.inf, help="time to set up a circuit"
+    )
+    latency: float = option(
+        0.0, unit="seconds", ge=0, lt=math.inf, help="propagation latency of a transfer"
+    )
+    buffer_bytes: float = option(math.inf, unit="bytes", gt=0,
+                                 help="receiver buffer; a transfer must fit in it")  # fmt: skip
 
 
 @register("photonic")
 class PhotonicNetwork(Network):
-    def __init__(
-        self,
-        env,
-        graph,
-        total_bandwidth: float = 484e9,
-        links: int = 8,
-        ports: int | None = None,
-        setup_time: float = 20e-3,
-        latency: float = 0.0,
-        buffer_bytes: float = math.inf,
-    ):
-        super().__init__(env, graph)
-        if not isinstance(links, int) or links < 1:
-            raise ConfigError("network.links", links, "an integer >= 1")
-        ports = links if ports is None else ports
-        if not isinstance(ports, int) or ports < 1:
-            raise ConfigError("network.ports", ports, "an integer >= 1")
-        if not (isinstance(setup_time, (int, float)) and 0 <= setup_time < math.inf):
-            raise ConfigError("network.setup_time", setup_time, "a time >= 0 s")
-        if not (isinstance(latency, (int, float)) and 0 <= latency < math.inf):
-            raise ConfigError("network.latency", latency, "a time >= 0 s")
-        self.circuit_bandwidth = _positive("total_bandwidth", total_bandwidth) / links
-        self.ports = ports
-        self.setup_time = float(setup_time)
-        self.latency = float(latency)
-        self.buffer_bytes = _positive("buffer_bytes", buffer_bytes, allow_inf=True)
+    Options = PhotonicOptions
+
+    def __init__(self, env, graph, options=None, **kwargs):
+        super().__init__(env, graph, options, **kwargs)
+        o = self.options
+        self.circuit_bandwidth = o.total_bandwidth / o.links
+        self.ports = o.links if o.ports is None else o.ports
+        self.setup_time = o.setup_time
+        self.latency = o.latency
+        self.buffer_bytes = o.buffer_bytes
         self.circuits: dict[frozenset, _Circuit] = {}
         self._ports_used = {g: 0 for g in self.gpus}
         self._buffers = {}
@@ -80,8 +75,12 @@ class PhotonicNetwork(Network):
         if rec.src == rec.dst:
             self._deliver(rec, ev)
             return
+        if rec.nbytes > self.buffer_bytes:
+            raise ConfigError("network.buffer_bytes", self.buffer_bytes,
+                              f"at least the largest transfer: {rec.nbytes:.0f} bytes from GPU "
+                              f"{rec.src} to GPU {rec.dst} ({rec.tag or 'untagged'})")  # fmt: skip
         circuit = yield from self._circuit(rec.src, rec.dst)
-        amount = min(rec.nbytes, self.buffer_bytes)
+        amount = rec.nbytes
         buf = self._buffer(rec.dst)
         if buf is not None and amount > 0:
             yield buf.put(amount)  # waits for free space at the receiver
@@ -150,7 +149,11 @@ class PhotonicNetwork(Network):
         ev, self._idle = self._idle, self.env.event()
         ev.succeed()
 
+    def stats(self) -> dict:
+        return {"setups": self.setups, "teardowns": self.teardowns}
+
     def link_stats(self):
+        """One row per circuit direction that carried bytes."""
         import pandas as pd
 
         keys = sorted(self.link_bytes, key=repr)
@@ -159,6 +162,7 @@ class PhotonicNetwork(Network):
                 "src": [k[0] for k in keys],
                 "dst": [k[1] for k in keys],
                 "bandwidth": [self.circuit_bandwidth] * len(keys),
+                "latency": [self.latency] * len(keys),
                 "bytes": [self.link_bytes[k] for k in keys],
                 "busy_time": [self.link_busy[k] for k in keys],
             }

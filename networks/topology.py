@@ -7,11 +7,15 @@ one direction or both, so asymmetric and heterogeneous systems are one call away
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from dataclasses import dataclass
 
 import networkx as nx
 
 from triosim.errors import ConfigError, NetworkError
+from triosim.registry import Registry
+from triosim.schema import NoOptions, load, option
 
 
 def _check_count(n, field="num_gpus", minimum=1):
@@ -200,34 +204,58 @@ def multi_node(nodes: int, gpus_per_node: int, intra_bandwidth: float, inter_ban
     return g
 
 
+@dataclass(frozen=True)
+class LinkSpec:
+    """One link of an `edges` topology, or one override in `topology.links`."""
+
+    src: int | str = option(help="one end (a GPU number or a switch name)")
+    dst: int | str = option(help="the other end")
+    bandwidth: float | None = option(None, unit="bandwidth", gt=0, help="bytes/s per direction")
+    latency: float | None = option(None, unit="seconds", ge=0, lt=math.inf, help="seconds")
+    both: bool | None = option(None, help="both directions (edges: true; overrides: false)")
+
+
 def from_edges(edges, default_bandwidth=None, default_latency: float = 0.0, gpus=None):
     """Build from a list of {src, dst, bandwidth, latency, both} dicts (a YAML edge list).
 
     Nodes named in `gpus` (default: every integer node) are GPUs; others are switches.
     """
-    from triosim.units import parse_bandwidth, parse_seconds
-
     if not isinstance(edges, list) or not edges:
         raise ConfigError("topology.edges", edges, "a non-empty list of {src, dst, bandwidth}")
     g = nx.DiGraph()
     for k, e in enumerate(edges):
-        if not isinstance(e, dict) or "src" not in e or "dst" not in e:
-            raise ConfigError(f"topology.edges[{k}]", e, "a mapping with src and dst")
-        bw = e.get("bandwidth", default_bandwidth)
+        spec = e if isinstance(e, LinkSpec) else load(LinkSpec, e, f"topology.edges[{k}]")
+        bw = spec.bandwidth if spec.bandwidth is not None else default_bandwidth
         if bw is None:
             raise ConfigError(
                 f"topology.edges[{k}].bandwidth", None, "a bandwidth such as '50 GB/s'"
             )
-        bw = parse_bandwidth(bw, f"topology.edges[{k}].bandwidth")
-        lat = parse_seconds(e.get("latency", default_latency), f"topology.edges[{k}].latency")
-        if not bw > 0:
-            raise ConfigError(f"topology.edges[{k}].bandwidth", e.get("bandwidth"), "> 0")
-        if lat < 0:
-            raise ConfigError(f"topology.edges[{k}].latency", e.get("latency"), ">= 0 s")
-        add_link(g, e["src"], e["dst"], bw, lat, both=e.get("both", True))
+        lat = spec.latency if spec.latency is not None else default_latency
+        add_link(g, spec.src, spec.dst, bw, lat, both=spec.both is not False)
     gpu_set = set(gpus) if gpus is not None else {n for n in g if isinstance(n, int)}
+    missing = [x for x in gpu_set if x not in g]
+    if missing:
+        raise ConfigError("topology.gpus", sorted(missing, key=repr), "nodes that appear in edges")
     for n in g.nodes:
         g.nodes[n]["kind"] = "gpu" if n in gpu_set else "switch"
+    return g
+
+
+def apply_overrides(g: nx.DiGraph, links) -> nx.DiGraph:
+    """`topology.links`: change existing links (one direction unless `both`)."""
+    for k, spec in enumerate(links):
+        where = f"topology.links[{k}]"
+        if spec.bandwidth is None and spec.latency is None:
+            raise ConfigError(
+                where, dataclasses.asdict(spec), "a bandwidth and/or a latency to set"
+            )
+        for a, b in (
+            [(spec.src, spec.dst), (spec.dst, spec.src)] if spec.both else [(spec.src, spec.dst)]
+        ):
+            if not g.has_edge(a, b):
+                raise ConfigError(where, {"src": spec.src, "dst": spec.dst},
+                                  f"a link of this topology; there is no link {a!r}->{b!r}")  # fmt: skip
+        set_link(g, spec.src, spec.dst, spec.bandwidth, spec.latency, both=bool(spec.both))
     return g
 
 
@@ -243,17 +271,116 @@ def from_networkx(graph: nx.Graph, bandwidth: float | None = None, latency: floa
     return g
 
 
-BUILDERS = {
-    "ring": ring,
-    "ring_chord": ring_chord,
-    "double_ring": double_ring,
-    "fully_connected": fully_connected,
-    "switch": switch_star,
-    "mesh2d": mesh2d,
-    "torus2d": torus2d,
-    "fat_tree": fat_tree,
-    "pcie_tree": pcie_tree,
-    "dgx1": dgx1,
-    "multi_node": multi_node,
-    "edges": from_edges,
-}
+# -- the builders as configurable parts ------------------------------------------------------
+# Each registered topology takes (num_gpus, bandwidth, latency, options) and declares its
+# own config fields; a config names it by `topology.kind`.
+
+TOPOLOGIES = Registry("topology.kind", "kind", "topology")
+
+
+def register(name: str, options=NoOptions, *, replace: bool = False):
+    """Register `build(n, bandwidth, latency, options) -> DiGraph` under a topology name."""
+
+    def deco(fn):
+        fn.Options = options
+        return TOPOLOGIES.register(name, fn, replace=replace)
+
+    return deco
+
+
+@dataclass(frozen=True)
+class RingOptions:
+    bidirectional: bool = option(True, help="links in both directions (false: one-way ring)")
+
+
+@dataclass(frozen=True)
+class GridOptions:
+    rows: int | None = option(None, ge=1, help="rows (default: the most square grid)")
+    cols: int | None = option(None, ge=1, help="columns (default: num_gpus / rows)")
+
+
+@dataclass(frozen=True)
+class FatTreeOptions:
+    radix: int = option(64, ge=2, help="switch ports: radix/2 GPUs per leaf, radix/2 spines")
+
+
+@dataclass(frozen=True)
+class PcieOptions:
+    per_switch: int = option(2, ge=1, help="GPUs under each PCIe switch")
+    host_bandwidth: float | None = option(None, unit="bandwidth", gt=0,
+                                          help="switch-to-root link (default: bandwidth)")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class MultiNodeOptions:
+    gpus_per_node: int = option(8, ge=1, help="GPUs per node (on one NVSwitch)")
+    inter_bandwidth: float = option(
+        50e9, unit="bandwidth", gt=0, help="each GPU's NIC, per direction (50 GB/s: IB NDR)"
+    )
+    inter_latency: float = option(2e-6, unit="seconds", ge=0, lt=math.inf,
+                                  help="GPU to GPU through the inter-node switch")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class EdgesOptions:
+    edges: list[LinkSpec] = option(factory=list, help="[{src, dst, bandwidth, latency, both}, ...]")
+    gpus: list | None = option(None, help="nodes that are GPUs (default: the integer nodes)")
+
+
+register("ring", RingOptions)(lambda n, bw, lat, o: ring(n, bw, lat, o.bidirectional))
+register("ring_chord")(lambda n, bw, lat, o: ring_chord(n, bw, lat))
+register("double_ring")(lambda n, bw, lat, o: double_ring(n, bw, lat))
+register("fully_connected")(lambda n, bw, lat, o: fully_connected(n, bw, lat))
+register("switch")(lambda n, bw, lat, o: switch_star(n, bw, lat))
+register("fat_tree", FatTreeOptions)(lambda n, bw, lat, o: fat_tree(n, bw, lat, o.radix))
+register("pcie_tree", PcieOptions)(
+    lambda n, bw, lat, o: pcie_tree(n, bw, lat, o.per_switch, o.host_bandwidth)
+)
+
+
+def _grid(n, o) -> tuple[int, int]:
+    rows, cols = o.rows, o.cols
+    if rows is None and cols is None:
+        rows = next(r for r in range(math.isqrt(n), 0, -1) if n % r == 0)
+    rows = rows or n // cols
+    cols = cols or n // rows
+    if rows * cols != n:
+        raise ConfigError(
+            "topology.rows", rows, f"rows x cols = num_gpus ({n}); got {rows} x {cols}"
+        )
+    return rows, cols
+
+
+register("mesh2d", GridOptions)(lambda n, bw, lat, o: mesh2d(*_grid(n, o), bw, lat))
+register("torus2d", GridOptions)(lambda n, bw, lat, o: torus2d(*_grid(n, o), bw, lat))
+
+
+@register("dgx1")
+def _dgx1(n, bw, lat, o):
+    if n != 8:
+        raise ConfigError("num_gpus", n, "8 for the dgx1 topology")
+    return dgx1(bw, lat)
+
+
+@register("multi_node", MultiNodeOptions)
+def _multi_node(n, bw, lat, o):
+    if n % o.gpus_per_node:
+        raise ConfigError("topology.gpus_per_node", o.gpus_per_node,
+                          f"a divisor of num_gpus ({n})")  # fmt: skip
+    return multi_node(n // o.gpus_per_node, o.gpus_per_node, bw, o.inter_bandwidth, lat,
+                      o.inter_latency)  # fmt: skip
+
+
+@register("edges", EdgesOptions)
+def _edges(n, bw, lat, o):
+    return from_edges(o.edges, bw, lat, gpus=o.gpus)
+
+
+def to_edges(graph: nx.DiGraph) -> dict:
+    """A graph as `edges` topology options (one entry per direction), so a topology a
+    Python caller built is written into the saved config and re-runs as it stands."""
+    edges = [{"src": u, "dst": v, "bandwidth": float(d["bandwidth"]),
+              "latency": float(d.get("latency", 0.0)), "both": False}
+             for u, v, d in graph.edges(data=True)]  # fmt: skip
+    gpus = [n for n, d in graph.nodes(data=True) if d.get("kind", "gpu") == "gpu"]
+    return {"edges": edges, "gpus": gpus}

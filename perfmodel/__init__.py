@@ -1,6 +1,6 @@
 """Operator performance models: the time of one operator on a target GPU at a target size."""
 
-from perfmodel.base import OperatorModel, Target, model_class, op_features, register
+from perfmodel.base import MODELS, OperatorModel, Target, model_class, op_features, register
 from perfmodel.regression import LinearRegressionModel
 from perfmodel.replay import TraceTime
 from perfmodel.roofline import Roofline
@@ -12,6 +12,7 @@ def make_model(kind: str, trace, **options) -> OperatorModel:
 
 
 __all__ = [
+    "MODELS",
     "LinearRegressionModel",
     "OperatorModel",
     "Roofline",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from triosim import schema
 from triosim.errors import ConfigError
 from triosim.registry import Registry
 from triosim.trace import Operator, Trace
@@ -59,18 +60,46 @@ class OperatorModel:
     """Base class: the time of one operator on the target GPU at the target size."""
 
     name = "abstract"
+    Options = schema.NoOptions  # config fields (triosim.schema); the constructor's keywords
 
     def __init__(self, trace: Trace):
         self.trace = trace
 
+    @classmethod
+    def from_config(cls, trace: Trace, options, load_trace) -> OperatorModel:
+        """Build from validated options; `load_trace(path)` reads a trace a config names."""
+        return cls(trace, **schema.dump(options))
+
     def time(self, op: Operator, target: Target = Target()) -> float:
         raise NotImplementedError
+
+    def check_target(self, gpu: str | None) -> None:
+        """Raise ConfigError, before a run, if this model cannot time operators on `gpu`."""
+        traced = self.trace.metadata.get("gpu")
+        if gpu is None or (traced and _same_gpu(gpu, traced)):
+            return
+        if not traced:
+            raise ConfigError("gpu", gpu, f"the traced GPU for perfmodel '{self.name}': this "
+                              "trace does not say which GPU it was taken on (record it with "
+                              "`triosim import --gpu NAME`, or use perfmodel 'roofline' with "
+                              "source_gpu)")  # fmt: skip
+        raise ConfigError("gpu", gpu, f"the traced GPU ({traced}) for perfmodel '{self.name}'; "
+                          "use 'roofline' to predict another GPU")  # fmt: skip
 
     def iteration_time(self, target: Target = Target()) -> float:
         """Sum of operator times: a single-GPU iteration at the target."""
         return sum(self.time(op, target) for op in self.trace.operators)
 
 
-MODELS = Registry("perfmodel.kind", "name")
+def _same_gpu(a: str, b: str) -> bool:
+    from triosim import hardware
+
+    try:
+        return hardware.gpu(a).name == hardware.gpu(b).name
+    except ConfigError:
+        return a == b
+
+
+MODELS = Registry("perfmodel.kind", "name", "performance model")
 register = MODELS.register
 model_class = MODELS.get

@@ -13,6 +13,7 @@ At the traced setting the measured time is returned unchanged.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +27,21 @@ from perfmodel.base import (
     register,
 )
 from triosim.errors import ConfigError
+from triosim.schema import option
 from triosim.trace import Trace
+
+
+def _check_same_model(trace: Trace, other: Trace, k: int) -> None:
+    """An extra trace must be the same model: the same weights and forward layers."""
+    layers = lambda t: {o.layer for o in t.operators if o.phase == "forward"}  # noqa: E731
+    same = (abs(other.weight_bytes() - trace.weight_bytes()) <= 1e-9 * trace.weight_bytes()
+            and layers(other) == layers(trace))  # fmt: skip
+    if not same:
+        name = other.metadata.get("model") or f"{len(other.operators)} operators"
+        raise ConfigError(f"perfmodel.extra_traces[{k}]", name,
+                          f"a trace of the same model as the main trace ({trace.weight_bytes():.0f}"
+                          f" weight bytes; this one has {other.weight_bytes():.0f}, "
+                          f"{len(layers(other) ^ layers(trace))} layers differ)")  # fmt: skip
 
 
 def _design(trace: Trace, ops) -> np.ndarray:
@@ -42,10 +57,27 @@ def _mape(pred, true) -> float:
     return float(np.mean(np.abs(np.asarray(pred)[mask] - true[mask]) / true[mask]) * 100)
 
 
+@dataclass(frozen=True)
+class RegressionOptions:
+    extra_traces: list[str] = option(factory=list, path=True, help="traces of the same model "
+                                     "at other batch sizes: per-operator fits")  # fmt: skip
+    holdout: float = option(0.2, ge=0, lt=1, help="share of operators held out to report error")
+    seed: int = option(0, ge=0, help="seed of the held-out draw")
+
+
 @register("regression")
 class LinearRegressionModel(OperatorModel):
+    Options = RegressionOptions
+
+    @classmethod
+    def from_config(cls, trace, options, load_trace):
+        extra = [load_trace(p) for p in options.extra_traces]
+        return cls(trace, extra, options.holdout, options.seed)
+
     def __init__(self, trace: Trace, extra_traces=(), holdout: float = 0.2, seed: int = 0):
         super().__init__(trace)
+        for k, other in enumerate(extra_traces):
+            _check_same_model(trace, other, k)
         self._pos = {o.id: i for i, o in enumerate(trace.operators)}
         self.traces = [trace, *extra_traces]
         self.report: dict = {}

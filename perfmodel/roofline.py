@@ -8,22 +8,40 @@ any GPU in the hardware catalogue.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from perfmodel.base import OperatorModel, Target, op_features, register
 from triosim import hardware
 from triosim.errors import ConfigError
+from triosim.schema import option
+
+
+@dataclass(frozen=True)
+class RooflineOptions:
+    source_gpu: str | None = option(None, help="the GPU the trace was taken on (default: the "
+                                    "trace's metadata)")  # fmt: skip
+    dtype: str | None = option(None, help="data type of the peak FLOP/s (default: the trace's)")
 
 
 @register("roofline")
 class Roofline(OperatorModel):
+    Options = RooflineOptions
+
     def __init__(self, trace, source_gpu: str | None = None, dtype: str | None = None):
         super().__init__(trace)
         name = source_gpu or trace.metadata.get("gpu")
         if not name:
             raise ConfigError("perfmodel.source_gpu", None,
                               "the GPU the trace was taken on (the trace metadata has none)")  # fmt: skip
-        self.source = hardware.gpu(name)
+        try:
+            self.source = hardware.gpu(name)
+        except ConfigError:
+            whose = "perfmodel.source_gpu" if source_gpu else "the trace's gpu (metadata)"
+            raise ConfigError("perfmodel.source_gpu", name, f"a GPU of the catalogue "
+                              f"({', '.join(hardware.GPUS)}); {whose} names one it does not "
+                              "know: set perfmodel.source_gpu to the closest one") from None  # fmt: skip
         self.dtype = dtype or trace.metadata.get("dtype", "float32")
         sums: dict[str, np.ndarray] = {}
         for op in trace.operators:
@@ -37,6 +55,10 @@ class Roofline(OperatorModel):
     def roof(self, op, gpu: hardware.GPU, target: Target) -> float:
         flops, nbytes = op_features(self.trace, op, target)
         return max(flops / gpu.flops_for(self.dtype), nbytes / gpu.memory_bandwidth)
+
+    def check_target(self, gpu) -> None:
+        if gpu is not None:
+            hardware.gpu(gpu)  # any catalogue GPU
 
     def time(self, op, target: Target = Target()) -> float:
         gpu = hardware.gpu(target.gpu) if target.gpu else self.source

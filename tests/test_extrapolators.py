@@ -4,7 +4,7 @@ import networkx as nx
 import pytest
 import simpy
 
-from extrapolators import Plan, Runtime
+from extrapolators import Runtime
 from extrapolators.tasks import Recv, Send
 from networks import PacketSwitchNetwork
 from networks import topology as topo
@@ -23,7 +23,10 @@ def sim(trace, n, mode, topology=None, batch_size=None, **par):
         "parallelism": {"mode": mode, **par},
         "topology": topology or {"kind": "ring", "bandwidth": 10 * GB, "latency": 1e-6},
     }
-    return Simulation(cfg, trace=trace).run()
+    s = Simulation(cfg, trace=trace)
+    r = s.run()
+    r.extrapolator = s.extrapolator  # the plan it ran (buckets, stages, roles) for the checks
+    return r
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8])
@@ -40,7 +43,7 @@ def test_dp_adds_exactly_the_ring_allreduce_time(n):
 def test_ring_allreduce_moves_2n_minus_1_over_n_per_gpu(n):
     t = chain_trace(batch=16)
     r = sim(t, n, "dp")
-    assert r.network.bytes_delivered == pytest.approx(n * 2 * (n - 1) / n * t.weight_bytes())
+    assert r.bytes_delivered == pytest.approx(n * 2 * (n - 1) / n * t.weight_bytes())
 
 
 @pytest.mark.parametrize("bw", [1 * GB, 10 * GB, 100 * GB])
@@ -162,7 +165,6 @@ def test_memory_does_not_grow_with_gpu_count():
     t = chain_trace(batch=1024)
     r = sim(t, 64, "ddp", {"kind": "switch", "bandwidth": 100 * GB})
     assert r.extrapolator.trace is t and len(r.timeline) > 64 * len(t.operators)
-    _ = Plan
 
 
 @pytest.mark.parametrize("op,steps,chunks", [
@@ -208,26 +210,33 @@ def test_all_to_all_on_fully_connected():
 
 def test_a_user_network_plugs_in_by_subclassing():
     # the paper's "Send and Deliver" point: a new network is one subclass, nothing else changes
+    from dataclasses import dataclass
+
     from networks import Network, register
+    from triosim.schema import option
+
+    @dataclass(frozen=True)
+    class DelayOptions:  # its config fields, with units, checked like every built-in part's
+        delay: float = option(1e-3, unit="seconds", ge=0, help="every transfer's time")
 
     @register("constant-delay")
     class ConstantDelay(Network):
-        def __init__(self, env, graph, delay=1e-3):
-            super().__init__(env, graph)
-            self.delay = delay
+        Options = DelayOptions
 
         def _start_group(self, records, events):
             for rec, ev in zip(records, events, strict=True):
-                self.env.timeout(self.delay).callbacks.append(
+                self.env.timeout(self.options.delay).callbacks.append(
                     lambda _e, r=rec, v=ev: self._deliver(r, v)
                 )
 
     t = chain_trace(batch=16)
     n = 4
     r = Simulation({"num_gpus": n, "parallelism": {"mode": "dp"},
-                    "network": {"kind": "constant-delay", "delay": 2e-3}}, trace=t).run()  # fmt: skip
+                    "network": {"kind": "constant-delay", "delay": "2 ms"}}, trace=t).run()  # fmt: skip
     compute = r.per_gpu()["compute"].max()
     assert r.iteration_time == pytest.approx(compute + 2 * (n - 1) * 2e-3)
+    with pytest.raises(ConfigError, match="network.delay.*a time in seconds"):
+        Simulation({"num_gpus": n, "network": {"kind": "constant-delay", "delay": "2 GB"}}, trace=t)
 
 
 def test_a_user_parallelism_mode_plugs_in():

@@ -89,11 +89,12 @@ def test_unknown_gpu_is_a_config_error():
 
 
 def test_per_kind_regression_recovers_coefficients_across_unaligned_traces():
-    # traces of different depths do not line up; every linear op obeys
+    # three traces of one model (same weights and layers) whose operator lists do not line
+    # up (one has no optimizer op); every linear op obeys
     # time = 3 us + FLOPs / 2e12 + bytes / 5e11, so the per-kind fit must find it
     traces = []
-    for layers, batch in ((2, 4), (3, 8), (5, 16)):
-        t = chain_trace(layers=layers, batch=batch, act_bytes=1e5 * batch)
+    for t_opt, batch in ((0.5e-3, 4), (0.0, 8), (0.5e-3, 16)):
+        t = chain_trace(layers=3, batch=batch, act_bytes=1e5 * batch, t_opt=t_opt)
         for k, op in enumerate(t.operators):
             op.flops = 1e9 * (k + 1) * batch
             f, b = op_features(t, op)
@@ -107,6 +108,12 @@ def test_per_kind_regression_recovers_coefficients_across_unaligned_traces():
     op = traces[0].operators[0]
     f, b = op_features(traces[0], op, Target(batch_size=32))
     assert m.time(op, Target(batch_size=32)) == pytest.approx(3e-6 + f / 2e12 + b / 5e11, rel=1e-3)
+
+
+def test_an_extra_trace_of_another_model_is_refused():
+    deeper = chain_trace(layers=5, batch=16)
+    with pytest.raises(ConfigError, match=r"perfmodel.extra_traces\[0\].*same model"):
+        LinearRegressionModel(chain_trace(layers=3, batch=8), extra_traces=[deeper])
 
 
 def test_roofline_save_load(tmp_path, chain):

@@ -1,55 +1,82 @@
-"""Typed, validated run configuration, loaded from YAML or a dict and saved beside outputs.
+"""The run configuration: one schema, loaded from YAML or a dict and checked before a run.
 
-Sizes, times and bandwidths accept numbers in base units (B, s, B/s) or strings with
-units ("25 MB", "1 us", "65 GB/s"). A bad value raises ConfigError naming the field,
-the value and what is allowed.
+A config has top-level fields (trace, num_gpus, batch_size, gpu, seed) and four sections.
+Each section has a few common fields and names a registered part (`parallelism.mode`,
+`topology.kind`, `network.kind`, `perfmodel.kind`) whose own `Options` dataclass declares
+the rest of the section's fields (triosim.schema). So a new part brings its own options
+and nothing here changes. Every refusal is a ConfigError naming the field, the value and
+what is allowed; a misspelt field gets a "did you mean", a field of another part names it.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import yaml
 
+from triosim import schema
 from triosim.errors import ConfigError
-from triosim.units import parse_bandwidth, parse_bytes, parse_seconds
+from triosim.schema import option
+
+IN_MEMORY = "<in memory>"  # the trace path of a trace a Python caller passed as an object
 
 
 @dataclass
 class ParallelismConfig:
-    mode: str = "single"
-    bucket_size: float = 25 * 2**20  # 25 MiB, PyTorch DDP's bucket_cap_mb default
-    first_bucket_size: float = 2**20  # PyTorch DDP's first bucket: 1 MiB
-    microbatches: int = 1
-    stages: list = field(default_factory=list)
-    collective: str = "ring"
-    dp: int = 1  # hybrid: data-parallel replicas
-    inner: str = "single"  # hybrid: mode inside each replica
+    mode: str = option("single", help="single | dp | ddp | tp | gpipe | 1f1b | hybrid | ...")
+    collective: str = option("ring", help="collective algorithm")
+    options: object = option(None, flatten=True)  # the mode's Options
 
 
 @dataclass
 class TopologyConfig:
-    kind: str = "ring"
-    bandwidth: float = 65e9
-    latency: float = 0.0
-    options: dict = field(default_factory=dict)  # builder-specific: rows, cols, radix, edges...
-    links: list = field(
-        default_factory=list
-    )  # per-link overrides {src, dst, bandwidth, latency, both}
+    kind: str = option("ring", help="a registered topology (ring, switch, mesh2d, ...)")
+    bandwidth: float = option(65e9, unit="bandwidth", gt=0, help="every link, per direction")
+    latency: float = option(0.0, unit="seconds", ge=0, help="every link")
+    links: list = option(factory=list, help="per-link overrides: [{src, dst, bandwidth, "
+                         "latency, both}]")  # fmt: skip
+    options: object = option(None, flatten=True)  # the topology's Options
 
 
 @dataclass
 class NetworkConfig:
-    kind: str = "packet"
-    options: dict = field(default_factory=dict)  # routing; photonic: total_bandwidth, links, ...
+    kind: str = option("packet", help="packet (max-min fair flows) | photonic (circuits)")
+    options: object = option(None, flatten=True)
 
 
 @dataclass
 class PerfModelConfig:
-    kind: str = "regression"
-    extra_traces: list = field(default_factory=list)
-    options: dict = field(default_factory=dict)
+    kind: str = option("regression", help="trace | regression | roofline")
+    options: object = option(None, flatten=True)
+
+
+@dataclass
+class TopLevel:
+    trace: str = option(help="trace file (relative to the config file) or TrioSim CSV folder")
+    num_gpus: int = option(1, ge=1, help="GPUs in the system")
+    batch_size: int | float | None = option(None, gt=0,
+                                            help="global mini-batch (default: the traced one)")  # fmt: skip
+    gpu: str | None = option(None, help="target GPU from the catalogue (default: the traced one)")
+    seed: int = option(0, ge=0, help="seed for anything random")
+
+
+def _sections():
+    """name -> (section class, selector field, registry of parts); imported lazily so that
+    loading the trace model or the CLI's help does not pull in every part."""
+    from extrapolators import EXTRAPOLATORS
+    from networks import NETWORKS
+    from networks.topology import TOPOLOGIES
+    from perfmodel import MODELS
+
+    return {
+        "parallelism": (ParallelismConfig, "mode", EXTRAPOLATORS),
+        "topology": (TopologyConfig, "kind", TOPOLOGIES),
+        "network": (NetworkConfig, "kind", NETWORKS),
+        "perfmodel": (PerfModelConfig, "kind", MODELS),
+    }
 
 
 @dataclass
@@ -58,142 +85,153 @@ class Config:
     num_gpus: int = 1
     batch_size: float | None = None
     gpu: str | None = None
+    seed: int = 0
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
     perfmodel: PerfModelConfig = field(default_factory=PerfModelConfig)
-    seed: int = 0
-    base_dir: str = "."  # where relative trace paths start (the config file's folder)
+    base_dir: str = "."  # where relative paths start (the config file's folder)
 
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d.pop("base_dir")
-        return d
-
-    def save(self, path) -> Path:
-        path = Path(path)
-        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
-        return path
-
-    def trace_path(self, p: str | None = None) -> Path:
-        p = Path(p or self.trace)
+    def resolve(self, p: str) -> Path:
+        p = Path(p)
         return p if p.is_absolute() else Path(self.base_dir) / p
 
+    def trace_path(self, p: str | None = None) -> Path:
+        return self.resolve(p or self.trace)
 
-def _take(section: str, data, cls, convert: dict):
-    if data is None:
-        return cls()
-    if not isinstance(data, dict):
-        raise ConfigError(section, data, "a mapping")
-    names = {f.name for f in fields(cls)}
-    out = {}
-    extra = {}
-    for k, v in data.items():
-        if k not in names:
-            if "options" in names:
-                extra[k] = v  # builder/network-specific keys, checked where they are used
-                continue
-            raise ConfigError(f"{section}.{k}" if section else k, v,
-                              f"a known field: {', '.join(sorted(names - {'base_dir'}))}")  # fmt: skip
-        out[k] = convert[k](v, f"{section}.{k}" if section else k) if k in convert else v
-    if extra:
-        out["options"] = {**out.get("options", {}), **extra}
-    return cls(**out)
+    def to_dict(self) -> dict:
+        """Plain values in base units (bytes, seconds, bytes/s): what `from_dict` reads."""
+        d = {f.name: getattr(self, f.name) for f in fields(TopLevel)}
+        for name in ("parallelism", "topology", "network", "perfmodel"):
+            d[name] = schema.dump(getattr(self, name))
+        return d
 
+    def rebased(self, folder) -> Config:
+        """A copy whose relative paths start at `folder` (where it will be saved)."""
+        folder = Path(folder).resolve()
 
-def _int_at_least(minimum):
-    def conv(v, name):
-        if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
-            raise ConfigError(name, v, f"an integer >= {minimum}")
-        return v
+        def move(p: str) -> str:
+            if p == IN_MEMORY:
+                return p
+            return os.path.relpath(self.resolve(p).resolve(), folder)
 
-    return conv
+        perf = dataclasses.replace(self.perfmodel, options=_map_paths(self.perfmodel.options, move))
+        return dataclasses.replace(self, trace=move(self.trace), perfmodel=perf,
+                                   base_dir=str(folder))  # fmt: skip
 
-
-def _choice(allowed):
-    def conv(v, name):
-        if v not in allowed:
-            raise ConfigError(name, v, f"one of {', '.join(allowed)}")
-        return v
-
-    return conv
+    def save(self, path) -> Path:
+        """Write the config so that it re-runs from where it is saved."""
+        path = Path(path)
+        text = yaml.safe_dump(self.rebased(path.parent).to_dict(), sort_keys=False)
+        path.write_text(text)
+        return path
 
 
-def _mode(v, name):
-    from extrapolators import EXTRAPOLATORS  # registered modes, user-added ones included
-
-    return _choice(EXTRAPOLATORS.names())(v, name)
-
-
-def _positive_batch(v, name):
-    if v is None:
+def _map_paths(options, fn):
+    """Apply `fn` to the fields an options object marks as paths (`path=True`)."""
+    if options is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
-        raise ConfigError(name, v, "a number > 0 (or null for the traced batch size)")
-    return v
+    changes = {}
+    for f in fields(options):
+        if f.metadata.get("path"):
+            v = getattr(options, f.name)
+            changes[f.name] = [fn(x) for x in v] if isinstance(v, list) else fn(v)
+    return dataclasses.replace(options, **changes) if changes else options
 
 
-def _parsed(parse, ok, allowed):
-    """A converter: parse a value with units, then check it (e.g. > 0)."""
-
-    def conv(v, name):
-        x = parse(v, name)
-        if not ok(x):
-            raise ConfigError(name, v, allowed)
-        return x
-
-    return conv
+# -- loading --------------------------------------------------------------------------------
 
 
-_positive_bw = _parsed(parse_bandwidth, lambda x: x > 0, "a bandwidth > 0, e.g. '65 GB/s'")
-_nonneg_time = _parsed(parse_seconds, lambda x: x >= 0, "a time >= 0, e.g. '1 us'")
-_positive_bytes = _parsed(parse_bytes, lambda x: x > 0, "a size > 0, e.g. '25 MB'")
+def _owners(sections) -> dict[str, dict[str, list[str]]]:
+    """field name -> {"parallelism mode": ["1f1b", "gpipe"], "section": ["topology"]}."""
+    owners: dict[str, dict[str, list[str]]] = {}
+    for name, (cls, selector, registry) in sections.items():
+        for f in schema.field_names(cls):
+            owners.setdefault(f, {}).setdefault("section", []).append(name)
+        for kind, part in registry.items():
+            for f in _part_fields(part):
+                owners.setdefault(f, {}).setdefault(f"{name} {selector}", []).append(kind)
+    return owners
 
 
-def _str_or_none(v, name):
-    if v is not None and not isinstance(v, str):
-        raise ConfigError(name, v, "a name (string)")
-    return v
+def _part_fields(part) -> list[str]:
+    opts = getattr(part, "Options", schema.NoOptions)
+    return schema.field_names(opts)
 
 
-def _list(v, name):
-    if not isinstance(v, list):
-        raise ConfigError(name, v, "a list")
-    return v
+def _elsewhere(owners, exclude: str) -> dict[str, str]:
+    """field -> its owners in words ("parallelism mode '1f1b' or 'gpipe'"), leaving out the
+    fields `exclude` ("network kind 'packet'", or a section name) itself has."""
+    out = {}
+    for f, by in owners.items():
+        if any(exclude in (f"{label} '{k}'" if label != "section" else k) for label, kinds in
+               by.items() for k in kinds):  # fmt: skip
+            continue
+        out[f] = " or ".join(
+            f"{label} {' or '.join(repr(k) for k in kinds)}" for label, kinds in by.items()
+        )
+    return out
+
+
+def _load_section(name, data, sections, owners):
+    cls, selector, registry = sections[name]
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(name, data, "a mapping of fields")
+    data = dict(data)
+    nested = data.pop("options", None)  # older configs nest part options under `options:`
+    if nested is not None:
+        if not isinstance(nested, dict):
+            raise ConfigError(f"{name}.options", nested, "a mapping of fields")
+        both = sorted(set(nested) & set(data))
+        if both:
+            raise ConfigError(f"{name}.{both[0]}", nested[both[0]], "set once, not also in options")
+        data.update(nested)
+    common_names = schema.field_names(cls)
+    section = schema.load(cls, {k: v for k, v in data.items() if k in common_names}, name)
+    # (unknown keys go to the part below, whose message lists both sets of fields)
+    kind = getattr(section, selector)
+    part = registry.get(kind)
+    rest = {k: v for k, v in data.items() if k not in common_names}
+    label = f"{name} {selector} '{kind}'"
+    elsewhere = _elsewhere(owners, label)
+    if hasattr(part, "load_options"):
+        opts = part.load_options(rest, name, elsewhere, also=tuple(common_names))
+    else:
+        opts = schema.load(getattr(part, "Options", schema.NoOptions), rest, name,
+                           elsewhere=elsewhere, owner=label, also=tuple(common_names))  # fmt: skip
+    section.options = opts
+    return section
 
 
 def from_dict(data: dict, base_dir=".") -> Config:
+    """Check every field of a config mapping (as YAML gives it) and build the Config."""
     if not isinstance(data, dict):
         raise ConfigError("config", data, "a mapping of fields")
-    top = {k: v for k, v in data.items()
-           if k not in ("parallelism", "topology", "network", "perfmodel")}  # fmt: skip
-    cfg = _take("", top, Config, {
-        "trace": lambda v, n: v if isinstance(v, str) and v else (_ for _ in ()).throw(
-            ConfigError(n, v, "the path of a trace file")),
-        "num_gpus": _int_at_least(1),
-        "batch_size": _positive_batch,
-        "gpu": _str_or_none,
-        "seed": _int_at_least(0),
-    })  # fmt: skip
-    cfg.parallelism = _take("parallelism", data.get("parallelism"), ParallelismConfig, {
-        "mode": _mode,
-        "bucket_size": _positive_bytes,
-        "first_bucket_size": _positive_bytes,
-        "microbatches": _int_at_least(1),
-        "stages": _list,
-        "dp": _int_at_least(1),
-        "inner": _mode,
-    })  # fmt: skip
-    cfg.topology = _take("topology", data.get("topology"), TopologyConfig, {
-        "bandwidth": _positive_bw, "latency": _nonneg_time, "links": _list,
-    })  # fmt: skip
-    cfg.network = _take("network", data.get("network"), NetworkConfig, {})
-    cfg.perfmodel = _take(
-        "perfmodel", data.get("perfmodel"), PerfModelConfig, {"extra_traces": _list}
-    )
-    if not cfg.trace:
-        raise ConfigError("trace", None, "the path of a trace file")
-    cfg.base_dir = str(base_dir)
+    sections = _sections()
+    owners = _owners(sections)
+    top_data = {k: v for k, v in data.items() if k not in sections}
+    top = schema.load(TopLevel, top_data, "", elsewhere=_elsewhere(owners, "top level"),
+                      owner="the top level")  # fmt: skip
+    cfg = Config(**{f.name: getattr(top, f.name) for f in fields(TopLevel)}, base_dir=str(base_dir))
+    if cfg.gpu is not None:
+        from triosim import hardware
+
+        cfg.gpu = hardware.gpu(cfg.gpu).name
+    for name in sections:
+        setattr(cfg, name, _load_section(name, data.get(name), sections, owners))
+    from networks.topology import LinkSpec
+
+    cfg.topology.links = [
+        x if isinstance(x, LinkSpec) else schema.load(LinkSpec, x, f"topology.links[{k}]")
+        for k, x in enumerate(cfg.topology.links)
+    ]
+    from extrapolators import collectives
+
+    if cfg.parallelism.collective not in collectives.names():
+        raise ConfigError("parallelism.collective", cfg.parallelism.collective,
+                          f"one of {', '.join(collectives.names())}")  # fmt: skip
     return cfg
 
 
@@ -208,12 +246,53 @@ def set_field(data: dict, dotted: str, value) -> None:
     node[parts[-1]] = value
 
 
-def load_config(path) -> Config:
+def read_yaml(path) -> dict:
+    """A config file's mapping; every way a file can be wrong is a ConfigError."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError("config file", str(path), "a YAML file, not a folder")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError("config file", str(path), "an existing YAML file") from None
+    except PermissionError:
+        raise ConfigError("config file", str(path), "a file you may read") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            "config file", str(path), f"UTF-8 text ({e.reason} at byte {e.start})"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError("config file", str(path), f"valid YAML ({e})") from None
-    return from_dict(data or {}, base_dir=path.parent)
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError("config file", str(path), f"valid YAML ({problem}{where})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError("config file", str(path), "a YAML mapping of fields at the top level")
+    return data
+
+
+def load_config(path) -> Config:
+    path = Path(path)
+    return from_dict(read_yaml(path), base_dir=path.parent)
+
+
+def fields_help() -> str:
+    """Every config field, section by section and part by part, from the schema."""
+    lines = ["config fields (YAML; sizes, times and bandwidths take units):", ""]
+    for f, what, help_ in schema.describe(TopLevel):
+        lines.append(f"  {f:<22} {help_} [{what}]")
+    for name, (cls, selector, registry) in _sections().items():
+        lines.append(f"\n  {name}:")
+        for f, what, help_ in schema.describe(cls):
+            lines.append(f"    {f:<20} {help_} [{what}]")
+        for kind, part in registry.items():
+            rows = schema.describe(getattr(part, "Options", schema.NoOptions))
+            if rows:
+                lines.append(f"    with {selector}: {kind}")
+                for f, what, help_ in rows:
+                    lines.append(f"      {f:<18} {help_} [{what}]")
+    return "\n".join(lines)

@@ -5,6 +5,7 @@ Times are seconds and sizes bytes in every DataFrame; `summary()` and the CLI pr
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -19,15 +20,29 @@ def _intervals(df):
 
 
 class Result:
-    def __init__(self, rows, network, runtime, config, extrapolator, wall_time: float):
+    """A plain record of one run: picklable, holding no live simulation objects.
+
+    `timeline` has one row per task (COLUMNS); `per_link()` one row per link direction
+    with the same columns for every network; `config` is the resolved Config.
+    """
+
+    def __init__(self, rows, gpus, config, links, transfers, collective_bytes,
+                 bytes_delivered, network_stats, wall_time, trace=None):  # fmt: skip
         self.timeline = pd.DataFrame(rows, columns=list(COLUMNS))
-        self.network = network
+        self.gpus = list(gpus)
         self.config = config
-        self.extrapolator = extrapolator
-        self.wall_time = wall_time
-        self.collective_bytes = dict(runtime.collective_bytes)
         self.iteration_time = float(self.timeline["end"].max()) if len(self.timeline) else 0.0
-        self.gpus = list(network.gpus)
+        links = links.copy()
+        links["utilisation"] = (
+            links["busy_time"] / self.iteration_time if self.iteration_time else 0.0
+        )
+        self.links = links
+        self._transfers = transfers
+        self.collective_bytes = dict(collective_bytes)
+        self.bytes_delivered = float(bytes_delivered)
+        self.network_stats = dict(network_stats)
+        self.wall_time = wall_time
+        self.trace = trace  # only for a trace passed in memory: saved beside the config
         self._per_gpu = None  # the timeline is final: compute the breakdown once
 
     # -- breakdowns ----------------------------------------------------------------------------
@@ -64,10 +79,13 @@ class Result:
         return table[["compute", "comm"]] / max(len(self.gpus), 1)
 
     def per_link(self) -> pd.DataFrame:
-        return self.network.link_stats()
+        """Per link direction: bandwidth, latency, bytes, busy time, utilisation (busy share
+        of the iteration)."""
+        return self.links.copy()
 
     def transfers(self) -> pd.DataFrame:
-        return self.network.transfers()
+        """One row per transfer: src, dst, nbytes, start, end, tag."""
+        return self._transfers.copy()
 
     # -- reports -------------------------------------------------------------------------------
     def summary_dict(self) -> dict:
@@ -81,7 +99,7 @@ class Result:
             "comm_ms_mean": float(g["comm"].mean()) * 1e3,
             "exposed_comm_ms_mean": float(g["exposed_comm"].mean()) * 1e3,
             "idle_ms_mean": float(g["idle"].mean()) * 1e3,
-            "bytes_moved": float(self.network.bytes_delivered),
+            "bytes_moved": self.bytes_delivered,
             "collective_bytes": self.collective_bytes,
             "simulation_wall_s": self.wall_time,
         }
@@ -121,7 +139,7 @@ class Result:
         events.append(
             {"ph": "M", "name": "process_name", "pid": net_pid, "args": {"name": "network"}}
         )
-        for r in self.network.records:
+        for r in self._transfers.itertuples(index=False):
             events.append({"ph": "X", "name": r.tag or "transfer", "cat": "transfer", "pid": net_pid,
                            "tid": f"{r.src}->{r.dst}", "ts": r.start * 1e6,
                            "dur": (r.end - r.start) * 1e6, "args": {"bytes": r.nbytes}})  # fmt: skip
@@ -170,5 +188,13 @@ class Result:
         self.to_chrome_trace(folder / "chrome_trace.json")
         self.plot_timeline(folder / "timeline.png")
         if self.config is not None:
-            self.config.save(folder / "config.yaml")
+            config = self.config
+            if self.trace is not None:  # a trace passed in memory: keep it beside the config
+                from triosim.trace import save as save_trace
+
+                save_trace(self.trace, folder / "trace.json.gz")
+                config = dataclasses.replace(
+                    config, trace=str((folder / "trace.json.gz").resolve())
+                )
+            config.save(folder / "config.yaml")
         return folder

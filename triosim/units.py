@@ -1,8 +1,11 @@
 """Units: seconds, bytes and bytes/second inside; parse and format at the edges.
 
-Config values may be numbers in base units (s, B, B/s) or strings with a unit,
-e.g. "65 GB/s", "2 us", "25 MB". Decimal prefixes (GB = 1e9) as link and GPU
-spec sheets use them; binary prefixes (GiB = 2**30) are accepted too.
+Config values may be numbers in base units (s, B, B/s) or strings with a unit:
+"25 MB", "1.5 GiB" (sizes), "2 us", "20 ms" (times), "65 GB/s" (bytes per second) or
+"400 Gb/s" (bits per second). Decimal prefixes (GB = 1e9) as link and GPU spec sheets
+use them; binary prefixes (GiB = 2**30) too. Case matters: `B` is a byte and `b` a bit,
+`M` is mega and `m` milli, so a spelling whose case does not fit one unit ("65 gb/s",
+"1 MS") is refused rather than guessed.
 """
 
 from __future__ import annotations
@@ -12,47 +15,70 @@ import re
 
 from triosim.errors import ConfigError
 
-_SIZE = {
-    "B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12,
-    "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40,
-}  # fmt: skip
-_TIME = {"S": 1.0, "MS": 1e-3, "US": 1e-6, "NS": 1e-9, "PS": 1e-12}
-_RE = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z/]*)\s*$")
+_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+           "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}  # fmt: skip
+BYTES = {p + "B": v for p, v in _PREFIX.items()}
+BITS = {p + "b": v / 8 for p, v in _PREFIX.items() if "i" not in p}  # in bytes
+SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "ps": 1e-12}
+RATES = {**{k + "/s": v for k, v in BYTES.items()}, **{k + "/s": v for k, v in BITS.items()}}
+
+_RE = re.compile(
+    r"^\s*([-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?|[-+]?inf)\s*(\S*)\s*$"
+)
+
+KINDS = {
+    "bytes": (BYTES, "a size in bytes", "'25 MiB', '1.5 GB'"),
+    "seconds": (SECONDS, "a time in seconds", "'2 us', '20 ms'"),
+    "bandwidth": (RATES, "a bandwidth in bytes/s", "'65 GB/s' (bytes) or '400 Gb/s' (bits)"),
+}
 
 
-def _parse(value, field: str, table: dict, suffix: str, what: str) -> float:
+def parse(value, kind: str, field: str) -> float:
+    """A number in base units, or a string with a unit of this kind, as a float."""
+    table, what, examples = KINDS[kind]
     if isinstance(value, bool):
-        raise ConfigError(field, value, f"a {what}")
+        raise ConfigError(field, value, f"{what}: a number or a string such as {examples}")
     if isinstance(value, (int, float)):
         number = float(value)
     elif isinstance(value, str):
         m = _RE.match(value)
-        unit = m.group(2).upper() if m else None
-        if suffix and unit and unit.endswith(suffix):
-            unit = unit[: -len(suffix)]
-        if m is None or (unit or "B" if table is _SIZE else unit or "S") not in table:
-            allowed = ", ".join(k + suffix for k in table)
-            raise ConfigError(
-                field, value, f"a {what}: a number or a string with a unit ({allowed})"
-            )
-        number = float(m.group(1)) * table[unit or ("B" if table is _SIZE else "S")]
+        if m is None:
+            raise ConfigError(field, value, f"{what}: a number or a string such as {examples}")
+        unit = m.group(2)
+        if unit and unit not in table:
+            raise ConfigError(field, value, f"{what}; {_hint(unit, kind)}")
+        number = float(m.group(1)) * (table[unit] if unit else 1.0)
     else:
-        raise ConfigError(field, value, f"a {what}")
+        raise ConfigError(field, value, f"{what}: a number or a string such as {examples}")
     if math.isnan(number):
-        raise ConfigError(field, value, f"a {what}, not NaN")
+        raise ConfigError(field, value, f"{what}, not NaN")
     return number
 
 
+def _hint(unit: str, kind: str) -> str:
+    """Why a unit was refused: another kind of quantity, or a spelling of unclear case."""
+    for other, (table, what, _) in KINDS.items():
+        if other != kind and unit in table:
+            return f"'{unit}' is {what.split(' in ')[0]}, not {KINDS[kind][1].split(' in ')[0]}"
+    if kind == "bytes" and unit in BITS:
+        return f"'{unit}' is bits; sizes are in bytes (B, KiB, MB, ...)"
+    if kind == "bandwidth" and unit.lower().endswith("ps"):
+        return f"write '/s': '{unit[:-2]}/s' (B for bytes, b for bits)"
+    same = [u for u in KINDS[kind][0] if u.lower() == unit.lower()]
+    if same:
+        return f"units are case-sensitive (B byte, b bit, M mega, m milli): did you mean {' or '.join(repr(u) for u in same)}?"  # fmt: skip
+    allowed = ", ".join(u for u in KINDS[kind][0] if u[:2] not in ("KB", "Kb") and u != "µs")
+    return f"unknown unit '{unit}' (allowed: {allowed})"
+
+
 def parse_bytes(value, field: str = "size") -> float:
-    return _parse(value, field, _SIZE, "", "size in bytes")
+    return parse(value, "bytes", field)
 
 
 def parse_seconds(value, field: str = "time") -> float:
-    return _parse(value, field, _TIME, "", "time in seconds")
+    return parse(value, "seconds", field)
 
 
 def parse_bandwidth(value, field: str = "bandwidth") -> float:
-    """Bytes per second; strings like '65 GB/s' or '400 Gb/s' (bits) are accepted."""
-    if isinstance(value, str) and re.search(r"[0-9.\s][KMGT]?b/s\s*$", value):
-        return _parse(value.replace("b/s", "B/s"), field, _SIZE, "/S", "bandwidth") / 8
-    return _parse(value, field, _SIZE, "/S", "bandwidth")
+    """Bytes per second; '65 GB/s' is bytes, '400 Gb/s' is bits (50 GB/s)."""
+    return parse(value, "bandwidth", field)
