@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from extrapolators.base import Extrapolator
-from extrapolators.tasks import Collective, Recv, Send, Signal, Wait
+from extrapolators.tasks import Collective, Signal, Wait, prefixed
 from triosim import schema
 from triosim.errors import ConfigError
 from triosim.schema import option
@@ -81,7 +81,7 @@ class Hybrid(Extrapolator):
         out = {}
         for r, rep in enumerate(self.replicas):
             for (gpu, stream), tasks in rep.streams().items():
-                tasks = _prefixed(tasks, f"r{r}/")
+                tasks = prefixed(tasks, f"r{r}/")
                 out[(gpu, stream)] = self._hooked(gpu, tasks) if stream == "compute" else tasks
             for gpu in rep.gpus:
                 out[(gpu, "dp")] = self._reduce(gpu)
@@ -109,11 +109,3 @@ class Hybrid(Extrapolator):
                              f"dp:{self.gpus.index(peers[0])}", layer="gradients",
                              phase="backward", algorithm=self.collective)  # fmt: skip
         yield Signal(f"{gpu}:dp-reduced")
-
-
-def _prefixed(tasks, prefix: str):
-    """Rename every meeting key of a replica's tasks so replicas stay apart."""
-    for t in tasks:
-        if isinstance(t, (Collective, Send, Recv, Signal, Wait)):
-            t = dataclasses.replace(t, key=prefix + t.key)
-        yield t

@@ -15,7 +15,8 @@ from extrapolators import collectives
 from extrapolators.tasks import Collective, Compute, Recv, Send, Signal, Wait
 from triosim.errors import DeadlockError, SimulationError
 
-COLUMNS = ("gpu", "stream", "kind", "name", "layer", "phase", "start", "end", "nbytes", "key")
+COLUMNS = ("gpu", "stream", "kind", "name", "layer", "phase", "start", "end", "nbytes", "key",
+           "iteration")  # fmt: skip
 
 
 class Runtime:
@@ -37,37 +38,48 @@ class Runtime:
             ev = self._events[key] = self.env.event()
         return ev
 
-    def start(self, gpu, stream: str, tasks) -> None:
-        self._procs[(gpu, stream)] = self.env.process(self._run(gpu, stream, iter(tasks)))
+    def start(self, gpu, stream: str, tasks, iteration: int = 0, after=()) -> None:
+        """Run `tasks` on (gpu, stream) as part of `iteration`, once the events named in
+        `after` (see `done_key`) have fired; `done_key(...)` fires when they are done."""
+        who = (gpu, stream, iteration)
+        self._procs[who] = self.env.process(self._run(who, iter(tasks), tuple(after)))
+
+    @staticmethod
+    def done_key(gpu, stream: str, iteration: int) -> str:
+        return f"done:{iteration}:{gpu}:{stream}"
 
     # -- execution ------------------------------------------------------------------------
-    def _run(self, gpu, stream, tasks):
+    def _run(self, who, tasks, after):
         env, rows = self.env, self.rows
+        gpu, stream, it = who
+        for key in after:
+            self._waiting[who] = Wait(key)
+            yield self.event(key)
         for task in tasks:
             self.tasks_started += 1
-            self._waiting[(gpu, stream)] = task
+            self._waiting[who] = task
             start = env.now
             if type(task) is Compute:
                 if task.duration:
                     yield env.timeout(task.duration)
                 rows.append((gpu, stream, "compute", task.name, task.layer, task.phase,
-                             start, env.now, 0.0, None))  # fmt: skip
+                             start, env.now, 0.0, None, it))  # fmt: skip
             elif type(task) is Collective:
                 begin = yield from self._collective(gpu, task)
                 if begin > start:
                     rows.append((gpu, stream, "wait", f"wait {task.op}", task.layer, task.phase,
-                                 start, begin, 0.0, task.key))  # fmt: skip
+                                 start, begin, 0.0, task.key, it))  # fmt: skip
                 rows.append((gpu, stream, "comm", task.op, task.layer, task.phase, begin,
-                             env.now, task.nbytes, task.key))  # fmt: skip
+                             env.now, task.nbytes, task.key, it))  # fmt: skip
             elif type(task) is Send:
                 yield self.network.transfer(gpu, task.dst, task.nbytes, tag=task.key)
                 self.event("p2p:" + task.key).succeed()
                 rows.append((gpu, stream, "comm", f"send to {task.dst}", task.layer, task.phase,
-                             start, env.now, task.nbytes, task.key))  # fmt: skip
+                             start, env.now, task.nbytes, task.key, it))  # fmt: skip
             elif type(task) is Recv:
                 yield self.event("p2p:" + task.key)
                 rows.append((gpu, stream, "wait", f"recv from {task.src}", task.layer, task.phase,
-                             start, env.now, 0.0, task.key))  # fmt: skip
+                             start, env.now, 0.0, task.key, it))  # fmt: skip
             elif type(task) is Signal:
                 ev = self.event(task.key)
                 if ev.triggered:
@@ -77,12 +89,13 @@ class Runtime:
                 yield self.event(task.key)
                 if env.now > start:
                     rows.append(
-                        (gpu, stream, "wait", "wait", "", "", start, env.now, 0.0, task.key)
+                        (gpu, stream, "wait", "wait", "", "", start, env.now, 0.0, task.key, it)
                     )
             else:
                 raise SimulationError(f"GPU {gpu} {stream}: unknown task {task!r}")
             self.tasks_finished += 1
-        self._waiting.pop((gpu, stream), None)
+        self._waiting.pop(who, None)
+        self.event(self.done_key(gpu, stream, it)).succeed()
 
     def _collective(self, gpu, task: Collective):
         """Meet the other members; the last to arrive runs the algorithm. Returns its start."""
@@ -116,16 +129,21 @@ class Runtime:
     def check_finished(self) -> None:
         """Raise DeadlockError naming every stream that still has work."""
         stuck = []
-        for (gpu, stream), task in sorted(self._waiting.items(), key=lambda kv: repr(kv[0])):
+        for who, task in sorted(self._waiting.items(), key=lambda kv: repr(kv[0])):
             what = _describe(task)
             if isinstance(task, Collective) and task.key in self._meet:
                 what += f" (missing GPUs {sorted(self._meet[task.key]['left'], key=repr)})"
-            stuck.append((f"GPU {gpu} {stream} stream", what))
-        for (gpu, stream), proc in self._procs.items():
-            if not proc.triggered and (gpu, stream) not in self._waiting:
-                stuck.append((f"GPU {gpu} {stream} stream", "unfinished"))
+            stuck.append((_name(who), what))
+        for who, proc in self._procs.items():
+            if not proc.triggered and who not in self._waiting:
+                stuck.append((_name(who), "unfinished"))
         if stuck:
             raise DeadlockError(stuck)
+
+
+def _name(who) -> str:
+    gpu, stream, it = who
+    return f"GPU {gpu} {stream} stream" + (f" (iteration {it})" if it else "")
 
 
 def _describe(task) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 
@@ -55,3 +56,12 @@ class Signal:
 @dataclass(slots=True)
 class Wait:
     key: str
+
+
+def prefixed(tasks, prefix: str):
+    """Rename every meeting key (collectives, sends, signals) so that copies of a plan,
+    such as replicas or iterations, never meet by accident."""
+    for t in tasks:
+        if isinstance(t, (Collective, Send, Recv, Signal, Wait)):
+            t = dataclasses.replace(t, key=prefix + t.key)
+        yield t

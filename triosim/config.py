@@ -61,6 +61,8 @@ class TopLevel:
                                             help="global mini-batch (default: the traced one)")  # fmt: skip
     gpu: str | None = option(None, help="target GPU from the catalogue (default: the traced one)")
     seed: int = option(0, ge=0, help="seed for anything random")
+    iterations: int = option(1, ge=1, help="back-to-back training iterations; results report "
+                             "the first and the steady-state (last) one")  # fmt: skip
 
 
 def _sections():
@@ -86,6 +88,7 @@ class Config:
     batch_size: float | None = None
     gpu: str | None = None
     seed: int = 0
+    iterations: int = 1
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)

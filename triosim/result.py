@@ -31,11 +31,17 @@ class Result:
         self.timeline = pd.DataFrame(rows, columns=list(COLUMNS))
         self.gpus = list(gpus)
         self.config = config
-        self.iteration_time = float(self.timeline["end"].max()) if len(self.timeline) else 0.0
+        tl = self.timeline
+        ends = tl.groupby("iteration")["end"].max().sort_index() if len(tl) else pd.Series([0.0])
+        # iteration k ends when its last task does; its time is measured from the end of k-1
+        self.iteration_ends = [float(x) for x in ends]
+        starts = [0.0, *self.iteration_ends[:-1]]
+        self.iteration_times = [b - a for a, b in zip(starts, self.iteration_ends, strict=True)]
+        self.first_iteration_time = self.iteration_times[0]
+        self.iteration_time = self.iteration_times[-1]  # the steady state when iterations > 1
+        self.total_time = self.iteration_ends[-1]
         links = links.copy()
-        links["utilisation"] = (
-            links["busy_time"] / self.iteration_time if self.iteration_time else 0.0
-        )
+        links["utilisation"] = links["busy_time"] / self.total_time if self.total_time else 0.0
         self.links = links
         self._transfers = transfers
         self.collective_bytes = dict(collective_bytes)
@@ -53,9 +59,11 @@ class Result:
         return self._per_gpu.copy()
 
     def _breakdown(self) -> pd.DataFrame:
+        """Over the last (steady-state) iteration's tasks."""
         out = []
-        groups = dict(tuple(self.timeline.groupby("gpu", sort=False)))
-        empty = self.timeline.iloc[:0]
+        last = self.timeline[self.timeline["iteration"] == len(self.iteration_times) - 1]
+        groups = dict(tuple(last.groupby("gpu", sort=False)))
+        empty = last.iloc[:0]
         for g in self.gpus:
             d = groups.get(g, empty)
             comp = d[d["kind"] == "compute"]
@@ -64,7 +72,7 @@ class Result:
             m = union_length(*_intervals(comm))
             both = union_length(*_intervals(pd.concat([comp, comm])))
             out.append({"gpu": g, "compute": c, "comm": m, "exposed_comm": both - c,
-                        "idle": self.iteration_time - both})  # fmt: skip
+                        "idle": max(self.iteration_time - both, 0.0)})  # fmt: skip
         return pd.DataFrame(out).set_index("gpu")
 
     def per_layer(self) -> pd.DataFrame:
@@ -94,7 +102,9 @@ class Result:
         return {
             "mode": c.parallelism.mode if c else None,
             "num_gpus": len(self.gpus),
+            "iterations": len(self.iteration_times),
             "iteration_time_ms": self.iteration_time * 1e3,
+            "first_iteration_time_ms": self.first_iteration_time * 1e3,
             "compute_ms_mean": float(g["compute"].mean()) * 1e3,
             "comm_ms_mean": float(g["comm"].mean()) * 1e3,
             "exposed_comm_ms_mean": float(g["exposed_comm"].mean()) * 1e3,
@@ -109,7 +119,15 @@ class Result:
         rows = [
             ("mode", s["mode"]),
             ("GPUs", s["num_gpus"]),
-            ("iteration time", f"{s['iteration_time_ms']:.4f} ms"),
+            *(
+                [
+                    ("iterations", s["iterations"]),
+                    ("iteration time (steady state)", f"{s['iteration_time_ms']:.4f} ms"),
+                    ("first iteration", f"{s['first_iteration_time_ms']:.4f} ms"),
+                ]
+                if s["iterations"] > 1
+                else [("iteration time", f"{s['iteration_time_ms']:.4f} ms")]
+            ),
             ("compute / GPU (mean)", f"{s['compute_ms_mean']:.4f} ms"),
             ("communication / GPU (mean)", f"{s['comm_ms_mean']:.4f} ms"),
             ("exposed communication (mean)", f"{s['exposed_comm_ms_mean']:.4f} ms"),

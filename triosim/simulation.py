@@ -17,6 +17,7 @@ import simpy
 
 from extrapolators import Runtime, extrapolator_class
 from extrapolators.collectives import ring_order
+from extrapolators.tasks import prefixed
 from networks import network_class
 from networks import topology as topo
 from networks.base import gpu_nodes, validate_graph
@@ -90,8 +91,7 @@ class Simulation:
         env = simpy.Environment()
         net = network_class(cfg.network.kind)(env, self.graph, cfg.network.options)
         runtime = Runtime(env, net)
-        for (gpu, stream), tasks in self.extrapolator.streams().items():
-            runtime.start(gpu, stream, tasks)
+        self._start_iterations(runtime, cfg.iterations)
         env.run()
         runtime.check_finished()
         check_conservation(runtime, net)
@@ -107,6 +107,20 @@ class Simulation:
             wall_time=time.perf_counter() - wall,
             trace=self.trace if cfg.trace == IN_MEMORY else None,
         )
+
+    def _start_iterations(self, runtime: Runtime, k_max: int) -> None:
+        """K back-to-back iterations on one network (so state such as photonic circuits
+        carries over): a GPU's streams of iteration k start once all its streams of
+        iteration k-1 are done (its next forward waits for its optimizer step)."""
+        previous: dict = {}
+        for k in range(k_max):
+            streams = self.extrapolator.streams()
+            current: dict = {}
+            for (gpu, stream), tasks in streams.items():
+                after = [runtime.done_key(gpu, s, k - 1) for s in previous.get(gpu, ())]
+                runtime.start(gpu, stream, prefixed(tasks, f"it{k}/") if k else tasks, k, after)
+                current.setdefault(gpu, []).append(stream)
+            previous = current
 
 
 def _recorded(graph, section):
