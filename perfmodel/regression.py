@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from sklearn.linear_model import LinearRegression
 
 from perfmodel.base import (
     OperatorModel,
@@ -91,6 +90,8 @@ class LinearRegressionModel(OperatorModel):
 
     # -- fitting --------------------------------------------------------------------------
     def _fit_overhead(self, holdout, seed):
+        from sklearn.linear_model import LinearRegression  # lazy: a second to import
+
         ops = [o for t in self.traces for o in t.operators]
         X = np.vstack([_design(t, t.operators) for t in self.traces])
         y = np.array([o.time for o in ops])
@@ -135,6 +136,8 @@ class LinearRegressionModel(OperatorModel):
         """Per operator name: time ~ intercept + FLOPs + bytes (non-negative), over every
         operator of that name in every trace; kinds with too few distinct sizes are left to
         the single-trace scaling."""
+        from sklearn.linear_model import LinearRegression
+
         samples: dict[str, list] = {}
         for t in self.traces:
             for op in t.operators:

@@ -1,70 +1,111 @@
+import runpy
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
 
+from triosim.cli import main
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def triosim(*args):
-    return subprocess.run([sys.executable, "-m", "triosim.cli", *args], capture_output=True,
-                          text=True, cwd=ROOT)  # fmt: skip
+def triosim(capsys, *args):
+    """Run the command line in this process: (exit code, stdout, stderr)."""
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:  # argparse: --help, --version, usage errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(autouse=True)
+def _in_root(monkeypatch):
+    monkeypatch.chdir(ROOT)  # the commands name examples/ and traces/ relative to the root
 
 
 @pytest.mark.parametrize("cmd", [[], ["simulate"], ["trace"], ["info"], ["import"]])
-def test_help(cmd):
-    p = triosim(*cmd, "--help")
-    assert p.returncode == 0 and "usage: triosim" in p.stdout
+def test_help(capsys, cmd):
+    code, out, _ = triosim(capsys, *cmd, "--help")
+    assert code == 0 and "usage: triosim" in out
+
+
+def test_version(capsys):
+    code, out, _ = triosim(capsys, "--version")
+    assert code == 0 and out.strip() == f"triosim {version('triosim')}"
 
 
 @pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.yaml")))
-def test_every_example_runs(tmp_path, example):
-    p = triosim("simulate", f"examples/{example}", "--out", str(tmp_path))
-    assert p.returncode == 0, p.stderr
-    assert "iteration time" in p.stdout and (tmp_path / "chrome_trace.json").exists()
+def test_every_example_runs(capsys, tmp_path, example):
+    code, out, err = triosim(capsys, "simulate", f"examples/{example}", "--out", tmp_path)
+    assert code == 0, err
+    assert "iteration time" in out and (tmp_path / "chrome_trace.json").exists()
 
 
-def test_bad_config_is_a_clear_error(tmp_path):
+def test_bad_config_is_a_clear_error(capsys, tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("trace: ../traces/cpu/resnet18-b8.trace.json.gz\nnum_gpus: two\n")
-    p = triosim("simulate", str(bad))
-    assert p.returncode == 2 and "num_gpus" in p.stderr and "Traceback" not in p.stderr
+    code, _, err = triosim(capsys, "simulate", bad)
+    assert code == 2 and "num_gpus" in err and "Traceback" not in err
 
 
-def test_set_override_and_info():
-    p = triosim("simulate", "examples/dp.yaml", "--no-save", "--set", "num_gpus=2")
-    assert p.returncode == 0 and "GPUs                          2" in p.stdout
-    p = triosim("info", "traces/cpu/gpt2-small-b8.trace.json.gz")
-    assert p.returncode == 0 and "operators" in p.stdout
+def test_set_override_and_info(capsys):
+    code, out, _ = triosim(
+        capsys, "simulate", "examples/dp.yaml", "--no-save", "--set", "num_gpus=2"
+    )
+    assert code == 0 and "GPUs                          2" in out
+    code, out, _ = triosim(capsys, "info", "traces/cpu/gpt2-small-b8.trace.json.gz")
+    assert code == 0 and "operators" in out
 
 
-def test_photonic_wafer_case_study(tmp_path):
-    p = subprocess.run([sys.executable, "case_studies/photonic_wafer.py", "--out", str(tmp_path / "w.png")],
-                       capture_output=True, text=True, cwd=ROOT, env={**__import__("os").environ,
-                       "PYTHONPATH": str(ROOT)})  # fmt: skip
-    assert p.returncode == 0, p.stderr
-    rows = [line for line in p.stdout.splitlines() if "electrical" in line or "photonic" in line]
+def test_photonic_wafer_case_study(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(sys, "argv", ["photonic_wafer.py", "--out", str(tmp_path / "w.png")])
+    runpy.run_path(str(ROOT / "case_studies" / "photonic_wafer.py"), run_name="__main__")
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if "electrical" in line or "photonic" in line]
     assert len(rows) == 5 and (tmp_path / "w.png").stat().st_size > 0  # header + 4 rows
 
 
-def test_import_then_info_then_simulate(tmp_path):
+def test_import_then_info_then_simulate(capsys, tmp_path):
     from tests.test_trace import TENSOR_CSV, TRACE_CSV
 
     (tmp_path / "go").mkdir()
     (tmp_path / "go" / "trace.csv").write_text(TRACE_CSV)
     (tmp_path / "go" / "tensor.csv").write_text(TENSOR_CSV)
     out = tmp_path / "t.trace.json.gz"
-    p = triosim("import", str(tmp_path / "go"), str(out))
-    assert p.returncode == 0 and "imported 3 operators" in p.stdout
-    p = triosim("info", str(out))
-    assert p.returncode == 0 and "sum of op times 0.0350 ms" in p.stdout
+    code, stdout, _ = triosim(capsys, "import", tmp_path / "go", out)
+    assert code == 0 and "imported 3 operators" in stdout
+    code, stdout, _ = triosim(capsys, "info", out)
+    assert code == 0 and "sum of op times 0.0350 ms" in stdout
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"trace: {out.name}\nnum_gpus: 2\nbatch_size: 4\nparallelism: {{mode: ddp}}\n")
-    p = triosim("simulate", str(cfg), "--no-save")
-    assert p.returncode == 0 and "ddp" in p.stdout, p.stderr
+    code, stdout, err = triosim(capsys, "simulate", cfg, "--no-save")
+    assert code == 0 and "ddp" in stdout, err
 
 
-def test_set_through_a_non_mapping_is_a_clear_error():
-    p = triosim("simulate", "examples/dp.yaml", "--no-save", "--set", "num_gpus.x=1")
-    assert p.returncode == 2 and "num_gpus.x" in p.stderr and "Traceback" not in p.stderr
+def test_set_through_a_non_mapping_is_a_clear_error(capsys):
+    code, _, err = triosim(
+        capsys, "simulate", "examples/dp.yaml", "--no-save", "--set", "num_gpus.x=1"
+    )
+    assert code == 2 and "num_gpus.x" in err and "Traceback" not in err
+
+
+def test_start_up_imports_only_what_is_needed():
+    """A fresh interpreter is the point: `info` loads no SimPy, and a simulation that fits
+    no regression loads neither scikit-learn nor matplotlib nor torch."""
+    code = """if True:
+        import sys, triosim.cli
+        assert triosim.cli.main(["info", "traces/cpu/gpt2-small-b8.trace.json.gz"]) == 0
+        assert "simpy" not in sys.modules, "info imported simpy"
+        from triosim.simulation import Simulation
+        heavy = [m for m in ("sklearn", "matplotlib", "torch") if m in sys.modules]
+        assert not heavy, f"import triosim.simulation imported {heavy}"
+        Simulation({"trace": "traces/cpu/gpt2-small-b8.trace.json.gz", "num_gpus": 1,
+                    "parallelism": {"mode": "single"}, "perfmodel": {"kind": "trace"}}).run()
+        heavy = [m for m in ("sklearn", "matplotlib", "torch") if m in sys.modules]
+        assert not heavy, f"a 1-GPU run imported {heavy}"
+    """
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr

@@ -252,3 +252,13 @@ def test_schema_describes_every_field():
         assert f"\n      {name}" in text, name
     rows = dict((n, w) for n, w, _ in schema.describe(topo.PcieOptions))
     assert rows["host_bandwidth"].startswith("a bandwidth in bytes/s > 0")
+
+
+def test_simulate_help_lists_the_schema(capsys):
+    from triosim.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    out = capsys.readouterr().out
+    assert "with mode: ddp" in out and "bucket_size" in out and "default 25 MiB" in out
+    assert "with kind: photonic" in out and "default 20 ms" in out

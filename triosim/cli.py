@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from triosim.errors import TrioSimError
+from triosim.errors import ConfigError, InputError, TracerError, TrioSimError
+from triosim.trace_io import import_csv, load_any_trace
 
 EPILOG = """examples:
   triosim simulate examples/ddp.yaml               simulate, print a summary, write outputs
@@ -18,35 +19,62 @@ EPILOG = """examples:
 
 
 def _set(data: dict, assignment: str) -> None:
-    import yaml
-
     if "=" not in assignment:
-        raise SystemExit(f"--set expects FIELD=VALUE, got {assignment!r}")
-    from triosim.config import set_field
+        raise InputError(f"--set expects FIELD=VALUE, got {assignment!r}")
+    from triosim.config import parse_yaml, set_field
 
     key, value = assignment.split("=", 1)
-    set_field(data, key, yaml.safe_load(value))
+    set_field(data, key, parse_yaml(value, f"--set {assignment!r}"))
+
+
+def _taken(folder: Path) -> bool:
+    return folder.exists() and (not folder.is_dir() or any(folder.iterdir()))
+
+
+def _out_folder(out, stem: str, force: bool) -> Path:
+    """Where `simulate` writes: --out (refused if it holds files, unless --force), or
+    out/<stem>/, else the first free out/<stem>-2/, -3/, ... Created and test-written now,
+    before simulating, so that a finished run is never lost to an unwritable folder."""
+    if out is not None:
+        folder = Path(out)
+        if folder.exists() and not folder.is_dir():
+            raise InputError(f"--out {folder} is a file, expected a folder")
+        if _taken(folder) and not force:
+            raise InputError(f"--out {folder} already holds files; pass --force to "
+                             "overwrite them, or name another folder")  # fmt: skip
+    else:
+        folder, n = Path("out") / stem, 1
+        while _taken(folder) and not force:
+            n += 1
+            folder = Path("out") / f"{stem}-{n}"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".triosim-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise InputError(
+            f"output folder {folder}: cannot write there ({e.strerror or e})"
+        ) from None
+    return folder
 
 
 def cmd_simulate(args) -> int:
-    import yaml
-
-    from triosim.config import from_dict
+    from triosim.config import from_dict, read_yaml
     from triosim.simulation import Simulation
 
     path = Path(args.config)
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        print(f"error: no config file {path}", file=sys.stderr)
-        return 2
+    data = read_yaml(path)
     for s in args.set or []:
         _set(data, s)
     cfg = from_dict(data, base_dir=path.parent)
-    result = Simulation(cfg, progress=True).run()
+    out = None if args.no_save else _out_folder(args.out, path.stem, args.force)
+    if out is not None and args.out is None and out.name != path.stem:
+        print(f"out/{path.stem}/ already holds files: writing to {out}/ instead")
+    trace = load_any_trace(cfg.trace_path(), progress=True)
+    result = Simulation(cfg, trace=trace, progress=True).run()
     print(result.summary())
-    out = Path(args.out) if args.out else Path("out") / path.stem
-    if not args.no_save:
+    if out is not None:
         result.save(out)
         print(f"\noutputs written to {out}/ (timeline.csv, per_gpu.csv, per_layer.csv, links.csv,"
               " summary.json, chrome_trace.json, timeline.png, config.yaml)")  # fmt: skip
@@ -55,8 +83,6 @@ def cmd_simulate(args) -> int:
 
 def cmd_info(args) -> int:
     from collections import Counter
-
-    from triosim.simulation import load_any_trace
 
     t = load_any_trace(args.trace, progress=True)
     phases = Counter(o.phase for o in t.operators)
@@ -72,19 +98,77 @@ def cmd_info(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from triosim.importers import import_triosim_csv
+    from triosim import hardware
     from triosim.trace import save
 
-    t = import_triosim_csv(args.source, batch_size=args.batch_size)
-    save(t, args.out)
-    print(f"imported {len(t.operators)} operators, {len(t.tensors)} tensors -> {args.out}")
+    src, out = Path(args.source), Path(args.out)
+    trace_csv = src / "trace.csv" if src.is_dir() else src
+    inputs = {p.resolve() for p in (src, trace_csv, trace_csv.with_name("tensor.csv"))}
+    if out.resolve() in inputs:
+        raise InputError(f"output {out} is the input {src} or one of its files; name a new file")
+    if out.is_dir():
+        raise InputError(
+            f"output {out} is a folder; name a file such as {out / 'NAME.trace.json.gz'}"
+        )
+    if out.exists() and not args.force:
+        raise InputError(f"output {out} exists; pass --force to overwrite it")
+    try:  # an unknown GPU fails before any work
+        gpu = hardware.gpu(args.gpu).name if args.gpu else None
+    except ConfigError as e:
+        raise InputError(f"--gpu {args.gpu!r} is not in the catalogue: {e.allowed}") from None
+    t = import_csv(src, batch_size=args.batch_size)
+    if gpu is not None:
+        t.metadata["gpu"] = gpu
+    try:
+        save(t, out)
+    except OSError as e:
+        raise InputError(f"output {out}: cannot write it ({e.strerror or e})") from None
+    print(f"imported {len(t.operators)} operators, {len(t.tensors)} tensors -> {out}")
     return 0
 
 
 def cmd_trace(args) -> int:
+    try:
+        import torch  # noqa: F401
+    except ImportError as e:
+        raise TracerError(
+            f"triosim trace needs PyTorch ({e}): pip install 'triosim[trace]'"
+        ) from None
     from tracer.cli import run_trace
 
     return run_trace(args)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return n
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("triosim")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def _with_fields_help(parser) -> None:
+    """`simulate --help` ends with every config field, from the schema itself (built only
+    when help is asked for: listing the parts imports them all)."""
+    plain = parser.format_help
+
+    def format_help():
+        from triosim.config import fields_help
+
+        return plain() + "\n" + fields_help() + "\n"
+
+    parser.format_help = format_help
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,17 +178,22 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("simulate", help="run the simulation a YAML config describes",
                        description="Simulate one training iteration as the YAML config says; print "
                        "a summary (ms) and write timeline, breakdowns, Chrome trace and plot.")  # fmt: skip
     s.add_argument("config", help="YAML config (see examples/)")
-    s.add_argument("--out", help="output folder (default: out/<config name>)")
+    s.add_argument("--out", help="output folder (default: out/<config name>/, or out/<config name>-2/, "
+                   "-3/, ... when that one already holds files)")  # fmt: skip
+    s.add_argument("--force", action="store_true",
+                   help="write into the output folder even if it already holds files")  # fmt: skip
     s.add_argument("--set", action="append", metavar="FIELD=VALUE",
                    help="override a config field, e.g. --set num_gpus=8 --set parallelism.mode=dp")  # fmt: skip
     s.add_argument("--no-save", action="store_true", help="print the summary only")
     s.set_defaults(func=cmd_simulate)
+    _with_fields_help(s)
 
     i = sub.add_parser(
         "info", help="describe a trace", description="Load, validate and describe a trace."
@@ -116,7 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Convert the original TrioSim CSV pair into a triosim trace file.")  # fmt: skip
     im.add_argument("source", help="folder with trace.csv and tensor.csv (or trace.csv)")
     im.add_argument("out", help="output .trace.json or .trace.json.gz")
-    im.add_argument("--batch-size", type=int, help="batch size (default: first input's first dim)")
+    im.add_argument("--batch-size", type=_positive_int,
+                    help="batch size (default: first input's first dim)")  # fmt: skip
+    im.add_argument("--gpu", help="the GPU the trace was taken on (a name from the catalogue)")
+    im.add_argument("--force", action="store_true", help="overwrite an existing output file")
     im.set_defaults(func=cmd_import)
 
     t = sub.add_parser("trace", help="trace one training iteration of a model with PyTorch",
@@ -124,7 +216,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "PyTorch Profiler + Execution Trace Observer; write a triosim trace.")  # fmt: skip
     t.add_argument("model", help="a reference model: resnet18, resnet50, resnet152, vgg11, vgg16, "
                    "densenet121, gpt2, bert, or module:function returning (model, make_batch(batch_size, device), loss_fn)")  # fmt: skip
-    t.add_argument("--batch-size", type=int, required=True)
+    t.add_argument("--batch-size", type=_positive_int, required=True)
     t.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     t.add_argument("--out", required=True, help="output folder")
     t.add_argument("--warmup", type=int, default=3, help="warm-up iterations (paper: 30)")

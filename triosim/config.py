@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from triosim import schema
-from triosim.errors import ConfigError
+from triosim.errors import ConfigError, InputError
 from triosim.schema import option
 
 IN_MEMORY = "<in memory>"  # the trace path of a trace a Python caller passed as an object
@@ -249,32 +249,26 @@ def set_field(data: dict, dotted: str, value) -> None:
     node[parts[-1]] = value
 
 
-def read_yaml(path) -> dict:
-    """A config file's mapping; every way a file can be wrong is a ConfigError."""
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError("config file", str(path), "a YAML file, not a folder")
+def parse_yaml(text: str, where: str):
+    """YAML text as Python values; a syntax error is an InputError with line and column."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("config file", str(path), "an existing YAML file") from None
-    except PermissionError:
-        raise ConfigError("config file", str(path), "a file you may read") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(
-            "config file", str(path), f"UTF-8 text ({e.reason} at byte {e.start})"
-        ) from None
-    try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError("config file", str(path), f"valid YAML ({problem}{where})") from None
+        at = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or e
+        raise InputError(f"{where}{at}: not valid YAML: {problem}") from None
+
+
+def read_yaml(path) -> dict:
+    """A config file's mapping; every way a file can be wrong is a clear error."""
+    from triosim.trace_io import read_text
+
+    data = parse_yaml(read_text(path, "config file"), f"config file {path}")
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError("config file", str(path), "a YAML mapping of fields at the top level")
+        raise ConfigError("config", data, "a mapping of fields")
     return data
 
 

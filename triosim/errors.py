@@ -39,6 +39,12 @@ class ConfigError(TrioSimError, ValueError):
         super().__init__(field, value, allowed)
 
 
+class InputError(TrioSimError, ValueError):
+    """A file, folder or command-line value the user gave cannot be used: a missing or
+    unreadable file, a folder where a file is expected, text that is not UTF-8 or not YAML,
+    or an output that would overwrite something."""
+
+
 class NetworkError(TrioSimError, ValueError):
     """A topology or a transfer request is invalid."""
 

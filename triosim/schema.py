@@ -227,7 +227,9 @@ def describe(cls) -> list[tuple[str, str, str]]:
             continue
         default = f.default if f.default is not MISSING else (
             f.default_factory() if f.default_factory is not MISSING else None)  # fmt: skip
-        rows.append((f.name, f"{describe_type(hints[f.name], f.metadata)}; default {default!r}",
+        shown = (units.format_value(default, f.metadata["unit"])
+                 if f.metadata.get("unit") and default is not None else repr(default))  # fmt: skip
+        rows.append((f.name, f"{describe_type(hints[f.name], f.metadata)}; default {shown}",
                      f.metadata.get("help", "")))  # fmt: skip
     return rows
 

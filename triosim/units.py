@@ -82,3 +82,22 @@ def parse_seconds(value, field: str = "time") -> float:
 def parse_bandwidth(value, field: str = "bandwidth") -> float:
     """Bytes per second; '65 GB/s' is bytes, '400 Gb/s' is bits (50 GB/s)."""
     return parse(value, "bandwidth", field)
+
+
+def format_value(x: float, kind: str) -> str:
+    """A base-unit value in the largest decimal unit that keeps it >= 1 ("65 GB/s")."""
+    import math as _m
+
+    if not isinstance(x, (int, float)) or isinstance(x, bool) or not _m.isfinite(x) or x == 0:
+        return repr(x)
+    scales = {"bytes": [("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3), ("B", 1.0)],
+              "bandwidth": [("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3), ("B/s", 1.0)],
+              "seconds": [("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9), ("ps", 1e-12)]}  # fmt: skip
+    if kind == "bytes" and x >= 1024 and x % 1024 == 0:  # a binary size: 25 MiB, not 26.2 MB
+        for unit, v in (("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10)):
+            if x >= v and (x / v) * 1000 == round(x / v * 1000):
+                return f"{x / v:g} {unit}"
+    for unit, v in scales[kind]:
+        if abs(x) >= v:
+            return f"{x / v:g} {unit}"
+    return f"{x:g} {scales[kind][-1][0]}"
