@@ -2,6 +2,7 @@
 
 from extrapolators.base import Extrapolator, gradient_ready
 from extrapolators.data_parallel import DataParallel, DistributedDataParallel, Single
+from extrapolators.hop import Hop
 from extrapolators.hybrid import Hybrid
 from extrapolators.pipeline import GPipe, OneFOneB
 from extrapolators.runtime import Runtime
@@ -17,6 +18,7 @@ for _cls in (
     GPipe,
     OneFOneB,
     Hybrid,
+    Hop,
 ):
     EXTRAPOLATORS.register(_cls.name)(_cls)
 

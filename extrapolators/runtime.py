@@ -12,7 +12,7 @@ from __future__ import annotations
 import simpy
 
 from extrapolators import collectives
-from extrapolators.tasks import Collective, Compute, Recv, Send, Signal, Wait
+from extrapolators.tasks import Collective, Compute, Iteration, Recv, Send, Signal, Wait, WaitSome
 from triosim.errors import DeadlockError, SimulationError
 
 COLUMNS = ("gpu", "stream", "kind", "name", "layer", "phase", "start", "end", "nbytes", "key",
@@ -20,9 +20,10 @@ COLUMNS = ("gpu", "stream", "kind", "name", "layer", "phase", "start", "end", "n
 
 
 class Runtime:
-    def __init__(self, env: simpy.Environment, network):
+    def __init__(self, env: simpy.Environment, network, compute_scale: dict | None = None):
         self.env = env
         self.network = network
+        self.compute_scale = compute_scale or {}  # GPU -> slow-down of its compute
         self.rows: list[tuple] = []
         self._events: dict[str, simpy.Event] = {}
         self._meet: dict[str, dict] = {}
@@ -52,6 +53,7 @@ class Runtime:
     def _run(self, who, tasks, after):
         env, rows = self.env, self.rows
         gpu, stream, it = who
+        scale = self.compute_scale.get(gpu, 1.0)
         for key in after:
             self._waiting[who] = Wait(key)
             yield self.event(key)
@@ -61,7 +63,7 @@ class Runtime:
             start = env.now
             if type(task) is Compute:
                 if task.duration:
-                    yield env.timeout(task.duration)
+                    yield env.timeout(task.duration * scale if scale != 1.0 else task.duration)
                 rows.append((gpu, stream, "compute", task.name, task.layer, task.phase,
                              start, env.now, 0.0, None, it))  # fmt: skip
             elif type(task) is Collective:
@@ -91,6 +93,17 @@ class Runtime:
                     rows.append(
                         (gpu, stream, "wait", "wait", "", "", start, env.now, 0.0, task.key, it)
                     )
+            elif type(task) is WaitSome:
+                events = [self.event(k) for k in task.keys]
+                if sum(e.triggered for e in events) < task.count:
+                    n = task.count
+                    yield simpy.events.Condition(env, lambda _evs, done, n=n: done >= n, events)
+                if env.now > start:
+                    rows.append((gpu, stream, "wait", f"wait {task.count} of {len(events)}",
+                                 task.layer, task.phase, start, env.now, 0.0,
+                                 ",".join(task.keys), it))  # fmt: skip
+            elif type(task) is Iteration:
+                it = task.k
             else:
                 raise SimulationError(f"GPU {gpu} {stream}: unknown task {task!r}")
             self.tasks_finished += 1
@@ -151,6 +164,8 @@ def _describe(task) -> str:
         return f"recv {task.key!r} from GPU {task.src} (no matching send arrived)"
     if isinstance(task, Wait):
         return f"wait for signal {task.key!r} (never fired)"
+    if isinstance(task, WaitSome):
+        return f"wait for {task.count} of {list(task.keys)} (too few fired)"
     if isinstance(task, Collective):
         return f"{task.op} {task.key!r} over GPUs {list(task.group)}"
     if isinstance(task, Send):

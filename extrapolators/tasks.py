@@ -58,10 +58,31 @@ class Wait:
     key: str
 
 
+@dataclass(slots=True)
+class WaitSome:
+    """Wait until `count` of the named events have fired (e.g. all but b of a worker's
+    in-neighbours' updates: Hop's backup workers)."""
+
+    keys: tuple
+    count: int
+    layer: str = ""
+    phase: str = ""
+
+
+@dataclass(slots=True)
+class Iteration:
+    """The tasks that follow belong to training iteration `k` (for streams that run many
+    iterations themselves, such as decentralized training)."""
+
+    k: int
+
+
 def prefixed(tasks, prefix: str):
     """Rename every meeting key (collectives, sends, signals) so that copies of a plan,
     such as replicas or iterations, never meet by accident."""
     for t in tasks:
         if isinstance(t, (Collective, Send, Recv, Signal, Wait)):
             t = dataclasses.replace(t, key=prefix + t.key)
+        elif isinstance(t, WaitSome):
+            t = dataclasses.replace(t, keys=tuple(prefix + k for k in t.keys))
         yield t

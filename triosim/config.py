@@ -19,6 +19,7 @@ import yaml
 
 from triosim import schema
 from triosim.errors import ConfigError, InputError
+from triosim.heterogeneity import Heterogeneity
 from triosim.schema import option
 
 IN_MEMORY = "<in memory>"  # the trace path of a trace a Python caller passed as an object
@@ -63,6 +64,8 @@ class TopLevel:
     seed: int = option(0, ge=0, help="seed for anything random")
     iterations: int = option(1, ge=1, help="back-to-back training iterations; results report "
                              "the first and the steady-state (last) one")  # fmt: skip
+    heterogeneity: Heterogeneity = option(factory=Heterogeneity, help="slower GPUs and links "
+                                          "(fixed or random), for every mode")  # fmt: skip
 
 
 def _sections():
@@ -89,6 +92,7 @@ class Config:
     gpu: str | None = None
     seed: int = 0
     iterations: int = 1
+    heterogeneity: Heterogeneity = field(default_factory=Heterogeneity)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
@@ -105,6 +109,7 @@ class Config:
     def to_dict(self) -> dict:
         """Plain values in base units (bytes, seconds, bytes/s): what `from_dict` reads."""
         d = {f.name: getattr(self, f.name) for f in fields(TopLevel)}
+        d["heterogeneity"] = schema.dump(self.heterogeneity)
         for name in ("parallelism", "topology", "network", "perfmodel"):
             d[name] = schema.dump(getattr(self, name))
         return d

@@ -135,7 +135,11 @@ def convert(value, tp, where: str, md=None):
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise ConfigError(where, value, "a mapping")
-        return dict(value)
+        if not args:
+            return dict(value)
+        kt, vt = args
+        return {convert(k, kt, f"{where}[{k!r}]"): convert(v, vt, f"{where}[{k!r}]", md)
+                for k, v in value.items()}  # fmt: skip
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(where, value, "true or false")

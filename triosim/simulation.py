@@ -73,6 +73,10 @@ class Simulation:
         if len(self.gpus) != cfg.num_gpus:
             raise ConfigError("num_gpus", cfg.num_gpus,
                               f"the number of GPUs in the topology ({len(self.gpus)})")  # fmt: skip
+        het = cfg.heterogeneity
+        self.compute_slowdown, bandwidth = het.factors(self.gpus, cfg.seed)
+        if het.links or any(f != 1.0 for f in bandwidth.values()):
+            self.graph = het.apply_to_graph(self.graph, bandwidth)
         p = cfg.perfmodel
         self.model = model_class(p.kind).from_config(
             self.trace, p.options, lambda path: load_any_trace(cfg.resolve(path))
@@ -82,7 +86,7 @@ class Simulation:
         ring = ring_order(self.graph, self.gpus) if len(self.gpus) > 2 else tuple(self.gpus)
         self.extrapolator = extrapolator_class(par.mode)(
             self.trace, self.model, self.gpus, par.options, batch_size=cfg.batch_size,
-            gpu=cfg.gpu, collective=par.collective, ring=ring,
+            gpu=cfg.gpu, collective=par.collective, ring=ring, graph=self.graph,
         )  # fmt: skip
 
     def run(self) -> Result:
@@ -90,7 +94,7 @@ class Simulation:
         wall = time.perf_counter()
         env = simpy.Environment()
         net = network_class(cfg.network.kind)(env, self.graph, cfg.network.options)
-        runtime = Runtime(env, net)
+        runtime = Runtime(env, net, compute_scale=self.compute_slowdown)
         self._start_iterations(runtime, cfg.iterations)
         env.run()
         runtime.check_finished()
@@ -111,7 +115,12 @@ class Simulation:
     def _start_iterations(self, runtime: Runtime, k_max: int) -> None:
         """K back-to-back iterations on one network (so state such as photonic circuits
         carries over): a GPU's streams of iteration k start once all its streams of
-        iteration k-1 are done (its next forward waits for its optimizer step)."""
+        iteration k-1 are done (its next forward waits for its optimizer step). A mode that
+        runs its iterations itself (decentralized training) gets K and no barrier."""
+        if self.extrapolator.owns_iterations:
+            for (gpu, stream), tasks in self.extrapolator.streams(iterations=k_max).items():
+                runtime.start(gpu, stream, tasks)
+            return
         previous: dict = {}
         for k in range(k_max):
             streams = self.extrapolator.streams()
