@@ -72,6 +72,10 @@ def cmd_simulate(args) -> int:
     if out is not None and args.out is None and out.name != path.stem:
         print(f"out/{path.stem}/ already holds files: writing to {out}/ instead")
     trace = load_any_trace(cfg.trace_path(), progress=True)
+    from triosim.trace import fidelity_warnings
+
+    for w in fidelity_warnings(trace):
+        print(f"warning: {w}", file=sys.stderr)
     result = Simulation(cfg, trace=trace, progress=True).run()
     print(result.summary())
     if out is not None:
@@ -84,6 +88,8 @@ def cmd_simulate(args) -> int:
 def cmd_info(args) -> int:
     from collections import Counter
 
+    from triosim.trace import fidelity_warnings, trace_stats
+
     t = load_any_trace(args.trace, progress=True)
     phases = Counter(o.phase for o in t.operators)
     print(f"trace         {args.trace}")
@@ -94,6 +100,14 @@ def cmd_info(args) -> int:
     print(f"tensors       {len(t.tensors)}")
     print(f"weights       {t.weight_bytes() / 1e6:.3f} MB")
     print(f"sum of op times {t.total_time * 1e3:.4f} ms")
+    st = trace_stats(t)
+    pct = lambda x: "n/a" if x is None else f"{100 * x:.0f}%"  # noqa: E731
+    print(f"pairing       {st['backward_paired']} of {st['backward_operators']} backward operators "
+          f"({pct(st['pairing'])})")  # fmt: skip
+    print(f"FLOPs         {st['operators_with_flops']} of {st['operators']} operators "
+          f"({pct(st['flops_coverage'])}), {st['total_flops'] / 1e9:.3f} GFLOP")  # fmt: skip
+    for w in fidelity_warnings(t):
+        print(f"warning: {w}")
     return 0
 
 
@@ -116,9 +130,7 @@ def cmd_import(args) -> int:
         gpu = hardware.gpu(args.gpu).name if args.gpu else None
     except ConfigError as e:
         raise InputError(f"--gpu {args.gpu!r} is not in the catalogue: {e.allowed}") from None
-    t = import_csv(src, batch_size=args.batch_size)
-    if gpu is not None:
-        t.metadata["gpu"] = gpu
+    t = import_csv(src, batch_size=args.batch_size, gpu=gpu)
     try:
         save(t, out)
     except OSError as e:

@@ -32,11 +32,11 @@ def read_text(path, what: str = "file") -> str:
                          f"offset {e.start})") from None  # fmt: skip
 
 
-def import_csv(path, batch_size: int | None = None) -> Trace:
+def import_csv(path, batch_size: int | None = None, gpu: str | None = None) -> Trace:
     """`import_triosim_csv`, with an unreadable or non-UTF-8 CSV an InputError naming it."""
     path = Path(path)
     try:
-        return import_triosim_csv(path, batch_size=batch_size)
+        return import_triosim_csv(path, batch_size=batch_size, gpu=gpu)
     except (OSError, UnicodeDecodeError):
         # the importer names the file only when it is missing: read each to say which and why
         trace_csv = path / "trace.csv" if path.is_dir() else path
