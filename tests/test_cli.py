@@ -1,4 +1,3 @@
-import runpy
 import subprocess
 import sys
 from importlib.metadata import version
@@ -58,14 +57,6 @@ def test_set_override_and_info(capsys):
     assert code == 0 and "GPUs                          2" in out
     code, out, _ = triosim(capsys, "info", "traces/cpu/gpt2-small-b8.trace.json.gz")
     assert code == 0 and "operators" in out
-
-
-def test_photonic_wafer_case_study(monkeypatch, capsys, tmp_path):
-    monkeypatch.setattr(sys, "argv", ["photonic_wafer.py", "--out", str(tmp_path / "w.png")])
-    runpy.run_path(str(ROOT / "case_studies" / "photonic_wafer.py"), run_name="__main__")
-    out = capsys.readouterr().out
-    rows = [line for line in out.splitlines() if "electrical" in line or "photonic" in line]
-    assert len(rows) == 5 and (tmp_path / "w.png").stat().st_size > 0  # header + 4 rows
 
 
 def test_import_then_info_then_simulate(capsys, tmp_path):
