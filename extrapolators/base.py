@@ -7,6 +7,7 @@ generator that walks the shared trace, so nothing is copied per GPU.
 from __future__ import annotations
 
 from perfmodel import OperatorModel, Target
+from perfmodel.base import batch_ratio
 from triosim import schema
 from triosim.errors import ConfigError
 from triosim.trace import Trace
@@ -63,14 +64,27 @@ class Extrapolator:
     def target(self, batch=None, tp: int = 1) -> Target:
         return Target(gpu=self.gpu, batch_size=batch, tp=tp)
 
-    def compute(self, op, target: Target, scale: float = 1.0):
+    def compute(self, op, target: Target, scale: float = 1.0, mb: int = 0):
         from extrapolators.tasks import Compute
 
         key = (op.id, target, scale)
         t = self._times.get(key)
         if t is None:
             t = self._times[key] = self.model.time(op, target) * scale
-        return Compute(op.name, op.layer, op.phase, t, op.id)
+        return Compute(op.name, op.layer, op.phase, t, op.id, mb)
+
+    # -- what the memory model needs -----------------------------------------------------
+    def op_batch(self) -> float | None:
+        """The batch each GPU's operators process (per GPU, or per micro-batch)."""
+        return self.per_gpu_batch(len(self.gpus))
+
+    def activation_ratio(self, op) -> float:
+        """Size of `op`'s batch-scaled tensors on a GPU relative to the trace's."""
+        return batch_ratio(self.trace, Target(batch_size=self.op_batch()))
+
+    def buffer_bytes(self, gpu) -> float:
+        """Communication buffers this GPU keeps for the whole iteration (DDP buckets)."""
+        return 0.0
 
     def per_gpu_batch(self, parts: int) -> float | None:
         if self.batch is None:

@@ -20,6 +20,9 @@ class Single(Extrapolator):
         if len(self.gpus) != 1:
             raise ConfigError("num_gpus", len(self.gpus), "1 for mode 'single'")
 
+    def op_batch(self):
+        return self.per_gpu_batch(1)
+
     def streams(self):
         target = self.target(self.per_gpu_batch(1))
         return {
@@ -85,6 +88,10 @@ class DistributedDataParallel(DataParallel):
     def check(self):
         super().check()
         self._buckets = self._make_buckets()
+
+    def buffer_bytes(self, gpu) -> float:
+        # PyTorch DDP copies gradients into flat bucket buffers (gradient_as_bucket_view=False)
+        return sum(size for _, size, _ in self._buckets)
 
     def buckets(self) -> list[tuple[int, float, int]]:
         """[(ready position, bytes, number of tensors)] in the order they are reduced."""

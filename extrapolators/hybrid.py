@@ -68,6 +68,15 @@ class Hybrid(Extrapolator):
                                            self.options.inner_options, batch_size=batch,
                                            gpu=self.gpu, collective=self.collective, ring=ring))  # fmt: skip
 
+    def op_batch(self):
+        return self.replicas[0].op_batch()
+
+    def activation_ratio(self, op) -> float:
+        return self.replicas[0].activation_ratio(op)
+
+    def buffer_bytes(self, gpu) -> float:
+        return self.replicas[0].buffer_bytes(self._peers(gpu)[0])
+
     def held_weight_bytes(self, gpu) -> float:
         return self.replicas[0].held_weight_bytes(self._peers(gpu)[0])
 

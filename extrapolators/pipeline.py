@@ -186,6 +186,9 @@ class GPipe(Extrapolator):
     def held_weight_bytes(self, gpu) -> float:
         return self.weight_share[self.gpus.index(gpu)] * self.trace.weight_bytes()
 
+    def op_batch(self):
+        return self.per_gpu_batch(self.options.microbatches)
+
     # -- schedule -------------------------------------------------------------------------------
     def order(self, s: int) -> list[tuple[str, int]]:
         """GPipe: all forwards, then all backwards (last micro-batch first)."""
@@ -211,12 +214,12 @@ class GPipe(Extrapolator):
                 if s > 0:
                     yield Recv(g[s - 1], f"act{s - 1}.{m}", phase="forward")
                 for op in self.fwd_ops[s]:
-                    yield self.compute(op, target)
+                    yield self.compute(op, target, mb=m)
             else:
                 if s < S - 1:
                     yield Recv(g[s + 1], f"grad{s + 1}.{m}", phase="backward")
                 for op in self.bwd_ops[s]:
-                    yield self.compute(op, target)
+                    yield self.compute(op, target, mb=m)
             yield Signal(f"{g[s]}:{kind}{m}")
         yield Wait(f"{g[s]}:sent")
         full = self.target(self.per_gpu_batch(1))

@@ -16,7 +16,7 @@ from extrapolators.tasks import Collective, Compute, Iteration, Recv, Send, Sign
 from triosim.errors import DeadlockError, SimulationError
 
 COLUMNS = ("gpu", "stream", "kind", "name", "layer", "phase", "start", "end", "nbytes", "key",
-           "iteration")  # fmt: skip
+           "iteration", "op_id", "microbatch")  # fmt: skip
 
 
 class Runtime:
@@ -65,23 +65,23 @@ class Runtime:
                 if task.duration:
                     yield env.timeout(task.duration * scale if scale != 1.0 else task.duration)
                 rows.append((gpu, stream, "compute", task.name, task.layer, task.phase,
-                             start, env.now, 0.0, None, it))  # fmt: skip
+                             start, env.now, 0.0, None, it, task.op_id, task.mb))  # fmt: skip
             elif type(task) is Collective:
                 begin = yield from self._collective(gpu, task)
                 if begin > start:
                     rows.append((gpu, stream, "wait", f"wait {task.op}", task.layer, task.phase,
-                                 start, begin, 0.0, task.key, it))  # fmt: skip
+                                 start, begin, 0.0, task.key, it, -1, -1))  # fmt: skip
                 rows.append((gpu, stream, "comm", task.op, task.layer, task.phase, begin,
-                             env.now, task.nbytes, task.key, it))  # fmt: skip
+                             env.now, task.nbytes, task.key, it, -1, -1))  # fmt: skip
             elif type(task) is Send:
                 yield self.network.transfer(gpu, task.dst, task.nbytes, tag=task.key)
                 self.event("p2p:" + task.key).succeed()
                 rows.append((gpu, stream, "comm", f"send to {task.dst}", task.layer, task.phase,
-                             start, env.now, task.nbytes, task.key, it))  # fmt: skip
+                             start, env.now, task.nbytes, task.key, it, -1, -1))  # fmt: skip
             elif type(task) is Recv:
                 yield self.event("p2p:" + task.key)
                 rows.append((gpu, stream, "wait", f"recv from {task.src}", task.layer, task.phase,
-                             start, env.now, 0.0, task.key, it))  # fmt: skip
+                             start, env.now, 0.0, task.key, it, -1, -1))  # fmt: skip
             elif type(task) is Signal:
                 ev = self.event(task.key)
                 if ev.triggered:
@@ -91,7 +91,21 @@ class Runtime:
                 yield self.event(task.key)
                 if env.now > start:
                     rows.append(
-                        (gpu, stream, "wait", "wait", "", "", start, env.now, 0.0, task.key, it)
+                        (
+                            gpu,
+                            stream,
+                            "wait",
+                            "wait",
+                            "",
+                            "",
+                            start,
+                            env.now,
+                            0.0,
+                            task.key,
+                            it,
+                            -1,
+                            -1,
+                        )
                     )
             elif type(task) is WaitSome:
                 events = [self.event(k) for k in task.keys]
@@ -101,7 +115,7 @@ class Runtime:
                 if env.now > start:
                     rows.append((gpu, stream, "wait", f"wait {task.count} of {len(events)}",
                                  task.layer, task.phase, start, env.now, 0.0,
-                                 ",".join(task.keys), it))  # fmt: skip
+                                 ",".join(task.keys), it, -1, -1))  # fmt: skip
             elif type(task) is Iteration:
                 it = task.k
             else:

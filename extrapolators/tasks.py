@@ -13,6 +13,7 @@ class Compute:
     phase: str
     duration: float  # seconds, from the performance model
     op_id: int | None = None
+    mb: int = 0  # micro-batch (pipelines): the activations of each are separate tensors
 
 
 @dataclass(slots=True)

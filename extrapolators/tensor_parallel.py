@@ -64,6 +64,15 @@ class TensorParallel(Extrapolator):
         split = sum(self.trace.tensors[t].nbytes for t in split_w)
         return ((total - split) + split / len(self.gpus)) / total
 
+    def op_batch(self):
+        return self.batch  # every GPU processes the whole batch, on its shard of the layers
+
+    def activation_ratio(self, op) -> float:
+        r = super().activation_ratio(op)
+        roles = getattr(self, "roles", {})
+        # column-parallel outputs and what runs between the pair are 1/N of the tensor
+        return r / len(self.gpus) if roles.get(op.id) in ("column", "sharded") else r
+
     def held_weight_bytes(self, gpu) -> float:
         return self.optimizer_fraction() * self.trace.weight_bytes()
 

@@ -20,6 +20,7 @@ import yaml
 from triosim import schema
 from triosim.errors import ConfigError, InputError
 from triosim.heterogeneity import Heterogeneity
+from triosim.memory import MemoryOptions
 from triosim.schema import option
 
 IN_MEMORY = "<in memory>"  # the trace path of a trace a Python caller passed as an object
@@ -66,6 +67,8 @@ class TopLevel:
                              "the first and the steady-state (last) one")  # fmt: skip
     heterogeneity: Heterogeneity = option(factory=Heterogeneity, help="slower GPUs and links "
                                           "(fixed or random), for every mode")  # fmt: skip
+    memory: MemoryOptions = option(factory=MemoryOptions, help="optimizer, precision, reserve "
+                                   "and capacity for the memory model")  # fmt: skip
 
 
 def _sections():
@@ -93,6 +96,7 @@ class Config:
     seed: int = 0
     iterations: int = 1
     heterogeneity: Heterogeneity = field(default_factory=Heterogeneity)
+    memory: MemoryOptions = field(default_factory=MemoryOptions)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
@@ -110,6 +114,7 @@ class Config:
         """Plain values in base units (bytes, seconds, bytes/s): what `from_dict` reads."""
         d = {f.name: getattr(self, f.name) for f in fields(TopLevel)}
         d["heterogeneity"] = schema.dump(self.heterogeneity)
+        d["memory"] = schema.dump(self.memory)
         for name in ("parallelism", "topology", "network", "perfmodel"):
             d[name] = schema.dump(getattr(self, name))
         return d

@@ -50,6 +50,21 @@ class Result:
         self.wall_time = wall_time
         self.trace = trace  # only for a trace passed in memory: saved beside the config
         self._per_gpu = None  # the timeline is final: compute the breakdown once
+        self.memory = pd.DataFrame()  # gpu, time, bytes per category and total
+        self.peak_memory: dict = {}  # GPU -> peak bytes
+        self.memory_capacity: float | None = None  # bytes usable by tensors (after reserve)
+
+    def set_memory(self, memory, peaks: dict, capacity: float | None, reserve: float) -> None:
+        """Attach the memory model's result; `capacity` None: the GPU is not known."""
+        self.memory = memory
+        self.peak_memory = dict(peaks)
+        self.memory_capacity = None if capacity is None else capacity - reserve
+
+    def out_of_memory(self) -> list | None:
+        """GPUs whose peak exceeds their usable memory; None when the capacity is unknown."""
+        if self.memory_capacity is None:
+            return None
+        return [g for g, p in self.peak_memory.items() if p > self.memory_capacity]
 
     # -- breakdowns ----------------------------------------------------------------------------
     def per_gpu(self) -> pd.DataFrame:
@@ -110,6 +125,11 @@ class Result:
             "exposed_comm_ms_mean": float(g["exposed_comm"].mean()) * 1e3,
             "idle_ms_mean": float(g["idle"].mean()) * 1e3,
             "bytes_moved": self.bytes_delivered,
+            "peak_memory_gb_max": max(self.peak_memory.values(), default=0.0) / 1e9,
+            "memory_capacity_gb": None
+            if self.memory_capacity is None
+            else self.memory_capacity / 1e9,
+            "fits_in_memory": None if self.out_of_memory() is None else not self.out_of_memory(),
             "collective_bytes": self.collective_bytes,
             "simulation_wall_s": self.wall_time,
         }
@@ -133,10 +153,21 @@ class Result:
             ("exposed communication (mean)", f"{s['exposed_comm_ms_mean']:.4f} ms"),
             ("idle / GPU (mean)", f"{s['idle_ms_mean']:.4f} ms"),
             ("bytes moved", f"{s['bytes_moved'] / 1e6:.3f} MB"),
+            ("peak memory / GPU (max)", f"{s['peak_memory_gb_max']:.3f} GB"),
+            ("fits in memory", self._verdict()),
             ("simulated in", f"{s['simulation_wall_s']:.3f} s wall"),
         ]
         w = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+
+    def _verdict(self) -> str:
+        oom = self.out_of_memory()
+        if oom is None:
+            return "unknown (the GPU's capacity is not in the catalogue)"
+        cap = f"{self.memory_capacity / 1e9:.3f} GB usable"
+        if not oom:
+            return f"yes ({cap})"
+        return f"NO: OUT OF MEMORY on {len(oom)} GPU(s), e.g. GPU {oom[0]} ({cap})"
 
     # -- exports -------------------------------------------------------------------------------
     def to_chrome_trace(self, path) -> Path:
@@ -194,6 +225,39 @@ class Result:
         plt.close(fig)
         return path
 
+    def plot_memory(self, path, max_gpus: int = 4) -> Path:
+        """Stacked memory over time for the first `max_gpus` GPUs (the peak GPU among them)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        from triosim.memory import CATEGORIES
+
+        peak_gpu = max(self.peak_memory, key=self.peak_memory.get) if self.peak_memory else None
+        gpus = list(dict.fromkeys([peak_gpu, *self.gpus[:max_gpus]]))[:max_gpus]
+        fig, axes = plt.subplots(len(gpus), 1, figsize=(9, 1.2 + 1.8 * len(gpus)), sharex=True,
+                                 squeeze=False)  # fmt: skip
+        for ax, g in zip(axes[:, 0], gpus, strict=True):
+            d = self.memory[self.memory["gpu"] == g]
+            ax.stackplot(d["time"] * 1e3, *[d[c] / 1e9 for c in CATEGORIES], step="post",
+                         labels=[c.replace("_", " ") for c in CATEGORIES])  # fmt: skip
+            if (
+                self.memory_capacity is not None
+                and self.peak_memory.get(g, 0) > 0.5 * self.memory_capacity
+            ):
+                ax.axhline(self.memory_capacity / 1e9, color="red", ls="--", lw=1, label="usable")
+            ax.set_ylabel(f"GPU {g}\nGB")
+        axes[0, 0].legend(loc="upper left", fontsize=7, ncol=3)
+        axes[-1, 0].set_xlabel("time (ms)")
+        axes[0, 0].set_title(f"memory per GPU (peak {max(self.peak_memory.values(), default=0) / 1e9:.3f} GB; "
+                             f"fits: {self._verdict()})", fontsize=9)  # fmt: skip
+        fig.tight_layout()
+        path = Path(path)
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        return path
+
     def save(self, folder) -> Path:
         """Write every output (CSV, JSON, Chrome trace, PNG, the config) into `folder`."""
         folder = Path(folder)
@@ -205,6 +269,9 @@ class Result:
         (folder / "summary.json").write_text(json.dumps(self.summary_dict(), indent=2))
         self.to_chrome_trace(folder / "chrome_trace.json")
         self.plot_timeline(folder / "timeline.png")
+        if len(self.memory):
+            self.memory.to_csv(folder / "memory.csv", index=False)
+            self.plot_memory(folder / "memory.png")
         if self.config is not None:
             config = self.config
             if self.trace is not None:  # a trace passed in memory: keep it beside the config

@@ -25,6 +25,7 @@ from perfmodel import model_class
 from triosim import schema
 from triosim.config import IN_MEMORY, Config, from_dict, load_config
 from triosim.errors import ConfigError, SimulationError
+from triosim.memory import capacity, memory_timeline
 from triosim.result import Result
 from triosim.trace import Trace
 from triosim.trace_io import load_any_trace
@@ -99,7 +100,7 @@ class Simulation:
         env.run()
         runtime.check_finished()
         check_conservation(runtime, net)
-        return Result(
+        result = Result(
             rows=runtime.rows,
             gpus=self.gpus,
             config=cfg,
@@ -111,6 +112,11 @@ class Simulation:
             wall_time=time.perf_counter() - wall,
             trace=self.trace if cfg.trace == IN_MEMORY else None,
         )
+        mem, peaks = memory_timeline(result.timeline, self.trace, self.extrapolator, self.gpus,
+                                     cfg.memory)  # fmt: skip
+        gpu_name = cfg.gpu or self.trace.metadata.get("gpu")
+        result.set_memory(mem, peaks, capacity(cfg.memory, gpu_name), cfg.memory.reserve)
+        return result
 
     def _start_iterations(self, runtime: Runtime, k_max: int) -> None:
         """K back-to-back iterations on one network (so state such as photonic circuits

@@ -1,0 +1,110 @@
+"""The memory model: static bytes per parameter, activation lifetimes, sharding, verdict."""
+
+import pytest
+
+from tests.conftest import chain_trace
+from triosim.memory import MemoryOptions, static_bytes
+from triosim.simulation import Simulation
+from triosim.trace import Tensor
+
+
+def run(trace, n, mode, batch, **cfg):
+    par = {"mode": mode, **cfg.pop("par", {})}
+    return Simulation({"num_gpus": n, "batch_size": batch, "parallelism": par, **cfg},
+                      trace=trace).run()  # fmt: skip
+
+
+def with_adam_states(t):
+    """chain_trace plus Adam's two states per weight (what the tracer marks)."""
+    for w in list(t.weights()):
+        for _ in range(2):
+            k = max(t.tensors) + 1
+            t.tensors[k] = Tensor(k, w.shape, w.dtype, w.nbytes, "optimizer_state")
+    return t
+
+
+def test_bytes_per_parameter_follow_zero():
+    # ZeRO (Rajbhandari et al. 2020, section 3.1): Adam holds 16 bytes per parameter,
+    # both in fp32 (4 + 4 + 8) and in mixed precision (2 + 2 + 12)
+    p = 1e9
+    fp32 = static_bytes(4 * p, 4, "adam", "fp32")
+    assert (fp32["weights"], fp32["gradients"], fp32["optimizer_states"]) == (4 * p, 4 * p, 8 * p)
+    mixed = static_bytes(4 * p, 4, "adamw", "mixed")
+    assert (mixed["weights"], mixed["gradients"], mixed["optimizer_states"]) == (
+        2 * p,
+        2 * p,
+        12 * p,
+    )
+    assert sum(static_bytes(2 * p, 2, "sgd", "fp32").values()) == 8 * p  # bf16 trace: P = 1e9
+    assert sum(static_bytes(4 * p, 4, "momentum", "mixed").values()) == 12 * p
+
+
+def test_adam_is_recognised_and_held_whole_by_data_parallel():
+    t = with_adam_states(chain_trace(batch=8))
+    r = run(t, 2, "dp", 16)
+    m = r.memory[r.memory.gpu == 0]
+    w = t.weight_bytes()
+    assert m["weights"].max() == w and m["optimizer_states"].max() == 2 * w
+    assert m["gradients"].max() == pytest.approx(w)  # all of them, just before the step
+    assert m["gradients"].iloc[-1] == 0  # freed by the optimizer step (set_to_none)
+
+
+def test_saved_activations_follow_their_lifetimes():
+    # dp on 1 of 2 GPUs at the traced batch: acts are act_bytes each. Forward op i reads act i
+    # and writes act i+1; backward op i reads act i+1 and writes an input gradient. The input
+    # (act 0) dies after forward op 0; acts 1..4 live until their backward op: at the end of
+    # the forward pass 4 acts are alive, and the first backward op adds its output: 5.
+    a = 1e6
+    r = run(chain_trace(batch=8, act_bytes=a, layers=4), 2, "dp", 16)
+    assert r.memory.groupby("gpu")["activations"].max().tolist() == [5 * a, 5 * a]
+
+
+def test_data_parallel_peak_does_not_change_with_the_number_of_gpus():
+    t = chain_trace(batch=8)
+    peaks = {n: max(run(t, n, "dp", 8 * n).peak_memory.values()) for n in (2, 4, 8)}
+    assert peaks[2] == peaks[4] == peaks[8]
+
+
+def test_tensor_parallel_divides_split_weights():
+    t = chain_trace(batch=8)  # every linear layer is split
+    for n in (2, 4):
+        r = run(t, n, "tp", 8)
+        assert r.memory.groupby("gpu")["weights"].max().tolist() == [t.weight_bytes() / n] * n
+
+
+def test_1f1b_holds_fewer_micro_batches_than_gpipe():
+    # 2 stages of 2 layers, M = 8 micro-batches of act_bytes / 8: GPipe's stage 0 keeps the
+    # saved activations (acts 1 and 2) of all 8 micro-batches, plus one input gradient in
+    # backward: 8 x 2 + 1 = 17 units; 1F1B keeps at most S = 2 micro-batches in flight
+    unit = 8e6 / 8
+    t = chain_trace(batch=8, act_bytes=8e6, layers=4)
+    gpipe = run(t, 2, "gpipe", 8, par={"microbatches": 8}).memory
+    onefb = run(t, 2, "1f1b", 8, par={"microbatches": 8}).memory
+    assert gpipe[gpipe.gpu == 0]["activations"].max() == pytest.approx(17 * unit)
+    assert onefb[onefb.gpu == 0]["activations"].max() <= 5 * unit
+
+
+def test_out_of_memory_is_flagged_and_the_run_still_completes():
+    t = chain_trace(batch=8)
+    ok = run(t, 2, "dp", 16)
+    assert ok.out_of_memory() == [] and "yes" in ok.summary()  # an H100 has 80 GB
+    tight = run(t, 2, "dp", 16, memory={"capacity": "40 MB", "reserve": "10 MB"})
+    assert tight.iteration_time == ok.iteration_time
+    assert tight.out_of_memory() == [0, 1] and "OUT OF MEMORY" in tight.summary()
+    assert tight.summary_dict()["fits_in_memory"] is False
+    cpu = chain_trace(batch=8)
+    cpu.metadata["gpu"] = "cpu"
+    assert run(cpu, 2, "dp", 16).out_of_memory() is None  # unknown capacity: no verdict
+
+
+def test_memory_options_are_validated():
+    from triosim.config import from_dict
+    from triosim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="memory.optimizer.*one of auto"):
+        from_dict({"trace": "x", "memory": {"optimizer": "lamb"}})
+    with pytest.raises(ConfigError, match="memory.reserve.*a size"):
+        from_dict({"trace": "x", "memory": {"reserve": "2 GB/s"}})
+    assert from_dict({"trace": "x", "memory": {"reserve": "2 GiB"}}).memory == MemoryOptions(
+        reserve=2**30 * 2
+    )
