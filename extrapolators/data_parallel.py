@@ -30,13 +30,35 @@ class Single(Extrapolator):
         }
 
 
+@dataclass(frozen=True)
+class DPOptions:
+    accumulation_steps: int = option(1, ge=1, help="gradient accumulation: forward and "
+                                     "backward this many times on batch/N/steps before "
+                                     "the gradients are reduced")  # fmt: skip
+
+
 class DataParallel(Extrapolator):
-    """Every GPU runs the trace on batch/N; gradients are all-reduced after the backward pass."""
+    """Every GPU runs the trace on batch/N; gradients are all-reduced after the backward pass.
+    With accumulation, each GPU runs forward + backward `accumulation_steps` times on a
+    micro-batch of batch/N/steps, and reduces once, after the last."""
 
     name = "dp"
+    Options = DPOptions
 
     def check(self):
-        self.per_gpu_batch(len(self.gpus))
+        self.op_batch()
+
+    def op_batch(self):
+        return self.per_gpu_batch(len(self.gpus) * self.options.accumulation_steps)
+
+    def _micro_steps(self, last_step):
+        """Forward + backward of every accumulation step; `last_step` yields the last."""
+        target = self.target(self.op_batch())
+        steps = self.options.accumulation_steps
+        for s in range(steps - 1):
+            for op in self.ops("forward", "backward"):
+                yield self.compute(op, target, mb=s)
+        yield from last_step(target, steps - 1)
 
     def grad_bytes(self) -> float:
         return self.trace.weight_bytes()  # one gradient per weight, of the weight's size
@@ -48,11 +70,14 @@ class DataParallel(Extrapolator):
         return {(gpu, "compute"): self._compute(gpu), (gpu, "comm"): self._comm(gpu)}
 
     def _compute(self, gpu):
-        target = self.target(self.per_gpu_batch(len(self.gpus)))
-        for op in self.ops("forward", "backward"):
-            yield self.compute(op, target)
+        def last(target, mb):
+            for op in self.ops("forward", "backward"):
+                yield self.compute(op, target, mb=mb)
+
+        yield from self._micro_steps(last)
         yield Signal(f"{gpu}:grads")
         yield Wait(f"{gpu}:reduced")
+        target = self.target(self.op_batch())
         for op in self.ops("optimizer"):
             yield self.compute(op, target)
 
@@ -64,7 +89,7 @@ class DataParallel(Extrapolator):
 
 
 @dataclass(frozen=True)
-class DDPOptions:
+class DDPOptions(DPOptions):
     bucket_size: float = option(
         25 * 2**20,
         unit="bytes",
@@ -114,22 +139,26 @@ class DistributedDataParallel(DataParallel):
         return out
 
     def _compute(self, gpu):
-        target = self.target(self.per_gpu_batch(len(self.gpus)))
         buckets = self.buckets()
         by_pos: dict[int, list[int]] = {}
         for k, (p, _, _) in enumerate(buckets):
             by_pos.setdefault(p, []).append(k)
-        for i, op in enumerate(self.trace.operators):
-            if op.phase == "optimizer":
-                continue
-            yield self.compute(op, target)
-            for k in by_pos.get(i, ()):
-                yield Signal(f"{gpu}:bucket{k}")
+
+        def last(target, mb):  # the step outside no_sync(): buckets reduce as they fill
+            for i, op in enumerate(self.trace.operators):
+                if op.phase == "optimizer":
+                    continue
+                yield self.compute(op, target, mb=mb)
+                for k in by_pos.get(i, ()):
+                    yield Signal(f"{gpu}:bucket{k}")
+
+        yield from self._micro_steps(last)
         # buckets whose ready point was an optimizer op (no backward in the trace)
         for k, (p, _, _) in enumerate(buckets):
             if self.trace.operators[p].phase == "optimizer":
                 yield Signal(f"{gpu}:bucket{k}")
         yield Wait(f"{gpu}:reduced")
+        target = self.target(self.op_batch())
         for op in self.ops("optimizer"):
             yield self.compute(op, target)
 

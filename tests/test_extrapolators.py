@@ -312,3 +312,28 @@ def test_hybrid_errors():
         sim(t, 4, "hybrid", dp=2, inner="hybrid")
     with pytest.raises(ConfigError, match="parallelism.inner"):
         sim(t, 4, "hybrid", dp=2, inner="nope")
+
+
+@pytest.mark.parametrize("mode", ["dp", "ddp"])
+def test_gradient_accumulation_reduces_once_after_the_last_micro_step(mode):
+    # 2 GPUs, batch 16, 2 accumulation steps: each GPU runs forward + backward twice on 4
+    # samples, then one all-reduce of all gradients (DDP: buckets only in the last step,
+    # as under no_sync()), then the optimizer
+    t = chain_trace(batch=8)
+    top = {"kind": "ring", "bandwidth": 10 * GB, "latency": 0.0}
+    acc = sim(t, 2, mode, top, batch_size=16, accumulation_steps=2)
+    tl = acc.timeline[acc.timeline.gpu == 0]
+    comp = tl[tl.kind == "compute"]
+    assert (comp.phase != "optimizer").sum() == 2 * sum(
+        op.phase != "optimizer" for op in t.operators
+    )
+    assert sorted(comp.microbatch.unique()) == [0, 1]
+    assert acc.collective_bytes["allreduce"] == pytest.approx(t.weight_bytes())
+    comms = tl[tl.kind == "comm"]
+    last_step_start = comp[comp.microbatch == 1]["start"].min()
+    assert (comms["start"] >= last_step_start).all()
+    one = sim(t, 2, mode, top, batch_size=8)  # one step of 4 samples per GPU, for comparison
+    fb = comp[comp.phase != "optimizer"]
+    fb1 = one.timeline[(one.timeline.gpu == 0) & (one.timeline.kind == "compute") &
+                       (one.timeline.phase != "optimizer")]  # fmt: skip
+    assert (fb.end - fb.start).sum() == pytest.approx(2 * (fb1.end - fb1.start).sum(), rel=1e-12)
