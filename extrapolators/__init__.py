@@ -6,6 +6,7 @@ from extrapolators.hop import Hop
 from extrapolators.hybrid import Hybrid
 from extrapolators.pipeline import GPipe, OneFOneB
 from extrapolators.runtime import Runtime
+from extrapolators.sharded import Sharded
 from extrapolators.tensor_parallel import TensorParallel
 from triosim.registry import Registry
 
@@ -19,6 +20,7 @@ for _cls in (
     OneFOneB,
     Hybrid,
     Hop,
+    Sharded,
 ):
     EXTRAPOLATORS.register(_cls.name)(_cls)
 
@@ -30,5 +32,5 @@ def register(cls: type[Extrapolator], *, replace: bool = False) -> type[Extrapol
 
 extrapolator_class = EXTRAPOLATORS.get
 
-__all__ = ["EXTRAPOLATORS", "Extrapolator", "Runtime", "extrapolator_class",
+__all__ = ["EXTRAPOLATORS", "Extrapolator", "Runtime", "Sharded", "extrapolator_class",
            "gradient_ready", "register"]  # fmt: skip

@@ -86,6 +86,11 @@ class Extrapolator:
         """Communication buffers this GPU keeps for the whole iteration (DDP buckets)."""
         return 0.0
 
+    def state_fractions(self) -> dict | None:
+        """Shares of the held weights' gradients and optimizer states this GPU keeps, when
+        they differ from its weights' (ZeRO shards them); None: the same as the weights."""
+        return None
+
     def per_gpu_batch(self, parts: int) -> float | None:
         if self.batch is None:
             if parts == 1:

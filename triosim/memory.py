@@ -100,8 +100,13 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
     groups = dict(tuple(compute.groupby("gpu", sort=False)))
     for g in gpus:
         rows = groups.get(g, compute.iloc[:0]).sort_values(["start", "end"], kind="stable")
-        static = static_bytes(extrapolator.held_weight_bytes(g), bpp, optimizer,
-                              options.precision)  # fmt: skip
+        shares = extrapolator.state_fractions()
+        if shares is None:
+            static = static_bytes(extrapolator.held_weight_bytes(g), bpp, optimizer,
+                                  options.precision)  # fmt: skip
+        else:  # ZeRO: each kind of state has its own share of the full model's
+            full = static_bytes(trace.weight_bytes(), bpp, optimizer, options.precision)
+            static = {k: v * shares[k] for k, v in full.items()}
         times, deltas = [0.0], [np.zeros(len(CATEGORIES))]
         base = np.array([static["weights"], 0.0, static["optimizer_states"], 0.0,
                          extrapolator.buffer_bytes(g)])  # fmt: skip
