@@ -125,17 +125,20 @@ class Sharded(Extrapolator):
         for op in self.trace.operators:
             if op.phase == "backward":
                 last_bwd[self.unit_of[op.id]] = op.id
-        current = None
+        entered: set = set()
         for op in self.trace.operators:
             if op.phase == "optimizer":
                 continue
             u = self.unit_of[op.id]
-            if stage == 3 and (op.phase, u) != current:
-                current = (op.phase, u)
+            if stage == 3 and (op.phase, u) not in entered:
+                entered.add((op.phase, u))
                 yield Wait(f"{g}:gathered:{op.phase}:{u}")  # its parameters are here
                 yield Signal(f"{g}:started:{op.phase}:{u}")  # the next gather may begin
             yield self.compute(op, target)
             if op.phase == "backward" and last_bwd.get(u) == op.id:
+                yield Signal(f"{g}:grads:{u}")
+        for u in range(len(self.unit_weights)):  # units no backward op of the trace touches
+            if u not in last_bwd:
                 yield Signal(f"{g}:grads:{u}")
         yield Wait(f"{g}:reduced")
         for op in self.ops("optimizer"):  # on this GPU's shard of the parameters

@@ -139,6 +139,39 @@ def cmd_import(args) -> int:
     return 0
 
 
+def cmd_search(args) -> int:
+    import yaml
+
+    from triosim.config import read_yaml
+    from triosim.search import search
+
+    path = Path(args.config)
+    base = read_yaml(path)
+    for s in args.set or []:
+        _set(base, s)
+    ranked, table, best = search(base, base_dir=str(path.parent), workers=args.workers)
+    cols = [c for c in ("plan", "iteration_time_ms", "peak_memory_gb_max", "samples_per_s",
+                        "tokens_per_s", "mfu") if c in ranked]  # fmt: skip
+    print(ranked[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    dropped = table[table["status"] != "ok"]
+    for r in dropped.itertuples(index=False):
+        print(
+            f"not ranked: {r.plan}: {r.status}"
+            + (f" ({r.reason})" if isinstance(getattr(r, "reason", None), str) else "")
+        )
+    if best is None:
+        print("error: no candidate fits", file=sys.stderr)
+        return 1
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise InputError(f"{out} exists; pass --force to overwrite it")
+    best = {**best, "trace": str((path.parent / best["trace"]).resolve())}
+    out.write_text(yaml.safe_dump(best, sort_keys=False))
+    print(f"\nbest: {ranked.loc[0, 'plan']} ({ranked.loc[0, 'iteration_time_ms']:.4f} ms); "
+          f"config written to {out}")  # fmt: skip
+    return 0
+
+
 def cmd_trace(args) -> int:
     try:
         import torch  # noqa: F401
@@ -237,6 +270,18 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--small", action="store_true", help="a reduced model size (fast CPU traces)")
     t.add_argument("--image-size", type=int, default=224, help="image side for CNNs")
     t.set_defaults(func=cmd_trace)
+
+    se = sub.add_parser("search", help="rank every way to spread a trace over the GPUs",
+                        description="Enumerate data, sharded, tensor, pipeline and hybrid plans "
+                        "for the config's trace, GPU count, topology and global batch; drop those "
+                        "that do not fit in memory; simulate and rank the rest; write the best "
+                        "as a config ready to run.")  # fmt: skip
+    se.add_argument("config", help="YAML config giving trace, num_gpus, batch_size, topology")
+    se.add_argument("--out", default="best.yaml", help="where the best config goes")
+    se.add_argument("--force", action="store_true", help="overwrite --out")
+    se.add_argument("--workers", type=int, default=1, help="parallel processes")
+    se.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a field")
+    se.set_defaults(func=cmd_search)
     return p
 
 

@@ -81,12 +81,22 @@ def _bytes_per_param(trace) -> float:
     return float(DTYPE_BYTES.get(dtype, 4))
 
 
+def static_per_gpu(trace, extrapolator, gpu, options: MemoryOptions) -> dict:
+    """Weights, gradients and optimizer states `gpu` holds under its mode's placement."""
+    optimizer = optimizer_kind(trace, options)
+    bpp = _bytes_per_param(trace)
+    shares = extrapolator.state_fractions()
+    if shares is None:
+        return static_bytes(extrapolator.held_weight_bytes(gpu), bpp, optimizer,
+                            options.precision)  # fmt: skip
+    full = static_bytes(trace.weight_bytes(), bpp, optimizer, options.precision)
+    return {k: v * shares[k] for k, v in full.items()}  # ZeRO: a share of each kind
+
+
 def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: MemoryOptions):
     """(DataFrame gpu, time, one column per category and total; peak bytes per GPU)."""
     from extrapolators import gradient_ready
 
-    optimizer = optimizer_kind(trace, options)
-    bpp = _bytes_per_param(trace)
     ready = gradient_ready(trace)  # weight -> position of the op after which its grad exists
     ops = trace.operators
     grad_at: dict[int, list[int]] = {}
@@ -100,13 +110,7 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
     groups = dict(tuple(compute.groupby("gpu", sort=False)))
     for g in gpus:
         rows = groups.get(g, compute.iloc[:0]).sort_values(["start", "end"], kind="stable")
-        shares = extrapolator.state_fractions()
-        if shares is None:
-            static = static_bytes(extrapolator.held_weight_bytes(g), bpp, optimizer,
-                                  options.precision)  # fmt: skip
-        else:  # ZeRO: each kind of state has its own share of the full model's
-            full = static_bytes(trace.weight_bytes(), bpp, optimizer, options.precision)
-            static = {k: v * shares[k] for k, v in full.items()}
+        static = static_per_gpu(trace, extrapolator, g, options)
         times, deltas = [0.0], [np.zeros(len(CATEGORIES))]
         base = np.array([static["weights"], 0.0, static["optimizer_states"], 0.0,
                          extrapolator.buffer_bytes(g)])  # fmt: skip
