@@ -26,7 +26,7 @@ def test_the_best_is_the_fastest_of_the_separate_runs(base):
     ranked, table, best = search(base, progress=False)
     assert len(ranked) >= 10 and (ranked["status"] == "ok").all()
     times = []
-    for label, par in candidates(4, 16):
+    for _label, par in candidates(4, 16):
         try:
             times.append(Simulation({**base, "parallelism": par}).run().iteration_time)
         except Exception:  # noqa: BLE001 - a plan the trace does not allow
