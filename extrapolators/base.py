@@ -64,14 +64,25 @@ class Extrapolator:
     def target(self, batch=None, tp: int = 1) -> Target:
         return Target(gpu=self.gpu, batch_size=batch, tp=tp)
 
-    def compute(self, op, target: Target, scale: float = 1.0, mb: int = 0):
+    def compute(self, op, target: Target, scale: float = 1.0, mb: int = 0, phase=None):
+        """The task for `op` at `target`; `phase` overrides the trace's ("recompute")."""
         from extrapolators.tasks import Compute
 
         key = (op.id, target, scale)
         t = self._times.get(key)
         if t is None:
             t = self._times[key] = self.model.time(op, target) * scale
-        return Compute(op.name, op.layer, op.phase, t, op.id, mb)
+        return Compute(op.name, op.layer, phase or op.phase, t, op.id, mb)
+
+    def forward_backward(self, policy: str = "none", depth: int | None = None):
+        """[(op, recomputed)]: the forward and backward ops in trace order, with the forward
+        ops a recomputation policy re-runs inserted before their unit's backward (units:
+        layer-name prefixes of `depth` parts, see extrapolators.units)."""
+        from extrapolators.units import layer_units, with_recompute
+
+        ops = self.ops("forward", "backward")
+        unit_of = layer_units(self.trace, depth)[0] if policy != "none" else {}
+        return with_recompute(ops, policy, unit_of)
 
     # -- what the memory model needs -----------------------------------------------------
     def op_batch(self) -> float | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from extrapolators.base import Extrapolator, gradient_ready
 from extrapolators.tasks import Collective, Signal, Wait
@@ -35,6 +36,9 @@ class DPOptions:
     accumulation_steps: int = option(1, ge=1, help="gradient accumulation: forward and "
                                      "backward this many times on batch/N/steps before "
                                      "the gradients are reduced")  # fmt: skip
+    recompute: Literal["none", "full", "selective"] = option(
+        "none", help="activation recomputation: full (every block's forward again before its "
+        "backward) or selective (the attention core, as Megatron-LM)")  # fmt: skip
 
 
 class DataParallel(Extrapolator):
@@ -47,17 +51,25 @@ class DataParallel(Extrapolator):
 
     def check(self):
         self.op_batch()
+        self._fb = self.forward_backward(self.options.recompute)
 
     def op_batch(self):
         return self.per_gpu_batch(len(self.gpus) * self.options.accumulation_steps)
+
+    def _step(self, target, mb, after=None):
+        """One forward + backward (with any recomputation); `after(op)` yields what follows
+        an op (DDP's bucket signals)."""
+        for op, again in self._fb:
+            yield self.compute(op, target, mb=mb, phase="recompute" if again else None)
+            if after is not None and not again:
+                yield from after(op)
 
     def _micro_steps(self, last_step):
         """Forward + backward of every accumulation step; `last_step` yields the last."""
         target = self.target(self.op_batch())
         steps = self.options.accumulation_steps
         for s in range(steps - 1):
-            for op in self.ops("forward", "backward"):
-                yield self.compute(op, target, mb=s)
+            yield from self._step(target, s)
         yield from last_step(target, steps - 1)
 
     def grad_bytes(self) -> float:
@@ -70,11 +82,7 @@ class DataParallel(Extrapolator):
         return {(gpu, "compute"): self._compute(gpu), (gpu, "comm"): self._comm(gpu)}
 
     def _compute(self, gpu):
-        def last(target, mb):
-            for op in self.ops("forward", "backward"):
-                yield self.compute(op, target, mb=mb)
-
-        yield from self._micro_steps(last)
+        yield from self._micro_steps(self._step)
         yield Signal(f"{gpu}:grads")
         yield Wait(f"{gpu}:reduced")
         target = self.target(self.op_batch())
@@ -144,13 +152,14 @@ class DistributedDataParallel(DataParallel):
         for k, (p, _, _) in enumerate(buckets):
             by_pos.setdefault(p, []).append(k)
 
+        pos = {op.id: i for i, op in enumerate(self.trace.operators)}
+
+        def signals(op):
+            for k in by_pos.get(pos[op.id], ()):
+                yield Signal(f"{gpu}:bucket{k}")
+
         def last(target, mb):  # the step outside no_sync(): buckets reduce as they fill
-            for i, op in enumerate(self.trace.operators):
-                if op.phase == "optimizer":
-                    continue
-                yield self.compute(op, target, mb=mb)
-                for k in by_pos.get(i, ()):
-                    yield Signal(f"{gpu}:bucket{k}")
+            yield from self._step(target, mb, signals)
 
         yield from self._micro_steps(last)
         # buckets whose ready point was an optimizer op (no backward in the trace)

@@ -25,6 +25,7 @@ from typing import Literal
 
 from extrapolators.base import Extrapolator
 from extrapolators.tasks import Collective, Signal, Wait
+from extrapolators.units import layer_units
 from triosim.schema import option
 
 
@@ -38,6 +39,9 @@ class ShardedOptions:
                                          "forward and gather them again for backward")  # fmt: skip
     bucket_size: float = option(25 * 2**20, unit="bytes", gt=0,
                                 help="ZeRO-1/2 gradient bucket cap")  # fmt: skip
+    recompute: Literal["none", "full", "selective"] = option(
+        "none", help="activation recomputation (as for dp): full per unit or selective"
+    )
 
 
 class Sharded(Extrapolator):
@@ -47,45 +51,12 @@ class Sharded(Extrapolator):
     def check(self):
         self.per_gpu_batch(len(self.gpus))
         self._units()
+        self._fb = self.forward_backward(self.options.recompute, self.options.wrap_depth)
 
     # -- units --------------------------------------------------------------------------------
     def _units(self):
-        """Split forward ops into units; each backward op joins its forward op's unit."""
-        trace = self.trace
-        fwd = [op for op in trace.operators if op.phase == "forward"]
-        weights = {t.id for t in trace.weights()}
-        depth = self.options.wrap_depth
-        if depth is None:
-            depth = 1
-            while depth < 8 and self._count(fwd, weights, depth) < 4:
-                depth += 1
-        self.unit_of: dict[int, int] = {}
-        self.unit_weights: list[float] = []
-        self.unit_names: list[str] = []
-        held: list[set] = []
-        key = None
-        for op in fwd:
-            k = ".".join(op.layer.split(".")[:depth])
-            if k != key or not self.unit_names:
-                key = k
-                self.unit_names.append(k or "(no layer)")
-                held.append(set())
-            self.unit_of[op.id] = len(self.unit_names) - 1
-            held[-1] |= {t for t in op.inputs if t in weights}
-        seen: set = set()
-        for s in held:
-            s -= seen
-            seen |= s
-        self.unit_weights = [sum(trace.tensors[t].nbytes for t in s) for s in held]
-        for op in trace.operators:
-            if op.phase == "backward":
-                self.unit_of[op.id] = self.unit_of.get(op.fwd_id, len(self.unit_names) - 1)
-
-    @staticmethod
-    def _count(fwd, weights, depth) -> int:
-        keys = {".".join(op.layer.split(".")[:depth]) for op in fwd
-                if any(t in weights for t in op.inputs)}  # fmt: skip
-        return len(keys)
+        self.unit_of, self.unit_names, held = layer_units(self.trace, self.options.wrap_depth)
+        self.unit_weights = [sum(self.trace.tensors[t].nbytes for t in s) for s in held]
 
     # -- what each GPU holds ------------------------------------------------------------------
     def held_weight_bytes(self, gpu) -> float:
@@ -126,15 +97,14 @@ class Sharded(Extrapolator):
             if op.phase == "backward":
                 last_bwd[self.unit_of[op.id]] = op.id
         entered: set = set()
-        for op in self.trace.operators:
-            if op.phase == "optimizer":
-                continue
+        for op, again in self._fb:
             u = self.unit_of[op.id]
-            if stage == 3 and (op.phase, u) not in entered:
-                entered.add((op.phase, u))
-                yield Wait(f"{g}:gathered:{op.phase}:{u}")  # its parameters are here
-                yield Signal(f"{g}:started:{op.phase}:{u}")  # the next gather may begin
-            yield self.compute(op, target)
+            phase = "backward" if again else op.phase  # recomputation needs backward's gather
+            if stage == 3 and (phase, u) not in entered:
+                entered.add((phase, u))
+                yield Wait(f"{g}:gathered:{phase}:{u}")  # its parameters are here
+                yield Signal(f"{g}:started:{phase}:{u}")  # the next gather may begin
+            yield self.compute(op, target, phase="recompute" if again else None)
             if op.phase == "backward" and last_bwd.get(u) == op.id:
                 yield Signal(f"{g}:grads:{u}")
         for u in range(len(self.unit_weights)):  # units no backward op of the trace touches

@@ -108,3 +108,50 @@ def test_memory_options_are_validated():
     assert from_dict({"trace": "x", "memory": {"reserve": "2 GiB"}}).memory == MemoryOptions(
         reserve=2**30 * 2
     )
+
+
+def block_trace(blocks=3, a=1e6):
+    """Blocks of two forward ops (linear x -> h, relu h -> y) whose backward reads x and h
+    (what autograd saves); y is the next block's x."""
+    from triosim.trace import Operator, Trace
+
+    tensors, ops = {}, []
+
+    def tensor(cat, nbytes):
+        k = len(tensors)
+        tensors[k] = Tensor(k, (8, 8), "float32", nbytes, cat)
+        return k
+
+    x = tensor("input", a)
+    saved = []
+    for b in range(blocks):
+        w = tensor("weight", 4e6)
+        h, y = tensor("activation", a), tensor("activation", a)
+        ops.append(
+            Operator(len(ops), "aten::linear", f"block{b}", "forward", 1e-3, (x, w), (h,), 1e9)
+        )
+        ops.append(
+            Operator(len(ops), "aten::relu", f"block{b}", "forward", 0.5e-3, (h,), (y,), 1e6)
+        )
+        saved.append((b, x, h, w, len(ops) - 2))
+        x = y
+    for b, xb, hb, w, fwd in reversed(saved):
+        g, gx = tensor("gradient", 4e6), tensor("activation", a)
+        ops.append(Operator(len(ops), "AddmmBackward0", f"block{b}", "backward", 2e-3, (xb, hb, w),
+                            (gx, g), 2e9, fwd_id=fwd))  # fmt: skip
+    return Trace(ops, tensors, {"batch_size": 8, "gpu": "H100-SXM"}).validate()
+
+
+def test_full_recomputation_trades_memory_for_the_forward_time():
+    # 3 blocks: without recomputation the forward keeps every x and h (the last y, never
+    # read, is freed at once): 6 tensors, and the first backward op adds its input gradient:
+    # 7. With full recomputation only the block inputs x stay (3); block 2's h and y come back
+    # (5), y goes, its backward adds a gradient (5). The time grows by the recomputed
+    # forward: 3 x 1.5 ms
+    a = 1e6
+    t = block_trace(3, a)
+    plain = run(t, 2, "dp", 16)
+    again = run(t, 2, "dp", 16, par={"recompute": "full"})
+    assert again.iteration_time - plain.iteration_time == pytest.approx(3 * 1.5e-3, rel=1e-9)
+    peak = [r.memory.groupby("gpu")["activations"].max().max() for r in (plain, again)]
+    assert peak[0] == pytest.approx(7 * a) and peak[1] == pytest.approx(5 * a)

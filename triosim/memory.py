@@ -136,7 +136,9 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
 
 def _activations(rows, by_id, scaled, trace, ex, times, deltas):
     """Batch-scaled tensors: alive from the first op on this GPU that touches them to the
-    end of the last op on this GPU that reads them, per (iteration, micro-batch)."""
+    end of the last op on this GPU that reads them, per (iteration, micro-batch). Tensors a
+    recomputed forward op writes are a second copy (pass 1): the first forward's copy lives
+    only until its last forward reader, and backward reads the recomputed one."""
     first: dict = {}
     last: dict = {}
     size: dict = {}
@@ -145,10 +147,13 @@ def _activations(rows, by_id, scaled, trace, ex, times, deltas):
         if op is None:
             continue
         ratio = ex.activation_ratio(op)
+        again = r.phase == "recompute"
         for t in op.outputs + op.inputs:
             if t not in scaled:
                 continue
-            key = (t, r.iteration, r.microbatch)
+            key = (t, r.iteration, r.microbatch, 1)
+            if not (again and t in op.outputs) and key not in first:
+                key = key[:3] + (0,)  # the first forward's copy, or one never recomputed
             if key not in first:
                 first[key] = r.start
                 size[key] = trace.tensors[t].nbytes * ratio
