@@ -3,10 +3,11 @@ import math
 from pathlib import Path
 
 import pytest
+import simpy
 
 from tests.conftest import chain_trace
 from triosim.config import from_dict, load_config
-from triosim.errors import ConfigError
+from triosim.errors import ConfigError, SimulationError
 from triosim.simulation import Simulation, load_any_trace
 from triosim.sweep import sweep
 
@@ -34,15 +35,33 @@ def test_chrome_trace_is_valid_and_sums_to_iteration_time(tmp_path):
     assert sum(e["dur"] for e in spans) * 1e-6 == pytest.approx(r.iteration_time)
 
 
-def test_breakdowns_add_up():
-    r = Simulation(
-        {"num_gpus": 4, "parallelism": {"mode": "ddp"}}, trace=chain_trace(batch=16)
-    ).run()
-    g = r.per_gpu()
-    total = g["compute"] + g["exposed_comm"] + g["idle"]
-    assert all(abs(x - r.iteration_time) < 1e-12 for x in total)
+def test_ddp_breakdown_matches_the_hand_timeline():
+    # chain_trace, 2 GPUs, per-GPU batch = traced batch: forward 4 x 1 ms, backward 4 x 2 ms,
+    # optimizer 0.5 ms. One 4 MB gradient per bucket; a 2-GPU ring all-reduce at 2 GB/s is
+    # 2 steps x 2 MB / 2 GB/s = 2 ms. Buckets are ready at 6, 8, 10, 12 ms and reduced in
+    # [6,8] [8,10] [10,12] [12,14]; the optimizer waits for the last: [14, 14.5].
+    # compute 12.5 ms, comm 8 ms of which only [12,14] is not under compute: exposed 2 ms,
+    # idle 0 (iteration 14.5 = 12.5 + 2).
+    r = Simulation({"num_gpus": 2, "batch_size": 16, "topology": {"kind": "ring", "bandwidth": 2e9},
+                    "parallelism": {"mode": "ddp", "bucket_size": 4e6}}, trace=chain_trace(batch=8)).run()  # fmt: skip
+    ms = 1e-3
+    assert r.iteration_time == pytest.approx(14.5 * ms, rel=1e-12)
+    comm = r.timeline[(r.timeline.gpu == 0) & (r.timeline.kind == "comm")]
+    assert comm[["start", "end"]].to_numpy().ravel() * 1e3 == pytest.approx(
+        [6, 8, 8, 10, 10, 12, 12, 14]
+    )
+    want = {"compute": 12.5 * ms, "comm": 8 * ms, "exposed_comm": 2 * ms, "idle": 0.0}
+    for gpu, row in r.per_gpu().iterrows():
+        assert row.to_dict() == pytest.approx(want, abs=1e-12), gpu
+    # per layer (mean over GPUs): each layer 1 + 2 ms of compute, each bucket 2 ms of comm
     layers = r.per_layer()
-    assert layers["compute"].sum() == pytest.approx(g["compute"].mean())
+    assert layers.loc[[f"layer{i}" for i in range(4)], "compute"].tolist() == pytest.approx(
+        [3 * ms] * 4
+    )
+    assert layers.loc["optimizer", "compute"] == pytest.approx(0.5 * ms)
+    assert layers.loc[[f"bucket{k}" for k in range(4)], "comm"].tolist() == pytest.approx(
+        [2 * ms] * 4
+    )
 
 
 def test_save_writes_every_output(tmp_path):
@@ -103,3 +122,48 @@ def test_photonic_network_in_a_run():
     r = Simulation(cfg, trace=chain_trace(batch=16)).run()
     compute = r.per_gpu()["compute"].max()
     assert r.iteration_time >= compute + 0.02  # at least one circuit set-up is exposed
+
+
+@pytest.mark.parametrize("fault,match", [("half", "bytes sent"), ("drop", "in flight")])
+def test_end_of_run_check_catches_a_network_that_loses_bytes(fault, match):
+    # dp on 2 GPUs: the all-reduce's transfers complete, but the network counts only half of
+    # each delivery ("half"), or signals completion without delivering at all ("drop")
+    from networks import PacketSwitchNetwork, register
+
+    @register(f"lossy-{fault}")
+    class Lossy(PacketSwitchNetwork):
+        def _deliver(self, rec, event):
+            if fault == "drop":
+                event.succeed(rec)
+            else:
+                super()._deliver(rec, event)
+                self.bytes_delivered -= rec.nbytes / 2
+
+    cfg = {"num_gpus": 2, "parallelism": {"mode": "dp"}, "network": {"kind": f"lossy-{fault}"}}
+    with pytest.raises(SimulationError, match=match):
+        Simulation(cfg, trace=chain_trace()).run()
+
+
+def test_end_of_run_checks_catch_a_stream_run_twice():
+    # Simulation starts each (GPU, stream) once; a Runtime driven by hand can start one
+    # twice. Two 1 s computes on GPU 0's compute stream then both span [0, 1]: overlap.
+    # If one copy is stuck on a Recv, check_finished sees only the other (the later start
+    # replaces the first in its table): 2 tasks started, 1 finished.
+    from extrapolators import Runtime
+    from extrapolators.tasks import Compute, Recv
+    from networks import PacketSwitchNetwork
+    from networks import topology as topo
+    from triosim.result import Result
+    from triosim.simulation import check_invariants
+
+    for first, match in ((Compute("x", "", "forward", 1.0), "overlapping"),
+                         (Recv(1, "never sent"), "started but|stalled")):  # fmt: skip
+        env = simpy.Environment()
+        net = PacketSwitchNetwork(env, topo.ring(2, 1e9))
+        rt = Runtime(env, net)
+        with pytest.raises(SimulationError, match=match):
+            rt.start(0, "compute", [first])
+            rt.start(0, "compute", [Compute("x", "", "forward", 1.0)])
+            env.run()
+            rt.check_finished()
+            check_invariants(Result(rt.rows, net, rt, None, None, 0.0), rt, net)
