@@ -5,11 +5,11 @@ import pytest
 import simpy
 
 from extrapolators import Plan, Runtime
-from extrapolators.tasks import Recv, Send
+from extrapolators.tasks import Recv, Send, Signal, Wait
 from networks import PacketSwitchNetwork
 from networks import topology as topo
 from tests.conftest import chain_trace
-from triosim.errors import ConfigError, DeadlockError
+from triosim.errors import ConfigError, DeadlockError, SimulationError
 from triosim.simulation import Simulation
 
 GB = 1e9
@@ -153,6 +153,35 @@ def test_deadlock_names_stuck_gpu_and_task():
     with pytest.raises(DeadlockError) as e:
         rt.check_finished()
     assert "GPU 0 compute" in str(e.value) and "never-sent" in str(e.value)
+
+
+def _c(key, group=(0, 1), op="allreduce", algorithm="ring"):
+    from extrapolators.tasks import Collective
+
+    return Collective(op, group, 1e6, key, algorithm=algorithm)
+
+
+@pytest.mark.parametrize("streams,error,match", [
+    ({(0, "a"): [Signal("k"), Signal("k")]}, SimulationError, "signal 'k' fired twice"),
+    ({(0, "a"): ["not a task"]}, SimulationError, "unknown task 'not a task'"),
+    ({(0, "a"): [_c("c", group=(1,))]}, SimulationError, "of group .* it is not in"),
+    ({(0, "a"): [_c("c")], (1, "a"): [_c("c", group=(1, 0))]}, SimulationError, "different groups"),
+    ({(0, "a"): [_c("c")], (0, "b"): [_c("c")]}, SimulationError, "GPU 0 posted .* twice"),
+    ({(0, "a"): [_c("c", algorithm="tree")], (1, "a"): [_c("c", algorithm="tree")]}, ConfigError,
+     "collective.algorithm"),
+    ({(0, "a"): [_c("c", op="gossip")], (1, "a"): [_c("c", op="gossip")]}, ConfigError,
+     "'collective' = 'gossip'"),
+    ({(0, "a"): [Wait("x")], (1, "a"): [_c("c")], (1, "b"): [Send(0, 1.0, "s")]}, DeadlockError,
+     r"signal 'x' \(never fired\)[\s\S]*allreduce 'c' over GPUs \[0, 1\] \(missing GPUs \[0\]\)"),
+])  # fmt: skip
+def test_runtime_names_what_is_wrong_with_the_streams(streams, error, match):
+    env = simpy.Environment()
+    rt = Runtime(env, PacketSwitchNetwork(env, topo.ring(2, GB)))
+    with pytest.raises(error, match=match):
+        for (gpu, name), tasks in streams.items():
+            rt.start(gpu, name, tasks)
+        env.run()
+        rt.check_finished()
 
 
 def test_plan_errors_name_the_field():

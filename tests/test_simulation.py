@@ -111,6 +111,8 @@ def test_sweep_keeps_failed_points():
     assert list(df["num_gpus"]) == [2, 4, 16]
     assert df.loc[2, "error"].startswith("config field 'batch_size'")
     assert df.loc[0, "iteration_time_ms"] > df.loc[1, "iteration_time_ms"]
+    with pytest.raises(ConfigError, match="grid"):
+        sweep(base, {"num_gpus": []})
 
 
 def test_photonic_network_in_a_run():
@@ -167,3 +169,46 @@ def test_end_of_run_checks_catch_a_stream_run_twice():
             env.run()
             rt.check_finished()
             check_invariants(Result(rt.rows, net, rt, None, None, 0.0), rt, net)
+
+
+def test_per_link_override_slows_the_all_reduce():
+    # dp on 2 GPUs, 16 MB of gradients: 2 ring steps, each moving 8 MB both ways at once.
+    # 10 GB/s links: 2 x 0.8 ms. With the 0 -> 1 direction at 1 GB/s each step waits for
+    # it: 2 x 8 ms, 14.4 ms more.
+    def allreduce(links):
+        top = {"kind": "ring", "bandwidth": "10 GB/s", "links": links}
+        r = Simulation({"num_gpus": 2, "parallelism": {"mode": "dp"}, "topology": top},
+                       trace=chain_trace()).run()  # fmt: skip
+        return r.iteration_time - r.per_gpu()["compute"].max()
+
+    assert allreduce([]) == pytest.approx(1.6e-3)
+    assert allreduce([{"src": 0, "dst": 1, "bandwidth": "1 GB/s"}]) == pytest.approx(16e-3)
+
+
+@pytest.mark.parametrize("n,topology,gpus,links", [
+    (6, {"kind": "mesh2d", "rows": 2}, 6, 2 * (2 * 2 + 3 * 1)),  # 2 x 3 grid, both ways
+    # rows wrap into 3-rings; a 2-long column's wrap-around is the link it already has
+    (6, {"kind": "torus2d", "cols": 3}, 6, 2 * (2 * 3 + 3 * 1)),
+    (8, {"kind": "multi_node", "gpus_per_node": 4}, 8, None),
+    (8, {"kind": "dgx1"}, 8, None),
+    (2, {"kind": "edges", "edges": [{"src": 0, "dst": 1, "bandwidth": "1 GB/s"}]}, 2, 2),
+])  # fmt: skip
+def test_topology_kinds_from_config(n, topology, gpus, links):
+    g = Simulation({"num_gpus": n, "topology": topology}, trace=chain_trace()).graph
+    assert sum(d.get("kind") == "gpu" for _, d in g.nodes(data=True)) == gpus
+    assert links is None or g.number_of_edges() == links
+
+
+@pytest.mark.parametrize("n,topology,field", [
+    (6, {"kind": "mesh2d", "rows": 4}, "topology.rows"),
+    (6, {"kind": "mesh2d", "rows": 0}, "topology.rows"),
+    (6, {"kind": "torus2d", "radix": 4}, "topology.radix"),
+    (4, {"kind": "dgx1"}, "num_gpus"),
+    (8, {"kind": "multi_node", "gpus_per_node": 3}, "topology.gpus_per_node"),
+    (4, {"kind": "ring", "rows": 2}, "topology.rows"),
+    (4, {"kind": "fat_tree", "radix": 1}, "topology.radix"),
+    (4, {"kind": "ring", "links": [{"src": 0}]}, r"topology.links\[0\]"),
+])  # fmt: skip
+def test_topology_config_errors_name_the_field(n, topology, field):
+    with pytest.raises(ConfigError, match=field):
+        Simulation({"num_gpus": n, "topology": topology}, trace=chain_trace())
