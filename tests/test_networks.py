@@ -110,7 +110,7 @@ def test_photonic_lru_teardown_when_ports_run_out():
             yield net.transfer(0, dst, 1e6)
             order.append(dst)
             yield env.timeout(1)
-        yield net.transfer(0, 1, 1e6)  # reuses 0-1 (most... no: oldest) circuit, still up
+        yield net.transfer(0, 1, 1e6)  # reuses the 0-1 circuit: 0-2 is now the LRU one
         yield env.timeout(1)
         yield net.transfer(0, 3, 1e6)  # no free port at 0: tear down the LRU circuit (0-2)
 
