@@ -35,7 +35,9 @@ from triosim.schema import option
 @dataclass(frozen=True)
 class HopOptions:
     graph: Literal["topology", "ring", "ring_chord", "double_ring", "fully_connected"] = option(
-        "topology", help="communication graph: the topology's GPU-to-GPU links, or a named one"
+        "topology",
+        help="communication graph: GPUs linked directly or through switches in "
+        "the topology, or a named graph",
     )
     backup_workers: int = option(0, ge=0, help="in-neighbours' updates a worker may go on without")
     staleness: int = option(0, ge=0, help="how many iterations old an update may be")
@@ -55,7 +57,7 @@ class Hop(Extrapolator):
             if self.graph is None:
                 raise ConfigError("parallelism.graph", "topology",
                                   "a named graph, when no topology is given")  # fmt: skip
-            g = self.graph.subgraph(self.gpus)
+            g = _gpu_graph(self.graph, self.gpus)
         else:
             from networks import topology as topo
 
@@ -113,3 +115,23 @@ class Hop(Extrapolator):
             yield Wait(f"hop:grad:{w}:{k}")
             yield Send(j, self.update_bytes(), f"hop:upd:{w}->{j}:{k}", layer="update",
                        phase="backward")  # fmt: skip
+
+
+def _gpu_graph(graph, gpus) -> nx.DiGraph:
+    """GPU u -> v when v is reachable from u through switches only (directly, or over an
+    NVSwitch or a network switch): who can send to whom without another GPU forwarding."""
+    members = set(gpus)
+    g = nx.DiGraph()
+    g.add_nodes_from(gpus)
+    for u in gpus:
+        seen, todo = {u}, [u]
+        while todo:
+            for v in graph.successors(todo.pop()):
+                if v in seen:
+                    continue
+                seen.add(v)
+                if v in members:
+                    g.add_edge(u, v)
+                else:
+                    todo.append(v)
+    return g

@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from triosim.trace import Operator, Tensor, Trace
 
-GO_TRACES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "triosim-go-traces"
+ROOT = Path(__file__).resolve().parents[1]  # the repository root, wherever the clone sits
+
+
+def shared_reference_dirs() -> list[Path]:
+    """Where shared/reference may be, in order: inside the repository, beside it, and
+    $TRIOSIM_SHARED (the `shared` folder itself)."""
+    dirs = [ROOT / "shared" / "reference", ROOT.parent / "shared" / "reference"]
+    if os.environ.get("TRIOSIM_SHARED"):
+        dirs.append(Path(os.environ["TRIOSIM_SHARED"]) / "reference")
+    return dirs
+
+
+def shared_reference(name: str) -> Path:
+    """shared/reference/<name> from the first place that has it; skips the test otherwise."""
+    for d in shared_reference_dirs():
+        if (d / name).is_dir():
+            return d / name
+    pytest.skip(f"shared/reference/{name} not found in " + ", ".join(map(str, shared_reference_dirs()))
+                + " (set TRIOSIM_SHARED to the folder holding reference/)")  # fmt: skip
 
 
 def chain_trace(
@@ -108,5 +127,5 @@ def pytest_terminal_summary(terminalreporter):
 from hypothesis import settings as _settings  # noqa: E402
 
 _settings.register_profile("ci", derandomize=True, database=None)
-if __import__("os").environ.get("CI"):
+if os.environ.get("CI"):
     _settings.load_profile("ci")

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from networks import PacketSwitchNetwork, PhotonicNetwork
 from networks import topology as topo
-from triosim.errors import NetworkError
+from triosim.errors import ConfigError, NetworkError
 
 GB = 1e9
 
@@ -110,7 +110,7 @@ def test_photonic_lru_teardown_when_ports_run_out():
             yield net.transfer(0, dst, 1e6)
             order.append(dst)
             yield env.timeout(1)
-        yield net.transfer(0, 1, 1e6)  # reuses 0-1 (most... no: oldest) circuit, still up
+        yield net.transfer(0, 1, 1e6)  # reuses the 0-1 circuit: 0-2 is now the LRU one
         yield env.timeout(1)
         yield net.transfer(0, 3, 1e6)  # no free port at 0: tear down the LRU circuit (0-2)
 
@@ -234,3 +234,46 @@ def test_yaml_edge_list():
                          {"src": 1, "dst": "sw", "bandwidth": "5 GB/s"}])  # fmt: skip
     _, [rec] = run(PacketSwitchNetwork, g, [(0, 1, 5e9)])
     assert rec.end == pytest.approx(1.0 + 1e-6)
+
+
+@pytest.mark.parametrize(
+    "buffer,ends", [(math.inf, [1.0, 1.0]), (2e9, [1.0, 1.0]), (1e9, [1.0, 2.0]), (4e8, None)]
+)
+def test_photonic_receiver_buffer_serialises_two_senders(buffer, ends):
+    # 1 -> 0 and 2 -> 0, 1 GB each, on two circuits of 1 GB/s (no set-up time): 1 s each
+    # side by side. A buffer at GPU 0 smaller than two messages holds one sender's bytes
+    # until its delivery at 1 s: the other then sends in [1, 2]. A buffer smaller than one
+    # message cannot receive it: an error naming the field, not a silent partial model.
+    g = topo.fully_connected(3, GB)
+    kw = dict(total_bandwidth=8 * GB, links=8, setup_time=0.0, buffer_bytes=buffer)
+    if ends is None:
+        with pytest.raises(ConfigError, match="network.buffer_bytes.*largest transfer"):
+            run(PhotonicNetwork, g, [(1, 0, 1e9), (2, 0, 1e9)], **kw)
+        return
+    _, recs = run(PhotonicNetwork, g, [(1, 0, 1e9), (2, 0, 1e9)], **kw)
+    assert sorted(r.end for r in recs) == pytest.approx(ends)
+
+
+def test_photonic_circuit_has_a_lane_per_direction():
+    # a <-> b at once on one circuit of 1 GB/s: each direction has its own lane, so both
+    # 1 GB transfers end at 1 GB / 1 GB/s = 1 s (one shared lane: 1 s and 2 s)
+    g = topo.fully_connected(2, GB)
+    net, recs = run(PhotonicNetwork, g, [(0, 1, 1e9), (1, 0, 1e9)], total_bandwidth=GB, links=1,
+                    setup_time=0.0)  # fmt: skip
+    assert [r.end for r in recs] == pytest.approx([1.0, 1.0])
+    assert net.setups == 1
+
+
+def test_packet_routing_by_hops_or_by_latency():
+    # a -> b direct: 1 hop of 10 us; a -> c -> b: 2 hops of 1 us. Links 1 GB/s, 1 MB sent:
+    # 1 ms of bytes plus the path latency, 10 us by hops, 2 us by latency: 8 us apart
+    g = nx.DiGraph()
+    for u, v, lat in [("a", "b", 10e-6), ("a", "c", 1e-6), ("c", "b", 1e-6)]:
+        g.add_edge(u, v, bandwidth=GB, latency=lat)
+    ends = {}
+    for routing in ("hops", "latency"):
+        net, [rec] = run(PacketSwitchNetwork, g, [("a", "b", 1e6)], routing=routing)
+        ends[routing] = rec.end
+    assert ends["hops"] == pytest.approx(1e-3 + 10e-6, rel=1e-12)
+    assert ends["latency"] == pytest.approx(1e-3 + 2e-6, rel=1e-12)
+    assert net.path("a", "b") == ["a", "c", "b"]

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.conftest import GO_TRACES, chain_trace
+from tests.conftest import chain_trace, shared_reference
 from triosim.errors import TraceError
 from triosim.importers import import_triosim_csv
 from triosim.trace import CATEGORIES, PHASES, Operator, Tensor, Trace, load, save
@@ -68,6 +68,12 @@ def _write(tmp_path, mutate):
     return path
 
 
+def _message(e, path) -> str:
+    """The error's message without the file's path (pytest names the folder after the test,
+    so words of the test's name would be found in the path)."""
+    return str(e.value).replace(str(path), "<file>")
+
+
 def _col(doc, table, name):
     return doc[table]["columns"].index(name)
 
@@ -82,7 +88,7 @@ def test_missing_column_names_file_and_field(tmp_path):
     path = _write(tmp_path, drop)
     with pytest.raises(TraceError) as e:
         load(path)
-    assert e.value.field == "time" and str(path) in str(e.value)
+    assert e.value.field == "time" and f"file {path}," in str(e.value)
 
 
 def test_negative_time_names_row_and_field(tmp_path):
@@ -92,7 +98,7 @@ def test_negative_time_names_row_and_field(tmp_path):
     )
     with pytest.raises(TraceError) as e:
         load(path)
-    assert (e.value.row, e.value.field) == (2, "time") and "row 2" in str(e.value)
+    assert (e.value.row, e.value.field) == (2, "time") and "row 2" in _message(e, path)
 
 
 def test_undefined_tensor_id_names_row_and_field(tmp_path):
@@ -102,14 +108,17 @@ def test_undefined_tensor_id_names_row_and_field(tmp_path):
     )
     with pytest.raises(TraceError) as e:
         load(path)
-    assert (e.value.row, e.value.field) == (1, "inputs") and "999" in str(e.value)
+    assert (e.value.row, e.value.field) == (1, "inputs") and "999" in _message(e, path)
 
 
 def test_duplicated_operator_id(tmp_path):
     path = _write(tmp_path, lambda d: d["operators"]["rows"][3].__setitem__(0, 0))
     with pytest.raises(TraceError) as e:
         load(path)
-    assert (e.value.row, e.value.field) == (3, "id") and "duplicated" in str(e.value)
+    # the folder pytest made is named after this test and so holds "duplicated" itself:
+    # look for the words in the message with the path taken out
+    assert (e.value.row, e.value.field) == (3, "id")
+    assert "duplicated operator id 0" in _message(e, path)
 
 
 def test_gzip_and_wrong_version(tmp_path):
@@ -162,11 +171,24 @@ def test_triosim_csv_errors(tmp_path):
     assert e.value.field == "Operator_cudatimenooverlap"
 
 
-@pytest.mark.skipif(not GO_TRACES.exists(), reason="shared/reference/triosim-go-traces absent")
 @pytest.mark.parametrize("model,expected_ms", [("vgg13", 94.038), ("resnet50", 70.723)])
 def test_original_traces_replay(model, expected_ms):
     from triosim.simulation import Simulation
 
-    t = import_triosim_csv(GO_TRACES / model)
+    t = import_triosim_csv(shared_reference("triosim-go-traces") / model)
     r = Simulation({"num_gpus": 1}, trace=t).run()
     assert r.iteration_time * 1e3 == pytest.approx(expected_ms, abs=1e-9)
+
+
+def test_shared_reference_lookup_order(tmp_path, monkeypatch):
+    # <repo>/shared/reference first, then <repo>/../shared/reference, then $TRIOSIM_SHARED
+    import tests.conftest as c
+
+    repo, env = tmp_path / "clone" / "repo", tmp_path / "elsewhere"
+    monkeypatch.setattr(c, "ROOT", repo)
+    monkeypatch.setenv("TRIOSIM_SHARED", str(env))
+    with pytest.raises(pytest.skip.Exception, match="TRIOSIM_SHARED"):
+        c.shared_reference("go")
+    for d in (env, repo.parent / "shared", repo / "shared"):  # each new one takes precedence
+        (d / "reference" / "go").mkdir(parents=True)
+        assert c.shared_reference("go") == d / "reference" / "go"

@@ -20,6 +20,16 @@ def tiny(batch=4):
                    warmup=1, measure=2, model_name="tiny")  # fmt: skip
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # these models are tiny: a second intra-op thread only spins, and on a busy 2-core
+    # machine spinning threads make tracing several times slower
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def trace():
     return tiny()
@@ -96,12 +106,9 @@ def test_unsupported_schema_is_named():
         link({"schema": "9.9", "nodes": []}, {}, gpu=False, metadata={})
 
 
-def test_cli_traces_a_custom_model(tmp_path):
-    import os
-    import subprocess
-    import sys
-    from pathlib import Path
-
+def test_cli_traces_a_custom_model(tmp_path, monkeypatch, capsys):
+    # `triosim trace module:function` in this process: the module is found on sys.path
+    from triosim.cli import main
     from triosim.trace import load
 
     (tmp_path / "mymodel.py").write_text(
@@ -111,17 +118,15 @@ def test_cli_traces_a_custom_model(tmp_path):
         "    return m, lambda b, d: (torch.randn(b, 4), torch.randint(0, 2, (b,))), "
         "torch.nn.functional.cross_entropy\n"
     )
-    root = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{root}"}
-    p = subprocess.run([sys.executable, "-m", "triosim.cli", "trace", "mymodel:build", "--batch-size", "3",
-                        "--out", str(tmp_path / "out"), "--warmup", "1", "--measure", "1"],
-                       capture_output=True, text=True, env=env)  # fmt: skip
-    assert p.returncode == 0, p.stderr
-    t = load(tmp_path / "out" / "build-b3.trace.json.gz")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "out"
+    assert main(["trace", "mymodel:build", "--batch-size", "3", "--out", str(out),
+                 "--warmup", "1", "--measure", "1"]) == 0  # fmt: skip
+    assert f"wrote {out / 'build-b3.trace.json.gz'}" in capsys.readouterr().out
+    t = load(out / "build-b3.trace.json.gz")
     assert t.batch_size == 3 and sum(o.name == "aten::linear" for o in t.operators) == 2
-    bad = subprocess.run([sys.executable, "-m", "triosim.cli", "trace", "nosuch", "--batch-size", "2",
-                          "--out", str(tmp_path)], capture_output=True, text=True, env=env)  # fmt: skip
-    assert bad.returncode == 2 and "unknown model 'nosuch'" in bad.stderr
+    assert main(["trace", "nosuch", "--batch-size", "2", "--out", str(tmp_path)]) == 2
+    assert "unknown model 'nosuch'" in capsys.readouterr().err
 
 
 # published parameter counts (millions): torchvision's model cards; GPT-2 small 124M;
@@ -134,7 +139,8 @@ PUBLISHED = {"resnet18": 11.69, "resnet50": 25.56, "resnet152": 60.19, "vgg11": 
 def test_reference_models_match_published_sizes(name):
     from tracer.models import build
 
-    model, _, _ = build(name)
+    with torch.device("meta"):  # shapes only: no memory or init time for 138M weights
+        model, _, _ = build(name)
     assert sum(p.numel() for p in model.parameters()) / 1e6 == pytest.approx(
         PUBLISHED[name], rel=0.005
     )
