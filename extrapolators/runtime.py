@@ -44,7 +44,9 @@ class Runtime:
         `after` (see `done_key`) have fired; `done_key(...)` fires when they are done."""
         who = (gpu, stream, iteration)
         if who in self._procs:  # a second copy would hide the first from check_finished
-            raise SimulationError(f"GPU {gpu} {stream} stream started twice (iteration {iteration})")
+            raise SimulationError(
+                f"GPU {gpu} {stream} stream started twice (iteration {iteration})"
+            )
         self._procs[who] = self.env.process(self._run(who, iter(tasks), tuple(after)))
 
     @staticmethod
