@@ -37,6 +37,9 @@ class Network:
 
     kind = "abstract"
     Options = schema.NoOptions
+    # True: a switch node with a `reduce` attribute (in-network reduction: NVLS, SHARP) may
+    # be a transfer's source or destination, as collectives that reduce in the switch need
+    reducing_endpoints = False
 
     def __init__(self, env: simpy.Environment, graph: nx.DiGraph, options=None, **kwargs):
         if isinstance(options, self.Options) and not kwargs:
@@ -50,6 +53,8 @@ class Network:
         self.graph = validate_graph(graph)
         self.gpus = gpu_nodes(self.graph)
         self._gpu_set = set(self.gpus)
+        if self.reducing_endpoints:
+            self._gpu_set |= set(reducing_switches(self.graph))
         self.records: list[TransferRecord] = []
         self.bytes_sent = 0.0
         self.bytes_delivered = 0.0
@@ -131,6 +136,13 @@ def gpu_nodes(graph: nx.DiGraph) -> list:
     """GPUs are nodes with kind='gpu' (the builders set it); default: every node."""
     gpus = [n for n, d in graph.nodes(data=True) if d.get("kind", "gpu") == "gpu"]
     return sorted(gpus, key=lambda n: (str(type(n)), n))
+
+
+def reducing_switches(graph) -> dict:
+    """Switch nodes that reduce data in flight: name -> 'nvls' (NVSwitch3 NVLink SHARP) or
+    'sharp' (InfiniBand SHARP), from the node attribute `reduce`."""
+    return {n: d["reduce"] for n, d in graph.nodes(data=True)
+            if d.get("kind") == "switch" and d.get("reduce")}  # fmt: skip
 
 
 def validate_graph(graph) -> nx.DiGraph:
