@@ -9,8 +9,7 @@ Register a new algorithm with `register(op, name)`.
 
 from __future__ import annotations
 
-import networkx as nx
-
+from extrapolators.rings import ring_order  # noqa: F401  (re-exported: its old home)
 from triosim.errors import ConfigError
 from triosim.registry import Registry
 
@@ -109,26 +108,3 @@ def direct_all_to_all(env, net, group, nbytes, tag="all_to_all", root=None):
     n = len(group)
     pairs = [(a, b, nbytes / n) for a in group for b in group if a != b]
     yield from _step(env, net, pairs, tag)
-
-
-def ring_order(graph: nx.DiGraph, group) -> tuple:
-    """Order a group so ring neighbours are near in the topology (greedy nearest neighbour).
-
-    On a ring this recovers the ring; on a mesh it snakes through neighbouring GPUs.
-    """
-    group = list(group)
-    if len(group) <= 2:
-        return tuple(group)
-    members = set(group)
-    dist = {}
-    for g in group:
-        lengths = nx.single_source_shortest_path_length(graph, g)
-        dist[g] = {h: lengths.get(h, 1 << 30) for h in members}
-    pos = {g: i for i, g in enumerate(group)}
-    order, left = [group[0]], set(group[1:])
-    while left:
-        here = order[-1]
-        nxt = min(left, key=lambda h: (dist[here][h], pos[h]))
-        order.append(nxt)
-        left.remove(nxt)
-    return tuple(order)

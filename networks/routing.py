@@ -70,6 +70,13 @@ class Routes:
             for s, row in zip(new, np.atleast_2d(rows), strict=True):
                 self._dist[s] = row
 
+    def trees(self, sources):
+        """(distances, predecessors) rows of one shortest-path tree per source."""
+        from scipy.sparse.csgraph import dijkstra
+
+        return dijkstra(self._csr, indices=[self.node_index[s] for s in sources],
+                        return_predecessors=True)  # fmt: skip
+
     def reachable(self, src, dst) -> bool:
         self.distances([src])
         return bool(np.isfinite(self._dist[src][self.node_index[dst]]))

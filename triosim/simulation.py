@@ -16,7 +16,7 @@ from pathlib import Path
 import simpy
 
 from extrapolators import Runtime, extrapolator_class
-from extrapolators.collectives import ring_order
+from extrapolators.rings import ring_order
 from networks import network_class
 from networks import topology as topo
 from networks.base import gpu_nodes, validate_graph
