@@ -1,10 +1,11 @@
-"""Collective algorithms as SimPy generators over the Network interface.
+"""The textbook collective algorithms (communication kind 'textbook') as SimPy generators
+over the Network interface.
 
 Each step of an algorithm starts all its transfers as one group (one bandwidth
 allocation) and waits for all of them. Ring all-reduce: reduce-scatter then
 all-gather, the buffer cut into N chunks, 2(N-1) steps; with lone links of
 bandwidth B and latency L it takes 2(N-1)/N x bytes/B + 2(N-1) x L.
-Register a new algorithm with `register(op, name)`.
+Register a new algorithm with `register(op, name)`; `communication.algorithm` names it.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from extrapolators.rings import ring_order  # noqa: F401  (re-exported: its old 
 from triosim.errors import ConfigError
 from triosim.registry import Registry
 
-# keyed "op:name" (e.g. "allreduce:ring"); `parallelism.collective` names the algorithm
-ALGORITHMS = Registry("parallelism.collective", "algorithm", "collective algorithm")
+# keyed "op:name" (e.g. "allreduce:ring"); `communication.algorithm` names the algorithm
+ALGORITHMS = Registry("communication.algorithm", "algorithm", "collective algorithm")
 
 
 def register(op: str, name: str, *, replace: bool = False):
@@ -38,7 +39,7 @@ def algorithm(op: str, name: str):
             raise ConfigError(
                 "collective", op, f"one of {', '.join(sorted({o for o, _ in pairs}))}"
             )
-        raise ConfigError("parallelism.collective", name, f"one of {', '.join(allowed)} for {op}")
+        raise ConfigError("communication.algorithm", name, f"one of {', '.join(allowed)} for {op}")
     return ALGORITHMS.get(key)
 
 
@@ -108,3 +109,11 @@ def direct_all_to_all(env, net, group, nbytes, tag="all_to_all", root=None):
     n = len(group)
     pairs = [(a, b, nbytes / n) for a in group for b in group if a != b]
     yield from _step(env, net, pairs, tag)
+
+
+@register("sendrecv", "direct")
+def direct_sendrecv(env, net, group, nbytes, tag="sendrecv", root=None):
+    """nccl-tests' sendrecv: every GPU sends nbytes to the next one, all at once."""
+    n = len(group)
+    if n > 1:
+        yield from _step(env, net, [(group[i], group[(i + 1) % n], nbytes) for i in range(n)], tag)

@@ -5,6 +5,7 @@ import pytest
 import simpy
 
 from extrapolators import Runtime
+from extrapolators.communication import Textbook
 from extrapolators.tasks import Recv, Send
 from networks import PacketSwitchNetwork
 from networks import topology as topo
@@ -14,14 +15,18 @@ from triosim.simulation import Simulation
 
 GB = 1e9
 FAST = {"kind": "ring", "bandwidth": 1e30, "latency": 0.0}
+# the closed forms below are the textbook alpha-beta algorithms' (NCCL's model is tested in
+# test_nccl.py)
+TEXTBOOK = {"kind": "textbook"}
 
 
-def sim(trace, n, mode, topology=None, batch_size=None, **par):
+def sim(trace, n, mode, topology=None, batch_size=None, comm=TEXTBOOK, **par):
     cfg = {
         "num_gpus": n,
         "batch_size": batch_size,
         "parallelism": {"mode": mode, **par},
         "topology": topology or {"kind": "ring", "bandwidth": 10 * GB, "latency": 1e-6},
+        "communication": comm,
     }
     s = Simulation(cfg, trace=trace)
     r = s.run()
@@ -122,7 +127,7 @@ def test_tp_unpaired_layer_reduces_its_output():
 def test_deadlock_names_stuck_gpu_and_task():
     env = simpy.Environment()
     net = PacketSwitchNetwork(env, topo.ring(2, GB))
-    rt = Runtime(env, net)
+    rt = Runtime(env, net, Textbook(env, net))
     rt.start(0, "compute", [Recv(1, "never-sent")])
     rt.start(1, "compute", [Send(0, 10.0, "other-key")])
     env.run()
@@ -182,7 +187,7 @@ def test_collectives_closed_forms(op, steps, chunks, n):
     size, bw, lat = 6e8, 10 * GB, 3e-6
     env = simpy.Environment()
     net = PacketSwitchNetwork(env, topo.ring(n, bw, lat, bidirectional=False))
-    rt = Runtime(env, net)
+    rt = Runtime(env, net, Textbook(env, net))
     for g in range(n):
         algo = "direct" if op == "all_to_all" else "ring"
         rt.start(g, "comm", [Collective(op, tuple(range(n)), size, "c", algorithm=algo, root=0)])
@@ -198,7 +203,7 @@ def test_all_to_all_on_fully_connected():
     n, size, bw = 4, 8e8, 10 * GB
     env = simpy.Environment()
     net = PacketSwitchNetwork(env, topo.fully_connected(n, bw, 1e-6))
-    rt = Runtime(env, net)
+    rt = Runtime(env, net, Textbook(env, net))
     for g in range(n):
         rt.start(
             g, "comm", [Collective("all_to_all", tuple(range(n)), size, "a", algorithm="direct")]
@@ -231,7 +236,7 @@ def test_a_user_network_plugs_in_by_subclassing():
 
     t = chain_trace(batch=16)
     n = 4
-    r = Simulation({"num_gpus": n, "parallelism": {"mode": "dp"},
+    r = Simulation({"num_gpus": n, "parallelism": {"mode": "dp"}, "communication": TEXTBOOK,
                     "network": {"kind": "constant-delay", "delay": "2 ms"}}, trace=t).run()  # fmt: skip
     compute = r.per_gpu()["compute"].max()
     assert r.iteration_time == pytest.approx(compute + 2 * (n - 1) * 2e-3)
@@ -289,7 +294,7 @@ def test_hybrid_with_one_replica_is_the_inner_mode():
 def test_hybrid_dp_over_pipelines_on_a_free_network_is_one_pipeline_on_its_share():
     t = chain_trace(batch=16, layers=4)
     hybrid = sim(t, 4, "hybrid", FAST, dp=2, inner="gpipe", microbatches=2, batch_size=16)
-    one = Simulation({"num_gpus": 2, "batch_size": 8, "topology": FAST,
+    one = Simulation({"num_gpus": 2, "batch_size": 8, "topology": FAST, "communication": TEXTBOOK,
                       "parallelism": {"mode": "gpipe", "microbatches": 2}}, trace=t).run()  # fmt: skip
     assert hybrid.iteration_time == pytest.approx(one.iteration_time, rel=1e-9)
     # each stage position all-reduces what it holds: together, every weight once

@@ -1,0 +1,556 @@
+"""The NCCL communication model (communication kind 'nccl', the default).
+
+For each collective:
+1. What NCCL would pick: extrapolators.nccl_tuner runs NCCL's own cost model
+   (latency + bytes / bandwidth over the enabled algorithm x protocol pairs) on the graph
+   bandwidths NCCL's search would find on this topology (derived below from the links'
+   bandwidths and kinds, with what NCCL believes each link kind carries:
+   nccl_params.LINK_EFFICIENCY).
+2. What that costs, moving real bytes: the chosen schedule becomes streams, one network
+   flow per (GPU, next GPU) of every ring, chain, tree edge or NVLS/SHARP switch leg (both
+   directions of every ring, every rail, every ring of a direct-connect system), each
+   carrying its share of the bytes inflated by one factor so that on the free network the
+   streams finish in NCCL's `bytes / bandwidth` (protocol overheads, NCCL's caps, the
+   channels a call of this size gets). Contention, heterogeneous and asymmetric links then
+   act through the flow network: the slowest or busiest link decides when its stream ends,
+   so a pipelined ring runs at its slowest hop, with no step barrier.
+   Latency is NCCL's (baseLat + hwLat per hop, in closed form over the ring window or tree
+   depth), with a hop whose links are slower than NCCL's hwLat charged its own latency
+   instead; plus the launch overhead. Schedules that pipeline chunks through stages
+   (NVLS, NVLS-tree, SHARP, broadcast/reduce chains) add the pipeline fill of a chunked
+   pipeline with a per-chunk cost o and the best chunk count: 2 sqrt((D-1) o T) - o for
+   D stages and a bandwidth time T (what NCCL's fixed formula leaves out: it is 15-40 %
+   optimistic at 4-64 MiB). Rings and trees have none (a ring starts every link at once;
+   trees carry NCCL's own mid-size correction).
+So on an ideal topology the time is NCCL's formula (plus fill where it applies); the
+calibration (triosim calibrate) scales the latency, the bandwidth per protocol and the
+pipeline cost to a system's measurements.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from extrapolators import nccl_tuner as tuner
+from extrapolators.communication import CommModel, check_op, register
+from extrapolators.nccl_system import System, double_binary_trees, node_partition, tree_depth
+from networks.routing import Routes
+from triosim import nccl_params as P
+from triosim.errors import ConfigError
+from triosim.schema import option
+
+ALGO_NAMES = {"ring": ("ring",), "tree": ("tree",), "nvls": ("nvls", "nvls_tree"),
+              "collnet": ("collnet_direct",)}  # fmt: skip
+PIPELINED = {"nvls", "nvls_tree", "collnet_direct"}
+P2P_OPS = ("all_to_all", "sendrecv")
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The numbers a calibration fits (defaults: NCCL's model as it stands)."""
+
+    launch_overhead: float = 0.0  # s per call, beyond NCCL's baseLat
+    latency_scale: float = 1.0  # x NCCL's latency (baseLat + hwLat terms)
+    bandwidth_scale_LL: float = 1.0  # x NCCL's bandwidth, per protocol
+    bandwidth_scale_LL128: float = 1.0
+    bandwidth_scale_Simple: float = 1.0
+    # per-chunk cost of a pipelined schedule: NCCL's per-step latency of the Simple protocol
+    # on NVLink (hwLat, tuning.cc), the time one FIFO step's handshake takes
+    pipeline_overhead: float = P.HW_LAT["nvlink"]["ring"][2] * 1e-6
+
+    def bandwidth_scale(self, proto: str) -> float:
+        return getattr(self, f"bandwidth_scale_{proto}")
+
+
+TUNING_FIELDS = tuple(f for f in Tuning.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class NcclOptions:
+    algorithm: Literal["auto", "ring", "tree", "nvls", "collnet"] = option(
+        "auto", help="auto: NCCL's tuner picks; or force one (nvls: NVLS on one node, "
+        "NVLS+tree across nodes; collnet: IB SHARP), as NCCL_ALGO does")  # fmt: skip
+    protocol: Literal["auto", "LL", "LL128", "Simple"] = option(
+        "auto", help="auto: NCCL's tuner picks; or force one, as NCCL_PROTO does"
+    )
+    channels: int | Literal["auto"] = option(
+        "auto", ge=1, le=P.MAX_CHANNELS, help="runtime channels (auto: twice the graph's)"
+    )
+    launch_overhead: float | None = option(
+        None, unit="seconds", ge=0, help="host launch cost per call beyond NCCL's latency "
+        "(default: the calibration's, else 0: nccl-tests overlaps it)")  # fmt: skip
+    latency_scale: float | None = option(None, gt=0, help="x NCCL's latencies (default: "
+                                         "the calibration's, else 1)")  # fmt: skip
+    bandwidth_scale: float | None = option(None, gt=0, help="x NCCL's bandwidths, every "
+                                           "protocol (default: the calibration's, else 1)")  # fmt: skip
+    pipeline_overhead: float | None = option(
+        None, unit="seconds", ge=0, help="per-chunk cost of pipelined schedules (default: "
+        "the calibration's, else NCCL's 3.4 us NVLink Simple step)")  # fmt: skip
+    calibration: str | None = option(None, path=True, help="YAML written by `triosim "
+                                     "calibrate` (relative to the config file)")  # fmt: skip
+    arch: Literal["auto", "sm70", "sm80", "sm90"] = option(
+        "auto", help="GPU architecture for NCCL's tables (auto: from the config's GPU)"
+    )
+    cpu: Literal["intel", "amd"] = option("intel", help="host CPU (NCCL's multi-node LL caps "
+                                          "and network overhead)")  # fmt: skip
+    nvls: bool = option(True, help="use NVLS where the NVSwitch reduces (NCCL_NVLS_ENABLE)")
+    sharp: bool = option(True, help="use SHARP (CollNet) where the fabric reduces")
+
+
+def load_calibration(path) -> dict:
+    """The fitted numbers a calibration YAML holds ({field: value} under 'tuning')."""
+    import yaml
+
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError("communication.calibration", str(path), "an existing file") from None
+    except yaml.YAMLError as e:
+        raise ConfigError("communication.calibration", str(path), f"YAML ({e})") from None
+    fitted = data.get("tuning") if isinstance(data, dict) else None
+    if not isinstance(fitted, dict):
+        raise ConfigError("communication.calibration", str(path),
+                          "a file written by `triosim calibrate` (with a 'tuning' mapping)")  # fmt: skip
+    bad = sorted(set(fitted) - set(TUNING_FIELDS))
+    if bad:
+        raise ConfigError(f"communication.calibration:{bad[0]}", fitted[bad[0]],
+                          f"one of {', '.join(TUNING_FIELDS)}")  # fmt: skip
+    out = {}
+    for k, v in fitted.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            raise ConfigError(f"communication.calibration:{k}", v, "a number >= 0")
+        out[k] = float(v)
+    return out
+
+
+def resolve_tuning(options: NcclOptions, base_dir=".") -> Tuning:
+    """Defaults, then the calibration file, then what the config sets explicitly."""
+    t = Tuning()
+    if options.calibration:
+        path = Path(options.calibration)
+        t = replace(t, **load_calibration(path if path.is_absolute() else Path(base_dir) / path))
+    if options.launch_overhead is not None:
+        t = replace(t, launch_overhead=options.launch_overhead)
+    if options.latency_scale is not None:
+        t = replace(t, latency_scale=options.latency_scale)
+    if options.bandwidth_scale is not None:
+        t = replace(t, **{f"bandwidth_scale_{p}": options.bandwidth_scale for p in P.PROTOS})
+    if options.pipeline_overhead is not None:
+        t = replace(t, pipeline_overhead=options.pipeline_overhead)
+    return t
+
+
+@dataclass
+class Plan:
+    """One collective, ready to run: streams (src, dst, bytes on the wire), then what is
+    left of latency + fill once the last stream is delivered (its path latency is paid)."""
+
+    op: str
+    algo: str
+    proto: str
+    nbytes: float
+    streams: list
+    path_latency: list  # s, each stream's path latency (the network charges it)
+    latency: float  # s: launch + NCCL's latency (+ slow-link extra)
+    fill: float  # s: pipeline fill
+    bandwidth_time: float  # s: the streams' time on the free network
+    channels: int = 0
+
+    @property
+    def time(self) -> float:
+        """Seconds on a free network."""
+        return self.latency + self.fill + self.bandwidth_time
+
+
+@dataclass
+class _Group:
+    """What a group of GPUs runs on, worked out once."""
+
+    system: System
+    graphs: tuner.Graphs
+    rings: list
+    ring_weights: list
+    structures: dict = field(default_factory=dict)  # (algo, op) -> unit streams
+
+
+@register("nccl")
+class Nccl(CommModel):
+    Options = NcclOptions
+
+    def __init__(self, env, net, options=None, *, gpu=None, base_dir="."):
+        super().__init__(env, net, options, gpu=gpu, base_dir=base_dir)
+        o = self.options
+        self.arch = P.arch_of(gpu) if o.arch == "auto" else int(o.arch[2:])
+        self.tuning = resolve_tuning(o, base_dir)
+        graph = net.graph
+        self.graph = graph
+        self.routes = getattr(net, "routes", None) or Routes(graph)
+        self.links = self.routes.links
+        self.capacity = np.array([graph.edges[e]["bandwidth"] for e in self.links], float)
+        self.link_latency = np.array([graph.edges[e].get("latency", 0.0) for e in self.links])
+        kinds = [graph.edges[e].get("kind", "nvlink") for e in self.links]
+        self.link_kind = np.array(kinds)
+        self.efficiency = np.array([P.LINK_EFFICIENCY[k] for k in kinds])
+        self.switch_ends = bool(getattr(net, "reducing_endpoints", False))
+        self._partition = node_partition(graph)
+        self._groups: dict = {}
+        self._plans: dict = {}
+        self.choices: dict = {}  # (op, algo, proto) -> calls, for reports
+
+    # -- the system ---------------------------------------------------------------------
+    def group_info(self, group) -> _Group:
+        group = tuple(group)
+        info = self._groups.get(group)
+        if info is None:
+            info = self._groups[group] = self._analyse(group)
+        return info
+
+    def _analyse(self, group) -> _Group:
+        s = System(self.graph, group, self.routes, self._partition)
+        rings = s.rings()
+        weights = self._ring_weights(rings)
+        info = _Group(s, None, rings, weights)
+        n = s.n
+        # the ring graph's bus bandwidth NCCL would find: the ring streams' bottleneck
+        # with what NCCL believes each link kind carries
+        ring_bw = 0.0
+        if n > 1:
+            t = self._unit_time(self._ring_streams(info, 2 * (n - 1) / n), effective=True)
+            ring_bw = 2 * (n - 1) / n / t / 1e9 if t > 0 else math.inf
+        nvls_bw = 0.0
+        if s.nvls and self.options.nvls and self.switch_ends and self.arch >= P.NVLS_MIN_ARCH:
+            t = self._unit_time(self._nvls_streams(s, 1.0), effective=True)
+            nvls_bw = 1 / t / 1e9 if t > 0 else math.inf
+        net_bw = 0.0
+        if s.N > 1:
+            nic = min((d["bandwidth"] for g in s.group for _, v, d in self.graph.out_edges(g, data=True)
+                       if d.get("kind") == "net"), default=0.0)  # fmt: skip
+            net_bw = s.rails * nic * P.LINK_EFFICIENCY["net"] / 1e9
+        if s.N == 1:
+            channels = int(
+                min(16, max(1, round(ring_bw / P.INTRA_CHANNEL_SPEED.get(self.arch, 20.0))))
+            )
+        else:
+            channels = s.rails if s.rails > 1 else max(1, round(net_bw / 24.0) or 1)
+        collnet = bool(s.sharp) and self.options.sharp and self.switch_ends and s.nvls is not None
+        info.graphs = tuner.Graphs(n=n, N=s.N, arch=self.arch, intra_hw=s.intra_hw,
+                                   ring_bw=ring_bw, channels=channels, nvls_bw=nvls_bw,
+                                   net_bw=net_bw, rails=s.rails, collnet=collnet,
+                                   cpu=self.options.cpu)  # fmt: skip
+        return info
+
+    def _ring_weights(self, rings):
+        """Each ring's share of the bytes: in proportion to its slowest hop."""
+        if len(rings) <= 1:
+            return [1.0] * len(rings)
+        w = []
+        for r in rings:
+            w.append(min(self.capacity[self._path(a, b)].min() for a, b in _hops(r)))
+        total = sum(w)
+        return [x / total for x in w]
+
+    def _path(self, a, b) -> np.ndarray:
+        links = self.routes.path_links(a, b)
+        if links is None:
+            raise ConfigError("topology", f"{a!r} -> {b!r}", "a topology with a path between "
+                              "every two GPUs of a collective")  # fmt: skip
+        return links
+
+    def _both_ways(self, ring) -> bool:
+        """Run the ring both ways when every hop's way back is as short as the way there
+        (not on a one-way ring, where it would go all the way round)."""
+        return all(len(self._path(b, a)) == len(self._path(a, b)) for a, b in _hops(ring))
+
+    # -- streams: (src, dst, share of the bytes) ------------------------------------------
+    def _ring_streams(self, info: _Group, per_hop: float) -> list:
+        out = {}
+        for ring, w in zip(info.rings, info.ring_weights, strict=True):
+            ways = [ring, ring[::-1]] if self._both_ways(ring) else [ring]
+            for order in ways:
+                for a, b in _hops(order):
+                    out[(a, b)] = out.get((a, b), 0.0) + per_hop * w / len(ways)
+        return [(a, b, x) for (a, b), x in out.items()]
+
+    def _chain_streams(self, info: _Group, root, towards_root: bool) -> list:
+        out = {}
+        for ring, w in zip(info.rings, info.ring_weights, strict=True):
+            ways = [ring, ring[::-1]] if self._both_ways(ring) else [ring]
+            for order in ways:
+                i = order.index(root) if root in order else 0
+                chain = order[i:] + order[:i]
+                for a, b in zip(chain, chain[1:], strict=False):
+                    key = (b, a) if towards_root else (a, b)
+                    out[key] = out.get(key, 0.0) + w / len(ways)
+        return [(a, b, x) for (a, b), x in out.items()]
+
+    def _tree_streams(self, s: System, share_scale: float = 1.0) -> list:
+        out = {}
+
+        def add(a, b, x):
+            out[(a, b)] = out.get((a, b), 0.0) + x * share_scale
+
+        if s.N == 1:
+            order = list(s.order)
+            for a, b in zip(order, order[1:], strict=False):  # two chains, one each way
+                add(a, b, 1.0)
+                add(b, a, 1.0)
+            return [(a, b, x) for (a, b), x in out.items()]
+        rails = s.rails if s.uniform else 1
+        for c in range(rails):
+            for tree in double_binary_trees(s.N):
+                x = 1.0 / (2 * rails)
+                for k in range(s.N):
+                    chain = s.node_chain(k, c)
+                    for a, b in zip(chain, chain[1:], strict=False):
+                        add(a, b, x)
+                        add(b, a, x)
+                for child, parent in tree:
+                    a, b = (
+                        s.nodes[child][c % len(s.nodes[child])],
+                        s.nodes[parent][c % len(s.nodes[parent])],
+                    )
+                    add(a, b, x)
+                    add(b, a, x)
+        return [(a, b, x) for (a, b), x in out.items()]
+
+    def _nvls_streams(self, s: System, scale: float) -> list:
+        """NVLS all-reduce in one node: each GPU sends its buffer to the switch, which
+        reduces (S) and returns one reduced shard (S/n); each GPU stores its shard (S/n),
+        which the switch multicasts to all (S)."""
+        out = []
+        for members, sw in zip(s.nodes, s.nvls, strict=True):
+            x = (1 + 1 / len(members)) * scale
+            for g in members:
+                out += [(g, sw, x), (sw, g, x)]
+        return out
+
+    def _inter_tree_streams(self, s: System, share: float) -> list:
+        out = {}
+        for c in range(s.rails):
+            for tree in double_binary_trees(s.N):
+                for child, parent in tree:
+                    a, b = s.nodes[child][c], s.nodes[parent][c]
+                    for key in ((a, b), (b, a)):
+                        out[key] = out.get(key, 0.0) + share / (2 * s.rails)
+        return [(a, b, x) for (a, b), x in out.items()]
+
+    def _collnet_streams(self, s: System) -> list:
+        out = self._nvls_streams(s, 1.0)
+        for members in s.nodes:
+            for c, g in enumerate(members):
+                out += [(g, s.sharp[c], 1 / len(members)), (s.sharp[c], g, 1 / len(members))]
+        return out
+
+    def structure(self, info: _Group, op: str, algo: str, root=None) -> list:
+        key = (op, algo, root)
+        if key not in info.structures:
+            s, n = info.system, info.system.n
+            if op == "allreduce" and algo == "ring":
+                st = self._ring_streams(info, 2 * (n - 1) / n)
+            elif op in ("all_gather", "reduce_scatter"):
+                st = self._ring_streams(info, (n - 1) / n)
+            elif op in ("broadcast", "reduce"):
+                st = self._chain_streams(info, root, towards_root=op == "reduce")
+            elif algo == "tree":
+                st = self._tree_streams(s)
+            elif algo == "nvls":
+                st = self._nvls_streams(s, 1.0)
+            elif algo == "nvls_tree":
+                st = self._nvls_streams(s, 1.0) + self._inter_tree_streams(s, 1 / s.ppn)
+            elif algo == "collnet_direct":
+                st = self._collnet_streams(s)
+            elif op == "all_to_all":
+                st = [(a, b, 1.0 / n) for a in s.group for b in s.group if a != b]
+            else:  # sendrecv, as nccl-tests: every rank to the next rank
+                st = [(a, b, 1.0) for a, b in _hops(list(s.group))]
+            info.structures[key] = st
+        return info.structures[key]
+
+    def _unit_time(self, streams, effective=False) -> float:
+        """Seconds per byte of the operation for the streams on the free network: the most
+        loaded link's load / capacity (x what NCCL believes the link carries)."""
+        load = np.zeros(len(self.links))
+        for a, b, x in streams:
+            np.add.at(load, self._path(a, b), x)
+        cap = self.capacity * (self.efficiency if effective else 1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.max(np.where(load > 0, load / cap, 0.0), initial=0.0))
+
+    # -- the plan -------------------------------------------------------------------------
+    def choose(self, op: str, group, nbytes: float, algorithm=None):
+        """(algorithm, protocol) NCCL would run, honouring the forced ones."""
+        info = self.group_info(group)
+        o = self.options
+        name = algorithm or o.algorithm
+        algos = ALGO_NAMES.get(name) if name != "auto" else None
+        protos = (o.protocol,) if o.protocol != "auto" else None
+        pick = tuner.choose(info.graphs, op, nbytes, algos, protos)
+        if pick is None:  # a forced pair NCCL cannot run here: fall back to its own choice
+            pick = tuner.choose(info.graphs, op, nbytes, None, protos) or tuner.choose(
+                info.graphs, op, nbytes
+            )
+        return pick[0], pick[1]
+
+    def plan(self, op: str, group, nbytes: float, root=None, algorithm=None) -> Plan:
+        check_op(op)
+        group = tuple(group)
+        key = (op, group, float(nbytes), root, algorithm)
+        cached = self._plans.get(key)
+        if cached is not None:
+            return cached
+        if len(group) < 2:
+            p = Plan(op, "none", "none", nbytes, [], [], self.tuning.launch_overhead, 0.0, 0.0)
+        elif op in P2P_OPS:
+            p = self._p2p_plan(op, group, nbytes)
+        else:
+            p = self._collective_plan(op, group, nbytes, root, algorithm)
+        if len(self._plans) < 100_000:
+            self._plans[key] = p
+        return p
+
+    def _collective_plan(self, op, group, nbytes, root, algorithm) -> Plan:
+        info = self.group_info(group)
+        g, t = info.graphs, self.tuning
+        algo, proto = self.choose(op, group, nbytes, algorithm)
+        lat_us, bw = tuner.model(g, op, algo, proto)
+        runtime = None if self.options.channels == "auto" else self.options.channels
+        used, full = tuner.channels_used(g, op, algo, proto, nbytes, runtime)
+        if used < full:  # a small call runs on fewer channels, each at its share of the
+            # links (LL's whole-GPU cap then rarely binds)
+            bw = min(bw, tuner.model(g, op, algo, proto, ll_cap=False)[1] * used / full)
+        bw *= tuner.tree_correction(op, algo, proto, nbytes) * t.bandwidth_scale(proto)
+        lat_us *= tuner.plateau(g, op, algo, proto, nbytes) * t.latency_scale
+        root = root if root in group else group[0]
+        streams = self.structure(info, op, algo, root if op in ("broadcast", "reduce") else None)
+        bw_time = nbytes / (bw * 1e9) if bw > 0 else 0.0
+        unit = self._unit_time(streams)
+        wire = bw_time / (unit * nbytes) if unit > 0 and nbytes > 0 else 1.0
+        extra = self._slow_hop_extra(info, op, algo, proto, streams)
+        latency = t.launch_overhead + lat_us * 1e-6 + extra
+        fill = 0.0
+        if algo in PIPELINED or op in ("broadcast", "reduce"):
+            fill = pipeline_fill(self._depth(info, op, algo), t.pipeline_overhead, bw_time)
+        return self._finish(op, algo, proto, nbytes, streams, wire, latency, fill, bw_time, used)
+
+    def _p2p_plan(self, op, group, nbytes) -> Plan:
+        """Send/receive (all-to-all, sendrecv): Simple protocol on each pair's own path, at
+        what NCCL believes the path's slowest link kind carries."""
+        info = self.group_info(group)
+        t = self.tuning
+        streams = self.structure(info, op, "p2p")
+        net = info.system.N > 1
+        lat_us = P.BASE_LAT["ring"][2] + P.HW_LAT["net" if net else info.system.intra_hw]["ring"][2]
+        latency = t.launch_overhead + lat_us * 1e-6 * t.latency_scale
+        wires = []
+        load = np.zeros(len(self.links))
+        for a, b, x in streams:
+            links = self._path(a, b)
+            w = 1 / (self.efficiency[links].min() * t.bandwidth_scale_Simple)
+            wires.append(w)
+            np.add.at(load, links, x * w)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            unit = float(np.max(np.where(load > 0, load / self.capacity, 0.0), initial=0.0))
+        out = [(a, b, x * nbytes * w) for (a, b, x), w in zip(streams, wires, strict=True)]
+        return self._finish(op, "p2p", "Simple", nbytes, out, 1.0, latency, 0.0,
+                            unit * nbytes, 0, scaled=True)  # fmt: skip
+
+    def _finish(self, op, algo, proto, nbytes, streams, wire, latency, fill, bw_time, channels,
+                scaled=False) -> Plan:  # fmt: skip
+        out = streams if scaled else [(a, b, x * nbytes * wire) for a, b, x in streams]
+        out = [s for s in out if s[2] > 0]
+        path_lat = [float(self.link_latency[self._path(a, b)].sum()) for a, b, _ in out]
+        return Plan(op, algo, proto, nbytes, out, path_lat, latency, fill, bw_time, channels)
+
+    def _depth(self, info: _Group, op, algo) -> int:
+        """Stages a chunk passes through one after another."""
+        s = info.system
+        if op in ("broadcast", "reduce"):
+            return s.n - 1
+        if algo == "nvls":
+            return 2  # reduce-scatter through the switch, then all-gather through it
+        if algo == "nvls_tree":
+            return 2 + 2 * tree_depth(s.N)
+        return 4  # collnet: to the node's switch, to the fabric's, and back
+
+    def _slow_hop_extra(self, info: _Group, op, algo, proto, streams) -> float:
+        """Where a hop's links are slower than NCCL's per-hop latency assumes, the hop
+        takes its own: the extra over NCCL's latency along the worst chain of hops."""
+        s = info.system
+        p = P.PROTOS.index(proto)
+        kind_lat = {
+            False: P.HW_LAT[s.intra_hw][algo][p] * 1e-6,
+            True: P.HW_LAT["net"][algo][p] * 1e-6,
+        }
+
+        def excess(a, b):
+            links = self._path(a, b)
+            is_net = bool((self.link_kind[links] == "net").any())
+            return max(0.0, float(self.link_latency[links].sum()) - kind_lat[is_net])
+
+        if algo == "ring" and op in ("allreduce", "all_gather", "reduce_scatter"):
+            steps = 2 * (s.n - 1) if op == "allreduce" else s.n - 1
+            worst = 0.0
+            for ring in info.rings:
+                for order in (ring, ring[::-1]) if self._both_ways(ring) else (ring,):
+                    e = np.array([excess(a, b) for a, b in _hops(order)])
+                    worst = max(worst, _window_max(e, steps))
+            return worst
+        ex = [excess(a, b) for a, b, _ in streams]
+        if op in ("broadcast", "reduce"):
+            return sum(sorted(ex)[-(s.n - 1) :]) if ex else 0.0
+        return 2 * max(ex, default=0.0)
+
+    # -- running ----------------------------------------------------------------------------
+    def predict(self, op: str, group, nbytes: float, root=None, algorithm=None) -> float:
+        """Seconds the collective takes on a free network (no flows)."""
+        return self.plan(op, group, nbytes, root, algorithm).time
+
+    def run(self, op, group, nbytes, tag="", root=None, algorithm=None):
+        p = self.plan(op, group, nbytes, root, algorithm)
+        k = (op, p.algo, p.proto)
+        self.choices[k] = self.choices.get(k, 0) + 1
+        rest = p.latency + p.fill
+        if p.streams:
+            events = self.net.transfer_group(p.streams, tag=tag or op)
+            yield self.env.all_of(events)
+            # the network charged each stream its path latency after its last byte left;
+            # NCCL's latency replaces it: wait what is left of it after the last byte left
+            sent = max(e.value.end - pl for e, pl in zip(events, p.path_latency, strict=True))
+            rest -= self.env.now - sent
+        if rest > 0:
+            yield self.env.timeout(rest)
+
+
+def pipeline_fill(depth: int, overhead: float, bw_time: float) -> float:
+    """Extra time of a pipeline of `depth` stages over its bandwidth time T, with a cost o
+    per chunk and the best number of chunks m = sqrt((D-1) T / o):
+    (D-1) T/m + (m-1) o = 2 sqrt((D-1) o T) - o (one chunk, m = 1: (D-1) T)."""
+    if depth <= 1 or bw_time <= 0:
+        return 0.0
+    if overhead <= 0:
+        return 0.0
+    m = math.sqrt((depth - 1) * bw_time / overhead)
+    if m <= 1:
+        return (depth - 1) * bw_time
+    return 2 * math.sqrt((depth - 1) * overhead * bw_time) - overhead
+
+
+def _hops(order):
+    return list(zip(order, list(order[1:]) + list(order[:1]), strict=True))
+
+
+def _window_max(e: np.ndarray, steps: int) -> float:
+    """Largest sum of `steps` consecutive entries of the cyclic array e."""
+    n = len(e)
+    if n == 0 or steps <= 0:
+        return 0.0
+    full, part = divmod(steps, n)
+    c = np.concatenate([[0.0], np.cumsum(np.concatenate([e, e]))])
+    partial = max(c[i + part] - c[i] for i in range(n)) if part else 0.0
+    return full * float(e.sum()) + float(partial)
