@@ -169,6 +169,34 @@ class Plan:
 
 
 @dataclass
+class Terms:
+    """A collective's time before tuning: NCCL's latency (us) and bandwidth (GB/s) for the
+    pair it picks at this size, the slow-hop extra (s), the pipeline depth (0: none)."""
+
+    op: str
+    algo: str
+    proto: str
+    nbytes: float
+    lat_us: float
+    bw: float
+    extra: float
+    depth: int
+    channels: int
+    streams: list
+
+    def parts(self, t: Tuning) -> tuple[float, float, float]:
+        """(latency, fill, bandwidth time) in seconds under tuning t."""
+        scale = t.bandwidth_scale(self.proto)
+        bw_time = self.nbytes / (self.bw * 1e9 * scale) if self.bw > 0 else 0.0
+        latency = t.launch_overhead + self.lat_us * 1e-6 * t.latency_scale + self.extra
+        fill = pipeline_fill(self.depth, t.pipeline_overhead, bw_time) if self.depth else 0.0
+        return latency, fill, bw_time
+
+    def time(self, t: Tuning) -> float:
+        return sum(self.parts(t))
+
+
+@dataclass
 class _Group:
     """What a group of GPUs runs on, worked out once."""
 
@@ -406,17 +434,20 @@ class Nccl(CommModel):
             return cached
         if len(group) < 2:
             p = Plan(op, "none", "none", nbytes, [], [], self.tuning.launch_overhead, 0.0, 0.0)
-        elif op in P2P_OPS:
-            p = self._p2p_plan(op, group, nbytes)
         else:
-            p = self._collective_plan(op, group, nbytes, root, algorithm)
+            p = self._plan(op, group, nbytes, root, algorithm)
         if len(self._plans) < 100_000:
             self._plans[key] = p
         return p
 
-    def _collective_plan(self, op, group, nbytes, root, algorithm) -> Plan:
+    def terms(self, op: str, group, nbytes: float, root=None, algorithm=None) -> Terms:
+        """The parts of a collective's time that do not depend on the tuning."""
+        check_op(op)
+        group = tuple(group)
         info = self.group_info(group)
-        g, t = info.graphs, self.tuning
+        if op in P2P_OPS:
+            return self._p2p_terms(info, op, nbytes)
+        g = info.graphs
         algo, proto = self.choose(op, group, nbytes, algorithm)
         lat_us, bw = tuner.model(g, op, algo, proto)
         runtime = None if self.options.channels == "auto" else self.options.channels
@@ -424,45 +455,43 @@ class Nccl(CommModel):
         if used < full:  # a small call runs on fewer channels, each at its share of the
             # links (LL's whole-GPU cap then rarely binds)
             bw = min(bw, tuner.model(g, op, algo, proto, ll_cap=False)[1] * used / full)
-        bw *= tuner.tree_correction(op, algo, proto, nbytes) * t.bandwidth_scale(proto)
-        lat_us *= tuner.plateau(g, op, algo, proto, nbytes) * t.latency_scale
+        bw *= tuner.tree_correction(op, algo, proto, nbytes)
+        lat_us *= tuner.plateau(g, op, algo, proto, nbytes)
         root = root if root in group else group[0]
         streams = self.structure(info, op, algo, root if op in ("broadcast", "reduce") else None)
-        bw_time = nbytes / (bw * 1e9) if bw > 0 else 0.0
-        unit = self._unit_time(streams)
-        wire = bw_time / (unit * nbytes) if unit > 0 and nbytes > 0 else 1.0
         extra = self._slow_hop_extra(info, op, algo, proto, streams)
-        latency = t.launch_overhead + lat_us * 1e-6 + extra
-        fill = 0.0
-        if algo in PIPELINED or op in ("broadcast", "reduce"):
-            fill = pipeline_fill(self._depth(info, op, algo), t.pipeline_overhead, bw_time)
-        return self._finish(op, algo, proto, nbytes, streams, wire, latency, fill, bw_time, used)
+        staged = algo in PIPELINED or op in ("broadcast", "reduce")
+        depth = self._depth(info, op, algo) if staged else 0
+        return Terms(op, algo, proto, float(nbytes), lat_us, bw, extra, depth, used, streams)
 
-    def _p2p_plan(self, op, group, nbytes) -> Plan:
+    def _p2p_terms(self, info: _Group, op, nbytes) -> Terms:
         """Send/receive (all-to-all, sendrecv): Simple protocol on each pair's own path, at
-        what NCCL believes the path's slowest link kind carries."""
-        info = self.group_info(group)
-        t = self.tuning
-        streams = self.structure(info, op, "p2p")
-        net = info.system.N > 1
-        lat_us = P.BASE_LAT["ring"][2] + P.HW_LAT["net" if net else info.system.intra_hw]["ring"][2]
-        latency = t.launch_overhead + lat_us * 1e-6 * t.latency_scale
-        wires = []
+        what NCCL believes the path's slowest link kind carries; latency of one Simple step."""
+        streams = []
         load = np.zeros(len(self.links))
-        for a, b, x in streams:
+        for a, b, x in self.structure(info, op, "p2p"):
             links = self._path(a, b)
-            w = 1 / (self.efficiency[links].min() * t.bandwidth_scale_Simple)
-            wires.append(w)
+            w = 1 / self.efficiency[links].min()
+            streams.append((a, b, x * w))
             np.add.at(load, links, x * w)
         with np.errstate(divide="ignore", invalid="ignore"):
             unit = float(np.max(np.where(load > 0, load / self.capacity, 0.0), initial=0.0))
-        out = [(a, b, x * nbytes * w) for (a, b, x), w in zip(streams, wires, strict=True)]
-        return self._finish(op, "p2p", "Simple", nbytes, out, 1.0, latency, 0.0,
-                            unit * nbytes, 0, scaled=True)  # fmt: skip
+        hw = "net" if info.system.N > 1 else info.system.intra_hw
+        lat_us = P.BASE_LAT["ring"][2] + P.HW_LAT[hw]["ring"][2]
+        bw = 1 / unit / 1e9 if unit > 0 else math.inf
+        return Terms(op, "p2p", "Simple", float(nbytes), lat_us, bw, 0.0, 0, 0, streams)
 
-    def _finish(self, op, algo, proto, nbytes, streams, wire, latency, fill, bw_time, channels,
-                scaled=False) -> Plan:  # fmt: skip
-        out = streams if scaled else [(a, b, x * nbytes * wire) for a, b, x in streams]
+    def _plan(self, op, group, nbytes, root, algorithm) -> Plan:
+        terms = self.terms(op, group, nbytes, root, algorithm)
+        latency, fill, bw_time = terms.parts(self.tuning)
+        unit = self._unit_time(terms.streams)
+        wire = bw_time / (unit * nbytes) if unit > 0 and nbytes > 0 else 1.0
+        return self._finish(op, terms.algo, terms.proto, nbytes, terms.streams, wire, latency,
+                            fill, bw_time, terms.channels)  # fmt: skip
+
+    def _finish(self, op, algo, proto, nbytes, streams, wire, latency, fill, bw_time,
+                channels) -> Plan:  # fmt: skip
+        out = [(a, b, x * nbytes * wire) for a, b, x in streams]
         out = [s for s in out if s[2] > 0]
         path_lat = [float(self.link_latency[self._path(a, b)].sum()) for a, b, _ in out]
         return Plan(op, algo, proto, nbytes, out, path_lat, latency, fill, bw_time, channels)

@@ -133,6 +133,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--small", action="store_true", help="a reduced model size (fast CPU traces)")
     t.add_argument("--image-size", type=int, default=224, help="image side for CNNs")
     t.set_defaults(func=cmd_trace)
+
+    from triosim.cli_comm import add_commands
+
+    add_commands(sub)  # collectives, calibrate
     return p
 
 
