@@ -48,6 +48,9 @@ ALGO_NAMES = {"ring": ("ring",), "tree": ("tree",), "nvls": ("nvls", "nvls_tree"
               "collnet": ("collnet_direct",)}  # fmt: skip
 PIPELINED = {"nvls", "nvls_tree", "collnet_direct"}
 P2P_OPS = ("all_to_all", "sendrecv")
+# bytes on the wire per byte of data: LL sends a 4-byte flag with every 4 bytes, LL128 one
+# 8-byte flag in every 128-byte line (NCCL's device.h)
+PROTO_WIRE = {"LL": 2.0, "LL128": 128 / 120, "Simple": 1.0}
 
 
 @dataclass(frozen=True)
@@ -182,12 +185,14 @@ class Terms:
     extra: float
     depth: int
     channels: int
-    streams: list
+    streams: list  # (src, dst, share of the bytes)
+    raw: float  # s per byte: the streams' wire bytes at the links' full bandwidth
 
     def parts(self, t: Tuning) -> tuple[float, float, float]:
         """(latency, fill, bandwidth time) in seconds under tuning t."""
         scale = t.bandwidth_scale(self.proto)
         bw_time = self.nbytes / (self.bw * 1e9 * scale) if self.bw > 0 else 0.0
+        bw_time = max(bw_time, self.nbytes * self.raw)  # never faster than the wires
         latency = t.launch_overhead + self.lat_us * 1e-6 * t.latency_scale + self.extra
         fill = pipeline_fill(self.depth, t.pipeline_overhead, bw_time) if self.depth else 0.0
         return latency, fill, bw_time
@@ -462,39 +467,32 @@ class Nccl(CommModel):
         extra = self._slow_hop_extra(info, op, algo, proto, streams)
         staged = algo in PIPELINED or op in ("broadcast", "reduce")
         depth = self._depth(info, op, algo) if staged else 0
-        return Terms(op, algo, proto, float(nbytes), lat_us, bw, extra, depth, used, streams)
+        raw = self._unit_time(streams) * PROTO_WIRE[proto]
+        return Terms(op, algo, proto, float(nbytes), lat_us, bw, extra, depth, used, streams, raw)
 
     def _p2p_terms(self, info: _Group, op, nbytes) -> Terms:
         """Send/receive (all-to-all, sendrecv): Simple protocol on each pair's own path, at
-        what NCCL believes the path's slowest link kind carries; latency of one Simple step."""
-        streams = []
-        load = np.zeros(len(self.links))
-        for a, b, x in self.structure(info, op, "p2p"):
-            links = self._path(a, b)
-            w = 1 / self.efficiency[links].min()
-            streams.append((a, b, x * w))
-            np.add.at(load, links, x * w)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            unit = float(np.max(np.where(load > 0, load / self.capacity, 0.0), initial=0.0))
+        what NCCL believes the link kinds carry; latency of one Simple step."""
+        streams = self.structure(info, op, "p2p")
+        unit = self._unit_time(streams, effective=True)
         hw = "net" if info.system.N > 1 else info.system.intra_hw
         lat_us = P.BASE_LAT["ring"][2] + P.HW_LAT[hw]["ring"][2]
         bw = 1 / unit / 1e9 if unit > 0 else math.inf
-        return Terms(op, "p2p", "Simple", float(nbytes), lat_us, bw, 0.0, 0, 0, streams)
+        raw = self._unit_time(streams)
+        return Terms(op, "p2p", "Simple", float(nbytes), lat_us, bw, 0.0, 0, 0, streams, raw)
 
     def _plan(self, op, group, nbytes, root, algorithm) -> Plan:
+        """The streams carry the data (LL, LL128: with their flags) capped at the rate that
+        ends them all at NCCL's bandwidth time: what the GPUs can feed. Other traffic gets
+        what they leave of the links."""
         terms = self.terms(op, group, nbytes, root, algorithm)
         latency, fill, bw_time = terms.parts(self.tuning)
-        unit = self._unit_time(terms.streams)
-        wire = bw_time / (unit * nbytes) if unit > 0 and nbytes > 0 else 1.0
-        return self._finish(op, terms.algo, terms.proto, nbytes, terms.streams, wire, latency,
-                            fill, bw_time, terms.channels)  # fmt: skip
-
-    def _finish(self, op, algo, proto, nbytes, streams, wire, latency, fill, bw_time,
-                channels) -> Plan:  # fmt: skip
-        out = [(a, b, x * nbytes * wire) for a, b, x in streams]
-        out = [s for s in out if s[2] > 0]
-        path_lat = [float(self.link_latency[self._path(a, b)].sum()) for a, b, _ in out]
-        return Plan(op, algo, proto, nbytes, out, path_lat, latency, fill, bw_time, channels)
+        wire = PROTO_WIRE[terms.proto] * nbytes
+        out = [(a, b, x * wire) for a, b, x in terms.streams if x * wire > 0]
+        out = [(a, b, y, y / bw_time if bw_time > 0 else math.inf) for a, b, y in out]
+        path_lat = [float(self.link_latency[self._path(a, b)].sum()) for a, b, *_ in out]
+        return Plan(op, terms.algo, terms.proto, nbytes, out, path_lat, latency, fill, bw_time,
+                    terms.channels)  # fmt: skip
 
     def _depth(self, info: _Group, op, algo) -> int:
         """Stages a chunk passes through one after another."""

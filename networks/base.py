@@ -28,6 +28,7 @@ class TransferRecord:
     start: float
     end: float = math.nan
     tag: str = ""
+    max_rate: float = math.inf  # bytes/s the sender can feed (a GPU-side limit), inf: none
 
 
 class Network:
@@ -68,12 +69,18 @@ class Network:
     def transfer_group(self, transfers, tag: str = "") -> list[simpy.Event]:
         """Start many transfers at the same instant (one collective step).
 
-        Implementations solve their bandwidth allocation once for the whole group.
+        Each is (src, dst, nbytes) or (src, dst, nbytes, max_rate): a transfer never goes
+        faster than max_rate bytes/s (what its sender can feed; networks that model no such
+        limit ignore it). Implementations solve their bandwidth allocation once for the
+        whole group.
         """
         records, events = [], []
-        for src, dst, nbytes in transfers:
+        for src, dst, nbytes, *rest in transfers:
             self._check(src, dst, nbytes)
-            rec = TransferRecord(src, dst, float(nbytes), self.env.now, tag=tag)
+            rate = float(rest[0]) if rest else math.inf
+            if not rate > 0:
+                raise NetworkError(f"transfer max_rate must be > 0 bytes/s, got {rest[0]!r}")
+            rec = TransferRecord(src, dst, float(nbytes), self.env.now, tag=tag, max_rate=rate)
             self.records.append(rec)
             self.bytes_sent += rec.nbytes
             self.in_flight += 1

@@ -2,7 +2,9 @@
 
 A transfer's bytes enter the path at the max-min fair rate, which is recomputed
 whenever a flow starts or ends; its last byte arrives one path latency after it
-left, so a lone transfer takes latency + bytes / bandwidth.
+left, so a lone transfer takes latency + bytes / bandwidth. A transfer with a max_rate
+crosses, besides its path, a private link of that capacity, so max-min fairness gives
+it at most that rate and the others what it leaves.
 """
 
 from __future__ import annotations
@@ -118,8 +120,8 @@ class PacketSwitchNetwork(Network):
             self._load[:] = 0.0
             return
         self.reallocations += 1
-        rows, cols = incidence([f.links for f in still])
-        rates = max_min_rates(rows, cols, len(still), self.capacity)
+        rows, cols, capacity = self._incidence(still)
+        rates = max_min_rates(rows, cols, len(still), capacity)
         for f, r in zip(still, rates, strict=True):
             f.rate = float(r)
         if np.isinf(rates).any():  # flows over infinitely fast links only: done at once
@@ -130,9 +132,10 @@ class PacketSwitchNetwork(Network):
             if not still:
                 self._load[:] = 0.0
                 return
-            rows, cols = incidence([f.links for f in still])
+            rows, cols, _ = self._incidence(still)
             rates = np.array([f.rate for f in still])
-        self._load = link_loads(rows, cols, rates, len(self.links))
+        real = rows < len(self.links)  # not the private rate-cap links
+        self._load = link_loads(rows[real], cols[real], rates, len(self.links))
         with np.errstate(divide="ignore", invalid="ignore"):
             util = np.where(np.isfinite(self.capacity), self._load / self.capacity, 0.0)
         self.max_utilisation = max(self.max_utilisation, float(util.max(initial=0.0)))
@@ -140,6 +143,20 @@ class PacketSwitchNetwork(Network):
             dt = min(f.remaining / f.rate for f in still)
         gen = self._generation
         self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _e: self._on_timer(gen))
+
+    def _incidence(self, flows):
+        """Incidence of the flows over the links, plus one private link per capped flow."""
+        n = len(self.links)
+        capped = [k for k, f in enumerate(flows) if f.rec.max_rate < np.inf]
+        extra = [np.array([n + j]) for j in range(len(capped))]
+        paths = [f.links for f in flows]
+        for j, k in enumerate(capped):
+            paths[k] = np.concatenate([paths[k], extra[j]])
+        rows, cols = incidence(paths)
+        if not capped:
+            return rows, cols, self.capacity
+        caps = np.array([flows[k].rec.max_rate for k in capped])
+        return rows, cols, np.concatenate([self.capacity, caps])
 
     def _on_timer(self, gen):
         if gen != self._generation:
