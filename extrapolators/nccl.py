@@ -36,9 +36,11 @@ from typing import Literal
 
 import numpy as np
 
+from extrapolators import nccl_streams
 from extrapolators import nccl_tuner as tuner
 from extrapolators.communication import CommModel, check_op, register
-from extrapolators.nccl_system import System, double_binary_trees, node_partition, tree_depth
+from extrapolators.nccl_streams import hops as _hops
+from extrapolators.nccl_system import System, node_partition, tree_depth
 from networks.routing import Routes
 from triosim import nccl_params as P
 from triosim.errors import ConfigError
@@ -209,7 +211,8 @@ class _Group:
     graphs: tuner.Graphs
     rings: list
     ring_weights: list
-    structures: dict = field(default_factory=dict)  # (algo, op) -> unit streams
+    both: list  # each ring runs both ways
+    structures: dict = field(default_factory=dict)  # (op, algo, root) -> streams
 
 
 @register("nccl")
@@ -248,17 +251,18 @@ class Nccl(CommModel):
         s = System(self.graph, group, self.routes, self._partition)
         rings = s.rings()
         weights = self._ring_weights(rings)
-        info = _Group(s, None, rings, weights)
+        info = _Group(s, None, rings, weights, [self._both_ways(r) for r in rings])
         n = s.n
         # the ring graph's bus bandwidth NCCL would find: the ring streams' bottleneck
         # with what NCCL believes each link kind carries
         ring_bw = 0.0
         if n > 1:
-            t = self._unit_time(self._ring_streams(info, 2 * (n - 1) / n), effective=True)
+            t = self._unit_time(nccl_streams.ring(rings, weights, info.both, 2 * (n - 1) / n),
+                                effective=True)  # fmt: skip
             ring_bw = 2 * (n - 1) / n / t / 1e9 if t > 0 else math.inf
         nvls_bw = 0.0
         if s.nvls and self.options.nvls and self.switch_ends and self.arch >= P.NVLS_MIN_ARCH:
-            t = self._unit_time(self._nvls_streams(s, 1.0), effective=True)
+            t = self._unit_time(nccl_streams.nvls(s), effective=True)
             nvls_bw = 1 / t / 1e9 if t > 0 else math.inf
         net_bw = 0.0
         if s.N > 1:
@@ -300,109 +304,12 @@ class Nccl(CommModel):
         (not on a one-way ring, where it would go all the way round)."""
         return all(len(self._path(b, a)) == len(self._path(a, b)) for a, b in _hops(ring))
 
-    # -- streams: (src, dst, share of the bytes) ------------------------------------------
-    def _ring_streams(self, info: _Group, per_hop: float) -> list:
-        out = {}
-        for ring, w in zip(info.rings, info.ring_weights, strict=True):
-            ways = [ring, ring[::-1]] if self._both_ways(ring) else [ring]
-            for order in ways:
-                for a, b in _hops(order):
-                    out[(a, b)] = out.get((a, b), 0.0) + per_hop * w / len(ways)
-        return [(a, b, x) for (a, b), x in out.items()]
-
-    def _chain_streams(self, info: _Group, root, towards_root: bool) -> list:
-        out = {}
-        for ring, w in zip(info.rings, info.ring_weights, strict=True):
-            ways = [ring, ring[::-1]] if self._both_ways(ring) else [ring]
-            for order in ways:
-                i = order.index(root) if root in order else 0
-                chain = order[i:] + order[:i]
-                for a, b in zip(chain, chain[1:], strict=False):
-                    key = (b, a) if towards_root else (a, b)
-                    out[key] = out.get(key, 0.0) + w / len(ways)
-        return [(a, b, x) for (a, b), x in out.items()]
-
-    def _tree_streams(self, s: System, share_scale: float = 1.0) -> list:
-        out = {}
-
-        def add(a, b, x):
-            out[(a, b)] = out.get((a, b), 0.0) + x * share_scale
-
-        if s.N == 1:
-            order = list(s.order)
-            for a, b in zip(order, order[1:], strict=False):  # two chains, one each way
-                add(a, b, 1.0)
-                add(b, a, 1.0)
-            return [(a, b, x) for (a, b), x in out.items()]
-        rails = s.rails if s.uniform else 1
-        for c in range(rails):
-            for tree in double_binary_trees(s.N):
-                x = 1.0 / (2 * rails)
-                for k in range(s.N):
-                    chain = s.node_chain(k, c)
-                    for a, b in zip(chain, chain[1:], strict=False):
-                        add(a, b, x)
-                        add(b, a, x)
-                for child, parent in tree:
-                    a, b = (
-                        s.nodes[child][c % len(s.nodes[child])],
-                        s.nodes[parent][c % len(s.nodes[parent])],
-                    )
-                    add(a, b, x)
-                    add(b, a, x)
-        return [(a, b, x) for (a, b), x in out.items()]
-
-    def _nvls_streams(self, s: System, scale: float) -> list:
-        """NVLS all-reduce in one node: each GPU sends its buffer to the switch, which
-        reduces (S) and returns one reduced shard (S/n); each GPU stores its shard (S/n),
-        which the switch multicasts to all (S)."""
-        out = []
-        for members, sw in zip(s.nodes, s.nvls, strict=True):
-            x = (1 + 1 / len(members)) * scale
-            for g in members:
-                out += [(g, sw, x), (sw, g, x)]
-        return out
-
-    def _inter_tree_streams(self, s: System, share: float) -> list:
-        out = {}
-        for c in range(s.rails):
-            for tree in double_binary_trees(s.N):
-                for child, parent in tree:
-                    a, b = s.nodes[child][c], s.nodes[parent][c]
-                    for key in ((a, b), (b, a)):
-                        out[key] = out.get(key, 0.0) + share / (2 * s.rails)
-        return [(a, b, x) for (a, b), x in out.items()]
-
-    def _collnet_streams(self, s: System) -> list:
-        out = self._nvls_streams(s, 1.0)
-        for members in s.nodes:
-            for c, g in enumerate(members):
-                out += [(g, s.sharp[c], 1 / len(members)), (s.sharp[c], g, 1 / len(members))]
-        return out
-
     def structure(self, info: _Group, op: str, algo: str, root=None) -> list:
+        """The schedule's streams (src, dst, share of the bytes), built once per group."""
         key = (op, algo, root)
         if key not in info.structures:
-            s, n = info.system, info.system.n
-            if op == "allreduce" and algo == "ring":
-                st = self._ring_streams(info, 2 * (n - 1) / n)
-            elif op in ("all_gather", "reduce_scatter"):
-                st = self._ring_streams(info, (n - 1) / n)
-            elif op in ("broadcast", "reduce"):
-                st = self._chain_streams(info, root, towards_root=op == "reduce")
-            elif algo == "tree":
-                st = self._tree_streams(s)
-            elif algo == "nvls":
-                st = self._nvls_streams(s, 1.0)
-            elif algo == "nvls_tree":
-                st = self._nvls_streams(s, 1.0) + self._inter_tree_streams(s, 1 / s.ppn)
-            elif algo == "collnet_direct":
-                st = self._collnet_streams(s)
-            elif op == "all_to_all":
-                st = [(a, b, 1.0 / n) for a in s.group for b in s.group if a != b]
-            else:  # sendrecv, as nccl-tests: every rank to the next rank
-                st = [(a, b, 1.0) for a, b in _hops(list(s.group))]
-            info.structures[key] = st
+            info.structures[key] = nccl_streams.structure(info.system, info.rings, info.ring_weights,
+                                                     info.both, op, algo, root)  # fmt: skip
         return info.structures[key]
 
     def _unit_time(self, streams, effective=False) -> float:
@@ -566,10 +473,6 @@ def pipeline_fill(depth: int, overhead: float, bw_time: float) -> float:
     if m <= 1:
         return (depth - 1) * bw_time
     return 2 * math.sqrt((depth - 1) * overhead * bw_time) - overhead
-
-
-def _hops(order):
-    return list(zip(order, list(order[1:]) + list(order[:1]), strict=True))
 
 
 def _window_max(e: np.ndarray, steps: int) -> float:
