@@ -1,6 +1,8 @@
 """Extrapolators: a single-GPU trace and a parallel plan become per-GPU task streams."""
 
+from extrapolators import nccl  # noqa: F401  (registers the 'nccl' communication model)
 from extrapolators.base import Extrapolator, gradient_ready
+from extrapolators.communication import COMM_MODELS, CommModel, comm_class
 from extrapolators.data_parallel import DataParallel, DistributedDataParallel, Single
 from extrapolators.hop import Hop
 from extrapolators.hybrid import Hybrid
@@ -32,5 +34,5 @@ def register(cls: type[Extrapolator], *, replace: bool = False) -> type[Extrapol
 
 extrapolator_class = EXTRAPOLATORS.get
 
-__all__ = ["EXTRAPOLATORS", "Extrapolator", "Runtime", "Sharded", "extrapolator_class",
-           "gradient_ready", "register"]  # fmt: skip
+__all__ = ["COMM_MODELS", "CommModel", "EXTRAPOLATORS", "Extrapolator", "Runtime", "Sharded",
+           "comm_class", "extrapolator_class", "gradient_ready", "register"]  # fmt: skip

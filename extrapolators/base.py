@@ -19,24 +19,25 @@ class Extrapolator:
     A mode declares its config fields as an `Options` dataclass (triosim.schema);
     `options` is one of those or None for the defaults. `batch_size` is the global
     mini-batch (None: the traced one), `gpu` the target GPU (None: the traced one),
-    `collective` the collective algorithm, `ring` the GPUs in ring order, `graph` the
-    topology.
+    `ring` the GPUs in ring order, `graph` the topology. Collectives leave the algorithm to
+    the communication model (`collective = None`); a mode may name one to force it.
     """
 
     name = "abstract"
     Options = schema.NoOptions
     hybrid_inner = False  # can run inside the data-parallel replicas of `hybrid`
     owns_iterations = False  # streams(iterations=K) runs K iterations itself (no barrier)
+    collective: str | None = None  # algorithm its collectives ask for (None: the model's)
 
     def __init__(self, trace: Trace, model: OperatorModel, gpus, options=None, *,
-                 batch_size: float | None = None, gpu: str | None = None,
-                 collective: str = "ring", ring=None, graph=None):  # fmt: skip
+                 batch_size: float | None = None, gpu: str | None = None, ring=None,
+                 graph=None):  # fmt: skip
         self.trace = trace
         self.model = model
         self.options = schema.check(options, "parallelism") if options else self.Options()
         self.gpus = list(gpus)
         self.ring = tuple(ring) if ring is not None else tuple(self.gpus)
-        self.batch_size, self.gpu, self.collective = batch_size, gpu, collective
+        self.batch_size, self.gpu = batch_size, gpu
         self.graph = graph  # the topology (networkx), for modes that follow its links
         self.batch = batch_size if batch_size is not None else trace.batch_size
         self._times: dict = {}  # (op id, target, scale) -> seconds, shared by all GPUs

@@ -1,21 +1,21 @@
-"""Collective algorithms as SimPy generators over the Network interface.
+"""The textbook collective algorithms (communication kind 'textbook') as SimPy generators
+over the Network interface.
 
 Each step of an algorithm starts all its transfers as one group (one bandwidth
 allocation) and waits for all of them. Ring all-reduce: reduce-scatter then
 all-gather, the buffer cut into N chunks, 2(N-1) steps; with lone links of
 bandwidth B and latency L it takes 2(N-1)/N x bytes/B + 2(N-1) x L.
-Register a new algorithm with `register(op, name)`.
+Register a new algorithm with `register(op, name)`; `communication.algorithm` names it.
 """
 
 from __future__ import annotations
 
-import networkx as nx
-
+from extrapolators.rings import ring_order  # noqa: F401  (re-exported: its old home)
 from triosim.errors import ConfigError
 from triosim.registry import Registry
 
-# keyed "op:name" (e.g. "allreduce:ring"); `parallelism.collective` names the algorithm
-ALGORITHMS = Registry("parallelism.collective", "algorithm", "collective algorithm")
+# keyed "op:name" (e.g. "allreduce:ring"); `communication.algorithm` names the algorithm
+ALGORITHMS = Registry("communication.algorithm", "algorithm", "collective algorithm")
 
 
 def register(op: str, name: str, *, replace: bool = False):
@@ -39,7 +39,7 @@ def algorithm(op: str, name: str):
             raise ConfigError(
                 "collective", op, f"one of {', '.join(sorted({o for o, _ in pairs}))}"
             )
-        raise ConfigError("parallelism.collective", name, f"one of {', '.join(allowed)} for {op}")
+        raise ConfigError("communication.algorithm", name, f"one of {', '.join(allowed)} for {op}")
     return ALGORITHMS.get(key)
 
 
@@ -111,24 +111,9 @@ def direct_all_to_all(env, net, group, nbytes, tag="all_to_all", root=None):
     yield from _step(env, net, pairs, tag)
 
 
-def ring_order(graph: nx.DiGraph, group) -> tuple:
-    """Order a group so ring neighbours are near in the topology (greedy nearest neighbour).
-
-    On a ring this recovers the ring; on a mesh it snakes through neighbouring GPUs.
-    """
-    group = list(group)
-    if len(group) <= 2:
-        return tuple(group)
-    members = set(group)
-    dist = {}
-    for g in group:
-        lengths = nx.single_source_shortest_path_length(graph, g)
-        dist[g] = {h: lengths.get(h, 1 << 30) for h in members}
-    pos = {g: i for i, g in enumerate(group)}
-    order, left = [group[0]], set(group[1:])
-    while left:
-        here = order[-1]
-        nxt = min(left, key=lambda h: (dist[here][h], pos[h]))
-        order.append(nxt)
-        left.remove(nxt)
-    return tuple(order)
+@register("sendrecv", "direct")
+def direct_sendrecv(env, net, group, nbytes, tag="sendrecv", root=None):
+    """nccl-tests' sendrecv: every GPU sends nbytes to the next one, all at once."""
+    n = len(group)
+    if n > 1:
+        yield from _step(env, net, [(group[i], group[(i + 1) % n], nbytes) for i in range(n)], tag)

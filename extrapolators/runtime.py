@@ -2,7 +2,8 @@
 
 Streams are iterators, pulled one task at a time as the simulation unfolds, so N GPUs
 never hold N copies of the trace. Compute takes its modelled duration; collectives
-meet at a rendezvous and then run their algorithm through the Network; Send/Recv
+meet at a rendezvous and then the communication model (extrapolators.communication)
+runs them through the Network; Send/Recv
 and Signal/Wait connect streams. When the events run out, `check_finished` names
 every stream still waiting (a deadlock) instead of returning a short iteration.
 """
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import simpy
 
-from extrapolators import collectives
 from extrapolators.tasks import Collective, Compute, Iteration, Recv, Send, Signal, Wait, WaitSome
 from triosim.errors import DeadlockError, SimulationError
 
@@ -20,9 +20,10 @@ COLUMNS = ("gpu", "stream", "kind", "name", "layer", "phase", "start", "end", "n
 
 
 class Runtime:
-    def __init__(self, env: simpy.Environment, network, compute_scale: dict | None = None):
+    def __init__(self, env: simpy.Environment, network, comm, compute_scale: dict | None = None):
         self.env = env
         self.network = network
+        self.comm = comm  # a CommModel: runs every collective
         self.compute_scale = compute_scale or {}  # GPU -> slow-down of its compute
         self.rows: list[tuple] = []
         self._events: dict[str, simpy.Event] = {}
@@ -149,9 +150,8 @@ class Runtime:
         return meet["begin"]
 
     def _run_collective(self, task: Collective, done):
-        algo = collectives.algorithm(task.op, task.algorithm)
-        yield from algo(self.env, self.network, task.group, task.nbytes, tag=task.key,
-                        root=task.root)  # fmt: skip
+        yield from self.comm.run(task.op, task.group, task.nbytes, tag=task.key,
+                                 root=task.root, algorithm=task.algorithm)  # fmt: skip
         self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
         del self._meet[task.key]
         done.succeed()

@@ -20,13 +20,13 @@ class Compute:
 class Collective:
     """Every GPU of `group` posts the same key; it runs once all have arrived."""
 
-    op: str  # allreduce, reduce_scatter, all_gather, broadcast, reduce, all_to_all
+    op: str  # extrapolators.communication.OPS: allreduce, reduce_scatter, all_gather, ...
     group: tuple
-    nbytes: float  # bytes per GPU (the buffer each member holds)
+    nbytes: float  # bytes per GPU (the buffer each member holds; see communication.py)
     key: str
     layer: str = ""
     phase: str = ""
-    algorithm: str = "ring"
+    algorithm: str | None = None  # None: the communication model chooses
     root: object = None
 
 

@@ -28,6 +28,7 @@ class TransferRecord:
     start: float
     end: float = math.nan
     tag: str = ""
+    max_rate: float = math.inf  # bytes/s the sender can feed (a GPU-side limit), inf: none
 
 
 class Network:
@@ -37,6 +38,9 @@ class Network:
 
     kind = "abstract"
     Options = schema.NoOptions
+    # True: a switch node with a `reduce` attribute (in-network reduction: NVLS, SHARP) may
+    # be a transfer's source or destination, as collectives that reduce in the switch need
+    reducing_endpoints = False
 
     def __init__(self, env: simpy.Environment, graph: nx.DiGraph, options=None, **kwargs):
         if isinstance(options, self.Options) and not kwargs:
@@ -50,6 +54,8 @@ class Network:
         self.graph = validate_graph(graph)
         self.gpus = gpu_nodes(self.graph)
         self._gpu_set = set(self.gpus)
+        if self.reducing_endpoints:
+            self._gpu_set |= set(reducing_switches(self.graph))
         self.records: list[TransferRecord] = []
         self.bytes_sent = 0.0
         self.bytes_delivered = 0.0
@@ -63,12 +69,18 @@ class Network:
     def transfer_group(self, transfers, tag: str = "") -> list[simpy.Event]:
         """Start many transfers at the same instant (one collective step).
 
-        Implementations solve their bandwidth allocation once for the whole group.
+        Each is (src, dst, nbytes) or (src, dst, nbytes, max_rate): a transfer never goes
+        faster than max_rate bytes/s (what its sender can feed; networks that model no such
+        limit ignore it). Implementations solve their bandwidth allocation once for the
+        whole group.
         """
         records, events = [], []
-        for src, dst, nbytes in transfers:
+        for src, dst, nbytes, *rest in transfers:
             self._check(src, dst, nbytes)
-            rec = TransferRecord(src, dst, float(nbytes), self.env.now, tag=tag)
+            rate = float(rest[0]) if rest else math.inf
+            if not rate > 0:
+                raise NetworkError(f"transfer max_rate must be > 0 bytes/s, got {rest[0]!r}")
+            rec = TransferRecord(src, dst, float(nbytes), self.env.now, tag=tag, max_rate=rate)
             self.records.append(rec)
             self.bytes_sent += rec.nbytes
             self.in_flight += 1
@@ -131,6 +143,13 @@ def gpu_nodes(graph: nx.DiGraph) -> list:
     """GPUs are nodes with kind='gpu' (the builders set it); default: every node."""
     gpus = [n for n, d in graph.nodes(data=True) if d.get("kind", "gpu") == "gpu"]
     return sorted(gpus, key=lambda n: (str(type(n)), n))
+
+
+def reducing_switches(graph) -> dict:
+    """Switch nodes that reduce data in flight: name -> 'nvls' (NVSwitch3 NVLink SHARP) or
+    'sharp' (InfiniBand SHARP), from the node attribute `reduce`."""
+    return {n: d["reduce"] for n, d in graph.nodes(data=True)
+            if d.get("kind") == "switch" and d.get("reduce")}  # fmt: skip
 
 
 def validate_graph(graph) -> nx.DiGraph:

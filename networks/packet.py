@@ -2,12 +2,13 @@
 
 A transfer's bytes enter the path at the max-min fair rate, which is recomputed
 whenever a flow starts or ends; its last byte arrives one path latency after it
-left, so a lone transfer takes latency + bytes / bandwidth.
+left, so a lone transfer takes latency + bytes / bandwidth. A transfer with a max_rate
+crosses, besides its path, a private link of that capacity, so max-min fairness gives
+it at most that rate and the others what it leaves.
 """
 
 from __future__ import annotations
 
-import zlib
 from dataclasses import dataclass
 from typing import Literal
 
@@ -16,6 +17,7 @@ import simpy
 
 from networks.base import Network, TransferRecord, register
 from networks.maxmin import incidence, link_loads, max_min_rates
+from networks.routing import Routes
 from triosim.errors import NetworkError
 from triosim.schema import option
 
@@ -36,13 +38,16 @@ class _Flow:
 @dataclass(frozen=True)
 class PacketOptions:
     routing: Literal["latency", "hops"] = option(
-        "latency", help="shortest paths by summed link latency (ties: fewest hops), or by hops"
+        "latency",
+        help="after fewest inter-node hops: least summed latency (ties: fastest "
+        "links, then fewest hops), or fewest hops (networks.routing)",
     )
 
 
 @register("packet")
 class PacketSwitchNetwork(Network):
     Options = PacketOptions
+    reducing_endpoints = True  # a switch that reduces (NVLS, SHARP) may send and receive
 
     def __init__(self, env, graph, options=None, **kwargs):
         super().__init__(env, graph, options, **kwargs)
@@ -54,7 +59,6 @@ class PacketSwitchNetwork(Network):
         self.link_bytes = np.zeros(len(self.links))
         self.link_busy = np.zeros(len(self.links))
         self.max_utilisation = 0.0  # highest load/capacity seen on any link (<= 1)
-        self._paths: dict = {}
         self._flows: list[_Flow] = []
         self._load = np.zeros(len(self.links))
         self._last = env.now
@@ -63,53 +67,17 @@ class PacketSwitchNetwork(Network):
         self._routing_tables()
 
     # -- routing ----------------------------------------------------------------------
-    def _weight(self, d) -> int:
-        if self.routing == "hops":
-            return 1
-        # integer picoseconds, then hops to break ties: exact sums keep equal-cost paths tied
-        return int(round(d.get("latency", 0.0) * 1e12)) * 4096 + 1
-
     def _routing_tables(self):
-        from scipy.sparse import csr_matrix
-
-        nodes = list(self.graph.nodes)
-        self._node_index = {v: i for i, v in enumerate(nodes)}
-        self._nodes = nodes
-        u = [self._node_index[a] for a, _ in self.links]
-        v = [self._node_index[b] for _, b in self.links]
-        self._w = np.array([self._weight(self.graph.edges[e]) for e in self.links], float)
-        self._wgraph = csr_matrix((self._w, (u, v)), shape=(len(nodes), len(nodes)))
-        self._in_links = [[] for _ in nodes]  # node -> [(link index, from node index)]
-        for k, (a, b) in enumerate(zip(u, v, strict=True)):
-            self._in_links[b].append((k, a))
-        self._dist = {}
+        self.routes = Routes(self.graph, self.routing)
 
     def _distances(self, sources) -> None:
-        """Shortest distances from each new source, all at once in scipy's C Dijkstra."""
-        from scipy.sparse.csgraph import dijkstra
-
-        new = [s for s in dict.fromkeys(sources) if s not in self._dist]
-        if new:
-            rows = dijkstra(self._wgraph, indices=[self._node_index[s] for s in new])
-            for s, row in zip(new, np.atleast_2d(rows), strict=True):
-                self._dist[s] = row
+        self.routes.distances(sources)
 
     def path_links(self, src, dst) -> np.ndarray:
-        key = (src, dst)
-        if key not in self._paths:
-            self._distances([src])
-            dist = self._dist[src]
-            d_idx, s_idx = self._node_index[dst], self._node_index[src]
-            if not np.isfinite(dist[d_idx]):
-                raise NetworkError(f"no path from GPU {src!r} to GPU {dst!r} in this topology")
-            links, v = [], d_idx
-            while v != s_idx:  # walk back, picking among equal-cost predecessors by hash (ECMP)
-                options = [(k, a) for k, a in self._in_links[v] if dist[a] + self._w[k] == dist[v]]
-                h = zlib.crc32(f"{src!r}|{dst!r}|{self._nodes[v]!r}".encode())
-                k, v = options[h % len(options)]
-                links.append(k)
-            self._paths[key] = np.array(links[::-1], dtype=np.int64)
-        return self._paths[key]
+        links = self.routes.path_links(src, dst)
+        if links is None:
+            raise NetworkError(f"no path from GPU {src!r} to GPU {dst!r} in this topology")
+        return links
 
     def path(self, src, dst) -> list:
         links = self.path_links(src, dst)
@@ -118,7 +86,7 @@ class PacketSwitchNetwork(Network):
     # -- flow dynamics ----------------------------------------------------------------
     def _start_group(self, records, events):
         self._advance()
-        self._distances([r.src for r in records if (r.src, r.dst) not in self._paths])
+        self._distances([r.src for r in records])
         for rec, ev in zip(records, events, strict=True):
             links = self.path_links(rec.src, rec.dst)
             lat = float(self.latency[links].sum()) if len(links) else 0.0
@@ -152,8 +120,8 @@ class PacketSwitchNetwork(Network):
             self._load[:] = 0.0
             return
         self.reallocations += 1
-        rows, cols = incidence([f.links for f in still])
-        rates = max_min_rates(rows, cols, len(still), self.capacity)
+        rows, cols, capacity = self._incidence(still)
+        rates = max_min_rates(rows, cols, len(still), capacity)
         for f, r in zip(still, rates, strict=True):
             f.rate = float(r)
         if np.isinf(rates).any():  # flows over infinitely fast links only: done at once
@@ -164,9 +132,10 @@ class PacketSwitchNetwork(Network):
             if not still:
                 self._load[:] = 0.0
                 return
-            rows, cols = incidence([f.links for f in still])
+            rows, cols, _ = self._incidence(still)
             rates = np.array([f.rate for f in still])
-        self._load = link_loads(rows, cols, rates, len(self.links))
+        real = rows < len(self.links)  # not the private rate-cap links
+        self._load = link_loads(rows[real], cols[real], rates, len(self.links))
         with np.errstate(divide="ignore", invalid="ignore"):
             util = np.where(np.isfinite(self.capacity), self._load / self.capacity, 0.0)
         self.max_utilisation = max(self.max_utilisation, float(util.max(initial=0.0)))
@@ -174,6 +143,20 @@ class PacketSwitchNetwork(Network):
             dt = min(f.remaining / f.rate for f in still)
         gen = self._generation
         self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _e: self._on_timer(gen))
+
+    def _incidence(self, flows):
+        """Incidence of the flows over the links, plus one private link per capped flow."""
+        n = len(self.links)
+        capped = [k for k, f in enumerate(flows) if f.rec.max_rate < np.inf]
+        extra = [np.array([n + j]) for j in range(len(capped))]
+        paths = [f.links for f in flows]
+        for j, k in enumerate(capped):
+            paths[k] = np.concatenate([paths[k], extra[j]])
+        rows, cols = incidence(paths)
+        if not capped:
+            return rows, cols, self.capacity
+        caps = np.array([flows[k].rec.max_rate for k in capped])
+        return rows, cols, np.concatenate([self.capacity, caps])
 
     def _on_timer(self, gen):
         if gen != self._generation:

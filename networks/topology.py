@@ -3,6 +3,11 @@
 GPUs are the integer nodes 0..N-1 with kind='gpu'; switches are string nodes with
 kind='switch'. Every builder adds links in both directions; `set_link` then changes
 one direction or both, so asymmetric and heterogeneous systems are one call away.
+
+What the hardware is, for models that care (the NCCL collective model): every edge has a
+`kind` ('nvlink', 'pcie' or 'net' for the inter-node fabric); a switch that reduces data in
+flight has `reduce` = 'nvls' (NVSwitch3 NVLink SHARP) or 'sharp' (InfiniBand SHARP); a
+builder that knows a good ring through its GPUs records it as `graph.graph['ring']`.
 """
 
 from __future__ import annotations
@@ -10,12 +15,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import networkx as nx
 
+from networks.routing import LINK_KINDS
 from triosim.errors import ConfigError, NetworkError
 from triosim.registry import Registry
 from triosim.schema import NoOptions, load, option
+
+REDUCE_KINDS = ("nvls", "sharp")
 
 
 def _check_count(n, field="num_gpus", minimum=1):
@@ -31,20 +40,28 @@ def _new(n_gpus: int) -> nx.DiGraph:
     return g
 
 
-def _switch(g, name):
+def _switch(g, name, reduce: str | None = None):
     g.add_node(name, kind="switch")
+    if reduce:
+        if reduce not in REDUCE_KINDS:
+            raise NetworkError(f"switch {name!r}: reduce must be one of {REDUCE_KINDS}")
+        g.nodes[name]["reduce"] = reduce
     return name
 
 
-def add_link(g: nx.DiGraph, u, v, bandwidth: float, latency: float = 0.0, both: bool = True):
-    """Add (or replace) a link; both directions unless `both=False`."""
+def add_link(g: nx.DiGraph, u, v, bandwidth: float, latency: float = 0.0, both: bool = True,
+             kind: str = "nvlink"):  # fmt: skip
+    """Add (or replace) a link; both directions unless `both=False`. `kind`: nvlink (any
+    direct GPU-to-GPU or GPU-to-NVSwitch link), pcie, or net (the inter-node fabric)."""
     if not (isinstance(bandwidth, (int, float)) and bandwidth > 0):
         raise NetworkError(f"link {u!r}->{v!r}: bandwidth must be > 0 bytes/s, got {bandwidth!r}")
     if not (isinstance(latency, (int, float)) and 0 <= latency < math.inf):
         raise NetworkError(f"link {u!r}->{v!r}: latency must be finite and >= 0 s, got {latency!r}")
-    g.add_edge(u, v, bandwidth=float(bandwidth), latency=float(latency))
+    if kind not in LINK_KINDS:
+        raise NetworkError(f"link {u!r}->{v!r}: kind must be one of {LINK_KINDS}, got {kind!r}")
+    g.add_edge(u, v, bandwidth=float(bandwidth), latency=float(latency), kind=kind)
     if both:
-        g.add_edge(v, u, bandwidth=float(bandwidth), latency=float(latency))
+        g.add_edge(v, u, bandwidth=float(bandwidth), latency=float(latency), kind=kind)
     return g
 
 
@@ -55,7 +72,8 @@ def set_link(g: nx.DiGraph, u, v, bandwidth=None, latency=None, both: bool = Fal
             raise NetworkError(f"there is no link {a!r}->{b!r} to change")
         d = g.edges[a, b]
         add_link(g, a, b, d["bandwidth"] if bandwidth is None else bandwidth,
-                 d["latency"] if latency is None else latency, both=False)  # fmt: skip
+                 d["latency"] if latency is None else latency, both=False,
+                 kind=d.get("kind", "nvlink"))  # fmt: skip
     return g
 
 
@@ -66,6 +84,7 @@ def ring(n: int, bandwidth: float, latency: float = 0.0, bidirectional: bool = T
         j = (i + 1) % n
         if j != i and not g.has_edge(i, j):
             add_link(g, i, j, bandwidth, latency, both=bidirectional)
+    g.graph["ring"] = list(range(n))
     return g
 
 
@@ -92,6 +111,7 @@ def double_ring(n: int, bandwidth: float, latency: float = 0.0):
             add_link(g, u + offset, v + offset, d["bandwidth"], d["latency"], both=False)
     for i in range(half):
         add_link(g, i, i + half, bandwidth, latency)
+    g.graph["ring"] = list(range(half)) + list(range(n - 1, half - 1, -1))
     return g
 
 
@@ -101,17 +121,36 @@ def fully_connected(n: int, bandwidth: float, latency: float = 0.0):
     for i in range(n):
         for j in range(i + 1, n):
             add_link(g, i, j, bandwidth, latency)
+    g.graph["ring"] = list(range(n))
     return g
 
 
-def switch_star(n: int, bandwidth: float, latency: float = 0.0, switch: str = "nvswitch"):
-    """Every GPU on one switch (NVSwitch): each GPU's link carries bandwidth each way."""
+def switch_star(n: int, bandwidth: float, latency: float = 0.0, switch: str = "nvswitch",
+                nvls: bool = False, kind: str = "nvlink"):  # fmt: skip
+    """Every GPU on one switch (NVSwitch): each GPU's link carries bandwidth each way.
+    `nvls`: the switch reduces in flight (NVSwitch3 with NVLink SHARP, H100/H200 HGX)."""
     _check_count(n)
     g = _new(n)
-    _switch(g, switch)
+    _switch(g, switch, "nvls" if nvls else None)
     for i in range(n):
-        add_link(g, i, switch, bandwidth, latency / 2)
+        add_link(g, i, switch, bandwidth, latency / 2, kind=kind)
+    g.graph["ring"] = list(range(n))
     return g
+
+
+def _grid_cycle(rows: int, cols: int) -> list | None:
+    """A Hamiltonian cycle of a rows x cols grid (one exists iff rows*cols is even): snake
+    through columns 1.. row by row, come back up column 0."""
+    if rows * cols < 4 or (rows % 2 and cols % 2) or min(rows, cols) < 2:
+        return None
+    if rows % 2:  # snake along the even side
+        t = _grid_cycle(cols, rows)
+        return [(i % rows) * cols + i // rows for i in t] if t else None
+    order = []
+    for r in range(rows):
+        cs = range(1, cols) if r % 2 == 0 else range(cols - 1, 0, -1)
+        order += [r * cols + c for c in cs]
+    return order + [r * cols for r in range(rows - 1, -1, -1)]
 
 
 def mesh2d(rows: int, cols: int, bandwidth: float, latency: float = 0.0, torus: bool = False):
@@ -126,6 +165,9 @@ def mesh2d(rows: int, cols: int, bandwidth: float, latency: float = 0.0, torus: 
                 add_link(g, i, r * cols + (c + 1) % cols, bandwidth, latency)
             if r + 1 < rows or (torus and rows > 2):
                 add_link(g, i, ((r + 1) % rows) * cols + c, bandwidth, latency)
+    cycle = _grid_cycle(rows, cols)
+    if cycle:
+        g.graph["ring"] = cycle
     return g
 
 
@@ -150,9 +192,10 @@ def fat_tree(n: int, bandwidth: float, latency: float = 0.0, radix: int = 64):
     for leaf in range(leaves):
         name = _switch(g, f"leaf{leaf}")
         for i in range(leaf * down, min(n, (leaf + 1) * down)):
-            add_link(g, i, name, bandwidth, latency)
+            add_link(g, i, name, bandwidth, latency, kind="net")
         for s in spines:
-            add_link(g, name, s, bandwidth, latency)
+            add_link(g, name, s, bandwidth, latency, kind="net")
+    g.graph["ring"] = list(range(n))
     return g
 
 
@@ -165,9 +208,10 @@ def pcie_tree(n: int, bandwidth: float, latency: float = 0.0, per_switch: int = 
     root = _switch(g, "root")
     for s in range(math.ceil(n / per_switch)):
         sw = _switch(g, f"pcie{s}")
-        add_link(g, sw, root, host_bandwidth or bandwidth, latency)
+        add_link(g, sw, root, host_bandwidth or bandwidth, latency, kind="pcie")
         for i in range(s * per_switch, min(n, (s + 1) * per_switch)):
-            add_link(g, i, sw, bandwidth, latency)
+            add_link(g, i, sw, bandwidth, latency, kind="pcie")
+    g.graph["ring"] = list(range(n))
     return g
 
 
@@ -184,23 +228,56 @@ def dgx1(bandwidth: float, latency: float = 0.0):
                 add_link(g, base + i, base + j, bandwidth, latency)
     for i in range(4):
         add_link(g, i, i + 4, bandwidth, latency)
+    g.graph["ring"] = [0, 1, 2, 3, 7, 6, 5, 4]
     return g
 
 
 def multi_node(nodes: int, gpus_per_node: int, intra_bandwidth: float, inter_bandwidth: float,
-               intra_latency: float = 0.0, inter_latency: float = 0.0):  # fmt: skip
-    """NVSwitch inside each node, one NIC per GPU to an InfiniBand switch between nodes."""
+               intra_latency: float = 0.0, inter_latency: float = 0.0, *, fabric: str = "rail",
+               oversubscription: float = 1.0, spines: int | None = None, nvls: bool = False,
+               sharp: bool = False):  # fmt: skip
+    """Servers of `gpus_per_node` GPUs on an NVSwitch ('nvswitch{k}', NVLink links of
+    intra_bandwidth), every GPU with its own NIC (inter_bandwidth each way), as in DGX/HGX
+    systems. GPU k*gpus_per_node + i is GPU i of node k (node attribute `node` = k).
+
+    fabric 'rail' (rail-optimised two-tier fat tree): GPU i of every node on leaf switch
+    'rail{i}'; every leaf linked to each of `spines` spine switches (default gpus_per_node),
+    its uplinks together carrying nodes x inter_bandwidth / oversubscription each way.
+    fabric 'switch': every NIC on one non-blocking switch 'ib'.
+    Latencies: intra_latency GPU to GPU through the NVSwitch; inter_latency GPU to GPU
+    through one switch (a leaf-spine hop adds inter_latency / 2 each way).
+    `nvls`: the NVSwitches reduce (NVSwitch3, H100/H200); `sharp`: the fabric's switches do
+    (InfiniBand SHARP).
+    """
     _check_count(nodes, "nodes")
     _check_count(gpus_per_node, "gpus_per_node")
-    g = _new(nodes * gpus_per_node)
-    ib = _switch(g, "ib") if nodes > 1 else None
-    for n in range(nodes):
-        sw = _switch(g, f"nvswitch{n}")
-        for k in range(gpus_per_node):
-            i = n * gpus_per_node + k
-            add_link(g, i, sw, intra_bandwidth, intra_latency / 2)
-            if ib is not None:
-                add_link(g, i, ib, inter_bandwidth, inter_latency / 2)
+    if fabric not in ("rail", "switch"):
+        raise ConfigError("topology.fabric", fabric, "rail or switch")
+    if not oversubscription >= 1:
+        raise ConfigError("topology.oversubscription", oversubscription, "a number >= 1")
+    ppn = gpus_per_node
+    g = _new(nodes * ppn)
+    red = "sharp" if sharp else None
+    for k in range(nodes):
+        sw = _switch(g, f"nvswitch{k}", "nvls" if nvls else None)
+        for i in range(ppn):
+            g.nodes[k * ppn + i]["node"] = k
+            add_link(g, k * ppn + i, sw, intra_bandwidth, intra_latency / 2)
+    if nodes > 1 and fabric == "switch":
+        ib = _switch(g, "ib", red)
+        for gpu in range(nodes * ppn):
+            add_link(g, gpu, ib, inter_bandwidth, inter_latency / 2, kind="net")
+    elif nodes > 1:
+        n_spines = ppn if spines is None else _check_count(spines, "topology.spines")
+        up = nodes * inter_bandwidth / oversubscription / n_spines
+        spine = [_switch(g, f"spine{s}", red) for s in range(n_spines if ppn > 1 else 0)]
+        for i in range(ppn):
+            leaf = _switch(g, f"rail{i}", red)
+            for k in range(nodes):
+                add_link(g, k * ppn + i, leaf, inter_bandwidth, inter_latency / 2, kind="net")
+            for s in spine:
+                add_link(g, leaf, s, up, inter_latency / 2, kind="net")
+    g.graph["ring"] = list(range(nodes * ppn))
     return g
 
 
@@ -213,12 +290,17 @@ class LinkSpec:
     bandwidth: float | None = option(None, unit="bandwidth", gt=0, help="bytes/s per direction")
     latency: float | None = option(None, unit="seconds", ge=0, lt=math.inf, help="seconds")
     both: bool | None = option(None, help="both directions (edges: true; overrides: false)")
+    kind: Literal["nvlink", "pcie", "net"] | None = option(
+        None, help="edges: nvlink (default), pcie, or net (inter-node fabric)"
+    )
 
 
-def from_edges(edges, default_bandwidth=None, default_latency: float = 0.0, gpus=None):
-    """Build from a list of {src, dst, bandwidth, latency, both} dicts (a YAML edge list).
+def from_edges(edges, default_bandwidth=None, default_latency: float = 0.0, gpus=None,
+               reducing=None):  # fmt: skip
+    """Build from a list of {src, dst, bandwidth, latency, both, kind} dicts (a YAML edge list).
 
-    Nodes named in `gpus` (default: every integer node) are GPUs; others are switches.
+    Nodes named in `gpus` (default: every integer node) are GPUs; others are switches;
+    `reducing` maps switches that reduce in flight to 'nvls' or 'sharp'.
     """
     if not isinstance(edges, list) or not edges:
         raise ConfigError("topology.edges", edges, "a non-empty list of {src, dst, bandwidth}")
@@ -231,13 +313,20 @@ def from_edges(edges, default_bandwidth=None, default_latency: float = 0.0, gpus
                 f"topology.edges[{k}].bandwidth", None, "a bandwidth such as '50 GB/s'"
             )
         lat = spec.latency if spec.latency is not None else default_latency
-        add_link(g, spec.src, spec.dst, bw, lat, both=spec.both is not False)
+        add_link(g, spec.src, spec.dst, bw, lat, both=spec.both is not False,
+                 kind=spec.kind or "nvlink")  # fmt: skip
     gpu_set = set(gpus) if gpus is not None else {n for n in g if isinstance(n, int)}
     missing = [x for x in gpu_set if x not in g]
     if missing:
         raise ConfigError("topology.gpus", sorted(missing, key=repr), "nodes that appear in edges")
     for n in g.nodes:
         g.nodes[n]["kind"] = "gpu" if n in gpu_set else "switch"
+    for name, how in (reducing or {}).items():
+        if name not in g or name in gpu_set:
+            raise ConfigError("topology.reducing", name, "a switch that appears in edges")
+        if how not in REDUCE_KINDS:
+            raise ConfigError(f"topology.reducing.{name}", how, " or ".join(REDUCE_KINDS))
+        g.nodes[name]["reduce"] = how
     return g
 
 
@@ -312,6 +401,11 @@ class PcieOptions:
 
 
 @dataclass(frozen=True)
+class SwitchOptions:
+    nvls: bool = option(False, help="the switch reduces in flight (NVSwitch3 NVLink SHARP: H100)")
+
+
+@dataclass(frozen=True)
 class MultiNodeOptions:
     gpus_per_node: int = option(8, ge=1, help="GPUs per node (on one NVSwitch)")
     inter_bandwidth: float = option(
@@ -319,19 +413,29 @@ class MultiNodeOptions:
     )
     inter_latency: float = option(2e-6, unit="seconds", ge=0, lt=math.inf,
                                   help="GPU to GPU through the inter-node switch")  # fmt: skip
+    fabric: Literal["rail", "switch"] = option(
+        "rail", help="rail: rail-optimised two-tier fat tree (GPU i of every node on leaf i); "
+        "switch: one non-blocking switch")  # fmt: skip
+    oversubscription: float = option(1.0, ge=1, help="rail fabric: leaf down/up bandwidth ratio")
+    spines: int | None = option(None, ge=1, help="rail fabric: spine switches (default: "
+                                "gpus_per_node)")  # fmt: skip
+    nvls: bool = option(False, help="the NVSwitches reduce in flight (NVSwitch3: H100/H200)")
+    sharp: bool = option(False, help="the inter-node switches reduce in flight (IB SHARP)")
 
 
 @dataclass(frozen=True)
 class EdgesOptions:
-    edges: list[LinkSpec] = option(factory=list, help="[{src, dst, bandwidth, latency, both}, ...]")
+    edges: list[LinkSpec] = option(factory=list,
+                                   help="[{src, dst, bandwidth, latency, both, kind}, ...]")  # fmt: skip
     gpus: list | None = option(None, help="nodes that are GPUs (default: the integer nodes)")
+    reducing: dict | None = option(None, help="switches that reduce in flight: {name: nvls|sharp}")
 
 
 register("ring", RingOptions)(lambda n, bw, lat, o: ring(n, bw, lat, o.bidirectional))
 register("ring_chord")(lambda n, bw, lat, o: ring_chord(n, bw, lat))
 register("double_ring")(lambda n, bw, lat, o: double_ring(n, bw, lat))
 register("fully_connected")(lambda n, bw, lat, o: fully_connected(n, bw, lat))
-register("switch")(lambda n, bw, lat, o: switch_star(n, bw, lat))
+register("switch", SwitchOptions)(lambda n, bw, lat, o: switch_star(n, bw, lat, nvls=o.nvls))
 register("fat_tree", FatTreeOptions)(lambda n, bw, lat, o: fat_tree(n, bw, lat, o.radix))
 register("pcie_tree", PcieOptions)(
     lambda n, bw, lat, o: pcie_tree(n, bw, lat, o.per_switch, o.host_bandwidth)
@@ -368,19 +472,22 @@ def _multi_node(n, bw, lat, o):
         raise ConfigError("topology.gpus_per_node", o.gpus_per_node,
                           f"a divisor of num_gpus ({n})")  # fmt: skip
     return multi_node(n // o.gpus_per_node, o.gpus_per_node, bw, o.inter_bandwidth, lat,
-                      o.inter_latency)  # fmt: skip
+                      o.inter_latency, fabric=o.fabric, oversubscription=o.oversubscription,
+                      spines=o.spines, nvls=o.nvls, sharp=o.sharp)  # fmt: skip
 
 
 @register("edges", EdgesOptions)
 def _edges(n, bw, lat, o):
-    return from_edges(o.edges, bw, lat, gpus=o.gpus)
+    return from_edges(o.edges, bw, lat, gpus=o.gpus, reducing=o.reducing)
 
 
 def to_edges(graph: nx.DiGraph) -> dict:
     """A graph as `edges` topology options (one entry per direction), so a topology a
     Python caller built is written into the saved config and re-runs as it stands."""
     edges = [{"src": u, "dst": v, "bandwidth": float(d["bandwidth"]),
-              "latency": float(d.get("latency", 0.0)), "both": False}
+              "latency": float(d.get("latency", 0.0)), "both": False,
+              "kind": d.get("kind", "nvlink")}
              for u, v, d in graph.edges(data=True)]  # fmt: skip
     gpus = [n for n, d in graph.nodes(data=True) if d.get("kind", "gpu") == "gpu"]
-    return {"edges": edges, "gpus": gpus}
+    reducing = {n: d["reduce"] for n, d in graph.nodes(data=True) if d.get("reduce")}
+    return {"edges": edges, "gpus": gpus, "reducing": reducing or None}

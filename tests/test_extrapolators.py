@@ -5,6 +5,7 @@ import pytest
 import simpy
 
 from extrapolators import Runtime
+from extrapolators.communication import Textbook
 from extrapolators.tasks import Recv, Send, Signal, Wait
 from networks import PacketSwitchNetwork
 from networks import topology as topo
@@ -14,14 +15,18 @@ from triosim.simulation import Simulation
 
 GB = 1e9
 FAST = {"kind": "ring", "bandwidth": 1e30, "latency": 0.0}
+# the closed forms below are the textbook alpha-beta algorithms' (NCCL's model is tested in
+# test_nccl.py)
+TEXTBOOK = {"kind": "textbook"}
 
 
-def sim(trace, n, mode, topology=None, batch_size=None, **par):
+def sim(trace, n, mode, topology=None, batch_size=None, comm=TEXTBOOK, **par):
     cfg = {
         "num_gpus": n,
         "batch_size": batch_size,
         "parallelism": {"mode": mode, **par},
         "topology": topology or {"kind": "ring", "bandwidth": 10 * GB, "latency": 1e-6},
+        "communication": comm,
     }
     s = Simulation(cfg, trace=trace)
     r = s.run()
@@ -149,7 +154,7 @@ def test_tp_unpaired_layer_reduces_its_output():
 def test_deadlock_names_stuck_gpu_and_task():
     env = simpy.Environment()
     net = PacketSwitchNetwork(env, topo.ring(2, GB))
-    rt = Runtime(env, net)
+    rt = Runtime(env, net, Textbook(env, net))
     rt.start(0, "compute", [Recv(1, "never-sent")])
     rt.start(1, "compute", [Send(0, 10.0, "other-key")])
     env.run()
@@ -171,7 +176,7 @@ def _c(key, group=(0, 1), op="allreduce", algorithm="ring"):
     ({(0, "a"): [_c("c")], (1, "a"): [_c("c", group=(1, 0))]}, SimulationError, "different groups"),
     ({(0, "a"): [_c("c")], (0, "b"): [_c("c")]}, SimulationError, "GPU 0 posted .* twice"),
     ({(0, "a"): [_c("c", algorithm="tree")], (1, "a"): [_c("c", algorithm="tree")]}, ConfigError,
-     "parallelism.collective.*one of ring"),
+     "communication.algorithm.*one of ring"),
     ({(0, "a"): [_c("c", op="gossip")], (1, "a"): [_c("c", op="gossip")]}, ConfigError,
      "'collective' = 'gossip'"),
     ({(0, "a"): [Wait("x")], (1, "a"): [_c("c")], (1, "b"): [Send(0, 1.0, "s")]}, DeadlockError,
@@ -179,7 +184,8 @@ def _c(key, group=(0, 1), op="allreduce", algorithm="ring"):
 ])  # fmt: skip
 def test_runtime_names_what_is_wrong_with_the_streams(streams, error, match):
     env = simpy.Environment()
-    rt = Runtime(env, PacketSwitchNetwork(env, topo.ring(2, GB)))
+    net = PacketSwitchNetwork(env, topo.ring(2, GB))
+    rt = Runtime(env, net, Textbook(env, net))
     with pytest.raises(error, match=match):
         for (gpu, name), tasks in streams.items():
             rt.start(gpu, name, tasks)
@@ -259,7 +265,7 @@ def test_collectives_closed_forms(op, steps, chunks, n):
     size, bw, lat = 6e8, 10 * GB, 3e-6
     env = simpy.Environment()
     net = PacketSwitchNetwork(env, topo.ring(n, bw, lat, bidirectional=False))
-    rt = Runtime(env, net)
+    rt = Runtime(env, net, Textbook(env, net))
     for g in range(n):
         algo = "direct" if op == "all_to_all" else "ring"
         rt.start(g, "comm", [Collective(op, tuple(range(n)), size, "c", algorithm=algo, root=0)])
@@ -275,7 +281,7 @@ def test_all_to_all_on_fully_connected():
     n, size, bw = 4, 8e8, 10 * GB
     env = simpy.Environment()
     net = PacketSwitchNetwork(env, topo.fully_connected(n, bw, 1e-6))
-    rt = Runtime(env, net)
+    rt = Runtime(env, net, Textbook(env, net))
     for g in range(n):
         rt.start(
             g, "comm", [Collective("all_to_all", tuple(range(n)), size, "a", algorithm="direct")]
@@ -308,7 +314,7 @@ def test_a_user_network_plugs_in_by_subclassing():
 
     t = chain_trace(batch=16)
     n = 4
-    r = Simulation({"num_gpus": n, "parallelism": {"mode": "dp"},
+    r = Simulation({"num_gpus": n, "parallelism": {"mode": "dp"}, "communication": TEXTBOOK,
                     "network": {"kind": "constant-delay", "delay": "2 ms"}}, trace=t).run()  # fmt: skip
     compute = r.per_gpu()["compute"].max()
     assert r.iteration_time == pytest.approx(compute + 2 * (n - 1) * 2e-3)
@@ -366,7 +372,7 @@ def test_hybrid_with_one_replica_is_the_inner_mode():
 def test_hybrid_dp_over_pipelines_on_a_free_network_is_one_pipeline_on_its_share():
     t = chain_trace(batch=16, layers=4)
     hybrid = sim(t, 4, "hybrid", FAST, dp=2, inner="gpipe", microbatches=2, batch_size=16)
-    one = Simulation({"num_gpus": 2, "batch_size": 8, "topology": FAST,
+    one = Simulation({"num_gpus": 2, "batch_size": 8, "topology": FAST, "communication": TEXTBOOK,
                       "parallelism": {"mode": "gpipe", "microbatches": 2}}, trace=t).run()  # fmt: skip
     assert hybrid.iteration_time == pytest.approx(one.iteration_time, rel=1e-9)
     # each stage position all-reduces what it holds: together, every weight once

@@ -277,3 +277,19 @@ def test_packet_routing_by_hops_or_by_latency():
     assert ends["hops"] == pytest.approx(1e-3 + 10e-6, rel=1e-12)
     assert ends["latency"] == pytest.approx(1e-3 + 2e-6, rel=1e-12)
     assert net.path("a", "b") == ["a", "c", "b"]
+
+
+def test_max_rate_caps_a_transfer_and_frees_the_rest_for_others():
+    # one 10 GB/s link: a transfer capped at 2 GB/s, one uncapped: 2 and 8 GB/s
+    g = topo.ring(2, 10 * GB)
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, g)
+    a, b = net.transfer_group([(0, 1, 4e9, 2 * GB), (0, 1, 8e9)])
+    assert sorted(f.rate for f in net._flows) == pytest.approx([2 * GB, 8 * GB])
+    env.run()
+    assert b.value.end == pytest.approx(1.0) and a.value.end == pytest.approx(2.0)
+    # alone, a cap above the link's bandwidth changes nothing
+    _, [rec] = run(PacketSwitchNetwork, g, [(0, 1, 1e9, 100 * GB)])
+    assert rec.end == pytest.approx(0.1)
+    with pytest.raises(NetworkError, match="max_rate"):
+        net.transfer_group([(0, 1, 1.0, 0.0)])

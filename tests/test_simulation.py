@@ -43,7 +43,8 @@ def test_ddp_breakdown_matches_the_hand_timeline():
     # compute 12.5 ms, comm 8 ms of which only [12,14] is not under compute: exposed 2 ms,
     # idle 0 (iteration 14.5 = 12.5 + 2).
     r = Simulation({"num_gpus": 2, "batch_size": 16, "topology": {"kind": "ring", "bandwidth": 2e9},
-                    "parallelism": {"mode": "ddp", "bucket_size": 4e6}}, trace=chain_trace(batch=8)).run()  # fmt: skip
+                    "parallelism": {"mode": "ddp", "bucket_size": 4e6},
+                    "communication": {"kind": "textbook"}}, trace=chain_trace(batch=8)).run()  # fmt: skip
     ms = 1e-3
     assert r.iteration_time == pytest.approx(14.5 * ms, rel=1e-12)
     comm = r.timeline[(r.timeline.gpu == 0) & (r.timeline.kind == "comm")]
@@ -150,12 +151,14 @@ def test_a_stream_cannot_be_started_twice():
     # a second process for one (GPU, stream) would replace the first in the runtime's table,
     # so a stuck first copy would escape the end-of-run check: refused at the start
     from extrapolators import Runtime
+    from extrapolators.communication import Textbook
     from extrapolators.tasks import Compute
     from networks import PacketSwitchNetwork
     from networks import topology as topo
 
     env = simpy.Environment()
-    rt = Runtime(env, PacketSwitchNetwork(env, topo.ring(2, 1e9)))
+    net = PacketSwitchNetwork(env, topo.ring(2, 1e9))
+    rt = Runtime(env, net, Textbook(env, net))
     rt.start(0, "compute", [Compute("x", "", "forward", 1.0)])
     with pytest.raises(SimulationError, match="GPU 0 compute stream started twice"):
         rt.start(0, "compute", [Compute("x", "", "forward", 1.0)])
@@ -167,8 +170,8 @@ def test_per_link_override_slows_the_all_reduce():
     # it: 2 x 8 ms, 14.4 ms more.
     def allreduce(links):
         top = {"kind": "ring", "bandwidth": "10 GB/s", "links": links}
-        r = Simulation({"num_gpus": 2, "parallelism": {"mode": "dp"}, "topology": top},
-                       trace=chain_trace()).run()  # fmt: skip
+        r = Simulation({"num_gpus": 2, "parallelism": {"mode": "dp"}, "topology": top,
+                        "communication": {"kind": "textbook"}}, trace=chain_trace()).run()  # fmt: skip
         return r.iteration_time - r.per_gpu()["compute"].max()
 
     assert allreduce([]) == pytest.approx(1.6e-3)

@@ -282,6 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--workers", type=int, default=1, help="parallel processes")
     se.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a field")
     se.set_defaults(func=cmd_search)
+
+    from triosim.cli_comm import add_commands
+
+    add_commands(sub)  # collectives, calibrate
     return p
 
 

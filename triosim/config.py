@@ -1,8 +1,9 @@
 """The run configuration: one schema, loaded from YAML or a dict and checked before a run.
 
-A config has top-level fields (trace, num_gpus, batch_size, gpu, seed) and four sections.
+A config has top-level fields (trace, num_gpus, batch_size, gpu, seed) and five sections.
 Each section has a few common fields and names a registered part (`parallelism.mode`,
-`topology.kind`, `network.kind`, `perfmodel.kind`) whose own `Options` dataclass declares
+`topology.kind`, `network.kind`, `communication.kind`, `perfmodel.kind`) whose own
+`Options` dataclass declares
 the rest of the section's fields (triosim.schema). So a new part brings its own options
 and nothing here changes. Every refusal is a ConfigError naming the field, the value and
 what is allowed; a misspelt field gets a "did you mean", a field of another part names it.
@@ -29,7 +30,6 @@ IN_MEMORY = "<in memory>"  # the trace path of a trace a Python caller passed as
 @dataclass
 class ParallelismConfig:
     mode: str = option("single", help="single | dp | ddp | tp | gpipe | 1f1b | hybrid | ...")
-    collective: str = option("ring", help="collective algorithm")
     options: object = option(None, flatten=True)  # the mode's Options
 
 
@@ -46,6 +46,13 @@ class TopologyConfig:
 @dataclass
 class NetworkConfig:
     kind: str = option("packet", help="packet (max-min fair flows) | photonic (circuits)")
+    options: object = option(None, flatten=True)
+
+
+@dataclass
+class CommunicationConfig:
+    kind: str = option("nccl", help="nccl (NCCL's algorithms, protocols and tuner) | "
+                       "textbook (alpha-beta ring steps)")  # fmt: skip
     options: object = option(None, flatten=True)
 
 
@@ -74,7 +81,7 @@ class TopLevel:
 def _sections():
     """name -> (section class, selector field, registry of parts); imported lazily so that
     loading the trace model or the CLI's help does not pull in every part."""
-    from extrapolators import EXTRAPOLATORS
+    from extrapolators import COMM_MODELS, EXTRAPOLATORS
     from networks import NETWORKS
     from networks.topology import TOPOLOGIES
     from perfmodel import MODELS
@@ -83,6 +90,7 @@ def _sections():
         "parallelism": (ParallelismConfig, "mode", EXTRAPOLATORS),
         "topology": (TopologyConfig, "kind", TOPOLOGIES),
         "network": (NetworkConfig, "kind", NETWORKS),
+        "communication": (CommunicationConfig, "kind", COMM_MODELS),
         "perfmodel": (PerfModelConfig, "kind", MODELS),
     }
 
@@ -100,6 +108,7 @@ class Config:
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
+    communication: CommunicationConfig = field(default_factory=CommunicationConfig)
     perfmodel: PerfModelConfig = field(default_factory=PerfModelConfig)
     base_dir: str = "."  # where relative paths start (the config file's folder)
 
@@ -115,7 +124,7 @@ class Config:
         d = {f.name: getattr(self, f.name) for f in fields(TopLevel)}
         d["heterogeneity"] = schema.dump(self.heterogeneity)
         d["memory"] = schema.dump(self.memory)
-        for name in ("parallelism", "topology", "network", "perfmodel"):
+        for name in ("parallelism", "topology", "network", "communication", "perfmodel"):
             d[name] = schema.dump(getattr(self, name))
         return d
 
@@ -129,8 +138,10 @@ class Config:
             return os.path.relpath(self.resolve(p).resolve(), folder)
 
         perf = dataclasses.replace(self.perfmodel, options=_map_paths(self.perfmodel.options, move))
+        comm = dataclasses.replace(self.communication,
+                                   options=_map_paths(self.communication.options, move))  # fmt: skip
         return dataclasses.replace(self, trace=move(self.trace), perfmodel=perf,
-                                   base_dir=str(folder))  # fmt: skip
+                                   communication=comm, base_dir=str(folder))  # fmt: skip
 
     def save(self, path) -> Path:
         """Write the config so that it re-runs from where it is saved."""
@@ -148,7 +159,8 @@ def _map_paths(options, fn):
     for f in fields(options):
         if f.metadata.get("path"):
             v = getattr(options, f.name)
-            changes[f.name] = [fn(x) for x in v] if isinstance(v, list) else fn(v)
+            if v is not None:
+                changes[f.name] = [fn(x) for x in v] if isinstance(v, list) else fn(v)
     return dataclasses.replace(options, **changes) if changes else options
 
 
@@ -240,11 +252,6 @@ def from_dict(data: dict, base_dir=".") -> Config:
         x if isinstance(x, LinkSpec) else schema.load(LinkSpec, x, f"topology.links[{k}]")
         for k, x in enumerate(cfg.topology.links)
     ]
-    from extrapolators import collectives
-
-    if cfg.parallelism.collective not in collectives.names():
-        raise ConfigError("parallelism.collective", cfg.parallelism.collective,
-                          f"one of {', '.join(collectives.names())}")  # fmt: skip
     return cfg
 
 

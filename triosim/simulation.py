@@ -15,8 +15,8 @@ from pathlib import Path
 
 import simpy
 
-from extrapolators import Runtime, extrapolator_class
-from extrapolators.collectives import ring_order
+from extrapolators import Runtime, comm_class, extrapolator_class
+from extrapolators.rings import ring_order
 from extrapolators.tasks import prefixed
 from networks import network_class
 from networks import topology as topo
@@ -87,15 +87,22 @@ class Simulation:
         ring = ring_order(self.graph, self.gpus) if len(self.gpus) > 2 else tuple(self.gpus)
         self.extrapolator = extrapolator_class(par.mode)(
             self.trace, self.model, self.gpus, par.options, batch_size=cfg.batch_size,
-            gpu=cfg.gpu, collective=par.collective, ring=ring, graph=self.graph,
+            gpu=cfg.gpu, ring=ring, graph=self.graph,
         )  # fmt: skip
+
+    def target_gpu(self) -> str | None:
+        """The GPU the run is for: the config's, else the one the trace was made on."""
+        return self.config.gpu or self.trace.metadata.get("gpu")
 
     def run(self) -> Result:
         cfg = self.config
         wall = time.perf_counter()
         env = simpy.Environment()
         net = network_class(cfg.network.kind)(env, self.graph, cfg.network.options)
-        runtime = Runtime(env, net, compute_scale=self.compute_slowdown)
+        c = cfg.communication
+        comm = comm_class(c.kind)(env, net, c.options, gpu=self.target_gpu(),
+                                  base_dir=cfg.base_dir)  # fmt: skip
+        runtime = Runtime(env, net, comm, compute_scale=self.compute_slowdown)
         self._start_iterations(runtime, cfg.iterations)
         env.run()
         runtime.check_finished()

@@ -1,0 +1,486 @@
+"""The NCCL communication model (communication kind 'nccl', the default).
+
+For each collective:
+1. What NCCL would pick: extrapolators.nccl_tuner runs NCCL's own cost model
+   (latency + bytes / bandwidth over the enabled algorithm x protocol pairs) on the graph
+   bandwidths NCCL's search would find on this topology (derived below from the links'
+   bandwidths and kinds, with what NCCL believes each link kind carries:
+   nccl_params.LINK_EFFICIENCY).
+2. What that costs, moving real bytes: the chosen schedule becomes streams, one network
+   flow per (GPU, next GPU) of every ring, chain, tree edge or NVLS/SHARP switch leg (both
+   directions of every ring, every rail, every ring of a direct-connect system), each
+   carrying its share of the bytes inflated by one factor so that on the free network the
+   streams finish in NCCL's `bytes / bandwidth` (protocol overheads, NCCL's caps, the
+   channels a call of this size gets). Contention, heterogeneous and asymmetric links then
+   act through the flow network: the slowest or busiest link decides when its stream ends,
+   so a pipelined ring runs at its slowest hop, with no step barrier.
+   Latency is NCCL's (baseLat + hwLat per hop, in closed form over the ring window or tree
+   depth), with a hop whose links are slower than NCCL's hwLat charged its own latency
+   instead; plus the launch overhead. Schedules that pipeline chunks through stages
+   (NVLS, NVLS-tree, SHARP, broadcast/reduce chains) add the pipeline fill of a chunked
+   pipeline with a per-chunk cost o and the best chunk count: 2 sqrt((D-1) o T) - o for
+   D stages and a bandwidth time T (what NCCL's fixed formula leaves out: it is 15-40 %
+   optimistic at 4-64 MiB). Rings and trees have none (a ring starts every link at once;
+   trees carry NCCL's own mid-size correction).
+So on an ideal topology the time is NCCL's formula (plus fill where it applies); the
+calibration (triosim calibrate) scales the latency, the bandwidth per protocol and the
+pipeline cost to a system's measurements.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from extrapolators import nccl_streams
+from extrapolators import nccl_tuner as tuner
+from extrapolators.communication import CommModel, check_op, register
+from extrapolators.nccl_streams import hops as _hops
+from extrapolators.nccl_system import System, node_partition, tree_depth
+from networks.routing import Routes
+from triosim import nccl_params as P
+from triosim.errors import ConfigError
+from triosim.schema import option
+
+ALGO_NAMES = {"ring": ("ring",), "tree": ("tree",), "nvls": ("nvls", "nvls_tree"),
+              "collnet": ("collnet_direct",)}  # fmt: skip
+PIPELINED = {"nvls", "nvls_tree", "collnet_direct"}
+P2P_OPS = ("all_to_all", "sendrecv")
+# bytes on the wire per byte of data: LL sends a 4-byte flag with every 4 bytes, LL128 one
+# 8-byte flag in every 128-byte line (NCCL's device.h)
+PROTO_WIRE = {"LL": 2.0, "LL128": 128 / 120, "Simple": 1.0}
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The numbers a calibration fits (defaults: NCCL's model as it stands)."""
+
+    launch_overhead: float = 0.0  # s per call, beyond NCCL's baseLat
+    latency_scale: float = 1.0  # x NCCL's latency (baseLat + hwLat terms)
+    bandwidth_scale_LL: float = 1.0  # x NCCL's bandwidth, per protocol
+    bandwidth_scale_LL128: float = 1.0
+    bandwidth_scale_Simple: float = 1.0
+    # per-chunk cost of a pipelined schedule: NCCL's per-step latency of the Simple protocol
+    # on NVLink (hwLat, tuning.cc), the time one FIFO step's handshake takes
+    pipeline_overhead: float = P.HW_LAT["nvlink"]["ring"][2] * 1e-6
+
+    def bandwidth_scale(self, proto: str) -> float:
+        return getattr(self, f"bandwidth_scale_{proto}")
+
+
+TUNING_FIELDS = tuple(f for f in Tuning.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class NcclOptions:
+    algorithm: Literal["auto", "ring", "tree", "nvls", "collnet"] = option(
+        "auto", help="auto: NCCL's tuner picks; or force one (nvls: NVLS on one node, "
+        "NVLS+tree across nodes; collnet: IB SHARP), as NCCL_ALGO does")  # fmt: skip
+    protocol: Literal["auto", "LL", "LL128", "Simple"] = option(
+        "auto", help="auto: NCCL's tuner picks; or force one, as NCCL_PROTO does"
+    )
+    channels: int | Literal["auto"] = option(
+        "auto", ge=1, le=P.MAX_CHANNELS, help="runtime channels (auto: twice the graph's)"
+    )
+    launch_overhead: float | None = option(
+        None, unit="seconds", ge=0, help="host launch cost per call beyond NCCL's latency "
+        "(default: the calibration's, else 0: nccl-tests overlaps it)")  # fmt: skip
+    latency_scale: float | None = option(None, gt=0, help="x NCCL's latencies (default: "
+                                         "the calibration's, else 1)")  # fmt: skip
+    bandwidth_scale: float | None = option(None, gt=0, help="x NCCL's bandwidths, every "
+                                           "protocol (default: the calibration's, else 1)")  # fmt: skip
+    pipeline_overhead: float | None = option(
+        None, unit="seconds", ge=0, help="per-chunk cost of pipelined schedules (default: "
+        "the calibration's, else NCCL's 3.4 us NVLink Simple step)")  # fmt: skip
+    calibration: str | None = option(None, path=True, help="YAML written by `triosim "
+                                     "calibrate` (relative to the config file)")  # fmt: skip
+    arch: Literal["auto", "sm70", "sm80", "sm90"] = option(
+        "auto", help="GPU architecture for NCCL's tables (auto: from the config's GPU)"
+    )
+    cpu: Literal["intel", "amd"] = option("intel", help="host CPU (NCCL's multi-node LL caps "
+                                          "and network overhead)")  # fmt: skip
+    nvls: bool = option(True, help="use NVLS where the NVSwitch reduces (NCCL_NVLS_ENABLE)")
+    sharp: bool = option(True, help="use SHARP (CollNet) where the fabric reduces")
+
+
+def load_calibration(path) -> dict:
+    """The fitted numbers a calibration YAML holds ({field: value} under 'tuning')."""
+    import yaml
+
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except FileNotFoundError:
+        raise ConfigError("communication.calibration", str(path), "an existing file") from None
+    except yaml.YAMLError as e:
+        raise ConfigError("communication.calibration", str(path), f"YAML ({e})") from None
+    fitted = data.get("tuning") if isinstance(data, dict) else None
+    if not isinstance(fitted, dict):
+        raise ConfigError("communication.calibration", str(path),
+                          "a file written by `triosim calibrate` (with a 'tuning' mapping)")  # fmt: skip
+    bad = sorted(set(fitted) - set(TUNING_FIELDS))
+    if bad:
+        raise ConfigError(f"communication.calibration:{bad[0]}", fitted[bad[0]],
+                          f"one of {', '.join(TUNING_FIELDS)}")  # fmt: skip
+    out = {}
+    for k, v in fitted.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            raise ConfigError(f"communication.calibration:{k}", v, "a number >= 0")
+        out[k] = float(v)
+    return out
+
+
+def resolve_tuning(options: NcclOptions, base_dir=".") -> Tuning:
+    """Defaults, then the calibration file, then what the config sets explicitly."""
+    t = Tuning()
+    if options.calibration:
+        path = Path(options.calibration)
+        t = replace(t, **load_calibration(path if path.is_absolute() else Path(base_dir) / path))
+    if options.launch_overhead is not None:
+        t = replace(t, launch_overhead=options.launch_overhead)
+    if options.latency_scale is not None:
+        t = replace(t, latency_scale=options.latency_scale)
+    if options.bandwidth_scale is not None:
+        t = replace(t, **{f"bandwidth_scale_{p}": options.bandwidth_scale for p in P.PROTOS})
+    if options.pipeline_overhead is not None:
+        t = replace(t, pipeline_overhead=options.pipeline_overhead)
+    return t
+
+
+@dataclass
+class Plan:
+    """One collective, ready to run: streams (src, dst, bytes on the wire), then what is
+    left of latency + fill once the last stream is delivered (its path latency is paid)."""
+
+    op: str
+    algo: str
+    proto: str
+    nbytes: float
+    streams: list
+    path_latency: list  # s, each stream's path latency (the network charges it)
+    latency: float  # s: launch + NCCL's latency (+ slow-link extra)
+    fill: float  # s: pipeline fill
+    bandwidth_time: float  # s: the streams' time on the free network
+    channels: int = 0
+
+    @property
+    def time(self) -> float:
+        """Seconds on a free network."""
+        return self.latency + self.fill + self.bandwidth_time
+
+
+@dataclass
+class Terms:
+    """A collective's time before tuning: NCCL's latency (us) and bandwidth (GB/s) for the
+    pair it picks at this size, the slow-hop extra (s), the pipeline depth (0: none)."""
+
+    op: str
+    algo: str
+    proto: str
+    nbytes: float
+    lat_us: float
+    bw: float
+    extra: float
+    depth: int
+    channels: int
+    streams: list  # (src, dst, share of the bytes)
+    raw: float  # s per byte: the streams' wire bytes at the links' full bandwidth
+
+    def parts(self, t: Tuning) -> tuple[float, float, float]:
+        """(latency, fill, bandwidth time) in seconds under tuning t."""
+        scale = t.bandwidth_scale(self.proto)
+        bw_time = self.nbytes / (self.bw * 1e9 * scale) if self.bw > 0 else 0.0
+        bw_time = max(bw_time, self.nbytes * self.raw)  # never faster than the wires
+        latency = t.launch_overhead + self.lat_us * 1e-6 * t.latency_scale + self.extra
+        fill = pipeline_fill(self.depth, t.pipeline_overhead, bw_time) if self.depth else 0.0
+        return latency, fill, bw_time
+
+    def time(self, t: Tuning) -> float:
+        return sum(self.parts(t))
+
+
+@dataclass
+class _Group:
+    """What a group of GPUs runs on, worked out once."""
+
+    system: System
+    graphs: tuner.Graphs
+    rings: list
+    ring_weights: list
+    both: list  # each ring runs both ways
+    structures: dict = field(default_factory=dict)  # (op, algo, root) -> streams
+
+
+@register("nccl")
+class Nccl(CommModel):
+    Options = NcclOptions
+
+    def __init__(self, env, net, options=None, *, gpu=None, base_dir="."):
+        super().__init__(env, net, options, gpu=gpu, base_dir=base_dir)
+        o = self.options
+        self.arch = P.arch_of(gpu) if o.arch == "auto" else int(o.arch[2:])
+        self.tuning = resolve_tuning(o, base_dir)
+        graph = net.graph
+        self.graph = graph
+        self.routes = getattr(net, "routes", None) or Routes(graph)
+        self.links = self.routes.links
+        self.capacity = np.array([graph.edges[e]["bandwidth"] for e in self.links], float)
+        self.link_latency = np.array([graph.edges[e].get("latency", 0.0) for e in self.links])
+        kinds = [graph.edges[e].get("kind", "nvlink") for e in self.links]
+        self.link_kind = np.array(kinds)
+        self.efficiency = np.array([P.LINK_EFFICIENCY[k] for k in kinds])
+        self.switch_ends = bool(getattr(net, "reducing_endpoints", False))
+        self._partition = node_partition(graph)
+        self._groups: dict = {}
+        self._plans: dict = {}
+        self.choices: dict = {}  # (op, algo, proto) -> calls, for reports
+
+    # -- the system ---------------------------------------------------------------------
+    def group_info(self, group) -> _Group:
+        group = tuple(group)
+        info = self._groups.get(group)
+        if info is None:
+            info = self._groups[group] = self._analyse(group)
+        return info
+
+    def _analyse(self, group) -> _Group:
+        s = System(self.graph, group, self.routes, self._partition)
+        rings = s.rings()
+        weights = self._ring_weights(rings)
+        info = _Group(s, None, rings, weights, [self._both_ways(r) for r in rings])
+        n = s.n
+        # the ring graph's bus bandwidth NCCL would find: the ring streams' bottleneck
+        # with what NCCL believes each link kind carries
+        ring_bw = 0.0
+        if n > 1:
+            t = self._unit_time(nccl_streams.ring(rings, weights, info.both, 2 * (n - 1) / n),
+                                effective=True)  # fmt: skip
+            ring_bw = 2 * (n - 1) / n / t / 1e9 if t > 0 else math.inf
+        nvls_bw = 0.0
+        if s.nvls and self.options.nvls and self.switch_ends and self.arch >= P.NVLS_MIN_ARCH:
+            t = self._unit_time(nccl_streams.nvls(s), effective=True)
+            nvls_bw = 1 / t / 1e9 if t > 0 else math.inf
+        net_bw = 0.0
+        if s.N > 1:
+            nic = min((d["bandwidth"] for g in s.group for _, v, d in self.graph.out_edges(g, data=True)
+                       if d.get("kind") == "net"), default=0.0)  # fmt: skip
+            net_bw = s.rails * nic * P.LINK_EFFICIENCY["net"] / 1e9
+        if s.N == 1:
+            channels = int(
+                min(16, max(1, round(ring_bw / P.INTRA_CHANNEL_SPEED.get(self.arch, 20.0))))
+            )
+        else:
+            channels = s.rails if s.rails > 1 else max(1, round(net_bw / 24.0) or 1)
+        collnet = bool(s.sharp) and self.options.sharp and self.switch_ends and s.nvls is not None
+        info.graphs = tuner.Graphs(n=n, N=s.N, arch=self.arch, intra_hw=s.intra_hw,
+                                   ring_bw=ring_bw, channels=channels, nvls_bw=nvls_bw,
+                                   net_bw=net_bw, rails=s.rails, collnet=collnet,
+                                   cpu=self.options.cpu)  # fmt: skip
+        return info
+
+    def _ring_weights(self, rings):
+        """Each ring's share of the bytes: in proportion to its slowest hop."""
+        if len(rings) <= 1:
+            return [1.0] * len(rings)
+        w = []
+        for r in rings:
+            w.append(min(self.capacity[self._path(a, b)].min() for a, b in _hops(r)))
+        total = sum(w)
+        return [x / total for x in w]
+
+    def _path(self, a, b) -> np.ndarray:
+        links = self.routes.path_links(a, b)
+        if links is None:
+            raise ConfigError("topology", f"{a!r} -> {b!r}", "a topology with a path between "
+                              "every two GPUs of a collective")  # fmt: skip
+        return links
+
+    def _both_ways(self, ring) -> bool:
+        """Run the ring both ways when every hop's way back is as short as the way there
+        (not on a one-way ring, where it would go all the way round)."""
+        return all(len(self._path(b, a)) == len(self._path(a, b)) for a, b in _hops(ring))
+
+    def structure(self, info: _Group, op: str, algo: str, root=None) -> list:
+        """The schedule's streams (src, dst, share of the bytes), built once per group."""
+        key = (op, algo, root)
+        if key not in info.structures:
+            info.structures[key] = nccl_streams.structure(info.system, info.rings, info.ring_weights,
+                                                     info.both, op, algo, root)  # fmt: skip
+        return info.structures[key]
+
+    def _unit_time(self, streams, effective=False) -> float:
+        """Seconds per byte of the operation for the streams on the free network: the most
+        loaded link's load / capacity (x what NCCL believes the link carries)."""
+        load = np.zeros(len(self.links))
+        for a, b, x in streams:
+            np.add.at(load, self._path(a, b), x)
+        cap = self.capacity * (self.efficiency if effective else 1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.max(np.where(load > 0, load / cap, 0.0), initial=0.0))
+
+    # -- the plan -------------------------------------------------------------------------
+    def choose(self, op: str, group, nbytes: float, algorithm=None):
+        """(algorithm, protocol) NCCL would run, honouring the forced ones."""
+        info = self.group_info(group)
+        o = self.options
+        name = algorithm or o.algorithm
+        algos = ALGO_NAMES.get(name) if name != "auto" else None
+        protos = (o.protocol,) if o.protocol != "auto" else None
+        pick = tuner.choose(info.graphs, op, nbytes, algos, protos)
+        if pick is None:  # a forced pair NCCL cannot run here: fall back to its own choice
+            pick = tuner.choose(info.graphs, op, nbytes, None, protos) or tuner.choose(
+                info.graphs, op, nbytes
+            )
+        return pick[0], pick[1]
+
+    def plan(self, op: str, group, nbytes: float, root=None, algorithm=None) -> Plan:
+        check_op(op)
+        group = tuple(group)
+        key = (op, group, float(nbytes), root, algorithm)
+        cached = self._plans.get(key)
+        if cached is not None:
+            return cached
+        if len(group) < 2:
+            p = Plan(op, "none", "none", nbytes, [], [], self.tuning.launch_overhead, 0.0, 0.0)
+        else:
+            p = self._plan(op, group, nbytes, root, algorithm)
+        if len(self._plans) < 100_000:
+            self._plans[key] = p
+        return p
+
+    def terms(self, op: str, group, nbytes: float, root=None, algorithm=None) -> Terms:
+        """The parts of a collective's time that do not depend on the tuning."""
+        check_op(op)
+        group = tuple(group)
+        info = self.group_info(group)
+        if op in P2P_OPS:
+            return self._p2p_terms(info, op, nbytes)
+        g = info.graphs
+        algo, proto = self.choose(op, group, nbytes, algorithm)
+        lat_us, bw = tuner.model(g, op, algo, proto)
+        runtime = None if self.options.channels == "auto" else self.options.channels
+        used, full = tuner.channels_used(g, op, algo, proto, nbytes, runtime)
+        if used < full:  # a small call runs on fewer channels, each at its share of the
+            # links (LL's whole-GPU cap then rarely binds)
+            bw = min(bw, tuner.model(g, op, algo, proto, ll_cap=False)[1] * used / full)
+        bw *= tuner.tree_correction(op, algo, proto, nbytes)
+        lat_us *= tuner.plateau(g, op, algo, proto, nbytes)
+        root = root if root in group else group[0]
+        streams = self.structure(info, op, algo, root if op in ("broadcast", "reduce") else None)
+        extra = self._slow_hop_extra(info, op, algo, proto, streams)
+        staged = algo in PIPELINED or op in ("broadcast", "reduce")
+        depth = self._depth(info, op, algo) if staged else 0
+        raw = self._unit_time(streams) * PROTO_WIRE[proto]
+        return Terms(op, algo, proto, float(nbytes), lat_us, bw, extra, depth, used, streams, raw)
+
+    def _p2p_terms(self, info: _Group, op, nbytes) -> Terms:
+        """Send/receive (all-to-all, sendrecv): Simple protocol on each pair's own path, at
+        what NCCL believes the link kinds carry; latency of one Simple step."""
+        streams = self.structure(info, op, "p2p")
+        unit = self._unit_time(streams, effective=True)
+        hw = "net" if info.system.N > 1 else info.system.intra_hw
+        lat_us = P.BASE_LAT["ring"][2] + P.HW_LAT[hw]["ring"][2]
+        bw = 1 / unit / 1e9 if unit > 0 else math.inf
+        raw = self._unit_time(streams)
+        return Terms(op, "p2p", "Simple", float(nbytes), lat_us, bw, 0.0, 0, 0, streams, raw)
+
+    def _plan(self, op, group, nbytes, root, algorithm) -> Plan:
+        """The streams carry the data (LL, LL128: with their flags) capped at the rate that
+        ends them all at NCCL's bandwidth time: what the GPUs can feed. Other traffic gets
+        what they leave of the links."""
+        terms = self.terms(op, group, nbytes, root, algorithm)
+        latency, fill, bw_time = terms.parts(self.tuning)
+        wire = PROTO_WIRE[terms.proto] * nbytes
+        out = [(a, b, x * wire) for a, b, x in terms.streams if x * wire > 0]
+        out = [(a, b, y, y / bw_time if bw_time > 0 else math.inf) for a, b, y in out]
+        path_lat = [float(self.link_latency[self._path(a, b)].sum()) for a, b, *_ in out]
+        return Plan(op, terms.algo, terms.proto, nbytes, out, path_lat, latency, fill, bw_time,
+                    terms.channels)  # fmt: skip
+
+    def _depth(self, info: _Group, op, algo) -> int:
+        """Stages a chunk passes through one after another."""
+        s = info.system
+        if op in ("broadcast", "reduce"):
+            return s.n - 1
+        if algo == "nvls":
+            return 2  # reduce-scatter through the switch, then all-gather through it
+        if algo == "nvls_tree":
+            return 2 + 2 * tree_depth(s.N)
+        return 4  # collnet: to the node's switch, to the fabric's, and back
+
+    def _slow_hop_extra(self, info: _Group, op, algo, proto, streams) -> float:
+        """Where a hop's links are slower than NCCL's per-hop latency assumes, the hop
+        takes its own: the extra over NCCL's latency along the worst chain of hops."""
+        s = info.system
+        p = P.PROTOS.index(proto)
+        kind_lat = {
+            False: P.HW_LAT[s.intra_hw][algo][p] * 1e-6,
+            True: P.HW_LAT["net"][algo][p] * 1e-6,
+        }
+
+        def excess(a, b):
+            links = self._path(a, b)
+            is_net = bool((self.link_kind[links] == "net").any())
+            return max(0.0, float(self.link_latency[links].sum()) - kind_lat[is_net])
+
+        if algo == "ring" and op in ("allreduce", "all_gather", "reduce_scatter"):
+            steps = 2 * (s.n - 1) if op == "allreduce" else s.n - 1
+            worst = 0.0
+            for ring in info.rings:
+                for order in (ring, ring[::-1]) if self._both_ways(ring) else (ring,):
+                    e = np.array([excess(a, b) for a, b in _hops(order)])
+                    worst = max(worst, _window_max(e, steps))
+            return worst
+        ex = [excess(a, b) for a, b, _ in streams]
+        if op in ("broadcast", "reduce"):
+            return sum(sorted(ex)[-(s.n - 1) :]) if ex else 0.0
+        return 2 * max(ex, default=0.0)
+
+    # -- running ----------------------------------------------------------------------------
+    def predict(self, op: str, group, nbytes: float, root=None, algorithm=None) -> float:
+        """Seconds the collective takes on a free network (no flows)."""
+        return self.plan(op, group, nbytes, root, algorithm).time
+
+    def run(self, op, group, nbytes, tag="", root=None, algorithm=None):
+        p = self.plan(op, group, nbytes, root, algorithm)
+        k = (op, p.algo, p.proto)
+        self.choices[k] = self.choices.get(k, 0) + 1
+        rest = p.latency + p.fill
+        if p.streams:
+            events = self.net.transfer_group(p.streams, tag=tag or op)
+            yield self.env.all_of(events)
+            # the network charged each stream its path latency after its last byte left;
+            # NCCL's latency replaces it: wait what is left of it after the last byte left
+            sent = max(e.value.end - pl for e, pl in zip(events, p.path_latency, strict=True))
+            rest -= self.env.now - sent
+        if rest > 0:
+            yield self.env.timeout(rest)
+
+
+def pipeline_fill(depth: int, overhead: float, bw_time: float) -> float:
+    """Extra time of a pipeline of `depth` stages over its bandwidth time T, with a cost o
+    per chunk and the best number of chunks m = sqrt((D-1) T / o):
+    (D-1) T/m + (m-1) o = 2 sqrt((D-1) o T) - o (one chunk, m = 1: (D-1) T)."""
+    if depth <= 1 or bw_time <= 0:
+        return 0.0
+    if overhead <= 0:
+        return 0.0
+    m = math.sqrt((depth - 1) * bw_time / overhead)
+    if m <= 1:
+        return (depth - 1) * bw_time
+    return 2 * math.sqrt((depth - 1) * overhead * bw_time) - overhead
+
+
+def _window_max(e: np.ndarray, steps: int) -> float:
+    """Largest sum of `steps` consecutive entries of the cyclic array e."""
+    n = len(e)
+    if n == 0 or steps <= 0:
+        return 0.0
+    full, part = divmod(steps, n)
+    c = np.concatenate([[0.0], np.cumsum(np.concatenate([e, e]))])
+    partial = max(c[i + part] - c[i] for i in range(n)) if part else 0.0
+    return full * float(e.sum()) + float(partial)

@@ -1,0 +1,138 @@
+"""Ring orders: which GPU follows which in a ring collective.
+
+A ring is as fast as its slowest hop, so the order maximises the slowest hop's bandwidth
+(a hop's bandwidth is its routed path's bottleneck, the smaller of the two directions since
+a ring runs both ways), then minimises the summed hop latency, then the summed hop count.
+Greedy nearest neighbour under that key, then 2-opt moves that remove the worst hop, then
+2-opt moves that cut latency; the builder's known ring (`graph.graph['ring']`) competes as a
+candidate. Above `DENSE_LIMIT` GPUs nothing N x N is built: the builder's ring is taken
+as it is, or the greedy walk computes one row of hop metrics per step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from networks.routing import Routes
+
+DENSE_LIMIT = 256
+_NET, _LAT = 2**48, 2**28  # networks.routing's packing: network hops, ns of latency
+
+
+def hop_rows(graph, routes: Routes, sources, targets):
+    """For each source, arrays over `targets` of (bottleneck bandwidth, latency in s, hops)
+    along the routed path (one shortest-path tree per source)."""
+    cap = {(u, v): d["bandwidth"] for u, v, d in graph.edges(data=True)}
+    idx = routes.node_index
+    t_idx = np.array([idx[t] for t in targets])
+    out = []
+    dist, pred = routes.trees(sources)
+    for row, prow, s in zip(np.atleast_2d(dist), np.atleast_2d(pred), sources, strict=True):
+        bott = np.full(len(routes.nodes), np.inf)
+        hops = np.zeros(len(routes.nodes))
+        for v in np.argsort(row, kind="stable"):
+            p = prow[v]
+            if p >= 0 and np.isfinite(row[v]):
+                bott[v] = min(bott[p], cap[(routes.nodes[p], routes.nodes[v])])
+                hops[v] = hops[p] + 1
+        d = row[t_idx]
+        ok = np.isfinite(d)
+        lat = np.where(ok, np.floor(np.mod(np.where(ok, d, 0), _NET) / _LAT) * 1e-9, np.inf)
+        b = np.where(ok, bott[t_idx], 0.0)
+        b[t_idx == idx[s]] = np.inf
+        out.append((b, lat, np.where(ok, hops[t_idx], np.inf)))
+    return out
+
+
+def _metrics(graph, group, routes):
+    rows = hop_rows(graph, routes, group, group)
+    bw = np.array([r[0] for r in rows])
+    lat = np.array([r[1] for r in rows])
+    hops = np.array([r[2] for r in rows])
+    return np.minimum(bw, bw.T), lat, hops
+
+
+def _key(order, bw, lat, hops):
+    a, b = np.asarray(order), np.roll(order, -1)
+    return (-bw[a, b].min(), lat[a, b].sum(), hops[a, b].sum())
+
+
+def _greedy(n, bw, lat, hops, start=0):
+    order, left = [start], np.ones(n, bool)
+    left[start] = False
+    pos = np.arange(n)
+    while left.any():
+        h = order[-1]
+        cand = np.flatnonzero(left)
+        k = np.lexsort((pos[cand], hops[h, cand], lat[h, cand], -bw[h, cand]))[0]
+        order.append(int(cand[k]))
+        left[cand[k]] = False
+    return order
+
+
+def _two_opt(order, bw, lat, hops, rounds=4):
+    """Moves that replace the slowest hop, then moves that shorten the summed latency."""
+    order = list(order)
+    n = len(order)
+    for _ in range(n):  # raise the bottleneck while some 2-opt move can
+        a = np.asarray(order)
+        b = np.roll(a, -1)
+        worst = bw[a, b].min()
+        i = int(np.flatnonzero(bw[a, b] == worst)[0])
+        j = np.arange(n)
+        j = j[(j != i) & (j != (i + 1) % n) & (j != (i - 1) % n)]
+        # replacing hops (i, i+1) and (j, j+1) by (i, j) and (i+1, j+1)
+        new_min = np.minimum(bw[a[i], a[j]], bw[a[(i + 1) % n], a[(j + 1) % n]])
+        good = j[new_min > worst]
+        if not len(good):
+            break
+        j = int(good[np.argmax(new_min[new_min > worst])])
+        lo, hi = sorted((i, j))
+        order = order[: lo + 1] + order[lo + 1 : hi + 1][::-1] + order[hi + 1 :]
+        if _key(order, bw, lat, hops) >= _key(list(a), bw, lat, hops):
+            order = list(a)
+            break
+    for _ in range(rounds if n <= 48 else 0):  # then latency (O(n^3) a pass: small groups)
+        improved = False
+        best = _key(order, bw, lat, hops)
+        for i in range(n - 1):
+            for j in range(i + 2, n if i else n - 1):
+                cand = order[: i + 1] + order[i + 1 : j + 1][::-1] + order[j + 1 :]
+                k = _key(cand, bw, lat, hops)
+                if k < best:
+                    order, best, improved = cand, k, True
+        if not improved:
+            break
+    return order
+
+
+def ring_order(graph, group, routes: Routes | None = None) -> tuple:
+    """Order `group` into a ring: slowest hop as fast as possible, then least latency."""
+    group = list(group)
+    n = len(group)
+    if n <= 2:
+        return tuple(group)
+    members = set(group)
+    hint = graph.graph.get("ring")
+    hinted = [g for g in hint if g in members] if hint and members <= set(hint) else None
+    if n > DENSE_LIMIT and hinted:
+        return tuple(hinted)
+    routes = routes or Routes(graph)
+    if n > DENSE_LIMIT:
+        return tuple(_greedy_lazy(graph, group, routes))
+    bw, lat, hops = _metrics(graph, group, routes)
+    pos = {g: i for i, g in enumerate(group)}
+    candidates = [_two_opt(_greedy(n, bw, lat, hops), bw, lat, hops)]
+    if hinted:
+        candidates.insert(0, _two_opt([pos[g] for g in hinted], bw, lat, hops))
+    best = min(candidates, key=lambda o: _key(o, bw, lat, hops))  # first of equals: the hint
+    return tuple(group[i] for i in best)
+
+
+def _greedy_lazy(graph, group, routes):
+    order, left = [group[0]], list(group[1:])
+    while left:
+        ((b, lat, hops),) = hop_rows(graph, routes, [order[-1]], left)
+        k = int(np.lexsort((np.arange(len(left)), hops, lat, -b))[0])
+        order.append(left.pop(k))
+    return order
