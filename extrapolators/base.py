@@ -18,7 +18,8 @@ class Extrapolator:
     A mode declares its config fields as an `Options` dataclass (triosim.schema);
     `options` is one of those or None for the defaults. `batch_size` is the global
     mini-batch (None: the traced one), `gpu` the target GPU (None: the traced one),
-    `collective` the collective algorithm, `ring` the GPUs in ring order.
+    `collective` the collective algorithm, `ring` the GPUs in ring order, `graph` the
+    topology (a networkx graph, or None when unknown) for plans that weigh link speeds.
     """
 
     name = "abstract"
@@ -27,8 +28,9 @@ class Extrapolator:
 
     def __init__(self, trace: Trace, model: OperatorModel, gpus, options=None, *,
                  batch_size: float | None = None, gpu: str | None = None,
-                 collective: str = "ring", ring=None):  # fmt: skip
+                 collective: str = "ring", ring=None, graph=None):  # fmt: skip
         self.trace = trace
+        self.graph = graph
         self.model = model
         self.options = schema.check(options, "parallelism") if options else self.Options()
         self.gpus = list(gpus)

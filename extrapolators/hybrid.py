@@ -66,7 +66,8 @@ class Hybrid(Extrapolator):
             ring = [g for g in self.ring if g in members]  # keep the topology's ring order
             self.replicas.append(inner_cls(self.trace, self.model, group,
                                            self.options.inner_options, batch_size=batch,
-                                           gpu=self.gpu, collective=self.collective, ring=ring))  # fmt: skip
+                                           gpu=self.gpu, collective=self.collective, ring=ring,
+                                           graph=self.graph))  # fmt: skip
 
     def held_weight_bytes(self, gpu) -> float:
         return self.replicas[0].held_weight_bytes(self._peers(gpu)[0])

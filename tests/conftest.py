@@ -8,7 +8,10 @@ import pytest
 
 from triosim.trace import Operator, Tensor, Trace
 
-GO_TRACES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "triosim-go-traces"
+# shared/ beside the repository, or beside a folder holding it (a git worktree's checkout)
+_GO = Path("shared") / "reference" / "triosim-go-traces"
+GO_TRACES = next((p / _GO for p in Path(__file__).resolve().parents[1:] if (p / _GO).is_dir()),
+                 Path(__file__).resolve().parents[2] / _GO)  # fmt: skip
 
 
 def chain_trace(

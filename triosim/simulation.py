@@ -81,7 +81,7 @@ class Simulation:
         ring = ring_order(self.graph, self.gpus) if len(self.gpus) > 2 else tuple(self.gpus)
         self.extrapolator = extrapolator_class(par.mode)(
             self.trace, self.model, self.gpus, par.options, batch_size=cfg.batch_size,
-            gpu=cfg.gpu, collective=par.collective, ring=ring,
+            gpu=cfg.gpu, collective=par.collective, ring=ring, graph=self.graph,
         )  # fmt: skip
 
     def run(self) -> Result:
