@@ -1,9 +1,12 @@
 """Roofline model: max(FLOPs / peak FLOP/s, bytes / memory bandwidth) / efficiency.
 
-The efficiency of each operator kind (name) is fitted on a trace from one GPU as
-total roof time / total measured time (capped at 1: no op beats its roof), so
-the kinds' traced totals are reproduced on the traced GPU and the same trace predicts
-any GPU in the hardware catalogue.
+The peak is the one of each operator's math mode (`op.math`: "tf32" for a float32
+convolution that cuDNN ran on tensor cores), else of the trace's dtype. The efficiency of
+each operator kind (name) is fitted on a trace from one GPU as total roof time / total
+measured time, so the kinds' traced totals are reproduced on the traced GPU and the same
+trace predicts any GPU in the hardware catalogue. An efficiency above 1 (the measured time
+beats the roof: a wrong math mode, FLOP count or peak) is kept, not capped, and listed in
+`report["efficiency_above_peak"]`.
 """
 
 from __future__ import annotations
@@ -49,12 +52,20 @@ class Roofline(OperatorModel):
             if op.time > 0 and roof > 0:
                 sums.setdefault(op.name, np.zeros(2))[:] += (roof, op.time)
         total = sum(sums.values(), np.zeros(2))
-        self.default_efficiency = min(total[0] / total[1], 1.0) if total[1] > 0 else 1.0
-        self.efficiency = {k: min(r / t, 1.0) for k, (r, t) in sums.items()}
+        self.default_efficiency = float(total[0] / total[1]) if total[1] > 0 else 1.0
+        self.efficiency = {k: float(r / t) for k, (r, t) in sums.items()}
+        self.report = self._report()
+
+    def _report(self) -> dict:
+        above = {k: e for k, e in self.efficiency.items() if e > 1.0}
+        return {"efficiency_above_peak": above} if above else {}
+
+    def math(self, op) -> str:
+        return op.math or self.dtype
 
     def roof(self, op, gpu: hardware.GPU, target: Target) -> float:
         flops, nbytes = op_features(self.trace, op, target)
-        return max(flops / gpu.flops_for(self.dtype), nbytes / gpu.memory_bandwidth)
+        return max(flops / gpu.flops_for(self.math(op)), nbytes / gpu.memory_bandwidth)
 
     def check_target(self, gpu) -> None:
         if gpu is not None:
@@ -88,4 +99,5 @@ class Roofline(OperatorModel):
         self.dtype = doc["dtype"]
         self.default_efficiency = float(doc["default_efficiency"])
         self.efficiency = {k: float(v) for k, v in doc["efficiency"].items()}
+        self.report = self._report()
         return self

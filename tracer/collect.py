@@ -173,6 +173,11 @@ def record(model, make_batch, loss_fn, optimizer, *, batch_size: int, device: st
         "gpu": torch.cuda.get_device_name() if gpu else "cpu",
         "torch_version": torch.__version__,
         "dtype": dtype,
+        # the math float32 convolutions and matrix products ran in (TF32 or not): PyTorch's
+        # defaults are cudnn.allow_tf32 = True, cuda.matmul.allow_tf32 = False ("highest")
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "optimizer": type(optimizer).__name__,
         "parameters": int(sum(p.numel() for p in params)),
         "measured_iteration_time": statistics.mean(times) if times else None,

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from triosim.errors import TracerError
+from triosim.flops import MATH_MODES, math_mode, op_class
 from triosim.intervals import union_length
 from triosim.trace import Operator, Tensor, Trace
 
@@ -242,7 +243,20 @@ def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None) ->
         if op.phase == "forward" and not op.layer:
             op.layer = "(model)"
     table = {t.id: t for t in tensors.values()}
+    set_math(ops, table, cuda=gpu, cudnn_tf32=metadata.get("cudnn_allow_tf32", True),
+             matmul_tf32=metadata.get("matmul_allow_tf32", False))  # fmt: skip
     return Trace(ops, table, metadata).validate()
+
+
+def set_math(ops, tensors, *, cuda: bool, cudnn_tf32: bool = True, matmul_tf32: bool = False):
+    """Each op's math mode: the dtype of its largest floating-point tensor, TF32 for float32
+    convolutions and matrix products on CUDA where the recorded settings allow it."""
+    for op in ops:
+        ts = [tensors[t] for t in op.inputs + op.outputs if tensors[t].dtype in MATH_MODES]
+        if ts:
+            dtype = max(ts, key=lambda t: t.nbytes).dtype
+            op.math = math_mode(op_class(op.name), dtype, cuda=cuda, cudnn_tf32=cudnn_tf32,
+                                matmul_tf32=matmul_tf32)  # fmt: skip
 
 
 def node_flops(nodes, i, subtree, children) -> float | None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from triosim.errors import TraceError
+from triosim.flops import MATH_MODES, op_class
 
 FORMAT_NAME = "triosim-trace"
 FORMAT_VERSION = 1
@@ -33,7 +34,7 @@ DTYPE_BYTES = {
 
 MAX_OP_TIME = 1e6  # seconds (11 days): a larger operator time is a unit mistake, not a trace
 OPERATOR_COLUMNS = ("id", "name", "layer", "phase", "time", "inputs", "outputs", "flops")
-OPERATOR_OPTIONAL = ("fwd_id", "kernels", "tp_split")
+OPERATOR_OPTIONAL = ("fwd_id", "kernels", "tp_split", "math")
 TENSOR_COLUMNS = ("id", "shape", "dtype", "nbytes", "category")
 
 
@@ -63,6 +64,7 @@ class Operator:
     fwd_id: int | None = None  # for a backward op: the forward op it differentiates
     kernels: int = 1  # GPU kernels launched (for per-kernel overhead models)
     tp_split: bool = False  # splittable by tensor parallelism (conv, linear, embedding, matmul)
+    math: str | None = None  # math mode ("tf32", "float32", ...); None: the trace's dtype
 
 
 @dataclass
@@ -127,6 +129,9 @@ def validate(trace: Trace, file=None) -> None:
         if op.flops is not None and not _finite_nonneg(op.flops):
             raise TraceError(f"flops must be a finite number >= 0, got {op.flops!r}",
                              file=file, row=row, field="flops")  # fmt: skip
+        if op.math is not None and op.math not in MATH_MODES:
+            raise TraceError(f"unknown math mode {op.math!r}; allowed: {', '.join(MATH_MODES)}",
+                             file=file, row=row, field="math")  # fmt: skip
         for fname in ("inputs", "outputs"):
             for tid in getattr(op, fname):
                 if tid not in trace.tensors:
@@ -144,6 +149,64 @@ def validate(trace: Trace, file=None) -> None:
                                  "earlier forward operator (a cycle or a wrong pairing)",
                                  file=file, row=row, field="fwd_id")  # fmt: skip
         phase_before[op.id] = op.phase
+
+
+def trace_stats(trace: Trace) -> dict:
+    """How much of what the extrapolators and models use the trace carries: backward ops
+    paired with their forward op (fwd_id), ops with a FLOP count, ops with a math mode."""
+    ops = trace.operators
+    bwd = [o for o in ops if o.phase == "backward"]
+    paired = sum(o.fwd_id is not None for o in bwd)
+    counted = [o for o in ops if o.flops is not None]
+    # conv and matmul ops (forward and backward) with FLOPs: those whose math mode matters
+    compute = [o for o in counted if op_class(o.name) != "other"]
+    return {
+        "operators": len(ops),
+        "backward_operators": len(bwd),
+        "backward_paired": paired,
+        "pairing": paired / len(bwd) if bwd else None,
+        "operators_with_flops": len(counted),
+        "flops_coverage": len(counted) / len(ops) if ops else None,
+        "total_flops": math.fsum(o.flops for o in counted),
+        "operators_with_math": sum(o.math is not None for o in ops),
+        "conv_matmul_operators": len(compute),
+        "conv_matmul_with_math": sum(o.math is not None for o in compute),
+    }
+
+
+def fidelity_warnings(trace: Trace) -> list[str]:
+    """One line per result that a trace lacking pairing, FLOPs or math modes makes less
+    faithful, naming the result and how many operators are concerned; [] when none."""
+    s = trace_stats(trace)
+    out = []
+    unpaired = s["backward_operators"] - s["backward_paired"]
+    if unpaired:
+        out.append(
+            f"{unpaired} of {s['backward_operators']} backward operators have no forward "
+            "pairing (fwd_id): DDP overlap treats the gradients of their weights as ready "
+            "only after the last backward operator that reads them, or at the end of the "
+            "backward pass; tensor parallelism cannot give them their forward layer's "
+            "sharding role; pipeline stages place them by the tensors they read"
+        )
+    missing = s["operators"] - s["operators_with_flops"]
+    if missing:
+        split = sum(o.flops is None and o.tp_split for o in trace.operators)
+        out.append(
+            f"{missing} of {s['operators']} operators have no FLOP count ({split} of them "
+            "splittable by tensor parallelism): roofline scaling to another GPU falls back "
+            "to the memory-bandwidth ratio for them, and TP sharding cannot shrink their "
+            "compute"
+        )
+    no_math = s["conv_matmul_operators"] - s["conv_matmul_with_math"]
+    if no_math:
+        dtype = trace.metadata.get("dtype", "float32")
+        out.append(
+            f"{no_math} of {s['conv_matmul_operators']} convolution and matrix-product "
+            f"operators have no math mode: roofline scaling assumes {dtype} peaks for "
+            "them (if they ran in TF32 on the traced GPU, their per-kind efficiency "
+            "comes out above 1 and other GPUs are mispredicted)"
+        )
+    return out
 
 
 def _finite_nonneg(x) -> bool:
@@ -187,6 +250,7 @@ def save(trace: Trace, path) -> Path:
                     o.fwd_id,
                     o.kernels,
                     o.tp_split,
+                    o.math,
                 ]
                 for o in trace.operators
             ],  # fmt: skip
@@ -252,6 +316,7 @@ def load(path, progress: bool = False) -> Trace:
                 fwd_id=None if fwd is None else _int(rec, "fwd_id", path, row),
                 kernels=_optional_kernels(rec, path, row),
                 tp_split=_optional_bool(rec, "tp_split", path, row),
+                math=_optional_str(rec, "math", path, row),
             )
         )
     if not ops:
@@ -322,6 +387,13 @@ def _optional_bool(rec, f, path, row) -> bool:
         return False
     if not isinstance(v, bool):
         raise TraceError(f"expected true or false, got {v!r}", file=path, row=row, field=f)
+    return v
+
+
+def _optional_str(rec, f, path, row) -> str | None:
+    v = rec.get(f)
+    if v is not None and not isinstance(v, str):
+        raise TraceError(f"expected a string or null, got {v!r}", file=path, row=row, field=f)
     return v
 
 
