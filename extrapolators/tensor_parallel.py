@@ -125,8 +125,13 @@ class TensorParallel(Extrapolator):
         self.roles: dict[int, str] = {}
         self.before: dict[int, list[Collective]] = {}
         self.after: dict[int, list[Collective]] = {}
-        # tensors that have a gradient: weights and floating tensors computed from them
-        self._has_grad = {t for t, x in T.items() if x.category == "weight"}
+        # tensors that have a gradient: weights, floating tensors computed from them, and
+        # floating activations that no operator of the trace makes (an operator missing from
+        # the trace, e.g. a flatten the profiler did not record, made them); model inputs,
+        # token ids and positions have none
+        made = {t for op in fwd for t in op.outputs}
+        self._has_grad = {t for t, x in T.items() if x.category == "weight" or (
+            x.category == "activation" and t not in made and _floating(x.dtype))}  # fmt: skip
         for op in fwd:
             if any(t in self._has_grad for t in op.inputs):
                 self._has_grad.update(t for t in op.outputs if _floating(T[t].dtype))
