@@ -10,7 +10,8 @@ or else of the latest forward tensor it reads. The mini-batch is split into M
 micro-batches; a stage sends activations on its "send_fwd" stream and gradients on its
 "send_bwd" stream, so neither waits behind the other. With `recompute` (activation
 checkpointing, as torch Pipe's checkpoint= option) a stage re-runs its forward operators for
-a micro-batch right after that micro-batch's gradient arrives and before its backward.
+a micro-batch right after that micro-batch's gradient arrives and before its backward
+(timeline phase "recompute").
 The optimizer step of a stage takes the stage's share of the weight bytes.
 """
 
@@ -315,7 +316,7 @@ class GPipe(Extrapolator):
                 if self.recomputes(m):
                     for op in self.fwd_ops[s]:
                         task = self.compute(op, target)
-                        yield dataclasses.replace(task, name=f"recompute {task.name}")
+                        yield dataclasses.replace(task, phase="recompute")
                 for op in self.bwd_ops[s]:
                     yield self.compute(op, target)
             yield Signal(f"{g[s]}:{kind}{m}")

@@ -167,7 +167,7 @@ def test_gpipe_recompute_hand_timeline(recompute, extra):
     t = chain_trace(layers=2, t_fwd=2 * F, t_bwd=2 * B, t_opt=0, batch=8)
     r = run(t, 2, "gpipe", microbatches=2, recompute=recompute)
     assert r.iteration_time == pytest.approx(3 * F + 3 * B + extra * F, rel=1e-9)
-    rec = r.timeline[r.timeline.name.str.startswith("recompute")]
+    rec = r.timeline[r.timeline.phase == "recompute"]
     per_gpu = rec.assign(d=rec.end - rec.start).groupby("gpu").d.sum()
     redone = {"none": 0, "except_last": 1, "all": 2}[recompute]  # micro-batches re-run
     for g in (0, 1):
