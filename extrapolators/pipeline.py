@@ -2,9 +2,10 @@
 
 Forward operators are cut into S contiguous stages (S = number of GPUs), or where the user
 says. The cuts minimise the slowest stage, where a stage costs one micro-batch's forward
-(twice where it is recomputed) and backward time plus, at its end, sending the boundary
-activation and getting its gradient back: 2 x (bytes / bandwidth + latency) over the
-slowest path between consecutive stages' GPUs (nothing when the plan has no topology). A
+(twice where it is recomputed) and backward time plus, at each of its boundaries, the
+activation crossing it one way and its gradient the other: 2 x (bytes / bandwidth +
+latency) over the slowest path between consecutive stages' GPUs (nothing when the plan has
+no topology). A
 backward operator belongs to the stage of the forward operator it differentiates (fwd_id),
 or else of the latest forward tensor it reads. The mini-batch is split into M
 micro-batches; a stage sends activations on its "send_fwd" stream and gradients on its
@@ -39,9 +40,9 @@ def _double(bits: int) -> float:
 
 def balanced_cuts(costs, parts: int, boundary=None) -> list[int]:
     """Start positions of `parts` non-empty contiguous groups of `costs` minimising the largest
-    group cost, where a group [i, j) costs sum(costs[i:j]) + boundary[j] (`boundary`: n + 1
-    values, the cost charged to a group that ends at cut j; boundary[0] and boundary[n] are
-    ignored).
+    group cost, where a group [i, j) costs boundary[i] + sum(costs[i:j]) + boundary[j]
+    (`boundary`: n + 1 values, the cost of cut j to each group beside it; boundary[0] and
+    boundary[n] are ignored).
 
     Bisection on the largest cost with an exact feasibility test (can [0, n) be cut into
     exactly `parts` groups of cost <= limit?), run layer by layer over the cut positions in
@@ -61,21 +62,21 @@ def balanced_cuts(costs, parts: int, boundary=None) -> list[int]:
         raise ValueError("costs and boundary costs must be finite and >= 0")
     if parts == 1:
         return [0]
-    w[0] = w[n] = 0.0  # no group ends at cut 0; the last one sends nothing
+    w[0] = w[n] = 0.0  # the ends of the sequence are not cuts
     top = max(float(c.max()), float(w.max()))
-    if top > 0:  # (n + 1) x top bounds every group's cost; keep it far from overflowing
-        excess = math.log2(top) + math.log2(n + 1) - 996  # 2**996 ~ 7e299
+    if top > 0:  # (n + 2) x top bounds every group's cost; keep it far from overflowing
+        excess = math.log2(top) + math.log2(n + 2) - 995  # 2**995 ~ 4e299
         if excess > 0:  # scale by a power of two: exact, and order-preserving
             c, w = np.ldexp(c, -math.ceil(excess)), np.ldexp(w, -math.ceil(excess))
     prefix = np.concatenate(([0.0], np.cumsum(c)))
-    end_cost = prefix + w  # a group [i, j) costs end_cost[j] - prefix[i]
+    end_cost, start = prefix + w, prefix - w  # a group [i, j) costs end_cost[j] - start[i]
 
     def layers(limit):
         """ok[s][j]: [0, j) splits into s + 1 groups of cost <= limit, the last ending at j."""
         out, prev = [], np.zeros(n + 1, bool)
         prev[0] = True
         for _ in range(parts):
-            reach = np.maximum.accumulate(np.where(prev, prefix, -np.inf))
+            reach = np.maximum.accumulate(np.where(prev, start, -np.inf))
             ok = np.concatenate(([False], reach[:-1] >= end_cost[1:] - limit))
             out.append(ok)
             prev = ok
@@ -83,7 +84,8 @@ def balanced_cuts(costs, parts: int, boundary=None) -> list[int]:
 
     # bisection over the bit patterns of the limit (ordered like the non-negative doubles
     # they encode): at most 64 tests reach the smallest feasible double, at any magnitude
-    hi_bits = int(np.float64(float(end_cost.max()) + 1.0).view(np.int64))  # always feasible
+    every = 2 * (float(end_cost.max()) - float(start.min())) + 1.0  # all groups fit
+    hi_bits = int(np.float64(every).view(np.int64))
     lo_bits = -1  # below 0.0: infeasible
     best = layers(_double(hi_bits))
     while hi_bits - lo_bits > 1:
@@ -96,7 +98,7 @@ def balanced_cuts(costs, parts: int, boundary=None) -> list[int]:
     hi = _double(hi_bits)
     starts, j = [], n
     for s in range(parts - 1, 0, -1):  # walk back through the feasible layers
-        i = int(np.nonzero(best[s - 1][:j] & (prefix[:j] >= end_cost[j] - hi))[0][-1])
+        i = int(np.nonzero(best[s - 1][:j] & (start[:j] >= end_cost[j] - hi))[0][-1])
         starts.append(i)
         j = i
     return [0, *reversed(starts)]
@@ -173,7 +175,8 @@ class GPipe(Extrapolator):
             cost[k] += self.model.time(trace.operators[i], target)
         self.cut_bytes = self._cut_bytes(fwd)
         bw, lat = self.link()
-        # a stage ending at cut j also sends the activation there and gets its gradient back
+        # a cut costs both stages beside it the activation going one way and its gradient the
+        # other: the transfer delays the sender's downstream work and the receiver's
         crossing = self.cut_bytes * self._mb_ratio()
         boundary = np.where(crossing > 0, 2 * (crossing / bw + lat), 0.0)
         boundary[0] = boundary[-1] = 0.0
@@ -196,8 +199,8 @@ class GPipe(Extrapolator):
                 self.bwd_ops[self.stage_of[i]].append(op)
         self.starts = list(starts)
         ends = [*starts[1:], len(fwd)]
-        self.stage_cost = [float(cost[stage_of_fwd == s].sum() + boundary[ends[s]])
-                           for s in range(S)]  # fmt: skip
+        self.stage_cost = [float(boundary[starts[s]] + cost[stage_of_fwd == s].sum()
+                                 + boundary[ends[s]]) for s in range(S)]  # fmt: skip
         # bytes (at the traced batch) crossing each stage boundary s -> s+1 in forward
         self.boundary = [float(self.cut_bytes[starts[b + 1]]) for b in range(S - 1)]
         self._weights_share(fwd, stage_of_fwd)

@@ -32,8 +32,8 @@ def brute_force(costs, parts, boundary):
     best = math.inf
     for cuts in itertools.combinations(range(1, n), parts - 1):
         bounds = [0, *cuts, n]
-        worst = max(sum(costs[a:b]) + (boundary[b] if b < n else 0.0)
-                    for a, b in itertools.pairwise(bounds))  # fmt: skip
+        worst = max((boundary[a] if a > 0 else 0.0) + sum(costs[a:b])
+                    + (boundary[b] if b < n else 0.0) for a, b in itertools.pairwise(bounds))  # fmt: skip
         best = min(best, worst)
     return best
 
@@ -41,9 +41,8 @@ def brute_force(costs, parts, boundary):
 def group_costs(costs, starts, boundary):
     n = len(costs)
     bounds = [*starts, n]
-    return [
-        sum(costs[a:b]) + (boundary[b] if b < n else 0.0) for a, b in itertools.pairwise(bounds)
-    ]
+    return [(boundary[a] if a > 0 else 0.0) + sum(costs[a:b]) + (boundary[b] if b < n else 0.0)
+            for a, b in itertools.pairwise(bounds)]  # fmt: skip
 
 
 magnitudes = st.one_of(
@@ -100,12 +99,14 @@ def test_imported_h100_traces_on_one_stage_and_one_gpu_replicas(model):
 # -- cuts that weigh the boundary transfer --------------------------------------------------------
 def test_partition_avoids_a_huge_activation_at_the_compute_balanced_cut():
     # four equal layers (1 ms forward, 2 ms backward): compute alone cuts 2 | 2, exactly where
-    # layer 1's 1 GB output crosses; a 1 MB cut elsewhere costs 0.2 ms there and back
+    # layer 1's 1 GB output crosses (200 ms there and back at 10 GB/s); layer 0's 1 MB output
+    # costs 0.2 ms, layer 2's 2 MB 0.4 ms, to the stages on both sides of the cut
     t = chain_trace(layers=4, t_fwd=1e-3, t_bwd=2e-3, t_opt=0, act_bytes=1e6, batch=8)
     t.tensors[4].nbytes = 1e9  # the output of layer 1 (tensor ids: input 0, then w, a per layer)
+    t.tensors[6].nbytes = 2e6  # the output of layer 2
     bw, lat = 10 * GB, 1e-6
     r = run(t, 2, "gpipe", {"kind": "ring", "bandwidth": bw, "latency": lat})
-    assert r.extrapolator.starts == [0, 1]  # stage costs 3 + 0.2 | 9 ms (the cut at 3: 9.2 | 3)
+    assert r.extrapolator.starts == [0, 1]  # stages 3.2 | 9.2 ms (cut at 3: 9.4 | 3.4)
     # M = 1: F0, send 1 MB, F1 F2 F3, B3 B2 B1, send 1 MB back, B0
     x = 1e6 / bw + lat
     assert r.iteration_time == pytest.approx(1e-3 + x + 3e-3 + 6e-3 + x + 2e-3, rel=1e-9)
@@ -131,6 +132,19 @@ def test_vgg13_gpipe_cuts_avoid_the_16_gb_activations():
     opt = sum(op.time for op in ops if op.phase == "optimizer") * e.weight_share[0]
     want = fb + sum(2 * b / bw for b in e.boundary) + opt
     assert r.iteration_time == pytest.approx(want, rel=1e-9)
+
+
+@pytest.mark.skipif(not GO_TRACES.exists(), reason="shared/reference traces absent")
+@pytest.mark.parametrize("mode,recompute", [("gpipe", "all"), ("1f1b", "except_last")])
+def test_vgg13_cuts_avoid_the_16_gb_activations_with_recompute_too(mode, recompute):
+    # charging a cut to the upstream stage only, recomputation made the first stage (conv1
+    # alone, cheap) worth sending its 1.64 GB output: the cut costs the receiver as much
+    from triosim.importers import import_triosim_csv
+
+    t = import_triosim_csv(GO_TRACES / "vgg13")
+    top = {"kind": "ring", "bandwidth": 65e9, "latency": 0}
+    r = run(t, 4, mode, top, microbatches=4, recompute=recompute)
+    assert max(r.extrapolator.boundary) < 1e9
 
 
 # -- send streams ------------------------------------------------------------------------------
