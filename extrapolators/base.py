@@ -19,7 +19,8 @@ class Extrapolator:
     A mode declares its config fields as an `Options` dataclass (triosim.schema);
     `options` is one of those or None for the defaults. `batch_size` is the global
     mini-batch (None: the traced one), `gpu` the target GPU (None: the traced one),
-    `ring` the GPUs in ring order, `graph` the topology. Collectives leave the algorithm to
+    `ring` the GPUs in ring order, `graph` the
+    topology (None when unknown) for plans that weigh link speeds. Collectives leave the algorithm to
     the communication model (`collective = None`); a mode may name one to force it.
     """
 
@@ -33,6 +34,7 @@ class Extrapolator:
                  batch_size: float | None = None, gpu: str | None = None, ring=None,
                  graph=None):  # fmt: skip
         self.trace = trace
+        self.graph = graph
         self.model = model
         self.options = schema.check(options, "parallelism") if options else self.Options()
         self.gpus = list(gpus)

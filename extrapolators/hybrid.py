@@ -66,7 +66,7 @@ class Hybrid(Extrapolator):
             ring = [g for g in self.ring if g in members]  # keep the topology's ring order
             self.replicas.append(inner_cls(self.trace, self.model, group,
                                            self.options.inner_options, batch_size=batch,
-                                           gpu=self.gpu, ring=ring))  # fmt: skip
+                                           gpu=self.gpu, ring=ring, graph=self.graph))  # fmt: skip
 
     def op_batch(self):
         return self.replicas[0].op_batch()

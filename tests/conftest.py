@@ -30,6 +30,16 @@ def shared_reference(name: str) -> Path:
                 + " (set TRIOSIM_SHARED to the folder holding reference/)")  # fmt: skip
 
 
+def _first_go_traces() -> Path:
+    for d in shared_reference_dirs():
+        if (d / "triosim-go-traces").is_dir():
+            return d / "triosim-go-traces"
+    return shared_reference_dirs()[1] / "triosim-go-traces"
+
+
+GO_TRACES = _first_go_traces()  # for skipif markers: the first place that has them
+
+
 def chain_trace(
     layers=4,
     t_fwd=1e-3,
