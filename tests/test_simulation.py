@@ -41,8 +41,11 @@ def test_breakdowns_add_up():
     g = r.per_gpu()
     total = g["compute"] + g["exposed_comm"] + g["idle"]
     assert all(abs(x - r.iteration_time) < 1e-12 for x in total)
-    layers = r.per_layer()
-    assert layers["compute"].sum() == pytest.approx(g["compute"].mean())
+    layers = r.per_layer()  # per GPU and layer: each GPU's layers add up to its compute
+    assert list(layers.columns) == ["gpu", "layer", "compute", "comm"]
+    by_gpu = layers.groupby("gpu")[["compute", "comm"]].sum()
+    assert by_gpu["compute"].to_numpy() == pytest.approx(g["compute"].to_numpy())
+    assert by_gpu["comm"].to_numpy() == pytest.approx(g["comm"].to_numpy())
 
 
 def test_save_writes_every_output(tmp_path):
