@@ -181,6 +181,29 @@ grid:
     assert code == 2 and "not in this grid" in err and "--force" in err and calls == []
 
 
+def test_an_interrupted_sweep_keeps_what_finished_and_resumes(capsys, tmp_path, monkeypatch):
+    calls = []
+    real = sw.run_point
+
+    def interrupted_at_the_third(config):
+        calls.append(config.num_gpus)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(config)
+
+    monkeypatch.setattr(sw, "run_point", interrupted_at_the_third)
+    grid = write(tmp_path / "g.yaml", f"base: {{trace: {GPT2}, perfmodel: {{kind: trace}}, "
+                 "parallelism: {mode: dp}}\n"
+                 "zip: {num_gpus: [1, 2, 4, 8], batch_size: [8, 16, 32, 64]}\n")  # fmt: skip
+    code, _, err = triosim(capsys, "sweep", grid, "--out", tmp_path / "o", "--workers", "1")
+    assert code == 130 and "rerun the same command to resume" in err
+    assert list(sw.read_table(tmp_path / "o")["num_gpus"]) == [1, 2]  # no row for the rest
+    calls.clear()
+    code, out, _ = triosim(capsys, "sweep", grid, "--out", tmp_path / "o", "--workers", "1")
+    assert code == 0 and calls == [4, 8] and "2 finished earlier, 2 to run" in out
+    assert sw.read_table(tmp_path / "o")["iteration_time_ms"].notna().all()
+
+
 @pytest.mark.parametrize("grid,match", [
     ("grid: {num_gpus: [2, 0]}", "grid point 1 (num_gpus=0): config field 'num_gpus' = 0"),
     ("grid: {parallelism.mdoe: [dp]}", "parallelism.mdoe"),

@@ -128,7 +128,7 @@ def breakdown_figure(per_gpu: pd.DataFrame, iteration_time: float, title: str, a
     plt = _pyplot()
     fig = None
     if ax is None:
-        fig, ax = plt.subplots(figsize=(max(6, min(14, 0.35 * len(per_gpu) + 3)), 4.5))
+        fig, ax = plt.subplots(figsize=(max(6, min(14, 0.35 * len(per_gpu) + 3)) + 3, 4.5))
     x = np.arange(len(per_gpu))
     ms = per_gpu[["compute", "exposed_comm", "idle", "comm"]].astype(float) * 1e3
     bottom = np.zeros(len(per_gpu))
@@ -145,8 +145,8 @@ def breakdown_figure(per_gpu: pd.DataFrame, iteration_time: float, title: str, a
     ax.set_xticks(x[::step], [str(g) for g in list(per_gpu.index)[::step]])
     ax.set_xlabel("GPU")
     ax.set_ylabel("time in the iteration (ms)")
-    ax.set_ylim(0, iteration_time * 1e3 * 1.32 or 1)
-    ax.legend(loc="upper center", ncol=3, fontsize="small", frameon=False)
+    ax.set_ylim(0, iteration_time * 1e3 * 1.05 or 1)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small", frameon=False)
     ax.set_title(title, fontsize="medium")
     if fig is not None:
         fig.tight_layout()
@@ -449,8 +449,8 @@ def plot_compare(table: pd.DataFrame, labels: list[str], path, title: str) -> Pa
         vals = table[label].astype(float).to_numpy()
         bars = ax.bar(x + (k - (len(labels) - 1) / 2) * width, vals, width, label=label)
         ax.bar_label(bars, [f"{v:.3g}" for v in vals], fontsize="x-small", padding=2)
-    ax.set_xticks(x, list(table.index))
-    ax.set_ylabel("ms (mean per GPU; iteration: the run)")
+    ax.set_xticks(x, [textwrap.fill(m, 14) for m in table.index])
+    ax.set_ylabel("ms (iteration: the run's; the rest: mean per GPU)")
     ax.set_ylim(0, float(np.nanmax(table[labels].to_numpy(dtype=float))) * 1.15 or 1)
     ax.legend(fontsize="small")
     ax.set_title(title, fontsize="medium")

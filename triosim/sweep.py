@@ -363,10 +363,13 @@ def _run_processes(todo, workers, done) -> None:
 
 
 def table(pts: list[Point], rows: dict) -> pd.DataFrame:
-    """One row per point, in grid order: point, point_id, parameters, results, errors."""
+    """One row per point that ran (finished or failed), in grid order: point, point_id,
+    parameters, results, errors. A point not run yet has no row."""
     records = []
     for p in pts:
-        row = rows.get(p.id, {})
+        if p.id not in rows:
+            continue
+        row = rows[p.id]
         result = {
             k: v for k, v in row.items() if k not in p.params and k not in ("error_type", "error")
         }
@@ -579,7 +582,8 @@ def sweep_to(folder, pl: Plan, workers: int = 1, scheduler=None, progress: bool 
         run(pl.todo, workers, scheduler, progress, on_row)
     finally:
         df = table(pl.points, rows)
-        write_table(df, folder)
+        if rows:
+            write_table(df, folder)
     return df
 
 
