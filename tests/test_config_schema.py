@@ -199,7 +199,7 @@ def test_result_is_a_plain_picklable_record():
     back = pickle.loads(pickle.dumps(r))
     assert back.iteration_time == r.iteration_time and back.timeline.equals(r.timeline)
     assert not hasattr(r, "network") and not hasattr(r, "extrapolator")
-    assert list(back.per_link().columns) == ["src", "dst", "bandwidth", "latency", "bytes",
+    assert list(back.per_link().columns) == ["src", "dst", "bandwidth", "latency", "nbytes",
                                              "busy_time", "utilisation"]  # fmt: skip
 
 
@@ -207,7 +207,7 @@ def test_link_stats_have_one_column_set_for_every_network():
     packet = sim(parallelism={"mode": "dp"}).run().per_link()
     photonic = sim(parallelism={"mode": "dp"}, network={"kind": "photonic"}).run().per_link()
     assert list(packet.columns) == list(photonic.columns)
-    assert (photonic["bytes"] > 0).all() and photonic["busy_time"].le(
+    assert (photonic["nbytes"] > 0).all() and photonic["busy_time"].le(
         photonic["utilisation"] * 1e9
     ).all()
 

@@ -54,8 +54,10 @@ def test_ddp_breakdown_matches_the_hand_timeline():
     want = {"compute": 12.5 * ms, "comm": 8 * ms, "exposed_comm": 2 * ms, "idle": 0.0}
     for gpu, row in r.per_gpu().iterrows():
         assert row.to_dict() == pytest.approx(want, abs=1e-12), gpu
-    # per layer (mean over GPUs): each layer 1 + 2 ms of compute, each bucket 2 ms of comm
-    layers = r.per_layer()
+    # per GPU and layer: each layer 1 + 2 ms of compute, each bucket 2 ms of comm
+    table = r.per_layer()
+    assert list(table.columns) == ["gpu", "layer", "compute", "comm"]
+    layers = table[table.gpu == 0].set_index("layer")
     assert layers.loc[[f"layer{i}" for i in range(4)], "compute"].tolist() == pytest.approx(
         [3 * ms] * 4
     )

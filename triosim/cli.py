@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -12,19 +13,29 @@ from triosim.trace_io import import_csv, load_any_trace
 EPILOG = """examples:
   triosim simulate examples/ddp.yaml               simulate, print a summary, write outputs
   triosim simulate examples/ddp.yaml --set num_gpus=8 --set topology.bandwidth="100 GB/s"
+  triosim sweep examples/sweeps/dp_vs_ddp.yaml     a grid of runs: one table, resumable
+  triosim compare examples/dp.yaml examples/ddp.yaml --out compare.png
+  triosim plot out/ddp                             timeline, breakdown, link utilisation
+  triosim plot out/sweep --x num_gpus --y iteration_time_ms --hue parallelism.mode
   triosim info traces/cpu/resnet18-b8.trace.json.gz
   triosim trace resnet18 --batch-size 8 --device cpu --out traces/mine
   triosim import ../triosim-go-traces/vgg13 vgg13.trace.json.gz
 """
 
 
-def _set(data: dict, assignment: str) -> None:
+def _assignment(assignment: str) -> tuple[str, object]:
     if "=" not in assignment:
         raise InputError(f"--set expects FIELD=VALUE, got {assignment!r}")
-    from triosim.config import parse_yaml, set_field
+    from triosim.config import parse_yaml
 
     key, value = assignment.split("=", 1)
-    set_field(data, key, parse_yaml(value, f"--set {assignment!r}"))
+    return key, parse_yaml(value, f"--set {assignment!r}")
+
+
+def _set(data: dict, assignment: str) -> None:
+    from triosim.config import set_field
+
+    set_field(data, *_assignment(assignment))
 
 
 def _taken(folder: Path) -> bool:
@@ -47,6 +58,10 @@ def _out_folder(out, stem: str, force: bool) -> Path:
         while _taken(folder) and not force:
             n += 1
             folder = Path("out") / f"{stem}-{n}"
+    return _writable(folder)
+
+
+def _writable(folder: Path) -> Path:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / ".triosim-write-test"
@@ -76,7 +91,9 @@ def cmd_simulate(args) -> int:
 
     for w in fidelity_warnings(trace):
         print(f"warning: {w}", file=sys.stderr)
-    result = Simulation(cfg, trace=trace, progress=True).run()
+    from triosim.progress import run_with_progress
+
+    result = run_with_progress(Simulation(cfg, trace=trace, progress=True))
     print(result.summary())
     if out is not None:
         result.save(out)
@@ -184,6 +201,199 @@ def cmd_trace(args) -> int:
     return run_trace(args)
 
 
+# -- sweep ----------------------------------------------------------------------------------------
+
+SHOWN = ("iteration_time_ms", "compute_ms_mean", "comm_ms_mean", "exposed_comm_ms_mean",
+         "idle_ms_mean")  # fmt: skip
+
+
+def _sweep_folder(out, stem: str, force: bool, pts, retry_failed: bool):
+    """The folder and its plan: --out (resumed if it holds this grid's table; refused if
+    it holds anything else, unless --force), or out/<stem>/ resumed likewise, else the
+    first free out/<stem>-2/, -3/, ..."""
+    from triosim import sweep as sw
+
+    def has_table(folder):
+        return any((folder / f"{sw.TABLE}.{e}").exists() for e in ("csv", "parquet"))
+
+    if out is not None:
+        folder = Path(out)
+        if folder.exists() and not folder.is_dir():
+            raise InputError(f"--out {folder} is a file, expected a folder")
+        if _taken(folder) and not has_table(folder) and not force:
+            raise InputError(f"--out {folder} already holds files and no sweep table; pass "
+                             "--force to write there anyway, or name another folder")  # fmt: skip
+        return _writable(folder), sw.plan(pts, folder, retry_failed, fresh=force)
+    n = 1
+    while True:
+        folder = Path("out") / (stem if n == 1 else f"{stem}-{n}")
+        if force or not _taken(folder):
+            return _writable(folder), sw.plan(pts, folder, retry_failed, fresh=True)
+        if has_table(folder):
+            try:
+                return _writable(folder), sw.plan(pts, folder, retry_failed)
+            except InputError:
+                pass  # another sweep's table: not this one
+        n += 1
+
+
+def _sweep_where(workers, scheduler) -> str:
+    if scheduler:
+        return f"on the Dask cluster at {scheduler}"
+    if workers <= 1:
+        return "in this process"
+    from triosim import sweep as sw
+
+    kind = "a local Dask cluster of" if sw._have_dask() else "local processes (no Dask installed):"
+    return f"on {kind} {workers} worker processes"
+
+
+def cmd_sweep(args) -> int:
+    import pandas as pd
+
+    from triosim import sweep as sw
+
+    path = Path(args.grid)
+    spec = sw.read_grid(path, [_assignment(a) for a in args.set or []])
+    pts = sw.points(spec.base, spec.grid, spec.zipped, spec.base_dir, spec.grid_dir)
+    folder, plan = _sweep_folder(args.out, path.stem, args.force, pts, args.retry_failed)
+    sizes = [f"{len(v)} {k}" for k, v in spec.grid.items()]
+    if spec.zipped:
+        sizes.append(f"{len(next(iter(spec.zipped.values())))} zipped "
+                     f"({', '.join(spec.zipped)})")  # fmt: skip
+    print(f"sweep {path}: {len(pts)} points ({' x '.join(sizes)})")
+    dropped: dict = {}  # the points' selector values -> base fields left out of them
+    for p in pts:
+        if p.dropped:
+            sections = {f.split(".")[0] for f in p.dropped}
+            where = ", ".join(
+                f"{k}={v}" for k, v in p.params.items() if k.split(".")[0] in sections
+            )
+            dropped.setdefault(where, set()).update(p.dropped)
+    for where, fields in dropped.items():
+        print(f"note: with {where}, the base's {', '.join(sorted(fields))} (fields of another "
+              "part) are left out")  # fmt: skip
+    if plan.earlier or plan.retried:
+        done = len(plan.earlier) - plan.failed_kept
+        print(f"resuming {folder}/: {done} finished earlier, "
+              + (f"{plan.failed_kept} failed earlier (kept: --retry-failed reruns them), "
+                 if plan.failed_kept else "")
+              + (f"{plan.retried} failed earlier (retried), " if plan.retried else "")
+              + (f"{len(plan.todo)} to run" if plan.todo else "nothing to run"))  # fmt: skip
+    workers = args.workers or max(1, min(os.cpu_count() or 1, len(plan.todo)))
+    if plan.todo:
+        print(f"running {len(plan.todo)} points {_sweep_where(workers, args.scheduler)}")
+    try:
+        df = sw.sweep_to(folder, plan, workers, args.scheduler)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: the points finished so far are in {folder}/{sw.TABLE}.csv; "
+              "rerun the same command to resume", file=sys.stderr)  # fmt: skip
+        return 130
+    params = list(dict.fromkeys(k for p in pts for k in p.params))
+    shown = df[["point", *params, *(c for c in SHOWN if c in df)]].copy()
+    bad = sw.failed(df)
+    if bad.any():
+        shown["error"] = [
+            f"{t}: {e}"[:80] if b else ""
+            for t, e, b in zip(df["error_type"], df["error"], bad, strict=True)
+        ]
+    with pd.option_context("display.max_rows", 200, "display.width", 200):
+        print()
+        print(shown.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    if bad.any():
+        print(f"\n{int(bad.sum())} of {len(df)} points failed (the error_type and error "
+              "columns say why)", file=sys.stderr)  # fmt: skip
+    files = " and ".join(str(f) for f in sw.write_table(df, folder))
+    print(f"\ntable written to {files} ({len(df)} rows, {len(df.columns)} columns)")
+    return 0
+
+
+# -- compare -----------------------------------------------------------------------------------------
+
+
+def _png_out(out, default: Path, force: bool) -> Path:
+    """Where a figure goes: --out (refused if it exists, unless --force), else `default`
+    or the first free NAME-2.png, -3.png, ... beside it."""
+    if out is not None:
+        path = Path(out)
+        if path.is_dir():
+            raise InputError(f"--out {path} is a folder; name a .png file")
+        if path.suffix.lower() != ".png":
+            raise InputError(f"--out {path}: name a .png file")
+        if path.exists() and not force:
+            raise InputError(f"--out {path} exists; pass --force to overwrite it")
+    else:
+        path, n = default, 1
+        while path.exists() and not force:
+            n += 1
+            path = default.with_name(f"{default.stem}-{n}{default.suffix}")
+    _writable(path.parent)
+    return path
+
+
+def cmd_compare(args) -> int:
+    from triosim import compare
+    from triosim.config import from_dict, read_yaml
+
+    if len(args.runs) < 2:
+        raise InputError("compare needs two runs or more (configs or result folders)")
+    for a in args.runs:  # every mistake before the first simulation
+        p = Path(a)
+        if p.is_dir():
+            if not (p / "summary.json").is_file():
+                raise InputError(f"{p} is a folder without summary.json: not a saved result")
+        elif p.exists():
+            from_dict(read_yaml(p), base_dir=p.parent)
+        else:
+            raise InputError(f"{p} does not exist (give a config file or a result folder)")
+    png = _png_out(args.out, Path(), args.force) if args.out else None
+    runs = [compare.load(a) for a in args.runs]
+    print(compare.format_table(runs))
+    if png is not None:
+        compare.plot(runs, png)
+        print(f"\nchart written to {png}")
+    return 0
+
+
+# -- plot ---------------------------------------------------------------------------------------------
+
+
+def cmd_plot(args) -> int:
+    from triosim import plots
+
+    target = Path(args.target)
+    if target.is_dir() and (target / "summary.json").is_file():
+        if args.x or args.y or args.hue:
+            raise InputError("--x, --y and --hue are for a sweep table; a result folder "
+                             "takes --kind")  # fmt: skip
+        saved = plots.read_result_folder(target)
+        png = _png_out(args.out, target / f"plot-{args.kind}.png", args.force)
+        plots.plot_result(saved, args.kind, png, max_gpus=args.max_gpus)
+        print(f"{args.kind} of {target} written to {png}")
+        return 0
+    from triosim import sweep as sw
+
+    if not target.exists():
+        raise InputError(f"{target} does not exist (give a result folder or a sweep table)")
+    if target.is_dir() and not any(
+        (target / f"{sw.TABLE}.{e}").exists() for e in ("csv", "parquet")
+    ):
+        raise InputError(f"{target} holds neither summary.json (a result folder) nor "
+                         f"{sw.TABLE}.csv (a sweep)")  # fmt: skip
+    if args.kind != "overview":
+        raise InputError("--kind is for a result folder; a sweep table takes --x, --y, --hue")
+    df = sw.read_table(target)
+    x, y, hue, notes = sw.axes(df, args.x, args.y, args.hue)
+    folder = target if target.is_dir() else target.parent
+    png = _png_out(args.out, folder / f"plot-{y}-vs-{x}.png", args.force)
+    ok = ~sw.failed(df)
+    plots.plot_sweep(df[ok], x, y, hue, png, title=f"sweep {target}: {y} against {x}")
+    for n in notes:
+        print(f"note: {n}")
+    print(f"{y} against {x}" + (f" by {', '.join(hue)}" if hue else "") + f" written to {png}")
+    return 0
+
+
 def _positive_int(text: str) -> int:
     try:
         n = int(text)
@@ -192,6 +402,21 @@ def _positive_int(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
     return n
+
+
+SWEEP_EPILOG = """grid file:
+  base: ../examples/ddp.yaml        # a config file (relative to the grid file), or a mapping
+  grid:                              # the cartesian product of these lists
+    num_gpus: [2, 4, 8]
+    parallelism.mode: [dp, ddp]
+  zip:                               # lists of one length, varied together
+    topology.bandwidth: [25 GB/s, 100 GB/s]
+    topology.latency: [2 us, 1 us]
+
+runs on a local Dask cluster (pip install 'triosim[cluster]'; local processes without it),
+on an existing one with --scheduler, in this process with --workers 1. Relative paths are
+resolved here, before a config is sent to a worker.
+"""
 
 
 def _version() -> str:
@@ -286,13 +511,78 @@ def build_parser() -> argparse.ArgumentParser:
     from triosim.cli_comm import add_commands
 
     add_commands(sub)  # collectives, calibrate
+
+    w = sub.add_parser("sweep", help="run a grid of configs: one table (CSV, Parquet), resumable",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Run every point of a grid file and write one table with a "
+                       "row per point: its parameters, its results and, for a failed point, "
+                       "the error. Rerunning into the same folder runs only the points not "
+                       "there yet; failed points are kept as they are unless --retry-failed.",
+                       epilog=SWEEP_EPILOG)  # fmt: skip
+    w.add_argument("grid", help="grid file (YAML): base, grid and/or zip")
+    w.add_argument("--out", help="output folder (default: out/<grid name>/, resumed when it "
+                   "holds this grid's table, else out/<grid name>-2/, ...)")  # fmt: skip
+    w.add_argument("--workers", type=_positive_int, help="local worker processes (default: "
+                   "one per CPU core, at most one per point); 1 runs in this process")  # fmt: skip
+    w.add_argument("--scheduler", metavar="ADDRESS",
+                   help="run on an existing Dask cluster, e.g. tcp://10.0.0.5:8786")  # fmt: skip
+    w.add_argument("--retry-failed", action="store_true",
+                   help="run the points that failed in an earlier run again")  # fmt: skip
+    w.add_argument("--force", action="store_true",
+                   help="start over: ignore a table already in the output folder")  # fmt: skip
+    w.add_argument("--set", action="append", metavar="FIELD=VALUE",
+                   help="override a field of the base config")  # fmt: skip
+    w.set_defaults(func=cmd_sweep)
+
+    c = sub.add_parser("compare", help="runs side by side: configs (run now) or result folders",
+                       description="Compare runs: each a config file (simulated now) or a "
+                       "result folder written by simulate. Prints iteration time, compute, "
+                       "communication, exposed communication, idle, bytes moved and peak memory "
+                       "(when known) side by side, with differences and ratios against the first.")  # fmt: skip
+    c.add_argument(
+        "runs", nargs="+", metavar="RUN", help="a config file or a result folder (two or more)"
+    )
+    c.add_argument("--out", help="write a grouped bar chart to this PNG")
+    c.add_argument("--force", action="store_true", help="overwrite the --out PNG if it exists")
+    c.set_defaults(func=cmd_compare)
+
+    pl = sub.add_parser("plot", help="figures of a result folder or of a sweep table",
+                        description="A result folder (written by simulate): the timeline, the "
+                        "per-GPU breakdown and the per-link utilisation (--kind). A sweep "
+                        "folder or table: --y against --x, one line or bar group per --hue.")  # fmt: skip
+    pl.add_argument("target", metavar="RESULT_DIR|SWEEP_TABLE",
+                    help="a result folder, a sweep folder, or its sweep.csv / sweep.parquet")  # fmt: skip
+    pl.add_argument("--out", help="PNG to write (default: plot-<what>.png in the folder, or "
+                    "plot-<what>-2.png, ... when it exists)")  # fmt: skip
+    pl.add_argument("--force", action="store_true", help="overwrite the --out PNG if it exists")
+    pl.add_argument("--kind", default="overview", choices=plots_kinds(),
+                    help="result folder: overview (all three, the default), timeline, "
+                    "breakdown or links")  # fmt: skip
+    pl.add_argument("--max-gpus", type=_positive_int, default=16,
+                    help="result folder: GPUs the timeline shows before it samples (default 16)")  # fmt: skip
+    pl.add_argument("--x", help="sweep: the parameter on the x axis (default: num_gpus if it "
+                    "varies, else the first parameter)")  # fmt: skip
+    pl.add_argument("--y", help="sweep: the metric (default: iteration_time_ms)")
+    pl.add_argument("--hue", action="append", help="sweep: a parameter drawn as separate lines "
+                    "(default: every other parameter that varies); repeatable")  # fmt: skip
+    pl.set_defaults(func=cmd_plot)
     return p
+
+
+def plots_kinds() -> tuple[str, ...]:
+    return ("overview", "timeline", "breakdown", "links")
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `triosim ... | head`: the reader left; nothing more to say
+        sys.stdout = open(os.devnull, "w")  # so that the exit flush is quiet
+        return 0
     except TrioSimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -40,7 +40,7 @@ class Result:
         self.first_iteration_time = self.iteration_times[0]
         self.iteration_time = self.iteration_times[-1]  # the steady state when iterations > 1
         self.total_time = self.iteration_ends[-1]
-        links = links.copy()
+        links = links.rename(columns={"bytes": "nbytes"})  # one name for bytes in every table
         links["utilisation"] = links["busy_time"] / self.total_time if self.total_time else 0.0
         self.links = links
         self._transfers = transfers
@@ -91,19 +91,30 @@ class Result:
         return pd.DataFrame(out).set_index("gpu")
 
     def per_layer(self) -> pd.DataFrame:
-        """Per layer: compute and communication seconds, averaged over GPUs."""
-        d = self.timeline[self.timeline["kind"].isin(["compute", "comm"])]
-        d = d.assign(duration=d["end"] - d["start"], layer=d["layer"].replace("", "(none)"))
-        table = d.pivot_table(index="layer", columns="kind", values="duration", aggfunc="sum",
-                              fill_value=0.0, sort=False)  # fmt: skip
+        """Per GPU and layer, over the last (steady-state) iteration's tasks: one row per
+        (gpu, layer) with columns gpu, layer, compute, comm (seconds of that GPU's tasks of
+        the layer; "(none)" for tasks of no layer). GPUs in order, layers in the order the
+        GPU first ran them; a pipeline stage's layers appear on its own GPUs only."""
+        tl = self.timeline
+        d = tl[
+            (tl["iteration"] == len(self.iteration_times) - 1)
+            & tl["kind"].isin(["compute", "comm"])
+        ]
+        d = d.assign(duration=d["end"] - d["start"], layer=d["layer"].replace("", "(none)"),
+                     order=d["gpu"].map({g: i for i, g in enumerate(self.gpus)}))  # fmt: skip
+        d = d.sort_values(["order", "start"], kind="stable")
+        table = d.pivot_table(index=["gpu", "layer"], columns="kind", values="duration",
+                              aggfunc="sum", fill_value=0.0, sort=False)  # fmt: skip
         for k in ("compute", "comm"):
             if k not in table:
                 table[k] = 0.0
-        return table[["compute", "comm"]] / max(len(self.gpus), 1)
+        out = table[["compute", "comm"]].reset_index()
+        out.columns.name = None
+        return out
 
     def per_link(self) -> pd.DataFrame:
-        """Per link direction: bandwidth, latency, bytes, busy time, utilisation (busy share
-        of the iteration)."""
+        """Per link direction: src, dst, bandwidth, latency, nbytes, busy_time, utilisation
+        (busy share of the whole run)."""
         return self.links.copy()
 
     def transfers(self) -> pd.DataFrame:
@@ -171,59 +182,82 @@ class Result:
 
     # -- exports -------------------------------------------------------------------------------
     def to_chrome_trace(self, path) -> Path:
-        """Chrome trace-event JSON (open in https://ui.perfetto.dev): a track per GPU stream,
-        and one per network link direction for the transfers."""
+        """Chrome trace-event JSON (open in https://ui.perfetto.dev). One process per GPU
+        with one thread per stream (compute, comm, ...), and a "network" process with one
+        thread per source -> destination GPU direction holding its transfers (end to end:
+        the links a transfer crossed are not recorded; links.csv has per-link totals).
+        Thread ids are integers; each thread is named by a thread_name metadata event."""
         events = []
-        for pid, g in enumerate(self.gpus):
-            events.append(
-                {"ph": "M", "name": "process_name", "pid": pid, "args": {"name": f"GPU {g}"}}
-            )
         pid_of = {g: i for i, g in enumerate(self.gpus)}
         tl = self.timeline[self.timeline["kind"] != "wait"]
+        tid_of: dict = {}  # (gpu, stream) -> integer thread id within the GPU's process
+        count: dict = {}
+        for g, s in dict.fromkeys(zip(self.timeline["gpu"], self.timeline["stream"], strict=True)):
+            tid_of[g, s] = count[g] = count.get(g, -1) + 1
+        for pid, g in enumerate(self.gpus):
+            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                           "args": {"name": f"GPU {g}"}})  # fmt: skip
+            events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
+                           "args": {"sort_index": pid}})  # fmt: skip
+        for (g, s), tid in tid_of.items():
+            events.append({"ph": "M", "name": "thread_name", "pid": pid_of[g], "tid": tid,
+                           "args": {"name": f"{s} stream"}})  # fmt: skip
         for r in tl.itertuples(index=False):
             events.append({"ph": "X", "name": r.name, "cat": r.kind, "pid": pid_of[r.gpu],
-                           "tid": r.stream, "ts": r.start * 1e6, "dur": (r.end - r.start) * 1e6,
-                           "args": {"layer": r.layer, "phase": r.phase, "bytes": r.nbytes}})  # fmt: skip
+                           "tid": tid_of[r.gpu, r.stream], "ts": r.start * 1e6,
+                           "dur": (r.end - r.start) * 1e6,
+                           "args": {"layer": r.layer, "phase": r.phase, "nbytes": r.nbytes,
+                                    "iteration": r.iteration}})  # fmt: skip
         net_pid = len(self.gpus)
-        events.append(
-            {"ph": "M", "name": "process_name", "pid": net_pid, "args": {"name": "network"}}
-        )
+        events.append({"ph": "M", "name": "process_name", "pid": net_pid, "tid": 0,
+                       "args": {"name": "network (transfers per source -> destination)"}})  # fmt: skip
+        events.append({"ph": "M", "name": "process_sort_index", "pid": net_pid, "tid": 0,
+                       "args": {"sort_index": net_pid}})  # fmt: skip
+        pair_tid: dict = {}
         for r in self._transfers.itertuples(index=False):
-            events.append({"ph": "X", "name": r.tag or "transfer", "cat": "transfer", "pid": net_pid,
-                           "tid": f"{r.src}->{r.dst}", "ts": r.start * 1e6,
-                           "dur": (r.end - r.start) * 1e6, "args": {"bytes": r.nbytes}})  # fmt: skip
+            tid = pair_tid.get((r.src, r.dst))
+            if tid is None:
+                tid = pair_tid[r.src, r.dst] = len(pair_tid)
+                events.append({"ph": "M", "name": "thread_name", "pid": net_pid, "tid": tid,
+                               "args": {"name": f"GPU {r.src} -> GPU {r.dst}"}})  # fmt: skip
+            events.append({"ph": "X", "name": r.tag or "transfer", "cat": "transfer",
+                           "pid": net_pid, "tid": tid, "ts": r.start * 1e6,
+                           "dur": (r.end - r.start) * 1e6, "args": {"nbytes": r.nbytes}})  # fmt: skip
         path = Path(path)
         path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
         return path
 
+    # -- figures (triosim.plots) ---------------------------------------------------------------
+    def _title(self) -> str:
+        mode = self.config.parallelism.mode if self.config else ""
+        return f"{mode}, {len(self.gpus)} GPUs: iteration {self.iteration_time * 1e3:.3f} ms"
+
+    def topology_layout(self) -> dict:
+        """What the link figure needs of the topology: kind, and rows/cols of a grid."""
+        if self.config is None:
+            return {}
+        t = self.config.topology
+        return {"kind": t.kind, "rows": getattr(t.options, "rows", None),
+                "cols": getattr(t.options, "cols", None)}  # fmt: skip
+
     def plot_timeline(self, path, max_gpus: int = 16) -> Path:
-        import matplotlib
+        """Per-GPU timeline PNG: every GPU up to `max_gpus`, else a sample the title names."""
+        from triosim import plots
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        return plots.plot_timeline(self.timeline, self.gpus, self._title(), path, max_gpus)
 
-        gpus = self.gpus[:max_gpus]
-        fig, ax = plt.subplots(figsize=(12, 0.5 + 0.6 * len(gpus)))
-        colors = {"forward": "tab:blue", "backward": "tab:orange", "optimizer": "tab:green"}
-        for y, g in enumerate(gpus):
-            d = self.timeline[(self.timeline["gpu"] == g) & (self.timeline["kind"] != "wait")]
-            for kind, off in (("compute", 0.0), ("comm", 0.4)):
-                k = d[d["kind"] == kind]
-                cols = [
-                    colors.get(p, "grey") if kind == "compute" else "tab:red" for p in k["phase"]
-                ]
-                ax.broken_barh(list(zip(k["start"] * 1e3, (k["end"] - k["start"]) * 1e3, strict=True)),
-                               (y + off, 0.35), facecolors=cols)  # fmt: skip
-        ax.set_yticks([y + 0.4 for y in range(len(gpus))], [f"GPU {g}" for g in gpus])
-        ax.set_xlabel("time (ms)")
-        ax.set_title(f"{self.config.parallelism.mode if self.config else ''}: "
-                     f"iteration {self.iteration_time * 1e3:.3f} ms "
-                     "(blue fwd, orange bwd, green optimizer, red communication)")  # fmt: skip
-        fig.tight_layout()
-        path = Path(path)
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        return path
+    def plot_breakdown(self, path) -> Path:
+        """Per-GPU compute / exposed communication / idle, stacked (PNG)."""
+        from triosim import plots
+
+        return plots.plot_breakdown(self.per_gpu(), self.iteration_time, self._title(), path)
+
+    def plot_links(self, path) -> Path:
+        """Per-link-direction utilisation (PNG): drawn on the topology for rings, meshes and
+        tori, the busiest link directions as bars otherwise."""
+        from triosim import plots
+
+        return plots.plot_links(self.links, self.gpus, self.topology_layout(), self._title(), path)
 
     def plot_memory(self, path, max_gpus: int = 4) -> Path:
         """Stacked memory over time for the first `max_gpus` GPUs (the peak GPU among them)."""
@@ -264,7 +298,7 @@ class Result:
         folder.mkdir(parents=True, exist_ok=True)
         self.timeline.to_csv(folder / "timeline.csv", index=False)
         self.per_gpu().to_csv(folder / "per_gpu.csv")
-        self.per_layer().to_csv(folder / "per_layer.csv")
+        self.per_layer().to_csv(folder / "per_layer.csv", index=False)
         self.per_link().to_csv(folder / "links.csv", index=False)
         (folder / "summary.json").write_text(json.dumps(self.summary_dict(), indent=2))
         self.to_chrome_trace(folder / "chrome_trace.json")
