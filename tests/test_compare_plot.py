@@ -52,13 +52,12 @@ def test_compare_a_run_with_itself_shows_zero_differences(capsys, saved_dp, dp_y
     code, out, err = triosim(capsys, "compare", dp_yaml, saved_dp, "--out", tmp_path / "c.png")
     assert code == 0, err
     assert "(simulated now: dp, 4 GPUs)" in out and "(saved result: dp, 4 GPUs)" in out
-    rows = [line for line in out.splitlines() if "(ms)" in line or "(MB)" in line]
+    rows = [line for line in out.splitlines() if "(ms)" in line or "(MB)" in line or "(GB)" in line]
     assert [r.split()[0] for r in rows] == ["iteration", "compute", "communication", "exposed",
-                                            "idle", "bytes"]  # fmt: skip
+                                            "idle", "bytes", "peak"]  # fmt: skip
     for r in rows:
         *_, diff, ratio = r.split()
         assert diff == "+0.0000" and ratio in ("1.0000x", "n/a"), r
-    assert "peak memory" not in out
     df = compare.table([compare.load(saved_dp), compare.load(saved_dp)])
     assert (df.iloc[:, 2] == 0).all()  # "dp (2) - dp": exactly zero
     assert (tmp_path / "c.png").stat().st_size > 10_000
@@ -68,11 +67,12 @@ def test_compare_shows_peak_memory_when_a_summary_has_it(saved_dp, tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     s = json.loads((saved_dp / "summary.json").read_text())
-    s.update(peak_memory=3e9, iteration_time_ms=2 * s["iteration_time_ms"])
+    base = s["peak_memory_gb_max"]
+    s.update(peak_memory_gb_max=3.0, iteration_time_ms=2 * s["iteration_time_ms"])
     (other / "summary.json").write_text(json.dumps(s))
     text = compare.format_table([compare.load(saved_dp), compare.load(other)])
-    line = next(x for x in text.splitlines() if x.startswith("peak memory (MB)"))
-    assert line.split()[3:] == ["n/a", "3000.0000", "n/a", "n/a"]
+    line = next(x for x in text.splitlines() if x.startswith("peak memory / GPU (GB)"))
+    assert [float(x) for x in line.split()[5:7]] == pytest.approx([base, 3.0], abs=1e-4)
     it = next(x for x in text.splitlines() if x.startswith("iteration time"))
     assert it.split()[-1] == "2.0000x"
 

@@ -26,7 +26,7 @@ METRICS = (
     ("exposed communication (ms)", "exposed_comm_ms_mean", 1.0),
     ("idle / GPU (ms)", "idle_ms_mean", 1.0),
     ("bytes moved (MB)", "bytes_moved", 1e-6),
-    ("peak memory (MB)", "peak_memory", 1e-6),  # bytes (per GPU as a mapping: the largest)
+    ("peak memory / GPU (GB)", "peak_memory_gb_max", 1.0),  # the memory model's largest peak
 )
 CHART = ("iteration time (ms)", "compute / GPU (ms)", "communication / GPU (ms)",
          "exposed communication (ms)", "idle / GPU (ms)")  # fmt: skip
@@ -74,8 +74,6 @@ def simulate_file(path, progress: bool = True):
 
 def _value(summary: dict, key: str):
     v = summary.get(key)
-    if key == "peak_memory" and v is None:
-        v = summary.get("peak_memory_bytes")
     if isinstance(v, dict):  # per GPU: the largest
         v = max((x for x in v.values() if isinstance(x, (int, float))), default=None)
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
