@@ -29,11 +29,14 @@ ORIGINAL = {  # milliseconds, from shared/README.md
 MEGATRON_VGG13 = {2: 117.5, 4: 129.3, 8: 135.1}
 BW = 65e9
 RING = {"kind": "ring", "bandwidth": BW, "latency": 0}
+# the original simulator and the hand calculations: the alpha-beta ring, no NCCL latencies
+TEXTBOOK = {"kind": "textbook"}
 
 
 def runs(trace):
     def go(**cfg):
         cfg.setdefault("topology", RING)
+        cfg.setdefault("communication", TEXTBOOK)
         return Simulation(cfg, trace=trace).run().iteration_time * 1e3
 
     b = trace.batch_size
@@ -139,6 +142,7 @@ def tp_rows(model, trace):
             cfg = {
                 "num_gpus": n,
                 "topology": RING,
+                "communication": TEXTBOOK,
                 "parallelism": {"mode": "tp", "tp_style": style},
             }
             sim = Simulation(cfg, trace=trace).run().iteration_time * 1e3
