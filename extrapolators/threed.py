@@ -265,10 +265,10 @@ class ThreeD(Extrapolator):
         for k in range(len(buckets)):  # gradients no backward operator of this stage made
             if k not in fired:
                 yield Signal(f"{g}:bucket{k}")
-        if not self.options.dp_overlap:
-            yield Signal(f"{g}:grads")
         yield Wait(f"{g}:send_fwd done")
         yield Wait(f"{g}:send_bwd done")
+        if not self.options.dp_overlap:  # after the whole schedule, as the hybrid mode
+            yield Signal(f"{g}:grads")
         yield Wait(f"{g}:reduced")
         full = self.target(self.per_gpu_batch(self.dp), tp=self.tp)
         total = self.trace.weight_bytes()

@@ -40,6 +40,25 @@ def test_one_axis_grids_equal_the_single_modes(topology):
         assert got == pytest.approx(want, rel=1e-9), (mode, grid)
 
 
+@pytest.mark.parametrize(
+    ("inner", "grid"),
+    [
+        ({"inner": "1f1b", "microbatches": 4}, {"pp": 4, "microbatches": 4, "schedule": "1f1b"}),
+        ({"inner": "gpipe", "microbatches": 4}, {"pp": 4, "microbatches": 4, "schedule": "gpipe"}),
+        ({"inner": "tp"}, {"tp": 4}),
+    ],
+)
+def test_two_axis_grids_without_overlap_equal_hybrid(inner, grid):
+    # hybrid: dp replicas of a pipeline or a TP group, gradients all-reduced per position
+    # after the whole backward; 3d with dp_overlap false does the same on the same GPUs
+    t = chain_trace(layers=8)
+    want = t_iter(t, 8, "hybrid", RING, batch_size=16, dp=2, **inner)
+    got = t_iter(t, 8, "3d", RING, batch_size=16, dp=2, dp_overlap=False, **grid)
+    assert got == pytest.approx(want, rel=1e-9)
+    overlapped = t_iter(t, 8, "3d", RING, batch_size=16, dp=2, **grid)
+    assert overlapped < got  # DDP-style buckets overlap the reduction with backward
+
+
 def test_dp_overlap_hides_the_gradient_reduction_behind_backward():
     t = chain_trace(layers=8)
     after = t_iter(t, 4, "3d", RING, dp=4, dp_overlap=False)
