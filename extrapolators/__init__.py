@@ -10,6 +10,7 @@ from extrapolators.pipeline import GPipe, OneFOneB
 from extrapolators.runtime import Runtime
 from extrapolators.sharded import Sharded
 from extrapolators.tensor_parallel import TensorParallel
+from extrapolators.threed import Interleaved, ThreeD
 from triosim.registry import Registry
 
 EXTRAPOLATORS = Registry("parallelism.mode", "name", "parallelism mode")
@@ -23,6 +24,8 @@ for _cls in (
     Hybrid,
     Hop,
     Sharded,
+    ThreeD,
+    Interleaved,
 ):
     EXTRAPOLATORS.register(_cls.name)(_cls)
 

@@ -33,7 +33,8 @@ def test_a_typo_gets_a_did_you_mean():
 def test_a_field_of_another_mode_names_its_owner():
     # microbatches is a pipeline field: under ddp it would be silently ignored
     refused({"parallelism": {"mode": "ddp", "microbatches": 4}},
-            "parallelism.microbatches.*a field of parallelism mode '1f1b' or 'gpipe', not of "
+            "parallelism.microbatches.*a field of parallelism mode '1f1b' or '3d' or 'gpipe' or "
+            "'interleaved', not of "
             "parallelism mode 'ddp'")  # fmt: skip
     refused({"topology": {"kind": "ring", "rows": 2}}, r"topology.rows.*'mesh2d'")
     refused({"network": {"routing": "hops", "kind": "photonic"}}, r"network.routing.*'packet'")
@@ -61,7 +62,7 @@ def test_a_field_of_another_mode_names_its_owner():
     ({"parallelism": {"mode": "hybrid", "dp": 2, "inner": "ddp"}},
      r"parallelism.inner.*a mode that hybrid replicates: .*gpipe"),
     ({"parallelism": {"mode": "hybrid", "inner": "gpipe", "bucket_size": "1 MB"}},
-     r"bucket_size.*mode 'ddp'"),
+     r"bucket_size.*mode .*'ddp'"),
     ({"gpu": "Z9000"}, r"'gpu' = 'Z9000'.*one of A40, A100-40GB"),
     ({"communication": {"kind": "textbook", "algorithm": "butterfly"}},
      "communication.algorithm.*one of ring"),
