@@ -2,8 +2,8 @@
 simulated, ranked, and the best written as a config ready to run.
 
 Candidates: dp, ddp, fsdp (ZeRO 1-3), tp, gpipe and 1f1b (micro-batch counts N, 2N, 4N
-that divide the batch), and hybrid data-parallel replicas of tp, gpipe or 1f1b for every
-divisor of N. A candidate whose plan the trace does not allow (a TP degree that does not
+that divide the batch), hybrid data-parallel replicas of tp, gpipe or 1f1b for every
+divisor of N, and 3D grids (dp x tp x pp, all above 1) with a 1F1B pipeline. A candidate whose plan the trace does not allow (a TP degree that does not
 divide a layer, a batch that does not split) is skipped with its reason; one whose weights,
 gradients and optimizer states alone exceed the GPU's memory is dropped before simulating;
 one whose simulated peak does not fit is dropped from the ranking (listed, not returned).
@@ -37,7 +37,19 @@ def candidates(n: int, batch: int) -> list[tuple[str, dict]]:
             if batch % (d * m) == 0:
                 out.append((f"dp {d} x {sched} {k} stages x {m} mb",
                             {"mode": "hybrid", "dp": d, "inner": sched, "microbatches": m}))  # fmt: skip
+    for dp in _divisors(n):  # 3D grids with all three degrees above 1
+        for tp in _divisors(n // dp):
+            pp = n // dp // tp
+            m = 2 * pp
+            if min(dp, tp, pp) > 1 and batch % (dp * m) == 0:
+                out.append((f"3d dp {dp} x tp {tp} x pp {pp} (1f1b, {m} mb)",
+                            {"mode": "3d", "dp": dp, "tp": tp, "pp": pp, "microbatches": m,
+                             "schedule": "1f1b"}))  # fmt: skip
     return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _evaluate(config: dict, base_dir: str) -> dict:
