@@ -42,6 +42,11 @@ class PacketOptions:
         help="after fewest inter-node hops: least summed latency (ties: fastest "
         "links, then fewest hops), or fewest hops (networks.routing)",
     )
+    engine: Literal["fast", "reference"] = option(
+        "fast",
+        help="fast: flows held as numpy arrays, one event per transfer group; reference: "
+        "the straightforward per-flow engine (same results, kept to check the fast one)",
+    )
 
 
 @register("packet")
