@@ -100,6 +100,7 @@ def main(argv=None):
     print(f"# machine: {machine}; engine: {a.engine}")
     print(f"{'case':<28} {'GPUs':>5} {'wall s':>8} {'peak MB':>8} {'result':>22}")
     fit = []
+    ddp("resnet18-b8.trace.json.gz", 2, a.engine, 8)  # warm-up: imports, caches
 
     def row(case, n, fn):
         if any(case.startswith(s) for s in skip):
