@@ -66,7 +66,20 @@ class Network:
         """Start one transfer; the event fires (value: the TransferRecord) on delivery."""
         return self.transfer_group([(src, dst, nbytes)], tag=tag)[0]
 
-    def transfer_group(self, transfers, tag: str = "") -> list[simpy.Event]:
+    def transfer_all(self, transfers, tag: str = "") -> simpy.Event:
+        """As `transfer_group`, but one event that fires (value: the records) once every
+        transfer is delivered: what waiting on all of `transfer_group`'s events gives,
+        without a SimPy event per transfer."""
+        done = self.env.event()
+        records: list[TransferRecord] = []
+        if not transfers:
+            done.succeed(records)
+            return done
+        member = _AllDelivered(done, records)
+        self.transfer_group(transfers, tag=tag, _member=member)
+        return done
+
+    def transfer_group(self, transfers, tag: str = "", _member=None) -> list[simpy.Event]:
         """Start many transfers at the same instant (one collective step).
 
         Each is (src, dst, nbytes) or (src, dst, nbytes, max_rate): a transfer never goes
@@ -85,7 +98,10 @@ class Network:
             self.bytes_sent += rec.nbytes
             self.in_flight += 1
             records.append(rec)
-            events.append(self.env.event())
+            events.append(self.env.event() if _member is None else _member)
+        if _member is not None:
+            _member.records += records
+            _member.pending = len(records)
         if records:
             self._start_group(records, events)
         return events
@@ -131,6 +147,21 @@ class Network:
             raise NetworkError(f"transfer size must be a number of bytes, got {nbytes!r}")
         if not (nbytes >= 0) or math.isinf(nbytes):
             raise NetworkError(f"transfer size must be finite and >= 0 bytes, got {nbytes!r}")
+
+
+class _AllDelivered:
+    """Stands in for every transfer's event in `transfer_all`: a network delivers a
+    transfer by calling `succeed`; the last one fires the group's event."""
+
+    __slots__ = ("done", "records", "pending")
+
+    def __init__(self, done: simpy.Event, records: list):
+        self.done, self.records, self.pending = done, records, 0
+
+    def succeed(self, _value=None):
+        self.pending -= 1
+        if self.pending == 0:
+            self.done.succeed(self.records)
 
 
 def _short(items, n=8) -> str:

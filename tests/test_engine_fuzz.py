@@ -119,3 +119,16 @@ def test_both_engines_give_the_closed_form(engine):
     env.process(collectives.ring_allreduce(env, net, (0, 1, 2, 3), 4e8))
     env.run()
     assert env.now == pytest.approx(2 * 3 / 4 * 4e8 / (10 * GB) + 2 * 3 * 2e-6, rel=1e-12)
+
+
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_transfer_all_fires_when_the_last_transfer_lands(engine):
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, topo.ring(4, 10 * GB, 1e-6), engine=engine)
+    ev = net.transfer_all([(0, 1, 1e6), (0, 2, 3e6), (1, 2, 0.0)], tag="t")
+    empty = net.transfer_all([])
+    env.run()
+    assert empty.triggered and empty.value == []
+    recs = ev.value
+    assert [r.nbytes for r in recs] == [1e6, 3e6, 0.0] and env.now == max(r.end for r in recs)
+    assert net.in_flight == 0 and net.bytes_delivered == 4e6
