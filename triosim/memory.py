@@ -117,12 +117,20 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
     end = float(timeline["end"].max()) if len(timeline) else 0.0
     cols = list(CATEGORIES)
     gpu_col, time_col, state_col, peaks = [], [], [], {}
-    empty = compute.iloc[:0]
-    groups = dict(tuple(compute.groupby("gpu", sort=False)))
+    # one stable sort by (gpu, start, end), then a slice per GPU: the rows of each GPU in
+    # the order a stable sort of that GPU's rows by (start, end) gives
+    codes, uniques = pd.factorize(compute["gpu"], sort=False)
+    start_a, end_a = compute["start"].to_numpy(), compute["end"].to_numpy()
+    order = np.lexsort((end_a, start_a, codes))
+    col = {c: compute[c].to_numpy()[order] for c in
+           ("op_id", "start", "end", "iteration", "microbatch", "phase")}  # fmt: skip
+    sorted_codes = codes[order]
+    cuts = np.searchsorted(sorted_codes, np.arange(len(uniques) + 1))
+    where = {g: k for k, g in enumerate(uniques)}
     for g in gpus:
-        rows = groups.get(g, empty).sort_values(["start", "end"], kind="stable")
-        cols_of = {c: rows[c].to_numpy().tolist()
-                   for c in ("op_id", "start", "end", "iteration", "microbatch", "phase")}  # fmt: skip
+        k = where.get(g)
+        a, b = (int(cuts[k]), int(cuts[k + 1])) if k is not None else (0, 0)
+        cols_of = {c: v[a:b].tolist() for c, v in col.items()}
         static = static_per_gpu(trace, extrapolator, g, options)
         # changes as (time, category, bytes); row 0 is the static state at time 0
         times, cats, values = [], [], []
