@@ -17,6 +17,7 @@ from triosim import schema
 from triosim.errors import NetworkError
 from triosim.registry import Registry
 
+_PLAIN = (int, float)  # sizes of these types need no further check than 0 <= n < inf
 LINK_COLUMNS = ("src", "dst", "bandwidth", "latency", "bytes", "busy_time")
 
 
@@ -88,17 +89,26 @@ class Network:
         whole group.
         """
         records, events = [], []
-        for src, dst, nbytes, *rest in transfers:
-            self._check(src, dst, nbytes)
-            rate = float(rest[0]) if rest else math.inf
+        now, gpus, inf = self.env.now, self._gpu_set, math.inf
+        new_event, keep = self.env.event, self.records.append
+        for t in transfers:
+            if len(t) == 3:
+                src, dst, nbytes = t
+                rest = ()
+            else:
+                src, dst, nbytes, *rest = t
+            # the common case checked inline; anything else gets the full check (and message)
+            if not (src in gpus and dst in gpus and type(nbytes) in _PLAIN and 0 <= nbytes < inf):
+                self._check(src, dst, nbytes)
+            rate = float(rest[0]) if rest else inf
             if not rate > 0:
                 raise NetworkError(f"transfer max_rate must be > 0 bytes/s, got {rest[0]!r}")
-            rec = TransferRecord(src, dst, float(nbytes), self.env.now, tag=tag, max_rate=rate)
-            self.records.append(rec)
+            rec = TransferRecord(src, dst, float(nbytes), now, tag=tag, max_rate=rate)
+            keep(rec)
             self.bytes_sent += rec.nbytes
             self.in_flight += 1
             records.append(rec)
-            events.append(self.env.event() if _member is None else _member)
+            events.append(new_event() if _member is None else _member)
         if _member is not None:
             _member.records += records
             _member.pending = len(records)
