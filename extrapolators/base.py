@@ -42,7 +42,7 @@ class Extrapolator:
         self.batch_size, self.gpu = batch_size, gpu
         self.graph = graph  # the topology (networkx), for modes that follow its links
         self.batch = batch_size if batch_size is not None else trace.batch_size
-        self._times: dict = {}  # (op id, target, scale) -> seconds, shared by all GPUs
+        self._times: dict = {}  # target -> {(op id, scale): seconds}, shared by all GPUs
         self.check()
 
     @classmethod
@@ -71,10 +71,18 @@ class Extrapolator:
         """The task for `op` at `target`; `phase` overrides the trace's ("recompute")."""
         from extrapolators.tasks import Compute
 
-        key = (op.id, target, scale)
-        t = self._times.get(key)
+        # the per-target table is looked up by identity first: hashing a Target per task
+        # was most of the cost of emitting DDP's streams
+        last = getattr(self, "_last_target", None)
+        if last is not None and last[0] is target:
+            table = last[1]
+        else:
+            table = self._times.setdefault(target, {})
+            self._last_target = (target, table)
+        key = (op.id, scale)
+        t = table.get(key)
         if t is None:
-            t = self._times[key] = self.model.time(op, target) * scale
+            t = table[key] = self.model.time(op, target) * scale
         return Compute(op.name, op.layer, phase or op.phase, t, op.id, mb)
 
     def forward_backward(self, policy: str = "none", depth: int | None = None):

@@ -45,7 +45,7 @@ def algorithm(op: str, name: str):
 
 def _step(env, net, transfers, tag):
     if transfers:
-        yield env.all_of(net.transfer_group(transfers, tag=tag))
+        yield net.transfer_all(transfers, tag=tag)
 
 
 def _ring_steps(env, net, group, chunk, steps, tag):

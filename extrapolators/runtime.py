@@ -4,13 +4,18 @@ Streams are iterators, pulled one task at a time as the simulation unfolds, so N
 never hold N copies of the trace. Compute takes its modelled duration; collectives
 meet at a rendezvous and then the communication model (extrapolators.communication)
 runs them through the Network; Send/Recv
-and Signal/Wait connect streams. When the events run out, `check_finished` names
+and Signal/Wait connect streams. Consecutive compute tasks of a stream run as one event at
+the end of the run, at the time per-task events would reach (the same sequential float
+sums), so long streams cost one SimPy event per run, not per task. When the events run out, `check_finished` names
 every stream still waiting (a deadlock) instead of returning a short iteration.
 """
 
 from __future__ import annotations
 
+from heapq import heappush
+
 import simpy
+from simpy.core import NORMAL
 
 from extrapolators.tasks import Collective, Compute, Iteration, Recv, Send, Signal, Wait, WaitSome
 from triosim.errors import DeadlockError, SimulationError
@@ -62,15 +67,42 @@ class Runtime:
         for key in after:
             self._waiting[who] = Wait(key)
             yield self.event(key)
-        for task in tasks:
+        pending = None  # a task pulled while collecting a run of computes
+        while True:
+            if pending is None:
+                task = next(tasks, None)
+                if task is None:
+                    break
+            else:
+                task, pending = pending, None
             self.tasks_started += 1
             self._waiting[who] = task
             start = env.now
             if type(task) is Compute:
-                if task.duration:
-                    yield env.timeout(task.duration * scale if scale != 1.0 else task.duration)
-                rows.append((gpu, stream, "compute", task.name, task.layer, task.phase,
-                             start, env.now, 0.0, None, it, task.op_id, task.mb))  # fmt: skip
+                # the run of computes that follows, up to the next other task
+                run = [task]
+                for nxt in tasks:
+                    if type(nxt) is not Compute:
+                        pending = nxt
+                        break
+                    run.append(nxt)
+                self.tasks_started += len(run) - 1
+                t, ends = start, []
+                for c in run:
+                    if c.duration:
+                        d = c.duration * scale if scale != 1.0 else c.duration
+                        if d < 0:
+                            raise ValueError(f"Negative delay {d}")  # as simpy's timeout
+                        t = t + d
+                    ends.append(t)
+                if t != start:
+                    yield self._at(t)
+                t0 = start
+                for c, t1 in zip(run, ends, strict=True):
+                    rows.append((gpu, stream, "compute", c.name, c.layer, c.phase,
+                                 t0, t1, 0.0, None, it, c.op_id, c.mb))  # fmt: skip
+                    t0 = t1
+                self.tasks_finished += len(run) - 1
             elif type(task) is Collective:
                 begin = yield from self._collective(gpu, task)
                 if begin > start:
@@ -128,6 +160,14 @@ class Runtime:
             self.tasks_finished += 1
         self._waiting.pop(who, None)
         self.event(self.done_key(gpu, stream, it)).succeed()
+
+    def _at(self, t: float) -> simpy.Event:
+        """An event that fires at absolute time `t` (> now): what a chain of timeouts would
+        reach, without the round-off of `timeout(t - now)`. Uses SimPy 4's event queue."""
+        ev = simpy.Event(self.env)
+        ev._ok, ev._value = True, None
+        heappush(self.env._queue, (t, NORMAL, next(self.env._eid), ev))
+        return ev
 
     def _collective(self, gpu, task: Collective):
         """Meet the other members; the last to arrive runs the algorithm. Returns its start."""

@@ -17,6 +17,7 @@ from triosim import schema
 from triosim.errors import NetworkError
 from triosim.registry import Registry
 
+_PLAIN = (int, float)  # sizes of these types need no further check than 0 <= n < inf
 LINK_COLUMNS = ("src", "dst", "bandwidth", "latency", "bytes", "busy_time")
 
 
@@ -66,7 +67,20 @@ class Network:
         """Start one transfer; the event fires (value: the TransferRecord) on delivery."""
         return self.transfer_group([(src, dst, nbytes)], tag=tag)[0]
 
-    def transfer_group(self, transfers, tag: str = "") -> list[simpy.Event]:
+    def transfer_all(self, transfers, tag: str = "") -> simpy.Event:
+        """As `transfer_group`, but one event that fires (value: the records) once every
+        transfer is delivered: what waiting on all of `transfer_group`'s events gives,
+        without a SimPy event per transfer."""
+        done = self.env.event()
+        records: list[TransferRecord] = []
+        if not transfers:
+            done.succeed(records)
+            return done
+        member = _AllDelivered(done, records)
+        self.transfer_group(transfers, tag=tag, _member=member)
+        return done
+
+    def transfer_group(self, transfers, tag: str = "", _member=None) -> list[simpy.Event]:
         """Start many transfers at the same instant (one collective step).
 
         Each is (src, dst, nbytes) or (src, dst, nbytes, max_rate): a transfer never goes
@@ -75,17 +89,29 @@ class Network:
         whole group.
         """
         records, events = [], []
-        for src, dst, nbytes, *rest in transfers:
-            self._check(src, dst, nbytes)
-            rate = float(rest[0]) if rest else math.inf
+        now, gpus, inf = self.env.now, self._gpu_set, math.inf
+        new_event, keep = self.env.event, self.records.append
+        for t in transfers:
+            if len(t) == 3:
+                src, dst, nbytes = t
+                rest = ()
+            else:
+                src, dst, nbytes, *rest = t
+            # the common case checked inline; anything else gets the full check (and message)
+            if not (src in gpus and dst in gpus and type(nbytes) in _PLAIN and 0 <= nbytes < inf):
+                self._check(src, dst, nbytes)
+            rate = float(rest[0]) if rest else inf
             if not rate > 0:
                 raise NetworkError(f"transfer max_rate must be > 0 bytes/s, got {rest[0]!r}")
-            rec = TransferRecord(src, dst, float(nbytes), self.env.now, tag=tag, max_rate=rate)
-            self.records.append(rec)
+            rec = TransferRecord(src, dst, float(nbytes), now, tag=tag, max_rate=rate)
+            keep(rec)
             self.bytes_sent += rec.nbytes
             self.in_flight += 1
             records.append(rec)
-            events.append(self.env.event())
+            events.append(new_event() if _member is None else _member)
+        if _member is not None:
+            _member.records += records
+            _member.pending = len(records)
         if records:
             self._start_group(records, events)
         return events
@@ -131,6 +157,21 @@ class Network:
             raise NetworkError(f"transfer size must be a number of bytes, got {nbytes!r}")
         if not (nbytes >= 0) or math.isinf(nbytes):
             raise NetworkError(f"transfer size must be finite and >= 0 bytes, got {nbytes!r}")
+
+
+class _AllDelivered:
+    """Stands in for every transfer's event in `transfer_all`: a network delivers a
+    transfer by calling `succeed`; the last one fires the group's event."""
+
+    __slots__ = ("done", "records", "pending")
+
+    def __init__(self, done: simpy.Event, records: list):
+        self.done, self.records, self.pending = done, records, 0
+
+    def succeed(self, _value=None):
+        self.pending -= 1
+        if self.pending == 0:
+            self.done.succeed(self.records)
 
 
 def _short(items, n=8) -> str:

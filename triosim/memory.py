@@ -102,39 +102,75 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
     grad_at: dict[int, list[int]] = {}
     for w, pos in ready.items():
         grad_at.setdefault(ops[pos].id, []).append(w)
-    by_id = {o.id: o for o in ops}
     scaled = {t.id for t in trace.tensors.values() if t.scales_with_batch}
+    # per op, once for all GPUs: (batch-scaled outputs, batch-scaled inputs, ratio) and the
+    # gradient bytes it completes
+    acts = {}
+    for o in ops:
+        outs = [t for t in o.outputs if t in scaled]
+        ins = [t for t in o.inputs if t in scaled]
+        if outs or ins:
+            acts[o.id] = (outs, ins, extrapolator.activation_ratio(o))
+    grad_bytes = {i: sum(trace.tensors[w].nbytes for w in ws) for i, ws in grad_at.items()}
+    nbytes = {t: trace.tensors[t].nbytes for t in scaled}
     compute = timeline[timeline["kind"] == "compute"]
     end = float(timeline["end"].max()) if len(timeline) else 0.0
-    frames, peaks = [], {}
-    groups = dict(tuple(compute.groupby("gpu", sort=False)))
+    cols = list(CATEGORIES)
+    gpu_col, time_col, state_col, peaks = [], [], [], {}
+    # one stable sort by (gpu, start, end), then a slice per GPU: the rows of each GPU in
+    # the order a stable sort of that GPU's rows by (start, end) gives
+    codes, uniques = pd.factorize(compute["gpu"], sort=False)
+    start_a, end_a = compute["start"].to_numpy(), compute["end"].to_numpy()
+    order = np.lexsort((end_a, start_a, codes))
+    col = {c: compute[c].to_numpy()[order] for c in
+           ("op_id", "start", "end", "iteration", "microbatch", "phase")}  # fmt: skip
+    sorted_codes = codes[order]
+    cuts = np.searchsorted(sorted_codes, np.arange(len(uniques) + 1))
+    where = {g: k for k, g in enumerate(uniques)}
     for g in gpus:
-        rows = groups.get(g, compute.iloc[:0]).sort_values(["start", "end"], kind="stable")
+        k = where.get(g)
+        a, b = (int(cuts[k]), int(cuts[k + 1])) if k is not None else (0, 0)
+        cols_of = {c: v[a:b].tolist() for c, v in col.items()}
         static = static_per_gpu(trace, extrapolator, g, options)
-        times, deltas = [0.0], [np.zeros(len(CATEGORIES))]
-        base = np.array([static["weights"], 0.0, static["optimizer_states"], 0.0,
-                         extrapolator.buffer_bytes(g)])  # fmt: skip
-        deltas[0] = base
-        _activations(rows, by_id, scaled, trace, extrapolator, times, deltas)
-        _gradients(rows, by_id, grad_at, trace, static["gradients"], times, deltas)
+        # changes as (time, category, bytes); row 0 is the static state at time 0
+        times, cats, values = [], [], []
+        _activations(cols_of, acts, nbytes, times, cats, values)
+        _gradients(cols_of, grad_bytes, static["gradients"], times, cats, values)
         times.append(end)  # the state after the last change, drawn to the end of the run
-        deltas.append(np.zeros(len(CATEGORIES)))
-        t = np.array(times)
-        d = np.vstack(deltas)
+        m = len(times)
+        d = np.zeros((m + 1, len(CATEGORIES)))
+        d[0] = [static["weights"], 0.0, static["optimizer_states"], 0.0,
+                extrapolator.buffer_bytes(g)]  # fmt: skip
+        if cats:
+            d[np.arange(1, len(cats) + 1), cats] = values
+        t = np.array([0.0] + times)
         order = np.argsort(t, kind="stable")
         t, d = t[order], np.cumsum(d[order], axis=0)
         # one row per instant: the state after every change at that instant
         last = np.r_[t[1:] != t[:-1], True]
-        df = pd.DataFrame(d[last], columns=list(CATEGORIES))
-        df.insert(0, "time", t[last])
-        df.insert(0, "gpu", g)
-        df["total"] = df[list(CATEGORIES)].sum(axis=1)
-        frames.append(df)
-        peaks[g] = float(df["total"].max())
-    return pd.concat(frames, ignore_index=True), peaks
+        gpu_col.append(np.full(int(last.sum()), g, dtype=object))
+        time_col.append(t[last])
+        state_col.append(d[last])
+    if not gpus:
+        return pd.DataFrame(columns=["gpu", "time", *cols, "total"]), peaks
+    df = pd.DataFrame(np.vstack(state_col), columns=cols)
+    df.insert(0, "time", np.concatenate(time_col))
+    df.insert(0, "gpu", _gpu_values(np.concatenate(gpu_col)))
+    df["total"] = df[cols].sum(axis=1)
+    sizes = [len(x) for x in time_col]
+    bounds = np.r_[0, np.cumsum(sizes)]
+    totals = df["total"].to_numpy()
+    for g, a, b in zip(gpus, bounds[:-1], bounds[1:], strict=True):
+        peaks[g] = float(totals[a:b].max())
+    return df, peaks
 
 
-def _activations(rows, by_id, scaled, trace, ex, times, deltas):
+def _gpu_values(values: np.ndarray):
+    """The gpu column with the dtype pandas would infer for it (ints stay ints)."""
+    return pd.Series(list(values)).to_numpy() if len(values) else values
+
+
+def _activations(r, acts, nbytes, times, cats, values):
     """Batch-scaled tensors: alive from the first op on this GPU that touches them to the
     end of the last op on this GPU that reads them, per (iteration, micro-batch). Tensors a
     recomputed forward op writes are a second copy (pass 1): the first forward's copy lives
@@ -142,55 +178,56 @@ def _activations(rows, by_id, scaled, trace, ex, times, deltas):
     first: dict = {}
     last: dict = {}
     size: dict = {}
-    for r in rows.itertuples(index=False):
-        op = by_id.get(r.op_id)
-        if op is None:
+    rows = zip(r["op_id"], r["start"], r["end"], r["iteration"], r["microbatch"], r["phase"],
+               strict=True)  # fmt: skip
+    for op_id, start, stop, it, mb, phase in rows:
+        a = acts.get(op_id)
+        if a is None:
             continue
-        ratio = ex.activation_ratio(op)
-        again = r.phase == "recompute"
-        for t in op.outputs + op.inputs:
-            if t not in scaled:
-                continue
-            key = (t, r.iteration, r.microbatch, 1)
-            if not (again and t in op.outputs) and key not in first:
-                key = key[:3] + (0,)  # the first forward's copy, or one never recomputed
+        outs, ins, ratio = a
+        again = phase == "recompute"
+        for t in outs + ins:
+            key = (t, it, mb, 1)
+            if not (again and t in outs) and key not in first:
+                key = (t, it, mb, 0)  # the first forward's copy, or one never recomputed
             if key not in first:
-                first[key] = r.start
-                size[key] = trace.tensors[t].nbytes * ratio
-            last[key] = max(last.get(key, r.end), r.end)
+                first[key] = start
+                size[key] = nbytes[t] * ratio
+            prev = last.get(key, stop)
+            last[key] = prev if prev > stop else stop
     k = CATEGORIES.index("activations")
     for key, t0 in first.items():
-        up, down = np.zeros(len(CATEGORIES)), np.zeros(len(CATEGORIES))
-        up[k], down[k] = size[key], -size[key]
         times += [t0, last[key]]
-        deltas += [up, down]
+        cats += [k, k]
+        values += [size[key], -size[key]]
 
 
-def _gradients(rows, by_id, grad_at, trace, total, times, deltas):
+def _gradients(r, grad_bytes, total, times, cats, values):
     """This GPU's gradient bytes appear as its backward ops produce them (in proportion to
     the weights whose gradient each op completes) and go after its optimizer step."""
-    made = [(r.end, r.iteration, sum(trace.tensors[w].nbytes for w in grad_at.get(r.op_id, ())))
-            for r in rows.itertuples(index=False) if r.op_id in grad_at]  # fmt: skip
     k = CATEGORIES.index("gradients")
     per_iter: dict = {}
-    for end, it, nbytes in made:
-        per_iter.setdefault(it, []).append((end, nbytes))
-    opt_end = rows[rows["phase"] == "optimizer"].groupby("iteration")["end"].max().to_dict()
+    opt_end: dict = {}
+    for op_id, stop, it, phase in zip(
+        r["op_id"], r["end"], r["iteration"], r["phase"], strict=True
+    ):
+        if op_id in grad_bytes:
+            per_iter.setdefault(it, []).append((stop, grad_bytes[op_id]))
+        if phase == "optimizer":
+            opt_end[it] = stop if it not in opt_end else max(opt_end[it], stop)
     for it, items in per_iter.items():
         weight = sum(n for _, n in items)
         if not weight:
             continue
-        for end, nbytes in items:
-            v = np.zeros(len(CATEGORIES))
-            v[k] = total * nbytes / weight
-            times.append(end)
-            deltas.append(v)
+        for stop, n in items:
+            times.append(stop)
+            cats.append(k)
+            values.append(total * n / weight)
         free = opt_end.get(it)
         if free is not None:
-            v = np.zeros(len(CATEGORIES))
-            v[k] = -total
             times.append(free)
-            deltas.append(v)
+            cats.append(k)
+            values.append(-total)
 
 
 def capacity(options: MemoryOptions, gpu_name: str | None) -> float | None:

@@ -9,6 +9,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from extrapolators.runtime import COLUMNS
@@ -77,15 +78,28 @@ class Result:
         """Over the last (steady-state) iteration's tasks."""
         out = []
         last = self.timeline[self.timeline["iteration"] == len(self.iteration_times) - 1]
-        groups = dict(tuple(last.groupby("gpu", sort=False)))
-        empty = last.iloc[:0]
+        # one sort by (gpu, start) for all GPUs, then a slice per GPU (no pandas per GPU);
+        # the order of equal starts does not change a union's length
+        codes, uniques = pd.factorize(last["gpu"], sort=False)
+        kind = last["kind"].to_numpy()
+        start, end = last["start"].to_numpy(float), last["end"].to_numpy(float)
+        where = {g: k for k, g in enumerate(uniques)}
+
+        def unions(mask):
+            idx = np.flatnonzero(mask)
+            idx = idx[np.lexsort((start[idx], codes[idx]))]
+            cuts = np.searchsorted(codes[idx], np.arange(len(uniques) + 1))
+            s, e = start[idx], end[idx]
+            return {k: union_length(s[cuts[k]:cuts[k + 1]], e[cuts[k]:cuts[k + 1]])
+                    for k in range(len(uniques))}  # fmt: skip
+
+        is_comp, is_comm = kind == "compute", kind == "comm"
+        comp_u, comm_u, both_u = unions(is_comp), unions(is_comm), unions(is_comp | is_comm)
         for g in self.gpus:
-            d = groups.get(g, empty)
-            comp = d[d["kind"] == "compute"]
-            comm = d[d["kind"] == "comm"]
-            c = union_length(*_intervals(comp))
-            m = union_length(*_intervals(comm))
-            both = union_length(*_intervals(pd.concat([comp, comm])))
+            k = where.get(g)
+            c = comp_u[k] if k is not None else 0.0
+            m = comm_u[k] if k is not None else 0.0
+            both = both_u[k] if k is not None else 0.0
             out.append({"gpu": g, "compute": c, "comm": m, "exposed_comm": both - c,
                         "idle": max(self.iteration_time - both, 0.0)})  # fmt: skip
         return pd.DataFrame(out).set_index("gpu")

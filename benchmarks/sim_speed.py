@@ -1,0 +1,132 @@
+"""Simulator speed at scale: wall seconds and peak traced memory per case.
+
+Cases: one 1 GB all-reduce on a fat tree (textbook ring and the NCCL model), DDP of the
+shipped ResNet-18 and GPT-2 small CPU traces, an all-to-all on a 128-GPU fat tree and a
+random permutation on a 1,024-GPU 2D torus; then the fitted exponent of wall time against
+GPUs x operators for the DDP cases.
+
+Run: PYTHONPATH=. python -m benchmarks.sim_speed [--sizes 64,256,1024] [--engine reference|fast]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import os
+import platform
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+FAT = {"kind": "fat_tree", "bandwidth": "50 GB/s", "latency": "1 us"}
+
+
+def _measure(fn, memory: bool):
+    gc.collect()
+    t0 = time.perf_counter()
+    value = fn()
+    wall = time.perf_counter() - t0
+    peak = math.nan
+    if memory:  # a second run: tracing slows Python several-fold
+        gc.collect()
+        tracemalloc.start()
+        fn()
+        peak = tracemalloc.get_traced_memory()[1] / 1e6
+        tracemalloc.stop()
+    return wall, peak, value
+
+
+def allreduce(n: int, comm: str, engine: str):
+    from triosim.calibration import system
+    from triosim.config import from_dict
+
+    trace = str(ROOT / "traces/cpu/resnet18-b8.trace.json.gz")  # only for the GPU model
+    cfg = from_dict({"trace": trace, "num_gpus": n, "topology": FAT, "communication": {"kind": comm},
+                            "network": {"kind": "packet", "engine": engine}})  # fmt: skip
+    env, net, model, group = system(cfg)
+    env.process(model.run("allreduce", group, 1e9, tag="ar"))
+    env.run()
+    return env.now
+
+
+def ddp(trace_name: str, n: int, engine: str, batch: int):
+    from triosim.simulation import Simulation, load_any_trace
+
+    trace = load_any_trace(ROOT / "traces/cpu" / trace_name)
+    cfg = {"num_gpus": n, "batch_size": batch * n, "parallelism": {"mode": "ddp"},
+           "topology": FAT, "network": {"kind": "packet", "engine": engine}}  # fmt: skip
+    r = Simulation(cfg, trace=trace).run()
+    return r.iteration_time, len(trace.operators) if hasattr(trace, "operators") else 0
+
+
+def traffic(kind: str, engine: str):
+    import simpy
+
+    from networks import PacketSwitchNetwork
+    from networks import topology as topo
+
+    env = simpy.Environment()
+    if kind == "all_to_all":
+        n = 128
+        net = PacketSwitchNetwork(env, topo.fat_tree(n, 50e9, 1e-6, radix=64), engine=engine)
+        net.transfer_group([(i, j, 1e6) for i in range(n) for j in range(n) if i != j])
+    else:
+        n = 1024
+        rng = np.random.default_rng(0)
+        perm = rng.permutation(n)
+        while (perm == np.arange(n)).any():
+            perm = rng.permutation(n)
+        net = PacketSwitchNetwork(env, topo.torus2d(32, 32, 50e9, 1e-6), engine=engine)
+        net.transfer_group([(i, int(perm[i]), 100e6) for i in range(n)])
+    env.run()
+    return env.now
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", default="64,256,1024")
+    ap.add_argument("--engine", default="fast", choices=("fast", "reference"))
+    ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--skip", default="", help="comma-separated case prefixes to skip")
+    a = ap.parse_args(argv)
+    sizes = [int(s) for s in a.sizes.split(",")]
+    skip = [s for s in a.skip.split(",") if s]
+    mem = not a.no_memory
+    machine = f"{platform.machine()} {os.cpu_count()} cores, {platform.python_version()}"
+    print(f"# machine: {machine}; engine: {a.engine}")
+    print(f"{'case':<28} {'GPUs':>5} {'wall s':>8} {'peak MB':>8} {'result':>22}")
+    fit = []
+    ddp("resnet18-b8.trace.json.gz", 2, a.engine, 8)  # warm-up: imports, caches
+
+    def row(case, n, fn):
+        if any(case.startswith(s) for s in skip):
+            return None
+        wall, peak, value = _measure(fn, mem)
+        shown = value[0] if isinstance(value, tuple) else value
+        print(f"{case:<28} {n:>5} {wall:>8.3f} {peak:>8.1f} {shown!r:>22}", flush=True)
+        return wall, value
+
+    for n in sizes:
+        row("allreduce 1GB textbook", n, lambda n=n: allreduce(n, "textbook", a.engine))
+        row("allreduce 1GB nccl", n, lambda n=n: allreduce(n, "nccl", a.engine))
+    for name, trace, batch in (("ddp resnet18", "resnet18-b8.trace.json.gz", 8),
+                               ("ddp gpt2-small", "gpt2-small-b4.trace.json.gz", 4)):  # fmt: skip
+        for n in sizes:
+            got = row(name, n, lambda n=n, t=trace, b=batch: ddp(t, n, a.engine, b))
+            if got:
+                fit.append((name, n, got[0]))
+    row("all_to_all 1MB fat tree", 128, lambda: traffic("all_to_all", a.engine))
+    row("permutation torus 100MB", 1024, lambda: traffic("permutation", a.engine))
+    for name in sorted({f[0] for f in fit}):
+        pts = [(n, w) for m, n, w in fit if m == name]
+        if len(pts) > 1:
+            k = np.polyfit(np.log([p[0] for p in pts]), np.log([p[1] for p in pts]), 1)[0]
+            print(f"# {name}: wall ~ (GPUs x operators)^{k:.2f} (operators fixed per trace)")
+
+
+if __name__ == "__main__":
+    main()

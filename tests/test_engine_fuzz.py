@@ -1,0 +1,134 @@
+"""Differential fuzzing: the packet network's fast engine against its reference engine.
+
+Random small scenarios (rings with slower links, a torus, a fat tree, a switch, a mesh, a
+zero-latency ring; p2p transfers with and without a sender rate cap, groups with random
+sizes including zero bytes, ring all-reduces and reduce-scatters over random subsets,
+started by several processes after random delays so that they contend) run on both
+engines; every transfer's start and end and every action's completion must agree to 1e-9
+relative.
+"""
+
+import numpy as np
+import pytest
+import simpy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from extrapolators import collectives
+from networks import PacketSwitchNetwork
+from networks import topology as topo
+
+GB = 1e9
+
+
+def _graph(kind: int, rng):
+    if kind == 0:
+        g = topo.ring(6, 10 * GB, 1e-6)
+        for _ in range(2):  # a few slower, longer links
+            u = int(rng.integers(6))
+            topo.set_link(g, u, (u + 1) % 6, bandwidth=float(rng.uniform(1, 9)) * GB,
+                          latency=float(rng.uniform(0, 5e-6)))  # fmt: skip
+        return g
+    if kind == 1:
+        return topo.torus2d(3, 4, 20 * GB, 5e-7)
+    if kind == 2:
+        return topo.fat_tree(16, 25 * GB, 1e-6, radix=8)
+    if kind == 3:
+        return topo.switch_star(8, 40 * GB, 2e-6)
+    if kind == 4:
+        return topo.mesh2d(3, 3, 15 * GB, 1e-6)
+    return topo.ring(5, 10 * GB, 0.0)
+
+
+def _scenario(engine: str, seed: int, kind: int):
+    rng = np.random.default_rng(seed)
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, _graph(kind, rng), engine=engine)
+    gpus = list(net.gpus)
+    done = []
+
+    def draw():  # drawn before the run, so both engines see the same scenario
+        choice = int(rng.integers(4))
+        if choice == 0:  # p2p, sometimes capped by the sender
+            src, dst = (int(x) for x in rng.choice(len(gpus), 2, replace=False))
+            cap = float(rng.uniform(0.5, 30)) * GB if rng.random() < 0.3 else None
+            t = (gpus[src], gpus[dst], float(rng.choice([0.0, rng.uniform(1e3, 5e7)])))
+            return "group", [t + (cap,)] if cap else [t]
+        if choice == 1:  # a group with random sizes, zero bytes included
+            ts = []
+            for _ in range(int(rng.integers(1, 6))):
+                src, dst = (int(x) for x in rng.choice(len(gpus), 2, replace=False))
+                size = 0.0 if rng.random() < 0.25 else float(rng.uniform(1e3, 3e7))
+                ts.append((gpus[src], gpus[dst], size))
+            return "group", ts
+        m = int(rng.integers(2, min(len(gpus), 6) + 1))  # a ring over a random ordered subset
+        group = tuple(gpus[int(i)] for i in rng.choice(len(gpus), m, replace=False))
+        op = "allreduce" if choice == 2 else "reduce_scatter"
+        return op, (group, float(rng.uniform(1e4, 1e8)))
+
+    def proc(k, plan):
+        for a, (delay, (what, arg)) in enumerate(plan):
+            if delay > 0:
+                yield env.timeout(delay)
+            if what == "group":
+                yield env.all_of(net.transfer_group(arg))
+            else:
+                yield from collectives.algorithm(what, "ring")(env, net, *arg)
+            done.append((k, a, env.now))
+
+    for k in range(int(rng.integers(1, 5))):
+        n_actions = int(rng.integers(1, 5))
+        scale = rng.choice([0.0, 2e-4, 2e-5])
+        plan = [(float(rng.exponential(scale)) if scale else 0.0, draw())
+                for _ in range(n_actions)]  # fmt: skip
+        env.process(proc(k, plan))
+    env.run()
+    recs = sorted((r.src, r.dst, r.nbytes, r.start, r.end, r.tag) for r in net.records)
+    return sorted(done), recs, net.link_bytes.copy()
+
+
+def _close(a, b):
+    return a == b or abs(a - b) <= 1e-9 * max(abs(a), abs(b))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), kind=st.integers(0, 5))
+def test_fast_engine_matches_reference(seed, kind):
+    ref_done, ref_recs, ref_bytes = _scenario("reference", seed, kind)
+    fast_done, fast_recs, fast_bytes = _scenario("fast", seed, kind)
+    assert len(ref_done) == len(fast_done) and len(ref_recs) == len(fast_recs)
+    for (k1, a1, t1), (k2, a2, t2) in zip(ref_done, fast_done, strict=True):
+        assert (k1, a1) == (k2, a2) and _close(t1, t2), (k1, a1, t1, t2)
+    for r, f in zip(ref_recs, fast_recs, strict=True):
+        assert r[:3] == f[:3] and r[5] == f[5]
+        assert _close(r[3], f[3]) and _close(r[4], f[4]), (r, f)
+    np.testing.assert_allclose(fast_bytes, ref_bytes, rtol=1e-12)
+
+
+def test_fuzz_comparison_can_fail():
+    """The comparison notices a different result: a slower link changes the end times."""
+    a = _scenario("reference", 3, 0)
+    b = _scenario("fast", 4, 0)
+    assert a[1] != b[1]
+
+
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_both_engines_give_the_closed_form(engine):
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, topo.ring(4, 10 * GB, 2e-6), engine=engine)
+    env.process(collectives.ring_allreduce(env, net, (0, 1, 2, 3), 4e8))
+    env.run()
+    assert env.now == pytest.approx(2 * 3 / 4 * 4e8 / (10 * GB) + 2 * 3 * 2e-6, rel=1e-12)
+
+
+@pytest.mark.parametrize("engine", ["reference", "fast"])
+def test_transfer_all_fires_when_the_last_transfer_lands(engine):
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, topo.ring(4, 10 * GB, 1e-6), engine=engine)
+    ev = net.transfer_all([(0, 1, 1e6), (0, 2, 3e6), (1, 2, 0.0)], tag="t")
+    empty = net.transfer_all([])
+    env.run()
+    assert empty.triggered and empty.value == []
+    recs = ev.value
+    assert [r.nbytes for r in recs] == [1e6, 3e6, 0.0] and env.now == max(r.end for r in recs)
+    assert net.in_flight == 0 and net.bytes_delivered == 4e6
