@@ -12,6 +12,7 @@ so tensor categories come from the model itself, not from guesses.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import re
 from collections import defaultdict
@@ -488,8 +489,8 @@ def prepare_meta_trace(et: dict, numbers: list) -> dict:
             inner = [c for c in kids.get(n["id"], []) if _is_op(c["name"])]
             if inner and inner[0].get("outputs", {}).get("values"):
                 o = inner[0]["outputs"]
-                n["outputs"] = {k: [o[k][0]] for k in ("values", "shapes", "types", "strides")
-                                if o.get(k)}  # fmt: skip
+                n["outputs"] = {k: copy.deepcopy(o[k][:1]) for k in ("values", "shapes", "types",
+                                "strides") if o.get(k)}  # fmt: skip
 
     # -- the mode's calls are, in order, the operators that reached it (and the
     # record_function ranges passing through it); align them with the ET's operators by
