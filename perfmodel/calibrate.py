@@ -15,7 +15,7 @@ from perfmodel.calibrated import CALIBRATION_DIR, DEFAULT_GPU, FORMS, fit, heldo
 
 
 def main(argv=None) -> int:
-    """Refit a table: python -m perfmodel.calibrate [--form sum|max] TRACE..."""
+    """Refit a table: python -m perfmodel.calibrate [--form max|sum] TRACE..."""
     import argparse
 
     from triosim.trace_io import load_any_trace
@@ -25,7 +25,7 @@ def main(argv=None) -> int:
         "traces", nargs="+", help="real traces of one GPU (files or TrioSim CSV folders)"
     )
     ap.add_argument("--gpu", default=DEFAULT_GPU)
-    ap.add_argument("--form", default="sum", choices=FORMS)
+    ap.add_argument("--form", default="max", choices=FORMS)
     ap.add_argument("--out", default=str(CALIBRATION_DIR / "h100.json"))
     ap.add_argument("--source", default="", help="where the traces come from (recorded)")
     args = ap.parse_args(argv)

@@ -295,44 +295,55 @@ def samples(trace: Trace, gpu: hardware.GPU) -> list[tuple[list[str], float, flo
     return out
 
 
-def _solve(rows, form: str, parent: dict | None, memory_bound: bool = False) -> dict[str, float]:
-    """Non-negative least squares on relative error: each operator's error / its time. A
-    memory-bound kind in form "sum" has no compute term (its FLOPs are an estimate, and
-    its kernels wait on memory)."""
+def _solve(rows, form: str, parent: dict | None, floor: float,
+           memory_bound: bool = False) -> dict[str, float]:  # fmt: skip
+    """Least squares of the operators' times (non-negative terms; absolute error, so the
+    iteration's large operators decide the efficiencies), with the overhead at least `floor`
+    (the time of a kernel that does next to nothing: small operators are never ~0). A
+    memory-bound kind in form "sum" has no compute term (its FLOPs are an estimate and its
+    kernels wait on memory). A kind with few operators, or operators of one size, keeps its
+    parent's terms and fits one scale of them, or, when its operators are mostly overhead,
+    its overhead."""
     import numpy as np
     from scipy.optimize import nnls
 
     c = np.array([r[0] for r in rows])
     m = np.array([r[1] for r in rows])
     t = np.array([r[2] for r in rows])
-    w = 1.0 / t
-    var = [np.maximum(c, m)] if form == "max" else [c, m]
     keys = ["roof"] if form == "max" else ["compute", "memory"]
+    var = [np.maximum(c, m)] if form == "max" else [c, m]
+    if memory_bound and form == "sum":
+        var = [np.zeros_like(c), m]
     size = np.maximum(c, m)
     spread = size.max() / max(size.min(), 1e-15) if len(t) else 1.0
     if parent is not None and (len(t) < 8 or spread < 10.0):
-        # too few operators, or all of one size: the parent's shape, one scale fitted
-        # (kept at 1 when the operators are mostly overhead: they say little of the rest)
         base = parent["overhead"]
         v = sum(parent[k] * x for k, x in zip(keys, var, strict=True))
-        den = float(np.sum((w * v) ** 2))
-        s = float(np.sum(w * w * v * (t - base)) / den) if den > 0 else 1.0
-        if float(np.sum(v)) < base * len(t):
-            s = 1.0
-        return {"overhead": base, **{k: parent[k] * max(s, 0.0) for k in keys}}
-    if memory_bound and form == "sum":
-        a = np.vstack([np.ones_like(t), m]).T * w[:, None]
-        coef, _ = nnls(a, np.ones_like(t))
-        return {"overhead": float(coef[0]), "compute": 0.0, "memory": float(coef[1])}
-    a = np.vstack([np.ones_like(t), *var]).T * w[:, None]
-    coef, _ = nnls(a, np.ones_like(t))
-    return {
-        "overhead": float(coef[0]),
-        **{k: float(x) for k, x in zip(keys, coef[1:], strict=True)},
-    }
+        den = float(np.sum(v * v))
+        s = float(np.sum(v * (t - base)) / den) if den > 0 else 1.0
+        if float(np.sum(v)) < base * len(t) or not 0.25 <= s <= 4.0:
+            # mostly overhead, or a scale the few operators cannot vouch for: the parent's
+            # terms, and the overhead fitted
+            return {"overhead": max(float(np.mean(t - v)), floor), **{k: parent[k] for k in keys}}
+        return {"overhead": base, **{k: parent[k] * s for k in keys}}
+    a = np.vstack([np.ones_like(t), *var]).T
+    norm = np.where(a.max(axis=0) > 0, a.max(axis=0), 1.0)  # columns of one scale
+    coef = nnls(a / norm, t)[0] / norm
+    if coef[0] < floor:  # the overhead at the floor, the terms refitted
+        rest = a[:, 1:] / norm[1:]
+        coef = np.concatenate([[floor], nnls(rest, t - floor)[0] / norm[1:]])
+    terms = {k: float(x) for k, x in zip(keys, coef[1:], strict=True)}
+    return {"overhead": float(coef[0]), **terms}
 
 
-def fit(traces: list[Trace], gpu: str, form: str = "sum", source: str = "") -> Calibration:
+def launch_floor(rows) -> float:
+    """The median time of the operators whose roofline time is under 1% of their time: what
+    a kernel costs that does next to nothing (launch and tail)."""
+    tiny = sorted(t for _, c, m, t in rows if max(c, m) < 0.01 * t)
+    return tiny[len(tiny) // 2] if tiny else 0.0
+
+
+def fit(traces: list[Trace], gpu: str, form: str = "max", source: str = "") -> Calibration:
     """Fit a table on traces taken on `gpu` (measured operator times)."""
     if form not in FORMS:
         raise ConfigError("form", form, f"one of {FORMS}")
@@ -344,12 +355,13 @@ def fit(traces: list[Trace], gpu: str, form: str = "sum", source: str = "") -> C
     for chain, c, m, t in rows:
         for key in chain:
             groups[key].append((c, m, t))
-    params: dict[str, dict] = {"all": _solve(groups["all"], form, None)}
+    floor = launch_floor(rows)
+    params: dict[str, dict] = {"all": _solve(groups["all"], form, None, floor)}
     for level in (2, 1, 0):  # class, family, name
         for chain, *_ in rows:
             key = chain[level]
             if key not in params:
-                params[key] = _solve(groups[key], form, params[chain[level + 1]],
+                params[key] = _solve(groups[key], form, params[chain[level + 1]], floor,
                                      memory_bound=chain[2] == "memory")  # fmt: skip
     ordered = {k: {p: float(f"{v:.6g}") for p, v in params[k].items()} for k in sorted(params)}
     return Calibration(
@@ -366,7 +378,7 @@ def predict(cal: Calibration, trace: Trace, op: Operator, gpu: hardware.GPU,
     return cal.time(c, m, kind_chain(family, name))
 
 
-def heldout(traces: dict[str, Trace], gpu: str, form: str = "sum") -> dict:
+def heldout(traces: dict[str, Trace], gpu: str, form: str = "max") -> dict:
     """Leave one trace out: fit on the others, predict it. Per trace: the iteration (sum of
     operator times, predicted and measured) and, per operator family, the summed times, the
     error of the sum and the median absolute error of single operators."""

@@ -110,6 +110,9 @@ def test_shape_only_cnn_matches_and_convolutions_are_tf32():
     real, shapes = traces
     assert [o.name for o in real.operators] == [o.name for o in shapes.operators]
     assert [o.flops for o in real.operators] == [o.flops for o in shapes.operators]
+    for t in traces:  # batch norm's backward pairs with it, not with num_batches_tracked += 1
+        bn = next(o for o in t.operators if "BatchNormBackward" in o.name)
+        assert t.op(bn.fwd_id).name == "aten::batch_norm"
     conv = next(o for o in shapes.operators if o.name == "aten::conv2d")
     assert conv.flops == 2 * 2 * 4 * 3 * 3 * 3 * 8 * 8  # 2 N Cout Cin kh kw H W
     # batch-norm running statistics are buffers, not activations; momentum buffers are states
@@ -143,7 +146,7 @@ def test_cli_shape_only_trace_is_timed_by_the_model_and_says_so(tmp_path, capsys
                  "--shapes-only", "--gpu", "A100-80GB", "--out", str(tmp_path)])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0 and "modelled iteration time" in out
-    t = load(tmp_path / "gpt2-small-b2.trace.json.gz")
+    t = load(tmp_path / "gpt2-small-s16-b2.trace.json.gz")
     m = t.metadata
     assert m["modelled"] is True and m["gpu"] == "A100-80GB" and m["shapes_only"] is True
     assert m["time_model"]["kind"] == "calibrated" and m["time_model"]["fitted_on"] == "H100-SXM"
@@ -153,7 +156,7 @@ def test_cli_shape_only_trace_is_timed_by_the_model_and_says_so(tmp_path, capsys
     want = [model.time(o, Target(gpu="A100-80GB")) for o in t.operators]
     assert [o.time for o in t.operators] == want  # the times are the model's, exactly
     assert sum(want) == pytest.approx(m["modelled_iteration_time"], rel=1e-12) and sum(want) > 0
-    assert main(["info", str(tmp_path / "gpt2-small-b2.trace.json.gz")]) == 0
+    assert main(["info", str(tmp_path / "gpt2-small-s16-b2.trace.json.gz")]) == 0
     info = capsys.readouterr().out
     assert "MODELLED, not measured: perfmodel 'calibrated' for A100-80GB" in info
     assert "fitted on H100-SXM" in info and "assumption" in info
@@ -243,7 +246,7 @@ def test_fit_recovers_the_parameters_the_times_were_made_with():
     truth = {"conv": (12e-6, 1.8, 0.9), "elementwise": (2e-6, 0.0, 1.2)}
     tensors, ops = {}, []
     for k in range(40):  # convolutions and ReLUs over four decades of sizes
-        size = 10 ** (4 + 4 * k / 40)
+        size = 10 ** (5 + 4 * k / 40)
         a, b = len(tensors), len(tensors) + 1
         tensors[a] = Tensor(a, (1,), "float32", 4 * size, "activation")
         tensors[b] = Tensor(b, (1,), "float32", 4 * size, "activation")
@@ -268,12 +271,14 @@ def test_the_shipped_table_says_where_it_comes_from():
     from perfmodel.calibrated import shipped
 
     cal = shipped()
-    assert cal.gpu == "H100-SXM" and cal.form == "sum" and "all" in cal.params
+    assert cal.gpu == "H100-SXM" and cal.form == "max" and "all" in cal.params
     assert "TrioSim" in cal.source and "VGG-13" in cal.source and "ResNet-50" in cal.source
     assert set(cal.heldout) == {"vgg13", "resnet50"}
-    # every fitted efficiency is positive where its term is used, and an overhead is a few us
-    assert all(0 <= p["overhead"] < 1e-4 for p in cal.params.values())
-    assert cal.params["conv"]["compute"] > 1.0  # nothing beats its TF32 roof
+    # an overhead is at least the launch floor (1 us here) and under 0.1 ms; nothing beats
+    # its roof (efficiency = 1 / roof <= 1)
+    assert all(1e-6 <= p["overhead"] < 1e-4 for p in cal.params.values())
+    assert all(p["roof"] >= 1.0 for k, p in cal.params.items() if "/" not in k)
+    assert all(p["roof"] > 0.5 for p in cal.params.values())  # a name: a scale of its family
 
 
 needs_go = pytest.mark.skipif(
@@ -297,7 +302,7 @@ def test_held_out_error_is_measured_without_the_predicted_trace():
         want = sum(predict(only_other, traces[name], o, g) for o in traces[name].operators)
         assert h[name]["predicted_ms"] == pytest.approx(want * 1e3, rel=1e-12)
         assert h[name]["measured_ms"] == pytest.approx(traces[name].total_time * 1e3)
-        # the held-out iteration error of the shipped form (measured: +3.5% VGG-13, +4.2%
+        # the held-out iteration error of the shipped form (measured: +6.1% VGG-13, +5.8%
         # ResNet-50); a change to the model that loses it fails here
         assert abs(h[name]["error_pct"]) < 10
         assert {"conv", "conv_bwd", "elementwise"} <= set(h[name]["kinds"])

@@ -9,14 +9,17 @@ from triosim.errors import TracerError
 
 
 def trace_model(name, batch_size, device="cpu", warmup=3, measure=5, small=False,
-                image_size=224, seq_len=128, shapes_only=False, layers=None):  # fmt: skip
+                image_size=224, seq_len=128, shapes_only=False, layers=None,
+                master_weights=False):  # fmt: skip
     """Trace a reference model (or module:function). shapes_only: on meta tensors, nothing
     computed or timed (times 0, for a performance model to fill); layers: trace this many of
-    a transformer's identical layers and replicate them to the model's full depth."""
+    a transformer's identical layers and replicate them to the model's full depth;
+    master_weights (Llama): bfloat16 parameters with float32 master weights in the optimizer
+    (Megatron-LM), instead of float32 parameters cast to bfloat16 where used (torchtitan)."""
     import torch
 
     from tracer.collect import collect
-    from tracer.models import LAYERED, LLAMA, MODELS, build, num_layers
+    from tracer.models import LAYERED, LLAMA, MODELS, MasterWeightAdamW, build, num_layers
 
     torch.manual_seed(0)
     where = torch.device("meta") if shapes_only else torch.device("cpu")
@@ -49,23 +52,34 @@ def trace_model(name, batch_size, device="cpu", warmup=3, measure=5, small=False
         if layers < 1 or total % layers:
             raise TracerError(f"--layers {layers}: {name} has {total} layers; trace a "
                               "divisor of it")  # fmt: skip
+    if master_weights and name not in LLAMA:
+        raise TracerError("--master-weights is for the Llama models (bfloat16 training)")
     with where:
         model, make_batch, loss_fn = build(name, small=small, image_size=image_size,
-                                           seq_len=seq_len, layers=layers)  # fmt: skip
+                                           seq_len=seq_len, layers=layers,
+                                           bf16_params=master_weights)  # fmt: skip
     # on CUDA, PyTorch's optimizers default to foreach kernels; a shape-only trace is for a GPU
     foreach = True if shapes_only else None
-    if name in LLAMA:  # torchtitan: AdamW
-        opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, foreach=foreach)
+    adamw = {"lr": 3e-4, "weight_decay": 0.1, "foreach": foreach}  # torchtitan: AdamW
+    if master_weights:
+        opt = MasterWeightAdamW(model.parameters(), **adamw)
+    elif name in LLAMA:
+        opt = torch.optim.AdamW(model.parameters(), **adamw)
     else:
         opt = torch.optim.Adam(model.parameters(), foreach=foreach)
-    label = name + ("-small" if small else "")
+    label = name + ("-small" if small else "") + ("-bf16" if master_weights else "")
     extra = {}
     if name in LAYERED:
         extra["seq_len"] = seq_len
-    if name in LLAMA:
-        extra.update(dtype="bfloat16", mixed_precision="bfloat16 compute, float32 master "
-                     "weights, gradients and AdamW states (torchtitan's FSDP2 "
-                     "MixedPrecisionPolicy(param_dtype=bfloat16))")  # fmt: skip
+    if master_weights:
+        extra.update(dtype="bfloat16", mixed_precision="bfloat16 parameters, gradients and "
+                     "compute; float32 master weights and AdamW states in the optimizer "
+                     "(Megatron-LM)")  # fmt: skip
+    elif name in LLAMA:
+        extra.update(dtype="bfloat16", mixed_precision="bfloat16 compute; float32 parameters "
+                     "(master weights, cast to bfloat16 where used), gradients and AdamW states "
+                     "(torchtitan: FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16), or "
+                     "autocast)")  # fmt: skip
     t = collect(model, make_batch, loss_fn, opt, batch_size=batch_size, device=device,
                 warmup=warmup, measure=measure, model_name=label, shapes_only=shapes_only,
                 metadata=extra)  # fmt: skip
@@ -93,12 +107,15 @@ def run_trace(args, timer=None) -> int:
                           "trace is timed on --device")  # fmt: skip
     layers = getattr(args, "layers", None)
     t = trace_model(args.model, args.batch_size, args.device, args.warmup, args.measure,
-                    args.small, args.image_size, args.seq_len, shapes_only, layers)  # fmt: skip
+                    args.small, args.image_size, args.seq_len, shapes_only, layers,
+                    getattr(args, "master_weights", False))  # fmt: skip
     if shapes_only:
         t = timer(t, gpu, getattr(args, "calibration", None))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     label = t.metadata["model"]
+    if shapes_only and "seq_len" in t.metadata:  # a modelled transformer: say its sequence
+        label += f"-s{t.metadata['seq_len']}"
     path = save(t, out / f"{label}-b{args.batch_size}.trace.json.gz")
     print(f"wrote {path}")
     print(f"operators {len(t.operators)}, tensors {len(t.tensors)}")

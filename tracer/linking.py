@@ -172,17 +172,17 @@ def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None,
             op_kernels[top_of[node]].extend(ivs)
 
     # -- forward/backward pairing by sequence number ------------------------------------------
+    # An operator records the autograd sequence counter as it stands; only one that creates
+    # an autograd node advances it. Operators that create none (a batch norm's
+    # num_batches_tracked += 1, under no_grad) record the number the next node will take, so
+    # the number belongs to the last forward operator that recorded it.
     fwd_of_seq = {}
-    for i, ph in top:  # an operator's own sequence number first, then its sub-operators'
-        s = attrs[i].get("seq_id", -1)
-        if ph == "forward" and isinstance(s, int) and s >= 0:
-            fwd_of_seq.setdefault(s, i)
     for i, ph in top:
         if ph == "forward":
             for j in subtree(i):
                 s = attrs[j].get("seq_id", -1)
                 if isinstance(s, int) and s >= 0:
-                    fwd_of_seq.setdefault(s, i)
+                    fwd_of_seq[s] = i
 
     # -- build operators and tensors --------------------------------------------------------
     tensors: dict[tuple, Tensor] = {}
@@ -279,9 +279,14 @@ def _fixed_size_outputs(ops, tensors) -> None:
             continue
         if any(tensors[t].scales_with_batch for t in op.inputs):
             continue
+        src = [tensors[t] for t in op.inputs if tensors[t].category == "weight"]
         for t in op.outputs:
-            if tensors[t].category == "activation" and t not in op.inputs:
-                tensors[t].category = "buffer"
+            out = tensors[t]
+            if out.category == "activation" and t not in op.inputs:
+                out.category = "buffer"
+                # a weight cast for mixed precision: "<parameter>.bfloat16"
+                if len(src) == 1 and src[0].name and out.shape == src[0].shape and not out.name:
+                    out.name = f"{src[0].name}.{out.dtype}"
 
 
 def _gradient_layers(ops, tensors) -> None:

@@ -415,6 +415,39 @@ class Llama(MixedPrecision):
         return self.output(self.norm(x))
 
 
+class MasterWeightAdamW(torch.optim.Optimizer):
+    """AdamW on float32 master copies of bfloat16 parameters, as Megatron-LM trains: each
+    step casts the bfloat16 gradients to float32, runs AdamW (foreach) on the masters and
+    copies them back into the parameters. Its `state` holds, per parameter, the master
+    weight and AdamW's states (so the tracer names them "<parameter>.master", ...)."""
+
+    def __init__(self, params, **adamw):
+        self.params = [p for p in params if p.requires_grad]
+        self.masters = [p.detach().float() for p in self.params]
+        self.inner = torch.optim.AdamW(self.masters, **adamw)
+        super().__init__(self.params, {})
+
+    @property
+    def state(self):  # parameter -> its master weight and AdamW states
+        return {p: {"master": m, **self.inner.state.get(m, {})}
+                for p, m in zip(self.params, self.masters, strict=True)}  # fmt: skip
+
+    @state.setter
+    def state(self, value):  # torch.optim.Optimizer.__init__ sets it
+        pass
+
+    def zero_grad(self, set_to_none: bool = True):
+        for p in self.params:
+            p.grad = None
+
+    def step(self, closure=None):
+        for p, m in zip(self.params, self.masters, strict=True):
+            m.grad = None if p.grad is None else p.grad.float()
+        self.inner.step()
+        with torch.no_grad():
+            torch._foreach_copy_(self.params, self.masters)
+
+
 def _llama_loss(out, target):  # torchtitan: the logits in float32
     return F.cross_entropy(out.flatten(0, 1).float(), target.flatten(0, 1))
 
@@ -447,9 +480,11 @@ def _lm_loss(out, target):
 
 
 def build(name: str, small: bool = False, image_size: int = 224, seq_len: int = 128,
-          layers: int | None = None):  # fmt: skip
+          layers: int | None = None, bf16_params: bool = False):  # fmt: skip
     """Return (model, make_batch(batch_size, device), loss_fn) for a reference model.
-    layers: build this many of a transformer's decoder layers (default: all of them)."""
+    layers: build this many of a transformer's decoder layers (default: all of them).
+    bf16_params (Llama): bfloat16 parameters, to train with MasterWeightAdamW (Megatron-LM's
+    scheme) instead of float32 parameters cast where used (torchtitan's)."""
     if layers is not None and name not in LAYERED:
         raise KeyError(f"{name} has no identical layers to trace a few of")
     classes = 10 if small else 1000
@@ -478,6 +513,9 @@ def build(name: str, small: bool = False, image_size: int = 224, seq_len: int = 
         if layers is not None:
             cfg["layers"] = layers
         model = Llama(**cfg, max_len=max(seq_len, 8192 if not small else seq_len))
+        if bf16_params:
+            model.to(torch.bfloat16)
+            model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()
         return model, _token_batch(seq_len, cfg["vocab"]), _llama_loss
     raise KeyError(name)
 

@@ -265,6 +265,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "replicate them to the model's depth (K must divide it)")  # fmt: skip
     t.add_argument("--calibration", help="with --shapes-only: a calibration table (JSON) "
                    "instead of the shipped H100 one")  # fmt: skip
+    t.add_argument("--master-weights", action="store_true",
+                   help="Llama: bfloat16 parameters with float32 master weights in the optimizer "
+                   "(Megatron-LM) instead of float32 parameters cast where used (torchtitan)")  # fmt: skip
     t.set_defaults(func=cmd_trace)
     return p
 
