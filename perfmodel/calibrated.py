@@ -273,9 +273,14 @@ class Calibration:
 def shipped(gpu: str = DEFAULT_GPU) -> Calibration:
     """The shipped table fitted on `gpu`'s traces (only H100-SXM has one)."""
     name = hardware.gpu(gpu).name
-    path = CALIBRATION_DIR / f"{name.split('-')[0].lower()}.json"
+    if name != DEFAULT_GPU:
+        raise ConfigError(
+            "perfmodel.calibration", name, f"a GPU with a shipped table: {DEFAULT_GPU}"
+        )
+    path = CALIBRATION_DIR / "h100.json"
     if not path.exists():
-        raise ConfigError("perfmodel.calibration", name, "a GPU with a shipped table: H100-SXM")
+        raise ConfigError("perfmodel.calibration", str(path), "the shipped calibration table, "
+                          "installed with the package (pip install -e . keeps it in place)")  # fmt: skip
     return Calibration.load(path)
 
 
