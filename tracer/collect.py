@@ -4,7 +4,8 @@ Warm-up iterations, then `measure` timed iterations (CUDA events on a GPU,
 perf_counter with synchronisation on CPU), then one further iteration recorded with
 torch.profiler (record_shapes, kernels on GPU) and the ExecutionTraceObserver.
 Profiled and timed iterations differ, so profiling overhead stays out of the
-measured time. This module never imports SimPy (it runs on machines without it).
+measured time. Shape-only (`shapes_only=True`): the same profiled iteration on meta tensors,
+nothing computed or timed. This module never imports SimPy (it runs on machines without it).
 """
 
 from __future__ import annotations
