@@ -135,6 +135,10 @@ def test_mixed_precision_as_torchtitan(two_and_six):
     casts = [o for o in two.operators if o.name == "aten::to" and o.phase == "forward"
              and two.tensors[o.inputs[0]].category == "weight"]  # fmt: skip
     assert casts and all(two.tensors[o.outputs[0]].category == "buffer" for o in casts)
+    assert {two.tensors[o.outputs[0]].name for o in casts} >= {
+        "layers.0.attention.wq.weight.bfloat16",
+        "tok_embeddings.weight.bfloat16",
+    }
     assert {"aten::scaled_dot_product_attention", "aten::rms_norm", "aten::silu"} <= {
         o.name for o in two.operators
     }

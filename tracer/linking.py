@@ -282,11 +282,14 @@ def _fixed_size_outputs(ops, tensors) -> None:
         src = [tensors[t] for t in op.inputs if tensors[t].category == "weight"]
         for t in op.outputs:
             out = tensors[t]
-            if out.category == "activation" and t not in op.inputs:
+            if t in op.inputs:
+                continue
+            if out.category == "activation":
                 out.category = "buffer"
-                # a weight cast for mixed precision: "<parameter>.bfloat16"
-                if len(src) == 1 and src[0].name and out.shape == src[0].shape and not out.name:
-                    out.name = f"{src[0].name}.{out.dtype}"
+            # a weight cast for mixed precision: "<parameter>.bfloat16"
+            if (out.category == "buffer" and len(src) == 1 and src[0].name and not out.name
+                    and out.shape == src[0].shape and out.dtype != src[0].dtype):  # fmt: skip
+                out.name = f"{src[0].name}.{out.dtype}"
 
 
 def _gradient_layers(ops, tensors) -> None:
