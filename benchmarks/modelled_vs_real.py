@@ -87,8 +87,8 @@ def report(traces: dict, gpu: str) -> None:
     for name in traces:
         print(f"\n-- {name}")
         print(f"{'kind':<16} {'ops':>4} {'measured ms':>12} "
-              + " ".join(f"{'sum ' + f:>10} {'err %':>7} {'med op %':>8}" for f in FORMS)
-              + f" {'roofline':>10} {'err %':>7}")  # fmt: skip
+              + " ".join(f"{f + ' form ms':>10} {'err %':>7} {'med op %':>8}" for f in FORMS)
+              + f" {'roofline ms':>11} {'err %':>7}")  # fmt: skip
         base = baseline(traces, name, gpu)
         kinds = results[FORMS[0]][name]["kinds"]
         for k in kinds:
@@ -101,7 +101,7 @@ def report(traces: dict, gpu: str) -> None:
                         f"{'' if med is None else f'{med:.1f}':>8} ")  # fmt: skip
             b = base.get(k, [0.0, 0.0])
             be = (b[1] - b[0]) / b[0] * 100 if b[0] else None
-            row += f"{b[1] * 1e3:>10.3f} {'' if be is None else f'{be:+.1f}':>7}"
+            row += f"{b[1] * 1e3:>11.3f} {'' if be is None else f'{be:+.1f}':>7}"
             print(row)
         meas = results[FORMS[0]][name]["measured_ms"]
         btot = sum(v[1] for v in base.values()) * 1e3
@@ -109,7 +109,7 @@ def report(traces: dict, gpu: str) -> None:
         for form in FORMS:
             r = results[form][name]
             line += f"{r['predicted_ms']:>10.3f} {r['error_pct']:>+7.1f} {'':>8} "
-        line += f"{btot:>10.3f} {(btot - meas) / meas * 100:>+7.1f}"
+        line += f"{btot:>11.3f} {(btot - meas) / meas * 100:>+7.1f}"
         print(line)
         summary.append([abs(results[f][name]["error_pct"]) for f in FORMS]
                        + [abs(btot - meas) / meas * 100])  # fmt: skip
