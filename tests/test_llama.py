@@ -112,8 +112,8 @@ def test_replication_has_l_over_k_times_the_per_layer_operators_at_the_same_time
 
 
 def test_for_loop_optimizer_replicates_too():
-    rep = replicate(small_trace(2, foreach=False), "layers", 2, 6)
-    assert describe(rep) == describe(small_trace(6, foreach=False))
+    rep = replicate(small_trace(2, foreach=False), "layers", 2, 4)
+    assert describe(rep) == describe(small_trace(4, foreach=False))
 
 
 def test_replication_refuses_what_it_cannot_do(two_and_six):
