@@ -1,18 +1,21 @@
 """Operator performance models: the time of one operator on a target GPU at a target size."""
 
 from perfmodel.base import MODELS, OperatorModel, Target, model_class, op_features, register
+from perfmodel.calibrated import CalibratedModel, Calibration
 from perfmodel.regression import LinearRegressionModel
 from perfmodel.replay import TraceTime
 from perfmodel.roofline import Roofline
 
 
 def make_model(kind: str, trace, **options) -> OperatorModel:
-    """Build a registered model by name ("trace", "regression", "roofline")."""
+    """Build a registered model by name ("trace", "regression", "roofline", "calibrated")."""
     return model_class(kind)(trace, **options)
 
 
 __all__ = [
     "MODELS",
+    "CalibratedModel",
+    "Calibration",
     "LinearRegressionModel",
     "OperatorModel",
     "Roofline",

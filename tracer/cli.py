@@ -9,52 +9,124 @@ from triosim.errors import TracerError
 
 
 def trace_model(name, batch_size, device="cpu", warmup=3, measure=5, small=False,
-                image_size=224, seq_len=128):  # fmt: skip
+                image_size=224, seq_len=128, shapes_only=False, layers=None,
+                master_weights=False):  # fmt: skip
+    """Trace a reference model (or module:function). shapes_only: on meta tensors, nothing
+    computed or timed (times 0, for a performance model to fill); layers: trace this many of
+    a transformer's identical layers and replicate them to the model's full depth;
+    master_weights (Llama): bfloat16 parameters with float32 master weights in the optimizer
+    (Megatron-LM), instead of float32 parameters cast to bfloat16 where used (torchtitan)."""
     import torch
 
     from tracer.collect import collect
-    from tracer.models import MODELS, build
+    from tracer.models import LAYERED, LLAMA, MODELS, MasterWeightAdamW, build, num_layers
 
     torch.manual_seed(0)
+    where = torch.device("meta") if shapes_only else torch.device("cpu")
     if ":" in name:  # module:function returning (model, make_batch, loss_fn)
+        if layers is not None:
+            raise TracerError("--layers works for the reference transformers only")
         mod, fn = name.split(":", 1)
         try:
-            built = getattr(importlib.import_module(mod), fn)()
+            with where:
+                built = getattr(importlib.import_module(mod), fn)()
         except (ImportError, AttributeError) as e:
             raise TracerError(f"cannot load {name!r}: {e}") from None
         if not (isinstance(built, tuple) and len(built) == 3):
             raise TracerError(f"{name} must return (model, make_batch, loss_fn), got "
                               f"{type(built).__name__}")  # fmt: skip
         model, make_batch, loss_fn = built
-        opt = torch.optim.Adam(model.parameters()) if isinstance(model, torch.nn.Module) else None
+        opt = (torch.optim.Adam(model.parameters(), foreach=True if shapes_only else None)
+               if isinstance(model, torch.nn.Module) else None)  # fmt: skip
         return collect(model, make_batch, loss_fn, opt, batch_size=batch_size, device=device,
-                       warmup=warmup, measure=measure, model_name=fn)  # fmt: skip
+                       warmup=warmup, measure=measure, model_name=fn,
+                       shapes_only=shapes_only)  # fmt: skip
     if name not in MODELS:
         raise TracerError(f"unknown model {name!r}; reference models: {', '.join(MODELS)}, "
                           "or module:function returning (model, make_batch, loss_fn)")  # fmt: skip
-    model, make_batch, loss_fn = build(name, small=small, image_size=image_size, seq_len=seq_len)
-    opt = torch.optim.Adam(model.parameters())
-    label = name + ("-small" if small else "")
-    return collect(model, make_batch, loss_fn, opt, batch_size=batch_size, device=device,
-                   warmup=warmup, measure=measure, model_name=label)  # fmt: skip
+    total = num_layers(name, small) if name in LAYERED else None
+    if layers is not None:
+        if name not in LAYERED:
+            raise TracerError(f"--layers: {name} has no identical layers to trace a few of "
+                              f"(transformers: {', '.join(LAYERED)})")  # fmt: skip
+        if layers < 1 or total % layers:
+            raise TracerError(f"--layers {layers}: {name} has {total} layers; trace a "
+                              "divisor of it")  # fmt: skip
+    if master_weights and name not in LLAMA:
+        raise TracerError("--master-weights is for the Llama models (bfloat16 training)")
+    with where:
+        model, make_batch, loss_fn = build(name, small=small, image_size=image_size,
+                                           seq_len=seq_len, layers=layers,
+                                           bf16_params=master_weights)  # fmt: skip
+    # on CUDA, PyTorch's optimizers default to foreach kernels; a shape-only trace is for a GPU
+    foreach = True if shapes_only else None
+    adamw = {"lr": 3e-4, "weight_decay": 0.1, "foreach": foreach}  # torchtitan: AdamW
+    if master_weights:
+        opt = MasterWeightAdamW(model.parameters(), **adamw)
+    elif name in LLAMA:
+        opt = torch.optim.AdamW(model.parameters(), **adamw)
+    else:
+        opt = torch.optim.Adam(model.parameters(), foreach=foreach)
+    label = name + ("-small" if small else "") + ("-bf16" if master_weights else "")
+    extra = {}
+    if name in LAYERED:
+        extra["seq_len"] = seq_len
+    if master_weights:
+        extra.update(dtype="bfloat16", mixed_precision="bfloat16 parameters, gradients and "
+                     "compute; float32 master weights and AdamW states in the optimizer "
+                     "(Megatron-LM)")  # fmt: skip
+    elif name in LLAMA:
+        extra.update(dtype="bfloat16", mixed_precision="bfloat16 compute; float32 parameters "
+                     "(master weights, cast to bfloat16 where used), gradients and AdamW states "
+                     "(torchtitan: FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16), or "
+                     "autocast)")  # fmt: skip
+    t = collect(model, make_batch, loss_fn, opt, batch_size=batch_size, device=device,
+                warmup=warmup, measure=measure, model_name=label, shapes_only=shapes_only,
+                metadata=extra)  # fmt: skip
+    if layers is not None and layers != total:
+        from tracer.layers import replicate
+
+        t = replicate(t, LAYERED[name], layers, total)
+    return t
 
 
-def run_trace(args) -> int:
+def run_trace(args, timer=None) -> int:
+    """The `trace` command. timer(trace, gpu, calibration) gives a shape-only trace its
+    modelled times (perfmodel.modelled.model_times; the tracer floor cannot import it)."""
     from pathlib import Path
 
     from triosim.trace import save
 
+    shapes_only = getattr(args, "shapes_only", False)
+    gpu = getattr(args, "gpu", None)
+    if shapes_only and not gpu:
+        raise TracerError("--shapes-only needs --gpu NAME: the GPU whose operator times the "
+                          "performance model predicts")  # fmt: skip
+    if gpu and not shapes_only:
+        raise TracerError("--gpu names the GPU a shape-only trace is modelled for; a real "
+                          "trace is timed on --device")  # fmt: skip
+    layers = getattr(args, "layers", None)
     t = trace_model(args.model, args.batch_size, args.device, args.warmup, args.measure,
-                    args.small, args.image_size, args.seq_len)  # fmt: skip
+                    args.small, args.image_size, args.seq_len, shapes_only, layers,
+                    getattr(args, "master_weights", False))  # fmt: skip
+    if shapes_only:
+        t = timer(t, gpu, getattr(args, "calibration", None))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     label = t.metadata["model"]
+    if shapes_only and "seq_len" in t.metadata:  # a modelled transformer: say its sequence
+        label += f"-s{t.metadata['seq_len']}"
     path = save(t, out / f"{label}-b{args.batch_size}.trace.json.gz")
-    measured = t.metadata["measured_iteration_time"]
-    total = t.total_time
-    gap = (total - measured) / measured * 100 if measured else math.nan
     print(f"wrote {path}")
     print(f"operators {len(t.operators)}, tensors {len(t.tensors)}")
+    total = t.total_time
+    if shapes_only:
+        m = t.metadata["time_model"]
+        print(f"modelled iteration time {total * 1e3:.3f} ms on {m['gpu']} (sum of operator "
+              f"times from perfmodel '{m['kind']}'; nothing was run or timed)")  # fmt: skip
+        return 0
+    measured = t.metadata["measured_iteration_time"]
+    gap = (total - measured) / measured * 100 if measured else math.nan
     print(f"measured iteration time  {measured * 1e3:.3f} ms (mean of {args.measure})")
     print(f"sum of operator times    {total * 1e3:.3f} ms ({gap:+.1f}% vs measured)")
     return 0

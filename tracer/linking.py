@@ -12,10 +12,13 @@ so tensor categories come from the model itself, not from guesses.
 
 from __future__ import annotations
 
+import copy
+import difflib
+import re
 from collections import defaultdict
 
 from triosim.errors import TracerError
-from triosim.flops import MATH_MODES, math_mode, op_class
+from triosim.flops import MATH_MODES, backward_flops, forward_flops, math_mode, numel, op_class
 from triosim.intervals import union_length
 from triosim.trace import Operator, Tensor, Trace
 
@@ -56,14 +59,20 @@ def _tensor_values(vals, types, shapes):
                     )
 
 
-def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None) -> Trace:
+def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None,
+         cuda_math: bool | None = None) -> Trace:  # fmt: skip
+    """The triosim Trace of one profiled iteration. gpu: times are the union of each
+    operator's GPU kernels (else its CPU duration); cuda_math: math modes as on CUDA
+    (default: gpu). flops_of(nodes, i, subtree, children): an operator's FLOPs, or None;
+    those it does not know come from triosim.flops's shape formulas."""
     schema = str(et.get("schema", ""))
     if not schema.startswith(SUPPORTED_SCHEMA_MAJOR):
         raise TracerError(f"Execution Trace schema {schema!r} is not supported (this tracer reads "
                           f"schema {SUPPORTED_SCHEMA_MAJOR}x)")  # fmt: skip
-    nodes = {n["id"]: n for n in et.get("nodes", [])}
-    if not nodes:
+    if not et.get("nodes"):
         raise TracerError("the Execution Trace has no nodes (did the profiled iteration run?)")
+    alias_storage(et["nodes"])  # rewrites the ET's storage ids in place
+    nodes = {n["id"]: n for n in et["nodes"]}
     # the root names itself as its parent; drop such self-loops so walks up the tree end
     parent = {i: p for i, n in nodes.items() if (p := n.get("ctrl_deps", n.get("parent"))) != i}
     attrs = {i: _attrs(n) for i, n in nodes.items()}
@@ -77,16 +86,20 @@ def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None) ->
 
     # -- tensor categories from the collector's markers ----------------------------------------
     marked: dict[tuple, str] = {}
+    names: dict[tuple, str] = {}
     for i, n in nodes.items():
         for a in ancestors(i):
             name = nodes[a]["name"]
             if name.startswith("## mark "):
-                cat = name[len("## mark ") : -3]
+                # "## mark <category> <name> ##" (older tracers: "## mark <category> ##")
+                cat, _, tname = name[len("## mark ") : -3].partition(" ")
                 inp = n["inputs"]
                 for key, *_ in _tensor_values(
                     inp["values"], inp.get("types", []), inp.get("shapes", [])
                 ):
                     marked.setdefault(key, cat)
+                    if tname:
+                        names.setdefault(key, tname)
                 break
     storage_cat = {k[1]: c for k, c in marked.items()}
 
@@ -159,13 +172,17 @@ def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None) ->
             op_kernels[top_of[node]].extend(ivs)
 
     # -- forward/backward pairing by sequence number ------------------------------------------
+    # An operator records the autograd sequence counter as it stands; only one that creates
+    # an autograd node advances it. Operators that create none (a batch norm's
+    # num_batches_tracked += 1, under no_grad) record the number the next node will take, so
+    # the number belongs to the last forward operator that recorded it.
     fwd_of_seq = {}
     for i, ph in top:
         if ph == "forward":
             for j in subtree(i):
                 s = attrs[j].get("seq_id", -1)
                 if isinstance(s, int) and s >= 0:
-                    fwd_of_seq.setdefault(s, i)
+                    fwd_of_seq[s] = i
 
     # -- build operators and tensors --------------------------------------------------------
     tensors: dict[tuple, Tensor] = {}
@@ -184,7 +201,8 @@ def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None) ->
             if cat is None:
                 cat = "activation" if produced_phase != "optimizer" else "optimizer_state"
             tensors[key] = Tensor(ids[key], tuple(shape) if isinstance(shape, list) else (),
-                                  DTYPES.get(dtype, dtype), float(nbytes), cat)  # fmt: skip
+                                  DTYPES.get(dtype, dtype), float(nbytes), cat,
+                                  names.get(key))  # fmt: skip
         return ids[key]
 
     ops = []
@@ -243,9 +261,68 @@ def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None) ->
         if op.phase == "forward" and not op.layer:
             op.layer = "(model)"
     table = {t.id: t for t in tensors.values()}
-    set_math(ops, table, cuda=gpu, cudnn_tf32=metadata.get("cudnn_allow_tf32", True),
+    _fixed_size_outputs(ops, table)
+    _gradient_layers(ops, table)
+    _shape_flops(ops, table)
+    set_math(ops, table, cuda=gpu if cuda_math is None else cuda_math,
+             cudnn_tf32=metadata.get("cudnn_allow_tf32", True),
              matmul_tf32=metadata.get("matmul_allow_tf32", False))  # fmt: skip
     return Trace(ops, table, metadata).validate()
+
+
+def _fixed_size_outputs(ops, tensors) -> None:
+    """A forward op that reads tensors and none of them grows with the batch (a weight cast
+    to bfloat16, a slice of a rotary table) makes a tensor of fixed size: a buffer, not an
+    activation. Factories with no tensor input keep "activation" (they may be batch-sized)."""
+    for op in ops:
+        if op.phase != "forward" or not op.inputs:
+            continue
+        if any(tensors[t].scales_with_batch for t in op.inputs):
+            continue
+        src = [tensors[t] for t in op.inputs if tensors[t].category == "weight"]
+        for t in op.outputs:
+            out = tensors[t]
+            if t in op.inputs:
+                continue
+            if out.category == "activation":
+                out.category = "buffer"
+            # a weight cast for mixed precision: "<parameter>.bfloat16"
+            if (out.category == "buffer" and len(src) == 1 and src[0].name and not out.name
+                    and out.shape == src[0].shape and out.dtype != src[0].dtype):  # fmt: skip
+                out.name = f"{src[0].name}.{out.dtype}"
+
+
+def _gradient_layers(ops, tensors) -> None:
+    """AccumulateGrad has no forward op to take a layer from: it takes the module that owns
+    the parameter whose gradient it stores (from the gradient's name)."""
+    for op in ops:
+        if op.phase == "backward" and not op.layer and op.name.endswith("AccumulateGrad"):
+            for t in op.outputs:
+                g = tensors[t]
+                if g.category == "gradient" and g.name:
+                    op.layer = g.name.rpartition(".")[0] or "(model)"
+                    break
+
+
+def _shape_flops(ops, tensors) -> None:
+    """FLOPs for the operators PyTorch's flop counter does not know (element-wise,
+    normalisation, pooling, loss, optimizer): triosim.flops's formulas on the recorded
+    shapes, as the TrioSim CSV importer computes them; a backward op's from its forward op."""
+    by_id = {o.id: o for o in ops}
+    for op in ops:
+        if op.flops is None and op.phase != "backward":
+            op.flops = forward_flops(op.name, [tensors[t].shape for t in op.inputs],
+                                     [tensors[t].shape for t in op.outputs])  # fmt: skip
+    for op in ops:
+        if op.flops is not None or op.phase != "backward":
+            continue
+        f = by_id.get(op.fwd_id)
+        if f is not None and f.inputs:
+            x = tensors[f.inputs[0]]
+            op.flops = backward_flops(op.name, f.flops, numel(x.shape),
+                                      input_grad=x.category != "input")  # fmt: skip
+        elif op.outputs:
+            op.flops = backward_flops(op.name, None, numel(tensors[op.outputs[0]].shape))
 
 
 def set_math(ops, tensors, *, cuda: bool, cudnn_tf32: bool = True, matmul_tf32: bool = False):
@@ -257,6 +334,31 @@ def set_math(ops, tensors, *, cuda: bool, cudnn_tf32: bool = True, matmul_tf32: 
             dtype = max(ts, key=lambda t: t.nbytes).dtype
             op.math = math_mode(op_class(op.name), dtype, cuda=cuda, cudnn_tf32=cudnn_tf32,
                                 matmul_tf32=matmul_tf32)  # fmt: skip
+
+
+def _sdpa_flops(args, backward: bool) -> float | None:
+    """PyTorch's attention FLOP formulas (torch.utils.flop_counter) for the CPU flash kernel,
+    which its registry lacks; grouped-query key/value heads count as the query's."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    shapes = [a for a in args if isinstance(a, list) and len(a) == 4]
+    if backward:
+        if len(shapes) < 4:
+            return None
+        g, q, k, v = shapes[:4]
+        k, v = [q[0], q[1], *k[2:]], [q[0], q[1], *v[2:]]
+        return float(sdpa_backward_flop_count(g, q, k, v))
+    if len(shapes) < 3:
+        return None
+    q, k, v = shapes[:3]
+    k, v = [q[0], q[1], *k[2:]], [q[0], q[1], *v[2:]]
+    return float(sdpa_flop_count(q, k, v))
+
+
+_EXTRA_FLOPS = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": False,
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": True,
+}
 
 
 def node_flops(nodes, i, subtree, children) -> float | None:
@@ -271,6 +373,13 @@ def node_flops(nodes, i, subtree, children) -> float | None:
         j = stack.pop()
         name = nodes[j]["name"]
         packet = None
+        if name in _EXTRA_FLOPS:
+            inp = nodes[j]["inputs"]
+            f = _sdpa_flops(inp.get("shapes", []), _EXTRA_FLOPS[name])
+            if f is not None:
+                total += f
+                known = True
+                continue
         if name.startswith("aten::"):
             packet = getattr(torch.ops.aten, name[6:].split(".")[0], None)
         if packet is not None and packet in flop_registry:
@@ -293,3 +402,260 @@ def node_flops(nodes, i, subtree, children) -> float | None:
             continue  # outermost counted op: do not count its children again
         stack.extend(children.get(j, ()))
     return total if known else None
+
+
+_DISPATCH_MODE = "PythonDispatchMode"
+_STAND_INS = {"aten::scaled_dot_product_attention"}  # collect._cpu_attention's range
+_STORAGE_BASE = 1 << 40  # synthetic storage ids: far from any id the ET hands out
+
+
+def prepare_meta_trace(et: dict, numbers: list) -> dict:
+    """The Execution Trace of a shape-only run (meta tensors, under collect's tagging
+    dispatch mode), made to read like a real one:
+
+    - drop what ran below the dispatch mode (the "PythonDispatchMode" node under each
+      operator that reached the mode, and everything under it: meta kernels, some written
+      in Python, which a CPU or GPU run does not have); splice out the mode's nodes around
+      record_function ranges;
+    - name tensors by the mode's numbers (`numbers`: per mode call in order, the numbers of
+      the tensors it read and returned): an ET tensor id is a TensorImpl address, reused
+      once a tensor is freed, and meta tensors have no data pointer to tell them apart;
+    - drop the detach autograd issues, under the mode only, when it saves a tensor.
+
+    Storage ids (which views share) come next, from the operator schemas, in `link`.
+    """
+    nodes = et.get("nodes", [])
+    by_id = {n["id"]: n for n in nodes}
+    parent = {n["id"]: n.get("ctrl_deps", n.get("parent")) for n in nodes}
+
+    def mode_under_op(i):
+        """A mode node of an operator (drop what is below it), not of a record_function
+        range entering (a String argument) or leaving (an Object) through the mode."""
+        n = by_id[i]
+        types = n.get("inputs", {}).get("types") or [""]
+        return n["name"] == _DISPATCH_MODE and types[0] not in ("String", "Object")
+
+    def call_label(name):
+        ns, _, rest = name.partition(".")
+        return "profiler" if ns == "profiler" else f"{ns}::{rest.split('.')[0]}"
+
+    drop: dict[int, bool] = {}
+
+    def dropped(i):
+        chain, verdict = [], False
+        while True:
+            if i in drop:
+                verdict = drop[i]
+                break
+            if i not in by_id:
+                break
+            chain.append(i)
+            if mode_under_op(i):
+                verdict = True
+                break
+            p = parent.get(i)
+            if p is None or p == i:
+                break
+            i = p
+        for j in chain:
+            drop[j] = verdict
+        return verdict
+
+    def saved_detach(i):
+        """A detach the dispatch mode makes autograd issue when it saves or unpacks a
+        tensor for backward, inside an operator or autograd node: a run without the mode has
+        none (AccumulateGrad's own detach, which steals a gradient, is real)."""
+        n = by_id[i]
+        p = by_id.get(parent[i], {}).get("name", "")
+        inside = not p.startswith(("##", "ProfilerStep")) and "AccumulateGrad" not in p
+        return n["name"] == "aten::detach" and inside
+
+    same_as: dict[int, int] = {}  # a saved-tensor detach's output ET id -> its input's
+    for i in sorted(by_id):
+        if saved_detach(i):
+            ins, outs = _tensor_items(by_id[i]["inputs"]), _tensor_items(by_id[i]["outputs"])
+            if len(ins) == 1 and len(outs) == 1:
+                same_as[outs[0][0]] = ins[0][0]
+                drop[i] = True
+
+    kept = []
+    for n in nodes:
+        if dropped(n["id"]) or n["name"] == _DISPATCH_MODE:
+            continue  # below an operator, or a record_function passing through the mode
+        p = parent.get(n["id"])
+        while p in by_id and by_id[p]["name"] == _DISPATCH_MODE and p != parent.get(p):
+            p = parent.get(p)
+        kept.append({**n, "ctrl_deps": p} if "ctrl_deps" in n else {**n, "parent": p})
+
+    # -- a range standing in for a composite operator (collect._cpu_attention) has its
+    # inputs; its output is its operator's first
+    kids: dict[int, list] = defaultdict(list)
+    for n in kept:
+        kids[n.get("ctrl_deps", n.get("parent"))].append(n)
+    for n in kept:
+        if n["name"] in _STAND_INS and not n.get("outputs", {}).get("values"):
+            inner = [c for c in kids.get(n["id"], []) if _is_op(c["name"])]
+            if inner and inner[0].get("outputs", {}).get("values"):
+                o = inner[0]["outputs"]
+                n["outputs"] = {k: copy.deepcopy(o[k][:1]) for k in ("values", "shapes", "types",
+                                "strides") if o.get(k)}  # fmt: skip
+
+    # -- the mode's calls are, in order, the operators that reached it (and the
+    # record_function ranges passing through it); align them with the ET's operators by
+    # name: composite operators (aten::linear) never reach the mode, and a few operators
+    # (the detach AccumulateGrad makes) reach it without leaving a mode node to count on
+    seq = [(i, by_id[i]["name"]) for i in sorted(by_id)
+           if (not dropped(i) and _is_op(by_id[i]["name"]))
+           or (by_id[i]["name"] == _DISPATCH_MODE and not mode_under_op(i))]  # fmt: skip
+    matcher = difflib.SequenceMatcher(
+        None,
+        [name if name != _DISPATCH_MODE else "profiler" for _, name in seq],
+        [call_label(c[2]) for c in numbers],
+        autojunk=False,
+    )
+    named: dict[int, tuple[list, list]] = {}  # op node -> (input numbers, output numbers)
+    for blk in matcher.get_matching_blocks():
+        for k in range(blk.size):
+            named[seq[blk.a + k][0]] = numbers[blk.b + k][:2]
+
+    # -- rename tensors: the mode's number where known, in time order --------------------------
+    kept_ids = {n["id"] for n in kept}
+    kparent = {n["id"]: n.get("ctrl_deps", n.get("parent")) for n in kept}
+    last = {i: i for i in kept_ids}  # the last node of each subtree, by id
+    for i in sorted(kept_ids, reverse=True):
+        p = kparent.get(i)
+        if p in last and p != i:
+            last[p] = max(last[p], last[i])
+    events = []
+    for n in kept:
+        events.append((n["id"], 0, n, "inputs"))
+        events.append((last[n["id"]], 1, n, "outputs"))  # outputs exist once the subtree ran
+    events.sort(key=lambda e: (e[0], e[1]))
+    current: dict[int, int] = {}  # ET tensor id -> number of the tensor it names now
+    fresh = iter(range(_STORAGE_BASE, 2 * _STORAGE_BASE))
+
+    def rename(side, nums):
+        items = _tensor_items(side)
+        if nums is not None and len(nums) == len(items):
+            for x, k in zip(items, nums, strict=True):
+                current[x[0]] = k
+        for x in items:
+            if x[0] not in current:
+                src = same_as.get(x[0])
+                current[x[0]] = current[src] if src in current else next(fresh)
+            x[0] = current[x[0]]
+
+    for _, kind, n, side in events:
+        nums = named.get(n["id"])
+        rename(n.get(side, {}), None if nums is None else nums[kind])
+
+    return {**et, "nodes": kept}
+
+
+def alias_storage(nodes: list) -> bool:
+    """Rewrite each tensor's storage id (in place) so that a view shares its base's storage
+    and every other tensor has its own: an output whose schema alias set is an input's (e.g.
+    `aten::t(Tensor(a) self) -> Tensor(a)`, `aten::add_(Tensor(a!) self, ...)`) joins that
+    input's storage. The ET's own storage id is a data pointer, which the allocator hands to
+    a new tensor once the old one is freed (an activation freed in backward and a gradient
+    allocated in its place would share it), and which meta tensors do not have. Returns
+    False, changing nothing, for an ET without operator schemas."""
+    if not any(_attrs(n).get("op_schema") for n in nodes):
+        return False
+    root: dict[tuple, tuple] = {}
+
+    def find(k):
+        while root.get(k, k) != k:
+            k = root[k]
+        return k
+
+    def keys(side):  # per argument, the (id, storage) of its tensors
+        return [[(x[0], x[1]) for x in items] for items in _tensor_args(side)]
+
+    schemas: dict[str, tuple] = {}
+    for n in sorted(nodes, key=lambda n: n["id"]):
+        text = _attrs(n).get("op_schema")
+        if not text:
+            continue
+        if text not in schemas:
+            schemas[text] = _alias_sets(text)
+        arg_sets, ret_sets = schemas[text]
+        alias_in = {}
+        for aset, ks in zip(arg_sets, keys(n["inputs"]), strict=False):
+            if aset and ks:
+                alias_in.setdefault(aset, ks[0])
+        for rset, ks in zip(ret_sets, keys(n.get("outputs", {})), strict=False):
+            base = alias_in.get(rset) if rset else None
+            if base is not None:
+                for k in ks:
+                    rk, rb = find(k), find(base)
+                    if rk != rb:
+                        root[rk] = rb
+    storage: dict[tuple, int] = {}
+    for n in nodes:
+        for side in (n["inputs"], n.get("outputs", {})):
+            for x in _tensor_items(side):
+                x[1] = storage.setdefault(find((x[0], x[1])), _STORAGE_BASE + len(storage))
+    return True
+
+
+def _tensor_args(side) -> list[list]:
+    """Per argument of an ET node's inputs or outputs, its 6-element tensor values (several
+    for a tensor list, none for a non-tensor), to be read or edited in place."""
+    out = []
+    for v, t in zip(side.get("values", []), side.get("types", []), strict=False):
+        if isinstance(t, str) and t.startswith("Tensor(") and isinstance(v, list) and len(v) == 6:
+            out.append([v])
+        elif isinstance(t, str) and t.startswith("GenericList[") and isinstance(v, list):
+            out.append([x for x in v if isinstance(x, list) and len(x) == 6])
+        else:
+            out.append([])
+    return out
+
+
+def _tensor_items(side):
+    """The 6-element tensor values of an ET node's inputs or outputs, lists flattened."""
+    return [x for items in _tensor_args(side) for x in items]
+
+
+_ALIAS = re.compile(r"^Tensor\((\w+)!?(?: -> \*)?\)")
+
+
+def _split_top(text: str) -> list[str]:
+    """Split at commas outside brackets and parentheses."""
+    parts, depth, cur = [], 0, []
+    for ch in text:
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    if "".join(cur).strip():
+        parts.append("".join(cur).strip())
+    return parts
+
+
+def _alias_sets(schema: str) -> tuple[list, list]:
+    """The alias set of each argument and each return of an operator schema ("a" for
+    `Tensor(a) self`, `Tensor(a!) self`, `Tensor(a)[]`; None for no alias)."""
+    try:
+        head, ret = schema.rsplit("->", 1)
+        args = head[head.index("(") + 1 : head.rindex(")")]
+    except ValueError:
+        return [], []
+    ret = ret.strip()
+    if ret.startswith("(") and ret.endswith(")"):
+        ret = ret[1:-1]
+
+    def sets(parts):
+        out = []
+        for p in parts:
+            m = _ALIAS.match(p.strip())
+            out.append(m.group(1) if m else None)
+        return out
+
+    return sets(a for a in _split_top(args) if a != "*"), sets(_split_top(ret))

@@ -123,6 +123,18 @@ def cmd_info(args) -> int:
           f"({pct(st['pairing'])})")  # fmt: skip
     print(f"FLOPs         {st['operators_with_flops']} of {st['operators']} operators "
           f"({pct(st['flops_coverage'])}), {st['total_flops'] / 1e9:.3f} GFLOP")  # fmt: skip
+    tm = t.metadata.get("time_model")
+    if t.metadata.get("modelled") and isinstance(tm, dict):
+        print(f"times         MODELLED, not measured: perfmodel '{tm.get('kind')}' for "
+              f"{tm.get('gpu')}")  # fmt: skip
+        if tm.get("calibration"):
+            print(f"calibration   fitted on {tm.get('fitted_on')} ({tm.get('form')} form): "
+                  f"{tm['calibration']}")  # fmt: skip
+        if tm.get("assumption"):
+            print(f"assumption    {tm['assumption']}")
+    lay = t.metadata.get("layers")
+    if isinstance(lay, dict):
+        print(f"layers        {lay.get('total')} ({lay.get('how')})")
     for w in fidelity_warnings(t):
         print(f"warning: {w}")
     return 0
@@ -198,7 +210,12 @@ def cmd_trace(args) -> int:
         ) from None
     from tracer.cli import run_trace
 
-    return run_trace(args)
+    def timer(trace, gpu, calibration):
+        from perfmodel.modelled import model_times
+
+        return model_times(trace, gpu, "calibrated", calibration=calibration)
+
+    return run_trace(args, timer)
 
 
 # -- sweep ----------------------------------------------------------------------------------------
@@ -484,8 +501,9 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("trace", help="trace one training iteration of a model with PyTorch",
                        description="Run warm-up and timed iterations, then profile one iteration with "
                        "PyTorch Profiler + Execution Trace Observer; write a triosim trace.")  # fmt: skip
-    t.add_argument("model", help="a reference model: resnet18, resnet50, resnet152, vgg11, vgg16, "
-                   "densenet121, gpt2, bert, or module:function returning (model, make_batch(batch_size, device), loss_fn)")  # fmt: skip
+    t.add_argument("model", help="a reference model: resnet18, resnet50, resnet152, vgg11, vgg13, "
+                   "vgg16, vgg19, densenet121, gpt2, bert, llama3-8b, llama3-70b, llama3.2-1b, or "
+                   "module:function returning (model, make_batch(batch_size, device), loss_fn)")  # fmt: skip
     t.add_argument("--batch-size", type=_positive_int, required=True)
     t.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     t.add_argument("--out", required=True, help="output folder")
@@ -494,6 +512,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--seq-len", type=int, default=128, help="sequence length for gpt2/bert")
     t.add_argument("--small", action="store_true", help="a reduced model size (fast CPU traces)")
     t.add_argument("--image-size", type=int, default=224, help="image side for CNNs")
+    t.add_argument("--shapes-only", action="store_true",
+                   help="run the model on meta tensors (no memory, no compute) and take each "
+                   "operator's time from the calibrated performance model for --gpu; the trace "
+                   "says its times are modelled")  # fmt: skip
+    t.add_argument("--gpu", help="with --shapes-only: the catalogue GPU to model (H100-SXM, "
+                   "A100-80GB, A40, ...)")  # fmt: skip
+    t.add_argument("--layers", type=_positive_int, metavar="K",
+                   help="transformers: trace K of the identical layers at full width and "
+                   "replicate them to the model's depth (K must divide it)")  # fmt: skip
+    t.add_argument("--calibration", help="with --shapes-only: a calibration table (JSON) "
+                   "instead of the shipped H100 one")  # fmt: skip
+    t.add_argument("--master-weights", action="store_true",
+                   help="Llama: bfloat16 parameters with float32 master weights in the optimizer "
+                   "(Megatron-LM) instead of float32 parameters cast where used (torchtitan)")  # fmt: skip
     t.set_defaults(func=cmd_trace)
 
     se = sub.add_parser("search", help="rank every way to spread a trace over the GPUs",

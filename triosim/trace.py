@@ -36,6 +36,7 @@ MAX_OP_TIME = 1e6  # seconds (11 days): a larger operator time is a unit mistake
 OPERATOR_COLUMNS = ("id", "name", "layer", "phase", "time", "inputs", "outputs", "flops")
 OPERATOR_OPTIONAL = ("fwd_id", "kernels", "tp_split", "math")
 TENSOR_COLUMNS = ("id", "shape", "dtype", "nbytes", "category")
+TENSOR_OPTIONAL = ("name",)
 
 
 @dataclass(slots=True)
@@ -45,6 +46,10 @@ class Tensor:
     dtype: str
     nbytes: float
     category: str
+    # what the tensor is in the model, where the tracer knows: a parameter's name for a weight
+    # and its gradient ("layers.0.attention.wq.weight"), "<parameter>.<state>" for an
+    # optimizer state ("layers.0.attention.wq.weight.exp_avg"), a buffer's name; else None
+    name: str | None = None
 
     @property
     def scales_with_batch(self) -> bool:
@@ -230,9 +235,10 @@ def save(trace: Trace, path) -> Path:
         "format_version": FORMAT_VERSION,
         "metadata": trace.metadata,
         "tensors": {
-            "columns": list(TENSOR_COLUMNS),
+            "columns": list(TENSOR_COLUMNS + TENSOR_OPTIONAL),
             "rows": [
-                [t.id, list(t.shape), t.dtype, t.nbytes, t.category] for t in trace.tensors.values()
+                [t.id, list(t.shape), t.dtype, t.nbytes, t.category, t.name]
+                for t in trace.tensors.values()
             ],
         },  # fmt: skip
         "operators": {
@@ -288,13 +294,14 @@ def load(path, progress: bool = False) -> Trace:
     if not isinstance(metadata, dict):
         raise TraceError("metadata must be an object", file=path, field="metadata")
     tensors = {}
-    for row, rec in _rows(doc, "tensors", TENSOR_COLUMNS, (), path, False):
+    for row, rec in _rows(doc, "tensors", TENSOR_COLUMNS, TENSOR_OPTIONAL, path, False):
         t = Tensor(
             id=_int(rec, "id", path, row),
             shape=tuple(_int_list(rec, "shape", path, row)),
             dtype=_str(rec, "dtype", path, row),
             nbytes=_num(rec, "nbytes", path, row),
             category=_str(rec, "category", path, row),
+            name=_optional_str(rec, "name", path, row),
         )
         if t.id in tensors:
             raise TraceError(f"duplicated tensor id {t.id}", file=path, row=row, field="id")

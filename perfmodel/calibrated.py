@@ -1,0 +1,470 @@
+"""A GPU operator-time model calibrated on real GPU traces: per operator kind, a fixed time
+per operator (kernel launch and tail) plus the roofline with fitted efficiencies.
+
+    time = overhead + max(compute, memory) / efficiency                     (form "max")
+    time = overhead + compute / compute_efficiency + memory / memory_efficiency  (form "sum")
+
+compute = FLOPs / the GPU's peak for the operator's math mode; memory = bytes moved / the
+GPU's memory bandwidth (bytes: the operator's distinct inputs plus its distinct outputs, an
+in-place operator's tensor counted as read and written; a backward operator's bytes are
+its forward operator's, so that what a tracer records as a backward operator's tensors,
+which differs between tracers, does not matter; an embedding reads the rows it gathers,
+not its table). Operators that launch no GPU kernel (views, empty tensors, a gradient
+AccumulateGrad steals, `item` of a host scalar, the optimizer's host-side step counters,
+a backward node that only passes its gradient on) take no time.
+
+Kinds nest: an operator name ("conv2d", "Convolution" for its backward), its family
+("conv", "conv_bwd"), its class ("compute": convolutions, matrix products, attention;
+"memory": the rest) and "all". A kind with few samples, or samples of one size, keeps its
+parent's shape and fits only a scale; an operator takes the most specific kind the table
+has. A table is fitted on the traces of one GPU (`fit`) and predicts any GPU of the
+catalogue with that GPU's peaks and bandwidth and the same efficiencies and overheads: an
+assumption when the target is not the GPU the table was fitted on.
+
+The shipped table (perfmodel/calibration/h100.json) is fitted on the two H100 traces of the
+original TrioSim (VGG-13 and ResNet-50, batch 128); `python -m perfmodel.calibrate` refits
+it. `heldout` fits on all traces but one and predicts that one, per operator kind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from perfmodel.base import OperatorModel, Target, batch_ratio, register, scales_with_batch
+from triosim import flops as fl
+from triosim import hardware
+from triosim.errors import ConfigError
+from triosim.schema import option
+from triosim.trace import Operator, Trace
+
+CALIBRATION_DIR = Path(__file__).resolve().parent / "calibration"
+DEFAULT_GPU = "H100-SXM"
+FORMS = ("max", "sum")
+
+# operators that launch no GPU kernel
+NO_KERNEL = frozenset({
+    "view", "_unsafe_view", "reshape_alias", "_reshape_alias", "t", "transpose", "permute",
+    "expand", "expand_as", "unsqueeze", "squeeze", "slice", "select", "split", "split_with_sizes",
+    "chunk", "unbind", "as_strided", "flatten", "unflatten", "alias", "detach", "view_as",
+    "empty", "empty_like", "empty_strided", "lift_fresh", "item", "_local_scalar_dense",
+    "numpy_T", "narrow",
+})  # fmt: skip
+NO_KERNEL_BACKWARD = frozenset({
+    "T", "View", "UnsafeView", "Permute", "Transpose", "Unsqueeze", "Squeeze", "Alias",
+    "Detach", "AccumulateGrad", "ReshapeAlias", "Clone", "Unflatten", "Flatten",
+})  # fmt: skip
+NORM = ("norm",)
+POOL = ("pool",)
+LOSS = frozenset({"cross_entropy_loss", "log_softmax", "_log_softmax", "softmax", "_softmax",
+                  "nll_loss", "nll_loss_forward", "mse_loss"})  # fmt: skip
+LOSS_BACKWARD = frozenset({"LogSoftmax", "Softmax", "NllLoss", "MseLoss", "SafeSoftmax"})
+COPY = frozenset({"to", "_to_copy", "clone", "contiguous", "copy", "cat", "stack", "reshape",
+                  "index_select", "gather", "repeat", "repeat_interleave", "ones_like",
+                  "zeros_like", "zero", "fill", "arange", "ones", "zeros", "full"})  # fmt: skip
+ATTENTION = ("attention",)
+EMBEDDING = frozenset({"embedding"})
+COMPUTE_FAMILIES = frozenset({"conv", "conv_bwd", "matmul", "matmul_bwd", "attention",
+                              "attention_bwd"})  # fmt: skip
+
+
+# -- kinds -------------------------------------------------------------------------------------
+
+
+def op_kind(op: Operator) -> tuple[str, str]:
+    """(family, name) of an operator: ("conv", "conv2d"), ("conv_bwd", "Convolution"),
+    ("optimizer", "_foreach_addcdiv"), ...; family "none" for an operator with no kernel."""
+    if op.phase == "backward":
+        b = fl.backward_kind(op.name) or op.name.split(":")[-1].strip()
+        if b in NO_KERNEL_BACKWARD:
+            return "none", b
+        low = b.lower()
+        if b in fl.CONV_BACKWARD:
+            fam = "conv_bwd"
+        elif b in fl.MATMUL_BACKWARD:
+            fam = "matmul_bwd"
+        elif "attention" in low:
+            fam = "attention_bwd"
+        elif "norm" in low:
+            fam = "norm_bwd"
+        elif "pool" in low or b == "Mean":
+            fam = "pool_bwd"
+        elif b in LOSS_BACKWARD:
+            fam = "loss_bwd"
+        elif b == "Embedding":
+            fam = "embedding_bwd"
+        elif b in ("ToCopy", "Cat", "Split", "Slice", "Select", "Expand", "Repeat", "Index"):
+            fam = "copy_bwd"
+        else:
+            fam = "elementwise_bwd"
+        return fam, b
+    k = fl.kind(op.name)
+    if k in NO_KERNEL:
+        return "none", k
+    if op.phase == "optimizer":
+        return "optimizer", k
+    if k in fl.CONV:
+        return "conv", k
+    if k in fl.MATMUL:
+        return "matmul", k
+    if any(s in k for s in ATTENTION):
+        return "attention", k
+    if any(s in k for s in NORM):
+        return "norm", k
+    if any(s in k for s in POOL):
+        return "pool", k
+    if k in LOSS:
+        return "loss", k
+    if k in EMBEDDING:
+        return "embedding", k
+    if k in COPY:
+        return "copy", k
+    return "elementwise", k
+
+
+def kind_chain(family: str, name: str) -> list[str]:
+    """The keys of a kind from the most to the least specific: name, family, class, all."""
+    cls = "compute" if family in COMPUTE_FAMILIES else "memory"
+    return [f"{family}/{name}", family, cls, "all"]
+
+
+def launches_no_kernel(trace: Trace, op: Operator, family: str) -> bool:
+    if family == "none":
+        return True
+    if op.phase == "backward" and not op.outputs:  # passes its gradient on (AddBackward)
+        return True
+    # the optimizer's step counters: host-side scalars unless the optimizer is capturable
+    if op.phase == "optimizer":
+        ts = [trace.tensors[t] for t in op.inputs + op.outputs]
+        if ts and all(len(t.shape) == 0 for t in ts):
+            return True
+    return False
+
+
+# -- features ----------------------------------------------------------------------------------
+
+
+def _scale(trace: Trace, t, r: float, shard: int) -> float:
+    return t.nbytes * (r if t.scales_with_batch else 1.0 / shard)
+
+
+def op_bytes(trace: Trace, op: Operator, target: Target = Target()) -> float:
+    """Bytes an operator moves at the target: its distinct inputs plus its distinct outputs
+    (an in-place operator's tensor read and written); a backward operator's are its forward
+    operator's; an embedding reads only the rows it gathers (its output's size)."""
+    r = batch_ratio(trace, target)
+    shard = target.tp if op.tp_split else 1
+    src = op
+    if op.phase == "backward" and op.fwd_id is not None:
+        src = trace.op(op.fwd_id)
+    family, _ = op_kind(src)
+    ins = [trace.tensors[t] for t in dict.fromkeys(src.inputs)]
+    outs = [trace.tensors[t] for t in dict.fromkeys(src.outputs)]
+    if family == "embedding":  # a gather: indices in, rows out (read and written)
+        ins = [t for t in ins if t.category not in ("weight", "buffer")]
+        moved = sum(_scale(trace, t, r, shard) for t in ins) + 2 * sum(
+            _scale(trace, t, r, shard) for t in outs
+        )
+        if op is not src:  # its backward also writes the whole gradient table
+            moved += sum(
+                _scale(trace, trace.tensors[t], r, shard)
+                for t in dict.fromkeys(src.inputs)
+                if trace.tensors[t].category == "weight"
+            )
+        return moved
+    read = sum(_scale(trace, t, r, shard) for t in ins)
+    written = sum(_scale(trace, t, r, shard) for t in outs)
+    if not outs and _in_place(src.name):
+        # an in-place operator whose trace lists no outputs (a foreach optimizer step)
+        # writes its first tensor list back: read / the number of distinct lists it reads
+        written = read / _LISTS.get(fl.kind(src.name).removeprefix("_foreach_"), 1)
+    return (read + written) * PASSES.get(op_kind(op)[0], 1.0)
+
+
+# lists of distinct tensors an in-place foreach operator reads (addcmul's two tensors are one
+# list, the gradients, read twice)
+_LISTS = {"lerp": 2, "addcmul": 2, "addcdiv": 3}
+# passes over its tensors a kernel makes beyond reading its inputs and writing its outputs
+# once (a backward operator's bytes are its forward operator's): normalisation reads its
+# input twice (statistics, then normalising); its backward reads the output gradient and the
+# input twice and writes the input gradient (5 passes against the forward's 2); a memory-bound
+# backward reads the output gradient and a saved tensor and writes the input gradient (3
+# against 2)
+PASSES = {"norm": 1.5, "norm_bwd": 2.5, "elementwise_bwd": 1.5, "pool_bwd": 1.5,
+          "loss_bwd": 1.5, "copy_bwd": 1.0}  # fmt: skip
+
+
+def _in_place(name: str) -> bool:
+    k = name.split("::")[-1].split(".")[0].strip()
+    return k.endswith("_") and not k.endswith("__")
+
+
+def op_flops(trace: Trace, op: Operator, target: Target = Target()) -> float:
+    flops = op.flops or 0.0
+    if flops and scales_with_batch(trace, op):
+        flops *= batch_ratio(trace, target)
+    return flops / (target.tp if op.tp_split else 1)
+
+
+def roofs(trace: Trace, op: Operator, gpu: hardware.GPU, target: Target = Target(),
+          dtype: str = "float32") -> tuple[float, float]:  # fmt: skip
+    """(compute seconds, memory seconds) of an operator at the target on `gpu`."""
+    peak = gpu.flops_for(op.math or trace.metadata.get("dtype") or dtype)
+    return op_flops(trace, op, target) / peak, op_bytes(trace, op, target) / gpu.memory_bandwidth
+
+
+# -- the table ----------------------------------------------------------------------------------
+
+
+@dataclass
+class Calibration:
+    """Fitted parameters per kind: {"overhead": s, "compute": 1/efficiency, "memory":
+    1/efficiency} (form "sum"), or {"overhead": s, "roof": 1/efficiency} (form "max")."""
+
+    gpu: str
+    form: str
+    params: dict[str, dict[str, float]]
+    source: str = ""
+    samples: dict[str, int] = field(default_factory=dict)
+    heldout: dict = field(default_factory=dict)
+
+    def time(self, compute: float, memory: float, chain: list[str]) -> float:
+        p = next((self.params[k] for k in chain if k in self.params), None)
+        if p is None:
+            raise ConfigError("perfmodel.calibration", self.source or self.gpu,
+                              "a table with an 'all' entry")  # fmt: skip
+        if self.form == "max":
+            return p["overhead"] + max(compute, memory) * p["roof"]
+        return p["overhead"] + compute * p["compute"] + memory * p["memory"]
+
+    def to_dict(self) -> dict:
+        return {"format": "triosim-calibration", "gpu": self.gpu, "form": self.form,
+                "source": self.source, "params": self.params, "samples": self.samples,
+                "heldout": self.heldout}  # fmt: skip
+
+    def save(self, path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=False) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path) -> Calibration:
+        path = Path(path)
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError("perfmodel.calibration", str(path),
+                              f"a readable calibration table (JSON): {e}") from None  # fmt: skip
+        if not isinstance(doc, dict) or doc.get("format") != "triosim-calibration":
+            raise ConfigError("perfmodel.calibration", str(path),
+                              'a calibration table ("format": "triosim-calibration")')  # fmt: skip
+        if doc.get("form") not in FORMS or "all" not in doc.get("params", {}):
+            raise ConfigError("perfmodel.calibration", str(path),
+                              f"a table with form in {FORMS} and an 'all' entry")  # fmt: skip
+        return cls(hardware.gpu(doc["gpu"]).name, doc["form"], doc["params"],
+                   doc.get("source", str(path)), doc.get("samples", {}),
+                   doc.get("heldout", {}))  # fmt: skip
+
+
+def shipped(gpu: str = DEFAULT_GPU) -> Calibration:
+    """The shipped table fitted on `gpu`'s traces (only H100-SXM has one)."""
+    name = hardware.gpu(gpu).name
+    if name != DEFAULT_GPU:
+        raise ConfigError(
+            "perfmodel.calibration", name, f"a GPU with a shipped table: {DEFAULT_GPU}"
+        )
+    path = CALIBRATION_DIR / "h100.json"
+    if not path.exists():
+        raise ConfigError("perfmodel.calibration", str(path), "the shipped calibration table, "
+                          "installed with the package (pip install -e . keeps it in place)")  # fmt: skip
+    return Calibration.load(path)
+
+
+# -- fitting ------------------------------------------------------------------------------------
+
+
+def samples(trace: Trace, gpu: hardware.GPU) -> list[tuple[list[str], float, float, float]]:
+    """(kind chain, compute s, memory s, measured s) of each operator that launches a kernel
+    and took time."""
+    out = []
+    for op in trace.operators:
+        family, name = op_kind(op)
+        if op.time <= 0 or launches_no_kernel(trace, op, family):
+            continue
+        c, m = roofs(trace, op, gpu)
+        out.append((kind_chain(family, name), c, m, op.time))
+    return out
+
+
+def _solve(rows, form: str, parent: dict | None, floor: float,
+           memory_bound: bool = False) -> dict[str, float]:  # fmt: skip
+    """Least squares of the operators' times (non-negative terms; absolute error, so the
+    iteration's large operators decide the efficiencies), with the overhead at least `floor`
+    (the time of a kernel that does next to nothing: small operators are never ~0). A
+    memory-bound kind in form "sum" has no compute term (its FLOPs are an estimate and its
+    kernels wait on memory). A kind with few operators, or operators of one size, keeps its
+    parent's terms and fits one scale of them, or, when its operators are mostly overhead,
+    its overhead."""
+    import numpy as np
+    from scipy.optimize import nnls
+
+    c = np.array([r[0] for r in rows])
+    m = np.array([r[1] for r in rows])
+    t = np.array([r[2] for r in rows])
+    keys = ["roof"] if form == "max" else ["compute", "memory"]
+    var = [np.maximum(c, m)] if form == "max" else [c, m]
+    if memory_bound and form == "sum":
+        var = [np.zeros_like(c), m]
+    size = np.maximum(c, m)
+    spread = size.max() / max(size.min(), 1e-15) if len(t) else 1.0
+    if parent is not None and (len(t) < 8 or spread < 10.0):
+        base = parent["overhead"]
+        v = sum(parent[k] * x for k, x in zip(keys, var, strict=True))
+        den = float(np.sum(v * v))
+        s = float(np.sum(v * (t - base)) / den) if den > 0 else 1.0
+        if float(np.sum(v)) < base * len(t) or not 0.25 <= s <= 4.0:
+            # mostly overhead, or a scale the few operators cannot vouch for: the parent's
+            # terms, and the overhead fitted
+            return {"overhead": max(float(np.mean(t - v)), floor), **{k: parent[k] for k in keys}}
+        return {"overhead": base, **{k: parent[k] * s for k in keys}}
+    a = np.vstack([np.ones_like(t), *var]).T
+    norm = np.where(a.max(axis=0) > 0, a.max(axis=0), 1.0)  # columns of one scale
+    coef = nnls(a / norm, t)[0] / norm
+    if coef[0] < floor:  # the overhead at the floor, the terms refitted
+        rest = a[:, 1:] / norm[1:]
+        coef = np.concatenate([[floor], nnls(rest, t - floor)[0] / norm[1:]])
+    terms = {k: float(x) for k, x in zip(keys, coef[1:], strict=True)}
+    return {"overhead": float(coef[0]), **terms}
+
+
+def launch_floor(rows) -> float:
+    """The median time of the operators whose roofline time is under 1% of their time: what
+    a kernel costs that does next to nothing (launch and tail)."""
+    tiny = sorted(t for _, c, m, t in rows if max(c, m) < 0.01 * t)
+    return tiny[len(tiny) // 2] if tiny else 0.0
+
+
+def fit(traces: list[Trace], gpu: str, form: str = "max", source: str = "") -> Calibration:
+    """Fit a table on traces taken on `gpu` (measured operator times)."""
+    if form not in FORMS:
+        raise ConfigError("form", form, f"one of {FORMS}")
+    g = hardware.gpu(gpu)
+    rows = [s for t in traces for s in samples(t, g)]
+    if not rows:
+        raise ConfigError("traces", len(traces), "traces with timed operators")
+    groups: dict[str, list] = defaultdict(list)
+    for chain, c, m, t in rows:
+        for key in chain:
+            groups[key].append((c, m, t))
+    floor = launch_floor(rows)
+    params: dict[str, dict] = {"all": _solve(groups["all"], form, None, floor)}
+    for level in (2, 1, 0):  # class, family, name
+        for chain, *_ in rows:
+            key = chain[level]
+            if key not in params:
+                params[key] = _solve(groups[key], form, params[chain[level + 1]], floor,
+                                     memory_bound=chain[2] == "memory")  # fmt: skip
+    ordered = {k: {p: float(f"{v:.6g}") for p, v in params[k].items()} for k in sorted(params)}
+    return Calibration(
+        g.name, form, ordered, source, {k: len(v) for k, v in sorted(groups.items())}
+    )
+
+
+def predict(cal: Calibration, trace: Trace, op: Operator, gpu: hardware.GPU,
+            target: Target = Target()) -> float:  # fmt: skip
+    family, name = op_kind(op)
+    if launches_no_kernel(trace, op, family):
+        return 0.0
+    c, m = roofs(trace, op, gpu, target)
+    return cal.time(c, m, kind_chain(family, name))
+
+
+def heldout(traces: dict[str, Trace], gpu: str, form: str = "max") -> dict:
+    """Leave one trace out: fit on the others, predict it. Per trace: the iteration (sum of
+    operator times, predicted and measured) and, per operator family, the summed times, the
+    error of the sum and the median absolute error of single operators."""
+    g = hardware.gpu(gpu)
+    out = {}
+    for name, test in traces.items():
+        cal = fit([t for n, t in traces.items() if n != name], gpu, form)
+        fams: dict[str, list] = defaultdict(lambda: [0.0, 0.0, []])
+        for op in test.operators:
+            family, _ = op_kind(op)
+            p = predict(cal, test, op, g)
+            if op.time <= 0 and p == 0:
+                continue
+            f = fams[family if family != "none" else "no kernel"]
+            f[0] += op.time
+            f[1] += p
+            if op.time > 0:
+                f[2].append(abs(p - op.time) / op.time)
+        measured = math.fsum(f[0] for f in fams.values())
+        predicted = math.fsum(f[1] for f in fams.values())
+        out[name] = {
+            "measured_ms": measured * 1e3,
+            "predicted_ms": predicted * 1e3,
+            "error_pct": (predicted - measured) / measured * 100,
+            "kinds": {
+                k: {
+                    "ops": len(v[2]),
+                    "measured_ms": v[0] * 1e3,
+                    "predicted_ms": v[1] * 1e3,
+                    "sum_error_pct": (v[1] - v[0]) / v[0] * 100 if v[0] else None,
+                    "median_op_error_pct": _median(v[2]) * 100 if v[2] else None,
+                }
+                for k, v in sorted(fams.items(), key=lambda kv: -kv[1][0])
+            },  # fmt: skip
+        }
+    return out
+
+
+def _median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+# -- the operator model ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CalibratedOptions:
+    calibration: str | None = option(None, help="a calibration table (JSON, from `python -m "
+                                     "perfmodel.calibrate`), absolute or relative to the "
+                                     "working directory (default: the shipped H100 table)")  # fmt: skip
+
+
+@register("calibrated")
+class CalibratedModel(OperatorModel):
+    """Operator times from a calibration table for any catalogue GPU: the target GPU, else
+    the GPU the trace names. The trace's own times are not used (a shape-only trace has
+    none)."""
+
+    Options = CalibratedOptions
+
+    def __init__(self, trace: Trace, calibration=None):
+        super().__init__(trace)
+        if isinstance(calibration, Calibration):
+            self.calibration = calibration
+        elif calibration:
+            self.calibration = Calibration.load(calibration)
+        else:
+            self.calibration = shipped()
+        self.report = {"calibration": self.calibration.source, "fitted_on": self.calibration.gpu}
+
+    def _gpu(self, name: str | None) -> hardware.GPU:
+        name = name or self.trace.metadata.get("gpu")
+        if not name or name == "cpu":
+            raise ConfigError("gpu", name, "a catalogue GPU to time the operators on (perfmodel "
+                              "'calibrated' predicts GPU times; set `gpu`)")  # fmt: skip
+        return hardware.gpu(name)
+
+    def check_target(self, gpu) -> None:
+        self._gpu(gpu)
+
+    def time(self, op, target: Target = Target()) -> float:
+        return predict(self.calibration, self.trace, op, self._gpu(target.gpu), target)

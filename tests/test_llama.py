@@ -1,0 +1,145 @@
+"""Llama-3-style models (RMSNorm, rotary embeddings, SwiGLU, grouped-query attention, bf16
+compute with fp32 master weights) and extrapolating a trace of k layers to L layers."""
+
+from collections import Counter
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from perfmodel.modelled import model_times  # noqa: E402
+from tracer import collect  # noqa: E402
+from tracer.layers import replicate  # noqa: E402
+from tracer.models import LLAMA, build  # noqa: E402
+from triosim.errors import TracerError  # noqa: E402
+
+# Published parameter counts: Llama 3 8B "8.03B", Llama 3 70B "70.6B", Llama 3.2 1B "1.24B"
+# (Meta's model cards), i.e. 8,030,261,248, 70,553,706,496 and 1,235,814,400 from the configs.
+PUBLISHED = {"llama3-8b": (8.03e9, 8_030_261_248), "llama3-70b": (70.6e9, 70_553_706_496),
+             "llama3.2-1b": (1.24e9, 1_235_814_400)}  # fmt: skip
+
+
+def hand_count(dim, layers, heads, kv_heads, ffn, vocab, tied):
+    hd = dim // heads
+    attention = dim * heads * hd + 2 * dim * kv_heads * hd + heads * hd * dim
+    per_layer = attention + 3 * dim * ffn + 2 * dim  # wq wk wv wo, w1 w2 w3, two RMSNorms
+    return vocab * dim * (1 if tied else 2) + layers * per_layer + dim  # + the final norm
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_parameter_count_matches_the_published_one(name):
+    with torch.device("meta"):  # no memory: 70B parameters would need 282 GB
+        model, _, _ = build(name)
+    n = sum(p.numel() for p in model.parameters())
+    rounded, exact = PUBLISHED[name]
+    assert n == exact == hand_count(**LLAMA[name])
+    assert round(n / 1e9, 2 if n < 1e10 else 1) == pytest.approx(rounded / 1e9)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # master weights
+
+
+def small_trace(layers, foreach=True):
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model, make_batch, loss = build("llama3-8b", small=True, seq_len=16, layers=layers)
+    opt = torch.optim.AdamW(model.parameters(), foreach=foreach)
+    return collect(model, make_batch, loss, opt, batch_size=2, warmup=1, measure=1,
+                   model_name="llama-small", shapes_only=True)  # fmt: skip
+
+
+def describe(t):
+    """Everything but ids: per operator its name, layer, phase, FLOPs, forward partner (by
+    position), tensors (shape, dtype, category, name) and producers (by position)."""
+    pos = {o.id: k for k, o in enumerate(t.operators)}
+    made = {}
+    for k, o in enumerate(t.operators):
+        for x in o.outputs:
+            if x not in o.inputs:
+                made.setdefault(x, k)
+
+    def ts(ids):
+        return tuple((t.tensors[i].shape, t.tensors[i].dtype, t.tensors[i].category,
+                      t.tensors[i].name, made.get(i)) for i in ids)  # fmt: skip
+
+    return [(o.name, o.layer, o.phase, o.flops, pos.get(o.fwd_id), ts(o.inputs), ts(o.outputs))
+            for o in t.operators]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def two_and_six():
+    return small_trace(2), small_trace(6)
+
+
+def test_two_layers_replicated_to_six_are_a_six_layer_trace(two_and_six):
+    two, six = two_and_six
+    rep = replicate(two, "layers", 2, 6)
+    assert describe(rep) == describe(six)  # operators, pairing, FLOPs, tensors, data flow
+    assert rep.weight_bytes() == six.weight_bytes()
+    assert rep.metadata["parameters"] == six.metadata["parameters"]
+    assert rep.metadata["layers"]["total"] == 6
+
+
+def test_replication_has_l_over_k_times_the_per_layer_operators_at_the_same_times(two_and_six):
+    two, _ = two_and_six
+    timed = model_times(small_trace(2), "H100-SXM")
+    rep = model_times(replicate(two, "layers", 2, 6), "H100-SXM")
+
+    def per_layer(t):
+        out = {}
+        for o in t.operators:
+            if o.layer.startswith("layers."):
+                i = int(o.layer.split(".")[1])
+                out.setdefault(i, []).append((o.name, o.phase, o.time))
+        return out
+
+    a, b = per_layer(timed), per_layer(rep)
+    assert sorted(a) == [0, 1] and sorted(b) == list(range(6))
+    assert sum(len(v) for v in b.values()) == 3 * sum(len(v) for v in a.values())
+    for i in range(6):  # each layer: layer i % 2's operators, at the same modelled times
+        assert b[i] == a[i % 2]
+
+    def once(t):  # embedding, head, loss and the foreach optimizer steps: once
+        return Counter(o.name for o in t.operators if not o.layer.startswith("layers.")
+                       and (o.phase != "optimizer" or "_foreach_" in o.name))  # fmt: skip
+
+    assert once(rep) == once(timed) and sum(once(rep).values()) > 20
+    # the optimizer reads each step counter on the host once per parameter: 3x the layers'
+    items = [o for o in rep.operators if o.name == "aten::item"]
+    assert len(items) == 2 * (3 + 3 * 2 * 9)  # twice per parameter: 3 outside, 9 per layer
+    # the foreach optimizer steps: 3x the layers' parameters in their lists
+    n_two = sum(1 for t in two.tensors.values() if t.category == "weight")
+    n_rep = sum(1 for t in rep.tensors.values() if t.category == "weight")
+    assert n_rep - 3 == 3 * (n_two - 3)  # embedding, final norm and head are not in a layer
+
+
+def test_for_loop_optimizer_replicates_too():
+    rep = replicate(small_trace(2, foreach=False), "layers", 2, 4)
+    assert describe(rep) == describe(small_trace(4, foreach=False))
+
+
+def test_replication_refuses_what_it_cannot_do(two_and_six):
+    two, _ = two_and_six
+    with pytest.raises(TracerError, match="multiple"):
+        replicate(two, "layers", 2, 5)
+    with pytest.raises(TracerError, match="expected 0..2"):
+        replicate(two, "layers", 3, 6)
+
+
+def test_mixed_precision_as_torchtitan(two_and_six):
+    two, _ = two_and_six
+    lin = [o for o in two.operators if o.name == "aten::linear"]
+    assert lin and {o.math for o in lin} == {"bfloat16"}
+    assert {t.dtype for t in two.tensors.values() if t.category == "weight"} == {"float32"}
+    states = [t for t in two.tensors.values() if t.category == "optimizer_state" and t.shape]
+    assert states and {t.dtype for t in states} == {"float32"}
+    # each weight is cast to bf16 where it is used: a fixed-size buffer, not an activation
+    casts = [o for o in two.operators if o.name == "aten::to" and o.phase == "forward"
+             and two.tensors[o.inputs[0]].category == "weight"]  # fmt: skip
+    assert casts and all(two.tensors[o.outputs[0]].category == "buffer" for o in casts)
+    assert {two.tensors[o.outputs[0]].name for o in casts} >= {
+        "layers.0.attention.wq.weight.bfloat16",
+        "tok_embeddings.weight.bfloat16",
+    }
+    assert {"aten::scaled_dot_product_attention", "aten::rms_norm", "aten::silu"} <= {
+        o.name for o in two.operators
+    }
+    assert two.metadata["optimizer"] == "AdamW"

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# How the shipped modelled traces were made: shape-only traces (the model on meta tensors,
+# nothing computed) timed by the calibrated operator model (perfmodel/calibration/h100.json,
+# fitted on the original TrioSim's H100 traces). Their times are MODELLED, not measured.
+# A100 and A40 times use those H100-fitted efficiencies with the A100's and A40's catalogue
+# peaks and bandwidths (an assumption). Re-run from the repository root:
+#   bash traces/make_modelled_traces.sh
+set -euo pipefail
+trace() { python -m triosim.cli trace "$@" --shapes-only; }
+for gpu in A100-80GB A40; do
+  out="traces/modelled/$(echo "$gpu" | tr '[:upper:]' '[:lower:]')"
+  trace vgg11 --batch-size 128 --gpu "$gpu" --out "$out"
+  trace vgg19 --batch-size 64 --gpu "$gpu" --out "$out"
+  trace resnet50 --batch-size 128 --gpu "$gpu" --out "$out"
+  trace densenet121 --batch-size 64 --gpu "$gpu" --out "$out"
+  trace gpt2 --seq-len 512 --batch-size 8 --gpu "$gpu" --out "$out"
+done
+# Llama 3.2 1B: 2 of its 16 identical layers traced at full width, replicated to 16
+trace llama3.2-1b --seq-len 2048 --batch-size 1 --layers 2 --gpu A100-80GB --out traces/modelled/a100-80gb
+# for the examples: Llama 3 8B on H100 (2 of 32 layers traced), as torchtitan trains it
+# (float32 parameters cast to bfloat16 where used) and as Megatron-LM does (bfloat16
+# parameters, float32 master weights in the optimizer: tensor parallelism shards the weights
+# the matrix products read); ResNet-50 on H100 (beside the real H100 trace it was fitted on)
+trace llama3-8b --seq-len 2048 --batch-size 8 --layers 2 --gpu H100-SXM --out traces/modelled/h100-sxm
+trace llama3-8b --seq-len 2048 --batch-size 8 --layers 2 --gpu H100-SXM --master-weights --out traces/modelled/h100-sxm
+trace resnet50 --batch-size 128 --gpu H100-SXM --out traces/modelled/h100-sxm
