@@ -40,7 +40,7 @@ def plot(rows, path):
 
     labels = [f"{r['model']}\n{r['mode']}" for r in rows]
     share = [r["comm_share"] for r in rows]
-    fig, ax = plt.subplots(figsize=(max(6, 0.8 * len(rows)), 4))
+    fig, ax = plt.subplots(figsize=(max(7, 1.15 * len(rows)), 4))
     ax.bar(labels, [1 - s for s in share], label="computation", color="tab:blue")
     ax.bar(labels, share, bottom=[1 - s for s in share], label="exposed communication",
            color="tab:red")  # fmt: skip

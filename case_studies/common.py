@@ -55,6 +55,8 @@ def grouped_bars(path: Path, groups: list[str], series: dict[str, list[float]], 
         ax.bar(x + (k - (len(series) - 1) / 2) * width, values, width, label=name)
     if baseline is not None:
         ax.axhline(baseline, color="grey", lw=0.8, ls="--")
+        low = min(min(v) for v in series.values())
+        ax.set_ylim(min(low, baseline) - 0.05 * abs(baseline), None)  # show the differences
     ax.set_xticks(x, groups)
     ax.set_ylabel(ylabel)
     ax.set_title(title + (f"\n{note}" if note else ""), fontsize=10)

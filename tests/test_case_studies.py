@@ -35,3 +35,31 @@ def test_hop_script_writes_its_table_and_figure(tmp_path, monkeypatch):
 def test_simulator_speed_grows_with_gpus(tmp_path):
     rows = simulator_speed.study(gpu_counts=(2, 16), sizes=(1,))
     assert [r["gpus"] for r in rows] == [2, 16] and all(r["wall_s"] > 0 for r in rows)
+
+
+def test_dp_is_fastest_for_cnns_at_a_fixed_total_batch():
+    from case_studies import parallelism_comparison as pc
+
+    rows = pc.study(models=pc.MODELS[:2])  # VGG-11 and ResNet-50, modelled A100 times
+    assert all("modelled" in r["times_from"] for r in rows)
+    for model in ("VGG-11", "ResNet-50"):
+        t = {r["mode"]: r["iteration_ms"] for r in rows if r["model"] == model}
+        assert t["DP"] < min(t["TP"], t["GPipe"]), (model, t)
+
+
+def test_photonic_communication_is_below_electrical_at_the_papers_setting():
+    from case_studies import wafer_scale_photonic as w
+
+    rows = w.study(models=w.MODELS[:1])  # VGG-19 on 84 modelled A100s, 0.5 GB/s mesh links
+    el = next(r for r in rows if r["network"] == "electrical")
+    ph = next(r for r in rows if r["network"] == "photonic")
+    assert el["comm_share"] > 0.85  # the paper: 92 % on the electrical mesh
+    assert ph["exposed_comm_ms"] < 0.5 * el["exposed_comm_ms"]
+
+
+def test_tp_communicates_more_than_ddp_over_pcie():
+    from case_studies import comm_breakdown as cb
+
+    rows = cb.study(models=cb.MODELS[:1])  # VGG-11 on 2 modelled A40s
+    share = {r["mode"]: r["comm_share"] for r in rows}
+    assert share["TP"] > share["DDP"]
