@@ -116,6 +116,19 @@ def chain_trace(
     return Trace(ops, tensors, {"batch_size": batch, "gpu": "H100-SXM"}).validate()
 
 
+def run_cli(capsys, *args):
+    """Run the command line in this process: (exit code, stdout, stderr). An exception
+    escaping main() fails the test (it would be a traceback for the user)."""
+    from triosim.cli import main
+
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:  # argparse: --help, --version, usage errors
+        code = e.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
 @pytest.fixture
 def chain():
     return chain_trace()

@@ -5,19 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from triosim.cli import main
+from tests.conftest import run_cli as triosim
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def triosim(capsys, *args):
-    """Run the command line in this process: (exit code, stdout, stderr)."""
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as e:  # argparse: --help, --version, usage errors
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(autouse=True)

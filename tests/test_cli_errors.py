@@ -6,23 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_cli as triosim
 from tests.test_trace import TENSOR_CSV, TRACE_CSV
-from triosim.cli import main
 from triosim.trace import load
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "traces" / "cpu" / "gpt2-small-b8.trace.json.gz"
-
-
-def triosim(capsys, *args):
-    """(exit code, stdout, stderr) of the command line run in this process; an exception
-    escaping main() fails the test (it would be a traceback)."""
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as e:  # argparse usage errors
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def user_error(capsys, *args) -> str:

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from tests.conftest import chain_trace
+from tests.conftest import run_cli as triosim
 from triosim import compare, plots
 from triosim.cli import main
 from triosim.progress import RunProgress, run_with_progress
@@ -16,15 +17,6 @@ from triosim.simulation import Simulation
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT2 = str(ROOT / "traces/cpu/gpt2-small-b8.trace.json.gz")
-
-
-def triosim(capsys, *args):
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.fixture(autouse=True)

@@ -7,22 +7,13 @@ import pandas as pd
 import pytest
 
 from extrapolators import EXTRAPOLATORS, DataParallel, register
+from tests.conftest import run_cli as triosim
 from triosim import sweep as sw
-from triosim.cli import main
 from triosim.config import from_dict, load_config
 from triosim.simulation import Simulation
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT2 = ROOT / "traces/cpu/gpt2-small-b8.trace.json.gz"
-
-
-def triosim(capsys, *args):
-    try:
-        code = main([str(a) for a in args])
-    except SystemExit as e:
-        code = e.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def write(path: Path, text: str) -> Path:
