@@ -98,7 +98,7 @@ def cmd_simulate(args) -> int:
     if out is not None:
         result.save(out)
         print(f"\noutputs written to {out}/ (timeline.csv, per_gpu.csv, per_layer.csv, links.csv,"
-              " summary.json, chrome_trace.json, timeline.png, config.yaml)")  # fmt: skip
+              " summary.json, chrome_trace.json, timeline.png, memory.csv, memory.png, config.yaml)")  # fmt: skip
     return 0
 
 
