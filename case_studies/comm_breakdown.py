@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from case_studies.common import find_trace, out_dir, write_csv
+from case_studies.common import find_trace, out_dir, share_bars, write_csv
 from triosim.simulation import Simulation
 
 MODELS = [("VGG-11", "vgg11", "cnn", 64), ("ResNet-50", "resnet50", "cnn", 64),
@@ -33,25 +33,10 @@ def study(models=MODELS, gpu="A40") -> list[dict]:
 
 
 def plot(rows, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    labels = [f"{r['model']}\n{r['mode']}" for r in rows]
     share = [r["comm_share"] for r in rows]
-    fig, ax = plt.subplots(figsize=(max(7, 1.15 * len(rows)), 4))
-    ax.bar(labels, [1 - s for s in share], label="computation", color="tab:blue")
-    ax.bar(labels, share, bottom=[1 - s for s in share], label="exposed communication",
-           color="tab:red")  # fmt: skip
-    ax.set_ylabel("share of the iteration")
-    ax.set_title("2 GPUs over PCIe 4.0: TP vs DDP\n" + rows[0]["times_from"].split(" (")[0],
-                 fontsize=10)  # fmt: skip
-    ax.tick_params(axis="x", labelsize=8)
-    ax.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    share_bars(path, [f"{r['model']}\n{r['mode']}" for r in rows], [1 - x for x in share], share,
+               "2 GPUs over PCIe 4.0: TP vs DDP\n" + rows[0]["times_from"].split(" (")[0],
+               compute_label="computation")  # fmt: skip
 
 
 def main(argv=None):

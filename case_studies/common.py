@@ -65,3 +65,32 @@ def grouped_bars(path: Path, groups: list[str], series: dict[str, list[float]], 
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def share_bars(path: Path, labels: list[str], compute: list[float], comm: list[float],
+               title: str, ylabel: str = "share of the iteration", above=None,
+               compute_label: str = "compute") -> Path:  # fmt: skip
+    """Stacked compute and exposed-communication shares per bar; `above`: a text per bar
+    (e.g. the iteration time), written over it, with the legend then beside the plot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(7, 1.2 * len(labels)), 4.2))
+    ax.bar(labels, compute, label=compute_label, color="tab:blue")
+    ax.bar(labels, comm, bottom=compute, label="exposed communication", color="tab:red")
+    if above is not None:
+        for x, text in enumerate(above):
+            ax.text(x, 1.01, text, ha="center", va="bottom", fontsize=7)
+        ax.set_ylim(0, 1.12)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
+    else:
+        ax.legend(loc="lower right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.tick_params(axis="x", labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 
-from case_studies.common import find_trace, out_dir, write_csv
+from case_studies.common import find_trace, out_dir, share_bars, write_csv
 from triosim.simulation import Simulation
 
 # (name, trace name, kind, per-GPU batch)
@@ -61,29 +61,14 @@ def study(models=MODELS, bandwidths=("0.5 GB/s",)) -> list[dict]:
 
 
 def plot(rows, path, bandwidth):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     main = [r for r in rows if r["network"] == "photonic" or r["electrical_bandwidth"] == bandwidth]
-    labels = [f"{r['model']}\n{r['network']}" for r in main]
-    comp = [r["compute_ms"] / r["iteration_ms"] for r in main]
-    comm = [r["exposed_comm_ms"] / r["iteration_ms"] for r in main]
-    fig, ax = plt.subplots(figsize=(max(8, 1.25 * len(main)), 4.4))
-    ax.bar(labels, comp, label="compute", color="tab:blue")
-    ax.bar(labels, comm, bottom=comp, label="exposed communication", color="tab:red")
-    for x, r in enumerate(main):  # the iteration time above each bar
-        ax.text(x, 1.01, f"{r['iteration_ms']:.0f} ms", ha="center", va="bottom", fontsize=7)
-    ax.set_ylim(0, 1.12)
-    ax.set_ylabel("share of the iteration (steady state)")
-    ax.set_title(f"84-GPU wafer, data parallel: electrical mesh ({bandwidth}/link) vs photonic\n"
-                 f"{main[0]['times_from'].split(' (')[0]}", fontsize=10)  # fmt: skip
-    ax.tick_params(axis="x", labelsize=8)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    share_bars(path, [f"{r['model']}\n{r['network']}" for r in main],
+               [r["compute_ms"] / r["iteration_ms"] for r in main],
+               [r["exposed_comm_ms"] / r["iteration_ms"] for r in main],
+               f"84-GPU wafer, data parallel: electrical mesh ({bandwidth}/link) vs photonic\n"
+               f"{main[0]['times_from'].split(' (')[0]}",
+               ylabel="share of the iteration (steady state)",
+               above=[f"{r['iteration_ms']:.0f} ms" for r in main])  # fmt: skip
 
 
 def plot_sensitivity(rows, path):

@@ -78,11 +78,6 @@ def load(
     return cls(**values)
 
 
-def build(cls, where: str, **kwargs):
-    """The same checks for a Python caller: `build(Options, "network", setup_time="20 ms")`."""
-    return load(cls, kwargs, where)
-
-
 def check(instance, where: str):
     """Re-check an options object made directly (`Options(...)`) field by field."""
     hints = _hints(type(instance))
