@@ -4,13 +4,15 @@ Warm-up iterations, then `measure` timed iterations (CUDA events on a GPU,
 perf_counter with synchronisation on CPU), then one further iteration recorded with
 torch.profiler (record_shapes, kernels on GPU) and the ExecutionTraceObserver.
 Profiled and timed iterations differ, so profiling overhead stays out of the
-measured time. Shape-only (`shapes_only=True`): the same profiled iteration on meta tensors,
+measured time. Peak memory: torch.cuda.max_memory_allocated over the profiled iteration on a
+GPU; on CPU one more iteration under the profiler's memory events (`_cpu_peak_memory`). Shape-only (`shapes_only=True`): the same profiled iteration on meta tensors,
 nothing computed or timed. This module never imports SimPy (it runs on machines without it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import statistics
 import tempfile
@@ -83,6 +85,43 @@ def _named_states(optimizer, params):
     return out
 
 
+def _live_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind `tensors` (views counted once)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is not None and t.device.type != "meta":
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+    return sum(seen.values())
+
+
+def _cpu_peak_memory(model, optimizer, named, batch, step) -> tuple[int, int]:
+    """(peak bytes allocated during one CPU iteration, bytes alive when it starts).
+
+    The profiler's CPU memory events count only what is allocated while it runs, and it
+    cannot see the release of a block allocated before it started: so the gradients are
+    dropped first (the step's own zero_grad would free them unseen), the tensors alive at
+    the start are counted from the model, optimizer and batch, and the peak is that plus
+    the highest running total of the events' bytes, like torch.cuda.max_memory_allocated."""
+    from torch.profiler import ProfilerActivity, profile
+
+    optimizer.zero_grad(set_to_none=True)
+    states = [t for _, t in _named_states(optimizer, named)]
+    batch_ts = [t for _, t in _batch_tensors(batch)]
+    base = _live_bytes([p for _, p in named] + list(model.buffers()) + states + batch_ts)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "memory.json"
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            step(batch)
+        prof.export_chrome_trace(str(path))
+        events = json.loads(path.read_text())["traceEvents"]
+    # the running sum of this session's events: the events' "Total Allocated" is the CPU
+    # reporter's counter, which carries over bytes from earlier profiling sessions
+    deltas = [e["args"]["Bytes"] for e in events
+              if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0]  # fmt: skip
+    return base + int(max(itertools.accumulate(deltas), default=0)), base
+
+
 def _batch_tensors(batch):
     import torch
 
@@ -115,7 +154,11 @@ def collect(model, make_batch, loss_fn, optimizer, *, batch_size: int, device: s
     if shapes_only:
         from tracer.linking import prepare_meta_trace
 
-        et_doc = prepare_meta_trace(et_doc, et_doc.pop("triosim_tensor_numbers"))
+        et_doc = prepare_meta_trace(
+            et_doc,
+            et_doc.pop("triosim_tensor_numbers"),
+            et_doc.pop("triosim_tensor_storages", None),
+        )
     trace = link(et_doc, k_doc, gpu=device.startswith("cuda"), metadata=meta,
                  flops_of=node_flops, cuda_math=True if shapes_only else None)  # fmt: skip
     if shapes_only:
@@ -139,6 +182,7 @@ def _tagging_mode():
             super().__init__()
             self.serial = WeakIdKeyDictionary()
             self.calls: list[tuple[list[int], list[int]]] = []
+            self.storages: dict[int, int] = {}
             self.count = 0
 
         def number(self, ts):
@@ -148,6 +192,8 @@ def _tagging_mode():
                 if n is None:
                     self.count += 1
                     n = self.serial[t] = self.count
+                    # the storage it lives in (views and saved-tensor handles share it)
+                    self.storages[n] = t.untyped_storage()._cdata
                 out.append(n)
             return out
 
@@ -287,7 +333,7 @@ def record(model, make_batch, loss_fn, optimizer, *, batch_size: int, device: st
 
     try:
         with _cpu_attention() if shapes_only else contextlib.nullcontext():
-            et_doc, k_doc, times = _profile(model, make_batch, optimizer, named, batch_size,
+            et_doc, k_doc, times, memory = _profile(model, make_batch, optimizer, named, batch_size,
                                             device, warmup, measure, shapes_only, rec, step,
                                             sync)  # fmt: skip
     except TracerError:
@@ -315,7 +361,16 @@ def record(model, make_batch, loss_fn, optimizer, *, batch_size: int, device: st
         "measured_iteration_time_stdev": statistics.stdev(times) if len(times) > 1 else 0.0,
         "measured_iterations": measure,
         "warmup_iterations": warmup,
-        "peak_memory_bytes": int(torch.cuda.max_memory_allocated()) if gpu else None,
+        "peak_memory_bytes": memory[0],
+        "memory_at_step_start_bytes": memory[1],
+        "peak_memory_source": (
+            None
+            if shapes_only
+            else "torch.cuda.max_memory_allocated"
+            if gpu
+            else "CPU profiler memory events (profile_memory=True) "
+            "plus the tensors alive at the step's start"
+        ),  # fmt: skip
         "et_schema": et_doc.get("schema"),
         "time_source": "union of GPU kernel busy time" if gpu else "CPU operator duration",
     }
@@ -334,7 +389,8 @@ def record(model, make_batch, loss_fn, optimizer, *, batch_size: int, device: st
 
 def _profile(model, make_batch, optimizer, named, batch_size, device, warmup, measure,
              shapes_only, rec, step, sync):  # fmt: skip
-    """Warm-up and timed iterations, then one profiled: (ET, Kineto trace, times)."""
+    """Warm-up and timed iterations, then one profiled: (ET, Kineto trace, times, memory),
+    memory = (peak bytes, bytes alive at the step's start), None for shape-only traces."""
     import torch
     from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile
 
@@ -358,6 +414,7 @@ def _profile(model, make_batch, optimizer, named, batch_size, device, warmup, me
             times.append(time.perf_counter() - t0)
     if gpu:
         torch.cuda.reset_peak_memory_stats()
+        start_bytes = int(torch.cuda.memory_allocated())
     handles = _module_markers(model, rec)
     tags = _tagging_mode() if shapes_only else contextlib.nullcontext()
     with tempfile.TemporaryDirectory() as tmp:
@@ -388,4 +445,10 @@ def _profile(model, make_batch, optimizer, named, batch_size, device, warmup, me
         k_doc = json.loads(k_path.read_text())
     if shapes_only:
         et_doc["triosim_tensor_numbers"] = tags.calls
-    return et_doc, k_doc, times
+        et_doc["triosim_tensor_storages"] = tags.storages
+        memory = (None, None)
+    elif gpu:
+        memory = (int(torch.cuda.max_memory_allocated()), start_bytes)
+    else:
+        memory = _cpu_peak_memory(model, optimizer, named, batch, step)
+    return et_doc, k_doc, times, memory

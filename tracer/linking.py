@@ -187,6 +187,7 @@ def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None,
     # -- build operators and tensors --------------------------------------------------------
     tensors: dict[tuple, Tensor] = {}
     ids: dict[tuple, int] = {}
+    storages: dict = {}  # the ET's (view-aliased) storage id -> a small number
 
     def tid(key, shape, dtype, nbytes, produced_phase):
         if key not in ids:
@@ -201,8 +202,8 @@ def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None,
             if cat is None:
                 cat = "activation" if produced_phase != "optimizer" else "optimizer_state"
             tensors[key] = Tensor(ids[key], tuple(shape) if isinstance(shape, list) else (),
-                                  DTYPES.get(dtype, dtype), float(nbytes), cat,
-                                  names.get(key))  # fmt: skip
+                                  DTYPES.get(dtype, dtype), float(nbytes), cat, names.get(key),
+                                  storages.setdefault(key[1], len(storages)))  # fmt: skip
         return ids[key]
 
     ops = []
@@ -409,7 +410,7 @@ _STAND_INS = {"aten::scaled_dot_product_attention"}  # collect._cpu_attention's 
 _STORAGE_BASE = 1 << 40  # synthetic storage ids: far from any id the ET hands out
 
 
-def prepare_meta_trace(et: dict, numbers: list) -> dict:
+def prepare_meta_trace(et: dict, numbers: list, storages: dict | None = None) -> dict:
     """The Execution Trace of a shape-only run (meta tensors, under collect's tagging
     dispatch mode), made to read like a real one:
 
@@ -420,7 +421,9 @@ def prepare_meta_trace(et: dict, numbers: list) -> dict:
     - name tensors by the mode's numbers (`numbers`: per mode call in order, the numbers of
       the tensors it read and returned): an ET tensor id is a TensorImpl address, reused
       once a tensor is freed, and meta tensors have no data pointer to tell them apart;
-    - drop the detach autograd issues, under the mode only, when it saves a tensor.
+    - drop the detach autograd issues, under the mode only, when it saves a tensor;
+    - give the numbered tensors the mode's storage (`storages`: number -> the address of
+      its StorageImpl), so a saved tensor unpacked in backward meets its forward tensor.
 
     Storage ids (which views share) come next, from the operator schemas, in `link`.
     """
@@ -544,6 +547,8 @@ def prepare_meta_trace(et: dict, numbers: list) -> dict:
                 src = same_as.get(x[0])
                 current[x[0]] = current[src] if src in current else next(fresh)
             x[0] = current[x[0]]
+            if storages and x[0] in storages:
+                x[1] = storages[x[0]]
 
     for _, kind, n, side in events:
         nums = named.get(n["id"])
@@ -591,6 +596,24 @@ def alias_storage(nodes: list) -> bool:
                     rk, rb = find(k), find(base)
                     if rk != rb:
                         root[rk] = rb
+    # a tensor first seen as an input whose ET storage is one seen before is a new handle
+    # on memory that is still alive (autograd unpacking a saved tensor for backward: a new
+    # tensor id, the forward tensor's storage): it joins the latest tensor seen there. An
+    # output never does so: a new output at a used pointer is new memory, reused.
+    latest: dict = {}
+    seen: set = set()
+    for n in sorted(nodes, key=lambda n: n["id"]):
+        for side, is_input in ((n["inputs"], True), (n.get("outputs", {}), False)):
+            for x in _tensor_items(side):
+                k, raw = (x[0], x[1]), x[1]
+                if not raw:
+                    continue  # a tensor without storage
+                if is_input and k not in seen and raw in latest and latest[raw] != k:
+                    a, b = find(k), find(latest[raw])
+                    if a != b:
+                        root[a] = b
+                seen.add(k)
+                latest[raw] = k
     storage: dict[tuple, int] = {}
     for n in nodes:
         for side in (n["inputs"], n.get("outputs", {})):

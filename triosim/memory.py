@@ -102,17 +102,8 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
     grad_at: dict[int, list[int]] = {}
     for w, pos in ready.items():
         grad_at.setdefault(ops[pos].id, []).append(w)
-    scaled = {t.id for t in trace.tensors.values() if t.scales_with_batch}
-    # per op, once for all GPUs: (batch-scaled outputs, batch-scaled inputs, ratio) and the
-    # gradient bytes it completes
-    acts = {}
-    for o in ops:
-        outs = [t for t in o.outputs if t in scaled]
-        ins = [t for t in o.inputs if t in scaled]
-        if outs or ins:
-            acts[o.id] = (outs, ins, extrapolator.activation_ratio(o))
+    plan = activation_plan(trace, extrapolator)
     grad_bytes = {i: sum(trace.tensors[w].nbytes for w in ws) for i, ws in grad_at.items()}
-    nbytes = {t: trace.tensors[t].nbytes for t in scaled}
     compute = timeline[timeline["kind"] == "compute"]
     end = float(timeline["end"].max()) if len(timeline) else 0.0
     cols = list(CATEGORIES)
@@ -134,7 +125,7 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
         static = static_per_gpu(trace, extrapolator, g, options)
         # changes as (time, category, bytes); row 0 is the static state at time 0
         times, cats, values = [], [], []
-        _activations(cols_of, acts, nbytes, times, cats, values)
+        _activations(cols_of, plan, times, cats, values)
         _gradients(cols_of, grad_bytes, static["gradients"], times, cats, values)
         times.append(end)  # the state after the last change, drawn to the end of the run
         m = len(times)
@@ -170,31 +161,103 @@ def _gpu_values(values: np.ndarray):
     return pd.Series(list(values)).to_numpy() if len(values) else values
 
 
-def _activations(r, acts, nbytes, times, cats, values):
-    """Batch-scaled tensors: alive from the first op on this GPU that touches them to the
-    end of the last op on this GPU that reads them, per (iteration, micro-batch). Tensors a
-    recomputed forward op writes are a second copy (pass 1): the first forward's copy lives
-    only until its last forward reader, and backward reads the recomputed one."""
+def activation_plan(trace, extrapolator) -> dict:
+    """Per operator, once for all GPUs: (allocations it touches, ratio). An allocation is
+    a storage (a tensor and its views are one) of batch-scaled tensors, as (key, bytes,
+    is an output, born-at op id or None, held). Two rules make it PyTorch's:
+    - a tensor a backward op reads that no earlier op wrote was made inside a forward op
+      (cross_entropy saves its log_softmax output): it is born when the backward op's
+      paired forward op (fwd_id) starts, else when it is first touched (always, in a
+      shape-only trace, where such a tensor may also be a meta kernel's temporary);
+    - the model's output, which the loss reads, stays alive to the end of its iteration
+      and micro-batch: the training loop holds it (`out = model(x)`) until the step ends.
+    """
+    tensors = trace.tensors
+    scaled = {t.id for t in tensors.values() if t.scales_with_batch}
+
+    def key(t):
+        st = tensors[t].storage
+        return ("s", st) if st is not None else ("t", t)
+
+    size: dict = {}
+    for t in scaled:
+        k = key(t)
+        size[k] = max(size.get(k, 0.0), tensors[t].nbytes)
+    # a shape-only trace cannot tell a saved tensor from a temporary its meta kernels made
+    # (tracer.linking drops what ran below the dispatch mode): no births moved there
+    measured = not trace.metadata.get("shapes_only")
+    seen: set = set()
+    born: dict = {}  # storage -> forward op id it was made in
+    made_before_loss: set = set()
+    held: set = set()
+    for o in trace.operators:
+        for t in o.inputs:
+            if t in scaled:
+                k = key(t)
+                if k not in seen and o.phase == "backward" and measured:
+                    born[k] = o.fwd_id
+                if o.layer == "loss" and o.phase == "forward" and k in made_before_loss:
+                    held.add(k)
+                seen.add(k)
+        for t in o.outputs:
+            if t in scaled:
+                k = key(t)
+                seen.add(k)
+                if o.phase == "forward" and o.layer != "loss":
+                    made_before_loss.add(k)
+    plan = {}
+    for o in trace.operators:
+        items, done = [], set()
+        for t, is_out in [(t, True) for t in o.outputs] + [(t, False) for t in o.inputs]:
+            if t not in scaled or (k := key(t)) in done:
+                continue
+            done.add(k)
+            items.append((k, size[k], is_out, born.get(k), k in held))
+        if items:
+            plan[o.id] = (items, extrapolator.activation_ratio(o))
+    return plan
+
+
+def _activations(r, plan, times, cats, values):
+    """Batch-scaled allocations: alive from the first op on this GPU that touches them (or
+    the forward op they were made in) to the end of the last op on this GPU that reads
+    them (the end of the iteration and micro-batch for the held model output), per
+    (iteration, micro-batch). Allocations a recomputed forward op writes are a second copy
+    (pass 1): the first forward's copy lives only until its last forward reader, and
+    backward reads the recomputed one."""
     first: dict = {}
     last: dict = {}
     size: dict = {}
+    started: dict = {}  # (op id, iteration, micro-batch) -> start
+    ends: dict = {}  # (iteration, micro-batch) -> end of its last op
+    held: list = []
     rows = zip(r["op_id"], r["start"], r["end"], r["iteration"], r["microbatch"], r["phase"],
                strict=True)  # fmt: skip
     for op_id, start, stop, it, mb, phase in rows:
-        a = acts.get(op_id)
-        if a is None:
+        started.setdefault((op_id, it, mb), start)
+        prev_end = ends.get((it, mb), stop)
+        ends[(it, mb)] = prev_end if prev_end > stop else stop
+        p = plan.get(op_id)
+        if p is None:
             continue
-        outs, ins, ratio = a
+        items, ratio = p
         again = phase == "recompute"
-        for t in outs + ins:
-            key = (t, it, mb, 1)
-            if not (again and t in outs) and key not in first:
-                key = (t, it, mb, 0)  # the first forward's copy, or one never recomputed
+        for k, nbytes, is_out, born_in, is_held in items:
+            key = (k, it, mb, 1)
+            if not (again and is_out) and key not in first:
+                key = (k, it, mb, 0)  # the first forward's copy, or one never recomputed
             if key not in first:
-                first[key] = start
-                size[key] = nbytes[t] * ratio
+                t0 = start
+                if born_in is not None and not is_out:
+                    t0 = started.get((born_in, it, mb), start)
+                first[key] = t0
+                size[key] = nbytes * ratio
+                if is_held:
+                    held.append(key)
             prev = last.get(key, stop)
             last[key] = prev if prev > stop else stop
+    for key in held:
+        last[key] = max(last[key], ends[(key[1], key[2])])
     k = CATEGORIES.index("activations")
     for key, t0 in first.items():
         times += [t0, last[key]]

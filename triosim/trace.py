@@ -36,7 +36,7 @@ MAX_OP_TIME = 1e6  # seconds (11 days): a larger operator time is a unit mistake
 OPERATOR_COLUMNS = ("id", "name", "layer", "phase", "time", "inputs", "outputs", "flops")
 OPERATOR_OPTIONAL = ("fwd_id", "kernels", "tp_split", "math")
 TENSOR_COLUMNS = ("id", "shape", "dtype", "nbytes", "category")
-TENSOR_OPTIONAL = ("name",)
+TENSOR_OPTIONAL = ("name", "storage")
 
 
 @dataclass(slots=True)
@@ -50,6 +50,9 @@ class Tensor:
     # and its gradient ("layers.0.attention.wq.weight"), "<parameter>.<state>" for an
     # optimizer state ("layers.0.attention.wq.weight.exp_avg"), a buffer's name; else None
     name: str | None = None
+    # the memory it lives in: tensors that are views of one another (a reshape, a transpose,
+    # an in-place op's result) share it and are one allocation; None: its own
+    storage: int | None = None
 
     @property
     def scales_with_batch(self) -> bool:
@@ -237,7 +240,7 @@ def save(trace: Trace, path) -> Path:
         "tensors": {
             "columns": list(TENSOR_COLUMNS + TENSOR_OPTIONAL),
             "rows": [
-                [t.id, list(t.shape), t.dtype, t.nbytes, t.category, t.name]
+                [t.id, list(t.shape), t.dtype, t.nbytes, t.category, t.name, t.storage]
                 for t in trace.tensors.values()
             ],
         },  # fmt: skip
@@ -302,6 +305,7 @@ def load(path, progress: bool = False) -> Trace:
             nbytes=_num(rec, "nbytes", path, row),
             category=_str(rec, "category", path, row),
             name=_optional_str(rec, "name", path, row),
+            storage=_optional_int(rec, "storage", path, row),
         )
         if t.id in tensors:
             raise TraceError(f"duplicated tensor id {t.id}", file=path, row=row, field="id")
@@ -395,6 +399,10 @@ def _optional_bool(rec, f, path, row) -> bool:
     if not isinstance(v, bool):
         raise TraceError(f"expected true or false, got {v!r}", file=path, row=row, field=f)
     return v
+
+
+def _optional_int(rec, f, path, row) -> int | None:
+    return None if rec.get(f) is None else _int(rec, f, path, row)
 
 
 def _optional_str(rec, f, path, row) -> str | None:

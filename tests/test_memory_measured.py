@@ -1,0 +1,110 @@
+"""Memory against measurement: the tracer's measured peak (hand-calculated on a model whose
+allocations are known), the trace's storages, the model's PyTorch lifetime rules written out
+by hand, and the shipped CPU traces' measured peaks."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from triosim.errors import TraceError
+from triosim.simulation import Simulation
+from triosim.trace import Operator, Tensor, Trace, load, save
+
+ROOT = Path(__file__).resolve().parents[1]
+A = 1e6  # bytes of each batch-scaled tensor in the hand traces
+MS = 1e-3
+
+
+def run_single(trace):
+    return Simulation({"num_gpus": 1, "batch_size": 8, "parallelism": {"mode": "single"}},
+                      trace=trace).run()  # fmt: skip
+
+
+def activations_at(result, t):
+    """Activation bytes in the state that holds at time t (after every change at t)."""
+    m = result.memory
+    return float(m[m.time <= t + 1e-15].iloc[-1]["activations"])
+
+
+def loss_trace(view_storage: bool = False):
+    """op0 fc forward: x, w -> h (h is the model's output; with view_storage, op0b reshapes
+    h into hv, a view: same storage); op1 loss forward: h -> l, and saves s inside (the
+    log-softmax cross_entropy keeps); op2 loss backward (fwd_id op1) reads s, writes gh;
+    op3 fc backward reads gh and x, writes w's gradient. Every op takes 1 ms."""
+    tensors = {}
+
+    def tensor(cat, nbytes, storage=None):
+        k = len(tensors)
+        tensors[k] = Tensor(k, (8, 8), "float32", nbytes, cat, storage=storage)
+        return k
+
+    x, w = tensor("input", A), tensor("weight", 4e6)
+    h = tensor("activation", A, storage=7 if view_storage else None)
+    ops = [Operator(0, "aten::linear", "fc", "forward", MS, (x, w), (h,), 1e9)]
+    out = h
+    if view_storage:
+        out = tensor("activation", A, storage=7)
+        ops.append(Operator(len(ops), "aten::reshape", "fc", "forward", MS, (h,), (out,)))
+    l_, s, gh, g = (tensor("activation", 4), tensor("activation", A), tensor("activation", A),
+                    tensor("gradient", 4e6))  # fmt: skip
+    f = len(ops)
+    ops += [
+        Operator(f, "aten::cross_entropy_loss", "loss", "forward", MS, (out,), (l_,), 1e6),
+        Operator(
+            f + 1, "NllLossBackward0", "loss", "backward", MS, (s,), (gh,), 1e6, fwd_id=f
+        ),  # fmt: skip
+        Operator(f + 2, "AddmmBackward0", "fc", "backward", MS, (gh, x), (g,), 2e9, fwd_id=0),
+    ]
+    return Trace(ops, tensors, {"batch_size": 8, "gpu": "H100-SXM"}).validate()
+
+
+def test_a_tensor_saved_inside_a_forward_op_is_born_with_it_and_the_output_is_held():
+    r = run_single(loss_trace())
+    # [1, 2) ms, the loss forward: x, h and s (saved inside it) and l: 3 A + 4 bytes; s would
+    # be missing (2 A + 4) if it were born only at its backward reader
+    assert activations_at(r, 1.5 * MS) == 3 * A + 4
+    # [3, 4) ms, the last backward op: x, gh, and h, held by the loop (`out = model(x)`)
+    # although its last reader ended at 2 ms: 3 A (2 A if h were freed after the loss)
+    assert activations_at(r, 3.5 * MS) == 3 * A
+    # [2, 3) ms: x, h, s, gh: the peak, 4 A
+    assert r.memory["activations"].max() == 4 * A
+
+
+def test_views_are_one_allocation():
+    # h and its reshape hv share storage 7: one A, not two, at every instant
+    r = run_single(loss_trace(view_storage=True))
+    assert activations_at(r, 0.5 * MS) == 2 * A  # x, h
+    assert activations_at(r, 1.5 * MS) == 2 * A  # x, h = hv
+    assert r.memory["activations"].max() == 4 * A  # as without the view
+
+
+def test_storage_round_trips_and_is_validated(tmp_path):
+    t = loss_trace(view_storage=True)
+    back = load(save(t, tmp_path / "t.trace.json"))
+    assert [x.storage for x in back.tensors.values()] == [x.storage for x in t.tensors.values()]
+    doc = json.loads((tmp_path / "t.trace.json").read_text())
+    doc["tensors"]["rows"][0][6] = "seven"
+    (tmp_path / "bad.trace.json").write_text(json.dumps(doc))
+    with pytest.raises(TraceError, match="storage.*expected an integer"):
+        load(tmp_path / "bad.trace.json")
+
+
+def test_cpu_peak_memory_matches_the_hand_calculation():
+    torch = pytest.importorskip("torch")
+    from tracer.collect import record
+
+    n, b = 512, 64  # y = x W^T (no bias), loss = sum(y * t), plain SGD: no states
+    model = torch.nn.Linear(n, n, bias=False)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    _, _, meta = record(model, lambda bs, dev: (torch.randn(bs, n), torch.randn(bs, n)),
+                        lambda out, t: (out * t).sum(), opt, batch_size=b, warmup=1,
+                        measure=0)  # fmt: skip
+    w, x = 4 * n * n, 4 * b * n
+    start = w + 2 * x  # weights, inputs, targets
+    assert meta["memory_at_step_start_bytes"] == start
+    # alive together in backward: y (held by the loop), y * t (saved? no: sum's backward
+    # needs only the shape) ... the gradient of y (x-sized), and W's gradient (w-sized)
+    # being written; y * t is freed once summed: so start + y + dy + dW (+ scalars)
+    peak = meta["peak_memory_bytes"]
+    assert start + 2 * x + w <= peak <= start + 3 * x + w + 1024
