@@ -83,31 +83,35 @@ def max_min_rates(rows, cols, n_flows: int, capacity: np.ndarray) -> np.ndarray:
     if share.min() == share.max():  # one level (a ring step, all-to-all): skip the rounds
         rate[cols] = share[0]
         return rate
+    # per unfrozen flow: its id, where its entries start and how many there are
+    first = np.empty(len(cols), bool)
+    first[0] = True
+    np.not_equal(cols[1:], cols[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    fid = cols[starts]
+    counts = np.diff(starts, append=len(cols))
     while True:
-        with np.errstate(divide="ignore", invalid="ignore"):
-            share = cap / n  # links emptied since the last compression: never read
+        share = cap / np.maximum(n, 1)  # links emptied since the last compression: never read
         es = share[rows]
-        first = np.empty(len(cols), bool)  # first entry of each unfrozen flow
-        first[0] = True
-        np.not_equal(cols[1:], cols[:-1], out=first[1:])
-        starts = np.flatnonzero(first)
-        counts = np.diff(starts, append=len(cols))
         fmin = np.minimum.reduceat(es, starts)  # each flow's tightest share
         fe = np.repeat(fmin, counts)
         # a link is locally minimal unless one of its flows crosses a tighter link
-        tighter = np.zeros(len(cap), bool)
-        tighter[rows[fe < es]] = True
-        frozen = np.logical_or.reduceat(~tighter[rows], starts)
+        local = np.ones(len(cap), bool)
+        local[rows[fe < es]] = False
+        frozen = np.logical_or.reduceat(local[rows], starts)
         if frozen.all():  # often the first round: one level, or all levels independent
-            rate[cols[starts]] = fmin
+            rate[fid] = fmin
             return rate
-        rate[cols[starts[frozen]]] = fmin[frozen]
+        rate[fid[frozen]] = fmin[frozen]
         hit = np.repeat(frozen, counts)
         gone = rows[hit]
         cap = np.maximum(cap - np.bincount(gone, weights=fe[hit], minlength=len(cap)), 0.0)
         n = n - np.bincount(gone, minlength=len(cap))
-        stay = ~hit
-        rows, cols = rows[stay], cols[stay]
+        rows = rows[~hit]
+        keep = ~frozen
+        fid, counts = fid[keep], counts[keep]
+        starts = np.zeros(len(counts), np.int64)
+        np.cumsum(counts[:-1], out=starts[1:])
         if 2 * np.count_nonzero(n) < len(n):  # keep per-round work to the live links
             rows, cap, n = _compress(rows, cap, n)
 
