@@ -55,6 +55,60 @@ def components(k=64, flows=256, hops=4, seed=0):
     return rows, cols, k * flows, rng.choice([12.5e9, 25e9, 50e9, 100e9], size=k * flows)
 
 
+def chain(n=256):
+    # flow k crosses links k and k+1, capacities rising: each level waits on the one below,
+    # so both solvers need one round per level (the new solver's worst case)
+    rows = np.stack([np.arange(n), np.arange(1, n + 1)], axis=1).ravel()
+    return rows, np.repeat(np.arange(n), 2), n, 1.0 + np.arange(n + 1.0)
+
+
+def permutation_paths():
+    """Routes of sim_speed's permutation case: 1,024 GPUs on a 32 x 32 torus."""
+    import simpy
+
+    from networks import PacketSwitchNetwork
+    from networks import topology as topo
+
+    rng = np.random.default_rng(0)
+    perm = rng.permutation(1024)
+    while (perm == np.arange(1024)).any():
+        perm = rng.permutation(1024)
+    net = PacketSwitchNetwork(simpy.Environment(), topo.torus2d(32, 32, GB, 1e-6))
+    paths = [np.asarray(net.path_links(i, int(perm[i])), np.int64) for i in range(1024)]
+    return paths, np.full(1024, 100e6), net.capacity
+
+
+def staggered_components(k=16, flows=128, hops=4, seed=0):
+    """components(): every flow with its own size, so departures are spread in time."""
+    rows, cols, n_flows, cap = components(k, flows, hops, seed)
+    paths = np.split(rows, np.cumsum(np.bincount(cols, minlength=n_flows))[:-1])
+    return paths, np.random.default_rng(seed).uniform(1e6, 1e8, n_flows), cap
+
+
+def fluid(paths, nbytes, cap, incremental):
+    """A bare flow loop: solve, advance to the next finish, retire, repeat. Returns the
+    finish time of every flow and the number of solves."""
+    nh = np.array([len(p) for p in paths])
+    flat = np.concatenate(paths)
+    rem, alive, end = nbytes.astype(float), np.ones(len(paths), bool), np.zeros(len(paths))
+    mm, now, solves = MaxMin(cap), 0.0, 0
+    while alive.any():
+        idx = np.flatnonzero(alive)
+        rows = flat[np.repeat(alive, nh)]
+        cols = np.repeat(np.arange(len(idx)), nh[idx])
+        if incremental:
+            rates = mm.solve(rows, cols, idx)  # a flow's index is its stable key
+        else:
+            rates = max_min_rates(rows, cols, len(idx), cap)
+        solves += 1
+        dt = float((rem[idx] / rates).min())
+        now += dt
+        rem[idx] -= rates * dt
+        done = idx[rem[idx] <= 1e-12 * nbytes[idx]]
+        end[done], alive[done] = now, False
+    return end, solves
+
+
 def _best(fn, repeat):
     best = np.inf
     for _ in range(repeat):
@@ -123,6 +177,8 @@ def main(argv=None):
         ("random 1,024 x 4", random_hops(1024)),
         ("random 16,384 x 4", random_hops(16384)),
         ("64 components x 256 x 4", components()),
+        ("chain of 256 levels", chain(256)),
+        ("chain of 1,024 levels", chain(1024)),
     ]
     for name, case in cases:
         rows, cols, n_flows, cap = case
@@ -143,9 +199,19 @@ def main(argv=None):
         entries = max(len(x[0]) for x in seen)
         print(f"{label:<34} {flows:>6} {entries:>8} {old * 1e3:>9.1f} {new * 1e3:>9.1f} "
               f"{old / new:>6.1f} {'':>8} {len(seen):>8} {diff:>12.1e}")  # fmt: skip
+    for label, (paths, nbytes, cap) in (("fluid loop: permutation torus", permutation_paths()),
+                                        ("fluid loop: 16 staggered comps", staggered_components())):  # fmt: skip
+        full = _best(lambda p=paths, b=nbytes, c=cap: fluid(p, b, c, False), max(1, a.repeat // 2))
+        inc = _best(lambda p=paths, b=nbytes, c=cap: fluid(p, b, c, True), max(1, a.repeat // 2))
+        end_full, solves = fluid(paths, nbytes, cap, False)
+        end_inc, _ = fluid(paths, nbytes, cap, True)
+        diff = _rel(end_inc, end_full)
+        print(f"{label:<34} {len(paths):>6} {sum(map(len, paths)):>8} {'':>9} {full * 1e3:>9.1f} "
+              f"{'':>6} {inc * 1e3:>8.1f} {solves:>8} {diff:>12.1e}")  # fmt: skip
     print("# old: max_min_rates_by_level; new: max_min_rates; incr: MaxMin.solve after one")
     print("# flow departs or arrives (resolved: flows re-solved); sim_speed rows: total ms over")
-    print("# the run's solves (the resolved column there: number of solves)")
+    print("# the run's solves (the resolved column there: number of solves); fluid loop rows:")
+    print("# whole loop with max_min_rates (new) or MaxMin (incr), max rel diff of finish times")
 
 
 if __name__ == "__main__":

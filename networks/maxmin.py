@@ -104,7 +104,8 @@ def max_min_rates(rows, cols, n_flows: int, capacity: np.ndarray) -> np.ndarray:
     fid = cols[starts]
     counts = np.diff(starts, append=len(cols))
     while True:
-        share = cap / np.maximum(n, 1)  # links emptied since the last compression: never read
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = cap / n  # links emptied since the last compression: never read
         es = share[rows]
         fmin = np.minimum.reduceat(es, starts)  # each flow's tightest share
         fe = np.repeat(fmin, counts)
@@ -117,14 +118,12 @@ def max_min_rates(rows, cols, n_flows: int, capacity: np.ndarray) -> np.ndarray:
             return rate
         rate[fid[frozen]] = fmin[frozen]
         hit = np.repeat(frozen, counts)
-        gone = rows[hit]
-        cap = np.maximum(cap - np.bincount(gone, weights=fe[hit], minlength=len(cap)), 0.0)
-        n = n - np.bincount(gone, minlength=len(cap))
+        cap = np.maximum(cap - np.bincount(rows[hit], weights=fe[hit], minlength=len(cap)), 0.0)
         rows = rows[~hit]
+        n = np.bincount(rows, minlength=len(cap))
         keep = ~frozen
         fid, counts = fid[keep], counts[keep]
-        starts = np.zeros(len(counts), np.int64)
-        np.cumsum(counts[:-1], out=starts[1:])
+        starts = np.cumsum(counts) - counts
         if 2 * np.count_nonzero(n) < len(n):  # keep per-round work to the live links
             rows, cap, n = _compress(rows, cap, n)
 
