@@ -279,7 +279,7 @@ class MaxMin:
                                 (first[cs[join]], label[rs[join]])), (size, size))  # fmt: skip
             _, merged = connected_components(edges, directed=True, connection="weak")
             self._label = label = merged[label]
-        bad = np.zeros(int(label.max()) + 1, bool)
+        bad = np.zeros(int(label.max(initial=-1)) + 1, bool)
         bad[label[rs]] = True
         dirty = seed.copy()
         dirty[c[bad[label[r]]]] = True

@@ -291,3 +291,12 @@ def test_a_flow_bridging_two_components_joins_them_for_later_changes():
     step()
     flows[6] = [1]
     step()
+
+
+def test_incremental_without_links():
+    # flows over no link at all (a network with none): infinite rates, call after call
+    mm = MaxMin(np.zeros(0))
+    none = np.zeros(0, np.int64)
+    assert mm.solve(none, none, np.array([1, 2])).tolist() == [math.inf, math.inf]
+    assert mm.solve(none, none, np.array([2, 3])).tolist() == [math.inf, math.inf]
+    assert mm.solve(none, none, np.array([2, 3])).tolist() == [math.inf, math.inf]
