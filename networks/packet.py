@@ -301,19 +301,24 @@ class PacketSwitchNetwork(RingJobs, Network):
         """Land transfers (gid, idx) at `arrival` (delay: arrival - now as a timeout sees
         it; None: schedule at the absolute time)."""
         now = self.env.now
-        order, keys = {}, arrival.tolist()
-        for k, t in enumerate(keys):
-            order.setdefault(t, []).append(k)
-        for t, ks in order.items():
-            ks = np.array(ks)
+        if len(arrival) == 1 or (arrival == arrival[0]).all():
+            runs = [np.arange(len(arrival))]
+        else:  # one run per distinct arrival, in order of first appearance, order kept within
+            _, first, inv = np.unique(arrival, return_index=True, return_inverse=True)
+            perm = np.argsort(inv, kind="stable")
+            runs = np.split(perm, np.cumsum(np.bincount(inv))[:-1])
+            runs = [runs[j] for j in np.argsort(first)]
+        for ks in runs:
+            t = float(arrival[ks[0]])
+            g, i = gid[ks], idx[ks]
             if t <= now:
-                self._land(gid[ks], idx[ks])
+                self._land(g, i)
             elif delay is not None:
                 self.env.timeout(float(delay[ks[0]])).callbacks.append(
-                    lambda _e, g=gid[ks], i=idx[ks]: self._land(g, i)
+                    lambda _e, g=g, i=i: self._land(g, i)
                 )
             else:
-                at(self.env, t, lambda _e, g=gid[ks], i=idx[ks]: self._land(g, i))
+                at(self.env, t, lambda _e, g=g, i=i: self._land(g, i))
 
     def _land(self, gids, idxs) -> None:
         """Transfers (group id, index) arrive now."""
