@@ -9,9 +9,12 @@ it at most that rate and the others what it leaves.
 Two engines compute the same numbers: `reference` keeps one object per flow and loops over
 them; `fast` (the default) keeps the flows in numpy arrays (remaining bytes, rates, routes
 as one flat array of link ids), caches each (source, destination) route and its latency,
-and delivers the flows that arrive at the same instant with one timer. Both evaluate the
-same float expressions in the same order, so the results agree bit for bit (checked by
-tests/test_engine_fuzz.py).
+keeps one record per transfer group (networks.groups; per-transfer records are built when
+asked for), and delivers the flows that arrive at the same instant with one timer. It also
+runs a ring collective on links nothing else uses as one reserved job
+(networks.ringjobs), split back into flows when other traffic touches them. Both evaluate
+the same float expressions in the same order, so the results agree bit for bit on their
+own and to round-off under contention (checked by tests/test_engine_fuzz.py).
 """
 
 from __future__ import annotations

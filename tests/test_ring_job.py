@@ -98,3 +98,25 @@ def test_repeat_add_is_the_sequential_sum(acc, c, k):
     for _ in range(k):
         total += c
     assert repeat_add(acc, c, k) == total
+
+
+def test_link_stats_asked_mid_job_count_what_was_done_so_far():
+    # the reference engine's per-link bytes and busy time at an instant inside the job,
+    # and the same final result after the fast engine split the job to answer
+    def run(engine):
+        env, net = _ring4(engine)
+        env.process(collectives.ring_allreduce(env, net, (0, 1, 2, 3), 4e8))
+        seen = []
+
+        def ask():
+            yield env.timeout(0.0333)
+            seen.append(net.link_stats()[["bytes", "busy_time"]].to_numpy())
+
+        env.process(ask())
+        env.run()
+        return seen[0], net.link_stats()[["bytes", "busy_time"]].to_numpy(), env.now
+
+    ref, fast = run("reference"), run("fast")
+    np.testing.assert_allclose(fast[0], ref[0], rtol=1e-12)
+    np.testing.assert_allclose(fast[1], ref[1], rtol=1e-12)
+    assert fast[2] == pytest.approx(ref[2], rel=1e-12)
