@@ -65,15 +65,18 @@ class Records(Sequence):
     """A group's TransferRecords, built when read: the value of `transfer_all`'s event."""
 
     def __init__(self, entry):
-        self._entry = entry
+        self._entry, self._list = entry, None
+
+    def _all(self) -> list:
+        if self._list is None:
+            self._list = _records(self._entry.columns())
+        return self._list
 
     def __len__(self):
-        return len(self._entry.columns()[2])
+        return len(self._all())
 
     def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self[k] for k in range(*i.indices(len(self)))]
-        return _records(self._entry.columns())[i]
+        return self._all()[i]
 
 
 def _records(cols) -> list[TransferRecord]:
