@@ -8,6 +8,7 @@ ring collective on free links one `networks.ringjob.RingJob`; per-transfer
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,8 +52,9 @@ class Group:
 
     def columns(self):
         n = len(self.nb)
-        return (self.srcs, self.dsts, self.nb, np.full(n, self.start), self.ends,
-                [self.tag] * n, self.maxr)  # fmt: skip
+        src, dst = node_array(self.srcs), node_array(self.dsts)
+        return (self.srcs if src is None else src, self.dsts if dst is None else dst, self.nb,
+                np.full(n, self.start), self.ends, [self.tag] * n, self.maxr)  # fmt: skip
 
     def succeed(self, _record=None):
         """One transfer of a `transfer_all` group arrived (a subclass's own `_deliver`)."""
@@ -79,11 +81,27 @@ class Records(Sequence):
         return self._all()[i]
 
 
+def node_array(nodes) -> np.ndarray | None:
+    """The nodes as an int64 array when all are plain ints (tables build much faster from
+    it, with the dtype pandas infers from the ints); None otherwise."""
+    if not all(type(x) is int for x in nodes):
+        return None
+    try:
+        return np.array(nodes, np.int64)
+    except OverflowError:
+        return None
+
+
+def _listed(x) -> list:
+    return x.tolist() if isinstance(x, np.ndarray) else list(x)
+
+
 def _records(cols) -> list[TransferRecord]:
     src, dst, nb, start, end, tag, maxr = cols
-    return [TransferRecord(*row) for row in zip(src, dst, np.asarray(nb, float).tolist(),
-            np.asarray(start, float).tolist(), np.asarray(end, float).tolist(), tag,
-            np.asarray(maxr, float).tolist(), strict=True)]  # fmt: skip
+    return [TransferRecord(*row) for row in zip(_listed(src), _listed(dst),
+            np.asarray(nb, float).tolist(), np.asarray(start, float).tolist(),
+            np.asarray(end, float).tolist(), tag, np.asarray(maxr, float).tolist(),
+            strict=True)]  # fmt: skip
 
 
 def _entry_columns(entry):
@@ -93,20 +111,28 @@ def _entry_columns(entry):
     return entry.columns()
 
 
+def _joined(parts):
+    """One column from the entries' parts: an int64 array if every part is one."""
+    if parts and all(isinstance(x, np.ndarray) for x in parts):
+        return np.concatenate(parts)
+    return list(itertools.chain.from_iterable(_listed(x) for x in parts))
+
+
 def _all_columns(log):
     """The log's transfers as columns, in order of start (a stable sort: entries that
     expand later steps of a ring keep the order the transfers would have started in)."""
     cols = [_entry_columns(e) for e in log]
-    src = [x for c in cols for x in c[0]]
-    dst = [x for c in cols for x in c[1]]
-    tag = [x for c in cols for x in c[5]]
+    src, dst = _joined([c[0] for c in cols]), _joined([c[1] for c in cols])
+    counts = [len(c[2]) for c in cols]
+    tag = np.repeat(np.array([e.tag for e in log] + [None], object)[:-1], counts)
     nums = [np.concatenate([np.asarray(c[k], float) for c in cols]) if cols else np.zeros(0)
             for k in (2, 3, 4, 6)]  # fmt: skip
     nb, start, end, maxr = nums
     if len(start) > 1 and (np.diff(start) < 0).any():
         order = np.argsort(start, kind="stable")
-        src, dst, tag = ([x[i] for i in order.tolist()] for x in (src, dst, tag))
-        nb, start, end, maxr = nb[order], start[order], end[order], maxr[order]
+        src, dst = ([x[i] for i in order.tolist()] if isinstance(x, list) else x[order]
+                    for x in (src, dst))  # fmt: skip
+        tag, nb, start, end, maxr = tag[order], nb[order], start[order], end[order], maxr[order]
     return src, dst, nb, start, end, tag, maxr
 
 
@@ -123,7 +149,7 @@ def transfer_table(log):
         return pd.DataFrame([(r.src, r.dst, r.nbytes, r.start, r.end, r.tag) for r in log],
                             columns=COLUMNS)  # fmt: skip
     src, dst, nb, start, end, tag, _ = _all_columns(log)
-    if not src:
+    if not len(src):
         return pd.DataFrame([], columns=COLUMNS)
     return pd.DataFrame(dict(zip(COLUMNS, (src, dst, nb, start, end, tag), strict=True)))
 

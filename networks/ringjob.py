@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from networks.groups import node_array
+
 REL_TOL = 1e-9  # a flow with this fraction of its bytes left is done (float round-off)
 TIME_TOL = 1e-12  # relative to the clock: shorter remaining times are below its resolution
 _MERGE = 1e-12  # networks.maxmin freezes links within this of the lowest share together
@@ -146,6 +148,8 @@ class RingJob:
         p, s = self.paths, self.completed
         n = len(p.srcs)
         ends = np.array(self.done_at[:s], float).reshape(s, len(p.rates))[:, p.cls] + p.lat[None, :]
-        return (p.srcs * s, p.dsts * s, np.full(n * s, self.chunk),
+        src, dst = node_array(p.srcs), node_array(p.dsts)
+        return (p.srcs * s if src is None else np.tile(src, s),
+                p.dsts * s if dst is None else np.tile(dst, s), np.full(n * s, self.chunk),
                 np.repeat(np.array(self.starts[:s], float), n), ends.ravel(),
                 [self.tag] * (n * s), np.full(n * s, math.inf))  # fmt: skip
