@@ -2,7 +2,9 @@
 over the Network interface.
 
 Each step of an algorithm starts all its transfers as one group (one bandwidth
-allocation) and waits for all of them. Ring all-reduce: reduce-scatter then
+allocation) and waits for all of them; a ring's lock-step steps are one `Network.ring`
+call (the packet network computes them as one job when the ring has its links to
+itself). Ring all-reduce: reduce-scatter then
 all-gather, the buffer cut into N chunks, 2(N-1) steps; with lone links of
 bandwidth B and latency L it takes 2(N-1)/N x bytes/B + 2(N-1) x L.
 Register a new algorithm with `register(op, name)`; `communication.algorithm` names it.
@@ -49,9 +51,8 @@ def _step(env, net, transfers, tag):
 
 
 def _ring_steps(env, net, group, chunk, steps, tag):
-    n = len(group)
-    for _ in range(steps):
-        yield from _step(env, net, [(group[i], group[(i + 1) % n], chunk) for i in range(n)], tag)
+    # the network runs the lock-step ring itself: one event, however many steps
+    yield net.ring(group, chunk, steps, tag)
 
 
 @register("allreduce", "ring")

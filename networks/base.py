@@ -8,28 +8,18 @@ subclass `Network`, implement `_start_group`, and register it with `register`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import networkx as nx
 import simpy
 
+from networks import groups
+from networks.groups import TransferRecord
 from triosim import schema
 from triosim.errors import NetworkError
 from triosim.registry import Registry
 
 _PLAIN = (int, float)  # sizes of these types need no further check than 0 <= n < inf
 LINK_COLUMNS = ("src", "dst", "bandwidth", "latency", "bytes", "busy_time")
-
-
-@dataclass(slots=True)
-class TransferRecord:
-    src: object
-    dst: object
-    nbytes: float
-    start: float
-    end: float = math.nan
-    tag: str = ""
-    max_rate: float = math.inf  # bytes/s the sender can feed (a GPU-side limit), inf: none
 
 
 class Network:
@@ -57,7 +47,9 @@ class Network:
         self._gpu_set = set(self.gpus)
         if self.reducing_endpoints:
             self._gpu_set |= set(reducing_switches(self.graph))
-        self.records: list[TransferRecord] = []
+        # what was sent: TransferRecords, or group entries (networks.groups) that expand
+        # into them when `records` or `transfers()` is asked for
+        self._log: list = []
         self.bytes_sent = 0.0
         self.bytes_delivered = 0.0
         self.in_flight = 0
@@ -88,9 +80,29 @@ class Network:
         limit ignore it). Implementations solve their bandwidth allocation once for the
         whole group.
         """
-        records, events = [], []
-        now, gpus, inf = self.env.now, self._gpu_set, math.inf
-        new_event, keep = self.env.event, self.records.append
+        srcs, dsts, sizes, caps = self._parse(transfers)
+        now = self.env.now
+        records = [TransferRecord(*t, now, tag=tag, max_rate=c)
+                   for t, c in zip(zip(srcs, dsts, sizes, strict=True), caps, strict=True)]  # fmt: skip
+        self._log += records
+        for rec in records:  # one add per transfer, in order (what the counters promise)
+            self.bytes_sent += rec.nbytes
+        self.in_flight += len(records)
+        if _member is not None:
+            _member.records += records
+            _member.pending = len(records)
+            events = [_member] * len(records)
+        else:
+            events = [self.env.event() for _ in records]
+        if records:
+            self._start_group(records, events)
+        return events
+
+    def _parse(self, transfers):
+        """(sources, destinations, sizes, rate caps) of (src, dst, nbytes[, max_rate])
+        tuples, each checked."""
+        srcs, dsts, sizes, caps = [], [], [], []
+        gpus, inf = self._gpu_set, math.inf
         for t in transfers:
             if len(t) == 3:
                 src, dst, nbytes = t
@@ -103,18 +115,33 @@ class Network:
             rate = float(rest[0]) if rest else inf
             if not rate > 0:
                 raise NetworkError(f"transfer max_rate must be > 0 bytes/s, got {rest[0]!r}")
-            rec = TransferRecord(src, dst, float(nbytes), now, tag=tag, max_rate=rate)
-            keep(rec)
-            self.bytes_sent += rec.nbytes
-            self.in_flight += 1
-            records.append(rec)
-            events.append(new_event() if _member is None else _member)
-        if _member is not None:
-            _member.records += records
-            _member.pending = len(records)
-        if records:
-            self._start_group(records, events)
-        return events
+            srcs.append(src)
+            dsts.append(dst)
+            sizes.append(float(nbytes))
+            caps.append(rate)
+        return srcs, dsts, sizes, caps
+
+    def ring(self, group, chunk: float, steps: int, tag: str = "") -> simpy.Event:
+        """`steps` lock-step ring steps: in each, every group[i] sends `chunk` bytes to
+        group[i+1] (cyclic) and the next step starts once all arrived. The event fires when
+        the last step is done. Networks may compute it faster; this one starts the steps."""
+        done = self.env.event()
+        n = len(group)
+        pairs = [(group[i], group[(i + 1) % n], chunk) for i in range(n)]
+        left = [steps]
+
+        def next_step(_e=None):  # started in the callback, as a process resuming there would
+            if left[0] == 0:
+                done.succeed()
+                return
+            left[0] -= 1
+            self.transfer_all(pairs, tag=tag).callbacks.append(next_step)
+
+        if n > 1:
+            next_step()
+        else:
+            done.succeed()
+        return done
 
     def _deliver(self, rec: TransferRecord, event: simpy.Event) -> None:
         rec.end = self.env.now
@@ -134,13 +161,14 @@ class Network:
         """Counters worth reporting (set-ups, reallocations, ...): plain numbers."""
         return {}
 
-    def transfers(self):
-        import pandas as pd
+    @property
+    def records(self) -> list[TransferRecord]:
+        """Every transfer started so far, in order of start (expanded from group entries)."""
+        return groups.expand_records(self._log)
 
-        return pd.DataFrame(
-            [(r.src, r.dst, r.nbytes, r.start, r.end, r.tag) for r in self.records],
-            columns=["src", "dst", "nbytes", "start", "end", "tag"],
-        )
+    def transfers(self):
+        """One row per transfer, in order of start: src, dst, nbytes, start, end, tag."""
+        return groups.transfer_table(self._log)
 
     # -- to implement -----------------------------------------------------------------
     def _start_group(self, records: list[TransferRecord], events: list[simpy.Event]) -> None:

@@ -9,9 +9,12 @@ it at most that rate and the others what it leaves.
 Two engines compute the same numbers: `reference` keeps one object per flow and loops over
 them; `fast` (the default) keeps the flows in numpy arrays (remaining bytes, rates, routes
 as one flat array of link ids), caches each (source, destination) route and its latency,
-and delivers the flows that arrive at the same instant with one timer. Both evaluate the
-same float expressions in the same order, so the results agree bit for bit (checked by
-tests/test_engine_fuzz.py).
+keeps one record per transfer group (networks.groups; per-transfer records are built when
+asked for), and delivers the flows that arrive at the same instant with one timer. It also
+runs a ring collective on links nothing else uses as one reserved job
+(networks.ringjobs), split back into flows when other traffic touches them. Both evaluate
+the same float expressions in the same order, so the results agree bit for bit on their
+own and to round-off under contention (checked by tests/test_engine_fuzz.py).
 """
 
 from __future__ import annotations
@@ -23,13 +26,15 @@ import numpy as np
 import simpy
 
 from networks.base import Network, TransferRecord, register
+from networks.groups import Group, Records, at, seq_sum
 from networks.maxmin import incidence, link_loads, max_min_rates
+from networks.ringjob import REL_TOL as _REL_TOL
+from networks.ringjob import TIME_TOL as _TIME_TOL
+from networks.ringjob import RingJob
+from networks.ringjobs import RingJobs
 from networks.routing import Routes
 from triosim.errors import NetworkError
 from triosim.schema import option
-
-_REL_TOL = 1e-9  # a flow with this fraction of its bytes left is done (float round-off)
-_TIME_TOL = 1e-12  # relative to the clock: shorter remaining times are below its resolution
 
 
 @dataclass(slots=True)
@@ -57,7 +62,7 @@ class PacketOptions:
 
 
 @register("packet")
-class PacketSwitchNetwork(Network):
+class PacketSwitchNetwork(RingJobs, Network):
     Options = PacketOptions
     reducing_endpoints = True  # a switch that reduces (NVLS, SHARP) may send and receive
 
@@ -78,12 +83,19 @@ class PacketSwitchNetwork(Network):
         self.reallocations = 0
         self._routing_tables()
         if self.options.engine == "fast":
-            self._start_group = self._start_group_fast
             self._advance = self._advance_fast
             self._on_timer = self._on_timer_fast
             self._route_cache: dict = {}
-            self._recs: list[TransferRecord] = []
-            self._evs: list[simpy.Event] = []
+            self._groups: dict[int, Group] = {}  # groups with transfers not yet landed
+            self._next_gid = 0
+            self._gid = np.zeros(0, np.int64)  # group of each flow in the table
+            self._idx = np.zeros(0, np.int64)  # its index in the group
+            self._rings: dict = {}  # ring group -> RingPaths
+            self._jobs: dict[int, RingJob] = {}  # ring jobs under way
+            self._owner = np.full(len(self.links), -1, np.int64)  # job holding each link
+            self.ring_jobs = self.ring_splits = 0
+            # a subclass that counts deliveries itself gets one _deliver call per transfer
+            self._per_record = type(self)._deliver is not Network._deliver
             self._rem = np.zeros(0)
             self._rate = np.zeros(0)
             self._nb = np.zeros(0)
@@ -196,7 +208,7 @@ class PacketSwitchNetwork(Network):
         else:
             self._deliver(f.rec, f.event)
 
-    # -- the fast engine: flows as numpy arrays ----------------------------------------------
+    # -- the fast engine: flows as numpy arrays, records per group ---------------------------
     def _route(self, src, dst):
         key = (src, dst)
         r = self._route_cache.get(key)
@@ -206,30 +218,67 @@ class PacketSwitchNetwork(Network):
             r = self._route_cache[key] = (links, lat)
         return r
 
-    def _start_group_fast(self, records, events):
-        self._advance_fast()
-        srcs = [r.src for r in records]
+    def transfer_group(self, transfers, tag: str = "", _member=None) -> list[simpy.Event]:
+        if self.options.engine == "reference":
+            return super().transfer_group(transfers, tag, _member)
+        srcs, dsts, sizes, caps = self._parse(transfers)
+        events = [self.env.event() for _ in srcs]
+        if srcs:
+            self._start_parsed(srcs, dsts, sizes, caps, tag, events=events)
+        return events
+
+    def transfer_all(self, transfers, tag: str = "") -> simpy.Event:
+        if self.options.engine == "reference":
+            return super().transfer_all(transfers, tag)
+        done = self.env.event()
+        srcs, dsts, sizes, caps = self._parse(transfers)
+        if not srcs:
+            return done.succeed([])
+        self._start_parsed(srcs, dsts, sizes, caps, tag, done=done)
+        return done
+
+    def _start_parsed(self, srcs, dsts, sizes, caps, tag, events=None, done=None):
         self._distances(srcs)
-        paths, lats = [], []
-        for rec in records:
-            links, lat = self._route(rec.src, rec.dst)
-            paths.append(links)
-            lats.append(lat)
-        nb = np.array([r.nbytes for r in records], float)
-        nh = np.fromiter((len(x) for x in paths), np.int64, count=len(paths))
-        flat = np.concatenate(paths) if paths else np.zeros(0, np.int64)
+        routes = [self._route(s, d) for s, d in zip(srcs, dsts, strict=True)]
+        nh = np.fromiter((len(r[0]) for r in routes), np.int64, count=len(routes))
+        flat = np.concatenate([r[0] for r in routes])
+        lat = np.array([r[1] for r in routes], float)
+        nb = np.array(sizes, float)
+        g = Group(srcs, dsts, nb, np.array(caps, float), self.env.now, tag, events, done)
+        self._start_fast(g, flat, nh, lat)
+
+    def _start_fast(self, g: Group, flat, nh, lat):
+        self._advance_fast()
+        if len(self._jobs) and (self._owner[flat] >= 0).any():
+            for jid in dict.fromkeys(self._owner[flat][self._owner[flat] >= 0].tolist()):
+                self._split(self._jobs[jid])
+        nb = g.nb
         # one unbuffered add in flow order: the same sums as one add per flow
         np.add.at(self.link_bytes, flat, np.repeat(nb, nh))
-        self._recs += records
-        self._evs += events
-        self._rem = np.concatenate([self._rem, nb])
-        self._rate = np.concatenate([self._rate, np.zeros(len(records))])
-        self._nb = np.concatenate([self._nb, nb])
-        self._lat = np.concatenate([self._lat, np.array(lats, float)])
-        self._maxr = np.concatenate([self._maxr, [r.max_rate for r in records]])
+        self.bytes_sent = seq_sum(self.bytes_sent, nb)
+        self.in_flight += len(nb)
+        self._log.append(g)
+        gid = self._register(g)
+        self._add_flows(gid, g, np.arange(len(nb)), nb, np.zeros(len(nb)), lat, nh, flat)
+        self._finish_fast()
+
+    def _register(self, g: Group) -> int:
+        gid = self._next_gid
+        self._next_gid += 1
+        self._groups[gid] = g
+        return gid
+
+    def _add_flows(self, gid: int, g: Group, idx, rem, rate, lat, nh, flat):
+        """Put transfers idx of group g in the flow table (rem bytes left, sending at rate)."""
+        self._gid = np.concatenate([self._gid, np.full(len(idx), gid)])
+        self._idx = np.concatenate([self._idx, idx])
+        self._rem = np.concatenate([self._rem, rem])
+        self._rate = np.concatenate([self._rate, rate])
+        self._nb = np.concatenate([self._nb, g.nb[idx]])
+        self._lat = np.concatenate([self._lat, lat])
+        self._maxr = np.concatenate([self._maxr, g.maxr[idx]])
         self._nh = np.concatenate([self._nh, nh])
         self._flat = np.concatenate([self._flat, flat])
-        self._finish_fast()
 
     def _advance_fast(self):
         dt = self.env.now - self._last
@@ -241,28 +290,63 @@ class PacketSwitchNetwork(Network):
     def _keep(self, keep: np.ndarray) -> None:
         """Keep the flows where `keep` is True (order preserved)."""
         idx = np.flatnonzero(keep)
-        self._recs = [self._recs[i] for i in idx]
-        self._evs = [self._evs[i] for i in idx]
         self._flat = self._flat[np.repeat(keep, self._nh)]
-        for name in ("_rem", "_rate", "_nb", "_lat", "_maxr", "_nh"):
+        for name in ("_rem", "_rate", "_nb", "_lat", "_maxr", "_nh", "_gid", "_idx"):
             setattr(self, name, getattr(self, name)[idx])
 
     def _deliver_fast(self, done: np.ndarray) -> None:
-        """Deliver the flows at indices `done`, in order: at once without latency, else one
-        timer per distinct arrival time (the order of delivery within it kept)."""
+        """Deliver the flows at indices `done`: at once without latency, else one timer per
+        distinct arrival time (the order of delivery within it kept)."""
+        lat, gid, idx = self._lat[done], self._gid[done], self._idx[done]
+        self._land_later(self.env.now + lat, lat, gid, idx)
+
+    def _land_later(self, arrival, delay, gid, idx):
+        """Land transfers (gid, idx) at `arrival` (delay: arrival - now as a timeout sees
+        it; None: schedule at the absolute time)."""
         now = self.env.now
-        later: dict[float, list] = {}
-        for i in done.tolist():
-            lat = float(self._lat[i])
-            rec, ev = self._recs[i], self._evs[i]
-            if lat > 0:
-                later.setdefault(now + lat, []).append((lat, rec, ev))
+        if len(arrival) == 1 or (arrival == arrival[0]).all():
+            runs = [np.arange(len(arrival))]
+        else:  # one run per distinct arrival, in order of first appearance, order kept within
+            _, first, inv = np.unique(arrival, return_index=True, return_inverse=True)
+            perm = np.argsort(inv, kind="stable")
+            runs = np.split(perm, np.cumsum(np.bincount(inv))[:-1])
+            runs = [runs[j] for j in np.argsort(first)]
+        for ks in runs:
+            t = float(arrival[ks[0]])
+            g, i = gid[ks], idx[ks]
+            if t <= now:
+                self._land(g, i)
+            elif delay is not None:
+                self.env.timeout(float(delay[ks[0]])).callbacks.append(
+                    lambda _e, g=g, i=i: self._land(g, i)
+                )
             else:
-                self._deliver(rec, ev)
-        for items in later.values():
-            self.env.timeout(items[0][0]).callbacks.append(
-                lambda _e, items=items: [self._deliver(r, e) for _, r, e in items]
-            )
+                at(self.env, t, lambda _e, g=g, i=i: self._land(g, i))
+
+    def _land(self, gids, idxs) -> None:
+        """Transfers (group id, index) arrive now."""
+        now = self.env.now
+        if self._per_record:  # a subclass delivers record by record
+            for g, i in zip(gids.tolist(), idxs.tolist(), strict=True):
+                grp = self._groups[g]
+                rec = grp.record(i)
+                self._deliver(rec, grp if grp.events is None else grp.events[i])
+                grp.ends[i] = rec.end
+            return
+        for g in dict.fromkeys(gids.tolist()):
+            grp = self._groups[g]
+            sel = idxs if gids[0] == gids[-1] == g else idxs[gids == g]
+            grp.ends[sel] = now
+            self.bytes_delivered = seq_sum(self.bytes_delivered, grp.nb[sel])
+            self.in_flight -= len(sel)
+            grp.pending -= len(sel)
+            if grp.events is not None:
+                for i in sel.tolist():
+                    grp.events[i].succeed(grp.record(i))
+            if grp.pending == 0:
+                del self._groups[g]
+                if grp.done is not None:
+                    grp.done.succeed(Records(grp))
 
     def _finish_fast(self):
         tick = _TIME_TOL * max(self.env.now, 1e-9)
@@ -337,6 +421,10 @@ class PacketSwitchNetwork(Network):
         import pandas as pd
 
         self._advance()
+        if self.options.engine == "fast" and self._jobs:  # count what ring jobs did so far
+            for job in list(self._jobs.values()):
+                self._split(job)
+            self._finish_fast()
         return pd.DataFrame(
             {
                 "src": [u for u, _ in self.links],

@@ -1,11 +1,12 @@
 """Differential fuzzing: the packet network's fast engine against its reference engine.
 
 Random small scenarios (rings with slower links, a torus, a fat tree, a switch, a mesh, a
-zero-latency ring; p2p transfers with and without a sender rate cap, groups with random
-sizes including zero bytes, ring all-reduces and reduce-scatters over random subsets,
-started by several processes after random delays so that they contend) run on both
-engines; every transfer's start and end and every action's completion must agree to 1e-9
-relative.
+zero-latency ring, a torus and a fat tree with random link speeds; p2p transfers with and
+without a sender rate cap, groups with random sizes including zero bytes, ring
+all-reduces and reduce-scatters over random subsets, zero-byte rings, started by several
+processes after random delays so that they contend and interrupt each other's ring jobs)
+run on both engines; every transfer's start and end, every action's completion and every
+link's bytes and busy time must agree to 1e-9 relative, and bytes are conserved.
 """
 
 import numpy as np
@@ -37,7 +38,14 @@ def _graph(kind: int, rng):
         return topo.switch_star(8, 40 * GB, 2e-6)
     if kind == 4:
         return topo.mesh2d(3, 3, 15 * GB, 1e-6)
-    return topo.ring(5, 10 * GB, 0.0)
+    if kind == 5:
+        return topo.ring(5, 10 * GB, 0.0)
+    g = topo.torus2d(3, 3, 20 * GB, 5e-7) if kind == 6 else topo.fat_tree(8, 25 * GB, 1e-6, 4)
+    for u, v in list(g.edges()):  # every link its own speed and latency: rates differ
+        if rng.random() < 0.5:
+            topo.set_link(g, u, v, bandwidth=float(rng.uniform(2, 30)) * GB,
+                          latency=float(rng.uniform(0, 3e-6)))  # fmt: skip
+    return g
 
 
 def _scenario(engine: str, seed: int, kind: int):
@@ -48,8 +56,8 @@ def _scenario(engine: str, seed: int, kind: int):
     done = []
 
     def draw():  # drawn before the run, so both engines see the same scenario
-        choice = int(rng.integers(4))
-        if choice == 0:  # p2p, sometimes capped by the sender
+        choice = int(rng.integers(5))
+        if choice in (0, 4):  # p2p, sometimes capped by the sender
             src, dst = (int(x) for x in rng.choice(len(gpus), 2, replace=False))
             cap = float(rng.uniform(0.5, 30)) * GB if rng.random() < 0.3 else None
             t = (gpus[src], gpus[dst], float(rng.choice([0.0, rng.uniform(1e3, 5e7)])))
@@ -64,7 +72,7 @@ def _scenario(engine: str, seed: int, kind: int):
         m = int(rng.integers(2, min(len(gpus), 6) + 1))  # a ring over a random ordered subset
         group = tuple(gpus[int(i)] for i in rng.choice(len(gpus), m, replace=False))
         op = "allreduce" if choice == 2 else "reduce_scatter"
-        return op, (group, float(rng.uniform(1e4, 1e8)))
+        return op, (group, 0.0 if rng.random() < 0.1 else float(rng.uniform(1e4, 1e8)))
 
     def proc(k, plan):
         for a, (delay, (what, arg)) in enumerate(plan):
@@ -84,7 +92,21 @@ def _scenario(engine: str, seed: int, kind: int):
         env.process(proc(k, plan))
     env.run()
     recs = sorted((r.src, r.dst, r.nbytes, r.start, r.end, r.tag) for r in net.records)
-    return sorted(done), recs, net.link_bytes.copy()
+    _conserved(net)
+    links = net.link_stats()
+    return sorted(done), recs, links["bytes"].to_numpy(), links["busy_time"].to_numpy(), net
+
+
+def _conserved(net):
+    """Everything sent arrived, and each link carried the bytes of the transfers whose
+    routes cross it (recomputed from the records, independently of the engine)."""
+    assert net.in_flight == 0
+    assert net.bytes_sent == pytest.approx(net.bytes_delivered, rel=1e-12, abs=1e-6)
+    carried = np.zeros(len(net.links))
+    for r in net.records:
+        assert r.end >= r.start
+        carried[net.path_links(r.src, r.dst)] += r.nbytes
+    np.testing.assert_allclose(net.link_bytes, carried, rtol=1e-12, atol=1e-6)
 
 
 def _close(a, b):
@@ -92,10 +114,14 @@ def _close(a, b):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**31 - 1), kind=st.integers(0, 5))
+@given(seed=st.integers(0, 2**31 - 1), kind=st.integers(0, 7))
 def test_fast_engine_matches_reference(seed, kind):
-    ref_done, ref_recs, ref_bytes = _scenario("reference", seed, kind)
-    fast_done, fast_recs, fast_bytes = _scenario("fast", seed, kind)
+    _compare(_scenario("reference", seed, kind), _scenario("fast", seed, kind))
+
+
+def _compare(ref, fast):
+    ref_done, ref_recs, ref_bytes, ref_busy, _ = ref
+    fast_done, fast_recs, fast_bytes, fast_busy, _ = fast
     assert len(ref_done) == len(fast_done) and len(ref_recs) == len(fast_recs)
     for (k1, a1, t1), (k2, a2, t2) in zip(ref_done, fast_done, strict=True):
         assert (k1, a1) == (k2, a2) and _close(t1, t2), (k1, a1, t1, t2)
@@ -103,6 +129,7 @@ def test_fast_engine_matches_reference(seed, kind):
         assert r[:3] == f[:3] and r[5] == f[5]
         assert _close(r[3], f[3]) and _close(r[4], f[4]), (r, f)
     np.testing.assert_allclose(fast_bytes, ref_bytes, rtol=1e-12)
+    np.testing.assert_allclose(fast_busy, ref_busy, rtol=1e-9, atol=1e-15)
 
 
 def test_fuzz_comparison_can_fail():
@@ -110,6 +137,35 @@ def test_fuzz_comparison_can_fail():
     a = _scenario("reference", 3, 0)
     b = _scenario("fast", 4, 0)
     assert a[1] != b[1]
+
+
+def test_fuzz_exercises_ring_jobs_and_their_splits():
+    """The scenarios reach the fast engine's ring jobs, split some mid-job, and agree."""
+    jobs = splits = 0
+    for seed in range(40):
+        for kind in (0, 2, 6):
+            fast = _scenario("fast", seed, kind)
+            _compare(_scenario("reference", seed, kind), fast)
+            jobs += fast[4].ring_jobs
+            splits += fast[4].ring_splits
+    assert jobs >= 20 and splits >= 5, (jobs, splits)
+
+
+def test_fuzz_notices_a_ring_job_without_latency(monkeypatch):
+    """A ring job that forgot the path latency (a deliberate bug) fails the comparison."""
+    from networks import ringjob
+
+    real = ringjob.ring_paths
+
+    def no_latency(*args):
+        p = real(*args)
+        p.lats = tuple(0.0 for _ in p.lats)
+        return p
+
+    monkeypatch.setattr("networks.ringjobs.ring_paths", no_latency)
+    with pytest.raises(AssertionError):
+        for seed in range(10):
+            _compare(_scenario("reference", seed, 0), _scenario("fast", seed, 0))
 
 
 @pytest.mark.parametrize("engine", ["reference", "fast"])

@@ -294,3 +294,28 @@ def test_max_rate_caps_a_transfer_and_frees_the_rest_for_others():
     assert rec.end == pytest.approx(0.1)
     with pytest.raises(NetworkError, match="max_rate"):
         net.transfer_group([(0, 1, 1.0, 0.0)])
+
+
+@pytest.mark.parametrize("names", ["int", "str", "tuple"])
+def test_transfer_table_is_the_same_on_both_engines(names):
+    # the fast engine builds its table from group entries and ring jobs; the reference from
+    # one record per transfer: the same rows in the same order, with the same dtypes
+    import pandas as pd
+
+    from extrapolators import collectives
+
+    rename = {"int": lambda i: i, "str": lambda i: f"g{i}", "tuple": lambda i: ("node", i)}
+    g = nx.relabel_nodes(topo.ring(4, 10 * GB, 1e-6), rename[names])
+    gpus = [rename[names](i) for i in range(4)]
+
+    def table(engine):
+        env = simpy.Environment()
+        net = PacketSwitchNetwork(env, g, engine=engine)
+        env.process(collectives.ring_allreduce(env, net, tuple(gpus), 4e6, tag="ar"))
+        net.transfer_group([(gpus[0], gpus[2], 1e6), (gpus[3], gpus[1], 0.0)], tag="p2p")
+        env.run()
+        return net.transfers(), net.records
+
+    (ref, ref_recs), (fast, fast_recs) = table("reference"), table("fast")
+    pd.testing.assert_frame_equal(fast, ref)
+    assert len(fast) == 6 * 4 + 2 and fast_recs == ref_recs
