@@ -29,6 +29,9 @@ class Extrapolator:
     hybrid_inner = False  # can run inside the data-parallel replicas of `hybrid`
     owns_iterations = False  # streams(iterations=K) runs K iterations itself (no barrier)
     collective: str | None = None  # algorithm its collectives ask for (None: the model's)
+    # emit ComputeRuns (computes between two other tasks, shared by all GPUs) where the mode
+    # supports them; False: one Compute per operator (the straightforward path, for tests)
+    compute_runs = True
 
     def __init__(self, trace: Trace, model: OperatorModel, gpus, options=None, *,
                  batch_size: float | None = None, gpu: str | None = None, ring=None,

@@ -81,10 +81,10 @@ def _bytes_per_param(trace) -> float:
     return float(DTYPE_BYTES.get(dtype, 4))
 
 
-def static_per_gpu(trace, extrapolator, gpu, options: MemoryOptions) -> dict:
-    """Weights, gradients and optimizer states `gpu` holds under its mode's placement."""
-    optimizer = optimizer_kind(trace, options)
-    bpp = _bytes_per_param(trace)
+def static_per_gpu(trace, extrapolator, gpu, options: MemoryOptions, _kind=None) -> dict:
+    """Weights, gradients and optimizer states `gpu` holds under its mode's placement
+    (`_kind`: (optimizer, bytes per parameter) when the caller has them already)."""
+    optimizer, bpp = _kind or (optimizer_kind(trace, options), _bytes_per_param(trace))
     shares = extrapolator.state_fractions()
     if shares is None:
         return static_bytes(extrapolator.held_weight_bytes(gpu), bpp, optimizer,
@@ -93,8 +93,13 @@ def static_per_gpu(trace, extrapolator, gpu, options: MemoryOptions) -> dict:
     return {k: v * shares[k] for k, v in full.items()}  # ZeRO: a share of each kind
 
 
-def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: MemoryOptions):
-    """(DataFrame gpu, time, one column per category and total; peak bytes per GPU)."""
+def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: MemoryOptions,
+                    share: bool = True):  # fmt: skip
+    """(DataFrame gpu, time, one column per category and total; peak bytes per GPU).
+
+    With `share`, GPUs whose compute rows and static bytes are identical (data-parallel
+    replicas) get the first one's curve instead of computing it again: the same numbers,
+    since the curve is a function of exactly those inputs."""
     from extrapolators import gradient_ready
 
     ready = gradient_ready(trace)  # weight -> position of the op after which its grad exists
@@ -113,25 +118,43 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
             acts[o.id] = (outs, ins, extrapolator.activation_ratio(o))
     grad_bytes = {i: sum(trace.tensors[w].nbytes for w in ws) for i, ws in grad_at.items()}
     nbytes = {t: trace.tensors[t].nbytes for t in scaled}
-    compute = timeline[timeline["kind"] == "compute"]
+    # numpy columns of the compute rows (a pandas row selection copies every column)
+    mask = (timeline["kind"] == "compute").to_numpy(bool)
     end = float(timeline["end"].max()) if len(timeline) else 0.0
     cols = list(CATEGORIES)
     gpu_col, time_col, state_col, peaks = [], [], [], {}
     # one stable sort by (gpu, start, end), then a slice per GPU: the rows of each GPU in
     # the order a stable sort of that GPU's rows by (start, end) gives
-    codes, uniques = pd.factorize(compute["gpu"], sort=False)
-    start_a, end_a = compute["start"].to_numpy(), compute["end"].to_numpy()
+    codes, uniques = pd.factorize(timeline["gpu"].to_numpy()[mask], sort=False)
+    start_a, end_a = timeline["start"].to_numpy()[mask], timeline["end"].to_numpy()[mask]
     order = np.lexsort((end_a, start_a, codes))
-    col = {c: compute[c].to_numpy()[order] for c in
-           ("op_id", "start", "end", "iteration", "microbatch", "phase")}  # fmt: skip
+    col = {c: timeline[c].to_numpy()[mask][order] for c in
+           ("op_id", "start", "end", "iteration", "microbatch")}  # fmt: skip
+    phase_codes, phases = pd.factorize(timeline["phase"], use_na_sentinel=False)
+    phase_codes = phase_codes[mask][order]
+    col["phase"] = np.asarray(phases, dtype=object)[phase_codes]
+    kind = (optimizer_kind(trace, options), _bytes_per_param(trace))
+    seen: dict = {}  # inputs of a GPU's curve -> (times, states)
     sorted_codes = codes[order]
     cuts = np.searchsorted(sorted_codes, np.arange(len(uniques) + 1))
     where = {g: k for k, g in enumerate(uniques)}
     for g in gpus:
         k = where.get(g)
         a, b = (int(cuts[k]), int(cuts[k + 1])) if k is not None else (0, 0)
+        static = static_per_gpu(trace, extrapolator, g, options, kind)
+        buffers = extrapolator.buffer_bytes(g)
+        sig = None
+        if share:
+            sig = (tuple(static.values()), buffers, phase_codes[a:b].tobytes(),
+                   *(np.asarray(col[c][a:b]).tobytes() for c in
+                     ("op_id", "start", "end", "iteration", "microbatch")))  # fmt: skip
+            if sig in seen:
+                t_last, d_last = seen[sig]
+                gpu_col.append(np.full(len(t_last), g, dtype=object))
+                time_col.append(t_last)
+                state_col.append(d_last)
+                continue
         cols_of = {c: v[a:b].tolist() for c, v in col.items()}
-        static = static_per_gpu(trace, extrapolator, g, options)
         # changes as (time, category, bytes); row 0 is the static state at time 0
         times, cats, values = [], [], []
         _activations(cols_of, acts, nbytes, times, cats, values)
@@ -139,8 +162,7 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
         times.append(end)  # the state after the last change, drawn to the end of the run
         m = len(times)
         d = np.zeros((m + 1, len(CATEGORIES)))
-        d[0] = [static["weights"], 0.0, static["optimizer_states"], 0.0,
-                extrapolator.buffer_bytes(g)]  # fmt: skip
+        d[0] = [static["weights"], 0.0, static["optimizer_states"], 0.0, buffers]
         if cats:
             d[np.arange(1, len(cats) + 1), cats] = values
         t = np.array([0.0] + times)
@@ -151,6 +173,8 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
         gpu_col.append(np.full(int(last.sum()), g, dtype=object))
         time_col.append(t[last])
         state_col.append(d[last])
+        if sig is not None:
+            seen[sig] = (time_col[-1], state_col[-1])
     if not gpus:
         return pd.DataFrame(columns=["gpu", "time", *cols, "total"]), peaks
     df = pd.DataFrame(np.vstack(state_col), columns=cols)

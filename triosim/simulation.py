@@ -108,7 +108,7 @@ class Simulation:
         runtime.check_finished()
         check_conservation(runtime, net)
         result = Result(
-            rows=runtime.rows,
+            rows=runtime.timeline_columns(),
             gpus=self.gpus,
             config=cfg,
             links=net.link_stats(),
