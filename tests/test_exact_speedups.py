@@ -149,3 +149,74 @@ def test_cumsum_adds_left_to_right():
         t = t + x
         seq.append(t)
     assert np.cumsum(d).tolist() == seq
+
+
+# -- routing: bounded per-source rows against full rows ------------------------------------
+def _reference_paths(graph, pairs, mode="latency"):
+    """Paths by full Dijkstra rows and the plain ECMP walk (the straightforward routing)."""
+    import zlib
+
+    from scipy.sparse.csgraph import dijkstra
+
+    from networks.routing import Routes
+
+    r = Routes(graph, mode)
+    in_links = [[] for _ in r.nodes]
+    for k, (a, b) in enumerate(r.links):
+        in_links[r.node_index[b]].append((k, r.node_index[a]))
+    out = {}
+    for src, dst in pairs:
+        dist = dijkstra(r._csr, indices=[r.node_index[src]])[0]
+        s, v = r.node_index[src], r.node_index[dst]
+        if not np.isfinite(dist[v]):
+            out[src, dst] = None
+            continue
+        links = []
+        while v != s:
+            options = [(k, a) for k, a in in_links[v] if dist[a] + r.weight[k] == dist[v]]
+            h = zlib.crc32(f"{src!r}|{dst!r}|{r.nodes[v]!r}".encode())
+            k, v = options[h % len(options)]
+            links.append(k)
+        out[src, dst] = links[::-1]
+    return out
+
+
+def _skewed(g, seed):
+    """The same graph with random link latencies and bandwidths (ties and non-ties)."""
+    rng = np.random.default_rng(seed)
+    g = g.copy()
+    for _, _, d in g.edges(data=True):
+        d["latency"] = float(rng.choice([0.0, 1e-6, 2e-6, 3.5e-6]))
+        d["bandwidth"] = float(rng.choice([10e9, 50e9, 450e9]))
+    return g
+
+
+GRAPHS = {
+    "fat_tree": lambda: topo.fat_tree(32, 50e9, 1e-6, radix=8),
+    "torus": lambda: topo.torus2d(5, 6, 50e9, 1e-6),
+    "multi_node": lambda: topo.multi_node(3, 4, 450e9, 50e9, 1e-6, 2e-6),
+    "one_way_ring": lambda: topo.ring(9, 10e9, 1e-6, bidirectional=False),
+    "skewed_mesh": lambda: _skewed(topo.mesh2d(4, 5, 50e9, 1e-6), 3),
+    "skewed_fat_tree": lambda: _skewed(topo.fat_tree(20, 50e9, 1e-6, radix=8), 4),
+}
+
+
+@pytest.mark.parametrize("name", list(GRAPHS))
+@pytest.mark.parametrize("mode", ["latency", "hops"])
+def test_bounded_routes_are_the_full_rows_routes(name, mode):
+    import networkx as nx
+
+    from networks.base import gpu_nodes
+    from networks.routing import Routes
+
+    g = GRAPHS[name]()
+    gpus = gpu_nodes(g)
+    g.add_node("island", kind="gpu")  # unreachable: no path either way
+    pairs = [(a, b) for a in [*gpus, "island"] for b in [*gpus, "island"]]
+    ref = _reference_paths(g, pairs, mode)
+    r = Routes(g, mode)
+    # ask in an order that grows each source's ball several times
+    for a, b in sorted(pairs, key=lambda p: (hash(p) % 7, repr(p))):
+        got = r.path_links(a, b)
+        assert (None if got is None else got.tolist()) == ref[a, b], (a, b)
+    assert nx.has_path(g, gpus[0], gpus[-1]) and ref[gpus[0], "island"] is None
