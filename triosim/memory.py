@@ -122,7 +122,7 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
     mask = (timeline["kind"] == "compute").to_numpy(bool)
     end = float(timeline["end"].max()) if len(timeline) else 0.0
     cols = list(CATEGORIES)
-    gpu_col, time_col, state_col, peaks = [], [], [], {}
+    time_col, state_col, peaks = [], [], {}
     # one stable sort by (gpu, start, end), then a slice per GPU: the rows of each GPU in
     # the order a stable sort of that GPU's rows by (start, end) gives
     codes, uniques = pd.factorize(timeline["gpu"].to_numpy()[mask], sort=False)
@@ -150,7 +150,6 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
                      ("op_id", "start", "end", "iteration", "microbatch")))  # fmt: skip
             if sig in seen:
                 t_last, d_last = seen[sig]
-                gpu_col.append(np.full(len(t_last), g, dtype=object))
                 time_col.append(t_last)
                 state_col.append(d_last)
                 continue
@@ -170,7 +169,6 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
         t, d = t[order], np.cumsum(d[order], axis=0)
         # one row per instant: the state after every change at that instant
         last = np.r_[t[1:] != t[:-1], True]
-        gpu_col.append(np.full(int(last.sum()), g, dtype=object))
         time_col.append(t[last])
         state_col.append(d[last])
         if sig is not None:
@@ -179,9 +177,14 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
         return pd.DataFrame(columns=["gpu", "time", *cols, "total"]), peaks
     df = pd.DataFrame(np.vstack(state_col), columns=cols)
     df.insert(0, "time", np.concatenate(time_col))
-    df.insert(0, "gpu", _gpu_values(np.concatenate(gpu_col)))
-    df["total"] = df[cols].sum(axis=1)
+    # the gpu column from each GPU's row count (the dtype inferred from the distinct GPUs,
+    # which decide it, instead of from one Python object per row)
     sizes = [len(x) for x in time_col]
+    distinct = np.empty(len(gpus), dtype=object)
+    for i, g in enumerate(gpus):  # element by element: a GPU may be a tuple
+        distinct[i] = g
+    df.insert(0, "gpu", np.repeat(_gpu_values(distinct), sizes))
+    df["total"] = df[cols].sum(axis=1)
     bounds = np.r_[0, np.cumsum(sizes)]
     totals = df["total"].to_numpy()
     for g, a, b in zip(gpus, bounds[:-1], bounds[1:], strict=True):
