@@ -22,6 +22,7 @@ import zlib
 import numpy as np
 
 LINK_KINDS = ("nvlink", "pcie", "net")
+HUB_ROWS_BYTES = 2**28  # memory for shared rows of switches (see Routes)
 # bit budget (sums stay below 2**53): up to 31 network hops, 1 ms of summed latency at 1 ns
 # resolution, 256 hops of at most 2**12 bandwidth units each, 256 hops
 _NET = float(2**48)
@@ -73,6 +74,16 @@ class Routes:
                                                     strict=True)}  # fmt: skip
         self._balls: dict = {}  # source index -> (limit, reached node indices, distances)
         self._paths: dict = {}
+        # a node whose only out-link goes to X (a GPU on a leaf switch) is w + X's row away
+        # from everything else: one full row per such X serves all its GPUs, when these rows
+        # fit in HUB_ROWS_BYTES (a fat tree: one per leaf)
+        out_deg = np.bincount(u, minlength=len(nodes))
+        single = np.flatnonzero(out_deg[u] == 1)  # links that are their tail's only one
+        self._hub = {int(u[k]): (int(v[k]), float(self.weight[k])) for k in single}
+        hubs = {x for x, _ in self._hub.values()}
+        if len(hubs) * len(nodes) * 8 > HUB_ROWS_BYTES:
+            self._hub = {}
+        self._hub_rows: dict = {}  # hub index -> its full distance row
 
     def distances(self, sources) -> None:
         """Kept for callers that announce their sources; rows are computed on demand, per
@@ -87,6 +98,20 @@ class Routes:
 
     def reachable(self, src, dst) -> bool:
         return self.path_links(src, dst) is not None
+
+    def _hub_dist(self, s: int):
+        """For a source with one out-link: its distances as a function of node indices."""
+        from scipy.sparse.csgraph import dijkstra
+
+        x, w = self._hub[s]
+        row = self._hub_rows.get(x)
+        if row is None:
+            row = self._hub_rows[x] = dijkstra(self._csr, indices=x)
+
+        def dist(ix):
+            return np.where(ix == s, 0.0, w + row[ix])
+
+        return dist
 
     def _row(self, s: int, d: int) -> np.ndarray:
         """Distances from node s, exact for every node not farther than d (inf beyond)."""
@@ -120,15 +145,18 @@ class Routes:
         key = (src, dst)
         if key not in self._paths:
             d_idx, s_idx = self.node_index[dst], self.node_index[src]
-            dist = self._row(s_idx, d_idx)
-            if not np.isfinite(dist[d_idx]):
+            if s_idx in self._hub:
+                dist = self._hub_dist(s_idx)
+            else:
+                dist = self._row(s_idx, d_idx).__getitem__
+            if not np.isfinite(dist(d_idx)):
                 self._paths[key] = None
                 return None
             links, v = [], d_idx
             while v != s_idx:  # walk back, picking among equal-cost predecessors by hash (ECMP)
                 lo, hi = self._in_ptr[v], self._in_ptr[v + 1]
                 ks, tails = self._in_link[lo:hi], self._in_from[lo:hi]
-                ok = np.flatnonzero(dist[tails] + self.weight[ks] == dist[v])
+                ok = np.flatnonzero(dist(tails) + self.weight[ks] == dist(v))
                 h = zlib.crc32(f"{src!r}|{dst!r}|{self.nodes[v]!r}".encode())
                 j = ok[h % len(ok)]
                 links.append(int(ks[j]))
