@@ -377,19 +377,19 @@ class _Codes(_Floats):
         return c
 
     def codes(self, values) -> np.ndarray:
-        return np.array([self.code(v) for v in values], dtype=np.int64)
+        return np.array([self.code(v) for v in values], dtype=np.int32)
 
     def add(self, v) -> None:
         self.pending.append(self.code(v))
 
     def extend(self, values: np.ndarray) -> None:
         if self.pending:
-            self.parts.append(np.array(self.pending, dtype=np.int64))
+            self.parts.append(np.array(self.pending, dtype=np.int32))
             self.pending = []
         self.parts.append(values)
 
     def all_codes(self) -> np.ndarray:
-        self.extend(np.empty(0, dtype=np.int64))
+        self.extend(np.empty(0, dtype=np.int32))
         return np.concatenate(self.parts)
 
     def column(self):
@@ -405,7 +405,7 @@ class _Codes(_Floats):
             import pyarrow as pa
 
             values = pa.array(self.values, type=pa.large_string())
-            arr = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int64()), values)
+            arr = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), values)
             return pd.array(arr.cast(pa.large_string()), dtype=ref.dtype)
         values = ref.to_numpy()
         if values.dtype.kind in "iufb":
@@ -430,7 +430,7 @@ class _RunLengths(_Codes):
 
     def all_codes(self) -> np.ndarray:
         return np.repeat(
-            np.array(self.pending, dtype=np.int64), np.array(self.lens, dtype=np.int64)
+            np.array(self.pending, dtype=np.int32), np.array(self.lens, dtype=np.int32)
         )
 
 

@@ -220,3 +220,28 @@ def test_bounded_routes_are_the_full_rows_routes(name, mode):
         got = r.path_links(a, b)
         assert (None if got is None else got.tolist()) == ref[a, b], (a, b)
     assert nx.has_path(g, gpus[0], gpus[-1]) and ref[gpus[0], "island"] is None
+
+
+def test_progress_bar_names_the_steps_after_the_event_loop():
+    import io
+
+    from triosim.progress import run_with_progress
+
+    sim = Simulation({"num_gpus": 2, "parallelism": {"mode": "ddp"}}, trace=chain_trace())
+    out = io.StringIO()
+    r = run_with_progress(sim, file=out, enabled=True, delay=0, interval=0.001)
+    last = out.getvalue().strip().split("\r")[-1]
+    assert f"{r.total_time * 1e3:.3f} ms simulated, memory" in last
+
+
+def test_memory_curves_do_not_depend_on_the_timeline_row_order():
+    # each GPU's rows are put in (start, end) order; with no two compute rows of a GPU
+    # at the same (start, end) that order is unique, so shuffled rows give the same curves
+    sim, r = _run(CASES["ddp-heterogeneous"], runs=True)
+    comp = r.timeline[r.timeline["kind"] == "compute"]
+    assert not comp.duplicated(["gpu", "start", "end"]).any()
+    shuffled = r.timeline.sample(frac=1.0, random_state=3).reset_index(drop=True)
+    mem, peaks = memory_timeline(shuffled, sim.trace, sim.extrapolator, sim.gpus,
+                                 sim.config.memory)  # fmt: skip
+    pd.testing.assert_frame_equal(mem, r.memory, check_exact=True)
+    assert peaks == r.peak_memory

@@ -123,20 +123,31 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
     end = float(timeline["end"].max()) if len(timeline) else 0.0
     cols = list(CATEGORIES)
     time_col, state_col, peaks = [], [], {}
-    # one stable sort by (gpu, start, end), then a slice per GPU: the rows of each GPU in
-    # the order a stable sort of that GPU's rows by (start, end) gives
+    # the rows of each GPU in the order a stable sort of its rows by (start, end) gives,
+    # as one slice per GPU: a stable sort by GPU keeps each GPU's rows in timeline order,
+    # which is already by (start, end) for a single compute stream; slices that are not
+    # are sorted on their own (the same order as one lexsort by (gpu, start, end))
     codes, uniques = pd.factorize(timeline["gpu"].to_numpy()[mask], sort=False)
-    start_a, end_a = timeline["start"].to_numpy()[mask], timeline["end"].to_numpy()[mask]
-    order = np.lexsort((end_a, start_a, codes))
+    order = np.argsort(codes.astype(np.int16 if len(uniques) < 2**15 else np.int64),
+                       kind="stable")  # fmt: skip
+    start_a, end_a = (
+        timeline["start"].to_numpy()[mask][order],
+        timeline["end"].to_numpy()[mask][order],
+    )
+    sorted_codes = codes[order]
+    cuts = np.searchsorted(sorted_codes, np.arange(len(uniques) + 1))
+    same = sorted_codes[1:] == sorted_codes[:-1]
+    back = (start_a[1:] < start_a[:-1]) | ((start_a[1:] == start_a[:-1]) & (end_a[1:] < end_a[:-1]))
+    for k in np.unique(sorted_codes[1:][same & back]):
+        a, b = cuts[k], cuts[k + 1]
+        order[a:b] = order[a:b][np.lexsort((end_a[a:b], start_a[a:b]))]
     col = {c: timeline[c].to_numpy()[mask][order] for c in
            ("op_id", "start", "end", "iteration", "microbatch")}  # fmt: skip
     phase_codes, phases = pd.factorize(timeline["phase"], use_na_sentinel=False)
     phase_codes = phase_codes[mask][order]
-    col["phase"] = np.asarray(phases, dtype=object)[phase_codes]
+    phases = np.asarray(phases, dtype=object)
     kind = (optimizer_kind(trace, options), _bytes_per_param(trace))
     seen: dict = {}  # inputs of a GPU's curve -> (times, states)
-    sorted_codes = codes[order]
-    cuts = np.searchsorted(sorted_codes, np.arange(len(uniques) + 1))
     where = {g: k for k, g in enumerate(uniques)}
     for g in gpus:
         k = where.get(g)
@@ -154,6 +165,7 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
                 state_col.append(d_last)
                 continue
         cols_of = {c: v[a:b].tolist() for c, v in col.items()}
+        cols_of["phase"] = phases[phase_codes[a:b]].tolist()
         # changes as (time, category, bytes); row 0 is the static state at time 0
         times, cats, values = [], [], []
         _activations(cols_of, acts, nbytes, times, cats, values)
