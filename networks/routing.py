@@ -80,9 +80,10 @@ class Routes:
         out_deg = np.bincount(u, minlength=len(nodes))
         single = np.flatnonzero(out_deg[u] == 1)  # links that are their tail's only one
         self._hub = {int(u[k]): (int(v[k]), float(self.weight[k])) for k in single}
+        self._hub_link = {int(u[k]): int(k) for k in single}
         hubs = {x for x, _ in self._hub.values()}
         if len(hubs) * len(nodes) * 8 > HUB_ROWS_BYTES:
-            self._hub = {}
+            self._hub, self._hub_link = {}, {}
         self._hub_rows: dict = {}  # hub index -> its full distance row
 
     def distances(self, sources) -> None:
@@ -153,8 +154,16 @@ class Routes:
                 self._paths[key] = None
                 return None
             links, v = [], d_idx
+            hub = self._hub.get(s_idx, (None,))[0]
             while v != s_idx:  # walk back, picking among equal-cost predecessors by hash (ECMP)
                 lo, hi = self._in_ptr[v], self._in_ptr[v + 1]
+                if hi - lo == 1 or v == hub:
+                    # the only candidate: v's one in-link, or the source's one out-link into its
+                    # hub (any other way into the hub costs more than that link alone)
+                    k = int(self._in_link[lo]) if hi - lo == 1 else self._hub_link[s_idx]
+                    links.append(k)
+                    v = int(self._in_from[lo]) if hi - lo == 1 else s_idx
+                    continue
                 ks, tails = self._in_link[lo:hi], self._in_from[lo:hi]
                 ok = np.flatnonzero(dist(tails) + self.weight[ks] == dist(v))
                 h = zlib.crc32(f"{src!r}|{dst!r}|{self.nodes[v]!r}".encode())
