@@ -64,7 +64,10 @@ class Extrapolator:
     def held_weight_bytes(self, gpu) -> float:
         """Bytes of weights (so of gradients) this GPU holds: what data parallelism across
         replicas of this plan must all-reduce for it."""
-        return self.trace.weight_bytes()
+        w = self.__dict__.get("_weight_bytes")
+        if w is None:  # asked once per GPU: sum the trace's weights once
+            w = self._weight_bytes = self.trace.weight_bytes()
+        return w
 
     # -- helpers shared by the schedules ----------------------------------------------------
     def target(self, batch=None, tp: int = 1) -> Target:

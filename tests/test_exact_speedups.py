@@ -245,3 +245,17 @@ def test_memory_curves_do_not_depend_on_the_timeline_row_order():
                                  sim.config.memory)  # fmt: skip
     pd.testing.assert_frame_equal(mem, r.memory, check_exact=True)
     assert peaks == r.peak_memory
+
+
+def test_vectorised_union_is_the_loop_union():
+    from triosim.intervals import union_length
+    from triosim.result import union_sorted
+
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        n = int(rng.integers(0, 40))
+        grid = rng.choice([1e-3, 1e-4 / 3, 0.1])  # coarse grids: ties and touching ends
+        s = np.round(rng.uniform(0, 1, n) / grid) * grid
+        e = s + np.round(rng.exponential(0.05, n) / grid) * grid
+        order = np.argsort(s, kind="stable")
+        assert union_sorted(s[order], e[order]) == union_length(s, e), trial
