@@ -90,12 +90,13 @@ class Result:
     def _breakdown(self) -> pd.DataFrame:
         """Over the last (steady-state) iteration's tasks."""
         out = []
-        last = self.timeline[self.timeline["iteration"] == len(self.iteration_times) - 1]
+        tl = self.timeline
+        last = (tl["iteration"] == len(self.iteration_times) - 1).to_numpy(bool)
         # one sort by (gpu, start) for all GPUs, then a slice per GPU (no pandas per GPU);
-        # the order of equal starts does not change a union's length
-        codes, uniques = pd.factorize(last["gpu"], sort=False)
-        kind = last["kind"].to_numpy()
-        start, end = last["start"].to_numpy(float), last["end"].to_numpy(float)
+        # the order of equal starts does not change a union's length. Numpy columns: a
+        # pandas row selection would copy every column, strings included
+        codes, uniques = pd.factorize(tl["gpu"].to_numpy()[last], sort=False)
+        start, end = tl["start"].to_numpy(float)[last], tl["end"].to_numpy(float)[last]
         where = {g: k for k, g in enumerate(uniques)}
 
         def unions(mask):
@@ -106,7 +107,8 @@ class Result:
             return {k: union_sorted(s[cuts[k]:cuts[k + 1]], e[cuts[k]:cuts[k + 1]])
                     for k in range(len(uniques))}  # fmt: skip
 
-        is_comp, is_comm = kind == "compute", kind == "comm"
+        is_comp = (tl["kind"] == "compute").to_numpy(bool)[last]
+        is_comm = (tl["kind"] == "comm").to_numpy(bool)[last]
         comp_u, comm_u, both_u = unions(is_comp), unions(is_comm), unions(is_comp | is_comm)
         for g in self.gpus:
             k = where.get(g)
