@@ -6,7 +6,10 @@ meet at a rendezvous and then the communication model (extrapolators.communicati
 runs them through the Network; Send/Recv
 and Signal/Wait connect streams. Consecutive compute tasks of a stream run as one event at
 the end of the run, at the time per-task events would reach (the same sequential float
-sums), so long streams cost one SimPy event per run, not per task. When the events run out, `check_finished` names
+sums), so long streams cost one SimPy event per run, not per task. A mode may emit a
+ComputeRun (the computes between two other tasks, built once and shared by every GPU): it
+is timed by one cumsum and logged as one block, and `timeline_columns` builds the timeline
+from the blocks without a tuple per task. When the events run out, `check_finished` names
 every stream still waiting (a deadlock) instead of returning a short iteration.
 """
 
