@@ -234,7 +234,9 @@ class Runtime:
                                       f"{task.group} it is not in")  # fmt: skip
             meet = self._meet[task.key] = {"left": set(task.group), "done": self.env.event(),
                                            "begin": None, "task": task}  # fmt: skip
-        elif meet["task"].group != task.group or meet["task"].op != task.op:
+        elif (meet["task"].group is not task.group and meet["task"].group != task.group) or (
+            meet["task"].op != task.op
+        ):  # identity first: comparing an N-GPU group per arrival is O(N^2) per collective
             raise SimulationError(f"collective {task.key!r} posted with different groups or ops")
         if gpu not in meet["left"]:
             raise SimulationError(f"GPU {gpu} posted collective {task.key!r} twice")
