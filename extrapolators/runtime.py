@@ -277,13 +277,11 @@ class Runtime:
         string columns are assembled from codes and cast once (per-row Python object
         conversion was most of the cost at 1,000+ GPUs)."""
         # gpu, stream, kind, key and iteration are constant over a block: run lengths
-        coded = {c: (_RunLengths() if c in ("gpu", "stream", "kind", "key", "iteration")
-                     else _Codes())
-                 for c in ("gpu", "stream", "kind", "name", "layer", "phase", "key", "iteration",
-                           "op_id", "microbatch")}  # fmt: skip
-        gp, st, kd, nm, ly, ph, ky, itc, op_c, mb_c = coded.values()
-        start, end, nbytes = _Floats(), _Floats(), _Floats()
-        run_codes: dict = {}  # id(run) -> its name, layer and phase codes
+        coded = {c: _RunLengths() for c in ("gpu", "stream", "kind", "key", "iteration")}
+        gp, st, kd, ky, itc = coded.values()
+        per_row = _Segments(5)  # name, layer, phase, op_id, microbatch
+        start, end = _Floats(), _Floats()
+        nb_values, nb_lens = [], []  # nbytes as (value, repeat) pairs
         compute = kd.code("compute")
         none = ky.code(None)
         for entry in self._log:
@@ -291,41 +289,34 @@ class Runtime:
                 gpu, stream, it = entry.who
                 r, acc = entry.run, entry.acc
                 k = len(r)
-                codes = run_codes.get(id(r))
-                if codes is None:
-                    codes = run_codes[id(r)] = (nm.codes(r.names), ly.codes(r.layers),
-                                                ph.codes(r.phases), op_c.codes(r.op_ids),
-                                                mb_c.codes(r.mbs))  # fmt: skip
+                per_row.block(r, (r.names, r.layers, r.phases, r.op_ids, r.mbs))
                 gp.fill(gpu, k)
                 st.fill(stream, k)
                 kd.fill(compute, k, coded=True)
-                nm.extend(codes[0])
-                ly.extend(codes[1])
-                ph.extend(codes[2])
                 ky.fill(none, k, coded=True)
+                itc.fill(it, k)
                 start.extend(acc[:-1])
                 end.extend(acc[1:])
-                nbytes.extend(np.zeros(k))
-                itc.fill(it, k)
-                op_c.extend(codes[3])
-                mb_c.extend(codes[4])
+                nb_values.append(0.0)
+                nb_lens.append(k)
             else:
                 gpu, stream, kind, name, layer, phase, t0, t1, nb, key, it, op, mb = entry
+                per_row.single((name, layer, phase, op, mb))
+                gp.add(gpu)
                 st.add(stream)
                 kd.add(kind)
-                nm.add(name)
-                ly.add(layer)
-                ph.add(phase)
                 ky.add(key)
+                itc.add(it)
                 start.add(t0)
                 end.add(t1)
-                nbytes.add(nb)
-                gp.add(gpu)
-                itc.add(it)
-                op_c.add(op)
-                mb_c.add(mb)
+                nb_values.append(nb)
+                nb_lens.append(1)
         out = {c: v.column() for c, v in coded.items()}
-        out.update(start=start.column(), end=end.column(), nbytes=nbytes.column())
+        out.update(zip(("name", "layer", "phase", "op_id", "microbatch"), per_row.columns(),
+                       strict=True))  # fmt: skip
+        blocks = start.parts  # any block: the float columns are numpy (as before)
+        nbytes = np.repeat(np.array(nb_values, dtype=float), nb_lens) if blocks else nb_values
+        out.update(start=start.column(), end=end.column(), nbytes=nbytes)
         return {c: out[c] for c in COLUMNS}
 
     # -- accounting -----------------------------------------------------------------------
@@ -366,11 +357,10 @@ class _Floats:
         return np.concatenate(self.parts)
 
 
-class _Codes(_Floats):
-    """A column of (mostly repeated) values as integer codes into its distinct values."""
+class _Codes:
+    """The distinct values of a column, each with an integer code."""
 
     def __init__(self):
-        super().__init__()
         self.index: dict = {}  # value -> code
         self.values: list = []
 
@@ -384,25 +374,11 @@ class _Codes(_Floats):
     def codes(self, values) -> np.ndarray:
         return np.array([self.code(v) for v in values], dtype=np.int32)
 
-    def add(self, v) -> None:
-        self.pending.append(self.code(v))
-
-    def extend(self, values: np.ndarray) -> None:
-        if self.pending:
-            self.parts.append(np.array(self.pending, dtype=np.int32))
-            self.pending = []
-        self.parts.append(values)
-
-    def all_codes(self) -> np.ndarray:
-        self.extend(np.empty(0, dtype=np.int32))
-        return np.concatenate(self.parts)
-
-    def column(self):
-        """The values, with the dtype pandas infers for them (inferred from the distinct
-        values, which decide it); strings are built in Arrow from the codes."""
+    def decode(self, codes: np.ndarray):
+        """The values of `codes`, with the dtype pandas infers for them (inferred from the
+        distinct values, which decide it); strings are built in Arrow from the codes."""
         import pandas as pd
 
-        codes = self.all_codes()
         if not self.values:
             return []
         ref = pd.Series(self.values).array
@@ -418,11 +394,56 @@ class _Codes(_Floats):
         return [self.values[c] for c in codes.tolist()]
 
 
+class _Segments:
+    """Columns whose blocks repeat a shared run's values: each entry is a segment (offset
+    into a table of the distinct runs' codes and the single rows' codes, length), and the
+    rows are gathered with one index array instead of concatenating a part per block."""
+
+    def __init__(self, n: int):
+        self.codes = [_Codes() for _ in range(n)]
+        self.run_parts: list = [[] for _ in range(n)]
+        self.run_size = 0
+        self.run_off: dict = {}  # id(run) -> offset (runs stay alive in the log)
+        self.singles: list = [[] for _ in range(n)]
+        self.src, self.lens, self.is_single = [], [], []
+
+    def block(self, run, columns) -> None:
+        off = self.run_off.get(id(run))
+        if off is None:
+            off = self.run_off[id(run)] = self.run_size
+            for c, part, values in zip(self.codes, self.run_parts, columns, strict=True):
+                part.append(c.codes(values))
+            self.run_size += len(run)
+        self.src.append(off)
+        self.lens.append(len(run))
+        self.is_single.append(False)
+
+    def single(self, values) -> None:
+        for c, col, v in zip(self.codes, self.singles, values, strict=True):
+            col.append(c.code(v))
+        self.src.append(len(self.singles[0]) - 1)
+        self.lens.append(1)
+        self.is_single.append(True)
+
+    def columns(self) -> list:
+        src = np.array(self.src, dtype=np.int64)
+        lens = np.array(self.lens, dtype=np.int64)
+        src[np.array(self.is_single, dtype=bool)] += self.run_size
+        first = np.cumsum(lens) - lens  # each segment's first row
+        idx = np.repeat(src - first, lens) + np.arange(int(lens.sum()))
+        out = []
+        for c, parts, single in zip(self.codes, self.run_parts, self.singles, strict=True):
+            table = np.concatenate([*parts, np.array(single, dtype=np.int32)])
+            out.append(c.decode(table[idx]))
+        return out
+
+
 class _RunLengths(_Codes):
     """A coded column held as (code, repeat count) pairs: a block adds one pair."""
 
     def __init__(self):
         super().__init__()
+        self.pending: list = []
         self.lens: list = []
 
     def add(self, v) -> None:
@@ -433,10 +454,11 @@ class _RunLengths(_Codes):
         self.pending.append(v if coded else self.code(v))
         self.lens.append(k)
 
-    def all_codes(self) -> np.ndarray:
-        return np.repeat(
-            np.array(self.pending, dtype=np.int32), np.array(self.lens, dtype=np.int32)
+    def column(self):
+        codes = np.repeat(
+            np.array(self.pending, dtype=np.int32), np.array(self.lens, dtype=np.int64)
         )
+        return self.decode(codes)
 
 
 def _name(who) -> str:
