@@ -259,3 +259,17 @@ def test_vectorised_union_is_the_loop_union():
         e = s + np.round(rng.exponential(0.05, n) / grid) * grid
         order = np.argsort(s, kind="stable")
         assert union_sorted(s[order], e[order]) == union_length(s, e), trial
+
+
+def test_a_collective_posted_with_another_group_is_refused():
+    # the group is compared by identity first; an equal tuple is the same group, another
+    # one is an error
+    from extrapolators.tasks import Collective
+    from triosim.errors import SimulationError
+
+    same = {(g, "a"): [Collective("allreduce", (0, 1), 1e6, "k")] for g in (0, 1)}
+    rt = _runtime(same)
+    assert rt.collective_bytes == {"allreduce": 1e6}
+    with pytest.raises(SimulationError, match="different groups"):
+        _runtime({(0, "a"): [Collective("allreduce", (0, 1), 1e6, "k")],
+                  (1, "a"): [Collective("allreduce", (1, 0), 1e6, "k")]})  # fmt: skip
