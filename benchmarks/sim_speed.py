@@ -25,6 +25,14 @@ ROOT = Path(__file__).resolve().parents[1]
 FAT = {"kind": "fat_tree", "bandwidth": "50 GB/s", "latency": "1 us"}
 
 
+def fat(n: int) -> dict:
+    """FAT with the smallest radix (at least 64) whose two levels hold n GPUs."""
+    radix = 64
+    while radix * radix // 2 < n:
+        radix *= 2
+    return {**FAT, "radix": radix}
+
+
 def _measure(fn, memory: bool):
     gc.collect()
     t0 = time.perf_counter()
@@ -45,7 +53,7 @@ def allreduce(n: int, comm: str, engine: str):
     from triosim.config import from_dict
 
     trace = str(ROOT / "traces/cpu/resnet18-b8.trace.json.gz")  # only for the GPU model
-    cfg = from_dict({"trace": trace, "num_gpus": n, "topology": FAT, "communication": {"kind": comm},
+    cfg = from_dict({"trace": trace, "num_gpus": n, "topology": fat(n), "communication": {"kind": comm},
                             "network": {"kind": "packet", "engine": engine}})  # fmt: skip
     env, net, model, group = system(cfg)
     env.process(model.run("allreduce", group, 1e9, tag="ar"))
@@ -58,7 +66,7 @@ def ddp(trace_name: str, n: int, engine: str, batch: int):
 
     trace = load_any_trace(ROOT / "traces/cpu" / trace_name)
     cfg = {"num_gpus": n, "batch_size": batch * n, "parallelism": {"mode": "ddp"},
-           "topology": FAT, "network": {"kind": "packet", "engine": engine}}  # fmt: skip
+           "topology": fat(n), "network": {"kind": "packet", "engine": engine}}  # fmt: skip
     r = Simulation(cfg, trace=trace).run()
     return r.iteration_time, len(trace.operators) if hasattr(trace, "operators") else 0
 

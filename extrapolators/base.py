@@ -29,6 +29,9 @@ class Extrapolator:
     hybrid_inner = False  # can run inside the data-parallel replicas of `hybrid`
     owns_iterations = False  # streams(iterations=K) runs K iterations itself (no barrier)
     collective: str | None = None  # algorithm its collectives ask for (None: the model's)
+    # emit ComputeRuns (computes between two other tasks, shared by all GPUs) where the mode
+    # supports them; False: one Compute per operator (the straightforward path, for tests)
+    compute_runs = True
 
     def __init__(self, trace: Trace, model: OperatorModel, gpus, options=None, *,
                  batch_size: float | None = None, gpu: str | None = None, ring=None,
@@ -61,7 +64,10 @@ class Extrapolator:
     def held_weight_bytes(self, gpu) -> float:
         """Bytes of weights (so of gradients) this GPU holds: what data parallelism across
         replicas of this plan must all-reduce for it."""
-        return self.trace.weight_bytes()
+        w = self.__dict__.get("_weight_bytes")
+        if w is None:  # asked once per GPU: sum the trace's weights once
+            w = self._weight_bytes = self.trace.weight_bytes()
+        return w
 
     # -- helpers shared by the schedules ----------------------------------------------------
     def target(self, batch=None, tp: int = 1) -> Target:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from extrapolators.base import Extrapolator, gradient_ready
-from extrapolators.tasks import Collective, Signal, Wait
+from extrapolators.tasks import Collective, ComputeRun, Signal, Wait
 from triosim.errors import ConfigError
 from triosim.schema import option
 
@@ -56,21 +56,61 @@ class DataParallel(Extrapolator):
     def op_batch(self):
         return self.per_gpu_batch(len(self.gpus) * self.options.accumulation_steps)
 
-    def _step(self, target, mb, after=None):
-        """One forward + backward (with any recomputation); `after(op)` yields what follows
-        an op (DDP's bucket signals)."""
+    def _step(self, target, mb, gpu=None):
+        """One forward + backward (with any recomputation); with `gpu`, the signals of that
+        GPU's buckets (DDP) follow the op that fills them."""
+        if self.compute_runs:
+            # the computes between two signals as one ComputeRun, built once for all GPUs
+            for item in self._step_template(target, mb, gpu is not None):
+                yield Signal(f"{gpu}:bucket{item}") if type(item) is int else item
+            return
         for op, again in self._fb:
             yield self.compute(op, target, mb=mb, phase="recompute" if again else None)
-            if after is not None and not again:
-                yield from after(op)
+            if gpu is not None and not again:
+                for k in self._buckets_after.get(op.id, ()):
+                    yield Signal(f"{gpu}:bucket{k}")
 
-    def _micro_steps(self, last_step):
-        """Forward + backward of every accumulation step; `last_step` yields the last."""
+    _buckets_after: dict = {}  # op id -> buckets its gradient completes (DDP)
+
+    def _step_template(self, target, mb, signals: bool) -> list:
+        """`_step`'s tasks with ComputeRuns for the computes and bucket numbers for the
+        signals; the same Compute tasks as the per-op path, in the same order."""
+        cache = self.__dict__.setdefault("_templates", {})
+        key = (target, mb, signals)
+        if key not in cache:
+            items, run = [], []
+            for op, again in self._fb:
+                run.append(self.compute(op, target, mb=mb, phase="recompute" if again else None))
+                ks = self._buckets_after.get(op.id, ()) if signals and not again else ()
+                if ks:
+                    items.append(ComputeRun(run))
+                    items += ks
+                    run = []
+            if run:
+                items.append(ComputeRun(run))
+            cache[key] = items
+        return cache[key]
+
+    def _optimizer(self):
+        """The optimizer's computes (one ComputeRun shared by all GPUs with compute_runs)."""
+        target = self.target(self.op_batch())
+        if not self.compute_runs:
+            for op in self.ops("optimizer"):
+                yield self.compute(op, target)
+            return
+        if "_optimizer_run" not in self.__dict__:
+            self._optimizer_run = ComputeRun(self.compute(op, target)
+                                             for op in self.ops("optimizer"))  # fmt: skip
+        if len(self._optimizer_run):
+            yield self._optimizer_run
+
+    def _micro_steps(self, gpu=None):
+        """Forward + backward of every accumulation step; the last signals `gpu`'s buckets."""
         target = self.target(self.op_batch())
         steps = self.options.accumulation_steps
         for s in range(steps - 1):
             yield from self._step(target, s)
-        yield from last_step(target, steps - 1)
+        yield from self._step(target, steps - 1, gpu)
 
     def grad_bytes(self) -> float:
         return self.trace.weight_bytes()  # one gradient per weight, of the weight's size
@@ -82,12 +122,10 @@ class DataParallel(Extrapolator):
         return {(gpu, "compute"): self._compute(gpu), (gpu, "comm"): self._comm(gpu)}
 
     def _compute(self, gpu):
-        yield from self._micro_steps(self._step)
+        yield from self._micro_steps()
         yield Signal(f"{gpu}:grads")
         yield Wait(f"{gpu}:reduced")
-        target = self.target(self.op_batch())
-        for op in self.ops("optimizer"):
-            yield self.compute(op, target)
+        yield from self._optimizer()
 
     def _comm(self, gpu):
         yield Wait(f"{gpu}:grads")
@@ -121,6 +159,11 @@ class DistributedDataParallel(DataParallel):
     def check(self):
         super().check()
         self._buckets = self._make_buckets()
+        pos = {op.id: i for i, op in enumerate(self.trace.operators)}
+        by_pos: dict[int, list[int]] = {}
+        for k, (p, _, _) in enumerate(self._buckets):
+            by_pos.setdefault(p, []).append(k)
+        self._buckets_after = {i: by_pos[p] for i, p in pos.items() if p in by_pos}
 
     def buffer_bytes(self, gpu) -> float:
         # PyTorch DDP copies gradients into flat bucket buffers (gradient_as_bucket_view=False)
@@ -147,29 +190,14 @@ class DistributedDataParallel(DataParallel):
         return out
 
     def _compute(self, gpu):
-        buckets = self.buckets()
-        by_pos: dict[int, list[int]] = {}
-        for k, (p, _, _) in enumerate(buckets):
-            by_pos.setdefault(p, []).append(k)
-
-        pos = {op.id: i for i, op in enumerate(self.trace.operators)}
-
-        def signals(op):
-            for k in by_pos.get(pos[op.id], ()):
-                yield Signal(f"{gpu}:bucket{k}")
-
-        def last(target, mb):  # the step outside no_sync(): buckets reduce as they fill
-            yield from self._step(target, mb, signals)
-
-        yield from self._micro_steps(last)
+        # the step outside no_sync() signals the buckets as they fill
+        yield from self._micro_steps(gpu)
         # buckets whose ready point was an optimizer op (no backward in the trace)
-        for k, (p, _, _) in enumerate(buckets):
+        for k, (p, _, _) in enumerate(self.buckets()):
             if self.trace.operators[p].phase == "optimizer":
                 yield Signal(f"{gpu}:bucket{k}")
         yield Wait(f"{gpu}:reduced")
-        target = self.target(self.op_batch())
-        for op in self.ops("optimizer"):
-            yield self.compute(op, target)
+        yield from self._optimizer()
 
     def _comm(self, gpu):
         for k, (_, size, _) in enumerate(self.buckets()):

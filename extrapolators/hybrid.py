@@ -59,11 +59,21 @@ class Hybrid(Extrapolator):
             raise ConfigError("parallelism.inner", inner, "a mode that hybrid replicates")
         k = n // dp
         batch = self.per_gpu_batch(dp)
+        # position of every GPU, and each replica's and each position's GPUs in ring order
+        # (the topology's), in one pass over the ring: O(N), not O(N x dp)
+        self._pos = {g: i for i, g in enumerate(self.gpus)}
+        rings = [[] for _ in range(dp)]
+        self._peer_rings = [[] for _ in range(k)]
+        for g in self.ring:
+            i = self._pos.get(g)
+            if i is None:
+                continue
+            rings[i // k].append(g)
+            self._peer_rings[i % k].append(g)
         self.replicas = []
         for r in range(dp):
             group = self.gpus[r * k : (r + 1) * k]
-            members = set(group)
-            ring = [g for g in self.ring if g in members]  # keep the topology's ring order
+            ring = rings[r]  # keep the topology's ring order
             self.replicas.append(inner_cls(self.trace, self.model, group,
                                            self.options.inner_options, batch_size=batch,
                                            gpu=self.gpu, ring=ring, graph=self.graph))  # fmt: skip
@@ -83,7 +93,7 @@ class Hybrid(Extrapolator):
     def _peers(self, gpu) -> list:
         """The GPU at the same position in every replica (its data-parallel group)."""
         k = len(self.gpus) // self.options.dp
-        j = self.gpus.index(gpu) % k
+        j = self._pos[gpu] % k
         return [rep.gpus[j] for rep in self.replicas]
 
     def streams(self):
@@ -113,8 +123,9 @@ class Hybrid(Extrapolator):
         yield Wait(f"{gpu}:dp-grads")
         peers = tuple(self._peers(gpu))
         if len(peers) > 1:
-            ring = tuple(g for g in self.ring if g in set(peers))
+            j = self._pos[peers[0]]
+            ring = tuple(self._peer_rings[j])
             yield Collective("allreduce", ring, self.held_weight_bytes(gpu),
-                             f"dp:{self.gpus.index(peers[0])}", layer="gradients",
+                             f"dp:{j}", layer="gradients",
                              phase="backward", algorithm=self.collective)  # fmt: skip
         yield Signal(f"{gpu}:dp-reduced")

@@ -6,22 +6,45 @@ meet at a rendezvous and then the communication model (extrapolators.communicati
 runs them through the Network; Send/Recv
 and Signal/Wait connect streams. Consecutive compute tasks of a stream run as one event at
 the end of the run, at the time per-task events would reach (the same sequential float
-sums), so long streams cost one SimPy event per run, not per task. When the events run out, `check_finished` names
+sums), so long streams cost one SimPy event per run, not per task. A mode may emit a
+ComputeRun (the computes between two other tasks, built once and shared by every GPU): it
+is timed by one cumsum and logged as one block, and `timeline_columns` builds the timeline
+from the blocks without a tuple per task. When the events run out, `check_finished` names
 every stream still waiting (a deadlock) instead of returning a short iteration.
 """
 
 from __future__ import annotations
 
 from heapq import heappush
+from typing import NamedTuple
 
+import numpy as np
 import simpy
 from simpy.core import NORMAL
 
-from extrapolators.tasks import Collective, Compute, Iteration, Recv, Send, Signal, Wait, WaitSome
+from extrapolators.tasks import (
+    Collective,
+    Compute,
+    ComputeRun,
+    Iteration,
+    Recv,
+    Send,
+    Signal,
+    Wait,
+    WaitSome,
+)
 from triosim.errors import DeadlockError, SimulationError
 
 COLUMNS = ("gpu", "stream", "kind", "name", "layer", "phase", "start", "end", "nbytes", "key",
            "iteration", "op_id", "microbatch")  # fmt: skip
+
+
+class _Block(NamedTuple):
+    """The rows of one ComputeRun on one stream: task i ran from acc[i] to acc[i + 1]."""
+
+    who: tuple  # (gpu, stream, iteration)
+    run: ComputeRun
+    acc: np.ndarray
 
 
 class Runtime:
@@ -30,7 +53,7 @@ class Runtime:
         self.network = network
         self.comm = comm  # a CommModel: runs every collective
         self.compute_scale = compute_scale or {}  # GPU -> slow-down of its compute
-        self.rows: list[tuple] = []
+        self._log: list = []  # timeline rows (tuples) and _Blocks, in the order they ended
         self._events: dict[str, simpy.Event] = {}
         self._meet: dict[str, dict] = {}
         self._waiting: dict[tuple, object] = {}  # (gpu, stream) -> task in progress
@@ -61,7 +84,7 @@ class Runtime:
 
     # -- execution ------------------------------------------------------------------------
     def _run(self, who, tasks, after):
-        env, rows = self.env, self.rows
+        env, rows = self.env, self._log
         gpu, stream, it = who
         scale = self.compute_scale.get(gpu, 1.0)
         for key in after:
@@ -78,31 +101,21 @@ class Runtime:
             self.tasks_started += 1
             self._waiting[who] = task
             start = env.now
-            if type(task) is Compute:
+            if type(task) is Compute or type(task) is ComputeRun:
                 # the run of computes that follows, up to the next other task
                 run = [task]
                 for nxt in tasks:
-                    if type(nxt) is not Compute:
+                    if type(nxt) is not Compute and type(nxt) is not ComputeRun:
                         pending = nxt
                         break
                     run.append(nxt)
-                self.tasks_started += len(run) - 1
-                t, ends = start, []
-                for c in run:
-                    if c.duration:
-                        d = c.duration * scale if scale != 1.0 else c.duration
-                        if d < 0:
-                            raise ValueError(f"Negative delay {d}")  # as simpy's timeout
-                        t = t + d
-                    ends.append(t)
-                if t != start:
-                    yield self._at(t)
-                t0 = start
-                for c, t1 in zip(run, ends, strict=True):
-                    rows.append((gpu, stream, "compute", c.name, c.layer, c.phase,
-                                 t0, t1, 0.0, None, it, c.op_id, c.mb))  # fmt: skip
-                    t0 = t1
-                self.tasks_finished += len(run) - 1
+                count = sum(1 if type(c) is Compute else len(c) for c in run)
+                self.tasks_started += count - 1
+                if all(type(c) is Compute for c in run):
+                    yield from self._computes((gpu, stream, it), run, scale)
+                else:
+                    yield from self._compute_run((gpu, stream, it), run, scale)
+                self.tasks_finished += count - 1
             elif type(task) is Collective:
                 begin = yield from self._collective(gpu, task)
                 if begin > start:
@@ -161,6 +174,49 @@ class Runtime:
         self._waiting.pop(who, None)
         self.event(self.done_key(gpu, stream, it)).succeed()
 
+    def _computes(self, who, run, scale):
+        """Compute tasks one by one (the straightforward path, kept for streams that do not
+        emit ComputeRuns): one event at the run's end, one row per task."""
+        gpu, stream, it = who
+        start = self.env.now
+        t, ends = start, []
+        for c in run:
+            if c.duration:
+                d = c.duration * scale if scale != 1.0 else c.duration
+                if d < 0:
+                    raise ValueError(f"Negative delay {d}")  # as simpy's timeout
+                t = t + d
+            ends.append(t)
+        if t != start:
+            yield self._at(t)
+        t0 = start
+        for c, t1 in zip(run, ends, strict=True):
+            self._log.append((gpu, stream, "compute", c.name, c.layer, c.phase,
+                              t0, t1, 0.0, None, it, c.op_id, c.mb))  # fmt: skip
+            t0 = t1
+
+    def _compute_run(self, who, run, scale):
+        """A run holding ComputeRuns: the same sequential sums as `_computes` (numpy's
+        cumsum adds left to right; adding a zero duration leaves t as skipping it does),
+        logged as one block that shares the run's name/layer/phase lists."""
+        start = self.env.now
+        if len(run) == 1:
+            block = run[0]
+        else:  # mixed pieces: one ComputeRun for this GPU (rare: templates emit whole runs)
+            block = ComputeRun(c for piece in run
+                               for c in ((piece,) if type(piece) is Compute else piece.tasks))  # fmt: skip
+        d = block.durations * scale if scale != 1.0 else block.durations
+        if len(d) and d.min() < 0:
+            raise ValueError(f"Negative delay {d[d < 0][0]}")  # as simpy's timeout
+        acc = np.empty(len(d) + 1)
+        acc[0] = start
+        acc[1:] = d
+        np.cumsum(acc, out=acc)
+        t = float(acc[-1])
+        if t != start:
+            yield self._at(t)
+        self._log.append(_Block(who, block, acc))
+
     def _at(self, t: float) -> simpy.Event:
         """An event that fires at absolute time `t` (> now): what a chain of timeouts would
         reach, without the round-off of `timeout(t - now)`. Uses SimPy 4's event queue."""
@@ -178,7 +234,9 @@ class Runtime:
                                       f"{task.group} it is not in")  # fmt: skip
             meet = self._meet[task.key] = {"left": set(task.group), "done": self.env.event(),
                                            "begin": None, "task": task}  # fmt: skip
-        elif meet["task"].group != task.group or meet["task"].op != task.op:
+        elif (meet["task"].group is not task.group and meet["task"].group != task.group) or (
+            meet["task"].op != task.op
+        ):  # identity first: comparing an N-GPU group per arrival is O(N^2) per collective
             raise SimulationError(f"collective {task.key!r} posted with different groups or ops")
         if gpu not in meet["left"]:
             raise SimulationError(f"GPU {gpu} posted collective {task.key!r} twice")
@@ -196,6 +254,71 @@ class Runtime:
         del self._meet[task.key]
         done.succeed()
 
+    # -- the timeline ------------------------------------------------------------------------
+    @property
+    def rows(self) -> list[tuple]:
+        """The timeline as one tuple per task (COLUMNS), blocks expanded."""
+        out = []
+        for entry in self._log:
+            if type(entry) is _Block:
+                gpu, stream, it = entry.who
+                r, acc = entry.run, entry.acc.tolist()
+                for i in range(len(r)):
+                    out.append((gpu, stream, "compute", r.names[i], r.layers[i], r.phases[i],
+                                acc[i], acc[i + 1], 0.0, None, it, r.op_ids[i], r.mbs[i]))  # fmt: skip
+            else:
+                out.append(entry)
+        return out
+
+    def timeline_columns(self) -> dict:
+        """The timeline as {column: array}, rows in the order of `rows`, dtypes as pandas
+        infers them from `rows`. Built without a tuple or a Python object per task: a block
+        adds slices of its start/end sums and its run's codes (computed once per run), and
+        string columns are assembled from codes and cast once (per-row Python object
+        conversion was most of the cost at 1,000+ GPUs)."""
+        # gpu, stream, kind, key and iteration are constant over a block: run lengths
+        coded = {c: _RunLengths() for c in ("gpu", "stream", "kind", "key", "iteration")}
+        gp, st, kd, ky, itc = coded.values()
+        per_row = _Segments(5)  # name, layer, phase, op_id, microbatch
+        start, end = _Floats(), _Floats()
+        nb_values, nb_lens = [], []  # nbytes as (value, repeat) pairs
+        compute = kd.code("compute")
+        none = ky.code(None)
+        for entry in self._log:
+            if type(entry) is _Block:
+                gpu, stream, it = entry.who
+                r, acc = entry.run, entry.acc
+                k = len(r)
+                per_row.block(r, (r.names, r.layers, r.phases, r.op_ids, r.mbs))
+                gp.fill(gpu, k)
+                st.fill(stream, k)
+                kd.fill(compute, k, coded=True)
+                ky.fill(none, k, coded=True)
+                itc.fill(it, k)
+                start.extend(acc[:-1])
+                end.extend(acc[1:])
+                nb_values.append(0.0)
+                nb_lens.append(k)
+            else:
+                gpu, stream, kind, name, layer, phase, t0, t1, nb, key, it, op, mb = entry
+                per_row.single((name, layer, phase, op, mb))
+                gp.add(gpu)
+                st.add(stream)
+                kd.add(kind)
+                ky.add(key)
+                itc.add(it)
+                start.add(t0)
+                end.add(t1)
+                nb_values.append(nb)
+                nb_lens.append(1)
+        out = {c: v.column() for c, v in coded.items()}
+        out.update(zip(("name", "layer", "phase", "op_id", "microbatch"), per_row.columns(),
+                       strict=True))  # fmt: skip
+        blocks = start.parts  # any block: the float columns are numpy (as before)
+        nbytes = np.repeat(np.array(nb_values, dtype=float), nb_lens) if blocks else nb_values
+        out.update(start=start.column(), end=end.column(), nbytes=nbytes)
+        return {c: out[c] for c in COLUMNS}
+
     # -- accounting -----------------------------------------------------------------------
     def check_finished(self) -> None:
         """Raise DeadlockError naming every stream that still has work."""
@@ -210,6 +333,132 @@ class Runtime:
                 stuck.append((_name(who), "unfinished"))
         if stuck:
             raise DeadlockError(stuck)
+
+
+class _Floats:
+    """A float column from single values and array slices, concatenated once."""
+
+    def __init__(self):
+        self.parts, self.pending = [], []
+
+    def add(self, v) -> None:
+        self.pending.append(v)
+
+    def extend(self, values: np.ndarray) -> None:
+        if self.pending:
+            self.parts.append(np.array(self.pending, dtype=float))
+            self.pending = []
+        self.parts.append(values)
+
+    def column(self):
+        if not self.parts:  # single values only: as pandas infers them from the rows
+            return self.pending
+        self.extend(np.empty(0))
+        return np.concatenate(self.parts)
+
+
+class _Codes:
+    """The distinct values of a column, each with an integer code."""
+
+    def __init__(self):
+        self.index: dict = {}  # value -> code
+        self.values: list = []
+
+    def code(self, v) -> int:
+        c = self.index.get(v)
+        if c is None:
+            c = self.index[v] = len(self.values)
+            self.values.append(v)
+        return c
+
+    def codes(self, values) -> np.ndarray:
+        return np.array([self.code(v) for v in values], dtype=np.int32)
+
+    def decode(self, codes: np.ndarray):
+        """The values of `codes`, with the dtype pandas infers for them (inferred from the
+        distinct values, which decide it); strings are built in Arrow from the codes."""
+        import pandas as pd
+
+        if not self.values:
+            return []
+        ref = pd.Series(self.values).array
+        if type(ref).__name__ == "ArrowStringArray":
+            import pyarrow as pa
+
+            values = pa.array(self.values, type=pa.large_string())
+            arr = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), values)
+            return pd.array(arr.cast(pa.large_string()), dtype=ref.dtype)
+        values = ref.to_numpy()
+        if values.dtype.kind in "iufb":
+            return values[codes]
+        return [self.values[c] for c in codes.tolist()]
+
+
+class _Segments:
+    """Columns whose blocks repeat a shared run's values: each entry is a segment (offset
+    into a table of the distinct runs' codes and the single rows' codes, length), and the
+    rows are gathered with one index array instead of concatenating a part per block."""
+
+    def __init__(self, n: int):
+        self.codes = [_Codes() for _ in range(n)]
+        self.run_parts: list = [[] for _ in range(n)]
+        self.run_size = 0
+        self.run_off: dict = {}  # id(run) -> offset (runs stay alive in the log)
+        self.singles: list = [[] for _ in range(n)]
+        self.src, self.lens, self.is_single = [], [], []
+
+    def block(self, run, columns) -> None:
+        off = self.run_off.get(id(run))
+        if off is None:
+            off = self.run_off[id(run)] = self.run_size
+            for c, part, values in zip(self.codes, self.run_parts, columns, strict=True):
+                part.append(c.codes(values))
+            self.run_size += len(run)
+        self.src.append(off)
+        self.lens.append(len(run))
+        self.is_single.append(False)
+
+    def single(self, values) -> None:
+        for c, col, v in zip(self.codes, self.singles, values, strict=True):
+            col.append(c.code(v))
+        self.src.append(len(self.singles[0]) - 1)
+        self.lens.append(1)
+        self.is_single.append(True)
+
+    def columns(self) -> list:
+        src = np.array(self.src, dtype=np.int64)
+        lens = np.array(self.lens, dtype=np.int64)
+        src[np.array(self.is_single, dtype=bool)] += self.run_size
+        first = np.cumsum(lens) - lens  # each segment's first row
+        idx = np.repeat(src - first, lens) + np.arange(int(lens.sum()))
+        out = []
+        for c, parts, single in zip(self.codes, self.run_parts, self.singles, strict=True):
+            table = np.concatenate([*parts, np.array(single, dtype=np.int32)])
+            out.append(c.decode(table[idx]))
+        return out
+
+
+class _RunLengths(_Codes):
+    """A coded column held as (code, repeat count) pairs: a block adds one pair."""
+
+    def __init__(self):
+        super().__init__()
+        self.pending: list = []
+        self.lens: list = []
+
+    def add(self, v) -> None:
+        self.pending.append(self.code(v))
+        self.lens.append(1)
+
+    def fill(self, v, k: int, coded: bool = False) -> None:
+        self.pending.append(v if coded else self.code(v))
+        self.lens.append(k)
+
+    def column(self):
+        codes = np.repeat(
+            np.array(self.pending, dtype=np.int32), np.array(self.lens, dtype=np.int64)
+        )
+        return self.decode(codes)
 
 
 def _name(who) -> str:

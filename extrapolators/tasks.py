@@ -16,6 +16,32 @@ class Compute:
     mb: int = 0  # micro-batch (pipelines): the activations of each are separate tensors
 
 
+class ComputeRun:
+    """Consecutive Compute tasks as one task, built once and shared by every GPU whose
+    stream has them: the runtime times them with one event and logs them as one block, so
+    a run costs O(1) Python per GPU instead of O(operators). Column lists are kept for the
+    timeline; `durations` (seconds) for the sequential sums."""
+
+    __slots__ = ("tasks", "durations", "names", "layers", "phases", "op_ids", "mbs")
+
+    def __init__(self, tasks):
+        import numpy as np
+
+        self.tasks = tuple(tasks)
+        self.durations = np.array([c.duration for c in self.tasks], dtype=float)
+        self.names = [c.name for c in self.tasks]
+        self.layers = [c.layer for c in self.tasks]
+        self.phases = [c.phase for c in self.tasks]
+        self.op_ids = [c.op_id for c in self.tasks]
+        self.mbs = [c.mb for c in self.tasks]
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __repr__(self) -> str:
+        return f"ComputeRun({len(self.tasks)} computes)"
+
+
 @dataclass(slots=True)
 class Collective:
     """Every GPU of `group` posts the same key; it runs once all have arrived."""

@@ -81,10 +81,10 @@ def _bytes_per_param(trace) -> float:
     return float(DTYPE_BYTES.get(dtype, 4))
 
 
-def static_per_gpu(trace, extrapolator, gpu, options: MemoryOptions) -> dict:
-    """Weights, gradients and optimizer states `gpu` holds under its mode's placement."""
-    optimizer = optimizer_kind(trace, options)
-    bpp = _bytes_per_param(trace)
+def static_per_gpu(trace, extrapolator, gpu, options: MemoryOptions, _kind=None) -> dict:
+    """Weights, gradients and optimizer states `gpu` holds under its mode's placement
+    (`_kind`: (optimizer, bytes per parameter) when the caller has them already)."""
+    optimizer, bpp = _kind or (optimizer_kind(trace, options), _bytes_per_param(trace))
     shares = extrapolator.state_fractions()
     if shares is None:
         return static_bytes(extrapolator.held_weight_bytes(gpu), bpp, optimizer,
@@ -93,8 +93,13 @@ def static_per_gpu(trace, extrapolator, gpu, options: MemoryOptions) -> dict:
     return {k: v * shares[k] for k, v in full.items()}  # ZeRO: a share of each kind
 
 
-def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: MemoryOptions):
-    """(DataFrame gpu, time, one column per category and total; peak bytes per GPU)."""
+def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: MemoryOptions,
+                    share: bool = True):  # fmt: skip
+    """(DataFrame gpu, time, one column per category and total; peak bytes per GPU).
+
+    With `share`, GPUs whose compute rows and static bytes are identical (data-parallel
+    replicas) get the first one's curve instead of computing it again: the same numbers,
+    since the curve is a function of exactly those inputs."""
     from extrapolators import gradient_ready
 
     ready = gradient_ready(trace)  # weight -> position of the op after which its grad exists
@@ -104,25 +109,54 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
         grad_at.setdefault(ops[pos].id, []).append(w)
     plan = activation_plan(trace, extrapolator)
     grad_bytes = {i: sum(trace.tensors[w].nbytes for w in ws) for i, ws in grad_at.items()}
-    compute = timeline[timeline["kind"] == "compute"]
+    # numpy columns of the compute rows (a pandas row selection copies every column)
+    mask = (timeline["kind"] == "compute").to_numpy(bool)
     end = float(timeline["end"].max()) if len(timeline) else 0.0
     cols = list(CATEGORIES)
-    gpu_col, time_col, state_col, peaks = [], [], [], {}
-    # one stable sort by (gpu, start, end), then a slice per GPU: the rows of each GPU in
-    # the order a stable sort of that GPU's rows by (start, end) gives
-    codes, uniques = pd.factorize(compute["gpu"], sort=False)
-    start_a, end_a = compute["start"].to_numpy(), compute["end"].to_numpy()
-    order = np.lexsort((end_a, start_a, codes))
-    col = {c: compute[c].to_numpy()[order] for c in
-           ("op_id", "start", "end", "iteration", "microbatch", "phase")}  # fmt: skip
+    time_col, state_col, peaks = [], [], {}
+    # the rows of each GPU in the order a stable sort of its rows by (start, end) gives,
+    # as one slice per GPU: a stable sort by GPU keeps each GPU's rows in timeline order,
+    # which is already by (start, end) for a single compute stream; slices that are not
+    # are sorted on their own (the same order as one lexsort by (gpu, start, end))
+    codes, uniques = pd.factorize(timeline["gpu"].to_numpy()[mask], sort=False)
+    order = np.argsort(codes.astype(np.int16 if len(uniques) < 2**15 else np.int64),
+                       kind="stable")  # fmt: skip
+    start_a, end_a = (
+        timeline["start"].to_numpy()[mask][order],
+        timeline["end"].to_numpy()[mask][order],
+    )
     sorted_codes = codes[order]
     cuts = np.searchsorted(sorted_codes, np.arange(len(uniques) + 1))
+    same = sorted_codes[1:] == sorted_codes[:-1]
+    back = (start_a[1:] < start_a[:-1]) | ((start_a[1:] == start_a[:-1]) & (end_a[1:] < end_a[:-1]))
+    for k in np.unique(sorted_codes[1:][same & back]):
+        a, b = cuts[k], cuts[k + 1]
+        order[a:b] = order[a:b][np.lexsort((end_a[a:b], start_a[a:b]))]
+    col = {c: timeline[c].to_numpy()[mask][order] for c in
+           ("op_id", "start", "end", "iteration", "microbatch")}  # fmt: skip
+    phase_codes, phases = pd.factorize(timeline["phase"], use_na_sentinel=False)
+    phase_codes = phase_codes[mask][order]
+    phases = np.asarray(phases, dtype=object)
+    kind = (optimizer_kind(trace, options), _bytes_per_param(trace))
+    seen: dict = {}  # inputs of a GPU's curve -> (times, states)
     where = {g: k for k, g in enumerate(uniques)}
     for g in gpus:
         k = where.get(g)
         a, b = (int(cuts[k]), int(cuts[k + 1])) if k is not None else (0, 0)
+        static = static_per_gpu(trace, extrapolator, g, options, kind)
+        buffers = extrapolator.buffer_bytes(g)
+        sig = None
+        if share:
+            sig = (tuple(static.values()), buffers, phase_codes[a:b].tobytes(),
+                   *(np.asarray(col[c][a:b]).tobytes() for c in
+                     ("op_id", "start", "end", "iteration", "microbatch")))  # fmt: skip
+            if sig in seen:
+                t_last, d_last = seen[sig]
+                time_col.append(t_last)
+                state_col.append(d_last)
+                continue
         cols_of = {c: v[a:b].tolist() for c, v in col.items()}
-        static = static_per_gpu(trace, extrapolator, g, options)
+        cols_of["phase"] = phases[phase_codes[a:b]].tolist()
         # changes as (time, category, bytes); row 0 is the static state at time 0
         times, cats, values = [], [], []
         _activations(cols_of, plan, times, cats, values)
@@ -130,8 +164,7 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
         times.append(end)  # the state after the last change, drawn to the end of the run
         m = len(times)
         d = np.zeros((m + 1, len(CATEGORIES)))
-        d[0] = [static["weights"], 0.0, static["optimizer_states"], 0.0,
-                extrapolator.buffer_bytes(g)]  # fmt: skip
+        d[0] = [static["weights"], 0.0, static["optimizer_states"], 0.0, buffers]
         if cats:
             d[np.arange(1, len(cats) + 1), cats] = values
         t = np.array([0.0] + times)
@@ -139,16 +172,22 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
         t, d = t[order], np.cumsum(d[order], axis=0)
         # one row per instant: the state after every change at that instant
         last = np.r_[t[1:] != t[:-1], True]
-        gpu_col.append(np.full(int(last.sum()), g, dtype=object))
         time_col.append(t[last])
         state_col.append(d[last])
+        if sig is not None:
+            seen[sig] = (time_col[-1], state_col[-1])
     if not gpus:
         return pd.DataFrame(columns=["gpu", "time", *cols, "total"]), peaks
     df = pd.DataFrame(np.vstack(state_col), columns=cols)
     df.insert(0, "time", np.concatenate(time_col))
-    df.insert(0, "gpu", _gpu_values(np.concatenate(gpu_col)))
-    df["total"] = df[cols].sum(axis=1)
+    # the gpu column from each GPU's row count (the dtype inferred from the distinct GPUs,
+    # which decide it, instead of from one Python object per row)
     sizes = [len(x) for x in time_col]
+    distinct = np.empty(len(gpus), dtype=object)
+    for i, g in enumerate(gpus):  # element by element: a GPU may be a tuple
+        distinct[i] = g
+    df.insert(0, "gpu", np.repeat(_gpu_values(distinct), sizes))
+    df["total"] = df[cols].sum(axis=1)
     bounds = np.r_[0, np.cumsum(sizes)]
     totals = df["total"].to_numpy()
     for g, a, b in zip(gpus, bounds[:-1], bounds[1:], strict=True):

@@ -6,14 +6,14 @@ tqdm bar once the run has taken more than `delay` seconds, only when stderr is a
 
     simulating 1024 GPUs: 1843211 tasks done, 61.337 ms simulated [00:41, 44953 tasks/s]
 
-The hook a Simulation calls is `progress.attach(env, runtime)` just before `env.run()`.
-`run_with_progress(sim)` passes the monitor to `Simulation.run(progress=...)` when run()
-takes that argument; until it does, it attaches at the start of the iterations instead.
+The hook a Simulation calls is `progress.attach(env, runtime)` just before `env.run()`,
+then `progress.stage(...)` for the work after it (timeline, memory), which at 10,000+
+GPUs takes seconds too. `run_with_progress(sim)` passes the monitor to
+`Simulation.run(progress=...)`.
 """
 
 from __future__ import annotations
 
-import inspect
 import sys
 import threading
 import time
@@ -30,12 +30,17 @@ class RunProgress:
             enabled = bool(getattr(self.file, "isatty", lambda: False)())
         self.enabled = enabled
         self.env = self.runtime = None
+        self._stage = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def attach(self, env, runtime) -> None:
         """Called by the simulation once its environment and runtime exist."""
         self.env, self.runtime = env, runtime
+
+    def stage(self, what: str) -> None:
+        """Name the step after the event loop that the run is in (shown after the time)."""
+        self._stage = what
 
     def __enter__(self):
         self._t0 = time.time()  # tqdm's clock
@@ -75,7 +80,8 @@ class RunProgress:
         else:
             bar.bar_format = "{desc}: {n} tasks done{postfix} [{elapsed}, {rate_fmt}]"
             bar.n = int(runtime.tasks_finished)
-            bar.set_postfix_str(f"{env.now * 1e3:.3f} ms simulated", refresh=False)
+            stage = f", {self._stage}" if self._stage else ""
+            bar.set_postfix_str(f"{env.now * 1e3:.3f} ms simulated{stage}", refresh=False)
         bar.refresh()
 
 
@@ -83,17 +89,4 @@ def run_with_progress(sim, desc: str | None = None, **kwargs):
     """`sim.run()` with a RunProgress bar (kwargs go to RunProgress)."""
     monitor = RunProgress(desc or f"simulating {len(sim.gpus)} GPUs", **kwargs)
     with monitor:
-        if "progress" in inspect.signature(sim.run).parameters:
-            return sim.run(progress=monitor)
-        start = getattr(sim, "_start_iterations", None)
-        if start is not None:  # the seam until run() takes a progress argument
-
-            def attached(runtime, *args, **kw):
-                monitor.attach(runtime.env, runtime)
-                return start(runtime, *args, **kw)
-
-            sim._start_iterations = attached  # this object only
-        try:
-            return sim.run()
-        finally:
-            sim.__dict__.pop("_start_iterations", None)
+        return sim.run(progress=monitor)

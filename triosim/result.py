@@ -13,7 +13,20 @@ import numpy as np
 import pandas as pd
 
 from extrapolators.runtime import COLUMNS
-from triosim.intervals import union_length
+
+
+def union_sorted(s: np.ndarray, e: np.ndarray) -> float:
+    """`union_length` of intervals already sorted by start, in numpy: the same merged
+    segments (an interval starting after every earlier end opens one) and the same float
+    sums in the same order (np.cumsum adds left to right), so the same value."""
+    if len(s) == 0:
+        return 0.0
+    reach = np.maximum.accumulate(e)  # the current segment's end, as the loop's cur_e
+    opens = np.flatnonzero(s[1:] > reach[:-1]) + 1
+    starts = s[np.r_[0, opens]]
+    ends = reach[np.r_[opens - 1, len(s) - 1]]
+    total = np.cumsum(ends[:-1] - starts[:-1])[-1] if len(opens) else 0.0
+    return float(total + ends[-1] - starts[-1])
 
 
 def _intervals(df):
@@ -77,12 +90,13 @@ class Result:
     def _breakdown(self) -> pd.DataFrame:
         """Over the last (steady-state) iteration's tasks."""
         out = []
-        last = self.timeline[self.timeline["iteration"] == len(self.iteration_times) - 1]
+        tl = self.timeline
+        last = (tl["iteration"] == len(self.iteration_times) - 1).to_numpy(bool)
         # one sort by (gpu, start) for all GPUs, then a slice per GPU (no pandas per GPU);
-        # the order of equal starts does not change a union's length
-        codes, uniques = pd.factorize(last["gpu"], sort=False)
-        kind = last["kind"].to_numpy()
-        start, end = last["start"].to_numpy(float), last["end"].to_numpy(float)
+        # the order of equal starts does not change a union's length. Numpy columns: a
+        # pandas row selection would copy every column, strings included
+        codes, uniques = pd.factorize(tl["gpu"].to_numpy()[last], sort=False)
+        start, end = tl["start"].to_numpy(float)[last], tl["end"].to_numpy(float)[last]
         where = {g: k for k, g in enumerate(uniques)}
 
         def unions(mask):
@@ -90,10 +104,11 @@ class Result:
             idx = idx[np.lexsort((start[idx], codes[idx]))]
             cuts = np.searchsorted(codes[idx], np.arange(len(uniques) + 1))
             s, e = start[idx], end[idx]
-            return {k: union_length(s[cuts[k]:cuts[k + 1]], e[cuts[k]:cuts[k + 1]])
+            return {k: union_sorted(s[cuts[k]:cuts[k + 1]], e[cuts[k]:cuts[k + 1]])
                     for k in range(len(uniques))}  # fmt: skip
 
-        is_comp, is_comm = kind == "compute", kind == "comm"
+        is_comp = (tl["kind"] == "compute").to_numpy(bool)[last]
+        is_comm = (tl["kind"] == "comm").to_numpy(bool)[last]
         comp_u, comm_u, both_u = unions(is_comp), unions(is_comm), unions(is_comp | is_comm)
         for g in self.gpus:
             k = where.get(g)

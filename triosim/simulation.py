@@ -94,7 +94,8 @@ class Simulation:
         """The GPU the run is for: the config's, else the one the trace was made on."""
         return self.config.gpu or self.trace.metadata.get("gpu")
 
-    def run(self) -> Result:
+    def run(self, progress=None) -> Result:
+        """Simulate; `progress` (a triosim.progress.RunProgress) watches the run."""
         cfg = self.config
         wall = time.perf_counter()
         env = simpy.Environment()
@@ -104,11 +105,15 @@ class Simulation:
                                   base_dir=cfg.base_dir)  # fmt: skip
         runtime = Runtime(env, net, comm, compute_scale=self.compute_slowdown)
         self._start_iterations(runtime, cfg.iterations)
+        if progress is not None:
+            progress.attach(env, runtime)
         env.run()
         runtime.check_finished()
         check_conservation(runtime, net)
+        if progress is not None:
+            progress.stage("building the timeline")
         result = Result(
-            rows=runtime.rows,
+            rows=runtime.timeline_columns(),
             gpus=self.gpus,
             config=cfg,
             links=net.link_stats(),
@@ -119,6 +124,8 @@ class Simulation:
             wall_time=time.perf_counter() - wall,
             trace=self.trace if cfg.trace == IN_MEMORY else None,
         )
+        if progress is not None:
+            progress.stage("memory")
         mem, peaks = memory_timeline(result.timeline, self.trace, self.extrapolator, self.gpus,
                                      cfg.memory)  # fmt: skip
         gpu_name = cfg.gpu or self.trace.metadata.get("gpu")

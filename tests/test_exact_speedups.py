@@ -1,0 +1,275 @@
+"""The speed-ups outside the network give the same numbers as the straightforward paths.
+
+Compute runs (ComputeRun: computes shared by all GPUs, timed by one cumsum) against one
+Compute per operator; the columnar timeline against a DataFrame of one tuple per task;
+the shared memory curves against one curve per GPU. Every row must match exactly.
+"""
+
+import numpy as np
+import pandas as pd
+import pytest
+import simpy
+
+from extrapolators import Runtime
+from extrapolators.communication import Textbook
+from extrapolators.runtime import COLUMNS
+from extrapolators.tasks import Compute, ComputeRun, Iteration, Signal, Wait
+from networks import PacketSwitchNetwork
+from networks import topology as topo
+from tests.conftest import chain_trace
+from triosim.memory import memory_timeline
+from triosim.simulation import Simulation
+
+RING = {"kind": "ring", "bandwidth": "10 GB/s", "latency": "1 us"}
+FAT = {"kind": "fat_tree", "bandwidth": "50 GB/s", "latency": "1 us"}
+
+CASES = {
+    "ddp": dict(n=8, parallelism={"mode": "ddp", "bucket_size": 2e6, "first_bucket_size": 1e5}),
+    "ddp-accumulate-recompute": dict(n=4, parallelism={"mode": "ddp", "accumulation_steps": 2,
+                                                       "recompute": "full"}),
+    "dp-3-iterations": dict(n=4, iterations=3, parallelism={"mode": "dp"}),
+    "ddp-heterogeneous": dict(n=4, iterations=2, parallelism={"mode": "ddp"},
+                              heterogeneity={"compute": {1: 1.7, 3: 0.9}}),
+    "ddp-fat-tree": dict(n=16, topology=FAT, parallelism={"mode": "ddp"}),
+    "fsdp": dict(n=4, parallelism={"mode": "fsdp"}),
+    "tp": dict(n=4, parallelism={"mode": "tp"}),
+    "1f1b": dict(n=4, parallelism={"mode": "1f1b", "microbatches": 4}),
+    "hybrid": dict(n=8, parallelism={"mode": "hybrid", "dp": 4, "inner": "gpipe",
+                                     "microbatches": 2}),
+    "hop": dict(n=4, iterations=3, parallelism={"mode": "hop"},
+                heterogeneity={"compute": {1: 3.0}}),
+}  # fmt: skip
+
+
+def _run(case: dict, runs: bool):
+    c = dict(case)
+    n = c.pop("n")
+    cfg = {"num_gpus": n, "batch_size": 8 * n, "topology": c.pop("topology", RING), **c}
+    s = Simulation(cfg, trace=chain_trace(batch=8, layers=6))
+    s.extrapolator.compute_runs = runs
+    return s, s.run()
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_compute_runs_give_the_per_operator_timeline(name):
+    _, ref = _run(CASES[name], runs=False)
+    sim, fast = _run(CASES[name], runs=True)
+    pd.testing.assert_frame_equal(fast.timeline, ref.timeline, check_exact=True)
+    assert fast.iteration_times == ref.iteration_times
+    pd.testing.assert_frame_equal(fast.memory, ref.memory, check_exact=True)
+    assert fast.peak_memory == ref.peak_memory
+    # the shared memory curves against one curve per GPU
+    mem, peaks = memory_timeline(fast.timeline, sim.trace, sim.extrapolator, sim.gpus,
+                                 sim.config.memory, share=False)  # fmt: skip
+    pd.testing.assert_frame_equal(fast.memory, mem, check_exact=True)
+    assert fast.peak_memory == peaks
+
+
+def test_ddp_emits_shared_runs_and_few_tasks_per_gpu():
+    # the point of the runs: a GPU's compute stream is O(buckets) tasks, the same run
+    # objects for every GPU
+    sim, _ = _run(CASES["ddp-fat-tree"], runs=True)  # default buckets: few
+    streams = sim.extrapolator.streams()
+    a, b = list(streams[0, "compute"]), list(streams[5, "compute"])
+    runs_a = [t for t in a if type(t) is ComputeRun]
+    assert runs_a and all(x is y for x, y in zip(runs_a, [t for t in b if type(t) is ComputeRun],
+                                                  strict=True))  # fmt: skip
+    assert not any(type(t) is Compute for t in a)
+    assert len(a) < sum(len(r) for r in runs_a)
+
+
+def _runtime(streams, scale=None):
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, topo.ring(2, 1e9, 1e-6))
+    rt = Runtime(env, net, Textbook(env, net), compute_scale=scale)
+    for (gpu, stream), tasks in streams.items():
+        rt.start(gpu, stream, tasks)
+    env.run()
+    rt.check_finished()
+    return rt
+
+
+def _c(i, d, op_id=None):
+    return Compute(f"op{i}", f"layer{i % 3}", "forward" if i % 2 else "backward", d,
+                   i if op_id is None else op_id, i % 2)  # fmt: skip
+
+
+def test_runs_end_where_sequential_sums_do():
+    # durations whose sums round differently in another order: the run must reach what
+    # adding them one by one from the run's start reaches (the straightforward path's sum)
+    ds = [0.1, 0.2, 1e-9, 0.0, 0.3, 1e-17, 0.7, 3.3e-5]
+    run = ComputeRun([_c(i, d) for i, d in enumerate(ds)])
+    tail = [_c(10 + i, d) for i, d in enumerate(ds[:3])]
+    streams = {(0, "a"): [_c(99, 0.05), Wait("go"), run, *tail, Signal("x")],
+               (1, "a"): [_c(98, 0.013), Signal("go"), Iteration(4), run, run]}  # fmt: skip
+    rt = _runtime(streams, scale={1: 1.3})
+    tl = pd.DataFrame(rt.rows, columns=list(COLUMNS))
+    t = 0.05  # GPU 0 waits for GPU 1's signal at 0.013 * 1.3 < 0.05: no wait
+    ends = []
+    for d in ds + ds[:3]:
+        t = t + d
+        ends.append(t)
+    g0 = tl[(tl.gpu == 0) & (tl.kind == "compute")]
+    assert g0["end"].tolist()[1:] == ends
+    t = 0.013 * 1.3
+    ends = []
+    for d in ds + ds:
+        t = t + d * 1.3
+        ends.append(t)
+    g1 = tl[(tl.gpu == 1) & (tl.kind == "compute")]
+    assert g1["end"].tolist()[1:] == ends
+    assert g1["iteration"].tolist() == [0] + [4] * 2 * len(ds)  # Iteration(4) renumbers
+
+
+def test_columnar_timeline_equals_one_tuple_per_row():
+    run = ComputeRun([_c(i, 1e-3 * (i + 1)) for i in range(5)])
+    plain = ComputeRun([Compute("x", "", "", 1e-4)])  # op_id None: the column is not ints
+    streams = {(0, "a"): [run, Signal("s"), _c(7, 1e-4), run],
+               (1, "a"): [Wait("s"), run, plain],
+               (1, "b"): [_c(3, 2e-3), Wait("s")]}  # fmt: skip
+    rt = _runtime(streams)
+    ref = pd.DataFrame(rt.rows, columns=list(COLUMNS))
+    got = pd.DataFrame(rt.timeline_columns(), columns=list(COLUMNS))
+    pd.testing.assert_frame_equal(got, ref, check_exact=True)
+    # GPU 0: 5 + 1 + 5 computes; GPU 1: a wait, 5 + 1 computes; stream b: 1 compute, a wait
+    assert len(ref) == 11 + 7 + 2 and ref["op_id"].isna().sum() == 1
+
+
+def test_negative_durations_are_refused_in_runs_too():
+    with pytest.raises(ValueError, match="Negative delay"):
+        _runtime({(0, "a"): [ComputeRun([_c(0, 1e-3), _c(1, -1e-3)])]})
+
+
+def test_cumsum_adds_left_to_right():
+    # what the runs rely on: numpy's cumsum is a sequential sum, not a pairwise one
+    rng = np.random.default_rng(1)
+    d = np.r_[0.123, rng.exponential(1e-3, 4000)]
+    t, seq = 0.0, []
+    for x in d:
+        t = t + x
+        seq.append(t)
+    assert np.cumsum(d).tolist() == seq
+
+
+# -- routing: bounded per-source rows against full rows ------------------------------------
+def _reference_paths(graph, pairs, mode="latency"):
+    """Paths by full Dijkstra rows and the plain ECMP walk (the straightforward routing)."""
+    import zlib
+
+    from scipy.sparse.csgraph import dijkstra
+
+    from networks.routing import Routes
+
+    r = Routes(graph, mode)
+    in_links = [[] for _ in r.nodes]
+    for k, (a, b) in enumerate(r.links):
+        in_links[r.node_index[b]].append((k, r.node_index[a]))
+    out = {}
+    for src, dst in pairs:
+        dist = dijkstra(r._csr, indices=[r.node_index[src]])[0]
+        s, v = r.node_index[src], r.node_index[dst]
+        if not np.isfinite(dist[v]):
+            out[src, dst] = None
+            continue
+        links = []
+        while v != s:
+            options = [(k, a) for k, a in in_links[v] if dist[a] + r.weight[k] == dist[v]]
+            h = zlib.crc32(f"{src!r}|{dst!r}|{r.nodes[v]!r}".encode())
+            k, v = options[h % len(options)]
+            links.append(k)
+        out[src, dst] = links[::-1]
+    return out
+
+
+def _skewed(g, seed):
+    """The same graph with random link latencies and bandwidths (ties and non-ties)."""
+    rng = np.random.default_rng(seed)
+    g = g.copy()
+    for _, _, d in g.edges(data=True):
+        d["latency"] = float(rng.choice([0.0, 1e-6, 2e-6, 3.5e-6]))
+        d["bandwidth"] = float(rng.choice([10e9, 50e9, 450e9]))
+    return g
+
+
+GRAPHS = {
+    "fat_tree": lambda: topo.fat_tree(32, 50e9, 1e-6, radix=8),
+    "torus": lambda: topo.torus2d(5, 6, 50e9, 1e-6),
+    "multi_node": lambda: topo.multi_node(3, 4, 450e9, 50e9, 1e-6, 2e-6),
+    "one_way_ring": lambda: topo.ring(9, 10e9, 1e-6, bidirectional=False),
+    "skewed_mesh": lambda: _skewed(topo.mesh2d(4, 5, 50e9, 1e-6), 3),
+    "skewed_fat_tree": lambda: _skewed(topo.fat_tree(20, 50e9, 1e-6, radix=8), 4),
+}
+
+
+@pytest.mark.parametrize("name", list(GRAPHS))
+@pytest.mark.parametrize("mode", ["latency", "hops"])
+def test_bounded_routes_are_the_full_rows_routes(name, mode):
+    import networkx as nx
+
+    from networks.base import gpu_nodes
+    from networks.routing import Routes
+
+    g = GRAPHS[name]()
+    gpus = gpu_nodes(g)
+    g.add_node("island", kind="gpu")  # unreachable: no path either way
+    pairs = [(a, b) for a in [*gpus, "island"] for b in [*gpus, "island"]]
+    ref = _reference_paths(g, pairs, mode)
+    r = Routes(g, mode)
+    # ask in an order that grows each source's ball several times
+    for a, b in sorted(pairs, key=lambda p: (hash(p) % 7, repr(p))):
+        got = r.path_links(a, b)
+        assert (None if got is None else got.tolist()) == ref[a, b], (a, b)
+    assert nx.has_path(g, gpus[0], gpus[-1]) and ref[gpus[0], "island"] is None
+
+
+def test_progress_bar_names_the_steps_after_the_event_loop():
+    import io
+
+    from triosim.progress import run_with_progress
+
+    sim = Simulation({"num_gpus": 2, "parallelism": {"mode": "ddp"}}, trace=chain_trace())
+    out = io.StringIO()
+    r = run_with_progress(sim, file=out, enabled=True, delay=0, interval=0.001)
+    last = out.getvalue().strip().split("\r")[-1]
+    assert f"{r.total_time * 1e3:.3f} ms simulated, memory" in last
+
+
+def test_memory_curves_do_not_depend_on_the_timeline_row_order():
+    # each GPU's rows are put in (start, end) order; with no two compute rows of a GPU
+    # at the same (start, end) that order is unique, so shuffled rows give the same curves
+    sim, r = _run(CASES["ddp-heterogeneous"], runs=True)
+    comp = r.timeline[r.timeline["kind"] == "compute"]
+    assert not comp.duplicated(["gpu", "start", "end"]).any()
+    shuffled = r.timeline.sample(frac=1.0, random_state=3).reset_index(drop=True)
+    mem, peaks = memory_timeline(shuffled, sim.trace, sim.extrapolator, sim.gpus,
+                                 sim.config.memory)  # fmt: skip
+    pd.testing.assert_frame_equal(mem, r.memory, check_exact=True)
+    assert peaks == r.peak_memory
+
+
+def test_vectorised_union_is_the_loop_union():
+    from triosim.intervals import union_length
+    from triosim.result import union_sorted
+
+    rng = np.random.default_rng(5)
+    for trial in range(300):
+        n = int(rng.integers(0, 40))
+        grid = rng.choice([1e-3, 1e-4 / 3, 0.1])  # coarse grids: ties and touching ends
+        s = np.round(rng.uniform(0, 1, n) / grid) * grid
+        e = s + np.round(rng.exponential(0.05, n) / grid) * grid
+        order = np.argsort(s, kind="stable")
+        assert union_sorted(s[order], e[order]) == union_length(s, e), trial
+
+
+def test_a_collective_posted_with_another_group_is_refused():
+    # the group is compared by identity first; an equal tuple is the same group, another
+    # one is an error
+    from extrapolators.tasks import Collective
+    from triosim.errors import SimulationError
+
+    same = {(g, "a"): [Collective("allreduce", (0, 1), 1e6, "k")] for g in (0, 1)}
+    rt = _runtime(same)
+    assert rt.collective_bytes == {"allreduce": 1e6}
+    with pytest.raises(SimulationError, match="different groups"):
+        _runtime({(0, "a"): [Collective("allreduce", (0, 1), 1e6, "k")],
+                  (1, "a"): [Collective("allreduce", (1, 0), 1e6, "k")]})  # fmt: skip
