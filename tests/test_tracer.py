@@ -122,9 +122,15 @@ def test_cli_traces_a_custom_model(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
     assert main(["trace", "mymodel:build", "--batch-size", "3", "--out", str(out),
                  "--warmup", "1", "--measure", "1"]) == 0  # fmt: skip
-    assert f"wrote {out / 'build-b3.trace.json.gz'}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"wrote {out / 'build-b3.trace.json.gz'}" in printed
     t = load(out / "build-b3.trace.json.gz")
     assert t.batch_size == 3 and sum(o.name == "aten::linear" for o in t.operators) == 2
+    # the measured peak: at least the step's start, which holds the weights and Adam's two
+    # states (3 x 58 float32 parameters) and the batch
+    m = t.metadata
+    assert m["peak_memory_bytes"] >= m["memory_at_step_start_bytes"] >= 3 * 58 * 4
+    assert f"measured peak memory     {m['peak_memory_bytes'] / 1e6:.3f} MB" in printed
     assert main(["trace", "nosuch", "--batch-size", "2", "--out", str(tmp_path)]) == 2
     assert "unknown model 'nosuch'" in capsys.readouterr().err
 

@@ -129,4 +129,7 @@ def run_trace(args, timer=None) -> int:
     gap = (total - measured) / measured * 100 if measured else math.nan
     print(f"measured iteration time  {measured * 1e3:.3f} ms (mean of {args.measure})")
     print(f"sum of operator times    {total * 1e3:.3f} ms ({gap:+.1f}% vs measured)")
+    peak = t.metadata.get("peak_memory_bytes")
+    if peak:
+        print(f"measured peak memory     {peak / 1e6:.3f} MB ({t.metadata['peak_memory_source']})")
     return 0
