@@ -273,3 +273,79 @@ def test_a_collective_posted_with_another_group_is_refused():
     with pytest.raises(SimulationError, match="different groups"):
         _runtime({(0, "a"): [Collective("allreduce", (0, 1), 1e6, "k")],
                   (1, "a"): [Collective("allreduce", (1, 0), 1e6, "k")]})  # fmt: skip
+
+
+# -- 3d (dp x tp x pp): stage templates of shared runs against one task per operator -------
+GPT2_CPU = "traces/cpu/gpt2-small-b8.trace.json.gz"  # 2 blocks: Megatron roles, loss, tied
+
+THREED = {
+    "dp2-tp2-pp2-1f1b": dict(n=8, parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2,
+                                               "microbatches": 4}),
+    "interleaved-tp2": dict(n=8, parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2,
+                                              "microbatches": 4, "schedule": "interleaved",
+                                              "virtual_stages": 2}),
+    "interleaved-mode": dict(n=2, parallelism={"mode": "interleaved", "microbatches": 8}),
+    "gpipe-no-overlap-sp": dict(n=8, parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2,
+                                                  "microbatches": 2, "schedule": "gpipe",
+                                                  "dp_overlap": False,
+                                                  "sequence_parallel": True}),
+    "channel-dp-innermost": dict(n=8, parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2,
+                                                   "microbatches": 2, "tp_style": "channel",
+                                                   "placement": "dp-pp-tp"}),
+    "heterogeneous-2-iterations": dict(n=8, iterations=2, topology=FAT,
+                                       heterogeneity={"compute": {1: 1.7, 6: 0.9}},
+                                       parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2,
+                                                    "microbatches": 2}),
+    "dp-only": dict(n=4, parallelism={"mode": "3d", "dp": 4, "bucket_size": 1e6}),
+    "gpt2-dp2-tp2-pp2-sp": dict(n=8, trace=GPT2_CPU, batch=2,
+                                parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2,
+                                             "microbatches": 2, "sequence_parallel": True}),
+    "gpt2-tp4-interleaved": dict(n=8, trace=GPT2_CPU, batch=2, iterations=2,
+                                 heterogeneity={"compute": {3: 1.25}},
+                                 parallelism={"mode": "3d", "dp": 1, "tp": 2, "pp": 4,
+                                              "microbatches": 4, "schedule": "interleaved",
+                                              "virtual_stages": 2}),
+}  # fmt: skip
+
+
+def _run_any(case: dict, runs: bool):
+    """As `_run`, on a shipped trace where the case names one (`batch`: per GPU)."""
+    c = dict(case)
+    path = c.pop("trace", None)
+    if path is None:
+        return _run(c, runs)
+    n, batch = c.pop("n"), c.pop("batch")
+    cfg = {"num_gpus": n, "batch_size": batch * n, "topology": c.pop("topology", RING),
+           "trace": path, **c}  # fmt: skip
+    s = Simulation(cfg)
+    s.extrapolator.compute_runs = runs
+    return s, s.run()
+
+
+@pytest.mark.parametrize("name", list(THREED))
+def test_3d_templates_give_the_per_operator_timeline(name):
+    _, ref = _run_any(THREED[name], runs=False)
+    sim, fast = _run_any(THREED[name], runs=True)
+    pd.testing.assert_frame_equal(fast.timeline, ref.timeline, check_exact=True)
+    assert fast.iteration_times == ref.iteration_times
+    pd.testing.assert_frame_equal(fast.memory, ref.memory, check_exact=True)
+    assert fast.peak_memory == ref.peak_memory
+    # the fast path did use shared runs (the test compares two different paths)
+    streams = sim.extrapolator.streams()
+    tasks = list(streams[sim.gpus[-1], "compute"])
+    assert any(type(t) is ComputeRun for t in tasks)
+    assert not any(type(t) is Compute for t in tasks)
+
+
+def test_3d_streams_share_each_stages_runs():
+    # every GPU of a stage yields the same run objects; the other tasks as the per-op path
+    sim, _ = _run_any(THREED["dp2-tp2-pp2-1f1b"], runs=True)
+    x = sim.extrapolator
+    a = list(x.streams()[x.grid[0, 1, 0], "compute"])
+    b = list(x.streams()[x.grid[1, 1, 1], "compute"])
+    ra, rb = ([t for t in s if type(t) is ComputeRun] for s in (a, b))
+    assert ra and all(p is q for p, q in zip(ra, rb, strict=True))
+    x.compute_runs = False
+    ref = list(x.streams()[x.grid[0, 1, 0], "compute"])
+    assert [t for t in a if type(t) is not ComputeRun] == [t for t in ref if type(t) is not Compute]
+    assert [c for r in ra for c in r.tasks] == [t for t in ref if type(t) is Compute]
