@@ -349,3 +349,94 @@ def test_3d_streams_share_each_stages_runs():
     ref = list(x.streams()[x.grid[0, 1, 0], "compute"])
     assert [t for t in a if type(t) is not ComputeRun] == [t for t in ref if type(t) is not Compute]
     assert [c for r in ra for c in r.tasks] == [t for t in ref if type(t) is Compute]
+
+
+def _reference_hop_rows(graph, routes, sources, targets):
+    """rings.hop_rows as it was: every node of each source's tree, in distance order."""
+    from extrapolators.rings import _LAT, _NET
+
+    cap = {(u, v): d["bandwidth"] for u, v, d in graph.edges(data=True)}
+    idx = routes.node_index
+    t_idx = np.array([idx[t] for t in targets])
+    out = []
+    dist, pred = routes.trees(sources)
+    for row, prow, s in zip(np.atleast_2d(dist), np.atleast_2d(pred), sources, strict=True):
+        bott = np.full(len(routes.nodes), np.inf)
+        hops = np.zeros(len(routes.nodes))
+        for v in np.argsort(row, kind="stable"):
+            p = prow[v]
+            if p >= 0 and np.isfinite(row[v]):
+                bott[v] = min(bott[p], cap[(routes.nodes[p], routes.nodes[v])])
+                hops[v] = hops[p] + 1
+        d = row[t_idx]
+        ok = np.isfinite(d)
+        lat = np.where(ok, np.floor(np.mod(np.where(ok, d, 0), _NET) / _LAT) * 1e-9, np.inf)
+        b = np.where(ok, bott[t_idx], 0.0)
+        b[t_idx == idx[s]] = np.inf
+        out.append((b, lat, np.where(ok, hops[t_idx], np.inf)))
+    return out
+
+
+@pytest.mark.parametrize("name", list(GRAPHS))
+def test_hop_rows_walk_the_tree_paths_as_the_whole_tree_did(name):
+    from extrapolators.rings import hop_rows, ring_order
+    from networks.base import gpu_nodes
+    from networks.routing import Routes
+
+    g = GRAPHS[name]()
+    gpus = gpu_nodes(g)
+    g.add_node("island", kind="gpu")  # unreachable both ways
+    r = Routes(g)
+    for sources, targets in [(gpus, [*gpus, "island"]), (gpus[:3], gpus[-5:]), (["island"], gpus)]:
+        got = hop_rows(g, r, sources, targets)
+        ref = _reference_hop_rows(g, r, sources, targets)
+        for x, y in zip(got, ref, strict=True):
+            for a, b in zip(x, y, strict=True):
+                assert a.tolist() == b.tolist(), name
+    assert len(ring_order(g, gpus, r)) == len(gpus)
+
+
+# -- tp: one template of shared runs and collectives for every GPU -------------------------
+TP = {
+    "tp4": dict(n=4, parallelism={"mode": "tp"}),
+    "tp-sp-heterogeneous-2-iterations": dict(n=4, iterations=2,
+                                             heterogeneity={"compute": {2: 1.3}},
+                                             parallelism={"mode": "tp",
+                                                          "sequence_parallel": True}),
+    "tp-channel": dict(n=2, parallelism={"mode": "tp", "tp_style": "channel"}),
+    "gpt2-tp2-sp": dict(n=2, trace=GPT2_CPU, batch=2,
+                        parallelism={"mode": "tp", "sequence_parallel": True}),
+    "gpt2-hybrid-tp": dict(n=4, trace=GPT2_CPU, batch=2, iterations=2,
+                           parallelism={"mode": "hybrid", "dp": 2, "inner": "tp"}),
+}  # fmt: skip
+
+
+def _run_nested(case: dict, runs: bool):
+    """As `_run_any`, with `runs` set on a hybrid's replicas too."""
+    c = dict(case)
+    path, n, batch = c.pop("trace", None), c.pop("n"), c.pop("batch", 8)
+    cfg = {"num_gpus": n, "batch_size": batch * n, "topology": c.pop("topology", RING), **c}
+    s = (
+        Simulation({**cfg, "trace": path})
+        if path
+        else Simulation(cfg, trace=chain_trace(batch=8, layers=6))
+    )
+    for x in [s.extrapolator, *getattr(s.extrapolator, "replicas", [])]:
+        x.compute_runs = runs
+    return s, s.run()
+
+
+@pytest.mark.parametrize("name", list(TP))
+def test_tp_template_gives_the_per_operator_timeline(name):
+    _, ref = _run_nested(TP[name], runs=False)
+    sim, fast = _run_nested(TP[name], runs=True)
+    pd.testing.assert_frame_equal(fast.timeline, ref.timeline, check_exact=True)
+    assert fast.iteration_times == ref.iteration_times
+    pd.testing.assert_frame_equal(fast.memory, ref.memory, check_exact=True)
+    assert fast.peak_memory == ref.peak_memory
+    a, b = (list(sim.extrapolator.streams()[g, "compute"]) for g in sim.gpus[:2])
+    runs = [t for t in a if type(t) is ComputeRun]
+    assert runs and all(x is y for x, y in zip(runs, [t for t in b if type(t) is ComputeRun],
+                                               strict=True))  # fmt: skip
+    # the computes left one by one are the optimizer's only
+    assert {t.phase for t in a if type(t) is Compute} <= {"optimizer"}
