@@ -132,15 +132,33 @@ class ThreeD(Extrapolator):
         return grid
 
     def _ring(self, members) -> tuple:
-        """`members` in the topology's ring order."""
-        s = set(members)
-        return tuple(g for g in self.ring if g in s)
+        """`members` in the topology's ring order (by their positions in it: O(group), not
+        a pass over the whole ring per group)."""
+        at = self.__dict__.get("_ring_at")
+        if at is None:
+            at = self._ring_at = {}
+            for i, g in enumerate(self.ring):
+                at.setdefault(g, i)
+        if len(at) != len(self.ring):  # a GPU twice in the ring: the pass takes it twice
+            s = set(members)
+            return tuple(g for g in self.ring if g in s)
+        return tuple(sorted({g for g in members if g in at}, key=at.__getitem__))
 
     def tp_group(self, d, p) -> tuple:
-        return self._ring(self.grid[d, p, t] for t in range(self.tp))
+        """The tuple is built once per group: its members share it (and the runtime
+        compares a collective's group by identity first)."""
+        groups = self.__dict__.setdefault("_tp_groups", {})
+        g = groups.get((d, p))
+        if g is None:
+            g = groups[d, p] = self._ring(self.grid[d, p, t] for t in range(self.tp))
+        return g
 
     def dp_group(self, p, t) -> tuple:
-        return self._ring(self.grid[d, p, t] for d in range(self.dp))
+        groups = self.__dict__.setdefault("_dp_groups", {})
+        g = groups.get((p, t))
+        if g is None:
+            g = groups[p, t] = self._ring(self.grid[d, p, t] for d in range(self.dp))
+        return g
 
     def pp_chain(self, d, t) -> list:
         return [self.grid[d, p, t] for p in range(self.pp)]

@@ -440,3 +440,24 @@ def test_tp_template_gives_the_per_operator_timeline(name):
                                                strict=True))  # fmt: skip
     # the computes left one by one are the optimizer's only
     assert {t.phase for t in a if type(t) is Compute} <= {"optimizer"}
+
+
+def test_3d_groups_are_the_ring_passes():
+    # groups in ring order from ring positions, against the pass over the whole ring
+    import random
+
+    sim, _ = _run_any(THREED["dp2-tp2-pp2-1f1b"], runs=True)
+    x = sim.extrapolator
+    ring = list(x.ring)
+    random.Random(4).shuffle(ring)
+    for r in (tuple(ring), (*ring, ring[0]), tuple(ring[1:])):  # shuffled, a repeat, a gap
+        x.ring = r
+        for k in ("_ring_at", "_tp_groups", "_dp_groups"):
+            x.__dict__.pop(k, None)
+        for (d, p, t), _g in x.grid.items():
+            for got, members in (
+                (x.tp_group(d, p), [x.grid[d, p, u] for u in range(x.tp)]),
+                (x.dp_group(p, t), [x.grid[e, p, t] for e in range(x.dp)]),
+            ):
+                assert got == tuple(g for g in r if g in set(members))
+        assert x.tp_group(1, 1) is x.tp_group(1, 1)
