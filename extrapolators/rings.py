@@ -21,26 +21,33 @@ _NET, _LAT = 2**48, 2**28  # networks.routing's packing: network hops, ns of lat
 
 def hop_rows(graph, routes: Routes, sources, targets):
     """For each source, arrays over `targets` of (bottleneck bandwidth, latency in s, hops)
-    along the routed path (one shortest-path tree per source)."""
-    cap = {(u, v): d["bandwidth"] for u, v, d in graph.edges(data=True)}
-    idx = routes.node_index
+    along the routed path (one shortest-path tree per source). Each target's path is
+    walked back up the tree (O(targets x hops), not O(nodes) per source: the bottleneck is
+    a min, the same in any order)."""
+    idx, nodes, edges = routes.node_index, routes.nodes, graph.edges
     t_idx = np.array([idx[t] for t in targets])
     out = []
     dist, pred = routes.trees(sources)
     for row, prow, s in zip(np.atleast_2d(dist), np.atleast_2d(pred), sources, strict=True):
-        bott = np.full(len(routes.nodes), np.inf)
-        hops = np.zeros(len(routes.nodes))
-        for v in np.argsort(row, kind="stable"):
-            p = prow[v]
-            if p >= 0 and np.isfinite(row[v]):
-                bott[v] = min(bott[p], cap[(routes.nodes[p], routes.nodes[v])])
-                hops[v] = hops[p] + 1
+        prev = prow.tolist() if len(t_idx) * 8 > len(prow) else prow
         d = row[t_idx]
         ok = np.isfinite(d)
+        bott = np.full(len(t_idx), np.inf)
+        hops = np.zeros(len(t_idx))
+        for i, v in enumerate(t_idx.tolist()):
+            if not ok[i]:
+                continue
+            b, h = np.inf, 0
+            p = int(prev[v])
+            while p >= 0:
+                b = min(b, edges[nodes[p], nodes[v]]["bandwidth"])
+                h += 1
+                v, p = p, int(prev[p])
+            bott[i], hops[i] = b, h
         lat = np.where(ok, np.floor(np.mod(np.where(ok, d, 0), _NET) / _LAT) * 1e-9, np.inf)
-        b = np.where(ok, bott[t_idx], 0.0)
+        b = np.where(ok, bott, 0.0)
         b[t_idx == idx[s]] = np.inf
-        out.append((b, lat, np.where(ok, hops[t_idx], np.inf)))
+        out.append((b, lat, np.where(ok, hops, np.inf)))
     return out
 
 

@@ -62,7 +62,7 @@ from typing import Literal
 
 from extrapolators import collectives
 from extrapolators.base import Extrapolator
-from extrapolators.tasks import Collective
+from extrapolators.tasks import Collective, Compute, ComputeRun
 from perfmodel import Target
 from perfmodel.base import batch_ratio
 from triosim.errors import ConfigError
@@ -421,6 +421,36 @@ class TensorParallel(Extrapolator):
         return {(g, "compute"): self._compute(g) for g in self.gpus}
 
     def _compute(self, gpu):
+        if self.compute_runs:
+            yield from self._template()  # a generator: nothing is built before it runs
+        else:
+            yield from self._compute_per_op(gpu)
+
+    def _template(self) -> list:
+        """`_compute_per_op`'s tasks, the same for every GPU, built once: the forward and
+        backward computes between two collectives as one ComputeRun (the same Compute
+        tasks, in the same order), the collectives as they are. The optimizer's computes
+        stay Compute tasks (a `hybrid` replica hooks its gradient reduction on the first
+        one's phase); the runtime times them with the run before them as before."""
+        items = self.__dict__.get("_tasks")
+        if items is not None:
+            return items
+        items, run = [], []
+        for task in self._compute_per_op(None):
+            if type(task) is Compute and task.phase != "optimizer":
+                run.append(task)
+                continue
+            if run:
+                items.append(ComputeRun(run))
+                run = []
+            items.append(task)
+        if run:
+            items.append(ComputeRun(run))
+        self._tasks = items
+        return items
+
+    def _compute_per_op(self, gpu):
+        """One task per operator (the straightforward path: `compute_runs = False`)."""
         n = len(self.gpus)
         split = self.target(self.batch_size, tp=n)
         whole = self.target(self.batch_size)

@@ -35,7 +35,7 @@ from typing import Literal
 from extrapolators.base import Extrapolator, gradient_ready
 from extrapolators.pipeline import GPipe, PipelineOptions
 from extrapolators.schedules import schedule
-from extrapolators.tasks import Collective, Recv, Send, Signal, Wait
+from extrapolators.tasks import Collective, ComputeRun, Recv, Send, Signal, Wait
 from extrapolators.tensor_parallel import SHARDED, SPLIT, TensorParallel, TPOptions
 from triosim.errors import ConfigError
 from triosim.schema import option
@@ -132,15 +132,33 @@ class ThreeD(Extrapolator):
         return grid
 
     def _ring(self, members) -> tuple:
-        """`members` in the topology's ring order."""
-        s = set(members)
-        return tuple(g for g in self.ring if g in s)
+        """`members` in the topology's ring order (by their positions in it: O(group), not
+        a pass over the whole ring per group)."""
+        at = self.__dict__.get("_ring_at")
+        if at is None:
+            at = self._ring_at = {}
+            for i, g in enumerate(self.ring):
+                at.setdefault(g, i)
+        if len(at) != len(self.ring):  # a GPU twice in the ring: the pass takes it twice
+            s = set(members)
+            return tuple(g for g in self.ring if g in s)
+        return tuple(sorted({g for g in members if g in at}, key=at.__getitem__))
 
     def tp_group(self, d, p) -> tuple:
-        return self._ring(self.grid[d, p, t] for t in range(self.tp))
+        """The tuple is built once per group: its members share it (and the runtime
+        compares a collective's group by identity first)."""
+        groups = self.__dict__.setdefault("_tp_groups", {})
+        g = groups.get((d, p))
+        if g is None:
+            g = groups[d, p] = self._ring(self.grid[d, p, t] for t in range(self.tp))
+        return g
 
     def dp_group(self, p, t) -> tuple:
-        return self._ring(self.grid[d, p, t] for d in range(self.dp))
+        groups = self.__dict__.setdefault("_dp_groups", {})
+        g = groups.get((p, t))
+        if g is None:
+            g = groups[p, t] = self._ring(self.grid[d, p, t] for d in range(self.dp))
+        return g
 
     def pp_chain(self, d, t) -> list:
         return [self.grid[d, p, t] for p in range(self.pp)]
@@ -232,6 +250,126 @@ class ThreeD(Extrapolator):
                 yield dataclasses.replace(c, group=group, key=f"d{d}p{p}m{m}/{c.key}")
 
     def _compute(self, d, p, t):
+        if self.compute_runs:
+            return self._compute_from_template(d, p, t)
+        return self._compute_per_op(d, p, t)
+
+    # the template of a stage's compute stream: ComputeRuns (shared by every GPU of the
+    # stage) and, for the tasks that name a GPU, a tag and the key's stage-wide suffix
+    _COLL, _RECV, _SIGNAL, _WAIT = range(4)
+
+    def _template(self, p) -> list:
+        """Stage p's compute stream as `_compute_per_op` yields it, with the computes
+        between two other tasks as one ComputeRun (the same Compute tasks, in the same
+        order) and the other tasks as (tag, ...) with their keys' GPU-independent parts:
+        built once per stage instead of walking the operators for every GPU."""
+        cache = self.__dict__.setdefault("_templates", {})
+        items = cache.get(p)
+        if items is not None:
+            return items
+        items, run = [], []
+
+        def other(item):
+            if run:
+                items.append(ComputeRun(run))
+                run.clear()
+            items.append(item)
+
+        S, C = self.pp, self.pp * self.v
+        tpx, n = self.tpx, self.tp
+        comm = n > 1
+        split, whole = self.target(self.micro, tp=n), self.target(self.micro)
+
+        def op_tasks(op, m):
+            if comm:
+                for c in tpx.before.get(op.id, ()):
+                    other((self._COLL, c, f"p{p}m{m}/{c.key}"))
+            role = tpx.roles.get(op.id)
+            if role in SHARDED:
+                run.append(self.compute(op, split, 1.0 if op.tp_split else 1.0 / n, mb=m))
+            elif op.tp_split and (role in SPLIT or op.id in tpx._orphan_ids):
+                run.append(self.compute(op, split, mb=m))
+            else:
+                run.append(self.compute(op, whole, mb=m))
+            if comm:
+                for c in tpx.after.get(op.id, ()):
+                    other((self._COLL, c, f"p{p}m{m}/{c.key}"))
+
+        order = self.orders[p]
+        last_b = {j: k for k, (kind, _, j) in enumerate(order) if kind == "B"}
+        pos = {op.id: i for i, op in enumerate(self.trace.operators)}
+        buckets = self._buckets.get(p, [])
+        by_pos: dict[int, list[int]] = {}
+        for k, (q, _) in enumerate(buckets):
+            by_pos.setdefault(q, []).append(k)
+        fired = set()
+        for step, (kind, m, j) in enumerate(order):
+            c = j * S + p
+            if kind == "F":
+                if c > 0:
+                    other((self._RECV, (c - 1) % S, f"act{c - 1}.{m}", "forward"))
+                for op in self.pipe.fwd_ops[c]:
+                    op_tasks(op, m)
+            else:
+                if c < C - 1:
+                    other((self._RECV, (c + 1) % S, f"grad{c + 1}.{m}", "backward"))
+                final = last_b[j] == step
+                for op in self.pipe.bwd_ops[c]:
+                    op_tasks(op, m)
+                    if final:
+                        for k in by_pos.get(pos[op.id], ()):
+                            fired.add(k)
+                            other((self._SIGNAL, f"bucket{k}"))
+            other((self._SIGNAL, f"{kind}{m}.{c}"))
+        for k in range(len(buckets)):
+            if k not in fired:
+                other((self._SIGNAL, f"bucket{k}"))
+        other((self._WAIT, "send_fwd done"))
+        other((self._WAIT, "send_bwd done"))
+        if not self.options.dp_overlap:
+            other((self._SIGNAL, "grads"))
+        other((self._WAIT, "reduced"))
+        full = self.target(self.per_gpu_batch(self.dp), tp=self.tp)
+        scale = self._optimizer_scale(p)
+        for op in self.ops("optimizer"):
+            if self.tp > 1:
+                for c in self.tpx.before.get(op.id, ()):
+                    other((self._COLL, c, f"p{p}/{c.key}"))
+            run.append(self.compute(op, full, scale))
+        if run:
+            items.append(ComputeRun(run))
+        cache[p] = items
+        return items
+
+    def _compute_from_template(self, d, p, t):
+        """`_compute_per_op`'s tasks from stage p's template: the shared runs as they are,
+        the other tasks completed with this GPU's names (the same keys, groups, peers)."""
+        g, grid = self.grid[d, p, t], self.grid
+        group = self.tp_group(d, p)
+        gk, dk, dt = f"{g}:", f"d{d}", f"d{d}t{t}/"
+        COLL, RECV, SIGNAL = self._COLL, self._RECV, self._SIGNAL
+        for item in self._template(p):
+            if type(item) is ComputeRun:
+                yield item
+                continue
+            tag = item[0]
+            if tag == COLL:
+                c = item[1]
+                yield Collective(c.op, group, c.nbytes, dk + item[2], c.layer, c.phase,
+                                 c.algorithm, c.root)  # fmt: skip
+            elif tag == RECV:
+                yield Recv(grid[d, item[1], t], dt + item[2], phase=item[3])
+            elif tag == SIGNAL:
+                yield Signal(gk + item[1])
+            else:
+                yield Wait(gk + item[1])
+
+    def _optimizer_scale(self, p) -> float:
+        total = self.trace.weight_bytes()
+        return self.stage_bytes[p] / total if total else 1.0 / (self.pp * self.tp)
+
+    def _compute_per_op(self, d, p, t):
+        """One task per operator (the straightforward path: `compute_runs = False`)."""
         g, S, C = self.grid[d, p, t], self.pp, self.pp * self.v
         group = self.tp_group(d, p)
         order = self.orders[p]

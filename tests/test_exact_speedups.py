@@ -273,3 +273,191 @@ def test_a_collective_posted_with_another_group_is_refused():
     with pytest.raises(SimulationError, match="different groups"):
         _runtime({(0, "a"): [Collective("allreduce", (0, 1), 1e6, "k")],
                   (1, "a"): [Collective("allreduce", (1, 0), 1e6, "k")]})  # fmt: skip
+
+
+# -- 3d (dp x tp x pp): stage templates of shared runs against one task per operator -------
+GPT2_CPU = "traces/cpu/gpt2-small-b8.trace.json.gz"  # 2 blocks: Megatron roles, loss, tied
+
+THREED = {
+    "dp2-tp2-pp2-1f1b": dict(n=8, parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2,
+                                               "microbatches": 4}),
+    "interleaved-tp2": dict(n=8, parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2,
+                                              "microbatches": 4, "schedule": "interleaved",
+                                              "virtual_stages": 2}),
+    "interleaved-mode": dict(n=2, parallelism={"mode": "interleaved", "microbatches": 8}),
+    "gpipe-no-overlap-sp": dict(n=8, parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2,
+                                                  "microbatches": 2, "schedule": "gpipe",
+                                                  "dp_overlap": False,
+                                                  "sequence_parallel": True}),
+    "channel-dp-innermost": dict(n=8, parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2,
+                                                   "microbatches": 2, "tp_style": "channel",
+                                                   "placement": "dp-pp-tp"}),
+    "heterogeneous-2-iterations": dict(n=8, iterations=2, topology=FAT,
+                                       heterogeneity={"compute": {1: 1.7, 6: 0.9}},
+                                       parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2,
+                                                    "microbatches": 2}),
+    "dp-only": dict(n=4, parallelism={"mode": "3d", "dp": 4, "bucket_size": 1e6}),
+    "gpt2-dp2-tp2-pp2-sp": dict(n=8, trace=GPT2_CPU, batch=2,
+                                parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2,
+                                             "microbatches": 2, "sequence_parallel": True}),
+    "gpt2-tp4-interleaved": dict(n=8, trace=GPT2_CPU, batch=2, iterations=2,
+                                 heterogeneity={"compute": {3: 1.25}},
+                                 parallelism={"mode": "3d", "dp": 1, "tp": 2, "pp": 4,
+                                              "microbatches": 4, "schedule": "interleaved",
+                                              "virtual_stages": 2}),
+}  # fmt: skip
+
+
+def _run_any(case: dict, runs: bool):
+    """As `_run`, on a shipped trace where the case names one (`batch`: per GPU)."""
+    c = dict(case)
+    path = c.pop("trace", None)
+    if path is None:
+        return _run(c, runs)
+    n, batch = c.pop("n"), c.pop("batch")
+    cfg = {"num_gpus": n, "batch_size": batch * n, "topology": c.pop("topology", RING),
+           "trace": path, **c}  # fmt: skip
+    s = Simulation(cfg)
+    s.extrapolator.compute_runs = runs
+    return s, s.run()
+
+
+@pytest.mark.parametrize("name", list(THREED))
+def test_3d_templates_give_the_per_operator_timeline(name):
+    _, ref = _run_any(THREED[name], runs=False)
+    sim, fast = _run_any(THREED[name], runs=True)
+    pd.testing.assert_frame_equal(fast.timeline, ref.timeline, check_exact=True)
+    assert fast.iteration_times == ref.iteration_times
+    pd.testing.assert_frame_equal(fast.memory, ref.memory, check_exact=True)
+    assert fast.peak_memory == ref.peak_memory
+    # the fast path did use shared runs (the test compares two different paths)
+    streams = sim.extrapolator.streams()
+    tasks = list(streams[sim.gpus[-1], "compute"])
+    assert any(type(t) is ComputeRun for t in tasks)
+    assert not any(type(t) is Compute for t in tasks)
+
+
+def test_3d_streams_share_each_stages_runs():
+    # every GPU of a stage yields the same run objects; the other tasks as the per-op path
+    sim, _ = _run_any(THREED["dp2-tp2-pp2-1f1b"], runs=True)
+    x = sim.extrapolator
+    a = list(x.streams()[x.grid[0, 1, 0], "compute"])
+    b = list(x.streams()[x.grid[1, 1, 1], "compute"])
+    ra, rb = ([t for t in s if type(t) is ComputeRun] for s in (a, b))
+    assert ra and all(p is q for p, q in zip(ra, rb, strict=True))
+    x.compute_runs = False
+    ref = list(x.streams()[x.grid[0, 1, 0], "compute"])
+    assert [t for t in a if type(t) is not ComputeRun] == [t for t in ref if type(t) is not Compute]
+    assert [c for r in ra for c in r.tasks] == [t for t in ref if type(t) is Compute]
+
+
+def _reference_hop_rows(graph, routes, sources, targets):
+    """rings.hop_rows as it was: every node of each source's tree, in distance order."""
+    from extrapolators.rings import _LAT, _NET
+
+    cap = {(u, v): d["bandwidth"] for u, v, d in graph.edges(data=True)}
+    idx = routes.node_index
+    t_idx = np.array([idx[t] for t in targets])
+    out = []
+    dist, pred = routes.trees(sources)
+    for row, prow, s in zip(np.atleast_2d(dist), np.atleast_2d(pred), sources, strict=True):
+        bott = np.full(len(routes.nodes), np.inf)
+        hops = np.zeros(len(routes.nodes))
+        for v in np.argsort(row, kind="stable"):
+            p = prow[v]
+            if p >= 0 and np.isfinite(row[v]):
+                bott[v] = min(bott[p], cap[(routes.nodes[p], routes.nodes[v])])
+                hops[v] = hops[p] + 1
+        d = row[t_idx]
+        ok = np.isfinite(d)
+        lat = np.where(ok, np.floor(np.mod(np.where(ok, d, 0), _NET) / _LAT) * 1e-9, np.inf)
+        b = np.where(ok, bott[t_idx], 0.0)
+        b[t_idx == idx[s]] = np.inf
+        out.append((b, lat, np.where(ok, hops[t_idx], np.inf)))
+    return out
+
+
+@pytest.mark.parametrize("name", list(GRAPHS))
+def test_hop_rows_walk_the_tree_paths_as_the_whole_tree_did(name):
+    from extrapolators.rings import hop_rows, ring_order
+    from networks.base import gpu_nodes
+    from networks.routing import Routes
+
+    g = GRAPHS[name]()
+    gpus = gpu_nodes(g)
+    g.add_node("island", kind="gpu")  # unreachable both ways
+    r = Routes(g)
+    for sources, targets in [(gpus, [*gpus, "island"]), (gpus[:3], gpus[-5:]), (["island"], gpus)]:
+        got = hop_rows(g, r, sources, targets)
+        ref = _reference_hop_rows(g, r, sources, targets)
+        for x, y in zip(got, ref, strict=True):
+            for a, b in zip(x, y, strict=True):
+                assert a.tolist() == b.tolist(), name
+    assert len(ring_order(g, gpus, r)) == len(gpus)
+
+
+# -- tp: one template of shared runs and collectives for every GPU -------------------------
+TP = {
+    "tp4": dict(n=4, parallelism={"mode": "tp"}),
+    "tp-sp-heterogeneous-2-iterations": dict(n=4, iterations=2,
+                                             heterogeneity={"compute": {2: 1.3}},
+                                             parallelism={"mode": "tp",
+                                                          "sequence_parallel": True}),
+    "tp-channel": dict(n=2, parallelism={"mode": "tp", "tp_style": "channel"}),
+    "gpt2-tp2-sp": dict(n=2, trace=GPT2_CPU, batch=2,
+                        parallelism={"mode": "tp", "sequence_parallel": True}),
+    "gpt2-hybrid-tp": dict(n=4, trace=GPT2_CPU, batch=2, iterations=2,
+                           parallelism={"mode": "hybrid", "dp": 2, "inner": "tp"}),
+}  # fmt: skip
+
+
+def _run_nested(case: dict, runs: bool):
+    """As `_run_any`, with `runs` set on a hybrid's replicas too."""
+    c = dict(case)
+    path, n, batch = c.pop("trace", None), c.pop("n"), c.pop("batch", 8)
+    cfg = {"num_gpus": n, "batch_size": batch * n, "topology": c.pop("topology", RING), **c}
+    s = (
+        Simulation({**cfg, "trace": path})
+        if path
+        else Simulation(cfg, trace=chain_trace(batch=8, layers=6))
+    )
+    for x in [s.extrapolator, *getattr(s.extrapolator, "replicas", [])]:
+        x.compute_runs = runs
+    return s, s.run()
+
+
+@pytest.mark.parametrize("name", list(TP))
+def test_tp_template_gives_the_per_operator_timeline(name):
+    _, ref = _run_nested(TP[name], runs=False)
+    sim, fast = _run_nested(TP[name], runs=True)
+    pd.testing.assert_frame_equal(fast.timeline, ref.timeline, check_exact=True)
+    assert fast.iteration_times == ref.iteration_times
+    pd.testing.assert_frame_equal(fast.memory, ref.memory, check_exact=True)
+    assert fast.peak_memory == ref.peak_memory
+    a, b = (list(sim.extrapolator.streams()[g, "compute"]) for g in sim.gpus[:2])
+    runs = [t for t in a if type(t) is ComputeRun]
+    assert runs and all(x is y for x, y in zip(runs, [t for t in b if type(t) is ComputeRun],
+                                               strict=True))  # fmt: skip
+    # the computes left one by one are the optimizer's only
+    assert {t.phase for t in a if type(t) is Compute} <= {"optimizer"}
+
+
+def test_3d_groups_are_the_ring_passes():
+    # groups in ring order from ring positions, against the pass over the whole ring
+    import random
+
+    sim, _ = _run_any(THREED["dp2-tp2-pp2-1f1b"], runs=True)
+    x = sim.extrapolator
+    ring = list(x.ring)
+    random.Random(4).shuffle(ring)
+    for r in (tuple(ring), (*ring, ring[0]), tuple(ring[1:])):  # shuffled, a repeat, a gap
+        x.ring = r
+        for k in ("_ring_at", "_tp_groups", "_dp_groups"):
+            x.__dict__.pop(k, None)
+        for (d, p, t), _g in x.grid.items():
+            for got, members in (
+                (x.tp_group(d, p), [x.grid[d, p, u] for u in range(x.tp)]),
+                (x.dp_group(p, t), [x.grid[e, p, t] for e in range(x.dp)]),
+            ):
+                assert got == tuple(g for g in r if g in set(members))
+        assert x.tp_group(1, 1) is x.tp_group(1, 1)
