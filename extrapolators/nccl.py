@@ -424,8 +424,7 @@ class Nccl(CommModel):
             bw = min(bw, tuner.model(g, op, algo, proto, ll_cap=False)[1] * used / full)
         bw *= tuner.tree_correction(op, algo, proto, nbytes)
         lat_us *= tuner.plateau(g, op, algo, proto, nbytes)
-        root = root if root in group else group[0]
-        skey = (op, algo, root if op in ("broadcast", "reduce") else None)
+        skey = self._skey(op, group, algo, root)
         streams = self.structure(info, *skey)
         extra = self._slow_hop_extra(info, op, algo, proto, streams, skey)
         staged = algo in PIPELINED or op in ("broadcast", "reduce")
@@ -436,14 +435,22 @@ class Nccl(CommModel):
     def _p2p_terms(self, info: _Group, op, nbytes) -> Terms:
         """Send/receive (all-to-all, sendrecv): Simple protocol on each pair's own path, at
         what NCCL believes the link kinds carry; latency of one Simple step."""
-        streams = self.structure(info, op, "p2p")
-        skey = (op, "p2p", None)
+        skey = self._skey(op, info.system.group, "p2p")
+        streams = self.structure(info, *skey)
         unit = self._stream_unit(info, skey, streams, effective=True)
         hw = "net" if info.system.N > 1 else info.system.intra_hw
         lat_us = P.BASE_LAT["ring"][2] + P.HW_LAT[hw]["ring"][2]
         bw = 1 / unit / 1e9 if unit > 0 else math.inf
         raw = self._stream_unit(info, skey, streams)
         return Terms(op, "p2p", "Simple", float(nbytes), lat_us, bw, 0.0, 0, 0, streams, raw)
+
+    @staticmethod
+    def _skey(op, group, algo, root=None) -> tuple:
+        """The key of a collective's structure (its streams) in its group's caches."""
+        if op in P2P_OPS:
+            return (op, "p2p", None)
+        root = root if root in group else group[0]
+        return (op, algo, root if op in ("broadcast", "reduce") else None)
 
     def _plan(self, op, group, nbytes, root, algorithm) -> Plan:
         """The streams carry the data (LL, LL128: with their flags) capped at the rate that
@@ -454,7 +461,10 @@ class Nccl(CommModel):
         wire = PROTO_WIRE[terms.proto] * nbytes
         out = [(a, b, x * wire) for a, b, x in terms.streams if x * wire > 0]
         out = [(a, b, y, y / bw_time if bw_time > 0 else math.inf) for a, b, y in out]
-        path_lat = self._pair_arrays((a, b) for a, b, *_ in out)[0].tolist()
+        skey = self._skey(op, group, terms.algo, root)
+        lat = self._stream_paths(self.group_info(group), skey, terms.streams)[0]
+        kept = np.array([x for *_, x in terms.streams], float) * wire > 0  # as `out` keeps
+        path_lat = lat[kept].tolist() if len(lat) else []
         return Plan(op, terms.algo, terms.proto, nbytes, out, path_lat, latency, fill, bw_time,
                     terms.channels)  # fmt: skip
 

@@ -177,28 +177,31 @@ class Routes:
             self._walk_many(todo)
         return [paths[k] for k in pairs]
 
-    def _row_key(self, s: int):
-        hub = self._hub.get(s)
-        return ("h", hub[0]) if hub is not None else ("s", s)
+    def _per_source(self, s_idx: np.ndarray):
+        """Per pair, from its source: the distance row it reads (a hub's shared row, or its
+        own), that row's offset, its hub and its link into the hub (-1: none). Worked out
+        once per distinct source."""
+        u, inv = np.unique(s_idx, return_inverse=True)
+        keys: dict = {}  # ('h', hub) or ('s', source) -> key number
+        kid, off, hub, link = [], [], [], []
+        for s in u.tolist():
+            h = self._hub.get(s)
+            kid.append(keys.setdefault(("h", h[0]) if h else ("s", s), len(keys)))
+            off.append(h[1] if h else 0.0)
+            hub.append(h[0] if h else -1)
+            link.append(self._hub_link[s] if h else -1)
+        cols = [np.array(x)[inv] for x in (kid, off, hub, link)]
+        return list(keys), *cols
 
-    def _dist_rows(self, s_idx: np.ndarray, d_idx: np.ndarray):
-        """For pairs (s, d): a matrix of distance rows, each pair's row in it and its offset:
-        dist(p, v) = 0 at v = s, else off[p] + rows[row[p], v]. Sources with one out-link
-        share their hub's full row (offset: that link's weight, as `_hub_dist`); others get
-        their bounded row (`_row`), grown until every destination asked of them is in."""
-        keys: dict = {}  # row key -> row number
-        row = np.empty(len(s_idx), np.int64)
-        off = np.zeros(len(s_idx))
-        need: dict = {}  # non-hub source -> its destinations
-        for p, (s, d) in enumerate(zip(s_idx.tolist(), d_idx.tolist(), strict=True)):
-            key = self._row_key(s)
-            row[p] = keys.setdefault(key, len(keys))
-            if key[0] == "h":
-                off[p] = self._hub[s][1]
-            else:
-                need.setdefault(s, []).append(d)
+    def _dist_rows(self, keys, kid, d_idx):
+        """The distance rows of row keys `keys` (pairs read row kid[p], destination d_idx[p]):
+        a hub's full row, or a source's bounded row (`_row`) grown until every destination
+        asked of it is in. Any row exact up to the destination gives the same paths (see
+        the class)."""
         rows = np.empty((len(keys), len(self.nodes)))
-        for (kind, x), r in keys.items():
+        order = np.argsort(kid, kind="stable")
+        bounds = np.searchsorted(kid[order], np.arange(len(keys) + 1))
+        for r, (kind, x) in enumerate(keys):
             if kind == "h":
                 if x not in self._hub_rows:
                     from scipy.sparse.csgraph import dijkstra
@@ -206,38 +209,36 @@ class Routes:
                     self._hub_rows[x] = dijkstra(self._csr, indices=x)
                 rows[r] = self._hub_rows[x]
                 continue
-            ds = np.array(need[x], np.int64)
+            ds = d_idx[order[bounds[r] : bounds[r + 1]]]
             out = ds[:1]
             while len(out):  # balls only grow: the last row covers every earlier one
                 rows[r] = self._row(x, int(out[0]))
                 out = ds[~np.isfinite(rows[r, ds])]
                 if len(out) and self._balls[x][0] == np.inf:
                     break  # the rest are unreachable
-        return rows, row, off
+        return rows
 
     def _walk_many(self, pairs) -> None:
         """Walk back from every destination at once, one hop per round (the rule of
         `walk_links`); store each pair's path (or None) in self._paths. Pairs go in chunks
-        whose distance rows fit in HUB_ROWS_BYTES."""
-        budget = max(1, HUB_ROWS_BYTES // (8 * max(len(self.nodes), 1)))
-        idx = self.node_index
-        chunk: list = []
-        keys: set = set()
-        for pair in pairs:
-            key = self._row_key(idx[pair[0]])
-            if key not in keys and len(keys) >= budget:
-                self._walk_chunk(chunk)
-                chunk, keys = [], set()
-            keys.add(key)
-            chunk.append(pair)
-        if chunk:
-            self._walk_chunk(chunk)
-
-    def _walk_chunk(self, pairs) -> None:
+        whose distance rows fit in HUB_ROWS_BYTES (each pair's path is its own, so any
+        grouping gives the same paths)."""
         idx = self.node_index
         s_idx = np.array([idx[s] for s, _ in pairs], np.int64)
         d_idx = np.array([idx[d] for _, d in pairs], np.int64)
-        rows, row, off = self._dist_rows(s_idx, d_idx)
+        keys, kid, off, hub, link = self._per_source(s_idx)
+        budget = max(1, HUB_ROWS_BYTES // (8 * max(len(self.nodes), 1)))
+        if len(keys) <= budget:
+            self._walk_chunk(pairs, s_idx, d_idx, keys, kid, off, hub, link)
+            return
+        for lo in range(0, len(keys), budget):
+            sel = np.flatnonzero((kid >= lo) & (kid < lo + budget))
+            self._walk_chunk([pairs[i] for i in sel.tolist()], s_idx[sel], d_idx[sel],
+                             keys[lo : lo + budget], kid[sel] - lo, off[sel], hub[sel],
+                             link[sel])  # fmt: skip
+
+    def _walk_chunk(self, pairs, s_idx, d_idx, keys, row, off, hub, hub_link) -> None:
+        rows = self._dist_rows(keys, row, d_idx)
 
         def dist(p, v):
             return np.where(v == s_idx[p], 0.0, off[p] + rows[row[p], v])
@@ -245,8 +246,6 @@ class Routes:
         m, n = len(pairs), len(self.nodes)
         off_vals, off_cls = np.unique(off, return_inverse=True)
         n_off = len(off_vals)
-        hub = np.array([self._hub.get(s, (-1,))[0] for s in s_idx.tolist()], np.int64)
-        hub_link = np.array([self._hub_link.get(s, -1) for s in s_idx.tolist()], np.int64)
         reach = np.isfinite(dist(np.arange(m), d_idx))
         act = np.flatnonzero(reach & (s_idx != d_idx))
         v = d_idx[act]
