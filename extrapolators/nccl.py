@@ -275,7 +275,8 @@ class Nccl(CommModel):
             nvls_bw = 1 / t / 1e9 if t > 0 else math.inf
         net_bw = 0.0
         if s.N > 1:
-            nic = min((d["bandwidth"] for g in s.group for _, v, d in self.graph.out_edges(g, data=True)
+            succ = self.graph.adj  # out-links in out_edges' order, without a view per GPU
+            nic = min((d["bandwidth"] for g in s.group for d in succ[g].values()
                        if d.get("kind") == "net"), default=0.0)  # fmt: skip
             net_bw = s.rails * nic * P.LINK_EFFICIENCY["net"] / 1e9
         if s.N == 1:

@@ -82,7 +82,7 @@ class System:
         if found is None:
             nodes = self.graph.nodes
             found = self._switches[g] = [(s, d.get("kind") == "net")
-                                         for _, s, d in self.graph.out_edges(g, data=True)
+                                         for s, d in self.graph.adj[g].items()
                                          if nodes[s].get("kind") == "switch"]  # fmt: skip
         return (s for s, net in found if net == kind_net)
 
