@@ -242,7 +242,10 @@ class Nccl(CommModel):
         self._partition = node_partition(graph)
         self._groups: dict = {}
         self._plans: dict = {}
-        self._pair: dict = {}  # (a, b) -> (path latency, crosses the network, min capacity, hops)
+        # per (a, b) pair met so far: its number, then by number its path latency, whether
+        # it crosses the network, its smallest link capacity and its hop count
+        self._pair: dict = {}
+        self._pair_cols = (np.zeros(0), np.zeros(0, bool), np.zeros(0), np.zeros(0, np.int64))
         self.choices: dict = {}  # (op, algo, proto) -> calls, for reports
 
     # -- the system ---------------------------------------------------------------------
@@ -298,7 +301,7 @@ class Nccl(CommModel):
             return [1.0] * len(rings)
         w = []
         for r in rings:
-            w.append(min(self._pair_arrays(_hops(r))[2]))
+            w.append(self._pair_arrays(_hops(r))[2].min())
         total = sum(w)
         return [x / total for x in w]
 
@@ -330,12 +333,12 @@ class Nccl(CommModel):
                 starts = (np.cumsum(nh) - nh)[has]
                 net[has] = np.logical_or.reduceat(self.link_kind[flat] == "net", starts)
                 cap[has] = np.minimum.reduceat(self.capacity[flat], starts)
-            for row in zip(new, lats, net.tolist(), cap, nh.tolist(), strict=True):
-                cache[row[0]] = row[1:]
-        rows = [cache[k] for k in pairs]
-        lat = np.array([r[0] for r in rows], float)
-        net = np.array([r[1] for r in rows], bool)
-        return lat, net, [r[2] for r in rows], np.array([r[3] for r in rows], np.int64)
+            cache.update(zip(new, range(len(cache), len(cache) + len(new)), strict=True))
+            self._pair_cols = tuple(np.concatenate([old, x]) for old, x in
+                                    zip(self._pair_cols, (np.array(lats, float), net, cap, nh),
+                                        strict=True))  # fmt: skip
+        ids = np.fromiter((cache[k] for k in pairs), np.int64, count=len(pairs))
+        return tuple(col[ids] for col in self._pair_cols)
 
     def _both_ways(self, ring) -> bool:
         """Run the ring both ways when every hop's way back is as short as the way there
