@@ -23,6 +23,7 @@ import numpy as np
 
 LINK_KINDS = ("nvlink", "pcie", "net")
 HUB_ROWS_BYTES = 2**28  # memory for shared rows of switches (see Routes)
+CANDIDATES = 2**20  # in-links weighed at once when paths are walked in a batch
 # bit budget (sums stay below 2**53): up to 31 network hops, 1 ms of summed latency at 1 ns
 # resolution, 256 hops of at most 2**12 bandwidth units each, 256 hops
 _NET = float(2**48)
@@ -250,8 +251,10 @@ class Routes:
         act = np.flatnonzero(reach & (s_idx != d_idx))
         v = d_idx[act]
         got_p, got_k = [], []  # per round: the pairs still walking and the link each took
-        in_ptr, in_link, in_from, w = self._in_ptr, self._in_link, self._in_from, self.weight
+        in_ptr, in_link, in_from = self._in_ptr, self._in_link, self._in_from
         while len(act):
+            if len(got_p) > n:  # a shortest path has fewer hops than there are nodes
+                raise AssertionError("route walk went round a cycle")
             lo = in_ptr[v]
             deg = in_ptr[v + 1] - lo
             k = np.empty(len(act), np.int64)
@@ -270,12 +273,7 @@ class Routes:
                 trip = (row[p] * n_off + off_cls[p]) * n + vm
                 _, first_u, inv = np.unique(trip, return_index=True, return_inverse=True)
                 pu, vu = p[first_u], vm[first_u]
-                du = in_ptr[vu + 1] - in_ptr[vu]
-                rep = np.repeat(np.arange(len(pu)), du)
-                pos = in_ptr[vu][rep] + np.arange(len(rep)) - (np.cumsum(du) - du)[rep]
-                ks, tails = in_link[pos], in_from[pos]
-                okpos = np.flatnonzero(dist(pu[rep], tails) + w[ks] == dist(pu, vu)[rep])
-                cnt_u = np.bincount(rep[okpos], minlength=len(pu))
+                ok_k, ok_t, cnt_u = self._candidates(pu, vu, dist)
                 cnt = cnt_u[inv]
                 pick = (np.cumsum(cnt_u) - cnt_u)[inv]  # the first equal-cost candidate
                 tie = np.flatnonzero(cnt > 1)
@@ -284,8 +282,7 @@ class Routes:
                     h = [zlib.crc32(f"{pairs[q][0]!r}|{pairs[q][1]!r}|{nodes[x]!r}".encode())
                          for q, x in zip(p[tie].tolist(), vm[tie].tolist(), strict=True)]  # fmt: skip
                     pick[tie] += np.array(h, np.int64) % cnt[tie]
-                chosen = okpos[pick]
-                k[multi], tail[multi] = ks[chosen], tails[chosen]
+                k[multi], tail[multi] = ok_k[pick], ok_t[pick]
             got_p.append(act)
             got_k.append(k)
             keep = tail != s_idx[act]
@@ -301,6 +298,29 @@ class Routes:
         starts = (np.cumsum(counts) - counts).tolist()
         for p, (key, a, c) in enumerate(zip(pairs, starts, counts.tolist(), strict=True)):
             self._paths[key] = flat[a : a + c] if reach[p] else None
+
+    def _candidates(self, pu, vu, dist):
+        """For each (pair pu[i], node vu[i]): the in-links of vu[i] on a shortest path from
+        the pair's source (in link order) and their tails, concatenated, and how many each
+        has. In slices of about CANDIDATES in-links, so memory stays bounded (a leaf switch
+        of a large fat tree has hundreds of in-links)."""
+        in_ptr, in_link, in_from, w = self._in_ptr, self._in_link, self._in_from, self.weight
+        du = in_ptr[vu + 1] - in_ptr[vu]
+        cum = np.cumsum(du)
+        cuts = np.searchsorted(cum, np.arange(CANDIDATES, int(cum[-1]), CANDIDATES), "right")
+        ok_k, ok_t, cnt = [], [], []
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(vu)], strict=True):
+            if a == b:
+                continue
+            d = du[a:b]
+            rep = np.repeat(np.arange(b - a), d)
+            pos = in_ptr[vu[a:b]][rep] + np.arange(len(rep)) - (np.cumsum(d) - d)[rep]
+            ks, tails = in_link[pos], in_from[pos]
+            ok = dist(pu[a:b][rep], tails) + w[ks] == dist(pu[a:b], vu[a:b])[rep]
+            ok_k.append(ks[ok])
+            ok_t.append(tails[ok])
+            cnt.append(np.bincount(rep[ok], minlength=b - a))
+        return np.concatenate(ok_k), np.concatenate(ok_t), np.concatenate(cnt)
 
     def walk_links(self, src, dst) -> np.ndarray | None:
         """The straightforward per-pair walk `paths_links` replaces, kept as the reference

@@ -167,6 +167,16 @@ def test_bounded_rows_and_chunks_give_the_same_routes(monkeypatch):
     monkeypatch.setattr(routing, "HUB_ROWS_BYTES", 1)
     got = Routes(g).paths_links(pairs)
     assert all(same(x, y) for x, y in zip(got, want, strict=True))
+    # and in-links weighed a few at a time (a slice boundary inside most nodes' in-links)
+    monkeypatch.setattr(routing, "HUB_ROWS_BYTES", 2**28)
+    monkeypatch.setattr(routing, "CANDIDATES", 3)
+    got = Routes(g).paths_links(pairs)
+    assert all(same(x, y) for x, y in zip(got, want, strict=True))
+    g = _slow_links(topo.fat_tree(32, 25 * GB, 1e-6, radix=8), 9)
+    pairs = [(a, b) for a in range(32) for b in range(32)]
+    want = reference_paths(g, pairs)
+    got = Routes(g).paths_links(pairs)
+    assert all(same(x, y) for x, y in zip(got, want, strict=True))
 
 
 def test_unreachable_pairs_are_none_and_the_network_names_the_first():
