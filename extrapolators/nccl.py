@@ -41,7 +41,7 @@ from extrapolators import nccl_tuner as tuner
 from extrapolators.communication import CommModel, check_op, register
 from extrapolators.nccl_streams import hops as _hops
 from extrapolators.nccl_system import System, node_partition, tree_depth
-from networks.routing import Routes
+from networks.routing import Routes, path_latencies
 from triosim import nccl_params as P
 from triosim.errors import ConfigError
 from triosim.schema import option
@@ -213,6 +213,11 @@ class _Group:
     ring_weights: list
     both: list  # each ring runs both ways
     structures: dict = field(default_factory=dict)  # (op, algo, root) -> streams
+    # per structure key: the streams' path latencies, whether each crosses the network,
+    # and their unit times (raw, effective); per ring: the same for its hops, each way
+    stream_paths: dict = field(default_factory=dict)
+    units: dict = field(default_factory=dict)
+    ring_paths: list = field(default_factory=list)
 
 
 @register("nccl")
@@ -237,6 +242,10 @@ class Nccl(CommModel):
         self._partition = node_partition(graph)
         self._groups: dict = {}
         self._plans: dict = {}
+        # per (a, b) pair met so far: its number, then by number its path latency, whether
+        # it crosses the network, its smallest link capacity and its hop count
+        self._pair: dict = {}
+        self._pair_cols = (np.zeros(0), np.zeros(0, bool), np.zeros(0), np.zeros(0, np.int64))
         self.choices: dict = {}  # (op, algo, proto) -> calls, for reports
 
     # -- the system ---------------------------------------------------------------------
@@ -252,6 +261,9 @@ class Nccl(CommModel):
         rings = s.rings()
         weights = self._ring_weights(rings)
         info = _Group(s, None, rings, weights, [self._both_ways(r) for r in rings])
+        for ring, two in zip(rings, info.both, strict=True):
+            info.ring_paths.append([self._pair_arrays(_hops(o))[:2]
+                                    for o in ((ring, ring[::-1]) if two else (ring,))])  # fmt: skip
         n = s.n
         # the ring graph's bus bandwidth NCCL would find: the ring streams' bottleneck
         # with what NCCL believes each link kind carries
@@ -266,7 +278,8 @@ class Nccl(CommModel):
             nvls_bw = 1 / t / 1e9 if t > 0 else math.inf
         net_bw = 0.0
         if s.N > 1:
-            nic = min((d["bandwidth"] for g in s.group for _, v, d in self.graph.out_edges(g, data=True)
+            succ = self.graph.adj  # out-links in out_edges' order, without a view per GPU
+            nic = min((d["bandwidth"] for g in s.group for d in succ[g].values()
                        if d.get("kind") == "net"), default=0.0)  # fmt: skip
             net_bw = s.rails * nic * P.LINK_EFFICIENCY["net"] / 1e9
         if s.N == 1:
@@ -288,21 +301,52 @@ class Nccl(CommModel):
             return [1.0] * len(rings)
         w = []
         for r in rings:
-            w.append(min(self.capacity[self._path(a, b)].min() for a, b in _hops(r)))
+            w.append(self._pair_arrays(_hops(r))[2].min())
         total = sum(w)
         return [x / total for x in w]
 
-    def _path(self, a, b) -> np.ndarray:
-        links = self.routes.path_links(a, b)
-        if links is None:
-            raise ConfigError("topology", f"{a!r} -> {b!r}", "a topology with a path between "
-                              "every two GPUs of a collective")  # fmt: skip
-        return links
+    def _paths(self, pairs) -> list:
+        """The routes of (a, b) pairs, found together (Routes.paths_links)."""
+        paths = self.routes.paths_links(pairs)
+        for (a, b), links in zip(pairs, paths, strict=True):
+            if links is None:
+                raise ConfigError("topology", f"{a!r} -> {b!r}", "a topology with a path "
+                                  "between every two GPUs of a collective")  # fmt: skip
+        return paths
+
+    def _pair_arrays(self, pairs):
+        """Arrays over (a, b) pairs of: path latency (the float sum of its links'), whether
+        the path crosses a network link, its smallest link capacity, and its hop count.
+        Worked out once per pair: collectives of a group reuse their hops."""
+        pairs = list(pairs)
+        cache = self._pair
+        new = [k for k in dict.fromkeys(pairs) if k not in cache]
+        if new:
+            paths = self._paths(new)
+            lats = path_latencies(self.link_latency, paths)
+            nh = np.array([len(x) for x in paths], np.int64)
+            net = np.zeros(len(paths), bool)
+            cap = np.full(len(paths), np.inf)
+            has = np.flatnonzero(nh)
+            if len(has):  # per path: any network link, smallest capacity (exact reductions)
+                flat = np.concatenate(paths)
+                starts = (np.cumsum(nh) - nh)[has]
+                net[has] = np.logical_or.reduceat(self.link_kind[flat] == "net", starts)
+                cap[has] = np.minimum.reduceat(self.capacity[flat], starts)
+            cache.update(zip(new, range(len(cache), len(cache) + len(new)), strict=True))
+            self._pair_cols = tuple(np.concatenate([old, x]) for old, x in
+                                    zip(self._pair_cols, (np.array(lats, float), net, cap, nh),
+                                        strict=True))  # fmt: skip
+        ids = np.fromiter((cache[k] for k in pairs), np.int64, count=len(pairs))
+        return tuple(col[ids] for col in self._pair_cols)
 
     def _both_ways(self, ring) -> bool:
         """Run the ring both ways when every hop's way back is as short as the way there
         (not on a one-way ring, where it would go all the way round)."""
-        return all(len(self._path(b, a)) == len(self._path(a, b)) for a, b in _hops(ring))
+        hops = _hops(ring)
+        there = self._pair_arrays(hops)[3]
+        back = self._pair_arrays([(b, a) for a, b in hops])[3]
+        return bool((there == back).all())
 
     def structure(self, info: _Group, op: str, algo: str, root=None) -> list:
         """The schedule's streams (src, dst, share of the bytes), built once per group."""
@@ -312,12 +356,27 @@ class Nccl(CommModel):
                                                      info.both, op, algo, root)  # fmt: skip
         return info.structures[key]
 
+    def _stream_unit(self, info: _Group, key, streams, effective=False) -> float:
+        """`_unit_time` of a group's structure, worked out once."""
+        k = (key, effective)
+        if k not in info.units:
+            info.units[k] = self._unit_time(streams, effective)
+        return info.units[k]
+
+    def _stream_paths(self, info: _Group, key, streams):
+        """(path latency, crosses the network) arrays of a group's structure's streams."""
+        if key not in info.stream_paths:
+            info.stream_paths[key] = self._pair_arrays((a, b) for a, b, _ in streams)[:2]
+        return info.stream_paths[key]
+
     def _unit_time(self, streams, effective=False) -> float:
         """Seconds per byte of the operation for the streams on the free network: the most
         loaded link's load / capacity (x what NCCL believes the link carries)."""
         load = np.zeros(len(self.links))
-        for a, b, x in streams:
-            np.add.at(load, self._path(a, b), x)
+        paths = self._paths([(a, b) for a, b, _ in streams])
+        if paths:  # one unbuffered add in stream order: the same sums as one per stream
+            nh = [len(x) for x in paths]
+            np.add.at(load, np.concatenate(paths), np.repeat([x for *_, x in streams], nh))
         cap = self.capacity * (self.efficiency if effective else 1.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             return float(np.max(np.where(load > 0, load / cap, 0.0), initial=0.0))
@@ -369,24 +428,33 @@ class Nccl(CommModel):
             bw = min(bw, tuner.model(g, op, algo, proto, ll_cap=False)[1] * used / full)
         bw *= tuner.tree_correction(op, algo, proto, nbytes)
         lat_us *= tuner.plateau(g, op, algo, proto, nbytes)
-        root = root if root in group else group[0]
-        streams = self.structure(info, op, algo, root if op in ("broadcast", "reduce") else None)
-        extra = self._slow_hop_extra(info, op, algo, proto, streams)
+        skey = self._skey(op, group, algo, root)
+        streams = self.structure(info, *skey)
+        extra = self._slow_hop_extra(info, op, algo, proto, streams, skey)
         staged = algo in PIPELINED or op in ("broadcast", "reduce")
         depth = self._depth(info, op, algo) if staged else 0
-        raw = self._unit_time(streams) * PROTO_WIRE[proto]
+        raw = self._stream_unit(info, skey, streams) * PROTO_WIRE[proto]
         return Terms(op, algo, proto, float(nbytes), lat_us, bw, extra, depth, used, streams, raw)
 
     def _p2p_terms(self, info: _Group, op, nbytes) -> Terms:
         """Send/receive (all-to-all, sendrecv): Simple protocol on each pair's own path, at
         what NCCL believes the link kinds carry; latency of one Simple step."""
-        streams = self.structure(info, op, "p2p")
-        unit = self._unit_time(streams, effective=True)
+        skey = self._skey(op, info.system.group, "p2p")
+        streams = self.structure(info, *skey)
+        unit = self._stream_unit(info, skey, streams, effective=True)
         hw = "net" if info.system.N > 1 else info.system.intra_hw
         lat_us = P.BASE_LAT["ring"][2] + P.HW_LAT[hw]["ring"][2]
         bw = 1 / unit / 1e9 if unit > 0 else math.inf
-        raw = self._unit_time(streams)
+        raw = self._stream_unit(info, skey, streams)
         return Terms(op, "p2p", "Simple", float(nbytes), lat_us, bw, 0.0, 0, 0, streams, raw)
+
+    @staticmethod
+    def _skey(op, group, algo, root=None) -> tuple:
+        """The key of a collective's structure (its streams) in its group's caches."""
+        if op in P2P_OPS:
+            return (op, "p2p", None)
+        root = root if root in group else group[0]
+        return (op, algo, root if op in ("broadcast", "reduce") else None)
 
     def _plan(self, op, group, nbytes, root, algorithm) -> Plan:
         """The streams carry the data (LL, LL128: with their flags) capped at the rate that
@@ -397,7 +465,10 @@ class Nccl(CommModel):
         wire = PROTO_WIRE[terms.proto] * nbytes
         out = [(a, b, x * wire) for a, b, x in terms.streams if x * wire > 0]
         out = [(a, b, y, y / bw_time if bw_time > 0 else math.inf) for a, b, y in out]
-        path_lat = [float(self.link_latency[self._path(a, b)].sum()) for a, b, *_ in out]
+        skey = self._skey(op, group, terms.algo, root)
+        lat = self._stream_paths(self.group_info(group), skey, terms.streams)[0]
+        kept = np.array([x for *_, x in terms.streams], float) * wire > 0  # as `out` keeps
+        path_lat = lat[kept].tolist() if len(lat) else []
         return Plan(op, terms.algo, terms.proto, nbytes, out, path_lat, latency, fill, bw_time,
                     terms.channels)  # fmt: skip
 
@@ -412,30 +483,25 @@ class Nccl(CommModel):
             return 2 + 2 * tree_depth(s.N)
         return 4  # collnet: to the node's switch, to the fabric's, and back
 
-    def _slow_hop_extra(self, info: _Group, op, algo, proto, streams) -> float:
+    def _slow_hop_extra(self, info: _Group, op, algo, proto, streams, skey) -> float:
         """Where a hop's links are slower than NCCL's per-hop latency assumes, the hop
         takes its own: the extra over NCCL's latency along the worst chain of hops."""
         s = info.system
         p = P.PROTOS.index(proto)
-        kind_lat = {
-            False: P.HW_LAT[s.intra_hw][algo][p] * 1e-6,
-            True: P.HW_LAT["net"][algo][p] * 1e-6,
-        }
+        intra, net = P.HW_LAT[s.intra_hw][algo][p] * 1e-6, P.HW_LAT["net"][algo][p] * 1e-6
 
-        def excess(a, b):
-            links = self._path(a, b)
-            is_net = bool((self.link_kind[links] == "net").any())
-            return max(0.0, float(self.link_latency[links].sum()) - kind_lat[is_net])
+        def excess(lat, is_net):  # max(0, path latency - NCCL's for its kind), per hop
+            x = lat - np.where(is_net, net, intra)
+            return np.where(x > 0.0, x, 0.0)
 
         if algo == "ring" and op in ("allreduce", "all_gather", "reduce_scatter"):
             steps = 2 * (s.n - 1) if op == "allreduce" else s.n - 1
             worst = 0.0
-            for ring in info.rings:
-                for order in (ring, ring[::-1]) if self._both_ways(ring) else (ring,):
-                    e = np.array([excess(a, b) for a, b in _hops(order)])
-                    worst = max(worst, _window_max(e, steps))
+            for ways in info.ring_paths:
+                for lat, is_net in ways:
+                    worst = max(worst, _window_max(excess(lat, is_net), steps))
             return worst
-        ex = [excess(a, b) for a, b, _ in streams]
+        ex = excess(*self._stream_paths(info, skey, streams)).tolist()
         if op in ("broadcast", "reduce"):
             return sum(sorted(ex)[-(s.n - 1) :]) if ex else 0.0
         return 2 * max(ex, default=0.0)
@@ -451,11 +517,11 @@ class Nccl(CommModel):
         self.choices[k] = self.choices.get(k, 0) + 1
         rest = p.latency + p.fill
         if p.streams:
-            events = self.net.transfer_group(p.streams, tag=tag or op)
-            yield self.env.all_of(events)
+            # one event for all streams (not one per stream: 32k at 16k GPUs)
+            records = yield self.net.transfer_all(p.streams, tag=tag or op)
             # the network charged each stream its path latency after its last byte left;
             # NCCL's latency replaces it: wait what is left of it after the last byte left
-            sent = max(e.value.end - pl for e, pl in zip(events, p.path_latency, strict=True))
+            sent = max(r.end - pl for r, pl in zip(records, p.path_latency, strict=True))
             rest -= self.env.now - sent
         if rest > 0:
             yield self.env.timeout(rest)
@@ -482,5 +548,5 @@ def _window_max(e: np.ndarray, steps: int) -> float:
         return 0.0
     full, part = divmod(steps, n)
     c = np.concatenate([[0.0], np.cumsum(np.concatenate([e, e]))])
-    partial = max(c[i + part] - c[i] for i in range(n)) if part else 0.0
+    partial = (c[part : part + n] - c[:n]).max() if part else 0.0
     return full * float(e.sum()) + float(partial)

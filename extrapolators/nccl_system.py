@@ -52,6 +52,7 @@ class System:
         self.group = tuple(group)
         self.n = len(self.group)
         self.routes = routes or Routes(graph)
+        self._switches: dict = {}  # GPU -> [(switch it links to, over a network link)]
         part = partition if partition is not None else node_partition(graph)
         by_node: dict = {}
         for g in self.group:
@@ -75,9 +76,15 @@ class System:
 
     # -- hardware ---------------------------------------------------------------------
     def _neighbours(self, g, kind_net: bool):
-        for _, s, d in self.graph.out_edges(g, data=True):
-            if (d.get("kind") == "net") == kind_net and self.graph.nodes[s].get("kind") == "switch":
-                yield s
+        """The switches g links to over network (or other) links, in the graph's order;
+        each GPU's list found once (asked several times a GPU, costly at 16k GPUs)."""
+        found = self._switches.get(g)
+        if found is None:
+            nodes = self.graph.nodes
+            found = self._switches[g] = [(s, d.get("kind") == "net")
+                                         for s, d in self.graph.adj[g].items()
+                                         if nodes[s].get("kind") == "switch"]  # fmt: skip
+        return (s for s, net in found if net == kind_net)
 
     def _rail_switch(self, g) -> str:
         return min((str(s) for s in self._neighbours(g, True)), default="")

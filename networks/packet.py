@@ -32,7 +32,7 @@ from networks.ringjob import REL_TOL as _REL_TOL
 from networks.ringjob import TIME_TOL as _TIME_TOL
 from networks.ringjob import RingJob
 from networks.ringjobs import RingJobs
-from networks.routing import Routes
+from networks.routing import Routes, path_latencies
 from triosim.errors import NetworkError
 from triosim.schema import option
 
@@ -210,13 +210,24 @@ class PacketSwitchNetwork(RingJobs, Network):
 
     # -- the fast engine: flows as numpy arrays, records per group ---------------------------
     def _route(self, src, dst):
-        key = (src, dst)
-        r = self._route_cache.get(key)
-        if r is None:
-            links = np.asarray(self.path_links(src, dst), dtype=np.int64)
-            lat = float(self.latency[links].sum()) if len(links) else 0.0
-            r = self._route_cache[key] = (links, lat)
-        return r
+        return self._routes([(src, dst)])[0]
+
+    def _routes(self, pairs) -> list:
+        """(links, path latency) of each (src, dst) pair, cached; the new ones routed
+        together (Routes.paths_links)."""
+        cache = self._route_cache
+        new = [k for k in dict.fromkeys(pairs) if k not in cache]
+        if new:
+            paths = self.routes.paths_links(new)
+            if any(x is None for x in paths):  # name the first pair without a path, in order
+                bad = next(k for k in pairs if self.routes.path_links(*k) is None)
+                raise NetworkError(
+                    f"no path from GPU {bad[0]!r} to GPU {bad[1]!r} in this topology"
+                )
+            lats = path_latencies(self.latency, paths)
+            for key, links, lat in zip(new, paths, lats, strict=True):
+                cache[key] = (links, lat)
+        return [cache[k] for k in pairs]
 
     def transfer_group(self, transfers, tag: str = "", _member=None) -> list[simpy.Event]:
         if self.options.engine == "reference":
@@ -239,7 +250,7 @@ class PacketSwitchNetwork(RingJobs, Network):
 
     def _start_parsed(self, srcs, dsts, sizes, caps, tag, events=None, done=None):
         self._distances(srcs)
-        routes = [self._route(s, d) for s, d in zip(srcs, dsts, strict=True)]
+        routes = self._routes(list(zip(srcs, dsts, strict=True)))
         nh = np.fromiter((len(r[0]) for r in routes), np.int64, count=len(routes))
         flat = np.concatenate([r[0] for r in routes])
         lat = np.array([r[1] for r in routes], float)

@@ -23,6 +23,7 @@ import numpy as np
 
 LINK_KINDS = ("nvlink", "pcie", "net")
 HUB_ROWS_BYTES = 2**28  # memory for shared rows of switches (see Routes)
+CANDIDATES = 2**20  # in-links weighed at once when paths are walked in a batch
 # bit budget (sums stay below 2**53): up to 31 network hops, 1 ms of summed latency at 1 ns
 # resolution, 256 hops of at most 2**12 bandwidth units each, 256 hops
 _NET = float(2**48)
@@ -36,6 +37,22 @@ def link_weight(d: dict, mode: str = "latency") -> float:
     bw = d["bandwidth"]
     inv_bw = min(int(round(2**10 * 1e9 / bw)), 2**12) if bw < np.inf else 0
     return net * _NET + lat * _LAT + inv_bw * _BW + 1
+
+
+def path_latencies(latency: np.ndarray, paths) -> list[float]:
+    """float(latency[links].sum()) of each path (0.0 for an empty one), with one numpy sum
+    per path length: a row of a 2-D sum is reduced as the 1-D sum is, so the floats are the
+    same (checked by tests/test_route_speedups.py)."""
+    out = [0.0] * len(paths)
+    by_len: dict = {}
+    for i, links in enumerate(paths):
+        if links is not None and len(links):
+            by_len.setdefault(len(links), []).append(i)
+    for ids in by_len.values():
+        sums = latency[np.array([paths[i] for i in ids], np.int64)].sum(axis=1).tolist()
+        for i, x in zip(ids, sums, strict=True):
+            out[i] = x
+    return out
 
 
 class Routes:
@@ -145,30 +162,191 @@ class Routes:
         """Link indices from src to dst (None: no path)."""
         key = (src, dst)
         if key not in self._paths:
-            d_idx, s_idx = self.node_index[dst], self.node_index[src]
-            if s_idx in self._hub:
-                dist = self._hub_dist(s_idx)
-            else:
-                dist = self._row(s_idx, d_idx).__getitem__
-            if not np.isfinite(dist(d_idx)):
-                self._paths[key] = None
-                return None
-            links, v = [], d_idx
-            hub = self._hub.get(s_idx, (None,))[0]
-            while v != s_idx:  # walk back, picking among equal-cost predecessors by hash (ECMP)
-                lo, hi = self._in_ptr[v], self._in_ptr[v + 1]
-                if hi - lo == 1 or v == hub:
-                    # the only candidate: v's one in-link, or the source's one out-link into its
-                    # hub (any other way into the hub costs more than that link alone)
-                    k = int(self._in_link[lo]) if hi - lo == 1 else self._hub_link[s_idx]
-                    links.append(k)
-                    v = int(self._in_from[lo]) if hi - lo == 1 else s_idx
-                    continue
-                ks, tails = self._in_link[lo:hi], self._in_from[lo:hi]
-                ok = np.flatnonzero(dist(tails) + self.weight[ks] == dist(v))
-                h = zlib.crc32(f"{src!r}|{dst!r}|{self.nodes[v]!r}".encode())
-                j = ok[h % len(ok)]
-                links.append(int(ks[j]))
-                v = int(tails[j])
-            self._paths[key] = np.array(links[::-1], dtype=np.int64)
+            self._paths[key] = self.walk_links(src, dst)
         return self._paths[key]
+
+    def paths_links(self, pairs) -> list:
+        """`path_links` of every (src, dst) pair: the walks back from the destinations are
+        done together, one numpy step per hop, since a Python walk per pair dominated
+        all-to-all and large collectives. Same paths as `walk_links`, bit for bit."""
+        paths = self._paths
+        todo = [k for k in dict.fromkeys(pairs) if k not in paths]
+        if len(todo) < 8:  # a few: the plain walk costs less than the set-up
+            for k in todo:
+                paths[k] = self.walk_links(*k)
+        elif todo:
+            self._walk_many(todo)
+        return [paths[k] for k in pairs]
+
+    def _per_source(self, s_idx: np.ndarray):
+        """Per pair, from its source: the distance row it reads (a hub's shared row, or its
+        own), that row's offset, its hub and its link into the hub (-1: none). Worked out
+        once per distinct source."""
+        u, inv = np.unique(s_idx, return_inverse=True)
+        keys: dict = {}  # ('h', hub) or ('s', source) -> key number
+        kid, off, hub, link = [], [], [], []
+        for s in u.tolist():
+            h = self._hub.get(s)
+            kid.append(keys.setdefault(("h", h[0]) if h else ("s", s), len(keys)))
+            off.append(h[1] if h else 0.0)
+            hub.append(h[0] if h else -1)
+            link.append(self._hub_link[s] if h else -1)
+        cols = [np.array(x)[inv] for x in (kid, off, hub, link)]
+        return list(keys), *cols
+
+    def _dist_rows(self, keys, kid, d_idx):
+        """The distance rows of row keys `keys` (pairs read row kid[p], destination d_idx[p]):
+        a hub's full row, or a source's bounded row (`_row`) grown until every destination
+        asked of it is in. Any row exact up to the destination gives the same paths (see
+        the class)."""
+        rows = np.empty((len(keys), len(self.nodes)))
+        order = np.argsort(kid, kind="stable")
+        bounds = np.searchsorted(kid[order], np.arange(len(keys) + 1))
+        for r, (kind, x) in enumerate(keys):
+            if kind == "h":
+                if x not in self._hub_rows:
+                    from scipy.sparse.csgraph import dijkstra
+
+                    self._hub_rows[x] = dijkstra(self._csr, indices=x)
+                rows[r] = self._hub_rows[x]
+                continue
+            ds = d_idx[order[bounds[r] : bounds[r + 1]]]
+            out = ds[:1]
+            while len(out):  # balls only grow: the last row covers every earlier one
+                rows[r] = self._row(x, int(out[0]))
+                out = ds[~np.isfinite(rows[r, ds])]
+                if len(out) and self._balls[x][0] == np.inf:
+                    break  # the rest are unreachable
+        return rows
+
+    def _walk_many(self, pairs) -> None:
+        """Walk back from every destination at once, one hop per round (the rule of
+        `walk_links`); store each pair's path (or None) in self._paths. Pairs go in chunks
+        whose distance rows fit in HUB_ROWS_BYTES (each pair's path is its own, so any
+        grouping gives the same paths)."""
+        idx = self.node_index
+        s_idx = np.array([idx[s] for s, _ in pairs], np.int64)
+        d_idx = np.array([idx[d] for _, d in pairs], np.int64)
+        keys, kid, off, hub, link = self._per_source(s_idx)
+        budget = max(1, HUB_ROWS_BYTES // (8 * max(len(self.nodes), 1)))
+        if len(keys) <= budget:
+            self._walk_chunk(pairs, s_idx, d_idx, keys, kid, off, hub, link)
+            return
+        for lo in range(0, len(keys), budget):
+            sel = np.flatnonzero((kid >= lo) & (kid < lo + budget))
+            self._walk_chunk([pairs[i] for i in sel.tolist()], s_idx[sel], d_idx[sel],
+                             keys[lo : lo + budget], kid[sel] - lo, off[sel], hub[sel],
+                             link[sel])  # fmt: skip
+
+    def _walk_chunk(self, pairs, s_idx, d_idx, keys, row, off, hub, hub_link) -> None:
+        rows = self._dist_rows(keys, row, d_idx)
+
+        def dist(p, v):
+            return np.where(v == s_idx[p], 0.0, off[p] + rows[row[p], v])
+
+        m, n = len(pairs), len(self.nodes)
+        off_vals, off_cls = np.unique(off, return_inverse=True)
+        n_off = len(off_vals)
+        reach = np.isfinite(dist(np.arange(m), d_idx))
+        act = np.flatnonzero(reach & (s_idx != d_idx))
+        v = d_idx[act]
+        got_p, got_k = [], []  # per round: the pairs still walking and the link each took
+        in_ptr, in_link, in_from = self._in_ptr, self._in_link, self._in_from
+        while len(act):
+            if len(got_p) > n:  # a shortest path has fewer hops than there are nodes
+                raise AssertionError("route walk went round a cycle")
+            lo = in_ptr[v]
+            deg = in_ptr[v + 1] - lo
+            k = np.empty(len(act), np.int64)
+            tail = np.empty(len(act), np.int64)
+            one = deg == 1
+            k[one], tail[one] = in_link[lo[one]], in_from[lo[one]]
+            # the source's one out-link into its hub: any other way in costs more
+            at_hub = ~one & (v == hub[act])
+            k[at_hub], tail[at_hub] = hub_link[act[at_hub]], s_idx[act[at_hub]]
+            multi = np.flatnonzero(~one & ~at_hub)
+            if len(multi):
+                p, vm = act[multi], v[multi]
+                # the equal-cost candidates depend on (row, offset, v) only (the source itself
+                # is never a candidate here: its one out-link is the hub's, handled above, or
+                # its own row has 0 there): find them once per distinct triple
+                trip = (row[p] * n_off + off_cls[p]) * n + vm
+                _, first_u, inv = np.unique(trip, return_index=True, return_inverse=True)
+                pu, vu = p[first_u], vm[first_u]
+                ok_k, ok_t, cnt_u = self._candidates(pu, vu, dist)
+                cnt = cnt_u[inv]
+                pick = (np.cumsum(cnt_u) - cnt_u)[inv]  # the first equal-cost candidate
+                tie = np.flatnonzero(cnt > 1)
+                if len(tie):  # several: spread by a hash of (source, destination, node) (ECMP)
+                    nodes = self.nodes
+                    h = [zlib.crc32(f"{pairs[q][0]!r}|{pairs[q][1]!r}|{nodes[x]!r}".encode())
+                         for q, x in zip(p[tie].tolist(), vm[tie].tolist(), strict=True)]  # fmt: skip
+                    pick[tie] += np.array(h, np.int64) % cnt[tie]
+                k[multi], tail[multi] = ok_k[pick], ok_t[pick]
+            got_p.append(act)
+            got_k.append(k)
+            keep = tail != s_idx[act]
+            act, v = act[keep], tail[keep]
+        counts = np.zeros(m, np.int64)
+        flat = np.zeros(0, np.int64)
+        if got_p:
+            gp = np.concatenate(got_p)
+            rnd = np.repeat(np.arange(len(got_p)), [len(a) for a in got_p])
+            flat = np.concatenate(got_k)[np.lexsort((-rnd, gp))]  # per pair, source first
+            counts = np.bincount(gp, minlength=m)
+        flat.flags.writeable = False  # the paths are views of it, shared through the cache
+        starts = (np.cumsum(counts) - counts).tolist()
+        for p, (key, a, c) in enumerate(zip(pairs, starts, counts.tolist(), strict=True)):
+            self._paths[key] = flat[a : a + c] if reach[p] else None
+
+    def _candidates(self, pu, vu, dist):
+        """For each (pair pu[i], node vu[i]): the in-links of vu[i] on a shortest path from
+        the pair's source (in link order) and their tails, concatenated, and how many each
+        has. In slices of about CANDIDATES in-links, so memory stays bounded (a leaf switch
+        of a large fat tree has hundreds of in-links)."""
+        in_ptr, in_link, in_from, w = self._in_ptr, self._in_link, self._in_from, self.weight
+        du = in_ptr[vu + 1] - in_ptr[vu]
+        cum = np.cumsum(du)
+        cuts = np.searchsorted(cum, np.arange(CANDIDATES, int(cum[-1]), CANDIDATES), "right")
+        ok_k, ok_t, cnt = [], [], []
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(vu)], strict=True):
+            if a == b:
+                continue
+            d = du[a:b]
+            rep = np.repeat(np.arange(b - a), d)
+            pos = in_ptr[vu[a:b]][rep] + np.arange(len(rep)) - (np.cumsum(d) - d)[rep]
+            ks, tails = in_link[pos], in_from[pos]
+            ok = dist(pu[a:b][rep], tails) + w[ks] == dist(pu[a:b], vu[a:b])[rep]
+            ok_k.append(ks[ok])
+            ok_t.append(tails[ok])
+            cnt.append(np.bincount(rep[ok], minlength=b - a))
+        return np.concatenate(ok_k), np.concatenate(ok_t), np.concatenate(cnt)
+
+    def walk_links(self, src, dst) -> np.ndarray | None:
+        """The straightforward per-pair walk `paths_links` replaces, kept as the reference
+        it is checked against (tests/test_route_speedups.py); it does not cache."""
+        d_idx, s_idx = self.node_index[dst], self.node_index[src]
+        if s_idx in self._hub:
+            dist = self._hub_dist(s_idx)
+        else:
+            dist = self._row(s_idx, d_idx).__getitem__
+        if not np.isfinite(dist(d_idx)):
+            return None
+        links, v = [], d_idx
+        hub = self._hub.get(s_idx, (None,))[0]
+        while v != s_idx:  # walk back, picking among equal-cost predecessors by hash (ECMP)
+            lo, hi = self._in_ptr[v], self._in_ptr[v + 1]
+            if hi - lo == 1 or v == hub:
+                # the only candidate: v's one in-link, or the source's one out-link into its
+                # hub (any other way into the hub costs more than that link alone)
+                k = int(self._in_link[lo]) if hi - lo == 1 else self._hub_link[s_idx]
+                links.append(k)
+                v = int(self._in_from[lo]) if hi - lo == 1 else s_idx
+                continue
+            ks, tails = self._in_link[lo:hi], self._in_from[lo:hi]
+            ok = np.flatnonzero(dist(tails) + self.weight[ks] == dist(v))
+            h = zlib.crc32(f"{src!r}|{dst!r}|{self.nodes[v]!r}".encode())
+            j = ok[h % len(ok)]
+            links.append(int(ks[j]))
+            v = int(tails[j])
+        return np.array(links[::-1], dtype=np.int64)

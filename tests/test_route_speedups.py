@@ -1,0 +1,407 @@
+"""The batched route building (Routes.paths_links, path_latencies) and the NCCL model's
+cached per-group path data give exactly what the straightforward per-pair code gave.
+
+The references are written out here: a per-pair walk over a full (unbounded) Dijkstra row
+with the documented rule and ECMP hash, the float sum of each path's latencies, and the
+NCCL model's per-hop planning as it was before its path data were batched and cached.
+Paths are also checked against the independent truth: a valid chain of links from source
+to destination whose packed weight is the shortest distance networkx finds.
+"""
+
+import math
+import zlib
+
+import networkx as nx
+import numpy as np
+import pytest
+import simpy
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from extrapolators import nccl_streams
+from extrapolators.nccl import Nccl, NcclOptions, Plan, Terms, _Group
+from extrapolators.nccl_streams import hops as _hops
+from extrapolators.nccl_system import System
+from networks import PacketSwitchNetwork
+from networks import topology as topo
+from networks.routing import Routes, link_weight, path_latencies
+from triosim import nccl_params as P
+
+GB = 1e9
+
+
+# -- the reference route ------------------------------------------------------------------
+def reference_paths(graph, pairs, mode="latency"):
+    """Per pair: a full Dijkstra row from the source, then the walk back from the
+    destination taking, among the in-links on a shortest path, the one the hash of
+    (source, destination, node) picks, in the order the graph lists its edges."""
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import dijkstra
+
+    links = list(graph.edges())
+    nodes = list(graph.nodes)
+    ix = {v: i for i, v in enumerate(nodes)}
+    w = [link_weight(graph.edges[e], mode) for e in links]
+    m = csr_matrix((w, ([ix[a] for a, _ in links], [ix[b] for _, b in links])),
+                   shape=(len(nodes), len(nodes)))  # fmt: skip
+    into = {v: [k for k, (_, b) in enumerate(links) if b == v] for v in nodes}
+    out = []
+    for src, dst in pairs:
+        dist = dijkstra(m, indices=ix[src])
+        if not np.isfinite(dist[ix[dst]]):
+            out.append(None)
+            continue
+        path, v = [], dst
+        while v != src:
+            ok = [k for k in into[v] if dist[ix[links[k][0]]] + w[k] == dist[ix[v]]]
+            k = (
+                ok[zlib.crc32(f"{src!r}|{dst!r}|{v!r}".encode()) % len(ok)]
+                if len(ok) > 1
+                else ok[0]
+            )
+            path.append(k)
+            v = links[k][0]
+        out.append(path[::-1])
+    return out
+
+
+def check_truth(graph, pairs, got, mode="latency"):
+    """Each path is a chain of links from source to destination, as short (in packed
+    weight) as any; None exactly where there is no path."""
+    links = list(graph.edges())
+    for (src, dst), p in zip(pairs, got, strict=True):
+        reach = nx.has_path(graph, src, dst)
+        assert (p is not None) == reach, (src, dst)
+        if p is None:
+            continue
+        chain = [src] + [links[k][1] for k in p]
+        assert all(links[k][0] == a for k, a in zip(p, chain, strict=False)), (src, dst)
+        assert chain[-1] == dst
+        length = sum(link_weight(graph.edges[links[k]], mode) for k in p)
+        best = nx.dijkstra_path_length(graph, src, dst,
+                                       weight=lambda u, v, d: link_weight(d, mode))  # fmt: skip
+        assert length == best, (src, dst)
+
+
+def same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return list(np.asarray(a)) == list(b)
+
+
+def random_graph(seed: int):
+    """Random heterogeneous directed graphs: GPUs and switches, links of a few speeds and
+    latencies (so equal-cost paths are common), some one-way, some of kind 'net', and a
+    GPU left unconnected now and then."""
+    rng = np.random.default_rng(seed)
+    n_gpu, n_sw = int(rng.integers(2, 9)), int(rng.integers(0, 5))
+    g = nx.DiGraph()
+    for i in range(n_gpu):
+        g.add_node(i, kind="gpu")
+    for s in range(n_sw):
+        g.add_node(f"sw{s}", kind="switch")
+    nodes = list(g.nodes)
+    for _ in range(int(rng.integers(1, 3 * len(nodes)))):
+        a, b = (nodes[int(i)] for i in rng.choice(len(nodes), 2, replace=False))
+        bw = float(rng.choice([10, 25, 50, np.inf])) * GB
+        lat = float(rng.choice([0.0, 1e-6, 2e-6]))
+        kind = str(rng.choice(["nvlink", "pcie", "net"]))
+        topo.add_link(g, a, b, bw, lat, both=bool(rng.random() < 0.7), kind=kind)
+    return g
+
+
+def builders():
+    return {
+        "ring": topo.ring(7, 10 * GB, 1e-6),
+        "one-way ring": topo.ring(5, 10 * GB, 1e-6, bidirectional=False),
+        "torus": topo.torus2d(4, 4, 20 * GB, 5e-7),
+        "mesh": topo.mesh2d(3, 4, 15 * GB, 1e-6),
+        "fat tree": topo.fat_tree(32, 25 * GB, 1e-6, radix=8),
+        "fat tree, ragged": topo.fat_tree(13, 25 * GB, 1e-6, radix=8),
+        "multi-node rail": topo.multi_node(4, 4, 450 * GB, 50 * GB, 1e-6, 2e-6),
+        "multi-node switch": topo.multi_node(3, 4, 450 * GB, 50 * GB, 0.0, 0.0, fabric="switch"),
+        "dgx1": topo.dgx1(25 * GB, 1e-6),
+        "pcie": topo.pcie_tree(6, 16 * GB, 1e-6),
+    }
+
+
+@pytest.mark.parametrize("mode", ["latency", "hops"])
+@pytest.mark.parametrize("name", list(builders()))
+def test_batched_routes_are_the_reference_routes(name, mode):
+    g = builders()[name]
+    nodes = list(g.nodes)
+    pairs = [(a, b) for a in nodes for b in nodes]
+    want = reference_paths(g, pairs, mode)
+    got = Routes(g, mode).paths_links(pairs)
+    assert [same(x, y) for x, y in zip(got, want, strict=True)] == [True] * len(pairs)
+    check_truth(g, pairs, got, mode)
+    # the per-pair walk (path_links) agrees, and so do pairs asked one by one, out of order
+    r = Routes(g, mode)
+    assert all(same(r.path_links(a, b), y) for (a, b), y in zip(pairs, want, strict=True))
+    r = Routes(g, mode)
+    rev = pairs[::-1]
+    r.paths_links(rev[: len(rev) // 3])
+    assert all(same(x, y) for x, y in zip(r.paths_links(pairs), want, strict=True))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), mode=st.sampled_from(["latency", "hops"]))
+def test_batched_routes_on_random_graphs(seed, mode):
+    g = random_graph(seed)
+    nodes = list(g.nodes)
+    pairs = [(a, b) for a in nodes for b in nodes]
+    got = Routes(g, mode).paths_links(pairs)
+    want = reference_paths(g, pairs, mode)
+    assert [same(x, y) for x, y in zip(got, want, strict=True)] == [True] * len(pairs)
+    check_truth(g, pairs, got, mode)
+
+
+def test_bounded_rows_and_chunks_give_the_same_routes(monkeypatch):
+    # tiny row budgets: one source per chunk, so a chunk boundary falls between every pair
+    import networks.routing as routing
+
+    g = topo.torus2d(5, 5, 20 * GB, 1e-6)
+    topo.set_link(g, 0, 1, bandwidth=5 * GB, latency=3e-6)
+    pairs = [(a, b) for a in range(25) for b in range(25)]
+    want = reference_paths(g, pairs)
+    monkeypatch.setattr(routing, "HUB_ROWS_BYTES", 1)
+    got = Routes(g).paths_links(pairs)
+    assert all(same(x, y) for x, y in zip(got, want, strict=True))
+    # and in-links weighed a few at a time (a slice boundary inside most nodes' in-links)
+    monkeypatch.setattr(routing, "HUB_ROWS_BYTES", 2**28)
+    monkeypatch.setattr(routing, "CANDIDATES", 3)
+    got = Routes(g).paths_links(pairs)
+    assert all(same(x, y) for x, y in zip(got, want, strict=True))
+    g = _slow_links(topo.fat_tree(32, 25 * GB, 1e-6, radix=8), 9)
+    pairs = [(a, b) for a in range(32) for b in range(32)]
+    want = reference_paths(g, pairs)
+    got = Routes(g).paths_links(pairs)
+    assert all(same(x, y) for x, y in zip(got, want, strict=True))
+
+
+def test_unreachable_pairs_are_none_and_the_network_names_the_first():
+    g = topo.ring(4, 10 * GB, 1e-6)
+    g.add_node(9, kind="gpu")
+    topo.add_link(g, 9, 0, 10 * GB, 1e-6, both=False)  # 9 sends, nothing reaches it
+    pairs = [(a, b) for a in [0, 1, 2, 3, 9] for b in [0, 1, 2, 3, 9]]
+    got = Routes(g).paths_links(pairs)
+    assert [x is None for x in got] == [b == 9 and a != 9 for a, b in pairs]
+    check_truth(g, pairs, got)
+    net = PacketSwitchNetwork(simpy.Environment(), g)
+    with pytest.raises(Exception, match="from GPU 2 to GPU 9"):
+        net.transfer_group([(9, 1, 1e6), (2, 9, 1e6), (1, 9, 1e6)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.floats(0, 1e-3), min_size=0, max_size=40), min_size=1, max_size=30))
+def test_path_latencies_are_each_paths_own_float_sum(lists):
+    lat = np.array([x for xs in lists for x in xs] + [0.0])
+    paths, k = [], 0
+    for xs in lists:
+        paths.append(np.arange(k, k + len(xs)))
+        k += len(xs)
+    want = [float(lat[p].sum()) if len(p) else 0.0 for p in paths]
+    got = path_latencies(lat, paths)
+    assert [x.hex() for x in got] == [float(x).hex() for x in want]
+
+
+@pytest.mark.parametrize("name", ["fat tree", "torus", "multi-node rail", "one-way ring"])
+def test_all_to_all_on_both_engines_ends_alike(name):
+    # the reference engine routes pair by pair, the fast one in one batch
+    ends = {}
+    for engine in ("fast", "reference"):
+        g = builders()[name]
+        env = simpy.Environment()
+        net = PacketSwitchNetwork(env, g, engine=engine)
+        gpus = list(net.gpus)
+        events = net.transfer_group([(a, b, 1e6 + 1e3 * i) for i, (a, b) in
+                                     enumerate((a, b) for a in gpus for b in gpus if a != b)])  # fmt: skip
+        env.run()
+        ends[engine] = [e.value.end for e in events]
+    assert ends["fast"] == ends["reference"]
+
+
+# -- the NCCL model before its path data were batched and cached -----------------------------
+class _OldNccl(Nccl):
+    """The planning code as it was: one route and one numpy reduction per hop, per call."""
+
+    def _analyse(self, group) -> _Group:
+        s = System(self.graph, group, self.routes, self._partition)
+        rings = s.rings()
+        weights = self._ring_weights(rings)
+        info = _Group(s, None, rings, weights, [self._both_ways(r) for r in rings])
+        fresh = super()._analyse(group)  # the tuner graphs: compared through the plans
+        info.graphs = fresh.graphs
+        return info
+
+    def _ring_weights(self, rings):
+        if len(rings) <= 1:
+            return [1.0] * len(rings)
+        w = [min(self.capacity[self._path(a, b)].min() for a, b in _hops(r)) for r in rings]
+        total = sum(w)
+        return [x / total for x in w]
+
+    def _path(self, a, b):
+        return self.routes.walk_links(a, b)
+
+    def _both_ways(self, ring) -> bool:
+        return all(len(self._path(b, a)) == len(self._path(a, b)) for a, b in _hops(ring))
+
+    def _unit_time(self, streams, effective=False) -> float:
+        load = np.zeros(len(self.links))
+        for a, b, x in streams:
+            np.add.at(load, self._path(a, b), x)
+        cap = self.capacity * (self.efficiency if effective else 1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.max(np.where(load > 0, load / cap, 0.0), initial=0.0))
+
+    def terms(self, op, group, nbytes, root=None, algorithm=None) -> Terms:
+        from extrapolators import nccl_tuner as tuner
+        from extrapolators.nccl import PIPELINED, PROTO_WIRE
+
+        group = tuple(group)
+        info = self.group_info(group)
+        if op in ("all_to_all", "sendrecv"):
+            streams = self.structure(info, op, "p2p")
+            unit = self._unit_time(streams, effective=True)
+            hw = "net" if info.system.N > 1 else info.system.intra_hw
+            lat_us = P.BASE_LAT["ring"][2] + P.HW_LAT[hw]["ring"][2]
+            bw = 1 / unit / 1e9 if unit > 0 else math.inf
+            raw = self._unit_time(streams)
+            return Terms(op, "p2p", "Simple", float(nbytes), lat_us, bw, 0.0, 0, 0, streams, raw)
+        g = info.graphs
+        algo, proto = self.choose(op, group, nbytes, algorithm)
+        lat_us, bw = tuner.model(g, op, algo, proto)
+        used, full = tuner.channels_used(g, op, algo, proto, nbytes, None)
+        if used < full:
+            bw = min(bw, tuner.model(g, op, algo, proto, ll_cap=False)[1] * used / full)
+        bw *= tuner.tree_correction(op, algo, proto, nbytes)
+        lat_us *= tuner.plateau(g, op, algo, proto, nbytes)
+        root = root if root in group else group[0]
+        streams = self.structure(info, op, algo, root if op in ("broadcast", "reduce") else None)
+        extra = self._old_extra(info, op, algo, proto, streams)
+        staged = algo in PIPELINED or op in ("broadcast", "reduce")
+        depth = self._depth(info, op, algo) if staged else 0
+        raw = self._unit_time(streams) * PROTO_WIRE[proto]
+        return Terms(op, algo, proto, float(nbytes), lat_us, bw, extra, depth, used, streams, raw)
+
+    def _plan(self, op, group, nbytes, root, algorithm) -> Plan:
+        from extrapolators.nccl import PROTO_WIRE
+
+        terms = self.terms(op, group, nbytes, root, algorithm)
+        latency, fill, bw_time = terms.parts(self.tuning)
+        wire = PROTO_WIRE[terms.proto] * nbytes
+        out = [(a, b, x * wire) for a, b, x in terms.streams if x * wire > 0]
+        out = [(a, b, y, y / bw_time if bw_time > 0 else math.inf) for a, b, y in out]
+        path_lat = [float(self.link_latency[self._path(a, b)].sum()) for a, b, *_ in out]
+        return Plan(op, terms.algo, terms.proto, nbytes, out, path_lat, latency, fill, bw_time,
+                    terms.channels)  # fmt: skip
+
+    def _old_extra(self, info, op, algo, proto, streams) -> float:
+        s = info.system
+        p = P.PROTOS.index(proto)
+        kind_lat = {False: P.HW_LAT[s.intra_hw][algo][p] * 1e-6,
+                    True: P.HW_LAT["net"][algo][p] * 1e-6}  # fmt: skip
+
+        def excess(a, b):
+            links = self._path(a, b)
+            is_net = bool((self.link_kind[links] == "net").any())
+            return max(0.0, float(self.link_latency[links].sum()) - kind_lat[is_net])
+
+        if algo == "ring" and op in ("allreduce", "all_gather", "reduce_scatter"):
+            steps = 2 * (s.n - 1) if op == "allreduce" else s.n - 1
+            worst = 0.0
+            for ring in info.rings:
+                for order in (ring, ring[::-1]) if self._both_ways(ring) else (ring,):
+                    e = np.array([excess(a, b) for a, b in _hops(order)])
+                    worst = max(worst, _old_window_max(e, steps))
+            return worst
+        ex = [excess(a, b) for a, b, _ in streams]
+        if op in ("broadcast", "reduce"):
+            return sum(sorted(ex)[-(s.n - 1) :]) if ex else 0.0
+        return 2 * max(ex, default=0.0)
+
+
+def _old_window_max(e, steps):
+    n = len(e)
+    if n == 0 or steps <= 0:
+        return 0.0
+    full, part = divmod(steps, n)
+    c = np.concatenate([[0.0], np.cumsum(np.concatenate([e, e]))])
+    partial = max(c[i + part] - c[i] for i in range(n)) if part else 0.0
+    return full * float(e.sum()) + float(partial)
+
+
+def _slow_links(g, seed):
+    rng = np.random.default_rng(seed)
+    for u, v in list(g.edges()):
+        if rng.random() < 0.3:
+            topo.set_link(g, u, v, bandwidth=float(rng.uniform(5, 60)) * GB,
+                          latency=float(rng.choice([0.0, 2e-6, 7e-6])))  # fmt: skip
+    return g
+
+
+def nccl_cases():
+    return {
+        "fat tree": lambda: topo.fat_tree(32, 25 * GB, 1e-6, radix=8),
+        "slow fat tree": lambda: _slow_links(topo.fat_tree(24, 25 * GB, 1e-6, radix=8), 1),
+        "multi-node": lambda: topo.multi_node(
+            4, 4, 450 * GB, 50 * GB, 1e-6, 2e-6, nvls=True, sharp=True
+        ),  # fmt: skip
+        "slow multi-node": lambda: _slow_links(
+            topo.multi_node(3, 4, 450 * GB, 50 * GB, 1e-6, 8e-6), 2
+        ),  # fmt: skip
+        "ring": lambda: _slow_links(topo.ring(9, 20 * GB, 3e-6), 3),
+        "one-way ring": lambda: topo.ring(6, 20 * GB, 3e-6, bidirectional=False),
+        "dgx1": lambda: topo.dgx1(25 * GB, 1e-6),
+        "torus": lambda: _slow_links(topo.torus2d(3, 4, 20 * GB, 5e-7), 4),
+    }
+
+
+@pytest.mark.parametrize("name", list(nccl_cases()))
+def test_nccl_plans_are_those_of_the_per_hop_code(name):
+    build = nccl_cases()[name]
+    models = []
+    for cls in (Nccl, _OldNccl):
+        env = simpy.Environment()
+        net = PacketSwitchNetwork(env, build())
+        m = cls(env, net, NcclOptions(), gpu="H100")
+        if cls is _OldNccl:
+            m.routes = Routes(net.graph)  # its own routes, walked pair by pair
+        models.append(m)
+    new, old = models
+    gpus = list(new.net.gpus)
+    groups = [tuple(gpus), tuple(gpus[::2]), tuple(gpus[1:5])]
+    for group in groups:
+        for op in ("allreduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
+                   "all_to_all", "sendrecv"):  # fmt: skip
+            for nbytes in (0.0, 4e3, 3e6, 1e9):
+                for algo in (None, "ring", "tree", "nvls", "collnet"):
+                    args = (op, group, nbytes, group[-1], algo)
+                    a, b = new.plan(*args), old.plan(*args)
+                    assert a == b, (group, args)
+                    assert [x.hex() for x in a.path_latency] == [x.hex() for x in b.path_latency]
+                    assert (a.latency.hex(), a.bandwidth_time.hex()) == (
+                        b.latency.hex(), b.bandwidth_time.hex())  # fmt: skip
+
+
+def test_window_max_is_the_loop_it_replaced():
+    from extrapolators.nccl import _window_max
+
+    rng = np.random.default_rng(5)
+    for n in range(1, 12):
+        e = rng.choice([0.0, 1e-6, 3.3e-6, 7e-7], n)
+        for steps in range(0, 3 * n + 2):
+            assert _window_max(e, steps).hex() == _old_window_max(e, steps).hex()
+
+
+def test_ring_streams_unit_time_is_the_per_stream_sum():
+    g = _slow_links(topo.torus2d(3, 3, 20 * GB, 1e-6), 7)
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, g)
+    new = Nccl(env, net, NcclOptions(), gpu="H100")
+    old = _OldNccl(env, net, NcclOptions(), gpu="H100")
+    rings = [list(range(9)), [0, 4, 8, 3, 7, 2, 6, 1, 5]]
+    streams = nccl_streams.ring(rings, [0.3, 0.7], [True, False], 16 / 9)
+    for eff in (False, True):
+        assert new._unit_time(streams, eff).hex() == old._unit_time(streams, eff).hex()
