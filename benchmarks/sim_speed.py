@@ -94,13 +94,37 @@ def traffic(kind: str, engine: str):
     return env.now
 
 
+def one(case: str, n: int, engine: str) -> int:
+    """One case in a fresh process: wall seconds and max RSS (the whole process, what a
+    machine must hold), for sizes where tracing Python memory would take too long."""
+    import resource
+
+    runs = {"textbook": lambda: allreduce(n, "textbook", engine),
+            "nccl": lambda: allreduce(n, "nccl", engine),
+            "resnet18": lambda: ddp("resnet18-b8.trace.json.gz", n, engine, 8)[0],
+            "gpt2": lambda: ddp("gpt2-small-b4.trace.json.gz", n, engine, 4)[0]}  # fmt: skip
+    if case not in runs:
+        raise SystemExit(f"--one: case must be one of {', '.join(runs)}, not {case!r}")
+    t0 = time.perf_counter()
+    value = runs[case]()
+    wall = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # KiB on Linux
+    print(f"{case} on {n} GPUs: {wall:.2f} s wall, max RSS {rss:.2f} GB, result {value!r}")
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="64,256,1024")
     ap.add_argument("--engine", default="fast", choices=("fast", "reference"))
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--skip", default="", help="comma-separated case prefixes to skip")
+    ap.add_argument("--one", nargs=2, metavar=("CASE", "GPUS"),
+                    help="run one case (textbook, nccl, resnet18, gpt2) in this process and "
+                    "print its wall time and the process's peak resident memory")  # fmt: skip
     a = ap.parse_args(argv)
+    if a.one:
+        return one(a.one[0], int(a.one[1]), a.engine)
     sizes = [int(s) for s in a.sizes.split(",")]
     skip = [s for s in a.skip.split(",") if s]
     mem = not a.no_memory
