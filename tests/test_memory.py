@@ -155,3 +155,16 @@ def test_full_recomputation_trades_memory_for_the_forward_time():
     assert again.iteration_time - plain.iteration_time == pytest.approx(3 * 1.5e-3, rel=1e-9)
     peak = [r.memory.groupby("gpu")["activations"].max().max() for r in (plain, again)]
     assert peak[0] == pytest.approx(7 * a) and peak[1] == pytest.approx(5 * a)
+
+
+def test_a_capacity_no_gpu_has_and_a_reserve_over_it_are_refused_before_running():
+    from triosim.errors import ConfigError
+
+    t = chain_trace(batch=8)
+    # a bare number is bytes: `capacity: 80` meant 80 GB
+    with pytest.raises(ConfigError, match="memory.capacity.*at least 1 MiB.*'80 GB'"):
+        Simulation({"num_gpus": 2, "batch_size": 16, "memory": {"capacity": 80}}, trace=t)
+    # the default 1 GiB reserve is more than a 0.1 GB GPU: nothing left for tensors
+    with pytest.raises(ConfigError, match="memory.reserve.*less than the GPU's memory"):
+        Simulation({"num_gpus": 2, "batch_size": 16, "memory": {"capacity": "0.1 GB"}}, trace=t)
+    assert run(t, 2, "dp", 16, memory={"capacity": "2 GB"}).out_of_memory() == []

@@ -344,3 +344,16 @@ def capacity(options: MemoryOptions, gpu_name: str | None) -> float | None:
         return hardware.gpu(gpu_name).memory_capacity
     except ConfigError:
         return None
+
+
+def check_capacity(options: MemoryOptions, gpu_name: str | None) -> None:
+    """Refuse a capacity no GPU has (a bare number is bytes: `capacity: 80` is 80 bytes, not
+    80 GB) and a reserve that leaves nothing for tensors, before anything runs."""
+    if options.capacity is not None and options.capacity < 2**20:
+        raise ConfigError("memory.capacity", options.capacity, "at least 1 MiB (a bare number "
+                          "is bytes; write a unit, e.g. '80 GB')")  # fmt: skip
+    cap = capacity(options, gpu_name)
+    if cap is not None and options.reserve >= cap:
+        raise ConfigError("memory.reserve", options.reserve, f"less than the GPU's memory "
+                          f"({cap:.6g} bytes{'' if options.capacity else ', ' + str(gpu_name)}): "
+                          "nothing would be left for tensors")  # fmt: skip

@@ -25,7 +25,7 @@ from perfmodel import model_class
 from triosim import schema
 from triosim.config import IN_MEMORY, Config, from_dict, load_config
 from triosim.errors import ConfigError, SimulationError
-from triosim.memory import capacity, memory_timeline
+from triosim.memory import capacity, check_capacity, memory_timeline
 from triosim.result import Result
 from triosim.trace import Trace
 from triosim.trace_io import load_any_trace
@@ -70,6 +70,7 @@ class Simulation:
         else:
             self.graph = validate_graph(build_topology(cfg))
         self.config = cfg
+        check_capacity(cfg.memory, cfg.gpu or self.trace.metadata.get("gpu"))
         self.gpus = gpu_nodes(self.graph)
         if len(self.gpus) != cfg.num_gpus:
             raise ConfigError("num_gpus", cfg.num_gpus,
