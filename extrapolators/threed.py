@@ -295,13 +295,7 @@ class ThreeD(Extrapolator):
                 for c in tpx.after.get(op.id, ()):
                     other((self._COLL, c, f"p{p}m{m}/{c.key}"))
 
-        order = self.orders[p]
-        last_b = {j: k for k, (kind, _, j) in enumerate(order) if kind == "B"}
-        pos = {op.id: i for i, op in enumerate(self.trace.operators)}
-        buckets = self._buckets.get(p, [])
-        by_pos: dict[int, list[int]] = {}
-        for k, (q, _) in enumerate(buckets):
-            by_pos.setdefault(q, []).append(k)
+        order, last_b, pos, by_pos, n_buckets = self._bucket_plan(p)
         fired = set()
         for step, (kind, m, j) in enumerate(order):
             c = j * S + p
@@ -321,7 +315,7 @@ class ThreeD(Extrapolator):
                             fired.add(k)
                             other((self._SIGNAL, f"bucket{k}"))
             other((self._SIGNAL, f"{kind}{m}.{c}"))
-        for k in range(len(buckets)):
+        for k in range(n_buckets):
             if k not in fired:
                 other((self._SIGNAL, f"bucket{k}"))
         other((self._WAIT, "send_fwd done"))
@@ -364,6 +358,19 @@ class ThreeD(Extrapolator):
             else:
                 yield Wait(gk + item[1])
 
+    def _bucket_plan(self, p):
+        """Stage p's schedule and where its DP buckets fire: (order, the step of each
+        chunk's last backward, each operator's trace position, bucket numbers by the
+        position of the operator that completes them, number of buckets)."""
+        order = self.orders[p]
+        last_b = {j: k for k, (kind, _, j) in enumerate(order) if kind == "B"}
+        pos = {op.id: i for i, op in enumerate(self.trace.operators)}
+        buckets = self._buckets.get(p, [])
+        by_pos: dict[int, list[int]] = {}
+        for k, (q, _) in enumerate(buckets):
+            by_pos.setdefault(q, []).append(k)
+        return order, last_b, pos, by_pos, len(buckets)
+
     def _optimizer_scale(self, p) -> float:
         total = self.trace.weight_bytes()
         return self.stage_bytes[p] / total if total else 1.0 / (self.pp * self.tp)
@@ -372,13 +379,7 @@ class ThreeD(Extrapolator):
         """One task per operator (the straightforward path: `compute_runs = False`)."""
         g, S, C = self.grid[d, p, t], self.pp, self.pp * self.v
         group = self.tp_group(d, p)
-        order = self.orders[p]
-        last_b = {j: k for k, (kind, _, j) in enumerate(order) if kind == "B"}
-        pos = {op.id: i for i, op in enumerate(self.trace.operators)}
-        buckets = self._buckets.get(p, [])
-        by_pos: dict[int, list[int]] = {}
-        for k, (q, _) in enumerate(buckets):
-            by_pos.setdefault(q, []).append(k)
+        order, last_b, pos, by_pos, n_buckets = self._bucket_plan(p)
         fired = set()
         for step, (kind, m, j) in enumerate(order):
             c = j * S + p
@@ -400,7 +401,7 @@ class ThreeD(Extrapolator):
                             fired.add(k)
                             yield Signal(f"{g}:bucket{k}")
             yield Signal(f"{g}:{kind}{m}.{c}")
-        for k in range(len(buckets)):  # gradients no backward operator of this stage made
+        for k in range(n_buckets):  # gradients no backward operator of this stage made
             if k not in fired:
                 yield Signal(f"{g}:bucket{k}")
         yield Wait(f"{g}:send_fwd done")
@@ -409,8 +410,7 @@ class ThreeD(Extrapolator):
             yield Signal(f"{g}:grads")
         yield Wait(f"{g}:reduced")
         full = self.target(self.per_gpu_batch(self.dp), tp=self.tp)
-        total = self.trace.weight_bytes()
-        scale = self.stage_bytes[p] / total if total else 1.0 / (self.pp * self.tp)
+        scale = self._optimizer_scale(p)
         for op in self.ops("optimizer"):
             yield from self._op_tasks_opt(op, d, p, group, full, scale)
 

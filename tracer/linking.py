@@ -578,7 +578,8 @@ def alias_storage(nodes: list) -> bool:
         return [[(x[0], x[1]) for x in items] for items in _tensor_args(side)]
 
     schemas: dict[str, tuple] = {}
-    for n in sorted(nodes, key=lambda n: n["id"]):
+    ordered = sorted(nodes, key=lambda n: n["id"])  # execution order
+    for n in ordered:
         text = _attrs(n).get("op_schema")
         if not text:
             continue
@@ -602,7 +603,7 @@ def alias_storage(nodes: list) -> bool:
     # output never does so: a new output at a used pointer is new memory, reused.
     latest: dict = {}
     seen: set = set()
-    for n in sorted(nodes, key=lambda n: n["id"]):
+    for n in ordered:
         for side, is_input in ((n["inputs"], True), (n.get("outputs", {}), False)):
             for x in _tensor_items(side):
                 k, raw = (x[0], x[1]), x[1]
