@@ -71,6 +71,20 @@ def ddp(trace_name: str, n: int, engine: str, batch: int):
     return r.iteration_time, len(trace.operators) if hasattr(trace, "operators") else 0
 
 
+def hybrid(n: int, tp: int, pp: int, engine: str, symmetry: str = "off"):
+    """Megatron 3D (dp x tp x pp) on the modelled GPT-2 A100 trace, 2 x pp micro-batches."""
+    from triosim.simulation import Simulation, load_any_trace
+
+    trace = load_any_trace(ROOT / "traces/modelled/a100-80gb/gpt2-s512-b8.trace.json.gz")
+    dp = n // (tp * pp)
+    par = {"mode": "3d", "dp": dp, "tp": tp, "pp": pp, "microbatches": 2 * pp if pp > 1 else 1}
+    cfg = {"num_gpus": n, "batch_size": 8 * dp, "gpu": "A100-80GB", "parallelism": par,
+           "topology": fat(n), "network": {"kind": "packet", "engine": engine}}  # fmt: skip
+    if symmetry != "off":
+        cfg["symmetry"] = symmetry
+    return Simulation(cfg, trace=trace).run().iteration_time
+
+
 def traffic(kind: str, engine: str):
     import simpy
 
@@ -102,7 +116,12 @@ def one(case: str, n: int, engine: str) -> int:
     runs = {"textbook": lambda: allreduce(n, "textbook", engine),
             "nccl": lambda: allreduce(n, "nccl", engine),
             "resnet18": lambda: ddp("resnet18-b8.trace.json.gz", n, engine, 8)[0],
-            "gpt2": lambda: ddp("gpt2-small-b4.trace.json.gz", n, engine, 4)[0]}  # fmt: skip
+            "gpt2": lambda: ddp("gpt2-small-b4.trace.json.gz", n, engine, 4)[0],
+            "resnet50": lambda: ddp("../modelled/h100-sxm/resnet50-b128.trace.json.gz", n,
+                                    engine, 128)[0],
+            "hybrid-tp8": lambda: hybrid(n, 8, 1, engine),
+            "hybrid-pp4": lambda: hybrid(n, 1, 4, engine),
+            "3d-tp8-pp4": lambda: hybrid(n, 8, 4, engine)}  # fmt: skip
     if case not in runs:
         raise SystemExit(f"--one: case must be one of {', '.join(runs)}, not {case!r}")
     t0 = time.perf_counter()
@@ -120,7 +139,8 @@ def main(argv=None):
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--skip", default="", help="comma-separated case prefixes to skip")
     ap.add_argument("--one", nargs=2, metavar=("CASE", "GPUS"),
-                    help="run one case (textbook, nccl, resnet18, gpt2) in this process and "
+                    help="run one case (textbook, nccl, resnet18, gpt2, resnet50, hybrid-tp8, "
+                    "hybrid-pp4, 3d-tp8-pp4) in this process and "
                     "print its wall time and the process's peak resident memory")  # fmt: skip
     a = ap.parse_args(argv)
     if a.one:
