@@ -375,14 +375,23 @@ class _Codes:
         return np.array([self.code(v) for v in values], dtype=np.int32)
 
     def decode(self, codes: np.ndarray):
-        """The values of `codes`, with the dtype pandas infers for them (inferred from the
-        distinct values, which decide it); strings are built in Arrow from the codes."""
+        """The values of `codes`: numbers with the dtype pandas infers for them; text as a
+        pandas Categorical with sorted categories (so sorting the column sorts it as text):
+        a small code per row instead of a string (at 16,384 GPUs a string column of 13M
+        rows held about 300 MB and took seconds to build). Text with missing values (the
+        key column: None on computes) stays a string column, so `fillna("")` works."""
         import pandas as pd
 
         if not self.values:
             return []
         ref = pd.Series(self.values).array
-        if type(ref).__name__ == "ArrowStringArray":
+        text = type(ref).__name__ == "ArrowStringArray"
+        if text and None not in self.index:
+            cats = sorted(self.values)
+            rank = {v: i for i, v in enumerate(cats)}
+            remap = np.array([rank[v] for v in self.values], dtype=np.int32)
+            return pd.Categorical.from_codes(remap[codes], categories=cats)
+        if text:
             import pyarrow as pa
 
             values = pa.array(self.values, type=pa.large_string())

@@ -130,6 +130,12 @@ def test_columnar_timeline_equals_one_tuple_per_row():
     rt = _runtime(streams)
     ref = pd.DataFrame(rt.rows, columns=list(COLUMNS))
     got = pd.DataFrame(rt.timeline_columns(), columns=list(COLUMNS))
+    # text columns come as categoricals (a code per row); their values are the rows'
+    # (key, with None on computes, stays a string column)
+    text = ["stream", "kind", "name", "layer", "phase"]
+    assert all(isinstance(got[c].dtype, pd.CategoricalDtype) for c in text)
+    assert list(got["kind"].cat.categories) == sorted(set(ref["kind"]))  # sorted: sorts as text
+    got[text] = got[text].astype(ref[text].dtypes.to_dict())
     pd.testing.assert_frame_equal(got, ref, check_exact=True)
     # GPU 0: 5 + 1 + 5 computes; GPU 1: a wait, 5 + 1 computes; stream b: 1 compute, a wait
     assert len(ref) == 11 + 7 + 2 and ref["op_id"].isna().sum() == 1

@@ -100,6 +100,52 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
     With `share`, GPUs whose compute rows and static bytes are identical (data-parallel
     replicas) get the first one's curve instead of computing it again: the same numbers,
     since the curve is a function of exactly those inputs."""
+    curves, peaks = memory_curves(timeline, trace, extrapolator, gpus, options, share)
+    return curves.frame(), peaks
+
+
+class MemoryCurves:
+    """Each GPU's memory curve, identical curves held once; `frame()` builds the table
+    (one row per GPU and instant) when asked for: at 16,384 data-parallel GPUs that table
+    is 9M rows (about 600 MB) of copies of one curve."""
+
+    def __init__(self, gpus, times: list, states: list):
+        self.gpus = list(gpus)
+        self.times, self.states = times, states  # per GPU; shared curves are one object
+
+    def __len__(self) -> int:
+        return sum(len(t) for t in self.times)
+
+    def peaks(self) -> dict:
+        done: dict = {}  # id(curve) -> peak
+        out = {}
+        for g, d in zip(self.gpus, self.states, strict=True):
+            p = done.get(id(d))
+            if p is None:
+                p = done[id(d)] = float(d.sum(axis=1).max())
+            out[g] = p
+        return out
+
+    def frame(self) -> pd.DataFrame:
+        cols = list(CATEGORIES)
+        if not self.gpus:
+            return pd.DataFrame(columns=["gpu", "time", *cols, "total"])
+        df = pd.DataFrame(np.vstack(self.states), columns=cols)
+        df.insert(0, "time", np.concatenate(self.times))
+        # the gpu column from each GPU's row count (the dtype inferred from the distinct
+        # GPUs, which decide it, instead of from one Python object per row)
+        sizes = [len(x) for x in self.times]
+        distinct = np.empty(len(self.gpus), dtype=object)
+        for i, g in enumerate(self.gpus):  # element by element: a GPU may be a tuple
+            distinct[i] = g
+        df.insert(0, "gpu", np.repeat(_gpu_values(distinct), sizes))
+        df["total"] = df[cols].sum(axis=1)
+        return df
+
+
+def memory_curves(timeline: pd.DataFrame, trace, extrapolator, gpus, options: MemoryOptions,
+                  share: bool = True):  # fmt: skip
+    """(MemoryCurves, peak bytes per GPU): `memory_timeline` without building the table."""
     from extrapolators import gradient_ready
 
     ready = gradient_ready(trace)  # weight -> position of the op after which its grad exists
@@ -110,53 +156,57 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
     plan = activation_plan(trace, extrapolator)
     grad_bytes = {i: sum(trace.tensors[w].nbytes for w in ws) for i, ws in grad_at.items()}
     # numpy columns of the compute rows (a pandas row selection copies every column)
-    mask = (timeline["kind"] == "compute").to_numpy(bool)
+    sel = np.flatnonzero((timeline["kind"] == "compute").to_numpy(bool))
     end = float(timeline["end"].max()) if len(timeline) else 0.0
-    cols = list(CATEGORIES)
-    time_col, state_col, peaks = [], [], {}
+    time_col, state_col = [], []
     # the rows of each GPU in the order a stable sort of its rows by (start, end) gives,
     # as one slice per GPU: a stable sort by GPU keeps each GPU's rows in timeline order,
     # which is already by (start, end) for a single compute stream; slices that are not
     # are sorted on their own (the same order as one lexsort by (gpu, start, end))
-    codes, uniques = pd.factorize(timeline["gpu"].to_numpy()[mask], sort=False)
+    codes, uniques = pd.factorize(timeline["gpu"].to_numpy()[sel], sort=False)
     order = np.argsort(codes.astype(np.int16 if len(uniques) < 2**15 else np.int64),
                        kind="stable")  # fmt: skip
-    start_a, end_a = (
-        timeline["start"].to_numpy()[mask][order],
-        timeline["end"].to_numpy()[mask][order],
-    )
+    idx = sel[order]  # timeline rows, GPU by GPU
     sorted_codes = codes[order]
+    del sel, order, codes
+    start_a, end_a = timeline["start"].to_numpy()[idx], timeline["end"].to_numpy()[idx]
     cuts = np.searchsorted(sorted_codes, np.arange(len(uniques) + 1))
     same = sorted_codes[1:] == sorted_codes[:-1]
     back = (start_a[1:] < start_a[:-1]) | ((start_a[1:] == start_a[:-1]) & (end_a[1:] < end_a[:-1]))
     for k in np.unique(sorted_codes[1:][same & back]):
         a, b = cuts[k], cuts[k + 1]
-        order[a:b] = order[a:b][np.lexsort((end_a[a:b], start_a[a:b]))]
-    col = {c: timeline[c].to_numpy()[mask][order] for c in
-           ("op_id", "start", "end", "iteration", "microbatch")}  # fmt: skip
-    phase_codes, phases = pd.factorize(timeline["phase"], use_na_sentinel=False)
-    phase_codes = phase_codes[mask][order]
+        idx[a:b] = idx[a:b][np.lexsort((end_a[a:b], start_a[a:b]))]
+    del start_a, end_a, same, back, sorted_codes
+    # whole columns without copies; each GPU gathers its own rows (no 13M-row copies)
+    col = {c: timeline[c].to_numpy() for c in ("op_id", "start", "end", "iteration", "microbatch")}
+    phase = timeline["phase"]
+    if isinstance(phase.dtype, pd.CategoricalDtype):
+        phase_codes, phases = phase.cat.codes.to_numpy(), phase.cat.categories
+    else:
+        phase_codes, phases = pd.factorize(phase, use_na_sentinel=False)
     phases = np.asarray(phases, dtype=object)
     kind = (optimizer_kind(trace, options), _bytes_per_param(trace))
     seen: dict = {}  # inputs of a GPU's curve -> (times, states)
     where = {g: k for k, g in enumerate(uniques)}
     for g in gpus:
         k = where.get(g)
-        a, b = (int(cuts[k]), int(cuts[k + 1])) if k is not None else (0, 0)
+        rows = idx[int(cuts[k]) : int(cuts[k + 1])] if k is not None else idx[:0]
         static = static_per_gpu(trace, extrapolator, g, options, kind)
         buffers = extrapolator.buffer_bytes(g)
+        mine = {c: v[rows] for c, v in col.items()}
+        mine_phase = phase_codes[rows]
         sig = None
         if share:
-            sig = (tuple(static.values()), buffers, phase_codes[a:b].tobytes(),
-                   *(np.asarray(col[c][a:b]).tobytes() for c in
+            sig = (tuple(static.values()), buffers, mine_phase.tobytes(),
+                   *(np.asarray(mine[c]).tobytes() for c in
                      ("op_id", "start", "end", "iteration", "microbatch")))  # fmt: skip
             if sig in seen:
                 t_last, d_last = seen[sig]
                 time_col.append(t_last)
                 state_col.append(d_last)
                 continue
-        cols_of = {c: v[a:b].tolist() for c, v in col.items()}
-        cols_of["phase"] = phases[phase_codes[a:b]].tolist()
+        cols_of = {c: v.tolist() for c, v in mine.items()}
+        cols_of["phase"] = phases[mine_phase].tolist()
         # changes as (time, category, bytes); row 0 is the static state at time 0
         times, cats, values = [], [], []
         _activations(cols_of, plan, times, cats, values)
@@ -176,23 +226,8 @@ def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: 
         state_col.append(d[last])
         if sig is not None:
             seen[sig] = (time_col[-1], state_col[-1])
-    if not gpus:
-        return pd.DataFrame(columns=["gpu", "time", *cols, "total"]), peaks
-    df = pd.DataFrame(np.vstack(state_col), columns=cols)
-    df.insert(0, "time", np.concatenate(time_col))
-    # the gpu column from each GPU's row count (the dtype inferred from the distinct GPUs,
-    # which decide it, instead of from one Python object per row)
-    sizes = [len(x) for x in time_col]
-    distinct = np.empty(len(gpus), dtype=object)
-    for i, g in enumerate(gpus):  # element by element: a GPU may be a tuple
-        distinct[i] = g
-    df.insert(0, "gpu", np.repeat(_gpu_values(distinct), sizes))
-    df["total"] = df[cols].sum(axis=1)
-    bounds = np.r_[0, np.cumsum(sizes)]
-    totals = df["total"].to_numpy()
-    for g, a, b in zip(gpus, bounds[:-1], bounds[1:], strict=True):
-        peaks[g] = float(totals[a:b].max())
-    return df, peaks
+    curves = MemoryCurves(gpus, time_col, state_col)
+    return curves, curves.peaks()
 
 
 def _gpu_values(values: np.ndarray):

@@ -29,6 +29,17 @@ def union_sorted(s: np.ndarray, e: np.ndarray) -> float:
     return float(total + ends[-1] - starts[-1])
 
 
+def _renamed(col: pd.Series, old, new) -> pd.Series:
+    """`col` with `old` replaced by `new`; a categorical column renames the category."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        if old not in col.cat.categories:
+            return col
+        if new in col.cat.categories:
+            return col.astype(object).replace(old, new)
+        return col.cat.rename_categories({old: new})
+    return col.replace(old, new)
+
+
 def _intervals(df):
     return df["start"].to_numpy(), df["end"].to_numpy()
 
@@ -42,7 +53,9 @@ class Result:
 
     def __init__(self, rows, gpus, config, links, transfers, collective_bytes,
                  bytes_delivered, network_stats, wall_time, trace=None):  # fmt: skip
-        self.timeline = pd.DataFrame(rows, columns=list(COLUMNS))
+        # no copy: the columns are fresh arrays (stacking them into 2D blocks took 1.7 s
+        # and doubled the timeline's memory at 16,384 GPUs)
+        self.timeline = pd.DataFrame(rows, columns=list(COLUMNS), copy=False)
         self.gpus = list(gpus)
         self.config = config
         tl = self.timeline
@@ -64,13 +77,26 @@ class Result:
         self.wall_time = wall_time
         self.trace = trace  # only for a trace passed in memory: saved beside the config
         self._per_gpu = None  # the timeline is final: compute the breakdown once
-        self.memory = pd.DataFrame()  # gpu, time, bytes per category and total
+        self._memory = pd.DataFrame()  # gpu, time, bytes per category and total
         self.peak_memory: dict = {}  # GPU -> peak bytes
         self.memory_capacity: float | None = None  # bytes usable by tensors (after reserve)
 
+    @property
+    def memory(self) -> pd.DataFrame:
+        """gpu, time, bytes per category and total: one row per GPU and instant where its
+        memory changes (built on first use from the per-GPU curves)."""
+        if not isinstance(self._memory, pd.DataFrame):
+            self._memory = self._memory.frame()
+        return self._memory
+
+    @memory.setter
+    def memory(self, value) -> None:
+        self._memory = value
+
     def set_memory(self, memory, peaks: dict, capacity: float | None, reserve: float) -> None:
-        """Attach the memory model's result; `capacity` None: the GPU is not known."""
-        self.memory = memory
+        """Attach the memory model's result (a DataFrame, or triosim.memory.MemoryCurves
+        to build it from when asked for); `capacity` None: the GPU is not known."""
+        self._memory = memory
         self.peak_memory = dict(peaks)
         self.memory_capacity = None if capacity is None else capacity - reserve
 
@@ -129,7 +155,7 @@ class Result:
             (tl["iteration"] == len(self.iteration_times) - 1)
             & tl["kind"].isin(["compute", "comm"])
         ]
-        d = d.assign(duration=d["end"] - d["start"], layer=d["layer"].replace("", "(none)"),
+        d = d.assign(duration=d["end"] - d["start"], layer=_renamed(d["layer"], "", "(none)"),
                      order=d["gpu"].map({g: i for i, g in enumerate(self.gpus)}))  # fmt: skip
         d = d.sort_values(["order", "start"], kind="stable")
         table = d.pivot_table(index=["gpu", "layer"], columns="kind", values="duration",
@@ -332,7 +358,7 @@ class Result:
         (folder / "summary.json").write_text(json.dumps(self.summary_dict(), indent=2))
         self.to_chrome_trace(folder / "chrome_trace.json")
         self.plot_timeline(folder / "timeline.png")
-        if len(self.memory):
+        if len(self._memory):
             self.memory.to_csv(folder / "memory.csv", index=False)
             self.plot_memory(folder / "memory.png")
         if self.config is not None:

@@ -25,7 +25,7 @@ from perfmodel import model_class
 from triosim import schema
 from triosim.config import IN_MEMORY, Config, from_dict, load_config
 from triosim.errors import ConfigError, SimulationError
-from triosim.memory import capacity, check_capacity, memory_timeline
+from triosim.memory import capacity, check_capacity, memory_curves
 from triosim.result import Result
 from triosim.trace import Trace
 from triosim.trace_io import load_any_trace
@@ -127,8 +127,8 @@ class Simulation:
         )
         if progress is not None:
             progress.stage("memory")
-        mem, peaks = memory_timeline(result.timeline, self.trace, self.extrapolator, self.gpus,
-                                     cfg.memory)  # fmt: skip
+        mem, peaks = memory_curves(result.timeline, self.trace, self.extrapolator, self.gpus,
+                                   cfg.memory)  # fmt: skip
         gpu_name = cfg.gpu or self.trace.metadata.get("gpu")
         result.set_memory(mem, peaks, capacity(cfg.memory, gpu_name), cfg.memory.reserve)
         return result
