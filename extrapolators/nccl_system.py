@@ -66,8 +66,11 @@ class System:
         self.N = len(self.nodes)
         self.ppn = max(len(v) for v in self.nodes)
         self.uniform = all(len(v) == self.ppn for v in self.nodes)
-        kinds = {d.get("kind", "nvlink") for u, v, d in graph.edges(data=True)
-                 if d.get("kind") != "net" and (u in pos or v in pos)}  # fmt: skip
+        # the kinds of the links touching the group (its GPUs' in- and out-links, not a
+        # scan of every link: O(groups x links) with thousands of TP groups)
+        pred = graph.pred if graph.is_directed() else graph.adj
+        kinds = {d.get("kind", "nvlink") for g in self.group for adj in (graph.adj, pred)
+                 for d in adj[g].values() if d.get("kind") != "net"}  # fmt: skip
         self.intra_hw = "pcie" if "pcie" in kinds else "nvlink"
         self.nvls = self._nvls_switches()
         self.sharp = self._sharp_switches()

@@ -27,7 +27,7 @@ def hop_rows(graph, routes: Routes, sources, targets):
     idx, nodes, edges = routes.node_index, routes.nodes, graph.edges
     t_idx = np.array([idx[t] for t in targets])
     out = []
-    dist, pred = routes.trees(sources)
+    dist, pred = routes.trees(sources, targets)
     for row, prow, s in zip(np.atleast_2d(dist), np.atleast_2d(pred), sources, strict=True):
         prev = prow.tolist() if len(t_idx) * 8 > len(prow) else prow
         d = row[t_idx]

@@ -107,12 +107,34 @@ class Routes:
         """Kept for callers that announce their sources; rows are computed on demand, per
         source and bounded (see the class), by `path_links`."""
 
-    def trees(self, sources):
-        """(distances, predecessors) rows of one shortest-path tree per source."""
+    def trees(self, sources, targets=None):
+        """(distances, predecessors) rows of one shortest-path tree per source. With
+        `targets`, each source's search stops at a limit that covers every target (a
+        lower bound raised 4x until all are in): the same distances and predecessors for
+        every node within it, since nodes are settled in the same order up to the limit
+        and a node's predecessor is settled before it (a tree over a handful of GPUs under
+        one switch no longer searches the whole machine: O(groups x nodes) at 16k)."""
         from scipy.sparse.csgraph import dijkstra
 
-        return dijkstra(self._csr, indices=[self.node_index[s] for s in sources],
-                        return_predecessors=True)  # fmt: skip
+        src = [self.node_index[s] for s in sources]
+        if targets is None:
+            return dijkstra(self._csr, indices=src, return_predecessors=True)
+        tgt = np.array([self.node_index[t] for t in targets], dtype=np.int64)
+        dist = np.empty((len(src), len(self.nodes)))
+        pred = np.empty((len(src), len(self.nodes)), dtype=np.int32)
+        for k, s in enumerate(src):
+            far = tgt[tgt != s]
+            limit = float(np.max(self._min_out[s] + self._min_in[far])) if len(far) else 0.0
+            limit = max(limit, 1.0) if np.isfinite(limit) else np.inf
+            for _ in range(12):
+                d, p = dijkstra(self._csr, indices=s, limit=limit, return_predecessors=True)
+                if np.isfinite(d[far]).all() or limit == np.inf:
+                    break
+                limit *= 4
+            else:  # far away, or some target unreachable: the whole tree
+                d, p = dijkstra(self._csr, indices=s, return_predecessors=True)
+            dist[k], pred[k] = d, p
+        return dist, pred
 
     def reachable(self, src, dst) -> bool:
         return self.path_links(src, dst) is not None

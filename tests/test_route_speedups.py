@@ -405,3 +405,39 @@ def test_ring_streams_unit_time_is_the_per_stream_sum():
     streams = nccl_streams.ring(rings, [0.3, 0.7], [True, False], 16 / 9)
     for eff in (False, True):
         assert new._unit_time(streams, eff).hex() == old._unit_time(streams, eff).hex()
+
+
+def _hop_rows_both_ways(g, group, mode="latency"):
+    """hop_rows from trees bounded to the group, and from whole trees (targets=None)."""
+    from extrapolators.rings import hop_rows
+
+    bounded = hop_rows(g, Routes(g, mode), group, group)
+    r = Routes(g, mode)
+    full_trees = r.trees
+    r.trees = lambda sources, targets=None: full_trees(sources)  # the unbounded search
+    return bounded, hop_rows(g, r, group, group)
+
+
+def _same_rows(a, b):
+    return all(np.array_equal(x, y) for ra, rb in zip(a, b, strict=True)
+               for x, y in zip(ra, rb, strict=True))  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(builders()))
+def test_bounded_trees_give_the_hop_rows_of_whole_trees(name):
+    g = builders()[name]
+    gpus = [v for v, d in g.nodes(data=True) if d.get("kind", "gpu") == "gpu"]
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    for k in (2, 3, len(gpus)):
+        group = [gpus[int(i)] for i in rng.choice(len(gpus), min(k, len(gpus)), replace=False)]
+        assert _same_rows(*_hop_rows_both_ways(g, group)), (name, group)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), mode=st.sampled_from(["latency", "hops"]))
+def test_bounded_trees_on_random_graphs(seed, mode):
+    # unreachable targets, infinite links and one-way links included
+    g = random_graph(seed)
+    gpus = [v for v, d in g.nodes(data=True) if d.get("kind", "gpu") == "gpu"]
+    group = gpus[: 2 + seed % max(1, len(gpus) - 1)]
+    assert _same_rows(*_hop_rows_both_ways(g, group, mode))
