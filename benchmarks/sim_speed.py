@@ -1,9 +1,10 @@
 """Simulator speed at scale: wall seconds and peak traced memory per case.
 
 Cases: one 1 GB all-reduce on a fat tree (textbook ring and the NCCL model), DDP of the
-shipped ResNet-18 and GPT-2 small CPU traces, an all-to-all on a 128-GPU fat tree and a
-random permutation on a 1,024-GPU 2D torus; then the fitted exponent of wall time against
-GPUs x operators for the DDP cases.
+shipped ResNet-18 and GPT-2 small CPU traces and of the modelled H100 ResNet-50 (batch 128),
+an all-to-all on a 128-GPU fat tree and a random permutation on a 1,024-GPU 2D torus; then
+the fitted exponent of wall time against GPUs x operators for the DDP cases. `--one CASE N`
+runs one case (also the 3D hybrids) in this process and prints its max RSS.
 
 Run: PYTHONPATH=. python -m benchmarks.sim_speed [--sizes 64,256,1024] [--engine reference|fast]
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
+RESNET50 = "../modelled/h100-sxm/resnet50-b128.trace.json.gz"  # modelled, under traces/cpu/..
 FAT = {"kind": "fat_tree", "bandwidth": "50 GB/s", "latency": "1 us"}
 
 
@@ -117,13 +119,14 @@ def one(case: str, n: int, engine: str) -> int:
             "nccl": lambda: allreduce(n, "nccl", engine),
             "resnet18": lambda: ddp("resnet18-b8.trace.json.gz", n, engine, 8)[0],
             "gpt2": lambda: ddp("gpt2-small-b4.trace.json.gz", n, engine, 4)[0],
-            "resnet50": lambda: ddp("../modelled/h100-sxm/resnet50-b128.trace.json.gz", n,
-                                    engine, 128)[0],
+            "resnet50": lambda: ddp(RESNET50, n, engine, 128)[0],
             "hybrid-tp8": lambda: hybrid(n, 8, 1, engine),
             "hybrid-pp4": lambda: hybrid(n, 1, 4, engine),
             "3d-tp8-pp4": lambda: hybrid(n, 8, 4, engine)}  # fmt: skip
     if case not in runs:
         raise SystemExit(f"--one: case must be one of {', '.join(runs)}, not {case!r}")
+    ddp("resnet18-b8.trace.json.gz", 2, engine, 8)  # warm-up: imports (sklearn: 1-2 s)
+
     t0 = time.perf_counter()
     value = runs[case]()
     wall = time.perf_counter() - t0
@@ -166,7 +169,8 @@ def main(argv=None):
         row("allreduce 1GB textbook", n, lambda n=n: allreduce(n, "textbook", a.engine))
         row("allreduce 1GB nccl", n, lambda n=n: allreduce(n, "nccl", a.engine))
     for name, trace, batch in (("ddp resnet18", "resnet18-b8.trace.json.gz", 8),
-                               ("ddp gpt2-small", "gpt2-small-b4.trace.json.gz", 4)):  # fmt: skip
+                               ("ddp gpt2-small", "gpt2-small-b4.trace.json.gz", 4),
+                               ("ddp resnet50 (H100 model)", RESNET50, 128)):  # fmt: skip
         for n in sizes:
             got = row(name, n, lambda n=n, t=trace, b=batch: ddp(t, n, a.engine, b))
             if got:
