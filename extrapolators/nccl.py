@@ -521,7 +521,8 @@ class Nccl(CommModel):
             records = yield self.net.transfer_all(p.streams, tag=tag or op)
             # the network charged each stream its path latency after its last byte left;
             # NCCL's latency replaces it: wait what is left of it after the last byte left
-            sent = max(r.end - pl for r, pl in zip(records, p.path_latency, strict=True))
+            ends = records.ends() if hasattr(records, "ends") else [r.end for r in records]
+            sent = max(e - pl for e, pl in zip(ends, p.path_latency, strict=True))
             rest -= self.env.now - sent
         if rest > 0:
             yield self.env.timeout(rest)

@@ -80,6 +80,13 @@ class Records(Sequence):
     def __getitem__(self, i):
         return self._all()[i]
 
+    def ends(self) -> list[float]:
+        """Each transfer's arrival time, in order, without building the records (a
+        collective reads only these: 32k records per call at 16,384 GPUs)."""
+        if self._list is not None:
+            return [r.end for r in self._list]
+        return np.asarray(self._entry.columns()[4], float).tolist()
+
 
 def node_array(nodes) -> np.ndarray | None:
     """The nodes as an int64 array when all are plain ints (tables build much faster from
