@@ -159,24 +159,16 @@ def memory_curves(timeline: pd.DataFrame, trace, extrapolator, gpus, options: Me
     sel = np.flatnonzero((timeline["kind"] == "compute").to_numpy(bool))
     end = float(timeline["end"].max()) if len(timeline) else 0.0
     time_col, state_col = [], []
-    # the rows of each GPU in the order a stable sort of its rows by (start, end) gives,
-    # as one slice per GPU: a stable sort by GPU keeps each GPU's rows in timeline order,
-    # which is already by (start, end) for a single compute stream; slices that are not
-    # are sorted on their own (the same order as one lexsort by (gpu, start, end))
+    # the rows of each GPU in the order a stable sort of its rows by (start, end) gives:
+    # a stable sort by GPU keeps each GPU's rows in timeline order, which is already by
+    # (start, end) for a single compute stream; a GPU's rows that are not are sorted in
+    # the loop below (the same order as one lexsort by (gpu, start, end))
     codes, uniques = pd.factorize(timeline["gpu"].to_numpy()[sel], sort=False)
     order = np.argsort(codes.astype(np.int16 if len(uniques) < 2**15 else np.int64),
                        kind="stable")  # fmt: skip
     idx = sel[order]  # timeline rows, GPU by GPU
-    sorted_codes = codes[order]
+    cuts = np.searchsorted(codes[order], np.arange(len(uniques) + 1))
     del sel, order, codes
-    start_a, end_a = timeline["start"].to_numpy()[idx], timeline["end"].to_numpy()[idx]
-    cuts = np.searchsorted(sorted_codes, np.arange(len(uniques) + 1))
-    same = sorted_codes[1:] == sorted_codes[:-1]
-    back = (start_a[1:] < start_a[:-1]) | ((start_a[1:] == start_a[:-1]) & (end_a[1:] < end_a[:-1]))
-    for k in np.unique(sorted_codes[1:][same & back]):
-        a, b = cuts[k], cuts[k + 1]
-        idx[a:b] = idx[a:b][np.lexsort((end_a[a:b], start_a[a:b]))]
-    del start_a, end_a, same, back, sorted_codes
     # whole columns without copies; each GPU gathers its own rows (no 13M-row copies)
     col = {c: timeline[c].to_numpy() for c in ("op_id", "start", "end", "iteration", "microbatch")}
     phase = timeline["phase"]
@@ -191,6 +183,9 @@ def memory_curves(timeline: pd.DataFrame, trace, extrapolator, gpus, options: Me
     for g in gpus:
         k = where.get(g)
         rows = idx[int(cuts[k]) : int(cuts[k + 1])] if k is not None else idx[:0]
+        st, en = col["start"][rows], col["end"][rows]
+        if ((st[1:] < st[:-1]) | ((st[1:] == st[:-1]) & (en[1:] < en[:-1]))).any():
+            rows = rows[np.lexsort((en, st))]  # several compute streams on this GPU
         static = static_per_gpu(trace, extrapolator, g, options, kind)
         buffers = extrapolator.buffer_bytes(g)
         mine = {c: v[rows] for c, v in col.items()}

@@ -125,6 +125,7 @@ class Simulation:
             wall_time=time.perf_counter() - wall,
             trace=self.trace if cfg.trace == IN_MEMORY else None,
         )
+        del runtime, comm, net, env  # the log and the event queue: memory for the next step
         if progress is not None:
             progress.stage("memory")
         mem, peaks = memory_curves(result.timeline, self.trace, self.extrapolator, self.gpus,
