@@ -128,12 +128,22 @@ def ring_order(graph, group, routes: Routes | None = None) -> tuple:
     if n > DENSE_LIMIT:
         return tuple(_greedy_lazy(graph, group, routes))
     bw, lat, hops = _metrics(graph, group, routes)
+    if all(_uniform(m) for m in (bw, lat, hops)):
+        # every hop alike (GPUs under one switch: a TP group): every order is best, and
+        # the search below returns the hint, else the greedy walk's, which is the group's
+        return tuple(hinted) if hinted else tuple(group)
     pos = {g: i for i, g in enumerate(group)}
     candidates = [_two_opt(_greedy(n, bw, lat, hops), bw, lat, hops)]
     if hinted:
         candidates.insert(0, _two_opt([pos[g] for g in hinted], bw, lat, hops))
     best = min(candidates, key=lambda o: _key(o, bw, lat, hops))  # first of equals: the hint
     return tuple(group[i] for i in best)
+
+
+def _uniform(m: np.ndarray) -> bool:
+    """Every off-diagonal entry equal (and finite: a missing path is never uniform)."""
+    off = m[~np.eye(len(m), dtype=bool)]
+    return bool(np.isfinite(off[0]) and (off == off[0]).all())
 
 
 def _greedy_lazy(graph, group, routes):

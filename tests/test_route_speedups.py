@@ -441,3 +441,16 @@ def test_bounded_trees_on_random_graphs(seed, mode):
     gpus = [v for v, d in g.nodes(data=True) if d.get("kind", "gpu") == "gpu"]
     group = gpus[: 2 + seed % max(1, len(gpus) - 1)]
     assert _same_rows(*_hop_rows_both_ways(g, group, mode))
+
+
+@pytest.mark.parametrize("name", ["fat tree", "multi-node switch", "ring", "dgx1", "pcie"])
+def test_ring_order_shortcut_for_alike_hops_is_the_search(name, monkeypatch):
+    """Groups whose hops are all alike take a shortcut: the same order as the search."""
+    from extrapolators import rings
+
+    g = builders()[name]
+    gpus = [v for v, d in g.nodes(data=True) if d.get("kind", "gpu") == "gpu"]
+    groups = [gpus[:k] for k in (3, 4, 8)] + [gpus[1::2][:4], gpus[::-1][:5]]
+    fast = [rings.ring_order(g, grp) for grp in groups]
+    monkeypatch.setattr(rings, "_uniform", lambda m: False)
+    assert fast == [rings.ring_order(g, grp) for grp in groups]
