@@ -333,10 +333,16 @@ class Nccl(CommModel):
                 starts = (np.cumsum(nh) - nh)[has]
                 net[has] = np.logical_or.reduceat(self.link_kind[flat] == "net", starts)
                 cap[has] = np.minimum.reduceat(self.capacity[flat], starts)
-            cache.update(zip(new, range(len(cache), len(cache) + len(new)), strict=True))
-            self._pair_cols = tuple(np.concatenate([old, x]) for old, x in
-                                    zip(self._pair_cols, (np.array(lats, float), net, cap, nh),
-                                        strict=True))  # fmt: skip
+            n0 = len(cache)
+            cache.update(zip(new, range(n0, n0 + len(new)), strict=True))
+            cols = self._pair_cols
+            if len(cache) > len(cols[0]):  # grow by doubling: thousands of TP groups each
+                # add a few pairs, and copying every column each time was quadratic
+                size = max(len(cache), 2 * len(cols[0]), 64)
+                cols = self._pair_cols = tuple(np.concatenate([c, np.zeros(size - len(c), c.dtype)])
+                                               for c in cols)  # fmt: skip
+            for c, x in zip(cols, (np.array(lats, float), net, cap, nh), strict=True):
+                c[n0 : n0 + len(new)] = x
         ids = np.fromiter((cache[k] for k in pairs), np.int64, count=len(pairs))
         return tuple(col[ids] for col in self._pair_cols)
 
