@@ -7,6 +7,7 @@ subclass `Network`, implement `_start_group`, and register it with `register`.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import networkx as nx
@@ -169,6 +170,11 @@ class Network:
     def transfers(self):
         """One row per transfer, in order of start: src, dst, nbytes, start, end, tag."""
         return groups.transfer_table(self._log)
+
+    def transfers_later(self):
+        """A callable that builds `transfers()` of the transfers started so far when called
+        (a finished run's table built only if someone asks for it)."""
+        return functools.partial(groups.transfer_table, list(self._log))
 
     # -- to implement -----------------------------------------------------------------
     def _start_group(self, records: list[TransferRecord], events: list[simpy.Event]) -> None:

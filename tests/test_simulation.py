@@ -209,3 +209,20 @@ def test_topology_config_errors_name_the_field(n, topology, field):
     dp = {"parallelism": {"mode": "dp"}, "batch_size": 48}
     with pytest.raises(ConfigError, match=field):
         Simulation({"num_gpus": n, "topology": topology, **dp}, trace=chain_trace())
+
+
+def test_a_result_pickles_with_its_transfers_and_memory():
+    # transfers and the memory table are built on first use; a pickled result carries them
+    import pickle
+
+    cfg = {"num_gpus": 4, "parallelism": {"mode": "ddp"},
+           "topology": {"kind": "ring", "bandwidth": "10 GB/s", "latency": "1 us"}}  # fmt: skip
+    a = Simulation(cfg, trace=chain_trace()).run()
+    b = pickle.loads(pickle.dumps(a))
+    want = Simulation(cfg, trace=chain_trace()).run()
+    # every byte the network delivered is in the table (NCCL's ring: both ways, 8 streams)
+    assert b.transfers()["nbytes"].sum() == pytest.approx(b.bytes_delivered, rel=1e-12)
+    assert len(b.transfers()) == 8 * b.transfers()["tag"].nunique()
+    assert b.transfers().equals(want.transfers())
+    assert b.memory.equals(want.memory) and len(b.memory) > 0
+    assert b.peak_memory == want.peak_memory

@@ -70,7 +70,7 @@ class Result:
         links = links.rename(columns={"bytes": "nbytes"})  # one name for bytes in every table
         links["utilisation"] = links["busy_time"] / self.total_time if self.total_time else 0.0
         self.links = links
-        self._transfers = transfers
+        self._transfers = transfers  # a DataFrame, or a callable that builds it
         self.collective_bytes = dict(collective_bytes)
         self.bytes_delivered = float(bytes_delivered)
         self.network_stats = dict(network_stats)
@@ -174,7 +174,18 @@ class Result:
 
     def transfers(self) -> pd.DataFrame:
         """One row per transfer: src, dst, nbytes, start, end, tag."""
-        return self._transfers.copy()
+        return self._transfer_table().copy()
+
+    def _transfer_table(self) -> pd.DataFrame:
+        """The transfers, built from the network's group records on first use (millions
+        of rows in a large hybrid run that few callers read)."""
+        if callable(self._transfers):
+            self._transfers = self._transfers()
+        return self._transfers
+
+    def __getstate__(self) -> dict:
+        self._transfer_table()  # the builder holds the network's live records
+        return self.__dict__
 
     # -- reports -------------------------------------------------------------------------------
     def summary_dict(self) -> dict:
@@ -269,7 +280,7 @@ class Result:
         events.append({"ph": "M", "name": "process_sort_index", "pid": net_pid, "tid": 0,
                        "args": {"sort_index": net_pid}})  # fmt: skip
         pair_tid: dict = {}
-        for r in self._transfers.itertuples(index=False):
+        for r in self._transfer_table().itertuples(index=False):
             tid = pair_tid.get((r.src, r.dst))
             if tid is None:
                 tid = pair_tid[r.src, r.dst] = len(pair_tid)

@@ -118,7 +118,7 @@ class Simulation:
             gpus=self.gpus,
             config=cfg,
             links=net.link_stats(),
-            transfers=net.transfers(),
+            transfers=net.transfers_later(),
             collective_bytes=runtime.collective_bytes,
             bytes_delivered=net.bytes_delivered,
             network_stats=net.stats(),
