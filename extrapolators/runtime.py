@@ -272,51 +272,63 @@ class Runtime:
 
     def timeline_columns(self) -> dict:
         """The timeline as {column: array}, rows in the order of `rows`, dtypes as pandas
-        infers them from `rows`. Built without a tuple or a Python object per task: a block
-        adds slices of its start/end sums and its run's codes (computed once per run), and
-        string columns are assembled from codes and cast once (per-row Python object
-        conversion was most of the cost at 1,000+ GPUs)."""
-        # gpu, stream, kind, key and iteration are constant over a block: run lengths
-        coded = {c: _RunLengths() for c in ("gpu", "stream", "kind", "key", "iteration")}
-        gp, st, kd, ky, itc = coded.values()
-        per_row = _Segments(5)  # name, layer, phase, op_id, microbatch
-        start, end = _Floats(), _Floats()
-        nb_values, nb_lens = [], []  # nbytes as (value, repeat) pairs
-        compute = kd.code("compute")
-        none = ky.code(None)
-        for entry in self._log:
-            if type(entry) is _Block:
-                gpu, stream, it = entry.who
-                r, acc = entry.run, entry.acc
-                k = len(r)
-                per_row.block(r, (r.names, r.layers, r.phases, r.op_ids, r.mbs))
-                gp.fill(gpu, k)
-                st.fill(stream, k)
-                kd.fill(compute, k, coded=True)
-                ky.fill(none, k, coded=True)
-                itc.fill(it, k)
-                start.extend(acc[:-1])
-                end.extend(acc[1:])
-                nb_values.append(0.0)
-                nb_lens.append(k)
-            else:
-                gpu, stream, kind, name, layer, phase, t0, t1, nb, key, it, op, mb = entry
-                per_row.single((name, layer, phase, op, mb))
-                gp.add(gpu)
-                st.add(stream)
-                kd.add(kind)
-                ky.add(key)
-                itc.add(it)
-                start.add(t0)
-                end.add(t1)
-                nb_values.append(nb)
-                nb_lens.append(1)
-        out = {c: v.column() for c, v in coded.items()}
-        out.update(zip(("name", "layer", "phase", "op_id", "microbatch"), per_row.columns(),
-                       strict=True))  # fmt: skip
-        blocks = start.parts  # any block: the float columns are numpy (as before)
-        nbytes = np.repeat(np.array(nb_values, dtype=float), nb_lens) if blocks else nb_values
-        out.update(start=start.column(), end=end.column(), nbytes=nbytes)
+        infers them from `rows`. Built without a tuple or a Python object per task: the
+        log is split into blocks and single rows once; a column is one code per log entry
+        repeated over the entry's rows (gpu, stream, kind, key, iteration: constant over
+        a block) or a gather from a table of the distinct runs' codes and the single rows'
+        codes (name, layer, phase, op_id, microbatch), and strings are decoded once
+        (per-row Python object conversion was most of the cost at 1,000+ GPUs)."""
+        log = self._log
+        is_block = np.fromiter((type(e) is _Block for e in log), bool, count=len(log))
+        blocks = [e for e in log if type(e) is _Block]
+        singles = [e for e in log if type(e) is not _Block]
+        lens = np.ones(len(log), dtype=np.int64)
+        lens[is_block] = [len(b.run) for b in blocks]
+        scols = list(zip(*singles, strict=True)) if singles else [()] * len(COLUMNS)
+        single = dict(zip(COLUMNS, scols, strict=True))
+        out = {}
+        # one code per entry, repeated over its rows
+        per_block = {"gpu": [b.who[0] for b in blocks], "stream": [b.who[1] for b in blocks],
+                     "kind": ["compute"] * len(blocks), "key": [None] * len(blocks),
+                     "iteration": [b.who[2] for b in blocks]}  # fmt: skip
+        for c, values in per_block.items():
+            codes = _Codes()
+            entry = np.empty(len(log), dtype=np.int32)
+            entry[is_block] = codes.codes(values)
+            entry[~is_block] = codes.codes(single[c])
+            out[c] = codes.decode(np.repeat(entry, lens))
+        # per-row columns: a table of each distinct run's codes, then the singles' codes
+        names = ("name", "layer", "phase", "op_id", "microbatch")
+        runs: dict = {}  # id(run) -> offset in the table (runs stay alive in the log)
+        distinct, run_size = [], 0
+        for b in blocks:
+            if id(b.run) not in runs:
+                runs[id(b.run)] = run_size
+                run_size += len(b.run)
+                distinct.append(b.run)
+        src = np.empty(len(log), dtype=np.int64)
+        src[is_block] = [runs[id(b.run)] for b in blocks]
+        src[~is_block] = run_size + np.arange(len(singles))
+        first = np.cumsum(lens) - lens  # each entry's first row
+        idx = np.repeat(src - first, lens) + np.arange(int(lens.sum()))
+        for c, attr in zip(names, ("names", "layers", "phases", "op_ids", "mbs"), strict=True):
+            codes = _Codes()
+            table = np.concatenate([*(codes.codes(getattr(r, attr)) for r in distinct),
+                                    codes.codes(single[c])])  # fmt: skip
+            out[c] = codes.decode(table[idx])
+        if not blocks:  # single values only: as pandas infers them from the rows
+            out.update(start=list(single["start"]), end=list(single["end"]),
+                       nbytes=list(single["nbytes"]))  # fmt: skip
+        else:
+            row_block = np.repeat(is_block, lens)
+            for c, part in (("start", slice(None, -1)), ("end", slice(1, None))):
+                col = np.empty(len(row_block))
+                col[row_block] = np.concatenate([b.acc[part] for b in blocks])
+                col[~row_block] = np.array(single[c], dtype=float)
+                out[c] = col
+            nb = np.zeros(len(row_block))
+            nb[~row_block] = np.array(single["nbytes"], dtype=float)
+            out["nbytes"] = nb
         return {c: out[c] for c in COLUMNS}
 
     # -- accounting -----------------------------------------------------------------------
@@ -333,28 +345,6 @@ class Runtime:
                 stuck.append((_name(who), "unfinished"))
         if stuck:
             raise DeadlockError(stuck)
-
-
-class _Floats:
-    """A float column from single values and array slices, concatenated once."""
-
-    def __init__(self):
-        self.parts, self.pending = [], []
-
-    def add(self, v) -> None:
-        self.pending.append(v)
-
-    def extend(self, values: np.ndarray) -> None:
-        if self.pending:
-            self.parts.append(np.array(self.pending, dtype=float))
-            self.pending = []
-        self.parts.append(values)
-
-    def column(self):
-        if not self.parts:  # single values only: as pandas infers them from the rows
-            return self.pending
-        self.extend(np.empty(0))
-        return np.concatenate(self.parts)
 
 
 class _Codes:
@@ -401,73 +391,6 @@ class _Codes:
         if values.dtype.kind in "iufb":
             return values[codes]
         return [self.values[c] for c in codes.tolist()]
-
-
-class _Segments:
-    """Columns whose blocks repeat a shared run's values: each entry is a segment (offset
-    into a table of the distinct runs' codes and the single rows' codes, length), and the
-    rows are gathered with one index array instead of concatenating a part per block."""
-
-    def __init__(self, n: int):
-        self.codes = [_Codes() for _ in range(n)]
-        self.run_parts: list = [[] for _ in range(n)]
-        self.run_size = 0
-        self.run_off: dict = {}  # id(run) -> offset (runs stay alive in the log)
-        self.singles: list = [[] for _ in range(n)]
-        self.src, self.lens, self.is_single = [], [], []
-
-    def block(self, run, columns) -> None:
-        off = self.run_off.get(id(run))
-        if off is None:
-            off = self.run_off[id(run)] = self.run_size
-            for c, part, values in zip(self.codes, self.run_parts, columns, strict=True):
-                part.append(c.codes(values))
-            self.run_size += len(run)
-        self.src.append(off)
-        self.lens.append(len(run))
-        self.is_single.append(False)
-
-    def single(self, values) -> None:
-        for c, col, v in zip(self.codes, self.singles, values, strict=True):
-            col.append(c.code(v))
-        self.src.append(len(self.singles[0]) - 1)
-        self.lens.append(1)
-        self.is_single.append(True)
-
-    def columns(self) -> list:
-        src = np.array(self.src, dtype=np.int64)
-        lens = np.array(self.lens, dtype=np.int64)
-        src[np.array(self.is_single, dtype=bool)] += self.run_size
-        first = np.cumsum(lens) - lens  # each segment's first row
-        idx = np.repeat(src - first, lens) + np.arange(int(lens.sum()))
-        out = []
-        for c, parts, single in zip(self.codes, self.run_parts, self.singles, strict=True):
-            table = np.concatenate([*parts, np.array(single, dtype=np.int32)])
-            out.append(c.decode(table[idx]))
-        return out
-
-
-class _RunLengths(_Codes):
-    """A coded column held as (code, repeat count) pairs: a block adds one pair."""
-
-    def __init__(self):
-        super().__init__()
-        self.pending: list = []
-        self.lens: list = []
-
-    def add(self, v) -> None:
-        self.pending.append(self.code(v))
-        self.lens.append(1)
-
-    def fill(self, v, k: int, coded: bool = False) -> None:
-        self.pending.append(v if coded else self.code(v))
-        self.lens.append(k)
-
-    def column(self):
-        codes = np.repeat(
-            np.array(self.pending, dtype=np.int32), np.array(self.lens, dtype=np.int64)
-        )
-        return self.decode(codes)
 
 
 def _name(who) -> str:
