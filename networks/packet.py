@@ -103,6 +103,15 @@ class PacketSwitchNetwork(RingJobs, Network):
             self._maxr = np.zeros(0)
             self._nh = np.zeros(0, np.int64)
             self._flat = np.zeros(0, np.int64)
+            self._seeds: list[np.ndarray] = []  # links whose flows changed since the solve
+            self._finite = np.isfinite(self.capacity)
+            # a link of capacity 0 makes the whole-table utilisation max nan (0 / 0), which
+            # max() then ignores: kept as is, so the counter stays what it always was
+            self._nan_util = bool((self.capacity == 0).any())
+            self._busy: np.ndarray | None = np.zeros(0, np.int64)  # links with load > 0
+            self._mark = np.zeros(len(self.links), bool)  # scratch, all False between uses
+            self._pos = np.zeros(len(self.links), np.int64)  # scratch
+            self.component_solves = self.full_solves = 0
 
     # -- routing ----------------------------------------------------------------------
     def _routing_tables(self):
@@ -290,12 +299,14 @@ class PacketSwitchNetwork(RingJobs, Network):
         self._maxr = np.concatenate([self._maxr, g.maxr[idx]])
         self._nh = np.concatenate([self._nh, nh])
         self._flat = np.concatenate([self._flat, flat])
+        self._seeds.append(flat)
 
     def _advance_fast(self):
         dt = self.env.now - self._last
         if dt > 0 and len(self._rem):
             self._rem = self._rem - self._rate * dt
-            self.link_busy += np.where(self._load > 0, dt, 0.0)
+            # the links with load > 0 gain dt, the others 0.0 (which leaves them unchanged)
+            self.link_busy[self._busy_links()] += dt
         self._last = self.env.now
 
     def _keep(self, keep: np.ndarray) -> None:
@@ -361,54 +372,203 @@ class PacketSwitchNetwork(RingJobs, Network):
 
     def _finish_fast(self):
         tick = _TIME_TOL * max(self.env.now, 1e-9)
-        rem, rate = self._rem, self._rate
-        done = (rem <= _REL_TOL * self._nb) | (self._nh == 0) | ((rate > 0) & (rem <= rate * tick))
+        rem, rate, nh = self._rem, self._rate, self._nh
+        done = (rem <= _REL_TOL * self._nb) | (nh == 0) | ((rate > 0) & (rem <= rate * tick))
         if done.any():
+            self._seeds.append(self._flat[np.repeat(done, nh)])  # their links lose a flow
             self._deliver_fast(np.flatnonzero(done))
             self._keep(~done)
         self._generation += 1
-        n_flows = len(self._rem)
-        if not n_flows:
+        if not len(self._rem):
             self._load[:] = 0.0
+            self._busy = np.zeros(0, np.int64)
+            self._seeds = []
             return
         self.reallocations += 1
-        rows, cols, capacity = self._incidence_fast()
-        rates = max_min_rates(rows, cols, n_flows, capacity)
-        self._rate = rates
-        inf = np.isinf(rates)
-        if inf.any():  # flows over infinitely fast links only: done at once
-            self._deliver_fast(np.flatnonzero(inf))
-            self._keep(~inf)
-            if not len(self._rem):
-                self._load[:] = 0.0
-                return
-            rows, cols, _ = self._incidence_fast()
-            rates = self._rate
-        real = rows < len(self.links)
-        self._load = link_loads(rows[real], cols[real], rates, len(self.links))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            util = np.where(np.isfinite(self.capacity), self._load / self.capacity, 0.0)
-        self.max_utilisation = max(self.max_utilisation, float(util.max(initial=0.0)))
+        peak = self.max_utilisation
+        touched = self._solve_changed()
+        if touched is None:  # no flow left
+            self._load[:] = 0.0
+            self._busy = np.zeros(0, np.int64)
+            return
+        if len(touched):
+            self._update_loads(touched)
+        if self.check_solves:
+            self._check_loads(peak)
+        rates = self._rate
         with np.errstate(divide="ignore"):
             dt = float((self._rem / rates).min())
         gen = self._generation
         self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _e: self._on_timer_fast(gen))
 
-    def _incidence_fast(self):
-        """As `_incidence`: the flat routes, each capped flow's private link after its path."""
-        n, nh = len(self.links), self._nh
-        cols = np.repeat(np.arange(len(nh)), nh)
-        capped = np.flatnonzero(self._maxr < np.inf)
-        if not len(capped):
-            return self._flat, cols, self.capacity
+    check_solves = False  # tests: compare every solve with the whole-table one, bit for bit
+
+    def _solve_changed(self) -> np.ndarray | None:
+        """Max-min rates of the flows in the connected components (links joined by the
+        flows crossing them; infinite links join nothing, as they never bind) that hold a
+        link whose flows changed since the last solve; the other flows keep their rates.
+
+        The allocation decomposes over components, and max_min_rates computes each
+        component with the same floats whether alone or with others (each of its steps
+        reads one link's own flows and their links; the sub-table keeps the flows' order,
+        hence each link's order of sums), so the rates are those of a whole-table solve,
+        bit for bit. Flows with an infinite rate are delivered at once. Returns the links
+        whose load may have changed, or None when no flow is left."""
+        seeds = np.concatenate(self._seeds) if self._seeds else np.zeros(0, np.int64)
+        self._seeds = []
+        dirty = self._dirty(seeds)
+        if dirty is None:  # most flows: the whole table
+            self.full_solves += 1
+            rows, cols, capacity = self._incidence_fast()
+            self._rate = max_min_rates(rows, cols, len(self._rem), capacity)
+            idx = None
+        else:
+            idx = np.flatnonzero(dirty)
+            if not len(idx):  # the seed links lost their last flows
+                return np.unique(seeds)
+            self.component_solves += 1
+            self._rate[idx] = self._solve_flows(idx, dirty)
+        if self.check_solves:
+            self._check_against_full()
+        if idx is None:
+            touched = None
+            inf = np.isinf(self._rate)
+        else:
+            links = self._flat[np.repeat(dirty, self._nh)]
+            touched = np.unique(np.concatenate([seeds, links]))
+            inf = np.zeros(len(self._rem), bool)
+            inf[idx] = np.isinf(self._rate[idx])
+        if inf.any():  # flows over infinitely fast links only: done at once
+            self._deliver_fast(np.flatnonzero(inf))
+            self._keep(~inf)
+            if not len(self._rem):
+                return None
+        return np.arange(len(self.links)) if touched is None else touched
+
+    def _dirty(self, seeds: np.ndarray) -> np.ndarray | None:
+        """Flows in the components of the links `seeds` (a flow on a seed link is in,
+        whatever that link's capacity), or None when they are more than half the table."""
+        nh, flat, n = self._nh, self._flat, len(self._rem)
+        if not len(seeds):
+            return np.zeros(n, bool)
+        mark = self._mark  # all False between calls
+        mark[seeds] = True
+        starts = np.cumsum(nh) - nh  # every flow in the table has a link
+        dirty = np.logical_or.reduceat(mark[flat], starts)
+        mark[seeds] = False
+        reach = seeds[self._finite[seeds]]  # finite links in the components so far
+        mark[reach] = True
+        try:
+            while True:
+                k = int(np.count_nonzero(dirty))
+                if 2 * k > n:
+                    return None
+                if k == 0:
+                    return dirty
+                links = flat[np.repeat(dirty, nh)]
+                new = links[~mark[links] & self._finite[links]]
+                if not len(new):
+                    return dirty
+                mark[new] = True
+                reach = np.concatenate([reach, new])
+                dirty |= np.logical_or.reduceat(mark[flat], starts)
+        finally:
+            mark[reach] = False
+
+    def _solve_flows(self, idx: np.ndarray, dirty: np.ndarray) -> np.ndarray:
+        """max_min_rates of the flows `idx` (a union of components) alone, over their own
+        links renumbered (which changes no float)."""
+        nh = self._nh[idx]
+        links = self._flat[np.repeat(dirty, self._nh)]
+        maxr = self._maxr[idx]
+        capped = np.flatnonzero(maxr < np.inf)
+        if len(idx) == 1 and len(links) <= 8 and len(set(links.tolist())) == len(links):
+            # one flow: every link's share is its capacity, so the rate is the least one
+            caps = self.capacity[links]
+            if len(capped):
+                caps = np.append(caps, maxr[0])
+            caps = caps[np.isfinite(caps)]
+            return np.array([caps.min()]) if len(caps) else np.array([np.inf])
+        uniq, rows = np.unique(links, return_inverse=True)
+        rows = rows.reshape(-1).astype(np.int64, copy=False)
+        capacity = self.capacity[uniq]
+        if len(capped):
+            rows, ext = self._with_private_links(rows, nh, capped, len(uniq))
+            capacity = np.concatenate([capacity, maxr[capped]])
+        else:
+            ext = nh
+        cols = np.repeat(np.arange(len(idx)), ext)
+        return max_min_rates(rows, cols, len(idx), capacity)
+
+    @staticmethod
+    def _with_private_links(flat, nh, capped, n):
+        """The entries with each capped flow's private link (n, n+1, ...) after its path."""
         ext = nh.copy()
         ext[capped] += 1
         ends = np.cumsum(ext)  # the private link is the last entry of a capped flow
         rows = np.empty(int(ends[-1]) if len(ends) else 0, np.int64)
         mask = np.ones(len(rows), bool)
         mask[ends[capped] - 1] = False
-        rows[mask] = self._flat
+        rows[mask] = flat
         rows[~mask] = n + np.arange(len(capped))
+        return rows, ext
+
+    def _update_loads(self, touched: np.ndarray) -> None:
+        """Recompute the load of the links `touched` (the flows on each summed in table
+        order, as link_loads sums them) and the peak utilisation: the other links carry
+        the same flows at the same rates as at the last solve, so their load is unchanged
+        and their utilisation already counted."""
+        n_links = len(self.links)
+        rate_e = np.repeat(self._rate, self._nh)
+        if len(touched) == n_links:
+            self._load = np.bincount(self._flat, weights=rate_e, minlength=n_links)
+        else:
+            on = self._mark
+            on[touched] = True
+            sel = on[self._flat]
+            on[touched] = False
+            pos = self._pos
+            pos[touched] = np.arange(len(touched))
+            self._load[touched] = np.bincount(pos[self._flat[sel]], weights=rate_e[sel],
+                                              minlength=len(touched))  # fmt: skip
+        self._busy = None
+        if self._nan_util:
+            return
+        fin = touched[self._finite[touched]]
+        if len(fin):
+            util = float((self._load[fin] / self.capacity[fin]).max())
+            self.max_utilisation = max(self.max_utilisation, util)
+
+    def _check_against_full(self) -> None:
+        rows, cols, capacity = self._incidence_fast()
+        full = max_min_rates(rows, cols, len(self._rem), capacity)
+        got = self._rate
+        same = (full == got) | (np.isnan(full) & np.isnan(got))
+        assert same.all(), ("component solve differs from the whole table", full, got)
+
+    def _check_loads(self, peak: float) -> None:
+        """The loads and the peak utilisation the whole-table update gives, bit for bit."""
+        rows, cols, _ = self._incidence_fast()
+        real = rows < len(self.links)
+        load = link_loads(rows[real], cols[real], self._rate, len(self.links))
+        assert np.array_equal(load, self._load), "loads differ from the whole-table update"
+        with np.errstate(divide="ignore", invalid="ignore"):
+            util = np.where(np.isfinite(self.capacity), load / self.capacity, 0.0)
+        want = max(peak, float(util.max(initial=0.0)))
+        assert want == self.max_utilisation, (want, self.max_utilisation)
+
+    def _busy_links(self) -> np.ndarray:
+        if self._busy is None:
+            self._busy = np.flatnonzero(self._load > 0)
+        return self._busy
+
+    def _incidence_fast(self):
+        """As `_incidence`: the flat routes, each capped flow's private link after its path."""
+        n, nh = len(self.links), self._nh
+        capped = np.flatnonzero(self._maxr < np.inf)
+        if not len(capped):
+            return self._flat, np.repeat(np.arange(len(nh)), nh), self.capacity
+        rows, ext = self._with_private_links(self._flat, nh, capped, n)
         cols = np.repeat(np.arange(len(nh)), ext)
         return rows, cols, np.concatenate([self.capacity, self._maxr[capped]])
 
