@@ -110,6 +110,8 @@ class PacketSwitchNetwork(RingJobs, Network):
             self._nan_util = bool((self.capacity == 0).any())
             self._busy: np.ndarray | None = np.zeros(0, np.int64)  # links with load > 0
             self._mark = np.zeros(len(self.links), bool)  # scratch, all False between uses
+            self._occ = np.zeros(len(self.links), np.int64)  # flows in the table on each link
+            self._new = 0  # flows at the end of the table added since the last solve
             self._pos = np.zeros(len(self.links), np.int64)  # scratch
             self.component_solves = self.full_solves = 0
 
@@ -299,7 +301,9 @@ class PacketSwitchNetwork(RingJobs, Network):
         self._maxr = np.concatenate([self._maxr, g.maxr[idx]])
         self._nh = np.concatenate([self._nh, nh])
         self._flat = np.concatenate([self._flat, flat])
+        np.add.at(self._occ, flat, 1)
         self._seeds.append(flat)
+        self._new += len(idx)
 
     def _advance_fast(self):
         dt = self.env.now - self._last
@@ -309,10 +313,18 @@ class PacketSwitchNetwork(RingJobs, Network):
             self.link_busy[self._busy_links()] += dt
         self._last = self.env.now
 
-    def _keep(self, keep: np.ndarray) -> None:
-        """Keep the flows where `keep` is True (order preserved)."""
+    def _keep(self, keep: np.ndarray, seed: bool = True) -> None:
+        """Keep the flows where `keep` is True (order preserved); the links of the others
+        lose a flow (and are re-solved at the next solve if `seed`)."""
         idx = np.flatnonzero(keep)
-        self._flat = self._flat[np.repeat(keep, self._nh)]
+        ent = np.repeat(keep, self._nh)
+        gone = self._flat[~ent]
+        np.subtract.at(self._occ, gone, 1)
+        if seed:
+            self._seeds.append(gone)
+        if self._new:
+            self._new -= int(np.count_nonzero(~keep[len(keep) - self._new :]))
+        self._flat = self._flat[ent]
         for name in ("_rem", "_rate", "_nb", "_lat", "_maxr", "_nh", "_gid", "_idx"):
             setattr(self, name, getattr(self, name)[idx])
 
@@ -375,14 +387,13 @@ class PacketSwitchNetwork(RingJobs, Network):
         rem, rate, nh = self._rem, self._rate, self._nh
         done = (rem <= _REL_TOL * self._nb) | (nh == 0) | ((rate > 0) & (rem <= rate * tick))
         if done.any():
-            self._seeds.append(self._flat[np.repeat(done, nh)])  # their links lose a flow
             self._deliver_fast(np.flatnonzero(done))
             self._keep(~done)
         self._generation += 1
         if not len(self._rem):
             self._load[:] = 0.0
             self._busy = np.zeros(0, np.int64)
-            self._seeds = []
+            self._seeds, self._new = [], 0
             return
         self.reallocations += 1
         peak = self.max_utilisation
@@ -414,8 +425,12 @@ class PacketSwitchNetwork(RingJobs, Network):
         hence each link's order of sums), so the rates are those of a whole-table solve,
         bit for bit. Flows with an infinite rate are delivered at once. Returns the links
         whose load may have changed, or None when no flow is left."""
-        seeds = np.concatenate(self._seeds) if self._seeds else np.zeros(0, np.int64)
+        seeds = np.unique(np.concatenate(self._seeds)) if self._seeds else np.zeros(0, np.int64)
         self._seeds = []
+        new, self._new = self._new, 0
+        alone = self._solve_alone(seeds, new)
+        if alone is not False:
+            return alone
         dirty = self._dirty(seeds)
         if dirty is None:  # most flows: the whole table
             self.full_solves += 1
@@ -425,7 +440,7 @@ class PacketSwitchNetwork(RingJobs, Network):
         else:
             idx = np.flatnonzero(dirty)
             if not len(idx):  # the seed links lost their last flows
-                return np.unique(seeds)
+                return seeds
             self.component_solves += 1
             self._rate[idx] = self._solve_flows(idx, dirty)
         if self.check_solves:
@@ -435,15 +450,58 @@ class PacketSwitchNetwork(RingJobs, Network):
             inf = np.isinf(self._rate)
         else:
             links = self._flat[np.repeat(dirty, self._nh)]
-            touched = np.unique(np.concatenate([seeds, links]))
+            touched = np.union1d(seeds, links)
             inf = np.zeros(len(self._rem), bool)
             inf[idx] = np.isinf(self._rate[idx])
         if inf.any():  # flows over infinitely fast links only: done at once
             self._deliver_fast(np.flatnonzero(inf))
-            self._keep(~inf)
+            self._keep(~inf, seed=False)
             if not len(self._rem):
                 return None
         return np.arange(len(self.links)) if touched is None else touched
+
+    def _solve_alone(self, seeds: np.ndarray, new: int):
+        """The common case of point-to-point traffic, without scanning the table: the
+        `new` flows at the end of the table each alone on their links (so each is a
+        component: its rate is the least capacity on its path, max_min_rates' result for
+        one flow) and the other changed links (`seeds`) without flows. Sets their rates,
+        loads and the peak utilisation; returns no links left to update (None: no flow
+        left), or False when the changed links hold anything else (the general path)."""
+        occ = self._occ
+        if new:
+            nh = self._nh[-new:]
+            tail = self._flat[-int(nh.sum()) :]
+            if (occ[tail] != 1).any() or np.count_nonzero(occ[seeds]) != len(tail):
+                return False
+        elif occ[seeds].any():
+            return False
+        self._load[seeds] = 0.0
+        self._busy = None
+        if not new:
+            return seeds[:0]
+        self.component_solves += 1
+        caps = self.capacity[tail]
+        rate = np.minimum.reduceat(caps, np.cumsum(nh) - nh) if new > 1 else caps.min(keepdims=True)
+        rate = np.minimum(rate, self._maxr[-new:])
+        self._rate[-new:] = rate
+        if self.check_solves:
+            self._check_against_full()
+        sending = np.isfinite(rate)
+        links = tail if sending.all() else tail[np.repeat(sending, nh)]
+        self._load[links] = np.repeat(rate[sending], nh[sending])
+        if not self._nan_util:
+            fin = links[self._finite[links]]
+            if len(fin):
+                util = float((self._load[fin] / self.capacity[fin]).max())
+                self.max_utilisation = max(self.max_utilisation, util)
+        if not sending.all():  # flows over infinitely fast links only: done at once
+            inf = np.zeros(len(self._rem), bool)
+            inf[len(inf) - new :] = ~sending
+            self._deliver_fast(np.flatnonzero(inf))
+            self._keep(~inf, seed=False)
+            if not len(self._rem):
+                return None
+        return seeds[:0]
 
     def _dirty(self, seeds: np.ndarray) -> np.ndarray | None:
         """Flows in the components of the links `seeds` (a flow on a seed link is in,
@@ -556,6 +614,8 @@ class PacketSwitchNetwork(RingJobs, Network):
             util = np.where(np.isfinite(self.capacity), load / self.capacity, 0.0)
         want = max(peak, float(util.max(initial=0.0)))
         assert want == self.max_utilisation, (want, self.max_utilisation)
+        occ = np.bincount(self._flat, minlength=len(self.links))
+        assert np.array_equal(occ, self._occ), "flows per link miscounted"
 
     def _busy_links(self) -> np.ndarray:
         if self._busy is None:
