@@ -113,7 +113,9 @@ class PacketSwitchNetwork(RingJobs, Network):
             self._occ = np.zeros(len(self.links), np.int64)  # flows in the table on each link
             self._new = 0  # flows at the end of the table added since the last solve
             self._pos = np.zeros(len(self.links), np.int64)  # scratch
-            self.component_solves = self.full_solves = 0
+            # solves: of new flows alone on their links, of some components, of the table
+            self.alone_solves = self.component_solves = self.full_solves = 0
+            self.resolved = 0  # flows whose rate the last solve computed
 
     # -- routing ----------------------------------------------------------------------
     def _routing_tables(self):
@@ -434,11 +436,13 @@ class PacketSwitchNetwork(RingJobs, Network):
         dirty = self._dirty(seeds)
         if dirty is None:  # most flows: the whole table
             self.full_solves += 1
+            self.resolved = len(self._rem)
             rows, cols, capacity = self._incidence_fast()
             self._rate = max_min_rates(rows, cols, len(self._rem), capacity)
             idx = None
         else:
             idx = np.flatnonzero(dirty)
+            self.resolved = len(idx)
             if not len(idx):  # the seed links lost their last flows
                 return seeds
             self.component_solves += 1
@@ -477,9 +481,10 @@ class PacketSwitchNetwork(RingJobs, Network):
             return False
         self._load[seeds] = 0.0
         self._busy = None
+        self.resolved = new
         if not new:
             return seeds[:0]
-        self.component_solves += 1
+        self.alone_solves += 1
         caps = self.capacity[tail]
         rate = np.minimum.reduceat(caps, np.cumsum(nh) - nh) if new > 1 else caps.min(keepdims=True)
         rate = np.minimum(rate, self._maxr[-new:])
