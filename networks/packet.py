@@ -112,6 +112,12 @@ class PacketSwitchNetwork(RingJobs, Network):
             self._mark = np.zeros(len(self.links), bool)  # scratch, all False between uses
             self._occ = np.zeros(len(self.links), np.int64)  # flows in the table on each link
             self._new = 0  # flows at the end of the table added since the last solve
+            # component labels (networks joined by shared finite links) of each flow and
+            # link: every component within one label; -1: a new flow, or a link never used
+            self._flab = np.zeros(0, np.int64)
+            self._llab = np.full(len(self.links), -1, np.int64)
+            self._labels = 0  # labels handed out so far (never reused)
+            self._gone: list[np.ndarray] = []  # labels of the flows gone since the solve
             self._pos = np.zeros(len(self.links), np.int64)  # scratch
             # solves: of new flows alone on their links, of some components, of the table
             self.alone_solves = self.component_solves = self.full_solves = 0
@@ -303,6 +309,7 @@ class PacketSwitchNetwork(RingJobs, Network):
         self._maxr = np.concatenate([self._maxr, g.maxr[idx]])
         self._nh = np.concatenate([self._nh, nh])
         self._flat = np.concatenate([self._flat, flat])
+        self._flab = np.concatenate([self._flab, np.full(len(idx), -1, np.int64)])
         np.add.at(self._occ, flat, 1)
         self._seeds.append(flat)
         self._new += len(idx)
@@ -324,10 +331,11 @@ class PacketSwitchNetwork(RingJobs, Network):
         np.subtract.at(self._occ, gone, 1)
         if seed:
             self._seeds.append(gone)
+            self._gone.append(self._flab[~keep])
         if self._new:
             self._new -= int(np.count_nonzero(~keep[len(keep) - self._new :]))
         self._flat = self._flat[ent]
-        for name in ("_rem", "_rate", "_nb", "_lat", "_maxr", "_nh", "_gid", "_idx"):
+        for name in ("_rem", "_rate", "_nb", "_lat", "_maxr", "_nh", "_gid", "_idx", "_flab"):
             setattr(self, name, getattr(self, name)[idx])
 
     def _deliver_fast(self, done: np.ndarray) -> None:
@@ -395,7 +403,7 @@ class PacketSwitchNetwork(RingJobs, Network):
         if not len(self._rem):
             self._load[:] = 0.0
             self._busy = np.zeros(0, np.int64)
-            self._seeds, self._new = [], 0
+            self._seeds, self._gone, self._new = [], [], 0
             return
         self.reallocations += 1
         peak = self.max_utilisation
@@ -418,59 +426,59 @@ class PacketSwitchNetwork(RingJobs, Network):
 
     def _solve_changed(self) -> np.ndarray | None:
         """Max-min rates of the flows in the connected components (links joined by the
-        flows crossing them; infinite links join nothing, as they never bind) that hold a
-        link whose flows changed since the last solve; the other flows keep their rates.
+        flows crossing them; infinite links join nothing, as they never bind) that changed
+        since the last solve: those of departed flows and those joined by new flows. The
+        other flows keep their rates.
 
         The allocation decomposes over components, and max_min_rates computes each
         component with the same floats whether alone or with others (each of its steps
         reads one link's own flows and their links; the sub-table keeps the flows' order,
         hence each link's order of sums), so the rates are those of a whole-table solve,
-        bit for bit. Flows with an infinite rate are delivered at once. Returns the links
-        whose load may have changed, or None when no flow is left."""
+        bit for bit. Components are found by labels (`_relabel`): every component lies
+        within one label, so the flows of the changed labels are a union of components.
+        Flows with an infinite rate are delivered at once. Returns the links whose load
+        may have changed, or None when no flow is left."""
         seeds = np.unique(np.concatenate(self._seeds)) if self._seeds else np.zeros(0, np.int64)
-        self._seeds = []
+        gone = np.concatenate(self._gone) if self._gone else np.zeros(0, np.int64)
+        self._seeds, self._gone = [], []
         new, self._new = self._new, 0
         alone = self._solve_alone(seeds, new)
         if alone is not False:
             return alone
-        dirty = self._dirty(seeds)
-        if dirty is None:  # most flows: the whole table
+        dirty = self._dirty(gone, new)
+        idx = np.flatnonzero(dirty)
+        self.resolved = n = len(idx)
+        if not n:  # the changed links lost their last flows
+            return seeds
+        if n == len(self._rem):
             self.full_solves += 1
-            self.resolved = len(self._rem)
             rows, cols, capacity = self._incidence_fast()
-            self._rate = max_min_rates(rows, cols, len(self._rem), capacity)
-            idx = None
+            self._rate = max_min_rates(rows, cols, n, capacity)
         else:
-            idx = np.flatnonzero(dirty)
-            self.resolved = len(idx)
-            if not len(idx):  # the seed links lost their last flows
-                return seeds
             self.component_solves += 1
             self._rate[idx] = self._solve_flows(idx, dirty)
+        links = self._flat[np.repeat(dirty, self._nh)]
+        self._relabel(idx, links)
         if self.check_solves:
             self._check_against_full()
-        if idx is None:
-            touched = None
-            inf = np.isinf(self._rate)
-        else:
-            links = self._flat[np.repeat(dirty, self._nh)]
-            touched = np.union1d(seeds, links)
-            inf = np.zeros(len(self._rem), bool)
-            inf[idx] = np.isinf(self._rate[idx])
+        touched = np.union1d(seeds, links)
+        inf = np.zeros(len(self._rem), bool)
+        inf[idx] = np.isinf(self._rate[idx])
         if inf.any():  # flows over infinitely fast links only: done at once
             self._deliver_fast(np.flatnonzero(inf))
             self._keep(~inf, seed=False)
             if not len(self._rem):
                 return None
-        return np.arange(len(self.links)) if touched is None else touched
+        return touched
 
     def _solve_alone(self, seeds: np.ndarray, new: int):
         """The common case of point-to-point traffic, without scanning the table: the
         `new` flows at the end of the table each alone on their links (so each is a
         component: its rate is the least capacity on its path, max_min_rates' result for
         one flow) and the other changed links (`seeds`) without flows. Sets their rates,
-        loads and the peak utilisation; returns no links left to update (None: no flow
-        left), or False when the changed links hold anything else (the general path)."""
+        labels, loads and the peak utilisation; returns no links left to update (None: no
+        flow left), or False when the changed links hold anything else (the general
+        path)."""
         occ = self._occ
         if new:
             nh = self._nh[-new:]
@@ -489,6 +497,10 @@ class PacketSwitchNetwork(RingJobs, Network):
         rate = np.minimum.reduceat(caps, np.cumsum(nh) - nh) if new > 1 else caps.min(keepdims=True)
         rate = np.minimum(rate, self._maxr[-new:])
         self._rate[-new:] = rate
+        labels = np.arange(self._labels, self._labels + new)
+        self._labels += new
+        self._flab[-new:] = labels
+        self._llab[tail] = labels if new == 1 else np.repeat(labels, nh)
         if self.check_solves:
             self._check_against_full()
         sending = np.isfinite(rate)
@@ -508,35 +520,62 @@ class PacketSwitchNetwork(RingJobs, Network):
                 return None
         return seeds[:0]
 
-    def _dirty(self, seeds: np.ndarray) -> np.ndarray | None:
-        """Flows in the components of the links `seeds` (a flow on a seed link is in,
-        whatever that link's capacity), or None when they are more than half the table."""
-        nh, flat, n = self._nh, self._flat, len(self._rem)
-        if not len(seeds):
-            return np.zeros(n, bool)
-        mark = self._mark  # all False between calls
-        mark[seeds] = True
-        starts = np.cumsum(nh) - nh  # every flow in the table has a link
-        dirty = np.logical_or.reduceat(mark[flat], starts)
-        mark[seeds] = False
-        reach = seeds[self._finite[seeds]]  # finite links in the components so far
-        mark[reach] = True
-        try:
-            while True:
-                k = int(np.count_nonzero(dirty))
-                if 2 * k > n:
-                    return None
-                if k == 0:
-                    return dirty
-                links = flat[np.repeat(dirty, nh)]
-                new = links[~mark[links] & self._finite[links]]
-                if not len(new):
-                    return dirty
-                mark[new] = True
-                reach = np.concatenate([reach, new])
-                dirty |= np.logical_or.reduceat(mark[flat], starts)
-        finally:
-            mark[reach] = False
+    def _dirty(self, gone: np.ndarray, new: int) -> np.ndarray:
+        """The flows whose rates may have changed: those sharing a label with a departed
+        flow (`gone`: their labels) or with a flow on a finite link of a new flow, and
+        the `new` flows at the end of the table. A link's label is that of its flows (or
+        a stale one once they left: then at worst a few more flows are re-solved)."""
+        n = len(self._rem)
+        labels = [gone]
+        if new:
+            tail = self._flat[len(self._flat) - int(self._nh[n - new :].sum()) :]
+            labels.append(self._llab[tail[self._finite[tail]]])
+        changed = np.unique(np.concatenate(labels))
+        changed = changed[changed >= 0]
+        if len(changed) == 1:
+            dirty = self._flab == changed[0]
+        elif len(changed):
+            dirty = np.isin(self._flab, changed)
+        else:
+            dirty = np.zeros(n, bool)
+        dirty[n - new :] = True
+        return dirty
+
+    relabel_entries = 4096  # re-split up to this many entries into components, exactly
+
+    def _relabel(self, idx: np.ndarray, links: np.ndarray) -> None:
+        """New labels for the flows `idx` (a union of components; `links`: their entries)
+        and their finite links: one per component, found by propagating the least flow
+        number over shared links, when they are few; else one label for them all (still
+        holding every component whole; the labels are re-split when a later change
+        re-solves a part small enough)."""
+        k, base = len(idx), self._labels
+        fin = self._finite[links]
+        lab = None
+        if 1 < k and len(links) <= self.relabel_entries:
+            cols = np.repeat(np.arange(k), self._nh[idx])[fin]
+            uniq, inv = np.unique(links[fin], return_inverse=True)
+            inv = inv.reshape(-1)
+            lab = np.arange(k)
+            for _ in range(64):
+                on_link = np.full(len(uniq), k)
+                np.minimum.at(on_link, inv, lab[cols])
+                nxt = lab.copy()
+                np.minimum.at(nxt, cols, on_link[inv])
+                if np.array_equal(nxt, lab):
+                    break
+                lab = nxt
+            else:
+                lab = None
+        if lab is None:  # one label
+            self._flab[idx] = base
+            self._llab[links[fin]] = base
+            self._labels += 1
+            return
+        roots, flab = np.unique(lab, return_inverse=True)
+        self._flab[idx] = base + flab.reshape(-1)
+        self._llab[uniq] = base + np.searchsorted(roots, on_link)
+        self._labels += len(roots)
 
     def _solve_flows(self, idx: np.ndarray, dirty: np.ndarray) -> np.ndarray:
         """max_min_rates of the flows `idx` (a union of components) alone, over their own
@@ -621,6 +660,11 @@ class PacketSwitchNetwork(RingJobs, Network):
         assert want == self.max_utilisation, (want, self.max_utilisation)
         occ = np.bincount(self._flat, minlength=len(self.links))
         assert np.array_equal(occ, self._occ), "flows per link miscounted"
+        # every flow labelled, and the flows on a finite link share its label
+        fin = self._finite[self._flat]
+        cols = np.repeat(np.arange(len(self._nh)), self._nh)
+        assert (self._flab >= 0).all(), "a flow without a component label"
+        assert np.array_equal(self._flab[cols[fin]], self._llab[self._flat[fin]]), "labels"
 
     def _busy_links(self) -> np.ndarray:
         if self._busy is None:

@@ -162,16 +162,17 @@ def test_infinite_links():
     _same(ref, fast)
 
 
-def _no_expansion(self, seeds):
-    """A broken component search: the flows on the changed links only, not the rest of
-    their components."""
+def _no_expansion(self, gone, new):
+    """A broken component search: the new flows and the flows on their links only, not
+    the rest of their components (and nothing for departures)."""
     n = len(self._rem)
-    if not len(seeds):
-        return np.zeros(n, bool)
-    mark = np.zeros(len(self.links), bool)
-    mark[seeds] = True
-    starts = np.cumsum(self._nh) - self._nh
-    return np.logical_or.reduceat(mark[self._flat], starts)
+    dirty = np.zeros(n, bool)
+    if new:
+        mark = np.zeros(len(self.links), bool)
+        tail = self._flat[len(self._flat) - int(self._nh[n - new :].sum()) :]
+        mark[tail] = True
+        dirty = np.logical_or.reduceat(mark[self._flat], np.cumsum(self._nh) - self._nh)
+    return dirty
 
 
 def test_a_component_search_that_stops_early_fails(monkeypatch):
@@ -189,9 +190,9 @@ def test_skipping_a_touched_component_fails(monkeypatch):
     # no re-solve at all when the table only shrinks: the flows left keep stale rates
     real = PacketSwitchNetwork._dirty
 
-    def lazy(self, seeds):
-        dirty = real(self, seeds)
-        return None if dirty is None or self._new else np.zeros_like(dirty)
+    def lazy(self, gone, new):
+        dirty = real(self, gone, new)
+        return dirty if new else np.zeros_like(dirty)
 
     monkeypatch.setattr(PacketSwitchNetwork, "_dirty", lazy)
     ref = _run("reference", _chain_graph(), MERGE_PLAN)
@@ -213,6 +214,21 @@ def test_alone_path_that_ignores_sharing_fails(monkeypatch):
 
     monkeypatch.setattr(PacketSwitchNetwork, "_solve_alone", careless)
     with pytest.raises(AssertionError, match="whole table"):
+        _run("fast", _chain_graph(), MERGE_PLAN)
+    ref = _run("reference", _chain_graph(), MERGE_PLAN)
+    with pytest.raises(AssertionError):
+        _same(ref, _run("fast", _chain_graph(), MERGE_PLAN, check=False))
+
+
+def test_labels_that_split_a_component_fail(monkeypatch):
+    # a label per flow, whatever they share: a later change re-solves part of a component
+    def apart(self, idx, links):
+        self._flab[idx] = self._labels + np.arange(len(idx))
+        self._llab[links] = self._labels
+        self._labels += len(idx)
+
+    monkeypatch.setattr(PacketSwitchNetwork, "_relabel", apart)
+    with pytest.raises(AssertionError):
         _run("fast", _chain_graph(), MERGE_PLAN)
     ref = _run("reference", _chain_graph(), MERGE_PLAN)
     with pytest.raises(AssertionError):
