@@ -36,6 +36,10 @@ from networks.routing import Routes, path_latencies
 from triosim.errors import NetworkError
 from triosim.schema import option
 
+_COLUMNS = (("_gid", np.int64), ("_idx", np.int64), ("_rem", float), ("_rate", float),
+            ("_nb", float), ("_lat", float), ("_maxr", float), ("_nh", np.int64),
+            ("_flab", np.int64))  # fmt: skip
+
 
 @dataclass(slots=True)
 class _Flow:
@@ -88,21 +92,21 @@ class PacketSwitchNetwork(RingJobs, Network):
             self._route_cache: dict = {}
             self._groups: dict[int, Group] = {}  # groups with transfers not yet landed
             self._next_gid = 0
-            self._gid = np.zeros(0, np.int64)  # group of each flow in the table
-            self._idx = np.zeros(0, np.int64)  # its index in the group
             self._rings: dict = {}  # ring group -> RingPaths
             self._jobs: dict[int, RingJob] = {}  # ring jobs under way
             self._owner = np.full(len(self.links), -1, np.int64)  # job holding each link
             self.ring_jobs = self.ring_splits = 0
             # a subclass that counts deliveries itself gets one _deliver call per transfer
             self._per_record = type(self)._deliver is not Network._deliver
-            self._rem = np.zeros(0)
-            self._rate = np.zeros(0)
-            self._nb = np.zeros(0)
-            self._lat = np.zeros(0)
-            self._maxr = np.zeros(0)
-            self._nh = np.zeros(0, np.int64)
-            self._flat = np.zeros(0, np.int64)
+            # the flow table: one column per flow (_gid: its group, _idx: its index in the
+            # group, _rem: bytes left, _rate, _nb: bytes, _lat: path latency, _maxr: rate
+            # cap, _nh: links, _flab: component label) and _flat (the links of every flow,
+            # one after another), each a view of the first rows of a buffer that grows by
+            # doubling, so that adding flows does not copy the table
+            self._buffers = {name: np.zeros(16, dtype) for name, dtype in _COLUMNS}
+            self._buffers["_flat"] = np.zeros(64, np.int64)
+            for name in self._buffers:
+                setattr(self, name, self._buffers[name][:0])
             self._seeds: list[np.ndarray] = []  # links whose flows changed since the solve
             self._finite = np.isfinite(self.capacity)
             # a link of capacity 0 makes the whole-table utilisation max nan (0 / 0), which
@@ -114,10 +118,14 @@ class PacketSwitchNetwork(RingJobs, Network):
             self._new = 0  # flows at the end of the table added since the last solve
             # component labels (networks joined by shared finite links) of each flow and
             # link: every component within one label; -1: a new flow, or a link never used
-            self._flab = np.zeros(0, np.int64)
             self._llab = np.full(len(self.links), -1, np.int64)
             self._labels = 0  # labels handed out so far (never reused)
             self._gone: list[np.ndarray] = []  # labels of the flows gone since the solve
+            # flows whose rate changed at the last solve (None: all), the instant of the
+            # last done check, and the least remaining time found then (when at _tmin_at)
+            self._stale: np.ndarray | None = None
+            self._checked = self._tmin_at = None
+            self._tmin, self._solved_tail = np.inf, -1
             self._pos = np.zeros(len(self.links), np.int64)  # scratch
             # solves: of new flows alone on their links, of some components, of the table
             self.alone_solves = self.component_solves = self.full_solves = 0
@@ -300,24 +308,28 @@ class PacketSwitchNetwork(RingJobs, Network):
 
     def _add_flows(self, gid: int, g: Group, idx, rem, rate, lat, nh, flat):
         """Put transfers idx of group g in the flow table (rem bytes left, sending at rate)."""
-        self._gid = np.concatenate([self._gid, np.full(len(idx), gid)])
-        self._idx = np.concatenate([self._idx, idx])
-        self._rem = np.concatenate([self._rem, rem])
-        self._rate = np.concatenate([self._rate, rate])
-        self._nb = np.concatenate([self._nb, g.nb[idx]])
-        self._lat = np.concatenate([self._lat, lat])
-        self._maxr = np.concatenate([self._maxr, g.maxr[idx]])
-        self._nh = np.concatenate([self._nh, nh])
-        self._flat = np.concatenate([self._flat, flat])
-        self._flab = np.concatenate([self._flab, np.full(len(idx), -1, np.int64)])
+        n = len(self._rem)
+        values = (gid, idx, rem, rate, g.nb[idx], lat, g.maxr[idx], nh, -1)
+        for (name, _), v in zip(_COLUMNS, values, strict=True):
+            self._append(name, n, v, len(idx))
+        self._append("_flat", len(self._flat), flat, len(flat))
         np.add.at(self._occ, flat, 1)
         self._seeds.append(flat)
         self._new += len(idx)
 
+    def _append(self, name: str, n: int, values, k: int) -> None:
+        buf = self._buffers[name]
+        if n + k > len(buf):
+            grown = np.empty(max(2 * len(buf), n + k), buf.dtype)
+            grown[:n] = buf[:n]
+            self._buffers[name] = buf = grown
+        buf[n : n + k] = values
+        setattr(self, name, buf[: n + k])
+
     def _advance_fast(self):
         dt = self.env.now - self._last
         if dt > 0 and len(self._rem):
-            self._rem = self._rem - self._rate * dt
+            self._rem -= self._rate * dt  # in place: the same floats as rem - rate * dt
             # the links with load > 0 gain dt, the others 0.0 (which leaves them unchanged)
             self.link_busy[self._busy_links()] += dt
         self._last = self.env.now
@@ -334,9 +346,15 @@ class PacketSwitchNetwork(RingJobs, Network):
             self._gone.append(self._flab[~keep])
         if self._new:
             self._new -= int(np.count_nonzero(~keep[len(keep) - self._new :]))
-        self._flat = self._flat[ent]
-        for name in ("_rem", "_rate", "_nb", "_lat", "_maxr", "_nh", "_gid", "_idx", "_flab"):
-            setattr(self, name, getattr(self, name)[idx])
+        self._compact("_flat", ent)
+        for name, _ in _COLUMNS:
+            self._compact(name, idx)
+
+    def _compact(self, name: str, sel) -> None:
+        kept = getattr(self, name)[sel]  # a copy
+        buf = self._buffers[name]
+        buf[: len(kept)] = kept
+        setattr(self, name, buf[: len(kept)])
 
     def _deliver_fast(self, done: np.ndarray) -> None:
         """Deliver the flows at indices `done`: at once without latency, else one timer per
@@ -393,17 +411,32 @@ class PacketSwitchNetwork(RingJobs, Network):
                     grp.done.succeed(Records(grp))
 
     def _finish_fast(self):
-        tick = _TIME_TOL * max(self.env.now, 1e-9)
-        rem, rate, nh = self._rem, self._rate, self._nh
-        done = (rem <= _REL_TOL * self._nb) | (nh == 0) | ((rate > 0) & (rem <= rate * tick))
-        if done.any():
-            self._deliver_fast(np.flatnonzero(done))
-            self._keep(~done)
+        now = self.env.now
+        tick = _TIME_TOL * max(now, 1e-9)
+        n = len(self._rem)
+        if self._stale is not None and self._checked == now:
+            # the other flows were found not done at this instant and have not changed
+            cand = self._stale
+            if self._new:
+                cand = np.concatenate([cand, np.arange(n - self._new, n)])
+            done = cand[self._done(cand, tick)]
+        else:
+            done = np.flatnonzero(self._done(slice(None), tick))
+        if self.check_solves:
+            assert np.array_equal(done, np.flatnonzero(self._done(slice(None), tick)))
+        departed = len(done) > 0
+        if departed:
+            self._deliver_fast(done)
+            keep = np.ones(n, bool)
+            keep[done] = False
+            self._keep(keep)
+        self._checked, self._stale = now, None
         self._generation += 1
         if not len(self._rem):
             self._load[:] = 0.0
             self._busy = np.zeros(0, np.int64)
             self._seeds, self._gone, self._new = [], [], 0
+            self._stale, self._tmin_at = np.zeros(0, np.int64), None
             return
         self.reallocations += 1
         peak = self.max_utilisation
@@ -411,16 +444,38 @@ class PacketSwitchNetwork(RingJobs, Network):
         if touched is None:  # no flow left
             self._load[:] = 0.0
             self._busy = np.zeros(0, np.int64)
+            self._stale, self._tmin_at = np.zeros(0, np.int64), None
             return
         if len(touched):
             self._update_loads(touched)
         if self.check_solves:
             self._check_loads(peak)
-        rates = self._rate
+        k = self._solved_tail
         with np.errstate(divide="ignore"):
-            dt = float((self._rem / rates).min())
+            if self._tmin_at == now and not departed and k >= 0:
+                # only the k flows at the end changed since the last minimum, at this instant
+                dt = (
+                    self._tmin
+                    if k == 0
+                    else min(self._tmin, float((self._rem[-k:] / self._rate[-k:]).min()))
+                )
+            else:
+                dt = float((self._rem / self._rate).min())
+            if self.check_solves:
+                assert dt == float((self._rem / self._rate).min())
+        self._tmin, self._tmin_at = dt, now
         gen = self._generation
         self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _e: self._on_timer_fast(gen))
+
+    def _done(self, sel, tick):
+        """Which flows `sel` are done: (almost) no bytes left, no links, or less time left
+        than the clock resolves."""
+        rem, rate = self._rem[sel], self._rate[sel]
+        return (
+            (rem <= _REL_TOL * self._nb[sel])
+            | (self._nh[sel] == 0)
+            | ((rate > 0) & (rem <= rate * tick))
+        )
 
     check_solves = False  # tests: compare every solve with the whole-table one, bit for bit
 
@@ -438,10 +493,12 @@ class PacketSwitchNetwork(RingJobs, Network):
         within one label, so the flows of the changed labels are a union of components.
         Flows with an infinite rate are delivered at once. Returns the links whose load
         may have changed, or None when no flow is left."""
-        seeds = np.unique(np.concatenate(self._seeds)) if self._seeds else np.zeros(0, np.int64)
+        seeds = self._seeds[0] if len(self._seeds) == 1 else np.concatenate(self._seeds or [[]])
+        seeds = seeds.astype(np.int64, copy=False)  # links, repeats possible
         gone = np.concatenate(self._gone) if self._gone else np.zeros(0, np.int64)
         self._seeds, self._gone = [], []
         new, self._new = self._new, 0
+        self._solved_tail = -1  # flows at the end of the table solved alone, if >= 0
         alone = self._solve_alone(seeds, new)
         if alone is not False:
             return alone
@@ -449,11 +506,12 @@ class PacketSwitchNetwork(RingJobs, Network):
         idx = np.flatnonzero(dirty)
         self.resolved = n = len(idx)
         if not n:  # the changed links lost their last flows
-            return seeds
+            self._stale = idx
+            return np.unique(seeds)
         if n == len(self._rem):
             self.full_solves += 1
             rows, cols, capacity = self._incidence_fast()
-            self._rate = max_min_rates(rows, cols, n, capacity)
+            self._rate[:] = max_min_rates(rows, cols, n, capacity)
         else:
             self.component_solves += 1
             self._rate[idx] = self._solve_flows(idx, dirty)
@@ -461,7 +519,11 @@ class PacketSwitchNetwork(RingJobs, Network):
         self._relabel(idx, links)
         if self.check_solves:
             self._check_against_full()
-        touched = np.union1d(seeds, links)
+        mark = self._mark
+        mark[seeds] = True
+        mark[links] = True
+        touched = np.flatnonzero(mark)
+        mark[touched] = False
         inf = np.zeros(len(self._rem), bool)
         inf[idx] = np.isinf(self._rate[idx])
         if inf.any():  # flows over infinitely fast links only: done at once
@@ -469,13 +531,16 @@ class PacketSwitchNetwork(RingJobs, Network):
             self._keep(~inf, seed=False)
             if not len(self._rem):
                 return None
+        else:
+            self._stale = idx  # new rates: to check again at this instant
         return touched
 
     def _solve_alone(self, seeds: np.ndarray, new: int):
         """The common case of point-to-point traffic, without scanning the table: the
         `new` flows at the end of the table each alone on their links (so each is a
         component: its rate is the least capacity on its path, max_min_rates' result for
-        one flow) and the other changed links (`seeds`) without flows. Sets their rates,
+        one flow) and the other changed links (`seeds`, repeats allowed: a repeat of a
+        new flow's link only sends this to the general path) without flows. Sets their rates,
         labels, loads and the peak utilisation; returns no links left to update (None: no
         flow left), or False when the changed links hold anything else (the general
         path)."""
@@ -490,7 +555,10 @@ class PacketSwitchNetwork(RingJobs, Network):
         self._load[seeds] = 0.0
         self._busy = None
         self.resolved = new
+        n = len(self._rem)
+        self._stale = np.arange(n - new, n)
         if not new:
+            self._solved_tail = 0
             return seeds[:0]
         self.alone_solves += 1
         caps = self.capacity[tail]
@@ -516,8 +584,11 @@ class PacketSwitchNetwork(RingJobs, Network):
             inf[len(inf) - new :] = ~sending
             self._deliver_fast(np.flatnonzero(inf))
             self._keep(~inf, seed=False)
+            self._stale = None
             if not len(self._rem):
                 return None
+        else:
+            self._solved_tail = new
         return seeds[:0]
 
     def _dirty(self, gone: np.ndarray, new: int) -> np.ndarray:
