@@ -36,6 +36,10 @@ from networks.routing import Routes, path_latencies
 from triosim.errors import NetworkError
 from triosim.schema import option
 
+_COLUMNS = (("_gid", np.int64), ("_idx", np.int64), ("_rem", float), ("_rate", float),
+            ("_nb", float), ("_lat", float), ("_maxr", float), ("_nh", np.int64),
+            ("_flab", np.int64))  # fmt: skip
+
 
 @dataclass(slots=True)
 class _Flow:
@@ -88,21 +92,44 @@ class PacketSwitchNetwork(RingJobs, Network):
             self._route_cache: dict = {}
             self._groups: dict[int, Group] = {}  # groups with transfers not yet landed
             self._next_gid = 0
-            self._gid = np.zeros(0, np.int64)  # group of each flow in the table
-            self._idx = np.zeros(0, np.int64)  # its index in the group
             self._rings: dict = {}  # ring group -> RingPaths
             self._jobs: dict[int, RingJob] = {}  # ring jobs under way
             self._owner = np.full(len(self.links), -1, np.int64)  # job holding each link
             self.ring_jobs = self.ring_splits = 0
             # a subclass that counts deliveries itself gets one _deliver call per transfer
             self._per_record = type(self)._deliver is not Network._deliver
-            self._rem = np.zeros(0)
-            self._rate = np.zeros(0)
-            self._nb = np.zeros(0)
-            self._lat = np.zeros(0)
-            self._maxr = np.zeros(0)
-            self._nh = np.zeros(0, np.int64)
-            self._flat = np.zeros(0, np.int64)
+            # the flow table: one column per flow (_gid: its group, _idx: its index in the
+            # group, _rem: bytes left, _rate, _nb: bytes, _lat: path latency, _maxr: rate
+            # cap, _nh: links, _flab: component label) and _flat (the links of every flow,
+            # one after another), each a view of the first rows of a buffer that grows by
+            # doubling, so that adding flows does not copy the table
+            self._buffers = {name: np.zeros(16, dtype) for name, dtype in _COLUMNS}
+            self._buffers["_flat"] = np.zeros(64, np.int64)
+            for name in self._buffers:
+                setattr(self, name, self._buffers[name][:0])
+            self._seeds: list[np.ndarray] = []  # links whose flows changed since the solve
+            self._finite = np.isfinite(self.capacity)
+            # a link of capacity 0 makes the whole-table utilisation max nan (0 / 0), which
+            # max() then ignores: kept as is, so the counter stays what it always was
+            self._nan_util = bool((self.capacity == 0).any())
+            self._busy: np.ndarray | None = np.zeros(0, np.int64)  # links with load > 0
+            self._mark = np.zeros(len(self.links), bool)  # scratch, all False between uses
+            self._occ = np.zeros(len(self.links), np.int64)  # flows in the table on each link
+            self._new = 0  # flows at the end of the table added since the last solve
+            # component labels (networks joined by shared finite links) of each flow and
+            # link: every component within one label; -1: a new flow, or a link never used
+            self._llab = np.full(len(self.links), -1, np.int64)
+            self._labels = 0  # labels handed out so far (never reused)
+            self._gone: list[np.ndarray] = []  # labels of the flows gone since the solve
+            # flows whose rate changed at the last solve (None: all), the instant of the
+            # last done check, and the least remaining time found then (when at _tmin_at)
+            self._stale: np.ndarray | None = None
+            self._checked = self._tmin_at = None
+            self._tmin, self._solved_tail = np.inf, -1
+            self._pos = np.zeros(len(self.links), np.int64)  # scratch
+            # solves: of new flows alone on their links, of some components, of the table
+            self.alone_solves = self.component_solves = self.full_solves = 0
+            self.resolved = 0  # flows whose rate the last solve computed
 
     # -- routing ----------------------------------------------------------------------
     def _routing_tables(self):
@@ -281,29 +308,53 @@ class PacketSwitchNetwork(RingJobs, Network):
 
     def _add_flows(self, gid: int, g: Group, idx, rem, rate, lat, nh, flat):
         """Put transfers idx of group g in the flow table (rem bytes left, sending at rate)."""
-        self._gid = np.concatenate([self._gid, np.full(len(idx), gid)])
-        self._idx = np.concatenate([self._idx, idx])
-        self._rem = np.concatenate([self._rem, rem])
-        self._rate = np.concatenate([self._rate, rate])
-        self._nb = np.concatenate([self._nb, g.nb[idx]])
-        self._lat = np.concatenate([self._lat, lat])
-        self._maxr = np.concatenate([self._maxr, g.maxr[idx]])
-        self._nh = np.concatenate([self._nh, nh])
-        self._flat = np.concatenate([self._flat, flat])
+        n = len(self._rem)
+        values = (gid, idx, rem, rate, g.nb[idx], lat, g.maxr[idx], nh, -1)
+        for (name, _), v in zip(_COLUMNS, values, strict=True):
+            self._append(name, n, v, len(idx))
+        self._append("_flat", len(self._flat), flat, len(flat))
+        np.add.at(self._occ, flat, 1)
+        self._seeds.append(flat)
+        self._new += len(idx)
+
+    def _append(self, name: str, n: int, values, k: int) -> None:
+        buf = self._buffers[name]
+        if n + k > len(buf):
+            grown = np.empty(max(2 * len(buf), n + k), buf.dtype)
+            grown[:n] = buf[:n]
+            self._buffers[name] = buf = grown
+        buf[n : n + k] = values
+        setattr(self, name, buf[: n + k])
 
     def _advance_fast(self):
         dt = self.env.now - self._last
         if dt > 0 and len(self._rem):
-            self._rem = self._rem - self._rate * dt
-            self.link_busy += np.where(self._load > 0, dt, 0.0)
+            self._rem -= self._rate * dt  # in place: the same floats as rem - rate * dt
+            # the links with load > 0 gain dt, the others 0.0 (which leaves them unchanged)
+            self.link_busy[self._busy_links()] += dt
         self._last = self.env.now
 
-    def _keep(self, keep: np.ndarray) -> None:
-        """Keep the flows where `keep` is True (order preserved)."""
+    def _keep(self, keep: np.ndarray, seed: bool = True) -> None:
+        """Keep the flows where `keep` is True (order preserved); the links of the others
+        lose a flow (and are re-solved at the next solve if `seed`)."""
         idx = np.flatnonzero(keep)
-        self._flat = self._flat[np.repeat(keep, self._nh)]
-        for name in ("_rem", "_rate", "_nb", "_lat", "_maxr", "_nh", "_gid", "_idx"):
-            setattr(self, name, getattr(self, name)[idx])
+        ent = np.repeat(keep, self._nh)
+        gone = self._flat[~ent]
+        np.subtract.at(self._occ, gone, 1)
+        if seed:
+            self._seeds.append(gone)
+            self._gone.append(self._flab[~keep])
+        if self._new:
+            self._new -= int(np.count_nonzero(~keep[len(keep) - self._new :]))
+        self._compact("_flat", ent)
+        for name, _ in _COLUMNS:
+            self._compact(name, idx)
+
+    def _compact(self, name: str, sel) -> None:
+        kept = getattr(self, name)[sel]  # a copy
+        buf = self._buffers[name]
+        buf[: len(kept)] = kept
+        setattr(self, name, buf[: len(kept)])
 
     def _deliver_fast(self, done: np.ndarray) -> None:
         """Deliver the flows at indices `done`: at once without latency, else one timer per
@@ -360,55 +411,344 @@ class PacketSwitchNetwork(RingJobs, Network):
                     grp.done.succeed(Records(grp))
 
     def _finish_fast(self):
-        tick = _TIME_TOL * max(self.env.now, 1e-9)
-        rem, rate = self._rem, self._rate
-        done = (rem <= _REL_TOL * self._nb) | (self._nh == 0) | ((rate > 0) & (rem <= rate * tick))
-        if done.any():
-            self._deliver_fast(np.flatnonzero(done))
-            self._keep(~done)
+        now = self.env.now
+        tick = _TIME_TOL * max(now, 1e-9)
+        n = len(self._rem)
+        if self._stale is not None and self._checked == now:
+            # the other flows were found not done at this instant and have not changed
+            cand = self._stale
+            if self._new:
+                cand = np.concatenate([cand, np.arange(n - self._new, n)])
+            done = cand[self._done(cand, tick)]
+        else:
+            done = np.flatnonzero(self._done(slice(None), tick))
+        if self.check_solves:
+            assert np.array_equal(done, np.flatnonzero(self._done(slice(None), tick)))
+        departed = len(done) > 0
+        if departed:
+            self._deliver_fast(done)
+            keep = np.ones(n, bool)
+            keep[done] = False
+            self._keep(keep)
+        self._checked, self._stale = now, None
         self._generation += 1
-        n_flows = len(self._rem)
-        if not n_flows:
+        if not len(self._rem):
             self._load[:] = 0.0
+            self._busy = np.zeros(0, np.int64)
+            self._seeds, self._gone, self._new = [], [], 0
+            self._stale, self._tmin_at = np.zeros(0, np.int64), None
             return
         self.reallocations += 1
-        rows, cols, capacity = self._incidence_fast()
-        rates = max_min_rates(rows, cols, n_flows, capacity)
-        self._rate = rates
-        inf = np.isinf(rates)
-        if inf.any():  # flows over infinitely fast links only: done at once
-            self._deliver_fast(np.flatnonzero(inf))
-            self._keep(~inf)
-            if not len(self._rem):
-                self._load[:] = 0.0
-                return
-            rows, cols, _ = self._incidence_fast()
-            rates = self._rate
-        real = rows < len(self.links)
-        self._load = link_loads(rows[real], cols[real], rates, len(self.links))
-        with np.errstate(divide="ignore", invalid="ignore"):
-            util = np.where(np.isfinite(self.capacity), self._load / self.capacity, 0.0)
-        self.max_utilisation = max(self.max_utilisation, float(util.max(initial=0.0)))
+        peak = self.max_utilisation
+        touched = self._solve_changed()
+        if touched is None:  # no flow left
+            self._load[:] = 0.0
+            self._busy = np.zeros(0, np.int64)
+            self._stale, self._tmin_at = np.zeros(0, np.int64), None
+            return
+        if len(touched):
+            self._update_loads(touched)
+        if self.check_solves:
+            self._check_loads(peak)
+        k = self._solved_tail
         with np.errstate(divide="ignore"):
-            dt = float((self._rem / rates).min())
+            if self._tmin_at == now and not departed and k >= 0:
+                # only the k flows at the end changed since the last minimum, at this instant
+                dt = (
+                    self._tmin
+                    if k == 0
+                    else min(self._tmin, float((self._rem[-k:] / self._rate[-k:]).min()))
+                )
+            else:
+                dt = float((self._rem / self._rate).min())
+            if self.check_solves:
+                assert dt == float((self._rem / self._rate).min())
+        self._tmin, self._tmin_at = dt, now
         gen = self._generation
         self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _e: self._on_timer_fast(gen))
 
-    def _incidence_fast(self):
-        """As `_incidence`: the flat routes, each capped flow's private link after its path."""
-        n, nh = len(self.links), self._nh
-        cols = np.repeat(np.arange(len(nh)), nh)
-        capped = np.flatnonzero(self._maxr < np.inf)
-        if not len(capped):
-            return self._flat, cols, self.capacity
+    def _done(self, sel, tick):
+        """Which flows `sel` are done: (almost) no bytes left, no links, or less time left
+        than the clock resolves."""
+        rem, rate = self._rem[sel], self._rate[sel]
+        return (
+            (rem <= _REL_TOL * self._nb[sel])
+            | (self._nh[sel] == 0)
+            | ((rate > 0) & (rem <= rate * tick))
+        )
+
+    check_solves = False  # tests: compare every solve with the whole-table one, bit for bit
+
+    def _solve_changed(self) -> np.ndarray | None:
+        """Max-min rates of the flows in the connected components (links joined by the
+        flows crossing them; infinite links join nothing, as they never bind) that changed
+        since the last solve: those of departed flows and those joined by new flows. The
+        other flows keep their rates.
+
+        The allocation decomposes over components, and max_min_rates computes each
+        component with the same floats whether alone or with others (each of its steps
+        reads one link's own flows and their links; the sub-table keeps the flows' order,
+        hence each link's order of sums), so the rates are those of a whole-table solve,
+        bit for bit. Components are found by labels (`_relabel`): every component lies
+        within one label, so the flows of the changed labels are a union of components.
+        Flows with an infinite rate are delivered at once. Returns the links whose load
+        may have changed, or None when no flow is left."""
+        seeds = self._seeds[0] if len(self._seeds) == 1 else np.concatenate(self._seeds or [[]])
+        seeds = seeds.astype(np.int64, copy=False)  # links, repeats possible
+        gone = np.concatenate(self._gone) if self._gone else np.zeros(0, np.int64)
+        self._seeds, self._gone = [], []
+        new, self._new = self._new, 0
+        self._solved_tail = -1  # flows at the end of the table solved alone, if >= 0
+        alone = self._solve_alone(seeds, new)
+        if alone is not False:
+            return alone
+        dirty = self._dirty(gone, new)
+        idx = np.flatnonzero(dirty)
+        self.resolved = n = len(idx)
+        if not n:  # the changed links lost their last flows
+            self._stale = idx
+            return np.unique(seeds)
+        if n == len(self._rem):
+            self.full_solves += 1
+            rows, cols, capacity = self._incidence_fast()
+            self._rate[:] = max_min_rates(rows, cols, n, capacity)
+        else:
+            self.component_solves += 1
+            self._rate[idx] = self._solve_flows(idx, dirty)
+        links = self._flat[np.repeat(dirty, self._nh)]
+        self._relabel(idx, links)
+        if self.check_solves:
+            self._check_against_full()
+        mark = self._mark
+        mark[seeds] = True
+        mark[links] = True
+        touched = np.flatnonzero(mark)
+        mark[touched] = False
+        inf = np.zeros(len(self._rem), bool)
+        inf[idx] = np.isinf(self._rate[idx])
+        if inf.any():  # flows over infinitely fast links only: done at once
+            self._deliver_fast(np.flatnonzero(inf))
+            self._keep(~inf, seed=False)
+            if not len(self._rem):
+                return None
+        else:
+            self._stale = idx  # new rates: to check again at this instant
+        return touched
+
+    def _solve_alone(self, seeds: np.ndarray, new: int):
+        """The common case of point-to-point traffic, without scanning the table: the
+        `new` flows at the end of the table each alone on their links (so each is a
+        component: its rate is the least capacity on its path, max_min_rates' result for
+        one flow) and the other changed links (`seeds`, repeats allowed: a repeat of a
+        new flow's link only sends this to the general path) without flows. Sets their rates,
+        labels, loads and the peak utilisation; returns no links left to update (None: no
+        flow left), or False when the changed links hold anything else (the general
+        path)."""
+        occ = self._occ
+        if new:
+            nh = self._nh[-new:]
+            tail = self._flat[-int(nh.sum()) :]
+            if (occ[tail] != 1).any() or np.count_nonzero(occ[seeds]) != len(tail):
+                return False
+        elif occ[seeds].any():
+            return False
+        self._load[seeds] = 0.0
+        self._busy = None
+        self.resolved = new
+        n = len(self._rem)
+        self._stale = np.arange(n - new, n)
+        if not new:
+            self._solved_tail = 0
+            return seeds[:0]
+        self.alone_solves += 1
+        caps = self.capacity[tail]
+        rate = np.minimum.reduceat(caps, np.cumsum(nh) - nh) if new > 1 else caps.min(keepdims=True)
+        rate = np.minimum(rate, self._maxr[-new:])
+        self._rate[-new:] = rate
+        labels = np.arange(self._labels, self._labels + new)
+        self._labels += new
+        self._flab[-new:] = labels
+        self._llab[tail] = labels if new == 1 else np.repeat(labels, nh)
+        if self.check_solves:
+            self._check_against_full()
+        sending = np.isfinite(rate)
+        links = tail if sending.all() else tail[np.repeat(sending, nh)]
+        self._load[links] = np.repeat(rate[sending], nh[sending])
+        if not self._nan_util:
+            fin = links[self._finite[links]]
+            if len(fin):
+                util = float((self._load[fin] / self.capacity[fin]).max())
+                self.max_utilisation = max(self.max_utilisation, util)
+        if not sending.all():  # flows over infinitely fast links only: done at once
+            inf = np.zeros(len(self._rem), bool)
+            inf[len(inf) - new :] = ~sending
+            self._deliver_fast(np.flatnonzero(inf))
+            self._keep(~inf, seed=False)
+            self._stale = None
+            if not len(self._rem):
+                return None
+        else:
+            self._solved_tail = new
+        return seeds[:0]
+
+    def _dirty(self, gone: np.ndarray, new: int) -> np.ndarray:
+        """The flows whose rates may have changed: those sharing a label with a departed
+        flow (`gone`: their labels) or with a flow on a finite link of a new flow, and
+        the `new` flows at the end of the table. A link's label is that of its flows (or
+        a stale one once they left: then at worst a few more flows are re-solved)."""
+        n = len(self._rem)
+        labels = [gone]
+        if new:
+            tail = self._flat[len(self._flat) - int(self._nh[n - new :].sum()) :]
+            labels.append(self._llab[tail[self._finite[tail]]])
+        changed = np.unique(np.concatenate(labels))
+        changed = changed[changed >= 0]
+        if len(changed) == 1:
+            dirty = self._flab == changed[0]
+        elif len(changed):
+            dirty = np.isin(self._flab, changed)
+        else:
+            dirty = np.zeros(n, bool)
+        dirty[n - new :] = True
+        return dirty
+
+    relabel_entries = 4096  # re-split up to this many entries into components, exactly
+
+    def _relabel(self, idx: np.ndarray, links: np.ndarray) -> None:
+        """New labels for the flows `idx` (a union of components; `links`: their entries)
+        and their finite links: one per component, found by propagating the least flow
+        number over shared links, when they are few; else one label for them all (still
+        holding every component whole; the labels are re-split when a later change
+        re-solves a part small enough)."""
+        k, base = len(idx), self._labels
+        fin = self._finite[links]
+        lab = None
+        if 1 < k and len(links) <= self.relabel_entries:
+            cols = np.repeat(np.arange(k), self._nh[idx])[fin]
+            uniq, inv = np.unique(links[fin], return_inverse=True)
+            inv = inv.reshape(-1)
+            lab = np.arange(k)
+            for _ in range(64):
+                on_link = np.full(len(uniq), k)
+                np.minimum.at(on_link, inv, lab[cols])
+                nxt = lab.copy()
+                np.minimum.at(nxt, cols, on_link[inv])
+                if np.array_equal(nxt, lab):
+                    break
+                lab = nxt
+            else:
+                lab = None
+        if lab is None:  # one label
+            self._flab[idx] = base
+            self._llab[links[fin]] = base
+            self._labels += 1
+            return
+        roots, flab = np.unique(lab, return_inverse=True)
+        self._flab[idx] = base + flab.reshape(-1)
+        self._llab[uniq] = base + np.searchsorted(roots, on_link)
+        self._labels += len(roots)
+
+    def _solve_flows(self, idx: np.ndarray, dirty: np.ndarray) -> np.ndarray:
+        """max_min_rates of the flows `idx` (a union of components) alone, over their own
+        links renumbered (which changes no float)."""
+        nh = self._nh[idx]
+        links = self._flat[np.repeat(dirty, self._nh)]
+        maxr = self._maxr[idx]
+        capped = np.flatnonzero(maxr < np.inf)
+        if len(idx) == 1 and len(links) <= 8 and len(set(links.tolist())) == len(links):
+            # one flow: every link's share is its capacity, so the rate is the least one
+            caps = self.capacity[links]
+            if len(capped):
+                caps = np.append(caps, maxr[0])
+            caps = caps[np.isfinite(caps)]
+            return np.array([caps.min()]) if len(caps) else np.array([np.inf])
+        uniq, rows = np.unique(links, return_inverse=True)
+        rows = rows.reshape(-1).astype(np.int64, copy=False)
+        capacity = self.capacity[uniq]
+        if len(capped):
+            rows, ext = self._with_private_links(rows, nh, capped, len(uniq))
+            capacity = np.concatenate([capacity, maxr[capped]])
+        else:
+            ext = nh
+        cols = np.repeat(np.arange(len(idx)), ext)
+        return max_min_rates(rows, cols, len(idx), capacity)
+
+    @staticmethod
+    def _with_private_links(flat, nh, capped, n):
+        """The entries with each capped flow's private link (n, n+1, ...) after its path."""
         ext = nh.copy()
         ext[capped] += 1
         ends = np.cumsum(ext)  # the private link is the last entry of a capped flow
         rows = np.empty(int(ends[-1]) if len(ends) else 0, np.int64)
         mask = np.ones(len(rows), bool)
         mask[ends[capped] - 1] = False
-        rows[mask] = self._flat
+        rows[mask] = flat
         rows[~mask] = n + np.arange(len(capped))
+        return rows, ext
+
+    def _update_loads(self, touched: np.ndarray) -> None:
+        """Recompute the load of the links `touched` (the flows on each summed in table
+        order, as link_loads sums them) and the peak utilisation: the other links carry
+        the same flows at the same rates as at the last solve, so their load is unchanged
+        and their utilisation already counted."""
+        n_links = len(self.links)
+        rate_e = np.repeat(self._rate, self._nh)
+        if len(touched) == n_links:
+            self._load = np.bincount(self._flat, weights=rate_e, minlength=n_links)
+        else:
+            on = self._mark
+            on[touched] = True
+            sel = on[self._flat]
+            on[touched] = False
+            pos = self._pos
+            pos[touched] = np.arange(len(touched))
+            self._load[touched] = np.bincount(pos[self._flat[sel]], weights=rate_e[sel],
+                                              minlength=len(touched))  # fmt: skip
+        self._busy = None
+        if self._nan_util:
+            return
+        fin = touched[self._finite[touched]]
+        if len(fin):
+            util = float((self._load[fin] / self.capacity[fin]).max())
+            self.max_utilisation = max(self.max_utilisation, util)
+
+    def _check_against_full(self) -> None:
+        rows, cols, capacity = self._incidence_fast()
+        full = max_min_rates(rows, cols, len(self._rem), capacity)
+        got = self._rate
+        same = (full == got) | (np.isnan(full) & np.isnan(got))
+        assert same.all(), ("component solve differs from the whole table", full, got)
+
+    def _check_loads(self, peak: float) -> None:
+        """The loads and the peak utilisation the whole-table update gives, bit for bit."""
+        rows, cols, _ = self._incidence_fast()
+        real = rows < len(self.links)
+        load = link_loads(rows[real], cols[real], self._rate, len(self.links))
+        assert np.array_equal(load, self._load), "loads differ from the whole-table update"
+        with np.errstate(divide="ignore", invalid="ignore"):
+            util = np.where(np.isfinite(self.capacity), load / self.capacity, 0.0)
+        want = max(peak, float(util.max(initial=0.0)))
+        assert want == self.max_utilisation, (want, self.max_utilisation)
+        occ = np.bincount(self._flat, minlength=len(self.links))
+        assert np.array_equal(occ, self._occ), "flows per link miscounted"
+        # every flow labelled, and the flows on a finite link share its label
+        fin = self._finite[self._flat]
+        cols = np.repeat(np.arange(len(self._nh)), self._nh)
+        assert (self._flab >= 0).all(), "a flow without a component label"
+        assert np.array_equal(self._flab[cols[fin]], self._llab[self._flat[fin]]), "labels"
+
+    def _busy_links(self) -> np.ndarray:
+        if self._busy is None:
+            self._busy = np.flatnonzero(self._load > 0)
+        return self._busy
+
+    def _incidence_fast(self):
+        """As `_incidence`: the flat routes, each capped flow's private link after its path."""
+        n, nh = len(self.links), self._nh
+        capped = np.flatnonzero(self._maxr < np.inf)
+        if not len(capped):
+            return self._flat, np.repeat(np.arange(len(nh)), nh), self.capacity
+        rows, ext = self._with_private_links(self._flat, nh, capped, n)
         cols = np.repeat(np.arange(len(nh)), ext)
         return rows, cols, np.concatenate([self.capacity, self._maxr[capped]])
 

@@ -6,7 +6,11 @@ without a sender rate cap, groups with random sizes including zero bytes, ring
 all-reduces and reduce-scatters over random subsets, zero-byte rings, started by several
 processes after random delays so that they contend and interrupt each other's ring jobs)
 run on both engines; every transfer's start and end, every action's completion and every
-link's bytes and busy time must agree to 1e-9 relative, and bytes are conserved.
+link's bytes and busy time must agree to 1e-9 relative, and bytes are conserved. Some
+actions are pipeline-like: several point-to-point transfers started at one instant, each
+its own group, so that the flow table holds many small components. The fast engine runs
+with `check_solves`: each of its partial max-min solves (only the components whose flows
+changed) is compared with a whole-table solve, bit for bit, as are the link loads.
 """
 
 import numpy as np
@@ -52,11 +56,19 @@ def _scenario(engine: str, seed: int, kind: int):
     rng = np.random.default_rng(seed)
     env = simpy.Environment()
     net = PacketSwitchNetwork(env, _graph(kind, rng), engine=engine)
+    net.check_solves = engine == "fast"
     gpus = list(net.gpus)
     done = []
 
     def draw():  # drawn before the run, so both engines see the same scenario
-        choice = int(rng.integers(5))
+        choice = int(rng.integers(6))
+        if choice == 5:  # pipeline-like: p2p transfers, one group each, at one instant
+            ts = []
+            for _ in range(int(rng.integers(2, 7))):
+                src, dst = (int(x) for x in rng.choice(len(gpus), 2, replace=False))
+                size = 0.0 if rng.random() < 0.1 else float(rng.uniform(1e3, 3e7))
+                ts.append((gpus[src], gpus[dst], size))
+            return "pairs", ts
         if choice in (0, 4):  # p2p, sometimes capped by the sender
             src, dst = (int(x) for x in rng.choice(len(gpus), 2, replace=False))
             cap = float(rng.uniform(0.5, 30)) * GB if rng.random() < 0.3 else None
@@ -80,6 +92,8 @@ def _scenario(engine: str, seed: int, kind: int):
                 yield env.timeout(delay)
             if what == "group":
                 yield env.all_of(net.transfer_group(arg))
+            elif what == "pairs":
+                yield env.all_of([ev for t in arg for ev in net.transfer_group([t])])
             else:
                 yield from collectives.algorithm(what, "ring")(env, net, *arg)
             done.append((k, a, env.now))
@@ -149,6 +163,20 @@ def test_fuzz_exercises_ring_jobs_and_their_splits():
             jobs += fast[4].ring_jobs
             splits += fast[4].ring_splits
     assert jobs >= 20 and splits >= 5, (jobs, splits)
+
+
+def test_fuzz_exercises_partial_solves():
+    """The scenarios reach all three solve paths: new flows alone on their links, some
+    components of the table, and the whole table."""
+    alone = comp = full = 0
+    for seed in range(30):
+        for kind in (1, 2, 7):
+            fast = _scenario("fast", seed, kind)
+            _compare(_scenario("reference", seed, kind), fast)
+            alone += fast[4].alone_solves
+            comp += fast[4].component_solves
+            full += fast[4].full_solves
+    assert alone >= 50 and comp >= 20 and full >= 20, (alone, comp, full)
 
 
 def test_fuzz_notices_a_ring_job_without_latency(monkeypatch):
