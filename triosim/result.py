@@ -41,11 +41,20 @@ class Result:
     """
 
     def __init__(self, rows, gpus, config, links, transfers, collective_bytes,
-                 bytes_delivered, network_stats, wall_time, trace=None):  # fmt: skip
-        self.timeline = pd.DataFrame(rows, columns=list(COLUMNS))
+                 bytes_delivered, network_stats, wall_time, trace=None, orbits=None):  # fmt: skip
+        # `orbits` (symmetry, extrapolators.symmetry): {representative: (it, its images in
+        # copy order)}; `rows` are then the representatives' only. The timeline of an image
+        # is its representative's rows with the gpu (and the peer named in "send to" /
+        # "recv from") mapped; the `key` column keeps the representative's keys. It is built
+        # on first use of `timeline`; iteration times, `per_gpu` and memory come from the
+        # representatives' rows, copied per class (the same numbers: the rows are copies)
+        self.own_timeline = pd.DataFrame(rows, columns=list(COLUMNS))
+        self._orbits = orbits
+        self._timeline = None if orbits else self.own_timeline
+        self.symmetry = "off"  # what ran: "off", "auto: ..." or "off (fell back: <why>)"
         self.gpus = list(gpus)
         self.config = config
-        tl = self.timeline
+        tl = self.own_timeline
         ends = tl.groupby("iteration")["end"].max().sort_index() if len(tl) else pd.Series([0.0])
         # iteration k ends when its last task does; its time is measured from the end of k-1
         self.iteration_ends = [float(x) for x in ends]
@@ -64,14 +73,111 @@ class Result:
         self.wall_time = wall_time
         self.trace = trace  # only for a trace passed in memory: saved beside the config
         self._per_gpu = None  # the timeline is final: compute the breakdown once
-        self.memory = pd.DataFrame()  # gpu, time, bytes per category and total
+        self._memory = pd.DataFrame()  # gpu, time, bytes per category and total
+        self._own_memory = self._memory
         self.peak_memory: dict = {}  # GPU -> peak bytes
         self.memory_capacity: float | None = None  # bytes usable by tensors (after reserve)
 
+    # -- symmetry: the representatives' rows, copied to their images on first use ----------------
+    @property
+    def timeline(self) -> pd.DataFrame:
+        """One row per task of every GPU (COLUMNS)."""
+        if self._timeline is None:
+            self._timeline = self._expand_timeline(self.own_timeline)
+        return self._timeline
+
+    @timeline.setter
+    def timeline(self, value) -> None:
+        self._timeline = self.own_timeline = value
+        self._orbits = None
+
+    def _rep_of(self) -> dict:
+        """GPU -> the GPU whose rows stand for it (itself without symmetry)."""
+        if self._orbits is None:
+            return {g: g for g in self.gpus}
+        return {g: r for r, orbit in self._orbits.items() for g in orbit}
+
+    def _expand_timeline(self, df: pd.DataFrame) -> pd.DataFrame:
+        """Copy k of the representatives' rows for every k, gpu mapped; send/recv names
+        name the mapped peer. Columnar: one take of every column, no row objects."""
+        orbits = self._orbits
+        n, copies = len(df), len(next(iter(orbits.values())))
+        if n == 0 or copies == 1:
+            return df
+        codes, uniques = pd.factorize(df["gpu"].to_numpy(), sort=False)
+        uniques = list(uniques)
+        if df["gpu"].dtype.kind in "iu":
+            table = np.array([orbits[r] for r in uniques], dtype=np.int64).T  # (K, reps)
+            gpu = table[:, codes].ravel()
+        else:
+            table = np.empty((copies, len(uniques)), dtype=object)
+            for i, r in enumerate(uniques):
+                for k, g in enumerate(orbits[r]):
+                    table[k, i] = g
+            gpu = pd.Series(table[:, codes].ravel()).infer_objects().to_numpy()
+        out = df.take(np.tile(np.arange(n), copies)).reset_index(drop=True)
+        out["gpu"] = gpu
+        # "send to X" / "recv from X": X is a representative; copy k's peer is its image
+        names = df["name"].astype(object).to_numpy()
+        by_name = {str(r): r for r in orbits}
+        rows, new = [], []
+        for i, name in enumerate(names):
+            if isinstance(name, str) and name.startswith(("send to ", "recv from ")):
+                head, _, peer = name.rpartition(" ")
+                r = by_name.get(peer)
+                if r is not None:
+                    for k in range(1, copies):
+                        rows.append(k * n + i)
+                        new.append(f"{head} {orbits[r][k]}")
+        if rows:
+            col = out["name"]
+            if isinstance(col.dtype, pd.CategoricalDtype):
+                col = col.cat.add_categories(sorted(set(new) - set(col.cat.categories)))
+            col = col.copy()
+            col.iloc[np.array(rows)] = new
+            out["name"] = col
+        return out
+
+    @property
+    def memory(self) -> pd.DataFrame:
+        """gpu, time, bytes per category and total: each GPU's rows, GPUs in order."""
+        if self._memory is None:
+            self._memory = self._expand_by_gpu(self._own_memory)
+        return self._memory
+
+    @memory.setter
+    def memory(self, value) -> None:
+        self._memory = self._own_memory = value
+
+    def _expand_by_gpu(self, df: pd.DataFrame) -> pd.DataFrame:
+        """For every GPU in order, its representative's rows (`df` holds them GPU by GPU)."""
+        if not len(df):
+            return df
+        codes, uniques = pd.factorize(df["gpu"].to_numpy(), sort=False)
+        where = {g: i for i, g in enumerate(uniques)}
+        counts = np.bincount(codes, minlength=len(uniques))
+        firsts = np.cumsum(counts) - counts
+        rep_of = self._rep_of()
+        which = np.array([where[rep_of[g]] for g in self.gpus], dtype=np.int64)
+        lens, starts = counts[which], firsts[which]
+        idx = np.repeat(starts - (np.cumsum(lens) - lens), lens) + np.arange(int(lens.sum()))
+        out = df.take(idx).reset_index(drop=True)
+        distinct = np.empty(len(self.gpus), dtype=object)
+        for i, g in enumerate(self.gpus):  # element by element: a GPU may be a tuple
+            distinct[i] = g
+        out["gpu"] = np.repeat(pd.Series(list(distinct)).to_numpy(), lens)
+        return out
+
     def set_memory(self, memory, peaks: dict, capacity: float | None, reserve: float) -> None:
-        """Attach the memory model's result; `capacity` None: the GPU is not known."""
-        self.memory = memory
-        self.peak_memory = dict(peaks)
+        """Attach the memory model's result; `capacity` None: the GPU is not known. With
+        symmetry, `memory` and `peaks` are the representatives' (copied to their images)."""
+        if self._orbits is None:
+            self.memory = memory
+            self.peak_memory = dict(peaks)
+        else:
+            self._own_memory, self._memory = memory, None
+            rep_of = self._rep_of()
+            self.peak_memory = {g: peaks[rep_of[g]] for g in self.gpus}
         self.memory_capacity = None if capacity is None else capacity - reserve
 
     def out_of_memory(self) -> list | None:
@@ -90,7 +196,7 @@ class Result:
     def _breakdown(self) -> pd.DataFrame:
         """Over the last (steady-state) iteration's tasks."""
         out = []
-        tl = self.timeline
+        tl = self.own_timeline  # with symmetry: the representatives', copied to their images
         last = (tl["iteration"] == len(self.iteration_times) - 1).to_numpy(bool)
         # one sort by (gpu, start) for all GPUs, then a slice per GPU (no pandas per GPU);
         # the order of equal starts does not change a union's length. Numpy columns: a
@@ -110,8 +216,9 @@ class Result:
         is_comp = (tl["kind"] == "compute").to_numpy(bool)[last]
         is_comm = (tl["kind"] == "comm").to_numpy(bool)[last]
         comp_u, comm_u, both_u = unions(is_comp), unions(is_comm), unions(is_comp | is_comm)
+        rep_of = self._rep_of() if self._orbits is not None else {}
         for g in self.gpus:
-            k = where.get(g)
+            k = where.get(rep_of.get(g, g))
             c = comp_u[k] if k is not None else 0.0
             m = comm_u[k] if k is not None else 0.0
             both = both_u[k] if k is not None else 0.0
