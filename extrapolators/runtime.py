@@ -131,10 +131,10 @@ class Runtime:
                 rows.append((gpu, stream, "comm", task.op, task.layer, task.phase, begin,
                              env.now, task.nbytes, task.key, it, -1, -1))  # fmt: skip
             elif type(task) is Send:
-                ev = self.network.transfer(gpu, task.dst, task.nbytes, tag=task.key)
-                if self.symmetry is not None:
-                    self._send_images(gpu, task, ev)
-                yield ev
+                if self.symmetry is None:
+                    yield self.network.transfer(gpu, task.dst, task.nbytes, tag=task.key)
+                else:
+                    yield self._send_with_images(gpu, task)
                 self.event("p2p:" + task.key).succeed()
                 rows.append((gpu, stream, "comm", f"send to {task.dst}", task.layer, task.phase,
                              start, env.now, task.nbytes, task.key, it, -1, -1))  # fmt: skip
@@ -284,17 +284,21 @@ class Runtime:
         self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
         twins.image_done(self.env.now)
 
-    def _send_images(self, gpu, task: Send, ev) -> None:
-        """Every copy's image of a send between representatives, started with it."""
+    def _send_with_images(self, gpu, task: Send) -> simpy.Event:
+        """The send and every copy's image of it, started as one group of transfers (one
+        flow-table update instead of one per copy: the same flows at the same instant);
+        returns the representative's event."""
         pairs = self.symmetry.send_images(gpu, task.dst)
-        if not pairs:
-            return
-        twins = Twins(self, f"send {task.key!r}")
-        ev.callbacks.append(lambda _e: twins.rep_done(self.env.now))
-        for src, dst in pairs:
-            self.open_images += 1
-            e = self.network.transfer(src, dst, task.nbytes, tag=task.key)
-            e.callbacks.append(lambda _e: twins.image_done(self.env.now))
+        nb = task.nbytes
+        group = [(gpu, task.dst, nb), *((a, b, nb) for a, b in pairs)]
+        events = self.network.transfer_group(group, tag=task.key)
+        if pairs:
+            twins = Twins(self, f"send {task.key!r}")
+            events[0].callbacks.append(lambda _e: twins.rep_done(self.env.now))
+            self.open_images += len(pairs)
+            for e in events[1:]:
+                e.callbacks.append(lambda _e: twins.image_done(self.env.now))
+        return events[0]
 
     def check_symmetry(self) -> None:
         """After the run: every image operation ended (at its representative's instant)."""

@@ -52,6 +52,7 @@ class Result:
         self._orbits = orbits
         self._timeline = None if orbits else self.own_timeline
         self.symmetry = "off"  # what ran: "off", "auto: ..." or "off (fell back: <why>)"
+        self.symmetry_skew = 0.0  # largest relative gap between an image's end and its rep's
         self.gpus = list(gpus)
         self.config = config
         tl = self.own_timeline

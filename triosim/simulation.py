@@ -184,6 +184,7 @@ class Simulation:
                                      list(sym.reps) if sym else self.gpus, cfg.memory)  # fmt: skip
         gpu_name = cfg.gpu or self.trace.metadata.get("gpu")
         result.set_memory(mem, peaks, capacity(cfg.memory, gpu_name), cfg.memory.reserve)
+        result.symmetry_skew = runtime.symmetry_skew
         return result
 
     def _start_iterations(self, runtime: Runtime, k_max: int, sym=None) -> None:
