@@ -280,6 +280,7 @@ class Result:
             "fits_in_memory": None if self.out_of_memory() is None else not self.out_of_memory(),
             "collective_bytes": self.collective_bytes,
             "simulation_wall_s": self.wall_time,
+            "symmetry": self.symmetry,
         }
 
     def summary(self) -> str:
@@ -304,6 +305,7 @@ class Result:
             ("peak memory / GPU (max)", f"{s['peak_memory_gb_max']:.3f} GB"),
             ("fits in memory", self._verdict()),
             ("simulated in", f"{s['simulation_wall_s']:.3f} s wall"),
+            *([("symmetry", s["symmetry"])] if s["symmetry"] != "off" else []),
         ]
         w = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
