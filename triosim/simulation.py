@@ -9,6 +9,7 @@ so a bad input is a ConfigError at construction; `run()` then returns a Result.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import time
 import warnings
@@ -108,15 +109,19 @@ class Simulation:
         wall = time.perf_counter()
         reason = "symmetry: off"
         if self.config.symmetry == "auto":
+            abandoned = False
             sym, reason = self._symmetry()
             if sym is not None:
                 try:
                     result = self._run(progress, sym, wall)
                 except (SymmetryBroken, DeadlockError) as e:
                     reason = f"the symmetric run stopped: {e}"
+                    abandoned = True
                 else:
                     result.symmetry = sym.describe(len(self.gpus))
                     return result
+            if abandoned:  # its environment is cycles of generators: free it before the next
+                gc.collect()
             warnings.warn(f"symmetry: auto fell back to the full simulation: {reason}",
                           SymmetryWarning, stacklevel=2)  # fmt: skip
         result = self._run(progress, None, wall)
