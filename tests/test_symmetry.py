@@ -140,6 +140,18 @@ def test_3d_replica_zero_represents_the_others(gpt2, topology):
     assert "send to 15" in names and "recv from 15" in names and "send to 3" not in names
 
 
+@pytest.mark.parametrize(
+    "par", [{"mode": "interleaved", "virtual_stages": 2}, {"dp_overlap": False}]
+)
+def test_interleaved_and_unbucketed_3d(gpt2, par):
+    cfg = threed("off")
+    cfg["parallelism"] = {**cfg["parallelism"], **par}
+    full, _ = run(cfg, gpt2)
+    sym, warned = run({**cfg, "symmetry": "auto"}, gpt2)
+    assert not warned and sym.symmetry == "auto: 4 representatives of 16 GPUs"
+    assert_same_run(sym, full)
+
+
 def test_3d_on_a_fat_tree_whose_routes_differ_per_replica(gpt2):
     # radix 8: a replica per leaf (dp 4) or per two leaves (dp 2); the DP all-reduces or the
     # pipeline sends cross the spines, where ECMP routes collide differently for different
