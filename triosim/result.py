@@ -89,8 +89,10 @@ class Result:
 
     @timeline.setter
     def timeline(self, value) -> None:
+        """Replace the timeline (of every GPU): the classes no longer apply."""
+        _ = self.memory  # copied to the images while the classes are known
         self._timeline = self.own_timeline = value
-        self._orbits = None
+        self._orbits, self._per_gpu = None, None
 
     def _rep_of(self) -> dict:
         """GPU -> the GPU whose rows stand for it (itself without symmetry)."""
