@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from extrapolators.base import Extrapolator, gradient_ready
+from extrapolators.symmetry import Symmetry
 from extrapolators.tasks import Collective, ComputeRun, Signal, Wait
 from triosim.errors import ConfigError
 from triosim.schema import option
@@ -114,6 +115,11 @@ class DataParallel(Extrapolator):
 
     def grad_bytes(self) -> float:
         return self.trace.weight_bytes()  # one gradient per weight, of the weight's size
+
+    def symmetry(self) -> Symmetry:
+        """Every GPU runs the same stream and every all-reduce spans all GPUs: one class
+        (`symmetry: auto`, see extrapolators.symmetry)."""
+        return Symmetry.one_class(self.gpus)
 
     def streams(self):
         return {key: gen for g in self.gpus for key, gen in self._gpu_streams(g).items()}

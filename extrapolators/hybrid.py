@@ -16,6 +16,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from extrapolators.base import Extrapolator
+from extrapolators.symmetry import Symmetry
 from extrapolators.tasks import Collective, Signal, Wait, prefixed
 from triosim import schema
 from triosim.errors import ConfigError
@@ -95,6 +96,20 @@ class Hybrid(Extrapolator):
         k = len(self.gpus) // self.options.dp
         j = self._pos[gpu] % k
         return [rep.gpus[j] for rep in self.replicas]
+
+    def symmetry(self) -> Symmetry:
+        """Replica 0's GPUs represent the others, replica r mapped by position: the inner
+        mode's group of replica r is its ring (`rings[r]`, the topology's order), and each
+        position's all-reduce (one GPU per replica) is a whole class."""
+        reps = self.replicas
+
+        def image_group(group, k):
+            if tuple(group) == tuple(reps[0].ring):
+                return reps[k].ring
+            pos = {g: i for i, g in enumerate(reps[0].gpus)}
+            return tuple(reps[k].gpus[pos[g]] for g in group)
+
+        return Symmetry.of_replicas([rep.gpus for rep in reps], image_group)
 
     def streams(self):
         out = {}

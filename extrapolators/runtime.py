@@ -22,6 +22,7 @@ import numpy as np
 import simpy
 from simpy.core import NORMAL
 
+from extrapolators.symmetry import SymmetryBroken, Twins
 from extrapolators.tasks import (
     Collective,
     Compute,
@@ -48,7 +49,8 @@ class _Block(NamedTuple):
 
 
 class Runtime:
-    def __init__(self, env: simpy.Environment, network, comm, compute_scale: dict | None = None):
+    def __init__(self, env: simpy.Environment, network, comm, compute_scale: dict | None = None,
+                 symmetry=None):  # fmt: skip
         self.env = env
         self.network = network
         self.comm = comm  # a CommModel: runs every collective
@@ -61,6 +63,11 @@ class Runtime:
         self.tasks_started = 0
         self.tasks_finished = 0
         self.collective_bytes: dict[str, float] = {}
+        # extrapolators.symmetry.Symmetry: only its representatives' streams are started;
+        # their collectives and sends also run for every image (see that module)
+        self.symmetry = symmetry
+        self.open_images = 0  # image operations started and not yet ended
+        self.symmetry_skew = 0.0  # largest relative gap between an image's end and its rep's
 
     def event(self, key: str) -> simpy.Event:
         ev = self._events.get(key)
@@ -124,7 +131,10 @@ class Runtime:
                 rows.append((gpu, stream, "comm", task.op, task.layer, task.phase, begin,
                              env.now, task.nbytes, task.key, it, -1, -1))  # fmt: skip
             elif type(task) is Send:
-                yield self.network.transfer(gpu, task.dst, task.nbytes, tag=task.key)
+                if self.symmetry is None:
+                    yield self.network.transfer(gpu, task.dst, task.nbytes, tag=task.key)
+                else:
+                    yield self._send_with_images(gpu, task)
                 self.event("p2p:" + task.key).succeed()
                 rows.append((gpu, stream, "comm", f"send to {task.dst}", task.layer, task.phase,
                              start, env.now, task.nbytes, task.key, it, -1, -1))  # fmt: skip
@@ -232,8 +242,12 @@ class Runtime:
             if gpu not in task.group:
                 raise SimulationError(f"GPU {gpu} posted collective {task.key!r} of group "
                                       f"{task.group} it is not in")  # fmt: skip
-            meet = self._meet[task.key] = {"left": set(task.group), "done": self.env.event(),
-                                           "begin": None, "task": task}  # fmt: skip
+            if self.symmetry is None:
+                left, images = set(task.group), None
+            else:  # the representatives in the group meet; images run with them
+                left, images = self.symmetry.plan(task.group)
+            meet = self._meet[task.key] = {"left": left, "done": self.env.event(),
+                                           "begin": None, "task": task, "images": images}  # fmt: skip
         elif (meet["task"].group is not task.group and meet["task"].group != task.group) or (
             meet["task"].op != task.op
         ):  # identity first: comparing an N-GPU group per arrival is O(N^2) per collective
@@ -243,16 +257,53 @@ class Runtime:
         meet["left"].discard(gpu)
         if not meet["left"]:
             meet["begin"] = self.env.now
-            self.env.process(self._run_collective(task, meet["done"]))
+            self.env.process(self._run_collective(task, meet["done"], meet["images"]))
         yield meet["done"]
         return meet["begin"]
 
-    def _run_collective(self, task: Collective, done):
+    def _run_collective(self, task: Collective, done, images=None):
+        twins = None
+        if images:  # the same collective in every copy, started at the same instant
+            twins = Twins(self, f"collective {task.key!r}")
+            for k, group in enumerate(images, start=1):
+                self.open_images += 1
+                self.env.process(self._image_collective(task, group, k, twins))
         yield from self.comm.run(task.op, task.group, task.nbytes, tag=task.key,
                                  root=task.root, algorithm=task.algorithm)  # fmt: skip
         self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
+        if twins is not None:
+            twins.rep_done(self.env.now)
         del self._meet[task.key]
         done.succeed()
+
+    def _image_collective(self, task: Collective, group, k: int, twins):
+        """Copy k's image of a representatives' collective (its tag: the same key)."""
+        root = None if task.root is None else self.symmetry.image(task.root, k)
+        yield from self.comm.run(task.op, group, task.nbytes, tag=task.key, root=root,
+                                 algorithm=task.algorithm)  # fmt: skip
+        self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
+        twins.image_done(self.env.now)
+
+    def _send_with_images(self, gpu, task: Send) -> simpy.Event:
+        """The send and every copy's image of it, started as one group of transfers (one
+        flow-table update instead of one per copy: the same flows at the same instant);
+        returns the representative's event."""
+        pairs = self.symmetry.send_images(gpu, task.dst)
+        nb = task.nbytes
+        group = [(gpu, task.dst, nb), *((a, b, nb) for a, b in pairs)]
+        events = self.network.transfer_group(group, tag=task.key)
+        if pairs:
+            twins = Twins(self, f"send {task.key!r}")
+            events[0].callbacks.append(lambda _e: twins.rep_done(self.env.now))
+            self.open_images += len(pairs)
+            for e in events[1:]:
+                e.callbacks.append(lambda _e: twins.image_done(self.env.now))
+        return events[0]
+
+    def check_symmetry(self) -> None:
+        """After the run: every image operation ended (at its representative's instant)."""
+        if self.open_images:
+            raise SymmetryBroken(f"{self.open_images} image operations never ended")
 
     # -- the timeline ------------------------------------------------------------------------
     @property

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from extrapolators.base import Extrapolator
+from extrapolators.symmetry import Symmetry
 from extrapolators.tasks import Collective, Signal, Wait
 from extrapolators.units import layer_units
 from triosim.schema import option
@@ -75,6 +76,10 @@ class Sharded(Extrapolator):
             return 0.0
         top = sorted(self.unit_weights, reverse=True)[:2]
         return sum(top) * (1 - 1 / len(self.gpus))
+
+    def symmetry(self) -> Symmetry:
+        """Every GPU runs the same streams and every collective spans all GPUs: one class."""
+        return Symmetry.one_class(self.gpus)
 
     # -- streams ------------------------------------------------------------------------------
     def streams(self):

@@ -62,6 +62,7 @@ from typing import Literal
 
 from extrapolators import collectives
 from extrapolators.base import Extrapolator
+from extrapolators.symmetry import Symmetry
 from extrapolators.tasks import Collective, Compute, ComputeRun
 from perfmodel import Target
 from perfmodel.base import batch_ratio
@@ -415,6 +416,10 @@ class TensorParallel(Extrapolator):
 
     def held_weight_bytes(self, gpu) -> float:
         return self.optimizer_fraction() * self.trace.weight_bytes()
+
+    def symmetry(self) -> Symmetry:
+        """Every GPU runs the same stream and every collective spans the group: one class."""
+        return Symmetry.one_class(self.gpus)
 
     # -- streams -------------------------------------------------------------------------------
     def streams(self):

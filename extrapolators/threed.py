@@ -35,6 +35,7 @@ from typing import Literal
 from extrapolators.base import Extrapolator, gradient_ready
 from extrapolators.pipeline import GPipe, PipelineOptions
 from extrapolators.schedules import schedule
+from extrapolators.symmetry import Symmetry
 from extrapolators.tasks import Collective, ComputeRun, Recv, Send, Signal, Wait
 from extrapolators.tensor_parallel import SHARDED, SPLIT, TensorParallel, TPOptions
 from triosim.errors import ConfigError
@@ -162,6 +163,20 @@ class ThreeD(Extrapolator):
 
     def pp_chain(self, d, t) -> list:
         return [self.grid[d, p, t] for p in range(self.pp)]
+
+    def symmetry(self) -> Symmetry:
+        """The GPUs of data-parallel replica 0 represent the others, replica d mapped by grid
+        position: its TP groups are `_ring` of the mapped members (as `tp_group`), its
+        pipeline sends go between the mapped stages, and each DP group (one GPU per replica)
+        is a whole class."""
+        replicas = [[self.grid[d, p, t] for p in range(self.pp) for t in range(self.tp)]
+                    for d in range(self.dp)]  # fmt: skip
+        coord, grid = self.coord, self.grid
+
+        def image_group(group, k):
+            return self._ring(grid[k, coord[g][1], coord[g][2]] for g in group)
+
+        return Symmetry.of_replicas(replicas, image_group)
 
     # -- weights -----------------------------------------------------------------------------
     def _held(self):

@@ -15,6 +15,7 @@ import dataclasses
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
@@ -72,6 +73,10 @@ class TopLevel:
     seed: int = option(0, ge=0, help="seed for anything random")
     iterations: int = option(1, ge=1, help="back-to-back training iterations; results report "
                              "the first and the steady-state (last) one")  # fmt: skip
+    symmetry: Literal["off", "auto"] = option(
+        "off", help="auto: simulate one representative per class of identical GPUs (DDP: one; "
+        "3D: data-parallel replica 0) when the mode declares them and the run shows them "
+        "identical, else the full simulation (with a warning); results are the same")  # fmt: skip
     heterogeneity: Heterogeneity = option(factory=Heterogeneity, help="slower GPUs and links "
                                           "(fixed or random), for every mode")  # fmt: skip
     memory: MemoryOptions = option(factory=MemoryOptions, help="optimizer, precision, reserve "
@@ -103,6 +108,7 @@ class Config:
     gpu: str | None = None
     seed: int = 0
     iterations: int = 1
+    symmetry: str = "off"
     heterogeneity: Heterogeneity = field(default_factory=Heterogeneity)
     memory: MemoryOptions = field(default_factory=MemoryOptions)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
@@ -237,6 +243,10 @@ def from_dict(data: dict, base_dir=".") -> Config:
     sections = _sections()
     owners = _owners(sections)
     top_data = {k: v for k, v in data.items() if k not in sections}
+    if top_data.get("symmetry") is False:  # YAML 1.1 reads a bare `off` as false
+        top_data["symmetry"] = "off"
+    elif top_data.get("symmetry") is True:
+        raise ConfigError("symmetry", True, "off or auto (YAML reads a bare on/yes as true)")
     top = schema.load(TopLevel, top_data, "", elsewhere=_elsewhere(owners, "top level"),
                       owner="the top level")  # fmt: skip
     cfg = Config(**{f.name: getattr(top, f.name) for f in fields(TopLevel)}, base_dir=str(base_dir))

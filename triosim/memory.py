@@ -116,6 +116,12 @@ class MemoryCurves:
     def __len__(self) -> int:
         return sum(len(t) for t in self.times)
 
+    def expanded(self, gpus, rep_of: dict) -> MemoryCurves:
+        """The curves of `gpus`, each its representative's (rep_of[g], one of ours)."""
+        at = {g: i for i, g in enumerate(self.gpus)}
+        which = [at[rep_of[g]] for g in gpus]
+        return MemoryCurves(gpus, [self.times[i] for i in which], [self.states[i] for i in which])
+
     def peaks(self) -> dict:
         done: dict = {}  # id(curve) -> peak
         out = {}

@@ -52,13 +52,23 @@ class Result:
     """
 
     def __init__(self, rows, gpus, config, links, transfers, collective_bytes,
-                 bytes_delivered, network_stats, wall_time, trace=None):  # fmt: skip
-        # no copy: the columns are fresh arrays (stacking them into 2D blocks took 1.7 s
-        # and doubled the timeline's memory at 16,384 GPUs)
-        self.timeline = pd.DataFrame(rows, columns=list(COLUMNS), copy=False)
+                 bytes_delivered, network_stats, wall_time, trace=None, orbits=None):  # fmt: skip
+        # `orbits` (symmetry, extrapolators.symmetry): {representative: (it, its images in
+        # copy order)}; `rows` are then the representatives' only. The timeline of an image
+        # is its representative's rows with the gpu (and the peer named in "send to" /
+        # "recv from") mapped; the `key` column keeps the representative's keys. It is built
+        # on first use of `timeline`; iteration times, `per_gpu` and memory come from the
+        # representatives' rows, copied per class (the same numbers: the rows are copies).
+        # No copy of the columns: they are fresh arrays (stacking them into 2D blocks took
+        # 1.7 s and doubled the timeline's memory at 16,384 GPUs)
+        self.own_timeline = pd.DataFrame(rows, columns=list(COLUMNS), copy=False)
+        self._orbits = orbits
+        self._timeline = None if orbits else self.own_timeline
+        self.symmetry = "off"  # what ran: "off", "auto: ..." or "off (fell back: <why>)"
+        self.symmetry_skew = 0.0  # largest relative gap between an image's end and its rep's
         self.gpus = list(gpus)
         self.config = config
-        tl = self.timeline
+        tl = self.own_timeline
         ends = tl.groupby("iteration")["end"].max().sort_index() if len(tl) else pd.Series([0.0])
         # iteration k ends when its last task does; its time is measured from the end of k-1
         self.iteration_ends = [float(x) for x in ends]
@@ -81,10 +91,71 @@ class Result:
         self.peak_memory: dict = {}  # GPU -> peak bytes
         self.memory_capacity: float | None = None  # bytes usable by tensors (after reserve)
 
+    # -- symmetry: the representatives' rows, copied to their images on first use ----------------
+    @property
+    def timeline(self) -> pd.DataFrame:
+        """One row per task of every GPU (COLUMNS)."""
+        if self._timeline is None:
+            self._timeline = self._expand_timeline(self.own_timeline)
+        return self._timeline
+
+    @timeline.setter
+    def timeline(self, value) -> None:
+        """Replace the timeline (of every GPU): the classes no longer apply."""
+        self._timeline = self.own_timeline = value
+        self._orbits, self._per_gpu = None, None
+
+    def _rep_of(self) -> dict:
+        """GPU -> the GPU whose rows stand for it (itself without symmetry)."""
+        if self._orbits is None:
+            return {g: g for g in self.gpus}
+        return {g: r for r, orbit in self._orbits.items() for g in orbit}
+
+    def _expand_timeline(self, df: pd.DataFrame) -> pd.DataFrame:
+        """Copy k of the representatives' rows for every k, gpu mapped; send/recv names
+        name the mapped peer. Columnar: one take of every column, no row objects."""
+        orbits = self._orbits
+        n, copies = len(df), len(next(iter(orbits.values())))
+        if n == 0 or copies == 1:
+            return df
+        codes, uniques = pd.factorize(df["gpu"].to_numpy(), sort=False)
+        uniques = list(uniques)
+        if df["gpu"].dtype.kind in "iu":
+            table = np.array([orbits[r] for r in uniques], dtype=np.int64).T  # (K, reps)
+            gpu = table[:, codes].ravel()
+        else:
+            table = np.empty((copies, len(uniques)), dtype=object)
+            for i, r in enumerate(uniques):
+                for k, g in enumerate(orbits[r]):
+                    table[k, i] = g
+            gpu = pd.Series(table[:, codes].ravel()).infer_objects().to_numpy()
+        out = df.take(np.tile(np.arange(n), copies)).reset_index(drop=True)
+        out["gpu"] = gpu
+        # "send to X" / "recv from X": X is a representative; copy k's peer is its image
+        names = df["name"].astype(object).to_numpy()
+        by_name = {str(r): r for r in orbits}
+        rows, new = [], []
+        for i, name in enumerate(names):
+            if isinstance(name, str) and name.startswith(("send to ", "recv from ")):
+                head, _, peer = name.rpartition(" ")
+                r = by_name.get(peer)
+                if r is not None:
+                    for k in range(1, copies):
+                        rows.append(k * n + i)
+                        new.append(f"{head} {orbits[r][k]}")
+        if rows:
+            col = out["name"]
+            if isinstance(col.dtype, pd.CategoricalDtype):
+                col = col.cat.add_categories(sorted(set(new) - set(col.cat.categories)))
+            col = col.copy()
+            col.iloc[np.array(rows)] = new
+            out["name"] = col
+        return out
+
     @property
     def memory(self) -> pd.DataFrame:
         """gpu, time, bytes per category and total: one row per GPU and instant where its
-        memory changes (built on first use from the per-GPU curves)."""
+        memory changes, GPUs in order (built on first use from the per-GPU curves)."""
         if not isinstance(self._memory, pd.DataFrame):
             self._memory = self._memory.frame()
         return self._memory
@@ -95,9 +166,16 @@ class Result:
 
     def set_memory(self, memory, peaks: dict, capacity: float | None, reserve: float) -> None:
         """Attach the memory model's result (a DataFrame, or triosim.memory.MemoryCurves
-        to build it from when asked for); `capacity` None: the GPU is not known."""
-        self._memory = memory
-        self.peak_memory = dict(peaks)
+        to build it from when asked for); `capacity` None: the GPU is not known. With
+        symmetry, `memory` (MemoryCurves) and `peaks` are the representatives': each image
+        gets its representative's curve (the same arrays, not a copy)."""
+        if self._orbits is None:
+            self._memory = memory
+            self.peak_memory = dict(peaks)
+        else:
+            rep_of = self._rep_of()
+            self._memory = memory.expanded(self.gpus, rep_of)
+            self.peak_memory = {g: peaks[rep_of[g]] for g in self.gpus}
         self.memory_capacity = None if capacity is None else capacity - reserve
 
     def out_of_memory(self) -> list | None:
@@ -116,7 +194,7 @@ class Result:
     def _breakdown(self) -> pd.DataFrame:
         """Over the last (steady-state) iteration's tasks."""
         out = []
-        tl = self.timeline
+        tl = self.own_timeline  # with symmetry: the representatives', copied to their images
         last = (tl["iteration"] == len(self.iteration_times) - 1).to_numpy(bool)
         # one sort by (gpu, start) for all GPUs, then a slice per GPU (no pandas per GPU);
         # the order of equal starts does not change a union's length. Numpy columns: a
@@ -136,8 +214,9 @@ class Result:
         is_comp = (tl["kind"] == "compute").to_numpy(bool)[last]
         is_comm = (tl["kind"] == "comm").to_numpy(bool)[last]
         comp_u, comm_u, both_u = unions(is_comp), unions(is_comm), unions(is_comp | is_comm)
+        rep_of = self._rep_of() if self._orbits is not None else {}
         for g in self.gpus:
-            k = where.get(g)
+            k = where.get(rep_of.get(g, g))
             c = comp_u[k] if k is not None else 0.0
             m = comm_u[k] if k is not None else 0.0
             both = both_u[k] if k is not None else 0.0
@@ -209,6 +288,7 @@ class Result:
             "fits_in_memory": None if self.out_of_memory() is None else not self.out_of_memory(),
             "collective_bytes": self.collective_bytes,
             "simulation_wall_s": self.wall_time,
+            "symmetry": self.symmetry,
         }
 
     def summary(self) -> str:
@@ -233,6 +313,7 @@ class Result:
             ("peak memory / GPU (max)", f"{s['peak_memory_gb_max']:.3f} GB"),
             ("fits in memory", self._verdict()),
             ("simulated in", f"{s['simulation_wall_s']:.3f} s wall"),
+            *([("symmetry", s["symmetry"])] if s["symmetry"] != "off" else []),
         ]
         w = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)

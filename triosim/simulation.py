@@ -9,14 +9,17 @@ so a bad input is a ConfigError at construction; `run()` then returns a Result.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import time
+import warnings
 from pathlib import Path
 
 import simpy
 
 from extrapolators import Runtime, comm_class, extrapolator_class
 from extrapolators.rings import ring_order
+from extrapolators.symmetry import SymmetryBroken, SymmetryWarning
 from extrapolators.tasks import prefixed
 from networks import network_class
 from networks import topology as topo
@@ -24,7 +27,7 @@ from networks.base import gpu_nodes, validate_graph
 from perfmodel import model_class
 from triosim import schema
 from triosim.config import IN_MEMORY, Config, from_dict, load_config
-from triosim.errors import ConfigError, SimulationError
+from triosim.errors import ConfigError, DeadlockError, SimulationError
 from triosim.memory import capacity, check_capacity, memory_curves
 from triosim.result import Result
 from triosim.trace import Trace
@@ -96,20 +99,73 @@ class Simulation:
         return self.config.gpu or self.trace.metadata.get("gpu")
 
     def run(self, progress=None) -> Result:
-        """Simulate; `progress` (a triosim.progress.RunProgress) watches the run."""
-        cfg = self.config
+        """Simulate; `progress` (a triosim.progress.RunProgress) watches the run.
+
+        With `symmetry: auto`, the representatives of the mode's classes of identical GPUs
+        are simulated (extrapolators.symmetry) when the conditions checkable beforehand
+        hold, and the run itself checks the rest; otherwise, or when the run finds the
+        replicas asymmetric, the full simulation runs and a SymmetryWarning says why.
+        `result.symmetry` says which ran."""
         wall = time.perf_counter()
+        reason = "symmetry: off"
+        if self.config.symmetry == "auto":
+            abandoned = False
+            sym, reason = self._symmetry()
+            if sym is not None:
+                try:
+                    result = self._run(progress, sym, wall)
+                except (SymmetryBroken, DeadlockError) as e:
+                    reason = f"the symmetric run stopped: {e}"
+                    abandoned = True
+                else:
+                    result.symmetry = sym.describe(len(self.gpus))
+                    return result
+            if abandoned:  # its environment is cycles of generators: free it before the next
+                gc.collect()
+            warnings.warn(f"symmetry: auto fell back to the full simulation: {reason}",
+                          SymmetryWarning, stacklevel=2)  # fmt: skip
+        result = self._run(progress, None, wall)
+        result.symmetry = "off" if self.config.symmetry == "off" else f"off (fell back: {reason})"
+        return result
+
+    def _symmetry(self):
+        """(the mode's Symmetry, None) when what can be checked before the run holds, else
+        (None, the reason): a declaration that partitions the GPUs into classes of K >= 2,
+        one iteration loop the runtime drives, equal compute factors and equal held bytes
+        (weights, buffers) within every class. The streams of sampled copies are compared
+        when the run starts; the network's symmetry is checked as it runs."""
+        ex = self.extrapolator
+        declare = getattr(ex, "symmetry", None)
+        sym = declare() if declare is not None else None
+        if sym is None:
+            return None, f"mode '{self.config.parallelism.mode}' declares no symmetry"
+        if ex.owns_iterations:
+            return None, "the mode runs its iterations itself"
+        why = sym.problem(self.gpus)
+        if why is None:
+            why = sym.equal_within_classes(self.compute_slowdown, "the compute factor")
+        if why is None:
+            held = {g: (ex.held_weight_bytes(g), ex.buffer_bytes(g)) for g in self.gpus}
+            why = sym.equal_within_classes(held, "(held weight bytes, buffer bytes)")
+        return (None, why) if why else (sym, None)
+
+    def _run(self, progress, sym, wall) -> Result:
+        cfg = self.config
         env = simpy.Environment()
         net = network_class(cfg.network.kind)(env, self.graph, cfg.network.options)
         c = cfg.communication
         comm = comm_class(c.kind)(env, net, c.options, gpu=self.target_gpu(),
                                   base_dir=cfg.base_dir)  # fmt: skip
-        runtime = Runtime(env, net, comm, compute_scale=self.compute_slowdown)
-        self._start_iterations(runtime, cfg.iterations)
+        runtime = Runtime(env, net, comm, compute_scale=self.compute_slowdown, symmetry=sym)
+        if sym is not None:  # a second set of streams: checking consumes them
+            sym.check_streams(self.extrapolator.streams())
+        self._start_iterations(runtime, cfg.iterations, sym)
         if progress is not None:
             progress.attach(env, runtime)
         env.run()
         runtime.check_finished()
+        if sym is not None:
+            runtime.check_symmetry()
         check_conservation(runtime, net)
         if progress is not None:
             progress.stage("building the timeline")
@@ -124,30 +180,37 @@ class Simulation:
             network_stats=net.stats(),
             wall_time=time.perf_counter() - wall,
             trace=self.trace if cfg.trace == IN_MEMORY else None,
+            orbits=None if sym is None else sym.orbits,
         )
+        result.symmetry_skew = runtime.symmetry_skew
         del runtime, comm, net, env  # the log and the event queue: memory for the next step
         if progress is not None:
             progress.stage("memory")
-        mem, peaks = memory_curves(result.timeline, self.trace, self.extrapolator, self.gpus,
-                                   cfg.memory)  # fmt: skip
+        # with symmetry: the representatives' curves, which the Result copies to their images
+        mem, peaks = memory_curves(result.own_timeline, self.trace, self.extrapolator,
+                                   list(sym.reps) if sym else self.gpus, cfg.memory)  # fmt: skip
         gpu_name = cfg.gpu or self.trace.metadata.get("gpu")
         result.set_memory(mem, peaks, capacity(cfg.memory, gpu_name), cfg.memory.reserve)
         return result
 
-    def _start_iterations(self, runtime: Runtime, k_max: int) -> None:
+    def _start_iterations(self, runtime: Runtime, k_max: int, sym=None) -> None:
         """K back-to-back iterations on one network (so state such as photonic circuits
         carries over): a GPU's streams of iteration k start once all its streams of
         iteration k-1 are done (its next forward waits for its optimizer step). A mode that
-        runs its iterations itself (decentralized training) gets K and no barrier."""
+        runs its iterations itself (decentralized training) gets K and no barrier. With
+        `sym`, only its representatives' streams start."""
         if self.extrapolator.owns_iterations:
             for (gpu, stream), tasks in self.extrapolator.streams(iterations=k_max).items():
                 runtime.start(gpu, stream, tasks)
             return
+        reps = None if sym is None else sym.orbits
         previous: dict = {}
         for k in range(k_max):
             streams = self.extrapolator.streams()
             current: dict = {}
             for (gpu, stream), tasks in streams.items():
+                if reps is not None and gpu not in reps:
+                    continue
                 after = [runtime.done_key(gpu, s, k - 1) for s in previous.get(gpu, ())]
                 runtime.start(gpu, stream, prefixed(tasks, f"it{k}/") if k else tasks, k, after)
                 current.setdefault(gpu, []).append(stream)

@@ -1,0 +1,266 @@
+"""`symmetry: auto` (extrapolators.symmetry): one representative per class of identical GPUs
+gives the full simulation's results, row by row; where the classes are not identical it
+falls back to the full simulation and says so."""
+
+import pickle
+import warnings
+
+import numpy as np
+import pytest
+
+from extrapolators.symmetry import Symmetry, SymmetryWarning
+from tests.conftest import ROOT, chain_trace
+from triosim.config import from_dict, parse_yaml
+from triosim.errors import ConfigError
+from triosim.simulation import Simulation, load_any_trace
+
+RESNET = ROOT / "traces/cpu/resnet18-b8.trace.json.gz"
+GPT2 = ROOT / "traces/modelled/a100-80gb/gpt2-s512-b8.trace.json.gz"
+FAT = {"kind": "fat_tree", "bandwidth": "50 GB/s", "latency": "1 us", "radix": 8}
+NON_TIME = ["gpu", "stream", "iteration", "kind", "name", "layer", "phase", "op_id",
+            "microbatch", "nbytes"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    return load_any_trace(RESNET)
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return load_any_trace(GPT2)
+
+
+def ddp(n, symmetry, **extra):
+    return {"num_gpus": n, "batch_size": 8 * n, "parallelism": {"mode": "ddp"},
+            "topology": {**FAT, "radix": 8 if n <= 32 else 16}, "symmetry": symmetry,
+            **extra}  # fmt: skip
+
+
+ONE_LEAF = {**FAT, "radix": 64}  # 16 GPUs on one leaf switch
+RING = {"kind": "ring", "bandwidth": "50 GB/s", "latency": "1 us"}
+
+
+def threed(symmetry, dp=4, tp=2, pp=2, **extra):
+    par = {"mode": "3d", "dp": dp, "tp": tp, "pp": pp, "microbatches": 2 * pp}
+    return {"num_gpus": dp * tp * pp, "batch_size": 8 * dp, "gpu": "A100-80GB",
+            "parallelism": par, "topology": ONE_LEAF, "symmetry": symmetry,
+            **extra}  # fmt: skip
+
+
+def run(cfg, trace):
+    """The run and the SymmetryWarnings it gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        r = Simulation(cfg, trace=trace).run()
+    return r, [str(w.message) for w in caught if issubclass(w.category, SymmetryWarning)]
+
+
+def sorted_timeline(r):
+    tl = r.timeline.drop(columns=["key"])  # symmetric: the representatives' keys (documented)
+    cols = {c: tl[c].astype(str) for c in NON_TIME}
+    order = tl.assign(**{f"_{c}": v for c, v in cols.items()}).sort_values(
+        [f"_{c}" for c in NON_TIME] + ["start", "end"], kind="stable"
+    )
+    return order[tl.columns].reset_index(drop=True)
+
+
+def assert_same_run(a, b):
+    """Every task of every GPU starts and ends at the same instant (1e-9 relative), with the
+    same iteration time, per-GPU breakdown and memory."""
+    ta, tb = sorted_timeline(a), sorted_timeline(b)
+    assert len(ta) == len(tb)
+    for c in NON_TIME:
+        assert (ta[c].astype(str).to_numpy() == tb[c].astype(str).to_numpy()).all(), c
+    for c in ("start", "end"):
+        np.testing.assert_allclose(ta[c].to_numpy(float), tb[c].to_numpy(float), rtol=1e-9,
+                                   atol=0)  # fmt: skip
+    assert a.iteration_times == pytest.approx(b.iteration_times, rel=1e-9, abs=0)
+    assert a.peak_memory.keys() == b.peak_memory.keys()
+    for g, p in b.peak_memory.items():
+        assert a.peak_memory[g] == pytest.approx(p, rel=1e-9)
+    pa, pb = a.per_gpu(), b.per_gpu()
+    assert list(pa.index) == list(pb.index)
+    np.testing.assert_allclose(pa.to_numpy(float), pb.to_numpy(float), rtol=1e-9, atol=1e-15)
+    ma, mb = a.memory, b.memory
+    assert list(ma["gpu"]) == list(mb["gpu"])
+    np.testing.assert_allclose(ma.drop(columns="gpu").to_numpy(float),
+                               mb.drop(columns="gpu").to_numpy(float), rtol=1e-9)  # fmt: skip
+    assert a.bytes_delivered == pytest.approx(b.bytes_delivered, rel=1e-12)
+    assert a.collective_bytes == pytest.approx(b.collective_bytes, rel=1e-12)
+
+
+def assert_same_transfers(a, b):
+    """Every byte moved as in the full run: the same transfers (tags aside) and links."""
+    key = ["src", "dst", "start", "end", "nbytes"]
+    xa = a.transfers().sort_values(key).reset_index(drop=True)
+    xb = b.transfers().sort_values(key).reset_index(drop=True)
+    assert len(xa) == len(xb)
+    assert list(xa["src"]) == list(xb["src"]) and list(xa["dst"]) == list(xb["dst"])
+    for c in ("start", "end", "nbytes"):
+        np.testing.assert_allclose(xa[c].to_numpy(float), xb[c].to_numpy(float), rtol=1e-9)
+    np.testing.assert_allclose(a.per_link()["busy_time"], b.per_link()["busy_time"], rtol=1e-9)
+
+
+# -- exact where the classes are identical ------------------------------------------------------
+@pytest.mark.parametrize("n", [8, 64])
+def test_ddp_one_representative_equals_the_full_run(resnet, n):
+    full, _ = run(ddp(n, "off"), resnet)
+    sym, warned = run(ddp(n, "auto"), resnet)
+    assert not warned
+    assert sym.symmetry == f"auto: 1 representative of {n} GPUs" and full.symmetry == "off"
+    assert len(sym.own_timeline) * n == len(sym.timeline)  # the representative's rows only
+    assert_same_run(sym, full)
+    assert sym.iteration_time == full.iteration_time  # bit for bit, in fact
+    assert_same_transfers(sym, full)
+
+
+def test_ddp_two_iterations_and_the_timeline_of_each_gpu(resnet):
+    full, _ = run(ddp(8, "off", iterations=2), resnet)
+    sym, _ = run(ddp(8, "auto", iterations=2), resnet)
+    assert sym.symmetry.startswith("auto")
+    assert_same_run(sym, full)
+    assert sym.per_layer().equals(full.per_layer())
+
+
+@pytest.mark.parametrize("topology", [ONE_LEAF, RING])
+def test_3d_replica_zero_represents_the_others(gpt2, topology):
+    # dp 4 x tp 2 x pp 2: TP all-reduces and pipeline sends run for every replica through
+    # the network, the DP all-reduces (bucketed, overlapping the backward) once over their
+    # whole group; they share GPU links (one leaf), or every link of the ring
+    full, _ = run(threed("off", topology=topology), gpt2)
+    sym, warned = run(threed("auto", topology=topology), gpt2)
+    assert not warned
+    assert sym.symmetry == "auto: 4 representatives of 16 GPUs"
+    assert_same_run(sym, full)
+    assert_same_transfers(sym, full)
+    # "send to" / "recv from" name the image's own peer
+    rows = sym.timeline[sym.timeline["gpu"] == 13]
+    names = set(rows["name"])
+    assert "send to 15" in names and "recv from 15" in names and "send to 3" not in names
+
+
+@pytest.mark.parametrize(
+    "par", [{"mode": "interleaved", "virtual_stages": 2}, {"dp_overlap": False}]
+)
+def test_interleaved_and_unbucketed_3d(gpt2, par):
+    cfg = threed("off")
+    cfg["parallelism"] = {**cfg["parallelism"], **par}
+    full, _ = run(cfg, gpt2)
+    sym, warned = run({**cfg, "symmetry": "auto"}, gpt2)
+    assert not warned and sym.symmetry == "auto: 4 representatives of 16 GPUs"
+    assert_same_run(sym, full)
+
+
+def test_3d_on_a_fat_tree_whose_routes_differ_per_replica(gpt2):
+    # radix 8: a replica per leaf (dp 4) or per two leaves (dp 2); the DP all-reduces or the
+    # pipeline sends cross the spines, where ECMP routes collide differently for different
+    # replicas, so their operations end at different instants: auto sees it and falls back
+    for dp, tp in ((4, 2), (2, 4)):
+        sym, warned = run(threed("auto", dp=dp, tp=tp, topology=FAT), gpt2)
+        assert len(warned) == 1 and sym.symmetry.startswith("off (fell back: the symmetric run")
+        full, _ = run(threed("off", dp=dp, tp=tp, topology=FAT), gpt2)
+        assert_same_run(sym, full)
+
+
+def test_ddp_stays_symmetric_behind_a_slower_link(resnet):
+    # the all-reduce spans every GPU, so it runs in full: a slower link is simulated exactly
+    slow = {**FAT, "links": [{"src": 5, "dst": "leaf1", "bandwidth": "5 GB/s", "both": True}]}
+    full, _ = run(ddp(8, "off", topology=slow), resnet)
+    sym, warned = run(ddp(8, "auto", topology=slow), resnet)
+    assert not warned and sym.symmetry.startswith("auto")
+    assert_same_run(sym, full)
+
+
+@pytest.mark.parametrize(
+    ("mode", "par", "reps"),
+    [
+        ("fsdp", {}, 1),
+        ("tp", {}, 1),
+        ("dp", {"accumulation_steps": 2}, 1),
+        ("hybrid", {"dp": 2, "inner": "1f1b", "microbatches": 2}, 4),
+        ("hybrid", {"dp": 4, "inner": "tp"}, 2),
+    ],
+)
+def test_other_modes_that_declare_classes(mode, par, reps):
+    t = chain_trace(layers=8)
+    cfg = {"num_gpus": 8, "batch_size": 16, "parallelism": {"mode": mode, **par},
+           "topology": {"kind": "ring", "bandwidth": 10e9, "latency": 1e-6}}  # fmt: skip
+    full, _ = run({**cfg, "symmetry": "off"}, t)
+    sym, warned = run({**cfg, "symmetry": "auto"}, t)
+    assert not warned
+    assert sym.symmetry == f"auto: {reps} representative{'s' * (reps > 1)} of 8 GPUs"
+    assert_same_run(sym, full)
+
+
+def test_result_pickles_and_expands_after(gpt2):
+    sym, _ = run(threed("auto"), gpt2)
+    back = pickle.loads(pickle.dumps(sym))
+    assert back.symmetry == sym.symmetry
+    assert len(back.timeline) == len(sym.timeline) and len(back.memory) == len(sym.memory)
+
+
+# -- falls back, and says so, where they are not ---------------------------------------------------
+def test_a_slower_link_in_one_replica_falls_back(gpt2):
+    # GPU 12 (replica 3) reaches its switch at a tenth of the bandwidth: its TP all-reduce
+    # ends later than replica 0's, which the symmetric run sees, and abandons
+    slow = {**ONE_LEAF, "links": [{"src": 12, "dst": "leaf0", "bandwidth": "5 GB/s", "both": True}]}
+    sym, warned = run(threed("auto", topology=slow), gpt2)
+    assert len(warned) == 1 and "not symmetric" in warned[0]
+    assert sym.symmetry.startswith("off (fell back: the symmetric run stopped: an image of")
+    full, _ = run(threed("off", topology=slow), gpt2)
+    assert_same_run(sym, full)
+
+
+def test_a_slower_gpu_falls_back(gpt2):
+    het = {"compute": {13: 1.5}}
+    sym, warned = run(threed("auto", heterogeneity=het), gpt2)
+    assert len(warned) == 1 and "compute factor of GPU 13" in warned[0]
+    assert "compute factor of GPU 13 (1.5)" in sym.symmetry
+    full, _ = run(threed("off", heterogeneity=het), gpt2)
+    assert_same_run(sym, full)
+
+
+def test_a_mode_without_a_declaration_falls_back():
+    t = chain_trace(layers=8)
+    cfg = {"num_gpus": 4, "batch_size": 8, "parallelism": {"mode": "1f1b", "microbatches": 4},
+           "topology": {"kind": "ring", "bandwidth": 10e9, "latency": 1e-6}}  # fmt: skip
+    sym, warned = run({**cfg, "symmetry": "auto"}, t)
+    assert warned == ["symmetry: auto fell back to the full simulation: mode '1f1b' declares "
+                      "no symmetry"]  # fmt: skip
+    assert sym.symmetry == "off (fell back: mode '1f1b' declares no symmetry)"
+    full, _ = run(cfg, t)
+    assert full.symmetry == "off"
+    assert_same_run(sym, full)
+
+
+def test_no_replicas_falls_back(gpt2):
+    sym, warned = run(threed("auto", dp=1, tp=2, pp=2), gpt2)
+    assert len(warned) == 1 and "its own class" in sym.symmetry
+
+
+def test_a_wrong_declaration_is_caught_by_the_stream_check(gpt2, monkeypatch):
+    # replica d's TP ranks 0 and 1 swapped: the same computes and held bytes, but the
+    # images' sends go to other GPUs than their streams' (the stream check says where)
+    from extrapolators.threed import ThreeD
+
+    def wrong(self):
+        reps = [[self.grid[d, p, 1 - t if d else t] for p in range(self.pp)
+                 for t in range(self.tp)] for d in range(self.dp)]  # fmt: skip
+        return Symmetry.of_replicas(reps)
+
+    monkeypatch.setattr(ThreeD, "symmetry", wrong)
+    sym, warned = run(threed("auto"), gpt2)
+    assert len(warned) == 1 and "not GPU" in warned[0] and "mapped" in warned[0]
+    full, _ = run(threed("off"), gpt2)
+    assert_same_run(sym, full)
+
+
+# -- the config option -------------------------------------------------------------------------------
+def test_symmetry_option_values():
+    assert from_dict({"trace": "x"}).symmetry == "off"  # the default
+    assert from_dict({"trace": "x", "symmetry": "auto"}).symmetry == "auto"
+    assert from_dict({"trace": "x", **parse_yaml("symmetry: off", "t")}).symmetry == "off"
+    for bad in ("on", "full", 1, True):
+        with pytest.raises(ConfigError, match="symmetry"):
+            from_dict({"trace": "x", "symmetry": bad})
