@@ -63,28 +63,33 @@ def allreduce(n: int, comm: str, engine: str):
     return env.now
 
 
-def ddp(trace_name: str, n: int, engine: str, batch: int):
+def ddp(trace_name: str, n: int, engine: str, batch: int, symmetry: str = "off"):
     from triosim.simulation import Simulation, load_any_trace
 
     trace = load_any_trace(ROOT / "traces/cpu" / trace_name)
     cfg = {"num_gpus": n, "batch_size": batch * n, "parallelism": {"mode": "ddp"},
-           "topology": fat(n), "network": {"kind": "packet", "engine": engine}}  # fmt: skip
+           "topology": fat(n), "network": {"kind": "packet", "engine": engine},
+           "symmetry": symmetry}  # fmt: skip
     r = Simulation(cfg, trace=trace).run()
     return r.iteration_time, len(trace.operators) if hasattr(trace, "operators") else 0
 
 
-def hybrid(n: int, tp: int, pp: int, engine: str, symmetry: str = "off"):
-    """Megatron 3D (dp x tp x pp) on the modelled GPT-2 A100 trace, 2 x pp micro-batches."""
+def hybrid(n: int, tp: int, pp: int, engine: str, symmetry: str = "off", switch: bool = False):
+    """Megatron 3D (dp x tp x pp) on the modelled GPT-2 A100 trace, 2 x pp micro-batches,
+    on the fat tree (or every GPU on one switch: a topology symmetric under the replicas)."""
     from triosim.simulation import Simulation, load_any_trace
 
     trace = load_any_trace(ROOT / "traces/modelled/a100-80gb/gpt2-s512-b8.trace.json.gz")
     dp = n // (tp * pp)
     par = {"mode": "3d", "dp": dp, "tp": tp, "pp": pp, "microbatches": 2 * pp if pp > 1 else 1}
+    topology = {**FAT, "kind": "switch"} if switch else fat(n)
     cfg = {"num_gpus": n, "batch_size": 8 * dp, "gpu": "A100-80GB", "parallelism": par,
-           "topology": fat(n), "network": {"kind": "packet", "engine": engine}}  # fmt: skip
+           "topology": topology, "network": {"kind": "packet", "engine": engine},
+           "symmetry": symmetry}  # fmt: skip
+    r = Simulation(cfg, trace=trace).run()
     if symmetry != "off":
-        cfg["symmetry"] = symmetry
-    return Simulation(cfg, trace=trace).run().iteration_time
+        print(f"  symmetry: {r.symmetry}")
+    return r.iteration_time
 
 
 def traffic(kind: str, engine: str):
@@ -110,19 +115,21 @@ def traffic(kind: str, engine: str):
     return env.now
 
 
-def one(case: str, n: int, engine: str) -> int:
+def one(case: str, n: int, engine: str, sym: str = "off") -> int:
     """One case in a fresh process: wall seconds and max RSS (the whole process, what a
     machine must hold), for sizes where tracing Python memory would take too long."""
     import resource
 
     runs = {"textbook": lambda: allreduce(n, "textbook", engine),
             "nccl": lambda: allreduce(n, "nccl", engine),
-            "resnet18": lambda: ddp("resnet18-b8.trace.json.gz", n, engine, 8)[0],
-            "gpt2": lambda: ddp("gpt2-small-b4.trace.json.gz", n, engine, 4)[0],
-            "resnet50": lambda: ddp(RESNET50, n, engine, 128)[0],
-            "hybrid-tp8": lambda: hybrid(n, 8, 1, engine),
-            "hybrid-pp4": lambda: hybrid(n, 1, 4, engine),
-            "3d-tp8-pp4": lambda: hybrid(n, 8, 4, engine)}  # fmt: skip
+            "resnet18": lambda: ddp("resnet18-b8.trace.json.gz", n, engine, 8, sym)[0],
+            "gpt2": lambda: ddp("gpt2-small-b4.trace.json.gz", n, engine, 4, sym)[0],
+            "resnet50": lambda: ddp(RESNET50, n, engine, 128, sym)[0],
+            "hybrid-tp8": lambda: hybrid(n, 8, 1, engine, sym),
+            "hybrid-pp4": lambda: hybrid(n, 1, 4, engine, sym),
+            "3d-tp8-pp4": lambda: hybrid(n, 8, 4, engine, sym),
+            "hybrid-tp8-switch": lambda: hybrid(n, 8, 1, engine, sym, switch=True),
+            "hybrid-pp4-switch": lambda: hybrid(n, 1, 4, engine, sym, switch=True)}  # fmt: skip
     if case not in runs:
         raise SystemExit(f"--one: case must be one of {', '.join(runs)}, not {case!r}")
     ddp("resnet18-b8.trace.json.gz", 2, engine, 8)  # warm-up: imports (sklearn: 1-2 s)
@@ -131,7 +138,10 @@ def one(case: str, n: int, engine: str) -> int:
     value = runs[case]()
     wall = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # KiB on Linux
-    print(f"{case} on {n} GPUs: {wall:.2f} s wall, max RSS {rss:.2f} GB, result {value!r}")
+    print(
+        f"{case} on {n} GPUs (symmetry {sym}): {wall:.2f} s wall, max RSS {rss:.2f} GB, "
+        f"result {value!r}"
+    )
     return 0
 
 
@@ -143,11 +153,18 @@ def main(argv=None):
     ap.add_argument("--skip", default="", help="comma-separated case prefixes to skip")
     ap.add_argument("--one", nargs=2, metavar=("CASE", "GPUS"),
                     help="run one case (textbook, nccl, resnet18, gpt2, resnet50, hybrid-tp8, "
-                    "hybrid-pp4, 3d-tp8-pp4) in this process and "
+                    "hybrid-pp4, 3d-tp8-pp4, hybrid-tp8-switch, hybrid-pp4-switch) in this "
+                    "process and "
                     "print its wall time and the process's peak resident memory")  # fmt: skip
+    ap.add_argument(
+        "--symmetry",
+        default="off",
+        choices=("off", "auto"),
+        help="with --one: the config's symmetry option",
+    )
     a = ap.parse_args(argv)
     if a.one:
-        return one(a.one[0], int(a.one[1]), a.engine)
+        return one(a.one[0], int(a.one[1]), a.engine, a.symmetry)
     sizes = [int(s) for s in a.sizes.split(",")]
     skip = [s for s in a.skip.split(",") if s]
     mem = not a.no_memory
