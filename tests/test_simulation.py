@@ -226,3 +226,27 @@ def test_a_result_pickles_with_its_transfers_and_memory():
     assert b.transfers().equals(want.transfers())
     assert b.memory.equals(want.memory) and len(b.memory) > 0
     assert b.peak_memory == want.peak_memory
+
+
+def test_collector_settings_are_restored_after_runs_nested_and_failed():
+    import gc
+
+    from triosim.gc_tuning import THRESHOLDS, fewer_collections
+
+    before = gc.get_threshold()
+    with fewer_collections():
+        inside = gc.get_threshold()
+        with fewer_collections():  # nested: no second save
+            assert gc.get_threshold() == inside
+        assert gc.get_threshold() == inside and gc.get_freeze_count() > 0
+    assert inside[0] == max(before[0], THRESHOLDS[0])
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    with pytest.raises(SimulationError):  # a run that fails restores them too
+        Simulation({"num_gpus": 2, "parallelism": {"mode": "dp"}},
+                   trace=chain_trace()).run(progress=_Boom())  # fmt: skip
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+class _Boom:
+    def attach(self, env, runtime):
+        raise SimulationError("stop")

@@ -28,6 +28,7 @@ from perfmodel import model_class
 from triosim import schema
 from triosim.config import IN_MEMORY, Config, from_dict, load_config
 from triosim.errors import ConfigError, DeadlockError, SimulationError
+from triosim.gc_tuning import fewer_collections
 from triosim.memory import capacity, check_capacity, memory_curves
 from triosim.result import Result
 from triosim.trace import Trace
@@ -150,6 +151,10 @@ class Simulation:
         return (None, why) if why else (sym, None)
 
     def _run(self, progress, sym, wall) -> Result:
+        with fewer_collections():
+            return self._run_once(progress, sym, wall)
+
+    def _run_once(self, progress, sym, wall) -> Result:
         cfg = self.config
         env = simpy.Environment()
         net = network_class(cfg.network.kind)(env, self.graph, cfg.network.options)
