@@ -41,6 +41,7 @@ from extrapolators import nccl_tuner as tuner
 from extrapolators.communication import CommModel, check_op, register
 from extrapolators.nccl_streams import hops as _hops
 from extrapolators.nccl_system import System, node_partition, tree_depth
+from networks.groups import at as at_instant
 from networks.routing import Routes, path_latencies
 from triosim import nccl_params as P
 from triosim.errors import ConfigError
@@ -532,6 +533,42 @@ class Nccl(CommModel):
             rest -= self.env.now - sent
         if rest > 0:
             yield self.env.timeout(rest)
+
+    def run_many(self, op, groups, nbytes, tag="", roots=None, algorithm=None):
+        """`run` of one collective over several groups at the same instant (a symmetric
+        run's representatives and their images): all their streams as one transfer group
+        (one network update, not one per group). Returns each group's end instant, computed
+        with `run`'s float operations (its transfers' last arrival, then what is left of
+        NCCL's latency); returns at the first group's end when every group's transfers
+        arrived at that group's instant (the symmetric case), else at once."""
+        roots = roots if roots is not None else [None] * len(groups)
+        plans = [self.plan(op, g, nbytes, r, algorithm) for g, r in zip(groups, roots, strict=True)]
+        for p in plans:
+            k = (op, p.algo, p.proto)
+            self.choices[k] = self.choices.get(k, 0) + 1
+        start = self.env.now
+        streams = [x for p in plans for x in p.streams]
+        arrive: list = []
+        if streams:
+            records = yield self.net.transfer_all(streams, tag=tag or op)
+            arrive = records.ends() if hasattr(records, "ends") else [r.end for r in records]
+        ends, lasts, rests, at = [], [], [], 0
+        for p in plans:
+            rest, last = p.latency + p.fill, start
+            if p.streams:
+                mine = arrive[at : at + len(p.streams)]
+                at += len(p.streams)
+                last = max(mine)  # when `run`'s transfer_all would have fired
+                sent = max(e - pl for e, pl in zip(mine, p.path_latency, strict=True))
+                rest -= last - sent
+            ends.append(last + rest if rest > 0 else last)
+            lasts.append(last)
+            rests.append(rest)
+        if self.env.now == lasts[0] and rests[0] > 0:
+            yield self.env.timeout(rests[0])  # as `run`: the same sum, so the same instant
+        elif self.env.now < ends[0]:  # another group's transfers arrived later: at ends[0]
+            yield at_instant(self.env, ends[0], lambda _e: None)
+        return ends
 
 
 def pipeline_fill(depth: int, overhead: float, bw_time: float) -> float:

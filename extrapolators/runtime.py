@@ -263,6 +263,11 @@ class Runtime:
 
     def _run_collective(self, task: Collective, done, images=None):
         twins = None
+        if images and hasattr(self.comm, "run_many"):  # every copy's at once, one group
+            yield from self._run_with_images(task, images)
+            del self._meet[task.key]
+            done.succeed()
+            return
         if images:  # the same collective in every copy, started at the same instant
             twins = Twins(self, f"collective {task.key!r}")
             for k, group in enumerate(images, start=1):
@@ -275,6 +280,23 @@ class Runtime:
             twins.rep_done(self.env.now)
         del self._meet[task.key]
         done.succeed()
+
+    def _run_with_images(self, task: Collective, images):
+        """The representatives' collective and its images through `comm.run_many`: one
+        transfer group for all copies; each image's end checked against the
+        representatives' (as `_image_collective` would, without a process per copy)."""
+        roots = [task.root] + [None if task.root is None else self.symmetry.image(task.root, k)
+                               for k in range(1, len(images) + 1)]  # fmt: skip
+        ends = yield from self.comm.run_many(task.op, [task.group, *images], task.nbytes,
+                                             tag=task.key, roots=roots,
+                                             algorithm=task.algorithm)  # fmt: skip
+        for _ in range(len(images) + 1):
+            self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
+        twins = Twins(self, f"collective {task.key!r}")
+        self.open_images += len(images)
+        for e in ends[1:]:
+            twins.image_done(e)
+        twins.rep_done(ends[0])
 
     def _image_collective(self, task: Collective, group, k: int, twins):
         """Copy k's image of a representatives' collective (its tag: the same key)."""

@@ -264,3 +264,55 @@ def test_symmetry_option_values():
     for bad in ("on", "full", 1, True):
         with pytest.raises(ConfigError, match="symmetry"):
             from_dict({"trace": "x", "symmetry": bad})
+
+
+def _nccl_on(topology: dict, n: int):
+    from triosim.calibration import system
+
+    cfg = from_dict({"trace": str(RESNET), "num_gpus": n, "topology": topology,
+                     "communication": {"kind": "nccl"}})  # fmt: skip
+    env, net, model, _ = system(cfg)
+    return env, model
+
+
+@pytest.mark.parametrize("op", ["allreduce", "all_gather", "broadcast"])
+def test_run_many_ends_each_group_as_its_own_run(op):
+    # disjoint groups on one switch (every GPU its own link): no group slows another, so
+    # each group's end is what `run` gives the group alone; the call returns at the first's
+    groups = [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11)]
+    sw = {"kind": "switch", "bandwidth": "50 GB/s", "latency": "1 us"}
+    alone = []
+    for g in groups:
+        env, model = _nccl_on(sw, 12)
+        env.process(model.run(op, g, 8e6, root=g[0]))
+        env.run()
+        alone.append(env.now)
+    env, model = _nccl_on(sw, 12)
+    got = {}
+
+    def proc():
+        got["ends"] = yield from model.run_many(op, groups, 8e6, roots=[g[0] for g in groups])
+        got["now"] = env.now
+
+    env.process(proc())
+    env.run()
+    assert got["ends"] == alone and got["now"] == alone[0]
+
+
+def test_run_many_gives_a_slower_group_its_later_end():
+    # group 1's GPU 5 behind a 10x slower link: its end is later, the others' are their own
+    sw = {"kind": "switch", "bandwidth": "50 GB/s", "latency": "1 us",
+          "links": [{"src": 5, "dst": "nvswitch", "bandwidth": "5 GB/s", "both": True}]}  # fmt: skip
+    groups = [(0, 1, 2, 3), (4, 5, 6, 7)]
+    env, model = _nccl_on(sw, 8)
+    got = {}
+
+    def proc():
+        got["ends"] = yield from model.run_many("allreduce", groups, 8e6)
+
+    env.process(proc())
+    env.run()
+    env0, m0 = _nccl_on(sw, 8)
+    env0.process(m0.run("allreduce", groups[0], 8e6))
+    env0.run()
+    assert got["ends"][0] == env0.now and got["ends"][1] > 2 * got["ends"][0]
