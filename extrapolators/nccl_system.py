@@ -164,9 +164,13 @@ class System:
             return []
         direct = nx.Graph()
         members = set(self.group)
-        for u, v in self.graph.edges():
-            if u in members and v in members and self.graph.has_edge(v, u):
-                direct.add_edge(u, v)
+        # the group's out-links in the graph's edge order (members by node order, then
+        # each one's links): what a scan of every edge finds, without the scan
+        at = self.routes.node_index
+        for u in sorted(members, key=at.__getitem__):
+            for v in self.graph.adj[u]:
+                if v in members and self.graph.has_edge(v, u):
+                    direct.add_edge(u, v)
         hops = list(zip(first, first[1:] + first[:1], strict=True))
         if not all(direct.has_edge(a, b) for a, b in hops):
             return []  # rings through switches share the same GPU links: one is enough

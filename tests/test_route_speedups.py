@@ -454,3 +454,46 @@ def test_ring_order_shortcut_for_alike_hops_is_the_search(name, monkeypatch):
     fast = [rings.ring_order(g, grp) for grp in groups]
     monkeypatch.setattr(rings, "_uniform", lambda m: False)
     assert fast == [rings.ring_order(g, grp) for grp in groups]
+
+
+def _extra_rings_by_scan(s: System, first: list) -> list:
+    """The extra rings as first written: direct links found by a scan of every edge."""
+    import networkx as nx
+
+    from extrapolators.nccl_system import MAX_EXTRA_RINGS, _hamiltonian_cycle
+
+    direct = nx.Graph()
+    members = set(s.group)
+    for u, v in s.graph.edges():
+        if u in members and v in members and s.graph.has_edge(v, u):
+            direct.add_edge(u, v)
+    hops = list(zip(first, first[1:] + first[:1], strict=True))
+    if not all(direct.has_edge(a, b) for a, b in hops):
+        return []
+    direct.remove_edges_from(hops)
+    out = []
+    while len(out) < MAX_EXTRA_RINGS:
+        ring = _hamiltonian_cycle(direct, first)
+        if ring is None:
+            break
+        out.append(ring)
+        direct.remove_edges_from(zip(ring, ring[1:] + ring[:1], strict=True))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_extra_rings_from_the_groups_links_are_those_of_the_edge_scan(seed):
+    rng = np.random.default_rng(seed)
+    n = 8
+    g = nx.DiGraph()
+    order = rng.permutation(n).tolist()  # nodes added out of id order
+    for i in order:
+        g.add_node(i, kind="gpu")
+    pairs = [(a, b) for a in range(n) for b in range(a + 1, n) if rng.random() < 0.7]
+    pairs += [(i, (i + 1) % n) for i in range(n)]  # a ring, so that there is a first ring
+    for k in rng.permutation(len(pairs)).tolist():
+        topo.add_link(g, *pairs[k], 25 * GB, 1e-6)
+    for group in (tuple(range(n)), tuple(order[:5]), (0, 2, 4, 6)):
+        s = System(g, group)
+        first = list(s.order)
+        assert s._extra_rings(first) == _extra_rings_by_scan(s, first), (seed, group)
