@@ -87,6 +87,15 @@ class Routes:
         np.minimum.at(self._min_out, u, self.weight)
         self._min_in = np.full(len(nodes), np.inf)
         np.minimum.at(self._min_in, v, self.weight)
+        # nodes joined without network links (a server): a path between two of them that
+        # are not must cross a network link, so it is at least _NET long (a bound that
+        # saves the bounded searches most of their 4x steps to a GPU in another server)
+        from scipy.sparse.csgraph import connected_components
+
+        local = np.array([graph.edges[e].get("kind") != "net" for e in self.links], bool)
+        self._local = connected_components(
+            csr_matrix((np.ones(int(local.sum())), (u[local], v[local])),
+                       shape=(len(nodes), len(nodes))), directed=False)[1]  # fmt: skip
         self._direct = {(a, b): w for a, b, w in zip(u.tolist(), v.tolist(), self.weight.tolist(),
                                                     strict=True)}  # fmt: skip
         self._balls: dict = {}  # source index -> (limit, reached node indices, distances)
@@ -168,6 +177,8 @@ class Routes:
             limit *= 4
         else:
             limit = self._direct.get((s, d), self._min_out[s] + self._min_in[d])
+            if self._local[s] != self._local[d] and (s, d) not in self._direct:
+                limit = max(limit, _NET)
             limit = max(limit, 1.0) if np.isfinite(limit) else np.inf
         for _ in range(12):
             row = dijkstra(self._csr, indices=s, limit=limit)
