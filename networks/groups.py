@@ -158,8 +158,8 @@ def seq_sum(acc: float, values) -> float:
     """acc + v0 + v1 + ... added one at a time, left to right (as one add per transfer
     would), not numpy's pairwise sum."""
     values = np.asarray(values, float)
-    if len(values) == 0:
-        return acc
+    if len(values) <= 1:  # one add (a point-to-point transfer): no arrays needed
+        return float(acc + values[0]) if len(values) else acc
     return float(np.cumsum(np.concatenate(([acc], values)))[-1])
 
 

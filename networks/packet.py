@@ -15,6 +15,14 @@ runs a ring collective on links nothing else uses as one reserved job
 (networks.ringjobs), split back into flows when other traffic touches them. Both evaluate
 the same float expressions in the same order, so the results agree bit for bit on their
 own and to round-off under contention (checked by tests/test_engine_fuzz.py).
+
+When flows start or end, the fast engine re-solves max-min fairness only on the connected
+components of the flow-link graph that changed (`_solve_changed`): components are tracked
+by labels, a new flow alone on its links (a pipeline send) takes its least capacity
+without looking at the table, and loads, utilisation and the done check are updated for
+the changed flows and links only. Max-min rates decompose over components and the solver
+computes each with the same floats alone as within the table, so this changes no bit
+(`check_solves` compares every solve with the whole-table one; tests/test_component_solve.py).
 """
 
 from __future__ import annotations
