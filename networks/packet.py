@@ -129,6 +129,8 @@ class PacketSwitchNetwork(RingJobs, Network):
             self._llab = np.full(len(self.links), -1, np.int64)
             self._labels = 0  # labels handed out so far (never reused)
             self._gone: list[np.ndarray] = []  # labels of the flows gone since the solve
+            self._capped: set[int] = set()  # labels whose flows all ran at their rate cap
+            self.capped_solves = self.capped_skips = 0
             # flows whose rate changed at the last solve (None: all), the instant of the
             # last done check, and the least remaining time found then (when at _tmin_at)
             self._stale: np.ndarray | None = None
@@ -510,21 +512,38 @@ class PacketSwitchNetwork(RingJobs, Network):
         alone = self._solve_alone(seeds, new)
         if alone is not False:
             return alone
+        gone = gone[gone >= 0]
+        if not new and len(gone) and all(x in self._capped for x in gone.tolist()):
+            # flows left components in which every flow ran at its rate cap: the shares
+            # of their links only grew, so each flow still gets its cap (see _cap_bound)
+            self.resolved = 0
+            self.capped_skips += 1
+            if self.check_solves:
+                self._check_against_full()
+            self._stale = np.zeros(0, np.int64)
+            return np.unique(seeds)
         dirty = self._dirty(gone, new)
         idx = np.flatnonzero(dirty)
         self.resolved = n = len(idx)
         if not n:  # the changed links lost their last flows
             self._stale = idx
             return np.unique(seeds)
-        if n == len(self._rem):
+        links = self._flat[np.repeat(dirty, self._nh)]
+        capped = self._cap_bound(idx, links)
+        if capped:
+            self.capped_solves += 1
+            self._rate[idx] = self._maxr[idx]
+        elif n == len(self._rem):
             self.full_solves += 1
             rows, cols, capacity = self._incidence_fast()
             self._rate[:] = max_min_rates(rows, cols, n, capacity)
         else:
             self.component_solves += 1
             self._rate[idx] = self._solve_flows(idx, dirty)
-        links = self._flat[np.repeat(dirty, self._nh)]
+        first = self._labels
         self._relabel(idx, links)
+        if capped:
+            self._capped.update(range(first, self._labels))
         if self.check_solves:
             self._check_against_full()
         mark = self._mark
@@ -598,6 +617,21 @@ class PacketSwitchNetwork(RingJobs, Network):
         else:
             self._solved_tail = new
         return seeds[:0]
+
+    def _cap_bound(self, idx: np.ndarray, links: np.ndarray) -> bool:
+        """Whether each flow of `idx` (a union of components; `links`: their entries) has
+        a rate cap no larger than the share capacity / flows of any of its links. Then
+        max_min_rates gives each its cap, bit for bit: in its first round a flow's
+        tightest share is its private link's, cap / 1 = cap, and that link is locally
+        minimal (its one flow has no tighter link), so every flow freezes at its cap."""
+        maxr = self._maxr[idx]
+        if not np.isfinite(maxr).all():
+            return False
+        nh = self._nh[idx]
+        # the flows on a finite link of these flows are all among them: occ counts them
+        share = self.capacity[links] / self._occ[links]
+        tightest = np.minimum.reduceat(share, np.cumsum(nh) - nh) if len(idx) > 1 else share.min()
+        return bool((maxr <= tightest).all())
 
     def _dirty(self, gone: np.ndarray, new: int) -> np.ndarray:
         """The flows whose rates may have changed: those sharing a label with a departed

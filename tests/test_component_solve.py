@@ -233,3 +233,29 @@ def test_labels_that_split_a_component_fail(monkeypatch):
     ref = _run("reference", _chain_graph(), MERGE_PLAN)
     with pytest.raises(AssertionError):
         _same(ref, _run("fast", _chain_graph(), MERGE_PLAN, check=False))
+
+
+# four capped transfers sharing the chain's links, below their shares (rates = caps); one
+# leaves early (nothing to re-solve), then an uncapped one joins their links
+CAPPED_PLAN = [
+    (0.0, [(0, 3, 2e7, 2 * GB), (1, 4, 3e7, 3 * GB), (2, 5, 4e7, 1.5 * GB), (3, 6, 1e6, 2 * GB)]),
+    (2e-3, [(2, 4, 4e7)]),
+]
+
+
+def test_rate_capped_components_skip_the_rounds():
+    ref = _run("reference", _chain_graph(), CAPPED_PLAN)
+    fast = _run("fast", _chain_graph(), CAPPED_PLAN, cls=Logged)
+    _same(ref, fast)
+    net = fast[4]
+    assert net.capped_solves >= 1 and net.capped_skips >= 1, (net.capped_solves, net.capped_skips)
+
+
+def test_taking_caps_for_rates_when_a_link_binds_fails(monkeypatch):
+    # the uncapped flow joining at 2 ms makes the caps no longer the rates
+    monkeypatch.setattr(PacketSwitchNetwork, "_cap_bound", lambda self, idx, links: True)
+    with pytest.raises(AssertionError, match="whole table"):
+        _run("fast", _chain_graph(), CAPPED_PLAN)
+    ref = _run("reference", _chain_graph(), CAPPED_PLAN)
+    with pytest.raises(AssertionError):
+        _same(ref, _run("fast", _chain_graph(), CAPPED_PLAN, check=False))
