@@ -130,7 +130,7 @@ class PacketSwitchNetwork(RingJobs, Network):
             self._labels = 0  # labels handed out so far (never reused)
             self._gone: list[np.ndarray] = []  # labels of the flows gone since the solve
             self._capped: set[int] = set()  # labels whose flows all ran at their rate cap
-            self.capped_solves = self.capped_skips = 0
+            self.capped_solves = self.capped_skips = self.round_one_solves = 0
             # flows whose rate changed at the last solve (None: all), the instant of the
             # last done check, and the least remaining time found then (when at _tmin_at)
             self._stale: np.ndarray | None = None
@@ -515,7 +515,7 @@ class PacketSwitchNetwork(RingJobs, Network):
         gone = gone[gone >= 0]
         if not new and len(gone) and all(x in self._capped for x in gone.tolist()):
             # flows left components in which every flow ran at its rate cap: the shares
-            # of their links only grew, so each flow still gets its cap (see _cap_bound)
+            # of their links only grew, so each flow still gets its cap (see _round_one)
             self.resolved = 0
             self.capped_skips += 1
             if self.check_solves:
@@ -529,10 +529,12 @@ class PacketSwitchNetwork(RingJobs, Network):
             self._stale = idx
             return np.unique(seeds)
         links = self._flat[np.repeat(dirty, self._nh)]
-        capped = self._cap_bound(idx, links)
-        if capped:
-            self.capped_solves += 1
-            self._rate[idx] = self._maxr[idx]
+        one = self._round_one(idx, links)
+        capped = one is not None and one[1]
+        if one is not None:
+            self.round_one_solves += 1
+            self.capped_solves += capped
+            self._rate[idx] = one[0]
         elif n == len(self._rem):
             self.full_solves += 1
             rows, cols, capacity = self._incidence_fast()
@@ -618,20 +620,33 @@ class PacketSwitchNetwork(RingJobs, Network):
             self._solved_tail = new
         return seeds[:0]
 
-    def _cap_bound(self, idx: np.ndarray, links: np.ndarray) -> bool:
-        """Whether each flow of `idx` (a union of components; `links`: their entries) has
-        a rate cap no larger than the share capacity / flows of any of its links. Then
-        max_min_rates gives each its cap, bit for bit: in its first round a flow's
-        tightest share is its private link's, cap / 1 = cap, and that link is locally
-        minimal (its one flow has no tighter link), so every flow freezes at its cap."""
+    def _round_one(self, idx: np.ndarray, links: np.ndarray):
+        """max_min_rates of the flows `idx` (a union of components; `links`: their
+        entries) when its first round freezes them all, computed without building their
+        incidence: (rates, whether every flow runs at its rate cap), or None when some
+        flow would need another round. The same floats as max_min_rates: each link's share
+        is capacity / flows on it (all of them among these flows; a rate cap is a private
+        link of share cap / 1); a flow's tightest share is the least over its links; a
+        link is locally minimal unless one of its flows has a tighter one (infinite links
+        take no part); a flow freezes at its tightest share if one of its links is."""
         maxr = self._maxr[idx]
-        if not np.isfinite(maxr).all():
-            return False
         nh = self._nh[idx]
-        # the flows on a finite link of these flows are all among them: occ counts them
-        share = self.capacity[links] / self._occ[links]
-        tightest = np.minimum.reduceat(share, np.cumsum(nh) - nh) if len(idx) > 1 else share.min()
-        return bool((maxr <= tightest).all())
+        share = self.capacity[links] / self._occ[links]  # inf on infinite links
+        starts = np.cumsum(nh) - nh
+        tight = np.minimum.reduceat(share, starts) if len(idx) > 1 else share.min(keepdims=True)
+        tight = np.minimum(tight, maxr)
+        if not np.isfinite(tight).all():
+            return None  # a flow over infinite links only (rare): the solver's way
+        fin = self._finite[links]
+        beaten = links[fin & (np.repeat(tight, nh) < share)]  # links not locally minimal
+        mark = self._mark
+        mark[beaten] = True
+        local = fin & ~mark[links]
+        mark[beaten] = False
+        capped = tight == maxr  # the private link is locally minimal
+        if not (np.logical_or.reduceat(local, starts) | capped).all():
+            return None
+        return tight, bool(capped.all())
 
     def _dirty(self, gone: np.ndarray, new: int) -> np.ndarray:
         """The flows whose rates may have changed: those sharing a label with a departed
