@@ -764,9 +764,10 @@ class PacketSwitchNetwork(RingJobs, Network):
         order, as link_loads sums them) and the peak utilisation: the other links carry
         the same flows at the same rates as at the last solve, so their load is unchanged
         and their utilisation already counted."""
-        n_links = len(self.links)
+        n_links, n_entries = len(self.links), len(self._flat)
         rate_e = np.repeat(self._rate, self._nh)
-        if len(touched) == n_links:
+        if len(touched) == n_links or (4 * len(touched) > n_entries and n_links < 3 * n_entries):
+            # many links: all of them at once is cheaper (the same sums for the others)
             self._load = np.bincount(self._flat, weights=rate_e, minlength=n_links)
         else:
             on = self._mark
