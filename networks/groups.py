@@ -128,19 +128,40 @@ def _joined(parts):
 def _all_columns(log):
     """The log's transfers as columns, in order of start (a stable sort: entries that
     expand later steps of a ring keep the order the transfers would have started in)."""
-    cols = [_entry_columns(e) for e in log]
-    src, dst = _joined([c[0] for c in cols]), _joined([c[1] for c in cols])
-    counts = [len(c[2]) for c in cols]
-    tag = np.repeat(np.array([e.tag for e in log] + [None], object)[:-1], counts)
-    nums = [np.concatenate([np.asarray(c[k], float) for c in cols]) if cols else np.zeros(0)
-            for k in (2, 3, 4, 6)]  # fmt: skip
-    nb, start, end, maxr = nums
+    if log and all(type(e) is Group for e in log):
+        src, dst, nb, start, end, tag, maxr = _group_columns(log)
+    else:
+        cols = [_entry_columns(e) for e in log]
+        src, dst = _joined([c[0] for c in cols]), _joined([c[1] for c in cols])
+        counts = [len(c[2]) for c in cols]
+        tag = np.repeat(np.array([e.tag for e in log] + [None], object)[:-1], counts)
+        nums = [np.concatenate([np.asarray(c[k], float) for c in cols]) if cols
+                else np.zeros(0) for k in (2, 3, 4, 6)]  # fmt: skip
+        nb, start, end, maxr = nums
     if len(start) > 1 and (np.diff(start) < 0).any():
         order = np.argsort(start, kind="stable")
         src, dst = ([x[i] for i in order.tolist()] if isinstance(x, list) else x[order]
                     for x in (src, dst))  # fmt: skip
         tag, nb, start, end, maxr = tag[order], nb[order], start[order], end[order], maxr[order]
     return src, dst, nb, start, end, tag, maxr
+
+
+def _group_columns(log):
+    """As the generic path of `_all_columns` for a log of Groups only, without building
+    columns per group (a point-to-point transfer is one group): node columns are int64
+    arrays when every node is a plain int, else lists, as `_joined` gives."""
+    counts = [len(e.nb) for e in log]
+    cols = []
+    for name in ("srcs", "dsts"):
+        nodes = list(itertools.chain.from_iterable(_listed(getattr(e, name)) for e in log))
+        arr = node_array(nodes)
+        cols.append(nodes if arr is None else arr)
+    nb = np.concatenate([np.asarray(e.nb, float) for e in log])
+    start = np.repeat(np.array([e.start for e in log], float), counts)
+    end = np.concatenate([np.asarray(e.ends, float) for e in log])
+    maxr = np.concatenate([np.asarray(e.maxr, float) for e in log])
+    tag = np.repeat(np.array([e.tag for e in log] + [None], object)[:-1], counts)
+    return cols[0], cols[1], nb, start, end, tag, maxr
 
 
 def expand_records(log) -> list[TransferRecord]:
@@ -165,8 +186,8 @@ def seq_sum(acc: float, values) -> float:
     """acc + v0 + v1 + ... added one at a time, left to right (as one add per transfer
     would), not numpy's pairwise sum."""
     values = np.asarray(values, float)
-    if len(values) == 0:
-        return acc
+    if len(values) <= 1:  # one add (a point-to-point transfer): no arrays needed
+        return float(acc + values[0]) if len(values) else acc
     return float(np.cumsum(np.concatenate(([acc], values)))[-1])
 
 

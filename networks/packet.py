@@ -15,6 +15,14 @@ runs a ring collective on links nothing else uses as one reserved job
 (networks.ringjobs), split back into flows when other traffic touches them. Both evaluate
 the same float expressions in the same order, so the results agree bit for bit on their
 own and to round-off under contention (checked by tests/test_engine_fuzz.py).
+
+When flows start or end, the fast engine re-solves max-min fairness only on the connected
+components of the flow-link graph that changed (`_solve_changed`): components are tracked
+by labels, a new flow alone on its links (a pipeline send) takes its least capacity
+without looking at the table, and loads, utilisation and the done check are updated for
+the changed flows and links only. Max-min rates decompose over components and the solver
+computes each with the same floats alone as within the table, so this changes no bit
+(`check_solves` compares every solve with the whole-table one; tests/test_component_solve.py).
 """
 
 from __future__ import annotations
@@ -121,6 +129,9 @@ class PacketSwitchNetwork(RingJobs, Network):
             self._llab = np.full(len(self.links), -1, np.int64)
             self._labels = 0  # labels handed out so far (never reused)
             self._gone: list[np.ndarray] = []  # labels of the flows gone since the solve
+            self._capped: set[int] = set()  # labels whose flows all ran at their rate cap
+            self.capped_solves = self.capped_skips = self.round_one_solves = 0
+            self._r1_wait = self._r1_backoff = 0  # big sets to solve without _round_one
             # flows whose rate changed at the last solve (None: all), the instant of the
             # last done check, and the least remaining time found then (when at _tmin_at)
             self._stale: np.ndarray | None = None
@@ -502,21 +513,40 @@ class PacketSwitchNetwork(RingJobs, Network):
         alone = self._solve_alone(seeds, new)
         if alone is not False:
             return alone
+        gone = gone[gone >= 0]
+        if not new and len(gone) and all(x in self._capped for x in gone.tolist()):
+            # flows left components in which every flow ran at its rate cap: the shares
+            # of their links only grew, so each flow still gets its cap (see _round_one)
+            self.resolved = 0
+            self.capped_skips += 1
+            if self.check_solves:
+                self._check_against_full()
+            self._stale = np.zeros(0, np.int64)
+            return np.unique(seeds)
         dirty = self._dirty(gone, new)
         idx = np.flatnonzero(dirty)
         self.resolved = n = len(idx)
         if not n:  # the changed links lost their last flows
             self._stale = idx
             return np.unique(seeds)
-        if n == len(self._rem):
+        links = self._flat[np.repeat(dirty, self._nh)]
+        one = self._try_round_one(idx, links)
+        capped = one is not None and one[1]
+        if one is not None:
+            self.round_one_solves += 1
+            self.capped_solves += capped
+            self._rate[idx] = one[0]
+        elif n == len(self._rem):
             self.full_solves += 1
             rows, cols, capacity = self._incidence_fast()
             self._rate[:] = max_min_rates(rows, cols, n, capacity)
         else:
             self.component_solves += 1
             self._rate[idx] = self._solve_flows(idx, dirty)
-        links = self._flat[np.repeat(dirty, self._nh)]
+        first = self._labels
         self._relabel(idx, links)
+        if capped:
+            self._capped.update(range(first, self._labels))
         if self.check_solves:
             self._check_against_full()
         mark = self._mark
@@ -590,6 +620,49 @@ class PacketSwitchNetwork(RingJobs, Network):
         else:
             self._solved_tail = new
         return seeds[:0]
+
+    def _try_round_one(self, idx: np.ndarray, links: np.ndarray):
+        """`_round_one`, except on big sets after it failed on big sets: a failed try costs
+        about a third of a solve there, so after a failure the next big sets skip it,
+        twice as many each time (up to 64), until it succeeds again. Either way the rates
+        are the same; this only chooses the cheaper way."""
+        if len(links) <= 2048:
+            return self._round_one(idx, links)
+        if self._r1_wait:
+            self._r1_wait -= 1
+            return None
+        one = self._round_one(idx, links)
+        self._r1_backoff = 0 if one is not None else min(2 * self._r1_backoff or 1, 64)
+        self._r1_wait = self._r1_backoff
+        return one
+
+    def _round_one(self, idx: np.ndarray, links: np.ndarray):
+        """max_min_rates of the flows `idx` (a union of components; `links`: their
+        entries) when its first round freezes them all, computed without building their
+        incidence: (rates, whether every flow runs at its rate cap), or None when some
+        flow would need another round. The same floats as max_min_rates: each link's share
+        is capacity / flows on it (all of them among these flows; a rate cap is a private
+        link of share cap / 1); a flow's tightest share is the least over its links; a
+        link is locally minimal unless one of its flows has a tighter one (infinite links
+        take no part); a flow freezes at its tightest share if one of its links is."""
+        maxr = self._maxr[idx]
+        nh = self._nh[idx]
+        share = self.capacity[links] / self._occ[links]  # inf on infinite links
+        starts = np.cumsum(nh) - nh
+        tight = np.minimum.reduceat(share, starts) if len(idx) > 1 else share.min(keepdims=True)
+        tight = np.minimum(tight, maxr)
+        if not np.isfinite(tight).all():
+            return None  # a flow over infinite links only (rare): the solver's way
+        fin = self._finite[links]
+        beaten = links[fin & (np.repeat(tight, nh) < share)]  # links not locally minimal
+        mark = self._mark
+        mark[beaten] = True
+        local = fin & ~mark[links]
+        mark[beaten] = False
+        capped = tight == maxr  # the private link is locally minimal
+        if not (np.logical_or.reduceat(local, starts) | capped).all():
+            return None
+        return tight, bool(capped.all())
 
     def _dirty(self, gone: np.ndarray, new: int) -> np.ndarray:
         """The flows whose rates may have changed: those sharing a label with a departed
@@ -691,9 +764,10 @@ class PacketSwitchNetwork(RingJobs, Network):
         order, as link_loads sums them) and the peak utilisation: the other links carry
         the same flows at the same rates as at the last solve, so their load is unchanged
         and their utilisation already counted."""
-        n_links = len(self.links)
+        n_links, n_entries = len(self.links), len(self._flat)
         rate_e = np.repeat(self._rate, self._nh)
-        if len(touched) == n_links:
+        if len(touched) == n_links or (4 * len(touched) > n_entries and n_links < 3 * n_entries):
+            # many links: all of them at once is cheaper (the same sums for the others)
             self._load = np.bincount(self._flat, weights=rate_e, minlength=n_links)
         else:
             on = self._mark

@@ -63,13 +63,7 @@ class RingJobs:
 
     def _free(self, flat) -> bool:
         """No reservation and no flow in the table on these links."""
-        if (self._owner[flat] >= 0).any():
-            return False
-        if len(self._flat):
-            used = np.zeros(len(self.links), bool)
-            used[self._flat] = True
-            return not used[flat].any()
-        return True
+        return not ((self._owner[flat] >= 0).any() or self._occ[flat].any())
 
     def _start_job(self, p: RingPaths, chunk, steps, tag, done) -> None:
         job = RingJob(self.ring_jobs, p, chunk, steps, tag, self.env.now)

@@ -233,3 +233,67 @@ def test_labels_that_split_a_component_fail(monkeypatch):
     ref = _run("reference", _chain_graph(), MERGE_PLAN)
     with pytest.raises(AssertionError):
         _same(ref, _run("fast", _chain_graph(), MERGE_PLAN, check=False))
+
+
+# four capped transfers sharing the chain's links, below their shares (rates = caps); one
+# leaves early (nothing to re-solve), then an uncapped one joins their links
+CAPPED_PLAN = [
+    (0.0, [(0, 3, 2e7, 2 * GB), (1, 4, 3e7, 3 * GB), (2, 5, 4e7, 1.5 * GB), (3, 6, 1e6, 2 * GB)]),
+    (2e-3, [(2, 4, 4e7)]),
+]
+
+
+def test_rate_capped_components_skip_the_rounds():
+    ref = _run("reference", _chain_graph(), CAPPED_PLAN)
+    fast = _run("fast", _chain_graph(), CAPPED_PLAN, cls=Logged)
+    _same(ref, fast)
+    net = fast[4]
+    assert net.capped_solves >= 1 and net.capped_skips >= 1, (net.capped_solves, net.capped_skips)
+
+
+def test_taking_caps_for_rates_when_a_link_binds_fails(monkeypatch):
+    # the uncapped flow joining at 2 ms makes the caps no longer the rates
+    def caps(self, idx, links):
+        return self._maxr[idx].copy(), True
+
+    monkeypatch.setattr(PacketSwitchNetwork, "_round_one", caps)
+    with pytest.raises(AssertionError, match="whole table"):
+        _run("fast", _chain_graph(), CAPPED_PLAN)
+    ref = _run("reference", _chain_graph(), CAPPED_PLAN)
+    with pytest.raises(AssertionError):
+        _same(ref, _run("fast", _chain_graph(), CAPPED_PLAN, check=False))
+
+
+def _textbook():
+    """Links a->b 10, b->c 4, c->d 10 (bytes/s x 1e9); flows a->d, b->c, c->d: b->c binds
+    the first two at 2, and c->d then gives the third the 8 left: two rounds."""
+    g = nx.DiGraph()
+    for u, v, bw in [(0, 1, 10 * GB), (1, 2, 4 * GB), (2, 3, 10 * GB), (3, 4, GB), (4, 5, 10 * GB)]:
+        g.add_edge(u, v, bandwidth=bw, latency=0.0)
+    for u in range(6):
+        g.nodes[u]["kind"] = "gpu"
+    return g
+
+
+TEXTBOOK_PLAN = [(0.0, [(4, 5, 1e9)]), (1e-3, [(0, 3, 1e8), (1, 2, 1e8), (2, 3, 1e8)]),
+                 (2e-3, [(4, 5, 1e8)])]  # fmt: skip
+
+
+def test_second_round_components_match():
+    ref = _run("reference", _textbook(), TEXTBOOK_PLAN)
+    fast = _run("fast", _textbook(), TEXTBOOK_PLAN)
+    _same(ref, fast)
+    assert fast[4].component_solves >= 1  # the first round did not freeze them all
+
+
+def test_a_first_round_without_the_local_minimum_test_fails(monkeypatch):
+    # freezing every flow at its tightest share gives c->d's flow 5 instead of 8
+    def greedy(self, idx, links):
+        share = self.capacity[links] / self._occ[links]
+        nh = self._nh[idx]
+        tight = np.minimum.reduceat(share, np.cumsum(nh) - nh)
+        return np.minimum(tight, self._maxr[idx]), False
+
+    monkeypatch.setattr(PacketSwitchNetwork, "_round_one", greedy)
+    with pytest.raises(AssertionError, match="whole table"):
+        _run("fast", _textbook(), TEXTBOOK_PLAN)
