@@ -18,6 +18,7 @@ them exactly (every term stays far below 2**53), and equal-cost paths stay tied.
 from __future__ import annotations
 
 import zlib
+from collections import OrderedDict
 
 import numpy as np
 
@@ -65,7 +66,10 @@ class Routes:
     kept. Every node on a shortest path to the destination is within the limit, and a
     node beyond it cannot be an equal-cost predecessor, so the paths are those of the
     unbounded rows (the packed weights sum exactly, in any order). Memory is O(nodes
-    near each source), not sources x nodes (2 GB at 16,384 GPUs)."""
+    near each source), not sources x nodes (2 GB at 16,384 GPUs). A GPU whose out-links all
+    go to switches takes the minimum of its switches' rows plus the links' weights instead
+    (the same integers): in a cluster of servers a search from a GPU to another server
+    covers the whole machine, and the switches' rows are shared."""
 
     def __init__(self, graph, mode: str = "latency"):
         from scipy.sparse import csr_matrix
@@ -111,6 +115,15 @@ class Routes:
         if len(hubs) * len(nodes) * 8 > HUB_ROWS_BYTES:
             self._hub, self._hub_link = {}, {}
         self._hub_rows: dict = {}  # hub index -> its full distance row
+        # a GPU whose out-links all go to switches (an NVSwitch and a NIC's leaf) is, to every
+        # other node, min over those links of (weight + the switch's distance): the switches'
+        # rows are shared by the GPUs on them (a server's 8, a rail's thousands), so a row
+        # costs a minimum of a few shared rows instead of a search of the machine
+        is_switch = np.array([graph.nodes[x].get("kind", "gpu") != "gpu" for x in nodes], bool)
+        bad = np.zeros(len(nodes), bool)
+        np.logical_or.at(bad, u, ~is_switch[v])
+        self._via_switches = (out_deg >= 2) & ~bad & ~is_switch
+        self._switch_rows: OrderedDict = OrderedDict()  # switch index -> full row (LRU)
 
     def distances(self, sources) -> None:
         """Kept for callers that announce their sources; rows are computed on demand, per
@@ -161,6 +174,29 @@ class Routes:
             return np.where(ix == s, 0.0, w + row[ix])
 
         return dist
+
+    def _row_via_switches(self, s: int) -> np.ndarray:
+        """Distances from s (a node whose out-links all go to switches): one Bellman step,
+        min over its out-links of weight + the switch's row; 0 at s. The weights are
+        integers (see link_weight) and their sums stay below 2**53, so these are the
+        search's own distances, exactly."""
+        from scipy.sparse.csgraph import dijkstra
+
+        csr = self._csr
+        row = None
+        for k in range(csr.indptr[s], csr.indptr[s + 1]):
+            x = int(csr.indices[k])
+            sw = self._switch_rows.get(x)
+            if sw is None:
+                sw = self._switch_rows[x] = dijkstra(csr, indices=x)
+                if len(self._switch_rows) * len(self.nodes) * 8 > HUB_ROWS_BYTES // 4:
+                    self._switch_rows.popitem(last=False)
+            else:
+                self._switch_rows.move_to_end(x)
+            cand = csr.data[k] + sw
+            row = cand if row is None else np.minimum(row, cand)
+        row[s] = 0.0
+        return row
 
     def _row(self, s: int, d: int) -> np.ndarray:
         """Distances from node s, exact for every node not farther than d (inf beyond)."""
@@ -220,7 +256,8 @@ class Routes:
         kid, off, hub, link = [], [], [], []
         for s in u.tolist():
             h = self._hub.get(s)
-            kid.append(keys.setdefault(("h", h[0]) if h else ("s", s), len(keys)))
+            own = ("m", s) if self._via_switches[s] else ("s", s)
+            kid.append(keys.setdefault(("h", h[0]) if h else own, len(keys)))
             off.append(h[1] if h else 0.0)
             hub.append(h[0] if h else -1)
             link.append(self._hub_link[s] if h else -1)
@@ -242,6 +279,9 @@ class Routes:
 
                     self._hub_rows[x] = dijkstra(self._csr, indices=x)
                 rows[r] = self._hub_rows[x]
+                continue
+            if kind == "m":
+                rows[r] = self._row_via_switches(x)
                 continue
             ds = d_idx[order[bounds[r] : bounds[r + 1]]]
             out = ds[:1]
