@@ -18,7 +18,6 @@ them exactly (every term stays far below 2**53), and equal-cost paths stay tied.
 from __future__ import annotations
 
 import zlib
-from collections import OrderedDict
 
 import numpy as np
 
@@ -123,7 +122,7 @@ class Routes:
         bad = np.zeros(len(nodes), bool)
         np.logical_or.at(bad, u, ~is_switch[v])
         self._via_switches = (out_deg >= 2) & ~bad & ~is_switch
-        self._switch_rows: OrderedDict = OrderedDict()  # switch index -> full row (LRU)
+        self._switch_rows: dict = {}  # switch index -> its full distance row
 
     def distances(self, sources) -> None:
         """Kept for callers that announce their sources; rows are computed on demand, per
@@ -188,11 +187,11 @@ class Routes:
             x = int(csr.indices[k])
             sw = self._switch_rows.get(x)
             if sw is None:
-                sw = self._switch_rows[x] = dijkstra(csr, indices=x)
-                if len(self._switch_rows) * len(self.nodes) * 8 > HUB_ROWS_BYTES // 4:
-                    self._switch_rows.popitem(last=False)
-            else:
-                self._switch_rows.move_to_end(x)
+                sw = dijkstra(csr, indices=x)
+                # kept while they fit; then computed when asked (no eviction: NCCL asks in
+                # cycles over all servers, where least-recently-used would never hit)
+                if (len(self._switch_rows) + 1) * len(self.nodes) * 8 <= HUB_ROWS_BYTES:
+                    self._switch_rows[x] = sw
             cand = csr.data[k] + sw
             row = cand if row is None else np.minimum(row, cand)
         row[s] = 0.0
