@@ -74,15 +74,21 @@ def ddp(trace_name: str, n: int, engine: str, batch: int, symmetry: str = "off")
     return r.iteration_time, len(trace.operators) if hasattr(trace, "operators") else 0
 
 
-def hybrid(n: int, tp: int, pp: int, engine: str, symmetry: str = "off", switch: bool = False):
+CLUSTER = {"kind": "multi_node", "gpus_per_node": 8, "bandwidth": "300 GB/s", "latency": "1 us",
+           "inter_bandwidth": "50 GB/s", "inter_latency": "2 us"}  # fmt: skip
+
+
+def hybrid(n: int, tp: int, pp: int, engine: str, symmetry: str = "off", switch: bool = False,
+           cluster: bool = False):  # fmt: skip
     """Megatron 3D (dp x tp x pp) on the modelled GPT-2 A100 trace, 2 x pp micro-batches,
-    on the fat tree (or every GPU on one switch: a topology symmetric under the replicas)."""
+    on the fat tree, or every GPU on one switch, or a rail-optimised cluster of 8-GPU
+    servers (both symmetric under the replicas)."""
     from triosim.simulation import Simulation, load_any_trace
 
     trace = load_any_trace(ROOT / "traces/modelled/a100-80gb/gpt2-s512-b8.trace.json.gz")
     dp = n // (tp * pp)
     par = {"mode": "3d", "dp": dp, "tp": tp, "pp": pp, "microbatches": 2 * pp if pp > 1 else 1}
-    topology = {**FAT, "kind": "switch"} if switch else fat(n)
+    topology = {**FAT, "kind": "switch"} if switch else CLUSTER if cluster else fat(n)
     cfg = {"num_gpus": n, "batch_size": 8 * dp, "gpu": "A100-80GB", "parallelism": par,
            "topology": topology, "network": {"kind": "packet", "engine": engine},
            "symmetry": symmetry}  # fmt: skip
@@ -129,7 +135,9 @@ def one(case: str, n: int, engine: str, sym: str = "off") -> int:
             "hybrid-pp4": lambda: hybrid(n, 1, 4, engine, sym),
             "3d-tp8-pp4": lambda: hybrid(n, 8, 4, engine, sym),
             "hybrid-tp8-switch": lambda: hybrid(n, 8, 1, engine, sym, switch=True),
-            "hybrid-pp4-switch": lambda: hybrid(n, 1, 4, engine, sym, switch=True)}  # fmt: skip
+            "hybrid-pp4-switch": lambda: hybrid(n, 1, 4, engine, sym, switch=True),
+            "hybrid-tp8-cluster": lambda: hybrid(n, 8, 1, engine, sym, cluster=True),
+            "hybrid-pp4-cluster": lambda: hybrid(n, 1, 4, engine, sym, cluster=True)}  # fmt: skip
     if case not in runs:
         raise SystemExit(f"--one: case must be one of {', '.join(runs)}, not {case!r}")
     ddp("resnet18-b8.trace.json.gz", 2, engine, 8)  # warm-up: imports (sklearn: 1-2 s)
@@ -153,7 +161,8 @@ def main(argv=None):
     ap.add_argument("--skip", default="", help="comma-separated case prefixes to skip")
     ap.add_argument("--one", nargs=2, metavar=("CASE", "GPUS"),
                     help="run one case (textbook, nccl, resnet18, gpt2, resnet50, hybrid-tp8, "
-                    "hybrid-pp4, 3d-tp8-pp4, hybrid-tp8-switch, hybrid-pp4-switch) in this "
+                    "hybrid-pp4, 3d-tp8-pp4, hybrid-tp8-switch, hybrid-pp4-switch, "
+                    "hybrid-tp8-cluster, hybrid-pp4-cluster) in this "
                     "process and "
                     "print its wall time and the process's peak resident memory")  # fmt: skip
     ap.add_argument(
