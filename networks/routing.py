@@ -122,6 +122,9 @@ class Routes:
         bad = np.zeros(len(nodes), bool)
         np.logical_or.at(bad, u, ~is_switch[v])
         self._via_switches = (out_deg >= 2) & ~bad & ~is_switch
+        # how many such GPUs each switch serves: the rows kept when they do not all fit are
+        # the most shared ones (a rail's leaf serves thousands, a server's NVSwitch eight)
+        self._served = np.bincount(v[self._via_switches[u]], minlength=len(nodes))
         self._switch_rows: dict = {}  # switch index -> its full distance row
 
     def distances(self, sources) -> None:
@@ -188,14 +191,25 @@ class Routes:
             sw = self._switch_rows.get(x)
             if sw is None:
                 sw = dijkstra(csr, indices=x)
-                # kept while they fit; then computed when asked (no eviction: NCCL asks in
-                # cycles over all servers, where least-recently-used would never hit)
-                if (len(self._switch_rows) + 1) * len(self.nodes) * 8 <= HUB_ROWS_BYTES:
-                    self._switch_rows[x] = sw
+                self._keep_switch_row(x, sw)
             cand = csr.data[k] + sw
             row = cand if row is None else np.minimum(row, cand)
         row[s] = 0.0
         return row
+
+    def _keep_switch_row(self, x: int, row: np.ndarray) -> None:
+        """Keep switch x's row while the rows fit HUB_ROWS_BYTES; when they do not, in
+        place of the least shared one if x serves more GPUs (NCCL asks in cycles over all
+        servers, where least-recently-used would never hit)."""
+        rows = self._switch_rows
+        if (len(rows) + 1) * len(self.nodes) * 8 <= HUB_ROWS_BYTES:
+            rows[x] = row
+            return
+        if rows:
+            low = min(rows, key=self._served.__getitem__)
+            if self._served[low] < self._served[x]:
+                del rows[low]
+                rows[x] = row
 
     def _row(self, s: int, d: int) -> np.ndarray:
         """Distances from node s, exact for every node not farther than d (inf beyond)."""
