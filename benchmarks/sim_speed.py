@@ -71,6 +71,8 @@ def ddp(trace_name: str, n: int, engine: str, batch: int, symmetry: str = "off")
            "topology": fat(n), "network": {"kind": "packet", "engine": engine},
            "symmetry": symmetry}  # fmt: skip
     r = Simulation(cfg, trace=trace).run()
+    if symmetry != "off":
+        print(f"  symmetry: {r.symmetry}")
     return r.iteration_time, len(trace.operators) if hasattr(trace, "operators") else 0
 
 
@@ -147,7 +149,7 @@ def one(case: str, n: int, engine: str, sym: str = "off") -> int:
     wall = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # KiB on Linux
     print(
-        f"{case} on {n} GPUs (symmetry {sym}): {wall:.2f} s wall, max RSS {rss:.2f} GB, "
+        f"{case} on {n} GPUs (symmetry asked: {sym}): {wall:.2f} s wall, max RSS {rss:.2f} GB, "
         f"result {value!r}"
     )
     return 0

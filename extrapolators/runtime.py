@@ -449,7 +449,7 @@ class _Codes:
             return []
         ref = pd.Series(self.values).array
         text = type(ref).__name__ == "ArrowStringArray"
-        if text and None not in self.index:
+        if None not in self.index and all(type(v) is str for v in self.values):
             cats = sorted(self.values)
             rank = {v: i for i, v in enumerate(cats)}
             remap = np.array([rank[v] for v in self.values], dtype=np.int32)

@@ -278,9 +278,15 @@ class Twins:
         if t != e:
             skew = abs(t - e) / max(abs(t), abs(e))
             if not same_instant(t, e):
-                raise SymmetryBroken(f"an image of {self.what} ended at {t!r} s, the "
-                                     f"representatives' at {e!r} s (the replicas are not "
-                                     "symmetric under the mapping: e.g. a slower link)")  # fmt: skip
+                gap = (t - e) * 1e6
+                raise SymmetryBroken(
+                    f"another replica's copy of {self.what} ended {abs(gap):.3g} us "
+                    f"{'after' if gap > 0 else 'before'} the representatives' (at "
+                    f"{t * 1e3:.6f} ms, not {e * 1e3:.6f} ms): the replicas do not see the "
+                    "same network, e.g. a slower link in one of them, or routes that "
+                    "differ per replica (ECMP on a fat tree spreads each replica's traffic "
+                    "over the spines differently)"
+                )
             rt = self.runtime
             rt.symmetry_skew = max(rt.symmetry_skew, skew)
 

@@ -149,6 +149,8 @@ class Result:
                 col = col.cat.add_categories(sorted(set(new) - set(col.cat.categories)))
             col = col.copy()
             col.iloc[np.array(rows)] = new
+            if isinstance(col.dtype, pd.CategoricalDtype):  # sorted, as the full run's
+                col = col.cat.set_categories(sorted(col.cat.categories))
             out["name"] = col
         return out
 
