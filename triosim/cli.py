@@ -605,8 +605,16 @@ def plots_kinds() -> tuple[str, ...]:
     return ("overview", "timeline", "breakdown", "links")
 
 
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Warnings as the CLI's own lines (`warning: ...`), not Python's file:line form."""
+    print(f"warning: {message}", file=sys.stderr)
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    import warnings
+
+    warnings.showwarning = _show_warning
     try:
         return args.func(args)
     except KeyboardInterrupt:
