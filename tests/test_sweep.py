@@ -226,3 +226,19 @@ def test_every_example_grid_expands(grid):
     spec = sw.read_grid(ROOT / "examples/sweeps" / grid)
     pts = sw.points(spec.base, spec.grid, spec.zipped, spec.base_dir, spec.grid_dir)
     assert len(pts) > 1 and len({p.id for p in pts}) == len(pts)
+
+
+def test_a_symmetry_sweep_shows_what_ran_beside_what_was_asked():
+    # gpipe declares no classes: asked auto, ran the full simulation; ddp's auto held
+    import warnings
+
+    base = {"trace": str(GPT2), "num_gpus": 4, "batch_size": 32}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        df = sw.sweep(base, {"parallelism.mode": ["ddp", "gpipe"], "symmetry": ["off", "auto"]},
+                      progress=False)  # fmt: skip
+    got = {(m, s): r for m, s, r in zip(df["parallelism.mode"], df["symmetry"],
+                                         df["symmetry_ran"], strict=True)}  # fmt: skip
+    assert got[("ddp", "auto")] == "auto: 1 representative of 4 GPUs"
+    assert got[("gpipe", "auto")] == "off (fell back: mode 'gpipe' declares no symmetry)"
+    assert got[("ddp", "off")] == got[("gpipe", "off")] == "off"

@@ -370,8 +370,12 @@ def table(pts: list[Point], rows: dict) -> pd.DataFrame:
         if p.id not in rows:
             continue
         row = rows[p.id]
+        # a result named as a parameter is the parameter's echo, except symmetry: what ran
+        # (auto may fall back) is kept beside what was asked, as symmetry_ran
         result = {
-            k: v for k, v in row.items() if k not in p.params and k not in ("error_type", "error")
+            (f"{k}_ran" if k == "symmetry" and k in p.params else k): v
+            for k, v in row.items()
+            if (k not in p.params or k == "symmetry") and k not in ("error_type", "error")
         }
         records.append({"point": p.index, "point_id": p.id, **p.params, **result,
                         "error_type": row.get("error_type"), "error": row.get("error")})  # fmt: skip
