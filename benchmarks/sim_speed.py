@@ -175,7 +175,10 @@ def main(argv=None):
     )
     a = ap.parse_args(argv)
     if a.one:
-        return one(a.one[0], int(a.one[1]), a.engine, a.symmetry)
+        n = int(a.one[1]) if a.one[1].isdigit() else 0
+        if n < 1:
+            raise SystemExit(f"--one: GPUS must be a positive whole number, not {a.one[1]!r}")
+        return one(a.one[0], n, a.engine, a.symmetry)
     sizes = [int(s) for s in a.sizes.split(",")]
     skip = [s for s in a.skip.split(",") if s]
     mem = not a.no_memory
