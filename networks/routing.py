@@ -165,12 +165,8 @@ class Routes:
 
     def _hub_dist(self, s: int):
         """For a source with one out-link: its distances as a function of node indices."""
-        from scipy.sparse.csgraph import dijkstra
-
         x, w = self._hub[s]
-        row = self._hub_rows.get(x)
-        if row is None:
-            row = self._hub_rows[x] = dijkstra(self._csr, indices=x)
+        row = self._full_row(x, hub=True)
 
         def dist(ix):
             return np.where(ix == s, 0.0, w + row[ix])
@@ -182,19 +178,28 @@ class Routes:
         min over its out-links of weight + the switch's row; 0 at s. The weights are
         integers (see link_weight) and their sums stay below 2**53, so these are the
         search's own distances, exactly."""
-        from scipy.sparse.csgraph import dijkstra
-
         csr = self._csr
         row = None
         for k in range(csr.indptr[s], csr.indptr[s + 1]):
-            x = int(csr.indices[k])
-            sw = self._switch_rows.get(x)
-            if sw is None:
-                sw = dijkstra(csr, indices=x)
-                self._keep_switch_row(x, sw)
-            cand = csr.data[k] + sw
+            cand = csr.data[k] + self._full_row(int(csr.indices[k]), hub=False)
             row = cand if row is None else np.minimum(row, cand)
         row[s] = 0.0
+        return row
+
+    def _full_row(self, x: int, hub: bool) -> np.ndarray:
+        """Node x's whole distance row, computed once: a hub's is always kept (their number
+        was budgeted when the routes were built), another switch's while the rows fit."""
+        row = self._hub_rows.get(x)
+        if row is None:
+            row = self._switch_rows.get(x)
+        if row is None:
+            from scipy.sparse.csgraph import dijkstra
+
+            row = dijkstra(self._csr, indices=x)
+            if hub:
+                self._hub_rows[x] = row
+            else:
+                self._keep_switch_row(x, row)
         return row
 
     def _keep_switch_row(self, x: int, row: np.ndarray) -> None:
@@ -287,11 +292,7 @@ class Routes:
         bounds = np.searchsorted(kid[order], np.arange(len(keys) + 1))
         for r, (kind, x) in enumerate(keys):
             if kind == "h":
-                if x not in self._hub_rows:
-                    from scipy.sparse.csgraph import dijkstra
-
-                    self._hub_rows[x] = dijkstra(self._csr, indices=x)
-                rows[r] = self._hub_rows[x]
+                rows[r] = self._full_row(x, hub=True)
                 continue
             if kind == "m":
                 rows[r] = self._row_via_switches(x)
