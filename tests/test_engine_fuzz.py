@@ -52,11 +52,13 @@ def _graph(kind: int, rng):
     return g
 
 
-def _scenario(engine: str, seed: int, kind: int):
+def _scenario(engine: str, seed: int, kind: int, above_min=None):
     rng = np.random.default_rng(seed)
     env = simpy.Environment()
     net = PacketSwitchNetwork(env, _graph(kind, rng), engine=engine)
     net.check_solves = engine == "fast"
+    if above_min is not None:  # solve above a level whenever it pays, even on small tables
+        net.above_min = above_min
     gpus = list(net.gpus)
     done = []
 
@@ -181,6 +183,45 @@ def test_fuzz_exercises_partial_solves():
             comp += fast[4].component_solves
             full += fast[4].full_solves
     assert alone >= 50 and comp >= 20 and full >= 20, (alone, comp, full)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31 - 1), kind=st.integers(0, 7))
+def test_solves_above_a_level_match_reference(seed, kind):
+    """Re-solving only the flows above the level a change can reach (on every table size
+    here) gives the reference engine's times to 1e-9, and every such solve is within
+    round-off of a whole-table solve (check_solves)."""
+    _compare(_scenario("reference", seed, kind), _scenario("fast", seed, kind, above_min=0))
+
+
+def test_fuzz_exercises_solves_above_a_level():
+    above = 0
+    for seed in range(30):
+        for kind in (1, 2, 7):
+            fast = _scenario("fast", seed, kind, above_min=0)
+            _compare(_scenario("reference", seed, kind), fast)
+            above += fast[4].above_solves
+    assert above >= 30, above
+
+
+@pytest.mark.parametrize("bug", ["level_too_high", "departed_left_on_links"])
+def test_solves_above_a_level_notice_bugs(monkeypatch, bug):
+    """Deliberate bugs fail the whole-table check: flows up to 1.5x the level kept at
+    their rates, or the departed flows' rates left on their links."""
+    real = PacketSwitchNetwork._solve_above
+
+    def wrong(self, idx, new, gone_rate, gone_links):
+        if bug == "level_too_high":
+            self.ABOVE_MARGIN = -0.5
+        else:
+            gone_links = []
+        return real(self, idx, new, gone_rate, gone_links)
+
+    monkeypatch.setattr(PacketSwitchNetwork, "_solve_above", wrong)
+    with pytest.raises(AssertionError, match="above a level differs"):
+        for seed in range(30):
+            for kind in (1, 2, 7):
+                _scenario("fast", seed, kind, above_min=0)
 
 
 def test_fuzz_exercises_rate_capped_components():
