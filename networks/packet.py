@@ -121,6 +121,7 @@ class PacketSwitchNetwork(RingJobs, Network):
             for name in self._buffers:
                 setattr(self, name, self._buffers[name][:0])
             self._seeds: list[np.ndarray] = []  # links whose flows changed since the solve
+            self._solve_queued = False  # new flows wait for a solve at this instant
             self._finite = np.isfinite(self.capacity)
             # a link of capacity 0 makes the whole-table utilisation max nan (0 / 0), which
             # max() then ignores: kept as is, so the counter stays what it always was
@@ -318,7 +319,25 @@ class PacketSwitchNetwork(RingJobs, Network):
         self._log.append(g)
         gid = self._register(g)
         self._add_flows(gid, g, np.arange(len(nb)), nb, np.zeros(len(nb)), lat, nh, flat)
-        self._finish_fast()
+        self._solve_soon()
+
+    def _solve_soon(self) -> None:
+        """Solve once the events already queued for this instant have run: transfers
+        started at one instant by many processes (the pipeline sends of thousands of
+        replicas) then cost one solve, not one each. The flows wait in the table; nothing
+        moves before the solve, as the clock cannot pass this instant before it."""
+        if self._solve_queued:
+            return
+        self._solve_queued = True
+        ev = simpy.Event(self.env)
+        ev._ok, ev._value = True, None
+        ev.callbacks.append(self._solve_now)
+        self.env.schedule(ev)
+
+    def _solve_now(self, _event=None) -> None:
+        if self._solve_queued:
+            self._solve_queued = False
+            self._finish_fast()
 
     def _register(self, g: Group) -> int:
         gid = self._next_gid
@@ -433,6 +452,7 @@ class PacketSwitchNetwork(RingJobs, Network):
                     grp.done.succeed(Records(grp))
 
     def _finish_fast(self):
+        self._solve_queued = False  # a timer at this instant solves the queued flows too
         now = self.env.now
         tick = _TIME_TOL * max(now, 1e-9)
         n = len(self._rem)
@@ -936,6 +956,7 @@ class PacketSwitchNetwork(RingJobs, Network):
     def flow_rates(self) -> np.ndarray:
         """Rates (bytes/s) of the flows in flight, in the order they started."""
         if self.options.engine == "fast":
+            self._solve_now()
             return self._rate.copy()
         return np.array([f.rate for f in self._flows])
 
