@@ -175,7 +175,7 @@ def _no_expansion(self, gone, new):
         tail = self._flat[len(self._flat) - int(self._nh[n - new :].sum()) :]
         mark[tail] = True
         dirty = np.logical_or.reduceat(mark[self._flat], np.cumsum(self._nh) - self._nh)
-    return dirty
+    return dirty, np.unique(self._flab[dirty & (self._flab >= 0)])
 
 
 def test_a_component_search_that_stops_early_fails(monkeypatch):
@@ -194,8 +194,8 @@ def test_skipping_a_touched_component_fails(monkeypatch):
     real = PacketSwitchNetwork._dirty
 
     def lazy(self, gone, new):
-        dirty = real(self, gone, new)
-        return dirty if new else np.zeros_like(dirty)
+        dirty, changed = real(self, gone, new)
+        return (dirty, changed) if new else (np.zeros_like(dirty), changed[:0])
 
     monkeypatch.setattr(PacketSwitchNetwork, "_dirty", lazy)
     ref = _run("reference", _chain_graph(), MERGE_PLAN)

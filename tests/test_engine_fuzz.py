@@ -52,7 +52,7 @@ def _graph(kind: int, rng):
     return g
 
 
-def _scenario(engine: str, seed: int, kind: int, above_min=None):
+def _scenario(engine: str, seed: int, kind: int, above_min=None, capped=False):
     rng = np.random.default_rng(seed)
     env = simpy.Environment()
     net = PacketSwitchNetwork(env, _graph(kind, rng), engine=engine)
@@ -63,7 +63,7 @@ def _scenario(engine: str, seed: int, kind: int, above_min=None):
     done = []
 
     def draw():  # drawn before the run, so both engines see the same scenario
-        choice = int(rng.integers(6))
+        choice = int(rng.integers(6)) if not capped else 1  # capped: NCCL-like streams
         if choice == 5:  # pipeline-like: p2p transfers, one group each, at one instant
             ts = []
             for _ in range(int(rng.integers(2, 7))):
@@ -78,12 +78,12 @@ def _scenario(engine: str, seed: int, kind: int, above_min=None):
             return "group", [t + (cap,)] if cap else [t]
         if choice == 1:  # a group with random sizes, zero bytes included, maybe capped
             ts = []
-            capped = rng.random() < 0.4  # all or most capped: rates at the caps
-            for _ in range(int(rng.integers(1, 6))):
+            some = capped or rng.random() < 0.4  # all or most capped: rates at the caps
+            for _ in range(int(rng.integers(1, 6 if not capped else 12))):
                 src, dst = (int(x) for x in rng.choice(len(gpus), 2, replace=False))
                 size = 0.0 if rng.random() < 0.25 else float(rng.uniform(1e3, 3e7))
                 t = (gpus[src], gpus[dst], size)
-                if capped and rng.random() < 0.9:
+                if some and rng.random() < 0.9:
                     t += (float(rng.choice([1.0, 3.0, float(rng.uniform(0.5, 20))])) * GB,)
                 ts.append(t)
             return "group", ts
@@ -186,39 +186,47 @@ def test_fuzz_exercises_partial_solves():
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**31 - 1), kind=st.integers(0, 7))
-def test_solves_above_a_level_match_reference(seed, kind):
+@given(seed=st.integers(0, 2**31 - 1), kind=st.integers(0, 7), heavy=st.booleans())
+def test_solves_above_a_level_match_reference(seed, kind, heavy):
     """Re-solving only the flows above the level a change can reach (on every table size
     here) gives the reference engine's times to 1e-9, and every such solve is within
     round-off of a whole-table solve (check_solves)."""
-    _compare(_scenario("reference", seed, kind), _scenario("fast", seed, kind, above_min=0))
+    _compare(_scenario("reference", seed, kind, capped=heavy),
+             _scenario("fast", seed, kind, above_min=0, capped=heavy))  # fmt: skip
 
 
 def test_fuzz_exercises_solves_above_a_level():
-    above = 0
+    above = capped = 0
     for seed in range(30):
         for kind in (1, 2, 7):
-            fast = _scenario("fast", seed, kind, above_min=0)
-            _compare(_scenario("reference", seed, kind), fast)
-            above += fast[4].above_solves
-    assert above >= 30, above
+            for heavy in (False, True):  # heavy: groups of mostly rate-capped transfers
+                fast = _scenario("fast", seed, kind, above_min=0, capped=heavy)
+                _compare(_scenario("reference", seed, kind, capped=heavy), fast)
+                above += fast[4].above_solves
+                capped += fast[4].above_capped
+    assert above >= 100 and capped >= 30, (above, capped)
 
 
-@pytest.mark.parametrize("bug", ["level_too_high", "departed_left_on_links"])
+@pytest.mark.parametrize("bug", ["level_too_high", "departed_left_on_links", "loads_kept"])
 def test_solves_above_a_level_notice_bugs(monkeypatch, bug):
-    """Deliberate bugs fail the whole-table check: flows up to 1.5x the level kept at
-    their rates, or the departed flows' rates left on their links."""
-    real = PacketSwitchNetwork._solve_above
+    """Deliberate bugs fail the whole-table checks: flows up to 1.5x the level kept at
+    their rates, the departed flows' rates left on their links when solving, or left in
+    the loads of the links no re-solved flow crosses."""
+    solve, book = PacketSwitchNetwork._solve_above, PacketSwitchNetwork._after_above
 
-    def wrong(self, idx, new, gone_rate, gone_links):
+    def wrong_solve(self, idx, new, gone_rate, gone_links):
         if bug == "level_too_high":
             self.ABOVE_MARGIN = -0.5
-        else:
+        elif bug == "departed_left_on_links":
             gone_links = []
-        return real(self, idx, new, gone_rate, gone_links)
+        return solve(self, idx, new, gone_rate, gone_links)
 
-    monkeypatch.setattr(PacketSwitchNetwork, "_solve_above", wrong)
-    with pytest.raises(AssertionError, match="above a level differs"):
+    def wrong_book(self, *args):
+        return book(self, *args[:-1], [] if bug == "loads_kept" else args[-1])
+
+    monkeypatch.setattr(PacketSwitchNetwork, "_solve_above", wrong_solve)
+    monkeypatch.setattr(PacketSwitchNetwork, "_after_above", wrong_book)
+    with pytest.raises(AssertionError, match="above a level differs|loads differ|busy"):
         for seed in range(30):
             for kind in (1, 2, 7):
                 _scenario("fast", seed, kind, above_min=0)
