@@ -207,19 +207,23 @@ def test_fuzz_exercises_solves_above_a_level():
     assert above >= 100 and capped >= 30, (above, capped)
 
 
-@pytest.mark.parametrize("bug", ["level_too_high", "departed_left_on_links", "loads_kept"])
+@pytest.mark.parametrize(
+    "bug", ["level_too_high", "departed_left_on_links", "loads_kept", "departure_level_too_high"]
+)
 def test_solves_above_a_level_notice_bugs(monkeypatch, bug):
     """Deliberate bugs fail the whole-table checks: flows up to 1.5x the level kept at
     their rates, the departed flows' rates left on their links when solving, or left in
-    the loads of the links no re-solved flow crosses."""
+    the loads of the links no re-solved flow crosses, or departures' level doubled."""
     solve, book = PacketSwitchNetwork._solve_above, PacketSwitchNetwork._after_above
 
-    def wrong_solve(self, idx, new, gone_rate, gone_links):
+    def wrong_solve(self, idx, new, gone_links):
         if bug == "level_too_high":
             self.ABOVE_MARGIN = -0.5
         elif bug == "departed_left_on_links":
             gone_links = []
-        return solve(self, idx, new, gone_rate, gone_links)
+        elif bug == "departure_level_too_high":  # a saturated link's bound doubled
+            self._departure_level = lambda *a: 2 * type(self)._departure_level(self, *a)
+        return solve(self, idx, new, gone_links)
 
     def wrong_book(self, *args):
         return book(self, *args[:-1], [] if bug == "loads_kept" else args[-1])
