@@ -85,7 +85,7 @@ class Records(Sequence):
         collective reads only these: 32k records per call at 16,384 GPUs)."""
         if self._list is not None:
             return [r.end for r in self._list]
-        return np.asarray(self._entry.columns()[4], float).tolist()
+        return self._entry.ends.tolist()  # a Group's arrival times, as its columns give
 
 
 def node_array(nodes) -> np.ndarray | None:

@@ -122,6 +122,7 @@ class PacketSwitchNetwork(RingJobs, Network):
                 setattr(self, name, self._buffers[name][:0])
             self._seeds: list[np.ndarray] = []  # links whose flows changed since the solve
             self._solve_queued = False  # new flows wait for a solve at this instant
+            self._waiting_rows: list[tuple] = []  # their rows, appended at the solve
             self._finite = np.isfinite(self.capacity)
             # a link of capacity 0 makes the whole-table utilisation max nan (0 / 0), which
             # max() then ignores: kept as is, so the counter stays what it always was
@@ -346,15 +347,25 @@ class PacketSwitchNetwork(RingJobs, Network):
         return gid
 
     def _add_flows(self, gid: int, g: Group, idx, rem, rate, lat, nh, flat):
-        """Put transfers idx of group g in the flow table (rem bytes left, sending at rate)."""
-        n = len(self._rem)
-        values = (gid, idx, rem, rate, g.nb[idx], lat, g.maxr[idx], nh, -1)
-        for (name, _), v in zip(_COLUMNS, values, strict=True):
-            self._append(name, n, v, len(idx))
-        self._append("_flat", len(self._flat), flat, len(flat))
+        """Put transfers idx of group g in the flow table (rem bytes left, sending at rate).
+        The rows wait in `_waiting_rows` until the solve at this instant (`_take_rows`):
+        the groups started at one instant are appended with one copy per column."""
+        k = len(idx)
+        self._waiting_rows.append((np.full(k, gid), idx, rem, rate, g.nb[idx], lat,
+                                   g.maxr[idx], nh, np.full(k, -1), flat))  # fmt: skip
         np.add.at(self._occ, flat, 1)
         self._seeds.append(flat)
-        self._new += len(idx)
+        self._new += k
+
+    def _take_rows(self) -> None:
+        """Append the waiting rows to the table, in the order they were added."""
+        rows, self._waiting_rows = self._waiting_rows, []
+        n, k = len(self._rem), sum(len(r[1]) for r in rows)
+        for j, (name, _) in enumerate(_COLUMNS):
+            self._append(name, n, rows[0][j] if len(rows) == 1 else
+                         np.concatenate([r[j] for r in rows]), k)  # fmt: skip
+        flat = rows[0][-1] if len(rows) == 1 else np.concatenate([r[-1] for r in rows])
+        self._append("_flat", len(self._flat), flat, len(flat))
 
     def _append(self, name: str, n: int, values, k: int) -> None:
         buf = self._buffers[name]
@@ -454,6 +465,8 @@ class PacketSwitchNetwork(RingJobs, Network):
 
     def _finish_fast(self):
         self._solve_queued = False  # a timer at this instant solves the queued flows too
+        if self._waiting_rows:
+            self._take_rows()
         now = self.env.now
         tick = _TIME_TOL * max(now, 1e-9)
         n = len(self._rem)
@@ -1010,9 +1023,15 @@ class PacketSwitchNetwork(RingJobs, Network):
             assert np.array_equal(load, self._load), "loads differ from the whole-table update"
             assert want == self.max_utilisation, (want, self.max_utilisation)
         else:  # loads booked by _after_above: round-off of the largest sum on the link
-            scale = np.maximum(np.maximum(load, self._load), np.where(self._finite, self.capacity, 0))
+            scale = np.maximum(
+                np.maximum(load, self._load), np.where(self._finite, self.capacity, 0)
+            )
             bad = np.abs(load - self._load) > self.ABOVE_CHECK_RTOL * scale
-            assert not bad.any(), ("loads differ from the whole-table update", load[bad], self._load[bad])
+            assert not bad.any(), (
+                "loads differ from the whole-table update",
+                load[bad],
+                self._load[bad],
+            )
             assert (load > 0).sum() == (self._load > 0).sum(), "a link busy in one update only"
             assert abs(want - self.max_utilisation) <= self.ABOVE_CHECK_RTOL * want
         occ = np.bincount(self._flat, minlength=len(self.links))
