@@ -167,6 +167,8 @@ class Plan:
     fill: float  # s: pipeline fill
     bandwidth_time: float  # s: the streams' time on the free network
     channels: int = 0
+    # the streams as the network prepared them (Network.batch), made on first run
+    batch: object = field(default=None, compare=False, repr=False)
 
     @property
     def time(self) -> float:
@@ -524,8 +526,11 @@ class Nccl(CommModel):
         self.choices[k] = self.choices.get(k, 0) + 1
         rest = p.latency + p.fill
         if p.streams:
-            # one event for all streams (not one per stream: 32k at 16k GPUs)
-            records = yield self.net.transfer_all(p.streams, tag=tag or op)
+            # one event for all streams (not one per stream: 32k at 16k GPUs), checked and
+            # routed once per plan
+            if p.batch is None:
+                p.batch = self.net.batch(p.streams)
+            records = yield self.net.transfer_all(p.batch, tag=tag or op)
             # the network charged each stream its path latency after its last byte left;
             # NCCL's latency replaces it: wait what is left of it after the last byte left
             ends = records.ends() if hasattr(records, "ends") else [r.end for r in records]

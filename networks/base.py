@@ -73,6 +73,12 @@ class Network:
         self.transfer_group(transfers, tag=tag, _member=member)
         return done
 
+    def batch(self, transfers):
+        """Transfers to start many times with `transfer_all` (a collective's streams):
+        networks that can check and route them once return a prepared object; here, a
+        list."""
+        return list(transfers)
+
     def transfer_group(self, transfers, tag: str = "", _member=None) -> list[simpy.Event]:
         """Start many transfers at the same instant (one collective step).
 

@@ -64,6 +64,27 @@ class _Flow:
     rate: float = 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class _Batch:
+    """Checked, routed transfers (`PacketSwitchNetwork.batch`); groups started from it
+    share its arrays, which nothing writes."""
+
+    net: object
+    srcs: list
+    dsts: list
+    nb: np.ndarray
+    maxr: np.ndarray
+    flat: np.ndarray
+    nh: np.ndarray
+    lat: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.srcs)
+
+    def tuples(self) -> list:
+        return list(zip(self.srcs, self.dsts, self.nb.tolist(), self.maxr.tolist(), strict=True))
+
+
 @dataclass(frozen=True)
 class PacketOptions:
     routing: Literal["latency", "hops"] = option(
@@ -291,21 +312,40 @@ class PacketSwitchNetwork(RingJobs, Network):
         if self.options.engine == "reference":
             return super().transfer_all(transfers, tag)
         done = self.env.event()
-        srcs, dsts, sizes, caps = self._parse(transfers)
-        if not srcs:
-            return done.succeed([])
-        self._start_parsed(srcs, dsts, sizes, caps, tag, done=done)
+        if type(transfers) is _Batch and transfers.net is self:
+            b = transfers
+        else:
+            if type(transfers) is _Batch:  # another network's: its transfers again
+                transfers = transfers.tuples()
+            srcs, dsts, sizes, caps = self._parse(transfers)
+            if not srcs:
+                return done.succeed([])
+            b = self._prepare(srcs, dsts, sizes, caps)
+        g = Group(b.srcs, b.dsts, b.nb, b.maxr, self.env.now, tag, None, done)
+        self._start_fast(g, b.flat, b.nh, b.lat)
         return done
 
-    def _start_parsed(self, srcs, dsts, sizes, caps, tag, events=None, done=None):
+    def batch(self, transfers):
+        """The transfers checked and routed once, for `transfer_all` to start many times
+        (a collective's streams, every time it runs)."""
+        if self.options.engine == "reference":
+            return super().batch(transfers)
+        srcs, dsts, sizes, caps = self._parse(transfers)
+        return self._prepare(srcs, dsts, sizes, caps) if srcs else []
+
+    def _prepare(self, srcs, dsts, sizes, caps) -> _Batch:
         self._distances(srcs)
         routes = self._routes(list(zip(srcs, dsts, strict=True)))
         nh = np.fromiter((len(r[0]) for r in routes), np.int64, count=len(routes))
         flat = np.concatenate([r[0] for r in routes])
         lat = np.array([r[1] for r in routes], float)
-        nb = np.array(sizes, float)
-        g = Group(srcs, dsts, nb, np.array(caps, float), self.env.now, tag, events, done)
-        self._start_fast(g, flat, nh, lat)
+        return _Batch(self, srcs, dsts, np.array(sizes, float), np.array(caps, float), flat,
+                      nh, lat)  # fmt: skip
+
+    def _start_parsed(self, srcs, dsts, sizes, caps, tag, events=None, done=None):
+        b = self._prepare(srcs, dsts, sizes, caps)
+        g = Group(srcs, dsts, b.nb, b.maxr, self.env.now, tag, events, done)
+        self._start_fast(g, b.flat, b.nh, b.lat)
 
     def _start_fast(self, g: Group, flat, nh, lat):
         self._advance_fast()

@@ -319,3 +319,36 @@ def test_transfer_table_is_the_same_on_both_engines(names):
     (ref, ref_recs), (fast, fast_recs) = table("reference"), table("fast")
     pd.testing.assert_frame_equal(fast, ref)
     assert len(fast) == 6 * 4 + 2 and fast_recs == ref_recs
+
+
+def test_a_prepared_batch_runs_as_its_transfers_each_time():
+    """`batch` checks and routes once; starting it twice gives what the transfer list
+    gives (records, ends, link bytes), and another network takes it as its transfers."""
+    transfers = [(0, 1, 4e6), (0, 2, 1e6, 2 * GB), (3, 1, 0.0)]
+
+    def run(use_batch, other=False):
+        env = simpy.Environment()
+        net = PacketSwitchNetwork(env, topo.ring(4, 10 * GB, 1e-6))
+        src = (
+            PacketSwitchNetwork(simpy.Environment(), topo.ring(4, 10 * GB, 1e-6)) if other else net
+        )
+        b = src.batch(transfers) if use_batch else transfers
+        ends = []
+
+        def go():
+            for _ in range(2):
+                recs = yield net.transfer_all(b, tag="x")
+                ends.append([(r.src, r.dst, r.nbytes, r.start, r.end) for r in recs])
+
+        env.process(go())
+        env.run()
+        return ends, net.link_stats()["bytes"].tolist()
+
+    plain = run(False)
+    assert plain[0][0] != plain[0][1] and plain[0][1][0][3] > 0  # the second starts later
+    took = {(s, d): end - start for s, d, _, start, end in plain[0][0]}
+    assert took[(0, 2)] >= 1e6 / (2 * GB) and took[(0, 1)] < 4e6 / (5 * GB)  # cap honoured
+    assert run(True) == plain
+    assert run(True, other=True) == plain
+    with pytest.raises(NetworkError):
+        PacketSwitchNetwork(simpy.Environment(), topo.ring(4, 10 * GB)).batch([(0, 9, 1.0)])
