@@ -62,6 +62,7 @@ class Runtime:
         self._waiting: dict[tuple, object] = {}  # (gpu, stream) -> task in progress
         self._procs: dict[tuple, simpy.Process] = {}
         self._last_acc: dict[int, tuple] = {}  # id(ComputeRun) -> its last timing (reuse)
+        self._sends: dict[tuple, object] = {}  # (src, dst, bytes) -> Network.batch of it
         self.tasks_started = 0
         self.tasks_finished = 0
         self.collective_bytes: dict[str, float] = {}
@@ -133,8 +134,12 @@ class Runtime:
                 rows.append((gpu, stream, "comm", task.op, task.layer, task.phase, begin,
                              env.now, task.nbytes, task.key, it, -1, -1))  # fmt: skip
             elif type(task) is Send:
-                if self.symmetry is None:
-                    yield self.network.transfer(gpu, task.dst, task.nbytes, tag=task.key)
+                if self.symmetry is None:  # a pipeline's sends repeat: prepared once
+                    pair = (gpu, task.dst, task.nbytes)
+                    batch = self._sends.get(pair)
+                    if batch is None:
+                        batch = self._sends[pair] = self.network.batch([pair])
+                    yield self.network.transfer_all(batch, tag=task.key)
                 else:
                     yield self._send_with_images(gpu, task)
                 self.event("p2p:" + task.key).succeed()
