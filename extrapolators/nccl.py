@@ -520,6 +520,8 @@ class Nccl(CommModel):
         """Seconds the collective takes on a free network (no flows)."""
         return self.plan(op, group, nbytes, root, algorithm).time
 
+    KEEP_BATCH = 4096  # streams up to which a plan keeps its prepared batch
+
     def run(self, op, group, nbytes, tag="", root=None, algorithm=None):
         p = self.plan(op, group, nbytes, root, algorithm)
         k = (op, p.algo, p.proto)
@@ -527,10 +529,14 @@ class Nccl(CommModel):
         rest = p.latency + p.fill
         if p.streams:
             # one event for all streams (not one per stream: 32k at 16k GPUs), checked and
-            # routed once per plan
-            if p.batch is None:
-                p.batch = self.net.batch(p.streams)
-            records = yield self.net.transfer_all(p.batch, tag=tag or op)
+            # routed once per plan; kept for small groups (called often; a machine-wide
+            # group's arrays would cost memory for little time)
+            batch = p.batch
+            if batch is None:
+                batch = self.net.batch(p.streams)
+                if len(p.streams) <= self.KEEP_BATCH:
+                    p.batch = batch
+            records = yield self.net.transfer_all(batch, tag=tag or op)
             # the network charged each stream its path latency after its last byte left;
             # NCCL's latency replaces it: wait what is left of it after the last byte left
             ends = records.ends() if hasattr(records, "ends") else [r.end for r in records]
