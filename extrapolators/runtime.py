@@ -119,7 +119,9 @@ class Runtime:
                         pending = nxt
                         break
                     run.append(nxt)
-                count = sum(1 if type(c) is Compute else len(c) for c in run)
+                count = 0  # tasks in the run (a loop: cheaper than sum() over a generator)
+                for c in run:
+                    count += 1 if type(c) is Compute else len(c.tasks)
                 self.tasks_started += count - 1
                 if all(type(c) is Compute for c in run):
                     yield from self._computes((gpu, stream, it), run, scale)

@@ -439,15 +439,18 @@ class PacketSwitchNetwork(RingJobs, Network):
                                      np.repeat(self._flab[~keep], nh)))  # fmt: skip
         if self._new:
             self._new -= int(np.count_nonzero(~keep[len(keep) - self._new :]))
-        self._compact("_flat", ent)
+        # rows before the first one dropped stay where they are: only the rest moves
+        first = int(np.argmin(keep))
+        efirst = int(np.argmin(ent)) if len(ent) and not ent.all() else len(ent)
+        self._compact("_flat", efirst, np.flatnonzero(ent[efirst:]) + efirst)
         for name, _ in _COLUMNS:
-            self._compact(name, idx)
+            self._compact(name, first, idx[first:])
 
-    def _compact(self, name: str, sel) -> None:
-        kept = getattr(self, name)[sel]  # a copy
+    def _compact(self, name: str, first: int, rest: np.ndarray) -> None:
+        """Keep rows :first and then the rows `rest` (ascending, all >= first)."""
         buf = self._buffers[name]
-        buf[: len(kept)] = kept
-        setattr(self, name, buf[: len(kept)])
+        buf[first : first + len(rest)] = buf[rest]  # the gather copies before writing
+        setattr(self, name, buf[: first + len(rest)])
 
     def _deliver_fast(self, done: np.ndarray) -> None:
         """Deliver the flows at indices `done`: at once without latency, else one timer per
