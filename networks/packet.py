@@ -649,16 +649,20 @@ class PacketSwitchNetwork(RingJobs, Network):
         mark[links] = True
         touched = np.flatnonzero(mark)
         mark[touched] = False
+        return touched if self._land_infinite(solved) else None
+
+    def _land_infinite(self, solved: np.ndarray) -> bool:
+        """Deliver at once the flows of `solved` whose rate is infinite (over infinitely
+        fast links only), else mark `solved` (new rates) to check again at this instant.
+        False when no flow is left."""
         inf = np.zeros(len(self._rem), bool)
         inf[solved] = np.isinf(self._rate[solved])
-        if inf.any():  # flows over infinitely fast links only: done at once
+        if inf.any():
             self._deliver_fast(np.flatnonzero(inf))
             self._keep(~inf, seed=False)
-            if not len(self._rem):
-                return None
-        else:
-            self._stale = solved  # new rates: to check again at this instant
-        return touched
+            return len(self._rem) > 0
+        self._stale = solved
+        return True
 
     def _solve_alone(self, seeds: np.ndarray, new: int):
         """The common case of point-to-point traffic, without scanning the table: the
@@ -863,16 +867,7 @@ class PacketSwitchNetwork(RingJobs, Network):
             if len(fin):
                 util = float((load[fin] / self.capacity[fin]).max())
                 self.max_utilisation = max(self.max_utilisation, util)
-        inf = np.zeros(n, bool)
-        inf[solved] = np.isinf(rate)
-        if inf.any():  # flows over infinitely fast links only: done at once
-            self._deliver_fast(np.flatnonzero(inf))
-            self._keep(~inf, seed=False)
-            if not len(self._rem):
-                return None
-        else:
-            self._stale = solved
-        return seeds[:0]
+        return seeds[:0] if self._land_infinite(solved) else None
 
     def _try_round_one(self, idx: np.ndarray, links: np.ndarray):
         """`_round_one`, except on big sets after it failed on big sets: a failed try costs
