@@ -434,9 +434,11 @@ class PacketSwitchNetwork(RingJobs, Network):
         if seed:
             self._seeds.append(gone)
             self._gone.append(self._flab[~keep])
-            nh = self._nh[~keep]
-            self._gone_links.append((gone, np.repeat(self._rate[~keep], nh),
-                                     np.repeat(self._flab[~keep], nh)))  # fmt: skip
+            nh, lab = self._nh[~keep], self._flab[~keep]
+            # a flow no solve saw (label -1; a split ring's may carry a rate) is not in
+            # the loads: it takes nothing off them
+            rate = np.where(lab >= 0, self._rate[~keep], 0.0)
+            self._gone_links.append((gone, np.repeat(rate, nh), np.repeat(lab, nh)))
         if self._new:
             self._new -= int(np.count_nonzero(~keep[len(keep) - self._new :]))
         # rows before the first one dropped stay where they are: only the rest moves
