@@ -725,6 +725,7 @@ class PacketSwitchNetwork(RingJobs, Network):
     above_min = 1024  # dirty flows from which _solve_above is tried (tests lower it)
     ABOVE_MARGIN = 1e-9  # relative: flows this close below the level are re-solved too
     ABOVE_CHECK_RTOL = 1e-11  # check_solves: rates after solves above a level, vs whole
+    RELOAD_EVERY = 1024  # solves above a level between loads summed afresh (bounds drift)
 
     def _solve_above(self, idx, new: int, gone_links: list):
         """Max-min rates of the dirty flows `idx` (a union of components; the last `new`
@@ -851,6 +852,10 @@ class PacketSwitchNetwork(RingJobs, Network):
         load[uniq] = below + np.bincount(rows, weights=np.repeat(fin_rate, nh),
                                          minlength=len(uniq))  # fmt: skip
         touched = uniq
+        if self.above_solves % self.RELOAD_EVERY == 0:  # now and then afresh: booked sums drift
+            rate_e = np.repeat(np.where(np.isfinite(self._rate), self._rate, 0.0), self._nh)
+            load[:] = np.bincount(self._flat, weights=rate_e, minlength=len(load))
+            gone_links = []  # their rates are gone from these sums already
         if gone_links:
             gl, ge = (np.concatenate([x[j] for x in gone_links]) for j in (0, 1))
             mark = self._mark

@@ -59,6 +59,7 @@ def _scenario(engine: str, seed: int, kind: int, above_min=None, capped=False):
     net.check_solves = engine == "fast"
     if above_min is not None:  # solve above a level whenever it pays, even on small tables
         net.above_min = above_min
+        net.RELOAD_EVERY = 5  # and sum the loads afresh often (checked like the booked ones)
     gpus = list(net.gpus)
     done = []
 
