@@ -730,7 +730,8 @@ class PacketSwitchNetwork(RingJobs, Network):
     def _solve_above(self, idx, new: int, gone_links: list):
         """Max-min rates of the dirty flows `idx` (a union of components; the last `new`
         are new) by re-solving only those whose rates can change: (those flows, their
-        rates, their links), or None when that is most of them.
+        rates, their distinct links, each entry's index among those links, links per flow,
+        what the other flows take on each link), or None when that is most of them.
 
         Progressive filling raises every flow together and freezes a link's flows when
         it saturates. Below the level L it runs exactly as before the change, where L is
@@ -1068,7 +1069,8 @@ class PacketSwitchNetwork(RingJobs, Network):
         assert close.all(), ("solve above a level differs from the whole table", full, got)
 
     def _check_loads(self, peak: float) -> None:
-        """The loads and the peak utilisation the whole-table update gives, bit for bit."""
+        """The loads and the peak utilisation the whole-table update gives, bit for bit (to
+        round-off once solves above a level booked loads)."""
         rows, cols, _ = self._incidence_fast()
         real = rows < len(self.links)
         load = link_loads(rows[real], cols[real], self._rate, len(self.links))
