@@ -622,9 +622,12 @@ class PacketSwitchNetwork(RingJobs, Network):
             self._stale = idx
             return np.unique(seeds)
         if n >= self.above_min:
-            above = self._solve_above(idx, new, gone_links)
+            # the departed flows' entries (links, rates, labels), joined once for both
+            gone_e = (tuple(np.concatenate([x[j] for x in gone_links]) for j in range(3))
+                      if gone_links else None)  # fmt: skip
+            above = self._solve_above(idx, new, gone_e)
             if above is not None:
-                return self._after_above(*above, idx, changed, new, seeds, gone_links)
+                return self._after_above(*above, idx, changed, new, seeds, gone_e)
         links = self._flat[np.repeat(dirty, self._nh)]
         one = self._try_round_one(idx, links)
         capped = one is not None and one[1]
@@ -727,9 +730,10 @@ class PacketSwitchNetwork(RingJobs, Network):
     ABOVE_CHECK_RTOL = 1e-11  # check_solves: rates after solves above a level, vs whole
     RELOAD_EVERY = 1024  # solves above a level between loads summed afresh (bounds drift)
 
-    def _solve_above(self, idx, new: int, gone_links: list):
+    def _solve_above(self, idx, new: int, gone_e):
         """Max-min rates of the dirty flows `idx` (a union of components; the last `new`
-        are new) by re-solving only those whose rates can change: (those flows, their
+        are new; `gone_e`: the departed flows' entries as links, rates and labels, or
+        None) by re-solving only those whose rates can change: (those flows, their
         rates, their distinct links, each entry's index among those links, links per flow,
         what the other flows take on each link), or None when that is most of them.
 
@@ -745,9 +749,7 @@ class PacketSwitchNetwork(RingJobs, Network):
         it. The rates equal a whole solve's to round-off (the residual capacities are
         summed in another order), not bit for bit."""
         n = len(self._rem)
-        gl = ge = None
-        if gone_links:
-            gl, ge, gb = (np.concatenate([x[j] for x in gone_links]) for j in (0, 1, 2))
+        gl, ge, gb = gone_e if gone_e is not None else (None, None, None)
         level = np.inf if gl is None else self._departure_level(gl, ge, gb)
         if new:
             nh = self._nh[n - new :]
@@ -822,7 +824,7 @@ class PacketSwitchNetwork(RingJobs, Network):
         return float(np.maximum(ge, cap / before).min())
 
     def _after_above(self, solved, rate, uniq, rows, nh, below, idx, changed, new, seeds,
-                     gone_links):  # fmt: skip
+                     gone_e):  # fmt: skip
         """Book a solve above a level: rates, labels and loads, each updated for what
         changed only (no pass over the table). Labels: the dirty flows keep their one
         label, new flows take it (several labels are merged into a fresh one). Loads: a
@@ -856,9 +858,9 @@ class PacketSwitchNetwork(RingJobs, Network):
         if self.above_solves % self.RELOAD_EVERY == 0:  # now and then afresh: booked sums drift
             rate_e = np.repeat(np.where(np.isfinite(self._rate), self._rate, 0.0), self._nh)
             load[:] = np.bincount(self._flat, weights=rate_e, minlength=len(load))
-            gone_links = []  # their rates are gone from these sums already
-        if gone_links:
-            gl, ge = (np.concatenate([x[j] for x in gone_links]) for j in (0, 1))
+            gone_e = None  # their rates are gone from these sums already
+        if gone_e is not None:
+            gl, ge, _ = gone_e
             mark = self._mark
             mark[uniq] = True
             other = ~mark[gl]

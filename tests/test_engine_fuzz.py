@@ -160,29 +160,28 @@ def test_fuzz_comparison_can_fail():
     assert a[1] != b[1]
 
 
+def _exercised(counters, seeds, kinds, above_min=None, capped=False) -> list[int]:
+    """Each scenario on both engines, compared; the fast engine's `counters` summed."""
+    total = [0] * len(counters)
+    for seed in range(seeds):
+        for kind in kinds:
+            fast = _scenario("fast", seed, kind, above_min=above_min, capped=capped)
+            _compare(_scenario("reference", seed, kind, capped=capped), fast)
+            total = [t + getattr(fast[4], c) for t, c in zip(total, counters, strict=True)]
+    return total
+
+
 def test_fuzz_exercises_ring_jobs_and_their_splits():
     """The scenarios reach the fast engine's ring jobs, split some mid-job, and agree."""
-    jobs = splits = 0
-    for seed in range(40):
-        for kind in (0, 2, 6):
-            fast = _scenario("fast", seed, kind)
-            _compare(_scenario("reference", seed, kind), fast)
-            jobs += fast[4].ring_jobs
-            splits += fast[4].ring_splits
+    jobs, splits = _exercised(("ring_jobs", "ring_splits"), 40, (0, 2, 6))
     assert jobs >= 20 and splits >= 5, (jobs, splits)
 
 
 def test_fuzz_exercises_partial_solves():
     """The scenarios reach all three solve paths: new flows alone on their links, some
     components of the table, and the whole table."""
-    alone = comp = full = 0
-    for seed in range(30):
-        for kind in (1, 2, 7):
-            fast = _scenario("fast", seed, kind)
-            _compare(_scenario("reference", seed, kind), fast)
-            alone += fast[4].alone_solves
-            comp += fast[4].component_solves
-            full += fast[4].full_solves
+    counters = ("alone_solves", "component_solves", "full_solves")
+    alone, comp, full = _exercised(counters, 30, (1, 2, 7))
     assert alone >= 50 and comp >= 20 and full >= 20, (alone, comp, full)
 
 
@@ -197,14 +196,10 @@ def test_solves_above_a_level_match_reference(seed, kind, heavy):
 
 
 def test_fuzz_exercises_solves_above_a_level():
-    above = capped = 0
-    for seed in range(30):
-        for kind in (1, 2, 7):
-            for heavy in (False, True):  # heavy: groups of mostly rate-capped transfers
-                fast = _scenario("fast", seed, kind, above_min=0, capped=heavy)
-                _compare(_scenario("reference", seed, kind, capped=heavy), fast)
-                above += fast[4].above_solves
-                capped += fast[4].above_capped
+    counters = ("above_solves", "above_capped")
+    plain = _exercised(counters, 30, (1, 2, 7), above_min=0)
+    heavy = _exercised(counters, 30, (1, 2, 7), above_min=0, capped=True)  # mostly capped
+    above, capped = plain[0] + heavy[0], plain[1] + heavy[1]
     assert above >= 100 and capped >= 30, (above, capped)
 
 
@@ -217,17 +212,17 @@ def test_solves_above_a_level_notice_bugs(monkeypatch, bug):
     the loads of the links no re-solved flow crosses, or departures' level doubled."""
     solve, book = PacketSwitchNetwork._solve_above, PacketSwitchNetwork._after_above
 
-    def wrong_solve(self, idx, new, gone_links):
+    def wrong_solve(self, idx, new, gone_e):
         if bug == "level_too_high":
             self.ABOVE_MARGIN = -0.5
         elif bug == "departed_left_on_links":
-            gone_links = []
+            gone_e = None
         elif bug == "departure_level_too_high":  # a saturated link's bound doubled
             self._departure_level = lambda *a: 2 * type(self)._departure_level(self, *a)
-        return solve(self, idx, new, gone_links)
+        return solve(self, idx, new, gone_e)
 
     def wrong_book(self, *args):
-        return book(self, *args[:-1], [] if bug == "loads_kept" else args[-1])
+        return book(self, *args[:-1], None if bug == "loads_kept" else args[-1])
 
     monkeypatch.setattr(PacketSwitchNetwork, "_solve_above", wrong_solve)
     monkeypatch.setattr(PacketSwitchNetwork, "_after_above", wrong_book)
@@ -240,13 +235,7 @@ def test_solves_above_a_level_notice_bugs(monkeypatch, bug):
 def test_fuzz_exercises_rate_capped_components():
     """Components whose flows all run at their rate caps are solved without max-min
     rounds, and departures from them re-solve nothing; both agree with the reference."""
-    solves = skips = 0
-    for seed in range(40):
-        for kind in (1, 3, 5):
-            fast = _scenario("fast", seed, kind)
-            _compare(_scenario("reference", seed, kind), fast)
-            solves += fast[4].capped_solves
-            skips += fast[4].capped_skips
+    solves, skips = _exercised(("capped_solves", "capped_skips"), 40, (1, 3, 5))
     assert solves >= 10 and skips >= 5, (solves, skips)
 
 
