@@ -113,15 +113,33 @@ def _two_opt(order, bw, lat, hops, rounds=4):
     return order
 
 
+_HINT: list = [None, {}]  # the last hint seen and each GPU's position in it
+
+
+def _hinted(hint: list, group: list) -> list | None:
+    """The GPUs of `group` in the order of the ring `hint`, or None when some are not in
+    it. Positions are kept for the last hint (the same list for every group of a run:
+    a pass over a 16,384-GPU ring per group in Python was most of a small group's
+    ordering; comparing with a copy of the last hint is one pass in C)."""
+    if _HINT[0] != hint:
+        _HINT[:] = [list(hint), {g: i for i, g in enumerate(hint)}]
+    pos = _HINT[1]
+    if len(pos) != len(hint):  # a GPU twice in the hint: keep every copy, as listed
+        members = set(group)
+        return [g for g in hint if g in members] if members <= set(hint) else None
+    if not all(g in pos for g in group):
+        return None
+    return sorted(dict.fromkeys(group), key=pos.__getitem__)
+
+
 def ring_order(graph, group, routes: Routes | None = None) -> tuple:
     """Order `group` into a ring: slowest hop as fast as possible, then least latency."""
     group = list(group)
     n = len(group)
     if n <= 2:
         return tuple(group)
-    members = set(group)
     hint = graph.graph.get("ring")
-    hinted = [g for g in hint if g in members] if hint and members <= set(hint) else None
+    hinted = _hinted(hint, group) if hint else None
     if n > DENSE_LIMIT and hinted:
         return tuple(hinted)
     routes = routes or Routes(graph)

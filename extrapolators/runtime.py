@@ -119,11 +119,15 @@ class Runtime:
                         pending = nxt
                         break
                     run.append(nxt)
-                count = 0  # tasks in the run (a loop: cheaper than sum() over a generator)
-                for c in run:
-                    count += 1 if type(c) is Compute else len(c.tasks)
+                count = plain = 0  # tasks in the run, plain computes among them (a loop:
+                for c in run:  # cheaper than sum() and all() over generators)
+                    if type(c) is Compute:
+                        count += 1
+                        plain += 1
+                    else:
+                        count += len(c.tasks)
                 self.tasks_started += count - 1
-                if all(type(c) is Compute for c in run):
+                if plain == len(run):
                     yield from self._computes((gpu, stream, it), run, scale)
                 else:
                     yield from self._compute_run((gpu, stream, it), run, scale)

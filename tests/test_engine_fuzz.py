@@ -196,21 +196,34 @@ def test_solves_above_a_level_match_reference(seed, kind, heavy):
 
 
 def test_fuzz_exercises_solves_above_a_level():
-    counters = ("above_solves", "above_capped")
+    counters = ("above_solves", "above_capped", "reach_solves")
     plain = _exercised(counters, 30, (1, 2, 7), above_min=0)
     heavy = _exercised(counters, 30, (1, 2, 7), above_min=0, capped=True)  # mostly capped
-    above, capped = plain[0] + heavy[0], plain[1] + heavy[1]
-    assert above >= 100 and capped >= 30, (above, capped)
+    above, capped, reach = (a + b for a, b in zip(plain, heavy, strict=True))
+    assert above >= 100 and capped >= 30 and reach >= 50, (above, capped, reach)
 
 
 @pytest.mark.parametrize(
-    "bug", ["level_too_high", "departed_left_on_links", "loads_kept", "departure_level_too_high"]
+    "bug", ["level_too_high", "departed_left_on_links", "loads_kept", "departure_level_too_high",
+            "reach_misses_departures", "reach_one_step"]  # fmt: skip
 )
 def test_solves_above_a_level_notice_bugs(monkeypatch, bug):
     """Deliberate bugs fail the whole-table checks: flows up to 1.5x the level kept at
     their rates, the departed flows' rates left on their links when solving, or left in
-    the loads of the links no re-solved flow crosses, or departures' level doubled."""
+    the loads of the links no re-solved flow crosses, departures' level doubled, only the
+    components of new flows re-solved, or only the flows on the changed links."""
     solve, book = PacketSwitchNetwork._solve_above, PacketSwitchNetwork._after_above
+    reach = PacketSwitchNetwork._reach
+
+    def wrong_reach(self, rows, nh, finite, seeds, new):
+        if bug == "reach_misses_departures":
+            return reach(self, rows, nh, finite, seeds[:0], new)
+        hit = np.zeros(len(nh), bool)  # the flows on a seed link or new: no further
+        hit[len(nh) - new :] = True
+        on = np.zeros(len(finite), bool)
+        on[seeds] = True
+        hit |= np.logical_or.reduceat(on[rows] & finite[rows], np.cumsum(nh) - nh)
+        return hit
 
     def wrong_solve(self, idx, new, gone_e):
         if bug == "level_too_high":
@@ -219,6 +232,8 @@ def test_solves_above_a_level_notice_bugs(monkeypatch, bug):
             gone_e = None
         elif bug == "departure_level_too_high":  # a saturated link's bound doubled
             self._departure_level = lambda *a: 2 * type(self)._departure_level(self, *a)
+        elif bug.startswith("reach"):
+            self._reach = wrong_reach.__get__(self)
         return solve(self, idx, new, gone_e)
 
     def wrong_book(self, *args):

@@ -51,3 +51,17 @@ def test_large_groups_take_the_builders_ring_without_n_squared_work():
     order = ring_order(g, range(1024))
     assert sorted(order) == list(range(1024))
     assert all(g.has_edge(a, b) for a, b in hops_of(list(order)))
+
+
+def test_hinted_order_is_the_hints_filtered_and_follows_a_changed_hint():
+    """The group in the hint's order (the hint filtered to the group, written out here),
+    None when a GPU is missing, and a hint edited in place is read afresh."""
+    from extrapolators.rings import _hinted
+
+    hint = [5, 3, 9, 0, 7, 1]
+    assert _hinted(hint, [0, 9, 1, 5]) == [5, 9, 0, 1]
+    assert _hinted(hint, [9, 9, 3]) == [3, 9]  # a GPU named twice: once, as the filter does
+    assert _hinted(hint, [0, 2]) is None  # 2 is not on the hinted ring
+    hint[0], hint[5] = 1, 5  # edited in place: same list object, new order
+    assert _hinted(hint, [0, 9, 1, 5]) == [1, 9, 0, 5]
+    assert _hinted([4, 4, 2], [2, 4]) == [4, 4, 2]  # a GPU twice in the hint: every copy
