@@ -394,7 +394,7 @@ class Runtime:
             entry = np.empty(len(log), dtype=np.int32)
             entry[is_block] = codes.codes(values)
             entry[~is_block] = codes.codes(single[c])
-            out[c] = codes.decode(np.repeat(entry, lens))
+            out[c] = codes.decode(entry, lambda a: np.repeat(a, lens))
         # per-row columns: a table of each distinct run's codes, then the singles' codes
         names = ("name", "layer", "phase", "op_id", "microbatch")
         runs: dict = {}  # id(run) -> offset in the table (runs stay alive in the log)
@@ -413,7 +413,7 @@ class Runtime:
             codes = _Codes()
             table = np.concatenate([*(codes.codes(getattr(r, attr)) for r in distinct),
                                     codes.codes(single[c])])  # fmt: skip
-            out[c] = codes.decode(table[idx])
+            out[c] = codes.decode(table, lambda a: a[idx])
         if not blocks:  # single values only: as pandas infers them from the rows
             out.update(start=list(single["start"]), end=list(single["end"]),
                        nbytes=list(single["nbytes"]))  # fmt: skip
@@ -467,33 +467,41 @@ class _Codes:
                 known.append(v)
         return np.fromiter(map(index.__getitem__, values), np.int32, count=len(values))
 
-    def decode(self, codes: np.ndarray):
-        """The values of `codes`: numbers with the dtype pandas infers for them; text as a
+    def decode(self, codes: np.ndarray, expand=None):
+        """The values of the rows `expand(codes)` (a repeat or a gather of `codes`; None:
+        the codes themselves), expanded after mapping codes to values, so that the rows
+        (tens of millions at 16,384 GPUs) are written once, not as codes and then as values.
+        Numbers take the dtype pandas infers for them; text as a
         pandas Categorical with sorted categories (so sorting the column sorts it as text):
         a small code per row instead of a string (at 16,384 GPUs a string column of 13M
         rows held about 300 MB and took seconds to build). Text with missing values (the
         key column: None on computes) stays a string column, so `fillna("")` works."""
         import pandas as pd
 
+        if expand is None:
+            expand = _same
         if not self.values:
             return []
-        ref = pd.Series(self.values).array
-        text = type(ref).__name__ == "ArrowStringArray"
         if None not in self.index and all(type(v) is str for v in self.values):
             cats = sorted(self.values)
             rank = {v: i for i, v in enumerate(cats)}
             remap = np.array([rank[v] for v in self.values], dtype=np.int32)
-            return pd.Categorical.from_codes(remap[codes], categories=cats)
-        if text:
+            return pd.Categorical.from_codes(expand(remap[codes]), categories=cats)
+        ref = pd.Series(self.values).array
+        if type(ref).__name__ == "ArrowStringArray":
             import pyarrow as pa
 
             values = pa.array(self.values, type=pa.large_string())
-            arr = pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), values)
+            arr = pa.DictionaryArray.from_arrays(pa.array(expand(codes), pa.int32()), values)
             return pd.array(arr.cast(pa.large_string()), dtype=ref.dtype)
         values = ref.to_numpy()
         if values.dtype.kind in "iufb":
-            return values[codes]
-        return [self.values[c] for c in codes.tolist()]
+            return expand(values[codes])
+        return [self.values[c] for c in expand(codes).tolist()]
+
+
+def _same(a):
+    return a
 
 
 def _name(who) -> str:

@@ -43,7 +43,8 @@ class Group:
     def __init__(self, srcs, dsts, nb, maxr, start, tag, events=None, done=None):
         self.srcs, self.dsts, self.nb, self.maxr = srcs, dsts, nb, maxr
         self.start, self.tag, self.events, self.done = start, tag, events, done
-        self.ends = np.full(len(nb), math.nan)
+        self.ends = np.empty(len(nb))  # (np.full costs a microsecond more per group)
+        self.ends.fill(math.nan)
         self.pending = len(nb)
 
     def record(self, i: int) -> TransferRecord:

@@ -49,6 +49,8 @@ from networks.routing import Routes, path_latencies
 from triosim.errors import NetworkError
 from triosim.schema import option
 
+# one-row columns shared by point-to-point starts (only ever copied into the table)
+_ZERO_I, _ZERO_F, _NO_LABEL = np.zeros(1, np.int64), np.zeros(1), np.full(1, -1)
 _COLUMNS = (("_gid", np.int64), ("_idx", np.int64), ("_rem", float), ("_rate", float),
             ("_nb", float), ("_lat", float), ("_maxr", float), ("_nh", np.int64),
             ("_flab", np.int64))  # fmt: skip
@@ -77,6 +79,7 @@ class _Batch:
     flat: np.ndarray
     nh: np.ndarray
     lat: np.ndarray
+    distinct: bool = False  # no link twice in `flat` (checked for short ones only)
 
     def __len__(self) -> int:
         return len(self.srcs)
@@ -323,7 +326,7 @@ class PacketSwitchNetwork(RingJobs, Network):
                 return done.succeed([])
             b = self._prepare(srcs, dsts, sizes, caps)
         g = Group(b.srcs, b.dsts, b.nb, b.maxr, self.env.now, tag, None, done)
-        self._start_fast(g, b.flat, b.nh, b.lat)
+        self._start_fast(g, b.flat, b.nh, b.lat, b.distinct)
         return done
 
     def batch(self, transfers):
@@ -340,27 +343,36 @@ class PacketSwitchNetwork(RingJobs, Network):
         nh = np.fromiter((len(r[0]) for r in routes), np.int64, count=len(routes))
         flat = np.concatenate([r[0] for r in routes])
         lat = np.array([r[1] for r in routes], float)
+        distinct = len(flat) <= 64 and len(set(flat.tolist())) == len(flat)
         return _Batch(self, srcs, dsts, np.array(sizes, float), np.array(caps, float), flat,
-                      nh, lat)  # fmt: skip
+                      nh, lat, distinct)  # fmt: skip
 
     def _start_parsed(self, srcs, dsts, sizes, caps, tag, events=None, done=None):
         b = self._prepare(srcs, dsts, sizes, caps)
         g = Group(srcs, dsts, b.nb, b.maxr, self.env.now, tag, events, done)
         self._start_fast(g, b.flat, b.nh, b.lat)
 
-    def _start_fast(self, g: Group, flat, nh, lat):
+    def _start_fast(self, g: Group, flat, nh, lat, distinct: bool = False):
+        """Start the transfers of `g` (their routes' links `flat`, `nh` per transfer, path
+        latencies `lat`; `distinct`: no link twice in `flat`)."""
         self._advance_fast()
         if len(self._jobs) and (self._owner[flat] >= 0).any():
             for jid in dict.fromkeys(self._owner[flat][self._owner[flat] >= 0].tolist()):
                 self._split(self._jobs[jid])
         nb = g.nb
-        # one unbuffered add in flow order: the same sums as one add per flow
-        np.add.at(self.link_bytes, flat, np.repeat(nb, nh))
+        k = len(nb)
+        if distinct:  # each link gets one add: a buffered add is the unbuffered one
+            self.link_bytes[flat] += nb[0] if k == 1 else np.repeat(nb, nh)
+        else:  # one unbuffered add in flow order: the same sums as one add per flow
+            np.add.at(self.link_bytes, flat, np.repeat(nb, nh))
         self.bytes_sent = seq_sum(self.bytes_sent, nb)
-        self.in_flight += len(nb)
+        self.in_flight += k
         self._log.append(g)
         gid = self._register(g)
-        self._add_flows(gid, g, np.arange(len(nb)), nb, np.zeros(len(nb)), lat, nh, flat)
+        if k == 1:  # a point-to-point send (pipelines: hundreds of thousands at 16k GPUs)
+            self._add_flows(gid, g, _ZERO_I, nb, _ZERO_F, lat, nh, flat, distinct)
+        else:
+            self._add_flows(gid, g, np.arange(k), nb, np.zeros(k), lat, nh, flat, distinct)
         self._solve_soon()
 
     def _solve_soon(self) -> None:
@@ -387,14 +399,23 @@ class PacketSwitchNetwork(RingJobs, Network):
         self._groups[gid] = g
         return gid
 
-    def _add_flows(self, gid: int, g: Group, idx, rem, rate, lat, nh, flat):
+    def _add_flows(self, gid: int, g: Group, idx, rem, rate, lat, nh, flat,
+                   distinct: bool = False):  # fmt: skip
         """Put transfers idx of group g in the flow table (rem bytes left, sending at rate).
         The rows wait in `_waiting_rows` until the solve at this instant (`_take_rows`):
-        the groups started at one instant are appended with one copy per column."""
+        the groups started at one instant are appended with one copy per column.
+        (`distinct`: no link twice in `flat`.)"""
         k = len(idx)
-        self._waiting_rows.append((np.full(k, gid), idx, rem, rate, g.nb[idx], lat,
-                                   g.maxr[idx], nh, np.full(k, -1), flat))  # fmt: skip
-        np.add.at(self._occ, flat, 1)
+        if k == 1 and len(g.nb) == 1:  # the whole group: its own arrays (never written)
+            nb, maxr, lab = g.nb, g.maxr, _NO_LABEL
+        else:
+            nb, maxr, lab = g.nb[idx], g.maxr[idx], np.full(k, -1)
+        gids = np.array([gid]) if k == 1 else np.full(k, gid)  # np.full: ~1 us more
+        self._waiting_rows.append((gids, idx, rem, rate, nb, lat, maxr, nh, lab, flat))
+        if distinct:
+            self._occ[flat] += 1
+        else:
+            np.add.at(self._occ, flat, 1)
         self._seeds.append(flat)
         self._new += k
 

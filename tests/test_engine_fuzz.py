@@ -204,8 +204,15 @@ def test_fuzz_exercises_solves_above_a_level():
 
 
 @pytest.mark.parametrize(
-    "bug", ["level_too_high", "departed_left_on_links", "loads_kept", "departure_level_too_high",
-            "reach_misses_departures", "reach_one_step"]  # fmt: skip
+    "bug",
+    [
+        "level_too_high",
+        "departed_left_on_links",
+        "loads_kept",
+        "departure_level_too_high",
+        "reach_misses_departures",
+        "reach_one_step",
+    ],  # fmt: skip
 )
 def test_solves_above_a_level_notice_bugs(monkeypatch, bug):
     """Deliberate bugs fail the whole-table checks: flows up to 1.5x the level kept at

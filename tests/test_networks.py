@@ -352,3 +352,23 @@ def test_a_prepared_batch_runs_as_its_transfers_each_time():
     assert run(True, other=True) == plain
     with pytest.raises(NetworkError):
         PacketSwitchNetwork(simpy.Environment(), topo.ring(4, 10 * GB)).batch([(0, 9, 1.0)])
+
+
+def test_batches_with_a_link_twice_count_it_twice():
+    """Link bytes and flows per link of batches whose routes share links (hand counts on a
+    one-way ring 0 -> 1 -> 2 -> 3 -> 0 of 10 GB/s: 0 -> 2 and 1 -> 2 share link 1 -> 2)
+    and of a one-flow batch; two equal flows on one link take 5 GB/s each."""
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, topo.ring(4, 10 * GB, bidirectional=False))
+    shared = net.batch([(0, 2, 4e6), (1, 2, 1e6)])
+    alone = net.batch([(2, 3, 2e6)])
+    assert not shared.distinct and alone.distinct
+    net.transfer_all(shared)
+    net.transfer_all(alone)
+    rates = net.flow_rates()
+    assert list(net._occ[net.path_links(0, 2)]) == [1, 2] and net._occ[net.path_links(2, 3)][0] == 1
+    assert rates.tolist() == [5 * GB, 5 * GB, 10 * GB]
+    env.run()
+    ls = net.link_stats()
+    got = {(a, b): x for a, b, x in zip(ls["src"], ls["dst"], ls["bytes"], strict=True)}
+    assert (got[(0, 1)], got[(1, 2)], got[(2, 3)], got[(3, 0)]) == (4e6, 5e6, 2e6, 0.0)
