@@ -446,13 +446,13 @@ class PacketSwitchNetwork(RingJobs, Network):
             self.link_busy[self._busy_links()] += dt
         self._last = self.env.now
 
-    def _entries(self, flows: np.ndarray) -> np.ndarray:
+    def _entries(self, flows: np.ndarray, ends=None) -> np.ndarray:
         """Positions in `_flat` of the entries of `flows` (ascending), in order: each
-        flow's first entry from the running sum of hops, then one repeat over these flows
-        only (repeating a mask over the whole table costs ~7 ns a flow: 0.35 ms at
-        50,000 flows, per call)."""
+        flow's first entry from the running sum of hops (`ends`: its value at `flows`,
+        if known), then one repeat over these flows only (repeating a mask over the whole
+        table costs ~7 ns a flow: 0.35 ms at 50,000 flows, per call)."""
         nh = self._nh[flows]
-        first = np.cumsum(self._nh)[flows] - nh
+        first = (np.cumsum(self._nh)[flows] if ends is None else ends) - nh
         if len(flows) == 1:
             return np.arange(first[0], first[0] + nh[0])
         return np.repeat(first - (np.cumsum(nh) - nh), nh) + np.arange(int(nh.sum()))
@@ -460,29 +460,56 @@ class PacketSwitchNetwork(RingJobs, Network):
     def _keep(self, keep: np.ndarray, seed: bool = True) -> None:
         """Keep the flows where `keep` is True (order preserved); the links of the others
         lose a flow (and are re-solved at the next solve if `seed`)."""
-        idx = np.flatnonzero(keep)
         drop = np.flatnonzero(~keep)
-        de = self._entries(drop)
+        nh = self._nh[drop]
+        ends = np.cumsum(self._nh)[drop]  # where each dropped flow's entries end
+        de = self._entries(drop, ends)
         gone = self._flat[de]
         np.subtract.at(self._occ, gone, 1)
         if seed:
+            lab = self._flab[drop]
             self._seeds.append(gone)
-            self._gone.append(self._flab[~keep])
-            nh, lab = self._nh[~keep], self._flab[~keep]
+            self._gone.append(lab)
             # a flow no solve saw (label -1; a split ring's may carry a rate) is not in
             # the loads: it takes nothing off them
-            rate = np.where(lab >= 0, self._rate[~keep], 0.0)
+            rate = np.where(lab >= 0, self._rate[drop], 0.0)
             self._gone_links.append((gone, np.repeat(rate, nh), np.repeat(lab, nh)))
         if self._new:
-            self._new -= int(np.count_nonzero(~keep[len(keep) - self._new :]))
+            self._new -= int(np.count_nonzero(drop >= len(keep) - self._new))
+        if len(drop) <= self.SLIDE_MAX:  # a few rows: slide the stretches between them
+            lo = drop.tolist()
+            hi = [x + 1 for x in lo]
+            self._slide("_flat", (ends - nh).tolist(), ends.tolist(), len(self._flat))
+            n = len(keep)
+            for name, _ in _COLUMNS:
+                self._slide(name, lo, hi, n)
+            return
         # rows before the first one dropped stay where they are: only the rest moves
-        first = int(drop[0]) if len(drop) else len(keep)
+        first = int(drop[0])
         efirst = int(de[0]) if len(de) else len(self._flat)
         ent = np.ones(len(self._flat) - efirst, bool)
         ent[de - efirst] = False
         self._compact("_flat", efirst, np.flatnonzero(ent) + efirst)
+        idx = np.flatnonzero(keep)
         for name, _ in _COLUMNS:
             self._compact(name, first, idx[first:])
+
+    SLIDE_MAX = 16  # flows removed from which the table is compacted by one gather
+
+    def _slide(self, name: str, lo: list, hi: list, length: int) -> None:
+        """Remove rows [lo[j], hi[j]) (ascending, disjoint) from column `name` of `length`
+        rows, moving each stretch between them left by a slice copy (numpy copies
+        overlapping slices correctly): the rows before the first cut stay put."""
+        if not lo:
+            return
+        buf = self._buffers[name]
+        out = lo[0]
+        for j, a in enumerate(hi):
+            b = lo[j + 1] if j + 1 < len(lo) else length
+            if b > a:
+                buf[out : out + b - a] = buf[a:b]
+                out += b - a
+        setattr(self, name, buf[:out])
 
     def _compact(self, name: str, first: int, rest: np.ndarray) -> None:
         """Keep rows :first and then the rows `rest` (ascending, all >= first)."""

@@ -52,11 +52,13 @@ def _graph(kind: int, rng):
     return g
 
 
-def _scenario(engine: str, seed: int, kind: int, above_min=None, capped=False):
+def _scenario(engine: str, seed: int, kind: int, above_min=None, capped=False, slide_max=None):
     rng = np.random.default_rng(seed)
     env = simpy.Environment()
     net = PacketSwitchNetwork(env, _graph(kind, rng), engine=engine)
     net.check_solves = engine == "fast"
+    if slide_max is not None:  # departed rows removed by slides up to this many, else a gather
+        net.SLIDE_MAX = slide_max
     if above_min is not None:  # solve above a level whenever it pays, even on small tables
         net.above_min = above_min
         net.RELOAD_EVERY = 5  # and sum the loads afresh often (checked like the booked ones)
@@ -169,6 +171,16 @@ def _exercised(counters, seeds, kinds, above_min=None, capped=False) -> list[int
             _compare(_scenario("reference", seed, kind, capped=capped), fast)
             total = [t + getattr(fast[4], c) for t, c in zip(total, counters, strict=True)]
     return total
+
+
+@pytest.mark.parametrize("slide_max", [0, 10**9])
+def test_departed_rows_removed_either_way_match_reference(slide_max):
+    """Departed flows leave the table by one gather (0) or by sliding the rows between
+    them (always): both give the reference engine's times."""
+    for seed in range(12):
+        for kind in (1, 2, 5, 7):
+            _compare(_scenario("reference", seed, kind),
+                     _scenario("fast", seed, kind, slide_max=slide_max))  # fmt: skip
 
 
 def test_fuzz_exercises_ring_jobs_and_their_splits():
