@@ -176,6 +176,7 @@ class PacketSwitchNetwork(RingJobs, Network):
             self.above_solves = 0  # solves of the flows above a level only (_solve_above)
             self.above_capped = 0  # ... with flows at a rate cap among them
             self.reach_solves = 0  # ... of the components a change reaches only
+            self.tight_levels = 0  # ... from the rates on the new flows' links
             self.resolved = 0  # flows whose rate the last solve computed
 
     # -- routing ----------------------------------------------------------------------
@@ -814,7 +815,7 @@ class PacketSwitchNetwork(RingJobs, Network):
         summed in another order), not bit for bit."""
         n = len(self._rem)
         gl, ge, gb = gone_e if gone_e is not None else (None, None, None)
-        level = np.inf if gl is None else self._departure_level(gl, ge, gb)
+        level = dep = np.inf if gl is None else self._departure_level(gl, ge, gb)
         if new:
             nh = self._nh[n - new :]
             if not nh.all():
@@ -829,6 +830,13 @@ class PacketSwitchNetwork(RingJobs, Network):
         above = self._rate[idx] >= level * (1 - self.ABOVE_MARGIN)
         above[len(idx) - new :] = True
         k = int(np.count_nonzero(above))
+        if 2 * k > len(idx) and new:  # a second look: the rates on the new flows' links
+            tight = min(dep, self._new_flow_level(new))
+            if tight > level:
+                above = self._rate[idx] >= tight * (1 - self.ABOVE_MARGIN)
+                above[len(idx) - new :] = True
+                k = int(np.count_nonzero(above))
+                self.tight_levels += 2 * k <= len(idx)
         if 2 * k > len(idx):
             return None
         solved = idx[above]
@@ -913,6 +921,47 @@ class PacketSwitchNetwork(RingJobs, Network):
             reach |= hit
             grown = hit
         return None  # still growing: likely most of them, and each step is a pass
+
+    def _new_flow_level(self, new: int) -> float:
+        """A level below which the `new` flows (the last ones; each crossing some link)
+        saturate no link, from the rates of the flows already on their links: on a finite
+        link l with new flows n_l and old flows of rates r_1 <= ... <= r_k, the load at
+        level t is at most f(t) = sum_i min(r_i, t) + n_l t while the old flows fill as
+        before (the new ones at most t each, less when capped), so l holds until f(t) =
+        c_l. Each line g_j(t) = r_1 + ... + r_j + (k - j + n_l) t lies on or above f
+        (min(r_i, t) <= r_i and <= t), and on f between r_j and r_(j+1), so the root of
+        f is the largest of the lines' roots (c_l - r_1 - ... - r_j) / (k - j + n_l);
+        j = 0 is capacity / flows, the first bound of `_solve_above`. Below the least
+        such level over the new flows' links (and the departures' level) the filling of
+        the old flows runs as before, by induction over the filling's events: a link
+        without new flows sees the same loads, and one with new flows that saturated
+        before at t would make f(t) >= c_l. The new flows' rate caps only lower f."""
+        n = len(self._rem)
+        e_old = len(self._flat) - int(self._nh[n - new :].sum())
+        tail = self._flat[e_old:]
+        tail = tail[self._finite[tail]]
+        if not len(tail):
+            return np.inf
+        links, fresh = np.unique(tail, return_counts=True)
+        mark = self._mark
+        mark[links] = True
+        pos = np.flatnonzero(mark[self._flat[:e_old]])  # the old flows' entries there
+        mark[links] = False
+        cap = self.capacity[links]
+        level = cap / fresh  # j = k: every old flow frozen below the root
+        if len(pos):
+            flow = np.searchsorted(np.cumsum(self._nh), pos, side="right")
+            lk, r = np.searchsorted(links, self._flat[pos]), self._rate[flow]
+            order = np.lexsort((r, lk))  # by link, rates ascending within it
+            lk, r = lk[order], r[order]
+            k = np.bincount(lk, minlength=len(links))
+            first = np.cumsum(k) - k  # each link's first entry
+            j = np.arange(len(r)) - first[lk]  # rank of the rate on its link
+            cs = np.concatenate(([0.0], np.cumsum(r)))  # cs[i]: the rates before entry i
+            below = cs[:-1] - cs[first][lk]  # r_1 + ... + r_j on its link
+            level = (cap - np.bincount(lk, weights=r, minlength=len(links))) / fresh
+            np.maximum.at(level, lk, (cap[lk] - below) / (k[lk] - j + fresh[lk]))
+        return float(level.min())
 
     def _departure_level(self, gl, ge, gb) -> float:
         """The least level at which departed flows change the filling (their entries: link,

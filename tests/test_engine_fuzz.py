@@ -208,11 +208,11 @@ def test_solves_above_a_level_match_reference(seed, kind, heavy):
 
 
 def test_fuzz_exercises_solves_above_a_level():
-    counters = ("above_solves", "above_capped", "reach_solves")
+    counters = ("above_solves", "above_capped", "reach_solves", "tight_levels")
     plain = _exercised(counters, 30, (1, 2, 7), above_min=0)
     heavy = _exercised(counters, 30, (1, 2, 7), above_min=0, capped=True)  # mostly capped
-    above, capped, reach = (a + b for a, b in zip(plain, heavy, strict=True))
-    assert above >= 100 and capped >= 30 and reach >= 50, (above, capped, reach)
+    above, capped, reach, tight = (a + b for a, b in zip(plain, heavy, strict=True))
+    assert above >= 100 and capped >= 30 and reach >= 50 and tight >= 30, (above, reach, tight)
 
 
 @pytest.mark.parametrize(
@@ -224,7 +224,8 @@ def test_fuzz_exercises_solves_above_a_level():
         "departure_level_too_high",
         "reach_misses_departures",
         "reach_one_step",
-    ],  # fmt: skip
+        "new_flow_level_too_high",
+    ],
 )
 def test_solves_above_a_level_notice_bugs(monkeypatch, bug):
     """Deliberate bugs fail the whole-table checks: flows up to 1.5x the level kept at
@@ -253,6 +254,8 @@ def test_solves_above_a_level_notice_bugs(monkeypatch, bug):
             self._departure_level = lambda *a: 2 * type(self)._departure_level(self, *a)
         elif bug.startswith("reach"):
             self._reach = wrong_reach.__get__(self)
+        elif bug == "new_flow_level_too_high":  # the rates on new flows' links: 1.5x
+            self._new_flow_level = lambda k: 1.5 * type(self)._new_flow_level(self, k)
         return solve(self, idx, new, gone_e)
 
     def wrong_book(self, *args):
@@ -263,7 +266,7 @@ def test_solves_above_a_level_notice_bugs(monkeypatch, bug):
     with pytest.raises(AssertionError, match="above a level differs|loads differ|busy"):
         for seed in range(30):
             for kind in (1, 2, 7):
-                _scenario("fast", seed, kind, above_min=0)
+                _scenario("fast", seed, kind, above_min=0, capped=bug.startswith("new_flow"))
 
 
 def test_fuzz_exercises_rate_capped_components():
@@ -310,3 +313,52 @@ def test_transfer_all_fires_when_the_last_transfer_lands(engine):
     recs = ev.value
     assert [r.nbytes for r in recs] == [1e6, 3e6, 0.0] and env.now == max(r.end for r in recs)
     assert net.in_flight == 0 and net.bytes_delivered == 4e6
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1))
+def test_new_flow_level_is_the_least_root_of_the_link_loads(seed):
+    """`_new_flow_level` against the definition, found by bisection: on each finite link
+    of the new flows the load at level t, sum of min(old rate, t) + (new flows) t, reaches
+    the capacity at a root; the level is the least root over those links."""
+    rng = np.random.default_rng(seed)
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, _graph(int(rng.integers(0, 8)), rng))
+    gpus = list(net.gpus)
+
+    def pairs(k):
+        out = []
+        while len(out) < k:
+            a, b = rng.choice(len(gpus), 2, replace=False)
+            out.append((gpus[a], gpus[b], float(rng.uniform(1e6, 1e8))))
+        return out
+
+    net.transfer_all(pairs(int(rng.integers(1, 30))))
+    env.run(until=1e-12)  # the old flows solved, none done
+    net.transfer_all(pairs(int(rng.integers(1, 6))))
+    net._take_rows()
+    new, n = net._new, len(net._rem)
+    if not net._nh[n - new :].all():
+        return
+    got = net._new_flow_level(new)
+    ends = np.cumsum(net._nh)
+    flows_on = {}  # link -> rates of the old flows on it, and the count of new ones
+    for f in range(n):
+        for link in net._flat[ends[f] - net._nh[f] : ends[f]].tolist():
+            old, fresh = flows_on.setdefault(link, ([], [0]))
+            if f < n - new:
+                old.append(float(net._rate[f]))
+            else:
+                fresh[0] += 1
+    want = np.inf
+    for link, (old, fresh) in flows_on.items():
+        cap = float(net.capacity[link])
+        if not fresh[0] or not np.isfinite(cap):
+            continue
+        lo, hi = 0.0, cap  # load(cap) >= cap: the root is below
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            load = sum(min(r, mid) for r in old) + fresh[0] * mid
+            lo, hi = (mid, hi) if load < cap else (lo, mid)
+        want = min(want, hi)
+    assert got == pytest.approx(want, rel=1e-9), (got, want)
