@@ -935,7 +935,9 @@ class PacketSwitchNetwork(RingJobs, Network):
         such level over the new flows' links (and the departures' level) the filling of
         the old flows runs as before, by induction over the filling's events: a link
         without new flows sees the same loads, and one with new flows that saturated
-        before at t would make f(t) >= c_l. The new flows' rate caps only lower f."""
+        before at t would make f(t) >= c_l. The new flows' rate caps only lower f. The
+        roots are lowered by a bound on their sums' rounding: a root a hair too high would
+        leave flows just below it unsolved (the solve's margin is 1e-9 relative)."""
         n = len(self._rem)
         e_old = len(self._flat) - int(self._nh[n - new :].sum())
         tail = self._flat[e_old:]
@@ -959,8 +961,16 @@ class PacketSwitchNetwork(RingJobs, Network):
             j = np.arange(len(r)) - first[lk]  # rank of the rate on its link
             cs = np.concatenate(([0.0], np.cumsum(r)))  # cs[i]: the rates before entry i
             below = cs[:-1] - cs[first][lk]  # r_1 + ... + r_j on its link
-            level = (cap - np.bincount(lk, weights=r, minlength=len(links))) / fresh
-            np.maximum.at(level, lk, (cap[lk] - below) / (k[lk] - j + fresh[lk]))
+            # one running sum crosses every link's rates, so its rounding (i additions of
+            # rates >= 0: at most i units of cs[i]) can dwarf a slow link's own rates:
+            # each root is lowered by that bound, to stay below the exact one (j = 0 has
+            # nothing to round); the sums per link from bincount round on their own scale
+            eps = np.finfo(float).eps
+            off = np.where(j > 0, (2 * np.arange(len(r)) + 2) * eps * cs[:-1], 0.0)
+            total = np.bincount(lk, weights=r, minlength=len(links))
+            level = (cap - total - ((k + 1) * eps * total + eps * cap)) / fresh
+            np.maximum.at(level, lk, (cap[lk] - below - off - eps * cap[lk])
+                          / (k[lk] - j + fresh[lk]))  # fmt: skip
         return float(level.min())
 
     def _departure_level(self, gl, ge, gb) -> float:
@@ -1245,8 +1255,10 @@ class PacketSwitchNetwork(RingJobs, Network):
             assert np.array_equal(load, self._load), "loads differ from the whole-table update"
             assert want == self.max_utilisation, (want, self.max_utilisation)
         else:  # loads booked by _after_above: round-off of the largest sum on the link
+            # (on an infinite link only whether it is busy counts, and a departed flow far
+            # faster than the rest leaves round-off that its current load does not scale)
             scale = np.maximum(
-                np.maximum(load, self._load), np.where(self._finite, self.capacity, 0)
+                np.maximum(load, self._load), np.where(self._finite, self.capacity, np.inf)
             )
             bad = np.abs(load - self._load) > self.ABOVE_CHECK_RTOL * scale
             assert not bad.any(), (
