@@ -190,3 +190,41 @@ def test_gpu_time_is_the_union_of_linked_kernels():
     assert lin[0].time == pytest.approx(20e-6) and lin[0].kernels == 3
     assert lin[1].time == 0.0  # no kernels linked to it
     assert rf  # the ET carried record-function ids to link by
+
+
+def test_a_lifted_constant_at_a_reused_pointer_is_new_memory():
+    """ET storage ids are data pointers, reused once memory is freed. A tensor first seen as
+    an input at a pointer seen before is a handle on memory still alive (a saved tensor
+    unpacked for backward) and joins it; the input of aten::lift_fresh is a constant just
+    made from Python data (an optimizer's scalar) and must not: it took the freed tensor's
+    category in some runs and not in others."""
+    from tracer.linking import alias_storage
+
+    def side(ts):
+        return {"values": [list(x) for x in ts], "types": ["Tensor(float)"] * len(ts),
+                "shapes": [[]] * len(ts)}  # fmt: skip
+
+    def node(i, name, schema, ins=(), outs=()):
+        return {"id": i, "name": name, "inputs": side(ins), "outputs": side(outs),
+                "attrs": [{"name": "op_schema", "value": schema}]}  # fmt: skip
+
+    t = {k: [k, 500, 0, 1, 4, "cpu"] for k in (1, 2, 3, 4)}  # four tensors, one pointer
+    nodes = [
+        node(10, "aten::empty", "aten::empty(int[] size) -> Tensor", outs=[t[1]]),
+        node(11, "aten::neg", "aten::neg(Tensor self) -> Tensor", ins=[t[2]]),
+        node(
+            12,
+            "aten::lift_fresh",
+            "aten::lift_fresh(Tensor(a) self) -> Tensor(a)",
+            ins=[t[3]],
+            outs=[t[4]],
+        ),  # fmt: skip
+    ]
+    assert alias_storage(nodes)
+    storage = {n["inputs"]["values"][0][0]: n["inputs"]["values"][0][1] for n in nodes[1:]}
+    storage[1], storage[4] = (
+        nodes[0]["outputs"]["values"][0][1],
+        nodes[2]["outputs"]["values"][0][1],
+    )
+    assert storage[2] == storage[1]  # a saved tensor's new handle: the same memory
+    assert storage[3] != storage[1] and storage[4] == storage[3]  # lifted: its own

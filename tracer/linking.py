@@ -600,16 +600,21 @@ def alias_storage(nodes: list) -> bool:
     # a tensor first seen as an input whose ET storage is one seen before is a new handle
     # on memory that is still alive (autograd unpacking a saved tensor for backward: a new
     # tensor id, the forward tensor's storage): it joins the latest tensor seen there. An
-    # output never does so: a new output at a used pointer is new memory, reused.
+    # output never does so: a new output at a used pointer is new memory, reused. Nor does
+    # the input of aten::lift_fresh: a constant just made from Python data (an optimizer's
+    # scalar), which the allocator may place where a freed tensor was (its category then
+    # varied from run to run with the allocator's state)
     latest: dict = {}
     seen: set = set()
     for n in ordered:
+        fresh = n.get("name") == "aten::lift_fresh"
         for side, is_input in ((n["inputs"], True), (n.get("outputs", {}), False)):
             for x in _tensor_items(side):
                 k, raw = (x[0], x[1]), x[1]
                 if not raw:
                     continue  # a tensor without storage
-                if is_input and k not in seen and raw in latest and latest[raw] != k:
+                if (is_input and not fresh and k not in seen and raw in latest
+                        and latest[raw] != k):  # fmt: skip
                     a, b = find(k), find(latest[raw])
                     if a != b:
                         root[a] = b
