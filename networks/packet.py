@@ -827,15 +827,17 @@ class PacketSwitchNetwork(RingJobs, Network):
             level = min(level, float(np.minimum(low, self._maxr[n - new :]).min()))
         if not level > 0:  # 0 or nan: nothing to gain
             return None
-        above = self._rate[idx] >= level * (1 - self.ABOVE_MARGIN)
-        above[len(idx) - new :] = True
-        k = int(np.count_nonzero(above))
+
+        def at_or_above(level):  # the flows to re-solve: new ones, and those near or above
+            above = self._rate[idx] >= level * (1 - self.ABOVE_MARGIN)
+            above[len(idx) - new :] = True
+            return above, int(np.count_nonzero(above))
+
+        above, k = at_or_above(level)
         if 2 * k > len(idx) and new:  # a second look: the rates on the new flows' links
-            tight = min(dep, self._new_flow_level(new))
+            tight = min(dep, self._new_flow_level(tail))
             if tight > level:
-                above = self._rate[idx] >= tight * (1 - self.ABOVE_MARGIN)
-                above[len(idx) - new :] = True
-                k = int(np.count_nonzero(above))
+                above, k = at_or_above(tight)
                 self.tight_levels += 2 * k <= len(idx)
         if 2 * k > len(idx):
             return None
@@ -922,9 +924,9 @@ class PacketSwitchNetwork(RingJobs, Network):
             grown = hit
         return None  # still growing: likely most of them, and each step is a pass
 
-    def _new_flow_level(self, new: int) -> float:
-        """A level below which the `new` flows (the last ones; each crossing some link)
-        saturate no link, from the rates of the flows already on their links: on a finite
+    def _new_flow_level(self, tail: np.ndarray) -> float:
+        """A level below which the new flows (the last ones, each crossing some link;
+        `tail`: their entries, the last of `_flat`) saturate no link, from the rates of the flows already on their links: on a finite
         link l with new flows n_l and old flows of rates r_1 <= ... <= r_k, the load at
         level t is at most f(t) = sum_i min(r_i, t) + n_l t while the old flows fill as
         before (the new ones at most t each, less when capped), so l holds until f(t) =
@@ -938,9 +940,7 @@ class PacketSwitchNetwork(RingJobs, Network):
         before at t would make f(t) >= c_l. The new flows' rate caps only lower f. The
         roots are lowered by a bound on their sums' rounding: a root a hair too high would
         leave flows just below it unsolved (the solve's margin is 1e-9 relative)."""
-        n = len(self._rem)
-        e_old = len(self._flat) - int(self._nh[n - new :].sum())
-        tail = self._flat[e_old:]
+        e_old = len(self._flat) - len(tail)
         tail = tail[self._finite[tail]]
         if not len(tail):
             return np.inf

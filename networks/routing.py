@@ -144,9 +144,8 @@ class Routes:
         if targets is None:
             return dijkstra(self._csr, indices=src, return_predecessors=True)
         tgt = np.array([self.node_index[t] for t in targets], dtype=np.int64)
-        limits = []
-        for s in src:
-            far = tgt[tgt != s]
+        fars, limits = [tgt[tgt != s] for s in src], []
+        for s, far in zip(src, fars, strict=True):
             limit = float(np.max(self._min_out[s] + self._min_in[far])) if len(far) else 0.0
             limits.append(max(limit, 1.0) if np.isfinite(limit) else np.inf)
         top = max(limits)
@@ -159,7 +158,7 @@ class Routes:
         dist = np.empty((len(src), len(self.nodes)))
         pred = np.empty((len(src), len(self.nodes)), dtype=np.int32)
         for k, s in enumerate(src):
-            far, limit = tgt[tgt != s], limits[k]
+            far, limit = fars[k], limits[k]
             for _ in range(12):
                 d, p = dijkstra(self._csr, indices=s, limit=limit, return_predecessors=True)
                 if np.isfinite(d[far]).all() or limit == np.inf:

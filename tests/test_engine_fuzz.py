@@ -258,7 +258,7 @@ def test_solves_above_a_level_notice_bugs(monkeypatch, bug):
         elif bug.startswith("reach"):
             self._reach = wrong_reach.__get__(self)
         elif bug == "new_flow_level_too_high":  # the rates on new flows' links: 1.5x
-            self._new_flow_level = lambda k: 1.5 * type(self)._new_flow_level(self, k)
+            self._new_flow_level = lambda t: 1.5 * type(self)._new_flow_level(self, t)
         return solve(self, idx, new, gone_e)
 
     def wrong_book(self, *args):
@@ -343,7 +343,7 @@ def test_new_flow_level_is_the_least_root_of_the_link_loads(seed):
     new, n = net._new, len(net._rem)
     if not net._nh[n - new :].all():
         return
-    got = net._new_flow_level(new)
+    got = net._new_flow_level(net._flat[len(net._flat) - int(net._nh[n - new :].sum()) :])
     ends = np.cumsum(net._nh)
     flows_on = {}  # link -> rates of the old flows on it, and the count of new ones
     for f in range(n):
@@ -387,7 +387,7 @@ def test_new_flow_level_stays_below_the_root_next_to_a_far_faster_link():
         if engine == "fast":
             net.check_solves, net.above_min = True, 0
             level = net._new_flow_level
-            net._new_flow_level = lambda k: seen.append(level(k)) or seen[-1]
+            net._new_flow_level = lambda t: seen.append(level(t)) or seen[-1]
         ts = [("p", "q", 1e22)] + [("p", "q", 1e9, 2e5)] * 30
         ts += [("q", "r", 1e9), ("q", "r", 1e9, root * (1 + 1e-6))] + [("q", "r", 1e9, 1.0)] * 20
         for t in ts:
