@@ -8,16 +8,14 @@ and Signal/Wait connect streams. Consecutive compute tasks of a stream run as on
 the end of the run, at the time per-task events would reach (the same sequential float
 sums), so long streams cost one SimPy event per run, not per task. A mode may emit a
 ComputeRun (the computes between two other tasks, built once and shared by every GPU): it
-is timed by one cumsum and logged as one block, and `timeline_columns` builds the timeline
-from the blocks without a tuple per task. When the events run out, `check_finished` names
+is timed by one cumsum and logged as one block (extrapolators.timeline_log: the timeline is
+built from the log when asked for, without a tuple per task). When the events run out, `check_finished` names
 every stream still waiting (a deadlock) instead of returning a short iteration.
 """
 
 from __future__ import annotations
 
 from heapq import heappush
-from operator import itemgetter
-from typing import NamedTuple
 
 import numpy as np
 import simpy
@@ -35,18 +33,10 @@ from extrapolators.tasks import (
     Wait,
     WaitSome,
 )
+from extrapolators.timeline_log import COLUMNS, Block, TimelineLog
 from triosim.errors import DeadlockError, SimulationError
 
-COLUMNS = ("gpu", "stream", "kind", "name", "layer", "phase", "start", "end", "nbytes", "key",
-           "iteration", "op_id", "microbatch")  # fmt: skip
-
-
-class _Block(NamedTuple):
-    """The rows of one ComputeRun on one stream: task i ran from acc[i] to acc[i + 1]."""
-
-    who: tuple  # (gpu, stream, iteration)
-    run: ComputeRun
-    acc: np.ndarray
+__all__ = ["COLUMNS", "Runtime"]
 
 
 class Runtime:
@@ -56,7 +46,7 @@ class Runtime:
         self.network = network
         self.comm = comm  # a CommModel: runs every collective
         self.compute_scale = compute_scale or {}  # GPU -> slow-down of its compute
-        self._log: list = []  # timeline rows (tuples) and _Blocks, in the order they ended
+        self._log: list = []  # timeline rows (tuples) and Blocks, in the order they ended
         self._events: dict[str, simpy.Event] = {}
         self._meet: dict[str, dict] = {}
         self._waiting: dict[tuple, object] = {}  # (gpu, stream) -> task in progress
@@ -232,7 +222,7 @@ class Runtime:
                 acc, t = last[3], last[4]
                 if t != start:
                     yield self._at(t)
-                self._log.append(_Block(who, block, acc))
+                self._log.append(Block(who, block, acc))
                 return
         else:  # mixed pieces: one ComputeRun for this GPU (rare: templates emit whole runs)
             block = ComputeRun(c for piece in run
@@ -249,7 +239,7 @@ class Runtime:
             self._last_acc[id(block)] = (block, start, scale, acc, t)
         if t != start:
             yield self._at(t)
-        self._log.append(_Block(who, block, acc))
+        self._log.append(Block(who, block, acc))
 
     def _at(self, t: float) -> simpy.Event:
         """An event that fires at absolute time `t` (> now): what a chain of timeouts would
@@ -352,86 +342,18 @@ class Runtime:
             raise SymmetryBroken(f"{self.open_images} image operations never ended")
 
     # -- the timeline ------------------------------------------------------------------------
+    def timeline(self) -> TimelineLog:
+        """What ran, as the log the timeline is built from (extrapolators.timeline_log)."""
+        return TimelineLog(self._log)
+
     @property
     def rows(self) -> list[tuple]:
         """The timeline as one tuple per task (COLUMNS), blocks expanded."""
-        out = []
-        for entry in self._log:
-            if type(entry) is _Block:
-                gpu, stream, it = entry.who
-                r, acc = entry.run, entry.acc.tolist()
-                for i in range(len(r)):
-                    out.append((gpu, stream, "compute", r.names[i], r.layers[i], r.phases[i],
-                                acc[i], acc[i + 1], 0.0, None, it, r.op_ids[i], r.mbs[i]))  # fmt: skip
-            else:
-                out.append(entry)
-        return out
+        return self.timeline().rows()
 
     def timeline_columns(self) -> dict:
-        """The timeline as {column: array}, rows in the order of `rows`, dtypes as pandas
-        infers them from `rows`. Built without a tuple or a Python object per task: the
-        log is split into blocks and single rows once; a column is one code per log entry
-        repeated over the entry's rows (gpu, stream, kind, key, iteration: constant over
-        a block) or a gather from a table of the distinct runs' codes and the single rows'
-        codes (name, layer, phase, op_id, microbatch), and strings are decoded once
-        (per-row Python object conversion was most of the cost at 1,000+ GPUs)."""
-        log = self._log
-        is_block = np.fromiter((type(e) is _Block for e in log), bool, count=len(log))
-        blocks = [e for e in log if type(e) is _Block]
-        singles = [e for e in log if type(e) is not _Block]
-        lens = np.ones(len(log), dtype=np.int64)
-        lens[is_block] = [len(b.run) for b in blocks]
-        # column by column (itemgetter in C): 3x faster than zip(*singles) at 600k rows
-        scols = [list(map(itemgetter(k), singles)) for k in range(len(COLUMNS))]
-        single = dict(zip(COLUMNS, scols, strict=True))
-        out = {}
-        # one code per entry, repeated over its rows
-        per_block = {"gpu": [b.who[0] for b in blocks], "stream": [b.who[1] for b in blocks],
-                     "kind": ["compute"] * len(blocks), "key": [None] * len(blocks),
-                     "iteration": [b.who[2] for b in blocks]}  # fmt: skip
-        for c, values in per_block.items():
-            codes = _Codes()
-            entry = np.empty(len(log), dtype=np.int32)
-            entry[is_block] = codes.codes(values)
-            entry[~is_block] = codes.codes(single[c])
-            out[c] = codes.decode(entry, lambda a: np.repeat(a, lens))
-        # per-row columns: a table of each distinct run's codes, then the singles' codes
-        names = ("name", "layer", "phase", "op_id", "microbatch")
-        runs: dict = {}  # id(run) -> offset in the table (runs stay alive in the log)
-        distinct, run_size = [], 0
-        for b in blocks:
-            if id(b.run) not in runs:
-                runs[id(b.run)] = run_size
-                run_size += len(b.run)
-                distinct.append(b.run)
-        src = np.empty(len(log), dtype=np.int64)
-        src[is_block] = [runs[id(b.run)] for b in blocks]
-        src[~is_block] = run_size + np.arange(len(singles))
-        first = np.cumsum(lens) - lens  # each entry's first row
-        idx = np.repeat(src - first, lens) + np.arange(int(lens.sum()))
-        for c, attr in zip(names, ("names", "layers", "phases", "op_ids", "mbs"), strict=True):
-            codes = _Codes()
-            table = np.concatenate([*(codes.codes(getattr(r, attr)) for r in distinct),
-                                    codes.codes(single[c])])  # fmt: skip
-            out[c] = codes.decode(table, lambda a: a[idx])
-        if not blocks:  # single values only: as pandas infers them from the rows
-            out.update(start=list(single["start"]), end=list(single["end"]),
-                       nbytes=list(single["nbytes"]))  # fmt: skip
-        else:
-            row_block = np.repeat(is_block, lens)
-            accs = np.concatenate([b.acc for b in blocks])  # a block: its rows + 1 instants
-            last = np.cumsum(lens[is_block] + 1) - 1
-            for c, edge in (("start", last), ("end", last - lens[is_block])):
-                col = np.empty(len(row_block))
-                rows_of = np.ones(len(accs), bool)
-                rows_of[edge] = False  # starts: all but each block's last; ends: first
-                col[row_block] = accs[rows_of]
-                col[~row_block] = np.array(single[c], dtype=float)
-                out[c] = col
-            nb = np.zeros(len(row_block))
-            nb[~row_block] = np.array(single["nbytes"], dtype=float)
-            out["nbytes"] = nb
-        return {c: out[c] for c in COLUMNS}
+        """The timeline as {column: array} (TimelineLog.columns)."""
+        return self.timeline().columns()
 
     # -- accounting -----------------------------------------------------------------------
     def check_finished(self) -> None:
@@ -447,61 +369,6 @@ class Runtime:
                 stuck.append((_name(who), "unfinished"))
         if stuck:
             raise DeadlockError(stuck)
-
-
-class _Codes:
-    """The distinct values of a column, each with an integer code."""
-
-    def __init__(self):
-        self.index: dict = {}  # value -> code
-        self.values: list = []
-
-    def codes(self, values) -> np.ndarray:
-        """`code` of each of `values` (a list or tuple), without a Python call per value:
-        new values are found by one pass in C (dict.fromkeys keeps first appearances, so
-        codes are numbered in order of first appearance), then one lookup per value."""
-        index, known = self.index, self.values
-        for v in dict.fromkeys(values):
-            if v not in index:
-                index[v] = len(known)
-                known.append(v)
-        return np.fromiter(map(index.__getitem__, values), np.int32, count=len(values))
-
-    def decode(self, codes: np.ndarray, expand=None):
-        """The values of the rows `expand(codes)` (a repeat or a gather of `codes`; None:
-        the codes themselves), expanded after mapping codes to values, so that the rows
-        (tens of millions at 16,384 GPUs) are written once, not as codes and then as values.
-        Numbers take the dtype pandas infers for them; text as a
-        pandas Categorical with sorted categories (so sorting the column sorts it as text):
-        a small code per row instead of a string (at 16,384 GPUs a string column of 13M
-        rows held about 300 MB and took seconds to build). Text with missing values (the
-        key column: None on computes) stays a string column, so `fillna("")` works."""
-        import pandas as pd
-
-        if expand is None:
-            expand = _same
-        if not self.values:
-            return []
-        if None not in self.index and all(type(v) is str for v in self.values):
-            cats = sorted(self.values)
-            rank = {v: i for i, v in enumerate(cats)}
-            remap = np.array([rank[v] for v in self.values], dtype=np.int32)
-            return pd.Categorical.from_codes(expand(remap[codes]), categories=cats)
-        ref = pd.Series(self.values).array
-        if type(ref).__name__ == "ArrowStringArray":
-            import pyarrow as pa
-
-            values = pa.array(self.values, type=pa.large_string())
-            arr = pa.DictionaryArray.from_arrays(pa.array(expand(codes), pa.int32()), values)
-            return pd.array(arr.cast(pa.large_string()), dtype=ref.dtype)
-        values = ref.to_numpy()
-        if values.dtype.kind in "iufb":
-            return expand(values[codes])
-        return [self.values[c] for c in expand(codes).tolist()]
-
-
-def _same(a):
-    return a
 
 
 def _name(who) -> str:

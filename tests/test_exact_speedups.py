@@ -5,6 +5,8 @@ Compute per operator; the columnar timeline against a DataFrame of one tuple per
 the shared memory curves against one curve per GPU. Every row must match exactly.
 """
 
+import pickle
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -14,10 +16,11 @@ from extrapolators import Runtime
 from extrapolators.communication import Textbook
 from extrapolators.runtime import COLUMNS
 from extrapolators.tasks import Compute, ComputeRun, Iteration, Signal, Wait
+from extrapolators.timeline_log import Block, TimelineLog
 from networks import PacketSwitchNetwork
 from networks import topology as topo
 from tests.conftest import chain_trace
-from triosim.memory import memory_timeline
+from triosim.memory import _FrameRows, memory_curves, memory_timeline
 from triosim.simulation import Simulation
 
 RING = {"kind": "ring", "bandwidth": "10 GB/s", "latency": "1 us"}
@@ -467,3 +470,80 @@ def test_3d_groups_are_the_ring_passes():
             ):
                 assert got == tuple(g for g in r if g in set(members))
         assert x.tp_group(1, 1) is x.tp_group(1, 1)
+
+
+@pytest.mark.parametrize("runs", [True, False], ids=["blocks", "rows"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_what_is_read_from_the_log_is_what_the_table_gives(name, runs):
+    # a run's iteration times, busy-time breakdown and memory curves are read from the
+    # runtime's log (extrapolators.timeline_log); the table, built afterwards, must give the
+    # same numbers through the table's own code paths (groupby, unions of its rows, one
+    # memory curve per GPU with no sharing)
+    sim, r = _run(CASES[name], runs)
+    log = r._log
+    assert log is not None  # nothing has asked for the table yet
+    breakdown = r.per_gpu()
+    curves, peaks = memory_curves(log, sim.trace, sim.extrapolator, sim.gpus, sim.config.memory)
+    table = r.own_timeline
+    assert r._log is None  # the table replaces the log
+    assert r.iteration_ends == table.groupby("iteration")["end"].max().sort_index().tolist()
+    r._per_gpu = None
+    pd.testing.assert_frame_equal(r.per_gpu(), breakdown, check_exact=True)
+    ref, ref_peaks = memory_curves(table, sim.trace, sim.extrapolator, sim.gpus,
+                                   sim.config.memory, share=False)  # fmt: skip
+    assert peaks == ref_peaks
+    for a, b, ta, tb in zip(curves.states, ref.states, curves.times, ref.times, strict=True):
+        np.testing.assert_array_equal(ta, tb)
+        np.testing.assert_array_equal(a, b)
+
+
+def test_a_log_backed_result_pickles_with_its_table():
+    sim, r = _run(CASES["1f1b"], runs=True)
+    assert r._log is not None
+    back = pickle.loads(pickle.dumps(r))
+    assert back._log is None and r._log is None
+    pd.testing.assert_frame_equal(back.timeline, r.timeline, check_exact=True)
+    assert back.iteration_time == r.iteration_time
+
+
+def test_compute_rows_of_several_streams_come_in_start_order():
+    # GPU 1 computes on two streams; the log holds its rows in the order they ended, the
+    # memory model reads them by (start, end) as the table path's stable lexsort orders them
+    run = ComputeRun([_c(i, 1e-3 * (i + 1)) for i in range(4)])
+    streams = {(0, "a"): [run, Signal("s"), _c(7, 1e-4)],
+               (1, "a"): [_c(5, 3e-3), Wait("s"), run],
+               (1, "b"): [run, _c(3, 2e-4), run]}  # fmt: skip
+    rt = _runtime(streams)
+    log = rt.timeline().compute_rows()
+    table = _FrameRows(pd.DataFrame(rt.timeline_columns(), columns=list(COLUMNS)))
+    starts = log.columns(1)["start"]
+    assert starts == sorted(starts) and len(starts) == 1 + 4 + 4 + 1 + 4
+    for g in (0, 1):
+        got, ref = log.columns(g), table.columns(g)
+        assert got.keys() == ref.keys()
+        for c in got:
+            assert got[c] == ref[c], (g, c)
+    assert log.end == table.end == max(rt.timeline_columns()["end"])
+
+
+def test_compute_rows_signatures_differ_when_any_read_column_does():
+    # GPUs share a memory curve when their signatures are equal: a row differing in any
+    # column the memory model reads (op_id, start, end, iteration, microbatch, phase) must
+    # make them differ; one differing only in what it does not read (name, layer) must not
+    row = (0, "a", "compute", "op", "L", "forward", 1.0, 2.0, 0.0, None, 0, 5, 0)
+    read = {"phase": 5, "start": 6, "end": 7, "iteration": 10, "op_id": 11, "microbatch": 12}
+    other = {"phase": "backward", "start": 1.5, "end": 2.5, "iteration": 1, "op_id": 6,
+             "microbatch": 1}  # fmt: skip
+    for col, k in [*read.items(), ("name", 3), ("layer", 4)]:
+        changed = list(row)
+        changed[0] = 1
+        changed[k] = other.get(col, "x")
+        rows = TimelineLog([row, tuple(changed)]).compute_rows()
+        assert (rows.signature(0) != rows.signature(1)) == (col in read), col
+    run = ComputeRun([_c(i, 1e-3) for i in range(3)])
+    acc = np.array([0.0, 1e-3, 2e-3, 3e-3])
+    blocks = [Block((0, "a", 0), run, acc), Block((1, "a", 0), run, acc.copy()),
+              Block((2, "a", 0), run, acc + 1e-3), Block((3, "a", 1), run, acc)]  # fmt: skip
+    rows = TimelineLog(blocks).compute_rows()
+    assert rows.signature(0) == rows.signature(1)  # equal instants, another array
+    assert rows.signature(2) != rows.signature(0) != rows.signature(3)  # instants; iteration

@@ -149,10 +149,13 @@ class MemoryCurves:
         return df
 
 
-def memory_curves(timeline: pd.DataFrame, trace, extrapolator, gpus, options: MemoryOptions,
+def memory_curves(timeline, trace, extrapolator, gpus, options: MemoryOptions,
                   share: bool = True):  # fmt: skip
-    """(MemoryCurves, peak bytes per GPU): `memory_timeline` without building the table."""
+    """(MemoryCurves, peak bytes per GPU): `memory_timeline` without building the table.
+    `timeline`: the table, or the runtime's log (extrapolators.timeline_log.TimelineLog),
+    read without building the table (the same rows, hence the same curves)."""
     from extrapolators import gradient_ready
+    from extrapolators.timeline_log import TimelineLog
 
     ready = gradient_ready(trace)  # weight -> position of the op after which its grad exists
     ops = trace.operators
@@ -161,56 +164,23 @@ def memory_curves(timeline: pd.DataFrame, trace, extrapolator, gpus, options: Me
         grad_at.setdefault(ops[pos].id, []).append(w)
     plan = activation_plan(trace, extrapolator)
     grad_bytes = {i: sum(trace.tensors[w].nbytes for w in ws) for i, ws in grad_at.items()}
-    # numpy columns of the compute rows (a pandas row selection copies every column)
-    mask = (timeline["kind"] == "compute").to_numpy(bool)
-    end = float(timeline["end"].max()) if len(timeline) else 0.0
+    rows = timeline.compute_rows() if isinstance(timeline, TimelineLog) else _FrameRows(timeline)
+    end = rows.end
     time_col, state_col = [], []
-    # the rows of each GPU in the order a stable sort of its rows by (start, end) gives:
-    # a stable sort by GPU keeps each GPU's rows in timeline order, which is already by
-    # (start, end) for a single compute stream; a GPU's rows that are not are sorted in
-    # the loop below (the same order as one lexsort by (gpu, start, end))
-    # (small integer types and early deletes: these arrays have a row per task, 12M at
-    # 16,384 GPUs, and were the run's peak memory)
-    codes, uniques = pd.factorize(timeline["gpu"].to_numpy()[mask], sort=False)
-    codes = codes.astype(np.int16 if len(uniques) < 2**15 else np.int32)
-    order = np.argsort(codes, kind="stable")
-    cuts = np.searchsorted(codes[order], np.arange(len(uniques) + 1))
-    del codes
-    idx = np.flatnonzero(mask)[order]  # timeline rows, GPU by GPU
-    del order, mask
-    # whole columns without copies; each GPU gathers its own rows (no 13M-row copies)
-    col = {c: timeline[c].to_numpy() for c in ("op_id", "start", "end", "iteration", "microbatch")}
-    phase = timeline["phase"]
-    if isinstance(phase.dtype, pd.CategoricalDtype):
-        phase_codes, phases = phase.cat.codes.to_numpy(), phase.cat.categories
-    else:
-        phase_codes, phases = pd.factorize(phase, use_na_sentinel=False)
-    phases = np.asarray(phases, dtype=object)
     kind = (optimizer_kind(trace, options), _bytes_per_param(trace))
     seen: dict = {}  # inputs of a GPU's curve -> (times, states)
-    where = {g: k for k, g in enumerate(uniques)}
     for g in gpus:
-        k = where.get(g)
-        rows = idx[int(cuts[k]) : int(cuts[k + 1])] if k is not None else idx[:0]
-        st, en = col["start"][rows], col["end"][rows]
-        if ((st[1:] < st[:-1]) | ((st[1:] == st[:-1]) & (en[1:] < en[:-1]))).any():
-            rows = rows[np.lexsort((en, st))]  # several compute streams on this GPU
         static = static_per_gpu(trace, extrapolator, g, options, kind)
         buffers = extrapolator.buffer_bytes(g)
-        mine = {c: v[rows] for c, v in col.items()}
-        mine_phase = phase_codes[rows]
         sig = None
         if share:
-            sig = (tuple(static.values()), buffers, mine_phase.tobytes(),
-                   *(np.asarray(mine[c]).tobytes() for c in
-                     ("op_id", "start", "end", "iteration", "microbatch")))  # fmt: skip
+            sig = (tuple(static.values()), buffers, rows.signature(g))
             if sig in seen:
                 t_last, d_last = seen[sig]
                 time_col.append(t_last)
                 state_col.append(d_last)
                 continue
-        cols_of = {c: v.tolist() for c, v in mine.items()}
-        cols_of["phase"] = phases[mine_phase].tolist()
+        cols_of = rows.columns(g)
         # changes as (time, category, bytes); row 0 is the static state at time 0
         times, cats, values = [], [], []
         _activations(cols_of, plan, times, cats, values)
@@ -232,6 +202,58 @@ def memory_curves(timeline: pd.DataFrame, trace, extrapolator, gpus, options: Me
             seen[sig] = (time_col[-1], state_col[-1])
     curves = MemoryCurves(gpus, time_col, state_col)
     return curves, curves.peaks()
+
+
+class _FrameRows:
+    """Each GPU's compute rows from a timeline table (TimelineLog.compute_rows's twin)."""
+
+    def __init__(self, timeline: pd.DataFrame):
+        # numpy columns of the compute rows (a pandas row selection copies every column)
+        mask = (timeline["kind"] == "compute").to_numpy(bool)
+        self.end = float(timeline["end"].max()) if len(timeline) else 0.0
+        # the rows of each GPU in the order a stable sort of its rows by (start, end) gives:
+        # a stable sort by GPU keeps each GPU's rows in timeline order, which is already by
+        # (start, end) for a single compute stream; a GPU's rows that are not are sorted in
+        # `_rows` (the same order as one lexsort by (gpu, start, end)). Small integer types
+        # and early deletes: these arrays have a row per task, millions at 16,384 GPUs
+        codes, uniques = pd.factorize(timeline["gpu"].to_numpy()[mask], sort=False)
+        codes = codes.astype(np.int16 if len(uniques) < 2**15 else np.int32)
+        order = np.argsort(codes, kind="stable")
+        self._cuts = np.searchsorted(codes[order], np.arange(len(uniques) + 1))
+        del codes
+        self._idx = np.flatnonzero(mask)[order]  # timeline rows, GPU by GPU
+        del order, mask
+        # whole columns without copies; each GPU gathers its own rows
+        self._col = {c: timeline[c].to_numpy()
+                     for c in ("op_id", "start", "end", "iteration", "microbatch")}  # fmt: skip
+        phase = timeline["phase"]
+        if isinstance(phase.dtype, pd.CategoricalDtype):
+            self._phase, phases = phase.cat.codes.to_numpy(), phase.cat.categories
+        else:
+            self._phase, phases = pd.factorize(phase, use_na_sentinel=False)
+        self._phases = np.asarray(phases, dtype=object)
+        self._where = {g: k for k, g in enumerate(uniques)}
+
+    def _rows(self, g) -> np.ndarray:
+        k = self._where.get(g)
+        if k is None:
+            return self._idx[:0]
+        rows = self._idx[int(self._cuts[k]) : int(self._cuts[k + 1])]
+        st, en = self._col["start"][rows], self._col["end"][rows]
+        if ((st[1:] < st[:-1]) | ((st[1:] == st[:-1]) & (en[1:] < en[:-1]))).any():
+            rows = rows[np.lexsort((en, st))]  # several compute streams on this GPU
+        return rows
+
+    def signature(self, g) -> tuple:
+        rows = self._rows(g)
+        return (self._phase[rows].tobytes(),
+                *(np.asarray(self._col[c][rows]).tobytes() for c in self._col))  # fmt: skip
+
+    def columns(self, g) -> dict:
+        rows = self._rows(g)
+        out = {c: v[rows].tolist() for c, v in self._col.items()}
+        out["phase"] = self._phases[self._phase[rows]].tolist()
+        return out
 
 
 def _gpu_values(values: np.ndarray):

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from extrapolators.runtime import COLUMNS
+from extrapolators.timeline_log import COLUMNS, TimelineLog
 
 
 def union_sorted(s: np.ndarray, e: np.ndarray) -> float:
@@ -60,16 +60,25 @@ class Result:
         # on first use of `timeline`; iteration times, `per_gpu` and memory come from the
         # representatives' rows, copied per class (the same numbers: the rows are copies).
         # No copy of the columns: they are fresh arrays (stacking them into 2D blocks took
-        # 1.7 s and doubled the timeline's memory at 16,384 GPUs)
-        self.own_timeline = pd.DataFrame(rows, columns=list(COLUMNS), copy=False)
+        # 1.7 s and doubled the timeline's memory at 16,384 GPUs).
+        # `rows` may be the runtime's log (extrapolators.timeline_log.TimelineLog): the
+        # table is then built on first use of `own_timeline` / `timeline` (at 16,384 GPUs,
+        # tens of millions of rows and a quarter of the run), and the iteration times and
+        # `per_gpu` are read from the log
+        self._log = rows if isinstance(rows, TimelineLog) else None
+        self._own = None if self._log is not None else pd.DataFrame(rows, columns=list(COLUMNS),
+                                                                     copy=False)  # fmt: skip
         self._orbits = orbits
-        self._timeline = None if orbits else self.own_timeline
+        self._timeline = None
         self.symmetry = "off"  # what ran: "off", "auto: ..." or "off (fell back: <why>)"
         self.symmetry_skew = 0.0  # largest relative gap between an image's end and its rep's
         self.gpus = list(gpus)
         self.config = config
-        tl = self.own_timeline
-        ends = tl.groupby("iteration")["end"].max().sort_index() if len(tl) else pd.Series([0.0])
+        if self._log is not None:
+            ends = self._log.iteration_ends()
+        else:
+            tl = self._own
+            ends = tl.groupby("iteration")["end"].max().sort_index() if len(tl) else [0.0]
         # iteration k ends when its last task does; its time is measured from the end of k-1
         self.iteration_ends = [float(x) for x in ends]
         starts = [0.0, *self.iteration_ends[:-1]]
@@ -93,17 +102,26 @@ class Result:
 
     # -- symmetry: the representatives' rows, copied to their images on first use ----------------
     @property
+    def own_timeline(self) -> pd.DataFrame:
+        """The simulated GPUs' rows (with symmetry: the representatives')."""
+        if self._own is None:
+            self._own = pd.DataFrame(self._log.columns(), columns=list(COLUMNS), copy=False)
+            self._log = None  # the table holds it all now
+        return self._own
+
+    @property
     def timeline(self) -> pd.DataFrame:
         """One row per task of every GPU (COLUMNS)."""
         if self._timeline is None:
-            self._timeline = self._expand_timeline(self.own_timeline)
+            own = self.own_timeline
+            self._timeline = self._expand_timeline(own) if self._orbits else own
         return self._timeline
 
     @timeline.setter
     def timeline(self, value) -> None:
         """Replace the timeline (of every GPU): the classes no longer apply."""
-        self._timeline = self.own_timeline = value
-        self._orbits, self._per_gpu = None, None
+        self._timeline = self._own = value
+        self._log, self._orbits, self._per_gpu = None, None, None
 
     def _rep_of(self) -> dict:
         """GPU -> the GPU whose rows stand for it (itself without symmetry)."""
@@ -196,13 +214,21 @@ class Result:
     def _breakdown(self) -> pd.DataFrame:
         """Over the last (steady-state) iteration's tasks."""
         out = []
-        tl = self.own_timeline  # with symmetry: the representatives', copied to their images
-        last = (tl["iteration"] == len(self.iteration_times) - 1).to_numpy(bool)
-        # one sort by (gpu, start) for all GPUs, then a slice per GPU (no pandas per GPU);
-        # the order of equal starts does not change a union's length. Numpy columns: a
-        # pandas row selection would copy every column, strings included
-        codes, uniques = pd.factorize(tl["gpu"].to_numpy()[last], sort=False)
-        start, end = tl["start"].to_numpy(float)[last], tl["end"].to_numpy(float)[last]
+        # with symmetry: the representatives' rows, copied to their images
+        if self._log is not None:
+            gpus, start, end, is_comp, is_comm = self._log.busy(len(self.iteration_times) - 1)
+            # (a Series keeps a tuple GPU whole, where numpy would make it a row)
+            codes, uniques = pd.factorize(pd.Series(gpus, dtype=object), sort=False)
+        else:
+            tl = self.own_timeline
+            last = (tl["iteration"] == len(self.iteration_times) - 1).to_numpy(bool)
+            # one sort by (gpu, start) for all GPUs, then a slice per GPU (no pandas per
+            # GPU); the order of equal starts does not change a union's length. Numpy
+            # columns: a pandas row selection would copy every column, strings included
+            codes, uniques = pd.factorize(tl["gpu"].to_numpy()[last], sort=False)
+            start, end = tl["start"].to_numpy(float)[last], tl["end"].to_numpy(float)[last]
+            is_comp = (tl["kind"] == "compute").to_numpy(bool)[last]
+            is_comm = (tl["kind"] == "comm").to_numpy(bool)[last]
         where = {g: k for k, g in enumerate(uniques)}
 
         def unions(mask):
@@ -213,8 +239,6 @@ class Result:
             return {k: union_sorted(s[cuts[k]:cuts[k + 1]], e[cuts[k]:cuts[k + 1]])
                     for k in range(len(uniques))}  # fmt: skip
 
-        is_comp = (tl["kind"] == "compute").to_numpy(bool)[last]
-        is_comm = (tl["kind"] == "comm").to_numpy(bool)[last]
         comp_u, comm_u, both_u = unions(is_comp), unions(is_comm), unions(is_comp | is_comm)
         rep_of = self._rep_of() if self._orbits is not None else {}
         for g in self.gpus:
@@ -265,7 +289,10 @@ class Result:
         return self._transfers
 
     def __getstate__(self) -> dict:
-        self._transfer_table()  # the builder holds the network's live records
+        # the transfers' builder holds the network's live records, and the log the runtime's
+        # blocks: pickled as the tables they build
+        self._transfer_table()
+        self.own_timeline  # noqa: B018 (builds it)
         return self.__dict__
 
     # -- reports -------------------------------------------------------------------------------

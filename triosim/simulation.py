@@ -173,9 +173,10 @@ class Simulation:
             runtime.check_symmetry()
         check_conservation(runtime, net)
         if progress is not None:
-            progress.stage("building the timeline")
+            progress.stage("results")
+        log = runtime.timeline()  # the table is built when asked for (Result.timeline)
         result = Result(
-            rows=runtime.timeline_columns(),
+            rows=log,
             gpus=self.gpus,
             config=cfg,
             links=net.link_stats(),
@@ -188,11 +189,11 @@ class Simulation:
             orbits=None if sym is None else sym.orbits,
         )
         result.symmetry_skew = runtime.symmetry_skew
-        del runtime, comm, net, env  # the log and the event queue: memory for the next step
+        del runtime, comm, net, env  # the event queue (the log lives on in the result)
         if progress is not None:
             progress.stage("memory")
         # with symmetry: the representatives' curves, which the Result copies to their images
-        mem, peaks = memory_curves(result.own_timeline, self.trace, self.extrapolator,
+        mem, peaks = memory_curves(log, self.trace, self.extrapolator,
                                    list(sym.reps) if sym else self.gpus, cfg.memory)  # fmt: skip
         gpu_name = cfg.gpu or self.trace.metadata.get("gpu")
         result.set_memory(mem, peaks, capacity(cfg.memory, gpu_name), cfg.memory.reserve)
