@@ -84,8 +84,9 @@ class Runtime:
 
     # -- execution ------------------------------------------------------------------------
     def _run(self, who, tasks, after):
-        env, rows = self.env, self._log
+        env, rows = self.env, self._log  # env._now: `now` without a property call per task
         gpu, stream, it = who
+        here = who  # (gpu, stream, the current iteration): a block's `who`
         scale = self.compute_scale.get(gpu, 1.0)
         for key in after:
             self._waiting[who] = Wait(key)
@@ -100,7 +101,7 @@ class Runtime:
                 task, pending = pending, None
             self.tasks_started += 1
             self._waiting[who] = task
-            start = env.now
+            start = env._now
             if type(task) is Compute or type(task) is ComputeRun:
                 # the run of computes that follows, up to the next other task
                 run = [task]
@@ -109,6 +110,19 @@ class Runtime:
                         pending = nxt
                         break
                     run.append(nxt)
+                if len(run) == 1 and type(task) is ComputeRun:  # most runs: inline (no
+                    # generator per block; the same sums, events and rows as _compute_run)
+                    count = len(task.tasks)
+                    self.tasks_started += count - 1
+                    acc, t = self._timed(task, start, scale)
+                    if t != start:
+                        yield self._at(t)
+                    if here[2] != it:
+                        here = (gpu, stream, it)
+                    rows.append(Block(here, task, acc))
+                    self.tasks_finished += count - 1
+                    self.tasks_finished += 1
+                    continue
                 count = plain = 0  # tasks in the run, plain computes among them (a loop:
                 for c in run:  # cheaper than sum() and all() over generators)
                     if type(c) is Compute:
@@ -128,7 +142,7 @@ class Runtime:
                     rows.append((gpu, stream, "wait", f"wait {task.op}", task.layer, task.phase,
                                  start, begin, 0.0, task.key, it, -1, -1))  # fmt: skip
                 rows.append((gpu, stream, "comm", task.op, task.layer, task.phase, begin,
-                             env.now, task.nbytes, task.key, it, -1, -1))  # fmt: skip
+                             env._now, task.nbytes, task.key, it, -1, -1))  # fmt: skip
             elif type(task) is Send:
                 if self.symmetry is None:  # a pipeline's sends repeat: prepared once
                     pair = (gpu, task.dst, task.nbytes)
@@ -140,11 +154,11 @@ class Runtime:
                     yield self._send_with_images(gpu, task)
                 self.event("p2p:" + task.key).succeed()
                 rows.append((gpu, stream, "comm", f"send to {task.dst}", task.layer, task.phase,
-                             start, env.now, task.nbytes, task.key, it, -1, -1))  # fmt: skip
+                             start, env._now, task.nbytes, task.key, it, -1, -1))  # fmt: skip
             elif type(task) is Recv:
                 yield self.event("p2p:" + task.key)
                 rows.append((gpu, stream, "wait", f"recv from {task.src}", task.layer, task.phase,
-                             start, env.now, 0.0, task.key, it, -1, -1))  # fmt: skip
+                             start, env._now, 0.0, task.key, it, -1, -1))  # fmt: skip
             elif type(task) is Signal:
                 ev = self.event(task.key)
                 if ev.triggered:
@@ -152,7 +166,7 @@ class Runtime:
                 ev.succeed()
             elif type(task) is Wait:
                 yield self.event(task.key)
-                if env.now > start:
+                if env._now > start:
                     rows.append(
                         (
                             gpu,
@@ -162,7 +176,7 @@ class Runtime:
                             "",
                             "",
                             start,
-                            env.now,
+                            env._now,
                             0.0,
                             task.key,
                             it,
@@ -175,9 +189,9 @@ class Runtime:
                 if sum(e.triggered for e in events) < task.count:
                     n = task.count
                     yield simpy.events.Condition(env, lambda _evs, done, n=n: done >= n, events)
-                if env.now > start:
+                if env._now > start:
                     rows.append((gpu, stream, "wait", f"wait {task.count} of {len(events)}",
-                                 task.layer, task.phase, start, env.now, 0.0,
+                                 task.layer, task.phase, start, env._now, 0.0,
                                  ",".join(task.keys), it, -1, -1))  # fmt: skip
             elif type(task) is Iteration:
                 it = task.k
@@ -211,35 +225,30 @@ class Runtime:
     def _compute_run(self, who, run, scale):
         """A run holding ComputeRuns: the same sequential sums as `_computes` (numpy's
         cumsum adds left to right; adding a zero duration leaves t as skipping it does),
-        logged as one block that shares the run's name/layer/phase lists."""
+        logged as one block that shares the run's name/layer/phase lists. (A run of one
+        ComputeRun, the common case, is timed inline in `_run` with `_timed`.)"""
         start = self.env.now
         if len(run) == 1:
             block = run[0]
-            # GPUs in lock step run a shared block from the same instant: the same sums,
-            # so the last result is reused (the array is shared, never written after)
-            last = self._last_acc.get(id(block))
-            if last is not None and last[0] is block and last[1] == start and last[2] == scale:
-                acc, t = last[3], last[4]
-                if t != start:
-                    yield self._at(t)
-                self._log.append(Block(who, block, acc))
-                return
+            acc, t = self._timed(block, start, scale)
         else:  # mixed pieces: one ComputeRun for this GPU (rare: templates emit whole runs)
             block = ComputeRun(c for piece in run
                                for c in ((piece,) if type(piece) is Compute else piece.tasks))  # fmt: skip
-        d = block.durations * scale if scale != 1.0 else block.durations
-        if len(d) and d.min() < 0:
-            raise ValueError(f"Negative delay {d[d < 0][0]}")  # as simpy's timeout
-        acc = np.empty(len(d) + 1)
-        acc[0] = start
-        acc[1:] = d
-        np.cumsum(acc, out=acc)
-        t = float(acc[-1])
-        if len(run) == 1:
-            self._last_acc[id(block)] = (block, start, scale, acc, t)
+            acc, t = _cumsum(block, start, scale)
         if t != start:
             yield self._at(t)
         self._log.append(Block(who, block, acc))
+
+    def _timed(self, block: ComputeRun, start: float, scale: float) -> tuple:
+        """(instants, end) of `block` run from `start`. GPUs in lock step run a shared
+        block from the same instant: the same sums, so the last result is reused (the
+        array is shared, never written after)."""
+        last = self._last_acc.get(id(block))
+        if last is not None and last[0] is block and last[1] == start and last[2] == scale:
+            return last[3], last[4]
+        acc, t = _cumsum(block, start, scale)
+        self._last_acc[id(block)] = (block, start, scale, acc, t)
+        return acc, t
 
     def _at(self, t: float) -> simpy.Event:
         """An event that fires at absolute time `t` (> now): what a chain of timeouts would
@@ -369,6 +378,18 @@ class Runtime:
                 stuck.append((_name(who), "unfinished"))
         if stuck:
             raise DeadlockError(stuck)
+
+
+def _cumsum(block: ComputeRun, start: float, scale: float) -> tuple:
+    """The instants a block's tasks end at, from `start` (acc[0]), and its end."""
+    d = block.durations * scale if scale != 1.0 else block.durations
+    if len(d) and d.min() < 0:
+        raise ValueError(f"Negative delay {d[d < 0][0]}")  # as simpy's timeout
+    acc = np.empty(len(d) + 1)
+    acc[0] = start
+    acc[1:] = d
+    np.cumsum(acc, out=acc)
+    return acc, float(acc[-1])
 
 
 def _name(who) -> str:

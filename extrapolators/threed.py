@@ -352,26 +352,42 @@ class ThreeD(Extrapolator):
 
     def _compute_from_template(self, d, p, t):
         """`_compute_per_op`'s tasks from stage p's template: the shared runs as they are,
-        the other tasks completed with this GPU's names (the same keys, groups, peers)."""
+        the other tasks completed with this GPU's names (the same keys, groups, peers).
+        A collective is the same task for every rank of the tensor-parallel group (its
+        group and key do not name the rank): built by the first rank to reach it and
+        shared while any rank's stream of (d, p) is running."""
         g, grid = self.grid[d, p, t], self.grid
         group = self.tp_group(d, p)
         gk, dk, dt = f"{g}:", f"d{d}", f"d{d}t{t}/"
         COLL, RECV, SIGNAL = self._COLL, self._RECV, self._SIGNAL
-        for item in self._template(p):
+        template = self._template(p)
+        users = self.__dict__.setdefault("_shared_colls", {})
+        slot = users.get((d, p))
+        if slot is None:
+            slot = users[(d, p)] = [0, [None] * len(template)]
+        slot[0] += 1
+        shared = slot[1]
+        for i, item in enumerate(template):
             if type(item) is ComputeRun:
                 yield item
                 continue
             tag = item[0]
             if tag == COLL:
-                c = item[1]
-                yield Collective(c.op, group, c.nbytes, dk + item[2], c.layer, c.phase,
-                                 c.algorithm, c.root)  # fmt: skip
+                task = shared[i]
+                if task is None:
+                    c = item[1]
+                    task = shared[i] = Collective(c.op, group, c.nbytes, dk + item[2], c.layer,
+                                                  c.phase, c.algorithm, c.root)  # fmt: skip
+                yield task
             elif tag == RECV:
                 yield Recv(grid[d, item[1], t], dt + item[2], phase=item[3])
             elif tag == SIGNAL:
                 yield Signal(gk + item[1])
             else:
                 yield Wait(gk + item[1])
+        slot[0] -= 1
+        if not slot[0]:  # the last running rank: free the shared tasks
+            del users[(d, p)]
 
     def _bucket_plan(self, p):
         """Stage p's schedule and where its DP buckets fire: (order, the step of each

@@ -34,6 +34,7 @@ class TimelineLog:
 
     def __init__(self, log: list):
         self._log = log
+        self._scanned = None
 
     def rows(self) -> list[tuple]:
         """The timeline as one tuple per task (COLUMNS), blocks expanded."""
@@ -115,26 +116,62 @@ class TimelineLog:
             out["nbytes"] = nb
         return {c: out[c] for c in COLUMNS}
 
+    def _scan(self) -> tuple:
+        """One pass over the log, kept: (latest end per iteration, each GPU's compute
+        entries and their signature keys (ComputeRows), the latest end of any row)."""
+        if self._scanned is None:
+            ends: dict = {}
+            per: dict = {}
+            keys: dict = {}
+            raw: dict = {}
+            for e in self._log:
+                if type(e) is Block:
+                    acc = e.acc
+                    if len(acc) < 2:  # no rows (len(acc): no Python call)
+                        continue
+                    g, _, it = e.who
+                    t = acc[-1]
+                    b = raw.get(id(acc))  # ranks in lock step share one array: its bytes once
+                    if b is None:
+                        b = raw[id(acc)] = acc.tobytes()
+                    key = (id(e.run), it, b)
+                else:
+                    it, t = e[10], e[7]
+                    if e[2] == "compute":
+                        g = e[0]
+                        key = (e[11], e[6], t, it, e[12], e[5])
+                    else:
+                        g = None
+                prev = ends.get(it)
+                if prev is None or t > prev:
+                    ends[it] = t
+                if g is not None:
+                    mine = per.get(g)
+                    if mine is None:
+                        mine = per[g] = []
+                        keys[g] = []
+                    mine.append(e)
+                    keys[g].append(key)
+            end = max(ends.values()) if ends else 0.0
+            self._scanned = ({k: float(v) for k, v in ends.items()}, per, keys, float(end))
+        return self._scanned
+
     def iteration_ends(self) -> list[float]:
         """Per iteration present, in order: the latest end of its rows ([0.0] with none),
         as `timeline.groupby("iteration")["end"].max()` gives (a max is exact in any order;
         a block's last instant is its latest end: its durations are not negative)."""
-        ends: dict = {}
-        for e in self._log:
-            if type(e) is Block:
-                if not len(e.run):
-                    continue
-                it, t = e.who[2], float(e.acc[-1])
-            else:
-                it, t = e[10], e[7]
-            prev = ends.get(it)
-            if prev is None or t > prev:
-                ends[it] = t
+        ends = self._scan()[0]
         return [ends[k] for k in sorted(ends)] if ends else [0.0]
 
     def compute_rows(self) -> ComputeRows:
-        """Each GPU's compute rows, for the memory model (triosim.memory)."""
-        return ComputeRows(self._log)
+        """Each GPU's compute rows, for the memory model (triosim.memory). Read once: the
+        scan's per-GPU lists go with it (they hold a key per block)."""
+        ends, per, keys, end = self._scan()
+        if per is None:  # read before: scan again
+            self._scanned = None
+            ends, per, keys, end = self._scan()
+        self._scanned = (ends, None, None, end)
+        return ComputeRows(per, keys, end)
 
     def busy(self, iteration) -> tuple:
         """The compute and communication rows of `iteration`, for the busy-time breakdown:
@@ -144,7 +181,7 @@ class TimelineLog:
         gpus, start, end, comp = [], [], [], []
         for e in self._log:
             if type(e) is Block:
-                if e.who[2] != iteration or not len(e.run):
+                if e.who[2] != iteration or len(e.acc) < 2:
                     continue
                 gpus.append(e.who[0])
                 start.append(float(e.acc[0]))
@@ -163,31 +200,14 @@ class ComputeRows:
     """Per GPU, its compute rows in timeline order, from the log: what the memory model
     reads (op_id, start, end, iteration, microbatch, phase) without the timeline table."""
 
-    def __init__(self, log: list):
-        per: dict = {}
-        end = 0.0  # the latest end of any row, as timeline["end"].max()
-        any_row = False
-        for e in log:
-            if type(e) is Block:
-                if not len(e.run):
-                    continue
-                per.setdefault(e.who[0], []).append(e)
-                t = float(e.acc[-1])
-            else:
-                if e[2] == "compute":
-                    per.setdefault(e[0], []).append(e)
-                t = e[7]
-            if not any_row or t > end:
-                end, any_row = t, True
-        self._per = per
-        self.end = end
+    def __init__(self, per: dict, keys: dict, end: float):
+        self._per, self._keys = per, keys  # GPU -> its entries; their signature keys
+        self.end = end  # the latest end of any row, as timeline["end"].max()
 
     def signature(self, gpu) -> tuple:
-        """Equal for two GPUs whose rows have equal values in those columns, in order (the
-        same shared run, iteration and instants; a single row's own values)."""
-        return tuple((id(e.run), e.who[2], e.acc.tobytes()) if type(e) is Block
-                     else (e[11], e[6], e[7], e[10], e[12], e[5])
-                     for e in self._per.get(gpu, ()))  # fmt: skip
+        """Equal for two GPUs whose rows have equal values in those columns, in order (a
+        block: the same shared run, iteration and instants; a single row: its values)."""
+        return tuple(self._keys.get(gpu, ()))
 
     def columns(self, gpu) -> dict:
         """{column: list} of the GPU's rows, ordered by (start, end) where the timeline's

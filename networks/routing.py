@@ -82,6 +82,9 @@ class Routes:
         v = np.array([self.node_index[b] for _, b in self.links], dtype=np.int64)
         self.weight = np.array([link_weight(graph.edges[e], mode) for e in self.links], float)
         self._csr = csr_matrix((self.weight, (u, v)), shape=(len(nodes), len(nodes)))
+        self._u, self._v = u, v
+        self._pair_keys = self._pair_link = None  # sorted tail * N + head, link of each
+        self._values: dict = {}  # edge attribute -> its value per link
         # in-links as CSR (node -> link indices in link order, and their tails) for the walk
         order = np.argsort(v, kind="stable")
         self._in_ptr = np.searchsorted(v[order], np.arange(len(nodes) + 1))
@@ -126,6 +129,25 @@ class Routes:
         # the most shared ones (a rail's leaf serves thousands, a server's NVSwitch eight)
         self._served = np.bincount(v[self._via_switches[u]], minlength=len(nodes))
         self._switch_rows: dict = {}  # switch index -> its full distance row
+
+    def link_ids(self, tails: np.ndarray, heads: np.ndarray) -> np.ndarray:
+        """The index in `links` of each (tail, head) pair of node indices; every pair must
+        be a link (one sorted search for all, not a graph lookup per hop)."""
+        n = len(self.nodes)
+        if self._pair_keys is None:
+            keys = self._u * n + self._v
+            order = np.argsort(keys, kind="stable")
+            self._pair_keys, self._pair_link = keys[order], order
+        k = np.searchsorted(self._pair_keys, np.asarray(tails, np.int64) * n + heads)
+        return self._pair_link[k]
+
+    def link_values(self, attr: str) -> np.ndarray:
+        """Each link's `attr` (an edge attribute every link has), in `links` order."""
+        out = self._values.get(attr)
+        if out is None:
+            edges = self.graph.edges
+            out = self._values[attr] = np.array([edges[e][attr] for e in self.links], float)
+        return out
 
     def distances(self, sources) -> None:
         """Kept for callers that announce their sources; rows are computed on demand, per

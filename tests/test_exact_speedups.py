@@ -547,3 +547,30 @@ def test_compute_rows_signatures_differ_when_any_read_column_does():
     rows = TimelineLog(blocks).compute_rows()
     assert rows.signature(0) == rows.signature(1)  # equal instants, another array
     assert rows.signature(2) != rows.signature(0) != rows.signature(3)  # instants; iteration
+
+
+def test_iteration_ends_count_every_row_and_no_empty_block():
+    # an iteration ends with its latest row of any kind (here a collective and a wait, not
+    # a compute); a block of no computes has no row, so its instant does not count
+    run = ComputeRun([_c(i, 0.25) for i in range(4)])
+    empty = ComputeRun([])
+    log = [Block((0, "a", 0), run, np.array([0.0, 0.25, 0.5, 0.75, 1.0])),
+           (0, "b", "comm", "allreduce", "", "", 0.5, 2.0, 8.0, "k", 0, -1, -1),
+           (1, "a", "compute", "op", "", "forward", 2.0, 3.0, 0.0, None, 1, 7, 0),
+           (1, "b", "wait", "wait", "", "", 3.0, 5.0, 0.0, "w", 1, -1, -1),
+           Block((1, "a", 1), empty, np.array([9.0]))]  # fmt: skip
+    tl = TimelineLog(log)
+    table = pd.DataFrame(tl.columns(), columns=list(COLUMNS))
+    assert tl.iteration_ends() == [2.0, 5.0]
+    assert table.groupby("iteration")["end"].max().tolist() == [2.0, 5.0]
+    assert tl.compute_rows().end == 5.0 == table["end"].max()
+
+
+def test_compute_rows_read_twice_are_the_same():
+    rt = _runtime({(0, "a"): [ComputeRun([_c(i, 1e-3) for i in range(3)]), Signal("s"),
+                              _c(9, 2e-3)]})  # fmt: skip
+    tl = rt.timeline()
+    first, second = tl.compute_rows(), tl.compute_rows()  # the second scans again
+    assert first.signature(0) == second.signature(0) and len(first.signature(0)) == 2
+    assert first.columns(0) == second.columns(0)
+    assert len(first.columns(0)["start"]) == 4 and tl.iteration_ends() == [5e-3]
