@@ -137,7 +137,9 @@ class Runtime:
                     yield from self._compute_run((gpu, stream, it), run, scale)
                 self.tasks_finished += count - 1
             elif type(task) is Collective:
-                begin = yield from self._collective(gpu, task)
+                meet = self._arrive(gpu, task)  # (a call, not a generator per collective)
+                yield meet["done"]
+                begin = meet["begin"]
                 if begin > start:
                     rows.append((gpu, stream, "wait", f"wait {task.op}", task.layer, task.phase,
                                  start, begin, 0.0, task.key, it, -1, -1))  # fmt: skip
@@ -258,8 +260,9 @@ class Runtime:
         heappush(self.env._queue, (t, NORMAL, next(self.env._eid), ev))
         return ev
 
-    def _collective(self, gpu, task: Collective):
-        """Meet the other members; the last to arrive runs the algorithm. Returns its start."""
+    def _arrive(self, gpu, task: Collective) -> dict:
+        """Meet the other members; the last to arrive runs the algorithm. Returns the
+        meeting: wait for its "done" event, then "begin" is the collective's start."""
         meet = self._meet.get(task.key)
         if meet is None:
             if gpu not in task.group:
@@ -281,8 +284,7 @@ class Runtime:
         if not meet["left"]:
             meet["begin"] = self.env.now
             self.env.process(self._run_collective(task, meet["done"], meet["images"]))
-        yield meet["done"]
-        return meet["begin"]
+        return meet
 
     def _run_collective(self, task: Collective, done, images=None):
         twins = None
