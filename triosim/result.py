@@ -29,6 +29,50 @@ def union_sorted(s: np.ndarray, e: np.ndarray) -> float:
     return float(total + ends[-1] - starts[-1])
 
 
+PAD_LIMIT = 2**24  # cells of the groups x segments matrix `union_lengths` may build
+
+
+def union_lengths(codes: np.ndarray, s: np.ndarray, e: np.ndarray, n: int) -> np.ndarray:
+    """`union_sorted` of each group's intervals (group codes 0..n-1), all groups at once:
+    the same merged segments (a running max of the ends per group: a max is exact) and the
+    same float sums in the same order (the lengths of a group's segments but its last
+    summed left to right, in a row of a zero-padded matrix: `np.cumsum` along a row adds
+    left to right, and adding zeros after changes nothing; then + end - start of the last,
+    as `union_sorted` does), so the same values."""
+    out = np.zeros(n)
+    if not len(s):
+        return out
+    order = np.lexsort((s, codes))
+    c, s, e = codes[order], s[order], e[order]
+    reach = pd.Series(e).groupby(c, sort=False).cummax().to_numpy()
+    opens = np.ones(len(s), bool)  # a group's first interval, or one after every earlier end
+    opens[1:] = (c[1:] != c[:-1]) | (s[1:] > reach[:-1])
+    first = np.flatnonzero(opens)
+    seg_c, seg_s = c[first], s[first]
+    seg_e = reach[np.r_[first[1:] - 1, len(s) - 1]]
+    # per group: its segments' range, the last one apart
+    lo = np.searchsorted(seg_c, np.arange(n))
+    hi = np.searchsorted(seg_c, np.arange(n), side="right")
+    has = hi > lo
+    last = hi[has] - 1
+    k = hi - lo - 1  # segments before the last
+    width = int(k.max(initial=0))
+    total = np.zeros(n)
+    if width and n * width <= PAD_LIMIT:
+        pad = np.zeros((n, width))  # row: a group; column: its segment's rank in it
+        not_last = np.ones(len(seg_s), bool)
+        not_last[last] = False
+        rank = np.arange(len(seg_s)) - lo[seg_c]
+        pad[seg_c[not_last], rank[not_last]] = (seg_e - seg_s)[not_last]
+        many = k > 0
+        total[many] = np.cumsum(pad[many], axis=1)[np.arange(int(many.sum())), k[many] - 1]
+    elif width:  # a group with very many segments: one cumsum per group
+        for g in np.flatnonzero(k > 0).tolist():
+            total[g] = np.cumsum(seg_e[lo[g] : hi[g] - 1] - seg_s[lo[g] : hi[g] - 1])[-1]
+    out[has] = total[has] + seg_e[last] - seg_s[last]
+    return out
+
+
 def _renamed(col: pd.Series, old, new) -> pd.Series:
     """`col` with `old` replaced by `new`; a categorical column renames the category."""
     if isinstance(col.dtype, pd.CategoricalDtype):
@@ -231,13 +275,8 @@ class Result:
             is_comm = (tl["kind"] == "comm").to_numpy(bool)[last]
         where = {g: k for k, g in enumerate(uniques)}
 
-        def unions(mask):
-            idx = np.flatnonzero(mask)
-            idx = idx[np.lexsort((start[idx], codes[idx]))]
-            cuts = np.searchsorted(codes[idx], np.arange(len(uniques) + 1))
-            s, e = start[idx], end[idx]
-            return {k: union_sorted(s[cuts[k]:cuts[k + 1]], e[cuts[k]:cuts[k + 1]])
-                    for k in range(len(uniques))}  # fmt: skip
+        def unions(mask):  # per GPU code: the union of its intervals' lengths
+            return union_lengths(codes[mask], start[mask], end[mask], len(uniques)).tolist()
 
         comp_u, comm_u, both_u = unions(is_comp), unions(is_comm), unions(is_comp | is_comm)
         rep_of = self._rep_of() if self._orbits is not None else {}
