@@ -339,3 +339,20 @@ def test_go_resnet50_pairs_agree_with_weights_and_storage():
             assert stor[o.inputs[1]] == stor[f.outputs[0]]
     fwd = [o.fwd_id for o in t.operators if o.fwd_id is not None]
     assert fwd == sorted(fwd, reverse=True)  # autograd ran them in reverse forward order
+
+
+def test_accumulate_grad_nodes_need_no_forward_pairing():
+    # the shipped ResNet-18 CPU trace: its 62 unpaired backward ops are all AccumulateGrad
+    # nodes (one per weight tensor), which no forward op made; every other backward op is
+    # paired, so the trace has nothing to warn about pairing
+    from triosim.simulation import load_any_trace
+
+    t = load_any_trace(Path(__file__).resolve().parents[1] / "traces/cpu/resnet18-b8.trace.json.gz")
+    bwd = [o for o in t.operators if o.phase == "backward"]
+    acc = [o for o in bwd if o.name.endswith("torch::autograd::AccumulateGrad")]
+    # one per parameter tensor: 20 convolutions (17 + 3 downsample), 20 batch norms x
+    # (weight, bias), the classifier's weight and bias
+    assert len(acc) == 20 + 20 * 2 + 2 and all(o.fwd_id is None for o in acc)
+    s = trace_stats(t)
+    assert (s["backward_operators"], s["backward_paired"]) == (len(bwd) - 62, len(bwd) - 62)
+    assert not any("forward pairing" in w for w in fidelity_warnings(t))

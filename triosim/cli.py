@@ -120,7 +120,7 @@ def cmd_info(args) -> int:
     st = trace_stats(t)
     pct = lambda x: "n/a" if x is None else f"{100 * x:.0f}%"  # noqa: E731
     print(f"pairing       {st['backward_paired']} of {st['backward_operators']} backward operators "
-          f"({pct(st['pairing'])})")  # fmt: skip
+          f"({pct(st['pairing'])}; AccumulateGrad nodes have no forward op)")  # fmt: skip
     print(f"FLOPs         {st['operators_with_flops']} of {st['operators']} operators "
           f"({pct(st['flops_coverage'])}), {st['total_flops'] / 1e9:.3f} GFLOP")  # fmt: skip
     tm = t.metadata.get("time_model")

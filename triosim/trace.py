@@ -159,11 +159,17 @@ def validate(trace: Trace, file=None) -> None:
         phase_before[op.id] = op.phase
 
 
+ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"  # the end of an autograd node's name
+
+
 def trace_stats(trace: Trace) -> dict:
     """How much of what the extrapolators and models use the trace carries: backward ops
-    paired with their forward op (fwd_id), ops with a FLOP count, ops with a math mode."""
+    paired with their forward op (fwd_id; AccumulateGrad nodes, which have none, are not
+    counted), ops with a FLOP count, ops with a math mode."""
     ops = trace.operators
-    bwd = [o for o in ops if o.phase == "backward"]
+    # AccumulateGrad nodes add a leaf's gradient into its .grad: no forward op made them, so
+    # there is nothing to pair (their gradient is ready when they end, which DDP reads)
+    bwd = [o for o in ops if o.phase == "backward" and not o.name.endswith(ACCUMULATE_GRAD)]
     paired = sum(o.fwd_id is not None for o in bwd)
     counted = [o for o in ops if o.flops is not None]
     # conv and matmul ops (forward and backward) with FLOPs: those whose math mode matters
