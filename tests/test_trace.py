@@ -50,7 +50,9 @@ def traces(draw):
     return Trace(ops, tensors, meta)
 
 
-@settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)  # saving is I/O: no time limit
 @given(t=traces(), gz=st.booleans())
 def test_save_load_round_trip(tmp_path, t, gz):
     path = save(t, tmp_path / ("t.trace.json.gz" if gz else "t.trace.json"))
