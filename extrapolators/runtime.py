@@ -225,18 +225,14 @@ class Runtime:
             t0 = t1
 
     def _compute_run(self, who, run, scale):
-        """A run holding ComputeRuns: the same sequential sums as `_computes` (numpy's
-        cumsum adds left to right; adding a zero duration leaves t as skipping it does),
-        logged as one block that shares the run's name/layer/phase lists. (A run of one
-        ComputeRun, the common case, is timed inline in `_run` with `_timed`.)"""
+        """Several pieces, ComputeRuns among them (rare: templates emit whole runs; a run
+        of one ComputeRun is timed inline in `_run`): one ComputeRun for this GPU, with the
+        same sequential sums as `_computes` (numpy's cumsum adds left to right; adding a
+        zero duration leaves t as skipping it does), logged as one block."""
         start = self.env.now
-        if len(run) == 1:
-            block = run[0]
-            acc, t = self._timed(block, start, scale)
-        else:  # mixed pieces: one ComputeRun for this GPU (rare: templates emit whole runs)
-            block = ComputeRun(c for piece in run
-                               for c in ((piece,) if type(piece) is Compute else piece.tasks))  # fmt: skip
-            acc, t = _cumsum(block, start, scale)
+        block = ComputeRun(c for piece in run
+                           for c in ((piece,) if type(piece) is Compute else piece.tasks))  # fmt: skip
+        acc, t = _cumsum(block, start, scale)
         if t != start:
             yield self._at(t)
         self._log.append(Block(who, block, acc))
