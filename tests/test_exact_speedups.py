@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from extrapolators import Runtime
 from extrapolators.communication import Textbook
 from extrapolators.runtime import COLUMNS
-from extrapolators.tasks import Compute, ComputeRun, Iteration, Signal, Wait
+from extrapolators.tasks import Collective, Compute, ComputeRun, Iteration, Signal, Wait
 from extrapolators.timeline_log import Block, TimelineLog
 from networks import PacketSwitchNetwork
 from networks import topology as topo
@@ -603,3 +603,29 @@ def test_grouped_unions_are_each_groups_union(seed, groups, n, pad):
         order = mine[np.argsort(s[mine], kind="stable")]
         want = res.union_sorted(s[order], e[order]) if len(order) else 0.0
         assert got[g] == want, (g, got[g], want)
+
+
+def test_a_compute_of_no_micro_batch_is_one_micro_batch_in_both_paths():
+    # a custom stream's Compute(mb=None) (no micro-batch: the batch is not split) holds its
+    # activations as micro-batch 0 would; the table (a float column, NaN for None) and the
+    # run's log must both read it so (NaN != NaN once made every row a micro-batch of its own)
+    def run(mb):
+        cfg = {"num_gpus": 2, "batch_size": 16, "topology": RING,
+               "parallelism": {"mode": "ddp"}, "communication": {"kind": "textbook"}}  # fmt: skip
+        s = Simulation(cfg, trace=chain_trace(batch=8, layers=4))
+        ops = s.trace.operators
+        s.extrapolator.streams = lambda **kw: {
+            **{(g, "compute"): [Compute(o.name, o.layer, o.phase, 1e-3, o.id, mb) for o in ops]
+               for g in s.gpus},
+            **{(g, "comm"): [Collective("allreduce", tuple(s.gpus), 1e6, "c0", "x", "backward")]
+               for g in s.gpus},
+        }  # fmt: skip
+        return s, s.run()
+
+    s, none = run(None)
+    _, zero = run(0)
+    pd.testing.assert_frame_equal(none.memory, zero.memory, check_exact=True)
+    from_table, peaks = memory_timeline(none.timeline, s.trace, s.extrapolator, s.gpus,
+                                        s.config.memory)  # fmt: skip
+    pd.testing.assert_frame_equal(from_table, none.memory, check_exact=True)
+    assert peaks == none.peak_memory == zero.peak_memory

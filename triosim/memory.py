@@ -252,6 +252,9 @@ class _FrameRows:
     def columns(self, g) -> dict:
         rows = self._rows(g)
         out = {c: v[rows].tolist() for c, v in self._col.items()}
+        for c in ("op_id", "microbatch"):  # a missing value (NaN in a float column) is the
+            # task's None, as the log gives it: NaN != NaN made each row its own micro-batch
+            out[c] = [None if x != x else x for x in out[c]]
         out["phase"] = self._phases[self._phase[rows]].tolist()
         return out
 
