@@ -231,11 +231,20 @@ class ComputeRows:
                 ph.append(e[5])
         out = {"op_id": op, "start": st, "end": en, "iteration": its, "microbatch": mb,
                "phase": ph}  # fmt: skip
-        s, t = np.array(st, float), np.array(en, float)
-        if ((s[1:] < s[:-1]) | ((s[1:] == s[:-1]) & (t[1:] < t[:-1]))).any():
-            order = np.lexsort((t, s)).tolist()
+        order = start_order(np.array(st, float), np.array(en, float))
+        if order is not None:
+            order = order.tolist()
             out = {c: [v[i] for i in order] for c, v in out.items()}
         return out
+
+
+def start_order(start: np.ndarray, end: np.ndarray) -> np.ndarray | None:
+    """The stable (start, end) order of rows (np.lexsort), or None when they are in it
+    already (one compute stream; several interleave)."""
+    s, t = start, end
+    if ((s[1:] < s[:-1]) | ((s[1:] == s[:-1]) & (t[1:] < t[:-1]))).any():
+        return np.lexsort((t, s))
+    return None
 
 
 class _Codes:

@@ -233,15 +233,23 @@ class _FrameRows:
             self._phase, phases = pd.factorize(phase, use_na_sentinel=False)
         self._phases = np.asarray(phases, dtype=object)
         self._where = {g: k for k, g in enumerate(uniques)}
+        self._last = (None, None)
 
     def _rows(self, g) -> np.ndarray:
+        """g's rows in (start, end) order (kept for the next call: `signature` and then
+        `columns` ask for the same GPU)."""
+        from extrapolators.timeline_log import start_order
+
+        if self._last[0] == g and self._last[1] is not None:
+            return self._last[1]
         k = self._where.get(g)
-        if k is None:
-            return self._idx[:0]
-        rows = self._idx[int(self._cuts[k]) : int(self._cuts[k + 1])]
-        st, en = self._col["start"][rows], self._col["end"][rows]
-        if ((st[1:] < st[:-1]) | ((st[1:] == st[:-1]) & (en[1:] < en[:-1]))).any():
-            rows = rows[np.lexsort((en, st))]  # several compute streams on this GPU
+        rows = (
+            self._idx[:0] if k is None else self._idx[int(self._cuts[k]) : int(self._cuts[k + 1])]
+        )
+        order = start_order(self._col["start"][rows], self._col["end"][rows])
+        if order is not None:
+            rows = rows[order]
+        self._last = (g, rows)
         return rows
 
     def signature(self, g) -> tuple:
