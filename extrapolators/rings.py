@@ -21,9 +21,13 @@ _NET, _LAT = 2**48, 2**28  # networks.routing's packing: network hops, ns of lat
 
 def hop_rows(graph, routes: Routes, sources, targets):
     """For each source, arrays over `targets` of (bottleneck bandwidth, latency in s, hops)
-    along the routed path (one shortest-path tree per source). The targets' paths are
+    along the routed path (one shortest-path tree per source, or a big switch's spread
+    shared by the GPUs under it where that gives the same: `Routes.hub_hop_rows`). The targets' paths are
     walked back up the tree together, a hop of every unfinished path per step
     (O(targets x hops) in numpy: the bottleneck is a min, the same in any order)."""
+    shared = routes.hub_hop_rows(sources, targets)
+    if shared is not None:  # GPUs under one big switch: its spread serves them all
+        return [(b, _latency(d), h) for b, d, h in shared]
     idx = routes.node_index
     t_idx = np.array([idx[t] for t in targets], dtype=np.int64)
     bandwidth = routes.link_values("bandwidth")
@@ -45,11 +49,17 @@ def hop_rows(graph, routes: Routes, sources, targets):
             bott[at] = np.minimum(bott[at], bandwidth[routes.link_ids(p, v)])
             hops[at] += 1
             v = p
-        lat = np.where(ok, np.floor(np.mod(np.where(ok, d, 0), _NET) / _LAT) * 1e-9, np.inf)
+        lat = _latency(d)
         b = np.where(ok, bott, 0.0)
         b[t_idx == idx[s]] = np.inf
         out.append((b, lat, np.where(ok, hops, np.inf)))
     return out
+
+
+def _latency(d: np.ndarray) -> np.ndarray:
+    """Seconds of summed latency in packed distances (inf where there is no path)."""
+    ok = np.isfinite(d)
+    return np.where(ok, np.floor(np.mod(np.where(ok, d, 0), _NET) / _LAT) * 1e-9, np.inf)
 
 
 def _metrics(graph, group, routes):

@@ -24,6 +24,10 @@ import numpy as np
 LINK_KINDS = ("nvlink", "pcie", "net")
 HUB_ROWS_BYTES = 2**28  # memory for shared rows of switches (see Routes)
 CANDIDATES = 2**20  # in-links weighed at once when paths are walked in a batch
+# a hub with more out-links than this serves its GPUs' hop metrics from one shared spread
+# (a search from a GPU under a big switch relaxes every link of it: O(N) per GPU on a star)
+SPREAD_DEGREE = 256
+SPREAD_LEVELS = 64  # a spread deeper than this (hops) is left to the per-source trees
 # bit budget (sums stay below 2**53): up to 31 network hops, 1 ms of summed latency at 1 ns
 # resolution, 256 hops of at most 2**12 bandwidth units each, 256 hops
 _NET = float(2**48)
@@ -129,6 +133,8 @@ class Routes:
         # the most shared ones (a rail's leaf serves thousands, a server's NVSwitch eight)
         self._served = np.bincount(v[self._via_switches[u]], minlength=len(nodes))
         self._switch_rows: dict = {}  # switch index -> its full distance row
+        self._out_deg = out_deg
+        self._spreads: dict = {}  # hub index -> (hops, least and most bottleneck) rows
 
     def link_ids(self, tails: np.ndarray, heads: np.ndarray) -> np.ndarray:
         """The index in `links` of each (tail, head) pair of node indices; every pair must
@@ -190,6 +196,85 @@ class Routes:
                 d, p = dijkstra(self._csr, indices=s, return_predecessors=True)
             dist[k], pred[k] = d, p
         return dist, pred
+
+    def hub_hop_rows(self, sources, targets) -> list | None:
+        """`(bottleneck bandwidth, packed distance, hops)` arrays over `targets` for each
+        source, as a shortest-path tree from the source gives them, or None where this way
+        does not apply (a source without a big hub, or some path's bottleneck that depends
+        on which of several equal-cost paths a tree takes).
+
+        A source with one out-link into hub x reaches every other node through x, along
+        x's shortest paths (none returns through the source: its one way out is back to x).
+        So its distances are the link's weight plus x's row, its hops one more than x's, and
+        its bottleneck the smaller of the link's bandwidth and that of x's path. A tree
+        takes one of x's equal-cost paths, which all have the same hops and distance (both
+        are in the packed weight) but maybe not the same bottleneck: x's spread keeps the
+        least and the most over all of them, and where the two differ (after the source's
+        link) the answer would depend on the tree's tie-break, so None."""
+        idx = self.node_index
+        src = [idx[s] for s in sources]
+        hubs = [self._hub.get(s) for s in src]
+        if not all(h and self._out_deg[h[0]] > SPREAD_DEGREE for h in hubs):
+            return None
+        t_idx = np.array([idx[t] for t in targets], dtype=np.int64)
+        bandwidth = self.link_values("bandwidth")
+        out = []
+        for s, (x, w) in zip(src, hubs, strict=True):
+            spread = self._spread(x)
+            if spread is None:
+                return None
+            row = self._full_row(x, hub=True)
+            level, least, most = spread
+            b_link = bandwidth[self._hub_link[s]]
+            lo, hi = np.minimum(b_link, least[t_idx]), np.minimum(b_link, most[t_idx])
+            d = w + row[t_idx]
+            ok = np.isfinite(d)
+            if (lo[ok] != hi[ok]).any():
+                return None
+            own = t_idx == s
+            d[own] = 0.0
+            b = np.where(ok, lo, 0.0)
+            b[own] = np.inf
+            hops = np.where(ok, 1.0 + level[t_idx], np.inf)
+            hops[own] = 0.0
+            out.append((b, d, hops))
+        return out
+
+    def _spread(self, x: int):
+        """Hub x's (hops, least bottleneck, most bottleneck) over all its shortest paths to
+        each node, by levels of the shortest-path DAG (links with d[u] + w == d[v]); None
+        when deeper than SPREAD_LEVELS. Kept while they fit HUB_ROWS_BYTES."""
+        if x in self._spreads:
+            return self._spreads[x]
+        d = self._full_row(x, hub=True)
+        u, v, bw = self._u, self._v, self.link_values("bandwidth")
+        tight = np.flatnonzero(np.isfinite(d[u]) & (d[u] + self.weight == d[v]))
+        level = np.full(len(self.nodes), -1, np.int64)
+        least = np.zeros(len(self.nodes))
+        most = np.zeros(len(self.nodes))
+        level[x], least[x], most[x] = 0, np.inf, np.inf
+        frontier = np.zeros(len(self.nodes), bool)
+        frontier[x] = True
+        result = None  # deeper than SPREAD_LEVELS unless the walk runs out first
+        for depth in range(1, SPREAD_LEVELS + 2):
+            e = tight[frontier[u[tight]]]
+            if not len(e):
+                result = (level, least, most)
+                break
+            if depth > SPREAD_LEVELS:
+                break
+            heads = v[e]
+            # every tight in-link of a head comes from the level before (the hop count is
+            # in the packed weight: equal distances, equal hops)
+            least[heads] = np.inf
+            np.minimum.at(least, heads, np.minimum(least[u[e]], bw[e]))
+            np.maximum.at(most, heads, np.minimum(most[u[e]], bw[e]))
+            level[heads] = depth
+            frontier[:] = False
+            frontier[heads] = True
+        if (len(self._spreads) + 1) * len(self.nodes) * 24 <= HUB_ROWS_BYTES:
+            self._spreads[x] = result
+        return result
 
     def reachable(self, src, dst) -> bool:
         return self.path_links(src, dst) is not None

@@ -408,14 +408,30 @@ def test_ring_streams_unit_time_is_the_per_stream_sum():
 
 
 def _hop_rows_both_ways(g, group, mode="latency"):
-    """hop_rows from trees bounded to the group, and from whole trees (targets=None)."""
+    """hop_rows from trees bounded to the group, from whole trees (targets=None) with no
+    shared hub spread, and with every hub's spread tried (SPREAD_DEGREE -1: any hub)."""
     from extrapolators.rings import hop_rows
+    from networks import routing
 
     bounded = hop_rows(g, Routes(g, mode), group, group)
     r = Routes(g, mode)
     full_trees = r.trees
     r.trees = lambda sources, targets=None: full_trees(sources)  # the unbounded search
-    return bounded, hop_rows(g, r, group, group)
+    r.hub_hop_rows = lambda sources, targets: None
+    whole = hop_rows(g, r, group, group)
+    old, routing.SPREAD_DEGREE = routing.SPREAD_DEGREE, -1
+    try:
+        r = Routes(g, mode)
+        spread = hop_rows(g, r, group, group)
+        used = r.hub_hop_rows(group, group) is not None
+    finally:
+        routing.SPREAD_DEGREE = old
+    assert _same_rows(spread, whole), ("hub spread", group)
+    _SPREAD_USED.append(used)
+    return bounded, whole
+
+
+_SPREAD_USED: list = []  # whether each comparison above went through a hub's spread
 
 
 def _same_rows(a, b):
@@ -441,6 +457,71 @@ def test_bounded_trees_on_random_graphs(seed, mode):
     gpus = [v for v, d in g.nodes(data=True) if d.get("kind", "gpu") == "gpu"]
     group = gpus[: 2 + seed % max(1, len(gpus) - 1)]
     assert _same_rows(*_hop_rows_both_ways(g, group, mode))
+
+
+def test_hub_spreads_were_compared():
+    """The comparisons above went through hub spreads (fat trees, PCIe trees) and past
+    them; run after them (file order)."""
+    for name in ("fat tree", "pcie", "ring"):
+        g = builders()[name]
+        gpus = [v for v, d in g.nodes(data=True) if d.get("kind", "gpu") == "gpu"]
+        _hop_rows_both_ways(g, gpus[:4])
+    assert _SPREAD_USED[-3:] == [True, True, False]  # a ring's GPUs have two links out
+
+
+def _diamond(inv_a: tuple, inv_b: tuple):
+    """GPU 0 -> hub x -> two ways (x-a-y, x-b-y) -> y -> GPU 1, links in 2**-10 ns per
+    byte units of 1/bandwidth (the routes' own quantum), no latency."""
+    g = nx.DiGraph()
+    g.add_node(0, kind="gpu")
+    g.add_node(1, kind="gpu")
+    for v in "xaby":
+        g.add_node(v, kind="switch")
+
+    def bw(inv):
+        return 2**10 * 1e9 / inv
+
+    topo.add_link(g, 0, "x", bw(10), 0.0)
+    topo.add_link(g, "x", "a", bw(inv_a[0]), 0.0)
+    topo.add_link(g, "a", "y", bw(inv_a[1]), 0.0)
+    topo.add_link(g, "x", "b", bw(inv_b[0]), 0.0)
+    topo.add_link(g, "b", "y", bw(inv_b[1]), 0.0)
+    topo.add_link(g, "y", 1, bw(10), 0.0)
+    return g, bw
+
+
+def test_hub_spread_declines_when_equal_cost_paths_differ_in_bottleneck(monkeypatch):
+    from extrapolators.rings import hop_rows
+    from networks import routing
+
+    monkeypatch.setattr(routing, "SPREAD_DEGREE", -1)
+    # 100 + 300 = 200 + 200 units: two equal-cost ways, bottlenecks 1/300 and 1/200
+    g, bw = _diamond((100, 300), (200, 200))
+    assert Routes(g).hub_hop_rows([0], [1]) is None
+    ((b, _, hops),) = hop_rows(g, Routes(g), [0], [1])  # a tree's own choice
+    assert b[0] in (bw(300), bw(200)) and hops[0] == 4
+    # 100 + 300 against 150 + 250: one shortest way, bottleneck 1/300 (hand-worked)
+    g, bw = _diamond((100, 300), (150, 260))
+    ((b, lat, hops),) = Routes(g).hub_hop_rows([0], [0, 1])
+    assert b[1] == bw(300) and hops.tolist() == [0.0, 4.0] and b[0] == np.inf
+    # equal costs and equal bottlenecks (1/300 on both): the spread answers
+    g, bw = _diamond((100, 300), (300, 100))
+    ((b, _, hops),) = Routes(g).hub_hop_rows([0], [1])
+    assert b[0] == bw(300) and hops[0] == 4
+
+
+def test_gpus_under_a_big_switch_share_its_spread():
+    """A star bigger than SPREAD_DEGREE: the default threshold takes the spread, and its
+    rows are the bounded trees'."""
+    from extrapolators.rings import hop_rows
+    from networks import routing
+
+    g = topo.switch_star(routing.SPREAD_DEGREE + 4, 25 * GB, 1e-6)
+    group = list(range(0, 40, 5))
+    r = Routes(g)
+    assert r.hub_hop_rows(group, group) is not None
+    r.hub_hop_rows = lambda sources, targets: None
+    assert _same_rows(hop_rows(g, Routes(g), group, group), hop_rows(g, r, group, group))
 
 
 @pytest.mark.parametrize("name", ["fat tree", "multi-node switch", "ring", "dgx1", "pcie"])
