@@ -259,9 +259,25 @@ class Nccl(CommModel):
             info = self._groups[group] = self._analyse(group)
         return info
 
-    def _analyse(self, group) -> _Group:
-        s = System(self.graph, group, self.routes, self._partition)
-        rings = s.rings()
+    def prepare(self, groups) -> None:
+        """Analyse the groups not seen yet together: their rings' hops, both ways, are
+        routed in one walk (`Routes.paths_links`) before each group is analysed as
+        `group_info` would. A symmetric run's images (2,048 tensor-parallel groups at
+        16,384 GPUs) otherwise walked a handful of pairs per group, milliseconds each of
+        numpy set-up. A pair's route is the same in any batch, so nothing else changes."""
+        new = [g for g in dict.fromkeys(map(tuple, groups)) if g not in self._groups]
+        if len(new) < 2:
+            return
+        systems = [System(self.graph, g, self.routes, self._partition) for g in new]
+        rings = [s.rings() for s in systems]
+        hops = [h for rs in rings for r in rs for h in _hops(r)]
+        self._pair_arrays(hops + [(b, a) for a, b in hops])
+        for g, s, rs in zip(new, systems, rings, strict=True):
+            self._groups[g] = self._analyse(g, s, rs)
+
+    def _analyse(self, group, s: System | None = None, rings=None) -> _Group:
+        s = s or System(self.graph, group, self.routes, self._partition)
+        rings = rings if rings is not None else s.rings()
         weights = self._ring_weights(rings)
         info = _Group(s, None, rings, weights, [self._both_ways(r) for r in rings])
         for ring, two in zip(rings, info.both, strict=True):
@@ -553,6 +569,7 @@ class Nccl(CommModel):
         NCCL's latency); returns at the first group's end when every group's transfers
         arrived at that group's instant (the symmetric case), else at once."""
         roots = roots if roots is not None else [None] * len(groups)
+        self.prepare(groups)
         plans = [self.plan(op, g, nbytes, r, algorithm) for g, r in zip(groups, roots, strict=True)]
         for p in plans:
             k = (op, p.algo, p.proto)

@@ -22,12 +22,13 @@ import zlib
 import numpy as np
 
 LINK_KINDS = ("nvlink", "pcie", "net")
-HUB_ROWS_BYTES = 2**28  # memory for shared rows of switches (see Routes)
+HUB_ROWS_BYTES = 2**29  # memory for shared rows of switches (see Routes)
 CANDIDATES = 2**20  # in-links weighed at once when paths are walked in a batch
 # a hub with more out-links than this serves its GPUs' hop metrics from one shared spread
 # (a search from a GPU under a big switch relaxes every link of it: O(N) per GPU on a star)
 SPREAD_DEGREE = 256
 SPREAD_LEVELS = 64  # a spread deeper than this (hops) is left to the per-source trees
+BIG_IN = 64  # in-links above which a walk looks candidates up by value (a rail's leaf)
 # bit budget (sums stay below 2**53): up to 31 network hops, 1 ms of summed latency at 1 ns
 # resolution, 256 hops of at most 2**12 bandwidth units each, 256 hops
 _NET = float(2**48)
@@ -93,6 +94,9 @@ class Routes:
         order = np.argsort(v, kind="stable")
         self._in_ptr = np.searchsorted(v[order], np.arange(len(nodes) + 1))
         self._in_link, self._in_from = order, u[order]
+        self._in_deg = np.diff(self._in_ptr)
+        self._in_pos = np.empty(len(order), np.int64)  # a link's place among its head's in-links
+        self._in_pos[order] = np.arange(len(order)) - self._in_ptr[v[order]]
         self._min_out = np.full(len(nodes), np.inf)
         np.minimum.at(self._min_out, u, self.weight)
         self._min_in = np.full(len(nodes), np.inf)
@@ -139,13 +143,16 @@ class Routes:
     def link_ids(self, tails: np.ndarray, heads: np.ndarray) -> np.ndarray:
         """The index in `links` of each (tail, head) pair of node indices; every pair must
         be a link (one sorted search for all, not a graph lookup per hop)."""
-        n = len(self.nodes)
+        keys, link = self._sorted_pairs()
+        return link[np.searchsorted(keys, np.asarray(tails, np.int64) * len(self.nodes) + heads)]
+
+    def _sorted_pairs(self):
+        """Every link's tail * N + head, sorted, and the link of each."""
         if self._pair_keys is None:
-            keys = self._u * n + self._v
+            keys = self._u * len(self.nodes) + self._v
             order = np.argsort(keys, kind="stable")
             self._pair_keys, self._pair_link = keys[order], order
-        k = np.searchsorted(self._pair_keys, np.asarray(tails, np.int64) * n + heads)
-        return self._pair_link[k]
+        return self._pair_keys, self._pair_link
 
     def link_values(self, attr: str) -> np.ndarray:
         """Each link's `attr` (an edge attribute every link has), in `links` order."""
@@ -289,19 +296,6 @@ class Routes:
 
         return dist
 
-    def _row_via_switches(self, s: int) -> np.ndarray:
-        """Distances from s (a node whose out-links all go to switches): one Bellman step,
-        min over its out-links of weight + the switch's row; 0 at s. The weights are
-        integers (see link_weight) and their sums stay below 2**53, so these are the
-        search's own distances, exactly."""
-        csr = self._csr
-        row = None
-        for k in range(csr.indptr[s], csr.indptr[s + 1]):
-            cand = csr.data[k] + self._full_row(int(csr.indices[k]), hub=False)
-            row = cand if row is None else np.minimum(row, cand)
-        row[s] = 0.0
-        return row
-
     def _full_row(self, x: int, hub: bool) -> np.ndarray:
         """Node x's whole distance row, computed once: a hub's is always kept (their number
         was budgeted when the routes were built), another switch's while the rows fit."""
@@ -334,6 +328,14 @@ class Routes:
 
     def _row(self, s: int, d: int) -> np.ndarray:
         """Distances from node s, exact for every node not farther than d (inf beyond)."""
+        _, idx, dist = self._ball(s, d)
+        row = np.full(len(self.nodes), np.inf)
+        row[idx] = dist
+        return row
+
+    def _ball(self, s: int, d: int) -> tuple:
+        """(limit, reached nodes in order, their distances) of a search from node s bounded
+        to cover d: exact for every node not farther than d. Kept per source, grown 4x."""
         from scipy.sparse.csgraph import dijkstra
 
         ball = self._balls.get(s)
@@ -341,9 +343,7 @@ class Routes:
             limit, idx, dist = ball
             k = int(np.searchsorted(idx, d))
             if (k < len(idx) and idx[k] == d) or limit == np.inf:
-                row = np.full(len(self.nodes), np.inf)
-                row[idx] = dist
-                return row
+                return ball
             limit *= 4
         else:
             limit = self._direct.get((s, d), self._min_out[s] + self._min_in[d])
@@ -358,8 +358,8 @@ class Routes:
         else:  # far away, or unreachable: the whole row
             row, limit = dijkstra(self._csr, indices=s), np.inf
         idx = np.flatnonzero(np.isfinite(row))
-        self._balls[s] = (limit, idx, row[idx])
-        return row
+        ball = self._balls[s] = (limit, idx, row[idx])
+        return ball
 
     def path_links(self, src, dst) -> np.ndarray | None:
         """Link indices from src to dst (None: no path)."""
@@ -381,75 +381,122 @@ class Routes:
             self._walk_many(todo)
         return [paths[k] for k in pairs]
 
-    def _per_source(self, s_idx: np.ndarray):
-        """Per pair, from its source: the distance row it reads (a hub's shared row, or its
-        own), that row's offset, its hub and its link into the hub (-1: none). Worked out
-        once per distinct source."""
+    def _per_source(self, s_idx: np.ndarray, d_idx: np.ndarray):
+        """Per pair, from its source: the distance rows it reads and their offsets (pairs x
+        K arrays: its distance to a node is the least of offset + row there), its hub and
+        its link into the hub (-1: none). Worked out once per distinct source:
+        - a source with one out-link into hub x: x's shared row, offset the link's weight;
+        - a GPU whose out-links all go to switches (an NVSwitch and a NIC's leaf): each
+          switch's row, offset that link's weight (one Bellman step: any path leaves by one
+          of them; the weights are integers whose sums stay below 2**53, so the least is
+          the search's own distance, exactly). The switches' rows are shared by the GPUs on
+          them (a server's eight, a rail's thousands), and no row per GPU is made;
+        - anything else, or such a GPU asked only for GPUs of its own server (its bounded
+          search stays in the server; a full row of the machine per NVSwitch cost 1.5 ms
+          at 16,384 GPUs, and thousands of them do not stay cached): its own bounded row
+          (`_row`), offset 0.
+        Rows a source reads fewer than K of are repeated (the least is the same)."""
         u, inv = np.unique(s_idx, return_inverse=True)
-        keys: dict = {}  # ('h', hub) or ('s', source) -> key number
-        kid, off, hub, link = [], [], [], []
-        for s in u.tolist():
+        far = np.zeros(len(u), bool)  # some destination outside the source's server
+        np.logical_or.at(far, inv, self._local[d_idx] != self._local[s_idx])
+        keys: dict = {}  # ('h', hub), ('w', switch) or ('s', source) -> key number
+        reads, hub, link = [], [], []
+        csr = self._csr
+        for s, out in zip(u.tolist(), far.tolist(), strict=True):
             h = self._hub.get(s)
-            own = ("m", s) if self._via_switches[s] else ("s", s)
-            kid.append(keys.setdefault(("h", h[0]) if h else own, len(keys)))
-            off.append(h[1] if h else 0.0)
+            if h:
+                reads.append([(keys.setdefault(("h", h[0]), len(keys)), h[1])])
+            elif self._via_switches[s] and out:
+                ks = range(csr.indptr[s], csr.indptr[s + 1])
+                reads.append([(keys.setdefault(("w", int(csr.indices[k])), len(keys)),
+                               float(csr.data[k])) for k in ks])  # fmt: skip
+            else:
+                reads.append([(keys.setdefault(("s", s), len(keys)), 0.0)])
             hub.append(h[0] if h else -1)
             link.append(self._hub_link[s] if h else -1)
-        cols = [np.array(x)[inv] for x in (kid, off, hub, link)]
-        return list(keys), *cols
+        width = max(len(r) for r in reads)
+        reads = [r + r[:1] * (width - len(r)) for r in reads]
+        kid = np.array([[k for k, _ in r] for r in reads], np.int64)
+        off = np.array([[w for _, w in r] for r in reads], float)
+        return list(keys), kid, off, inv, np.array(hub)[inv], np.array(link)[inv]
 
-    def _dist_rows(self, keys, kid, d_idx):
-        """The distance rows of row keys `keys` (pairs read row kid[p], destination d_idx[p]):
-        a hub's full row, or a source's bounded row (`_row`) grown until every destination
-        asked of it is in. Any row exact up to the destination gives the same paths (see
-        the class)."""
-        rows = np.empty((len(keys), len(self.nodes)))
-        order = np.argsort(kid, kind="stable")
-        bounds = np.searchsorted(kid[order], np.arange(len(keys) + 1))
+    def _dist_rows(self, keys, kid, d_idx) -> _Rows:
+        """The distance rows of row keys `keys` (pairs read rows kid[p], destination
+        d_idx[p]): a hub's or a switch's full row, or a source's bounded ball (`_ball`, only
+        ever its pairs' one row) grown until every destination asked of it is in. Any row
+        exact up to the destination gives the same paths (see the class)."""
+        rows = _Rows(len(self.nodes), len(keys))
+        first = kid[:, 0]
+        order = np.argsort(first, kind="stable")
+        bounds = np.searchsorted(first[order], np.arange(len(keys) + 1))
         for r, (kind, x) in enumerate(keys):
-            if kind == "h":
-                rows[r] = self._full_row(x, hub=True)
-                continue
-            if kind == "m":
-                rows[r] = self._row_via_switches(x)
+            if kind in ("h", "w"):
+                rows.add_full(r, self._full_row(x, hub=kind == "h"))
                 continue
             ds = d_idx[order[bounds[r] : bounds[r + 1]]]
             out = ds[:1]
-            while len(out):  # balls only grow: the last row covers every earlier one
-                rows[r] = self._row(x, int(out[0]))
-                out = ds[~np.isfinite(rows[r, ds])]
-                if len(out) and self._balls[x][0] == np.inf:
+            while len(out):  # balls only grow: the last covers every earlier one
+                ball = self._ball(x, int(out[0]))
+                out = ds[~_in_sorted(ball[1], ds)]
+                if len(out) and ball[0] == np.inf:
                     break  # the rest are unreachable
+            rows.add_ball(r, ball[1], ball[2])
+        rows.close()
         return rows
 
     def _walk_many(self, pairs) -> None:
         """Walk back from every destination at once, one hop per round (the rule of
         `walk_links`); store each pair's path (or None) in self._paths. Pairs go in chunks
-        whose distance rows fit in HUB_ROWS_BYTES (each pair's path is its own, so any
-        grouping gives the same paths)."""
+        whose distance rows fit in HUB_ROWS_BYTES, sources taken in the order of the rows
+        they read (each pair's path is its own, so any grouping gives the same paths)."""
         idx = self.node_index
         s_idx = np.array([idx[s] for s, _ in pairs], np.int64)
         d_idx = np.array([idx[d] for _, d in pairs], np.int64)
-        keys, kid, off, hub, link = self._per_source(s_idx)
+        keys, kid, off, src, hub, link = self._per_source(s_idx, d_idx)
         budget = max(1, HUB_ROWS_BYTES // (8 * max(len(self.nodes), 1)))
         if len(keys) <= budget:
-            self._walk_chunk(pairs, s_idx, d_idx, keys, kid, off, hub, link)
+            self._walk_chunk(pairs, s_idx, d_idx, keys, kid[src], off[src], hub, link)
             return
-        for lo in range(0, len(keys), budget):
-            sel = np.flatnonzero((kid >= lo) & (kid < lo + budget))
+        chunk = np.empty(len(kid), np.int64)  # per distinct source
+        held: set = set()
+        c = 0
+        for i in np.lexsort(kid.T[::-1]).tolist():  # sources by the rows they read
+            mine = set(kid[i].tolist())
+            if held and len(held | mine) > budget:
+                c, held = c + 1, set()
+            held |= mine
+            chunk[i] = c
+        of_pair = chunk[src]
+        for c in range(int(chunk.max()) + 1):
+            sel = np.flatnonzero(of_pair == c)
+            rows = kid[src[sel]]
+            used = np.unique(rows)
+            local = np.full(len(keys), -1, np.int64)
+            local[used] = np.arange(len(used))
             self._walk_chunk([pairs[i] for i in sel.tolist()], s_idx[sel], d_idx[sel],
-                             keys[lo : lo + budget], kid[sel] - lo, off[sel], hub[sel],
-                             link[sel])  # fmt: skip
+                             [keys[k] for k in used.tolist()], local[rows], off[src[sel]],
+                             hub[sel], link[sel])  # fmt: skip
 
     def _walk_chunk(self, pairs, s_idx, d_idx, keys, row, off, hub, hub_link) -> None:
         rows = self._dist_rows(keys, row, d_idx)
+        row, off = self._tight_reads(rows, row, off, s_idx, d_idx)
+        width = row.shape[1]
 
         def dist(p, v):
-            return np.where(v == s_idx[p], 0.0, off[p] + rows[row[p], v])
+            d = off[p, 0] + rows.at(row[p, 0], v)
+            for j in range(1, width):
+                d = np.minimum(d, off[p, j] + rows.at(row[p, j], v))
+            return np.where(v == s_idx[p], 0.0, d)
 
         m, n = len(pairs), len(self.nodes)
-        off_vals, off_cls = np.unique(off, return_inverse=True)
-        n_off = len(off_vals)
+        # pairs whose sources read the same rows at the same offsets have the same
+        # distances everywhere but at their sources, which only a hub's GPUs can share
+        # (below, a source is never a candidate tail); other sources are their own class
+        _, off_cls = np.unique(off, return_inverse=True)
+        own = np.where(hub < 0, s_idx, -1)[:, None]
+        _, reader = np.unique(np.hstack([row, off_cls.reshape(off.shape), own]), axis=0,
+                              return_inverse=True)  # fmt: skip
+        reader = reader.reshape(-1)
         reach = np.isfinite(dist(np.arange(m), d_idx))
         act = np.flatnonzero(reach & (s_idx != d_idx))
         v = d_idx[act]
@@ -470,13 +517,21 @@ class Routes:
             multi = np.flatnonzero(~one & ~at_hub)
             if len(multi):
                 p, vm = act[multi], v[multi]
-                # the equal-cost candidates depend on (row, offset, v) only (the source itself
-                # is never a candidate here: its one out-link is the hub's, handled above, or
-                # its own row has 0 there): find them once per distinct triple
-                trip = (row[p] * n_off + off_cls[p]) * n + vm
+                # the equal-cost candidates depend on (rows, offsets, v) only (the source
+                # itself is never a candidate here: its one out-link is the hub's, handled
+                # above, or its distance is 0 either way): find them once per distinct pair
+                trip = reader[p] * n + vm
                 _, first_u, inv = np.unique(trip, return_index=True, return_inverse=True)
                 pu, vu = p[first_u], vm[first_u]
-                ok_k, ok_t, cnt_u = self._candidates(pu, vu, dist)
+                big = self._in_deg[vu] > BIG_IN
+                if big.any():  # a rail's leaf: thousands of in-links, looked up by value
+                    ok_k, ok_t, cnt_u = self._merge(
+                        self._candidates(pu[~big], vu[~big], dist),
+                        self._candidates_big(pu[big], vu[big], dist(pu[big], vu[big]), row,
+                                             off, rows, s_idx),
+                        ~big)  # fmt: skip
+                else:
+                    ok_k, ok_t, cnt_u = self._candidates(pu, vu, dist)
                 cnt = cnt_u[inv]
                 pick = (np.cumsum(cnt_u) - cnt_u)[inv]  # the first equal-cost candidate
                 tie = np.flatnonzero(cnt > 1)
@@ -502,12 +557,100 @@ class Routes:
         for p, (key, a, c) in enumerate(zip(pairs, starts, counts.tolist(), strict=True)):
             self._paths[key] = flat[a : a + c] if reach[p] else None
 
+    @staticmethod
+    def _tight_reads(rows, row, off, s_idx, d_idx):
+        """Each pair's reads cut to those on a shortest path to its destination (a first
+        hop j with off_j + row_j[d] == the distance; the others replaced by the first such),
+        and columns every pair now repeats dropped. Exact: every node u a walk back from d
+        meets lies on a shortest path whose first hop is such a j, so off_j + row_j[u] is
+        u's distance there, and the least over the kept reads is the least over all. A
+        rail's GPU (an NVSwitch and a leaf) sending to another server reads only its leaf's
+        row."""
+        if row.shape[1] == 1:
+            return row, off
+        m = len(row)
+        vals = np.stack([off[:, j] + rows.at(row[:, j], d_idx) for j in range(row.shape[1])],
+                        axis=1)  # fmt: skip
+        tight = vals == vals.min(axis=1, keepdims=True)
+        first = np.argmax(tight, axis=1)
+        sel = np.where(tight, np.arange(row.shape[1]), first[:, None])
+        row = row[np.arange(m)[:, None], sel]
+        off = off[np.arange(m)[:, None], sel]
+        keep = [0] + [j for j in range(1, row.shape[1])
+                      if (row[:, j] != row[:, 0]).any() or (off[:, j] != off[:, 0]).any()]  # fmt: skip
+        return row[:, keep], off[:, keep]
+
+    @staticmethod
+    def _merge(a, b, in_a):
+        """Two `_candidates` answers over complementary subsets (in_a: which items are a's)
+        merged into one, in item order."""
+        ka, ta, ca = a
+        kb, tb, cb = b
+        owner = np.concatenate([np.repeat(np.flatnonzero(in_a), ca),
+                                np.repeat(np.flatnonzero(~in_a), cb)])  # fmt: skip
+        order = np.argsort(owner, kind="stable")
+        cnt = np.zeros(len(in_a), np.int64)
+        cnt[in_a], cnt[~in_a] = ca, cb
+        return np.concatenate([ka, kb])[order], np.concatenate([ta, tb])[order], cnt
+
+    def _candidates_big(self, pu, vu, dv, row, off, rows, s_idx):
+        """`_candidates` for nodes with many in-links, by value: in-link u -> v is on a
+        shortest path from p's source iff some read j has row_j[u] + w == d_v - off_j
+        (every read is at least the distance, and the distance at u plus w is at least
+        d_v), or u is the source itself and w == d_v. Per distinct (read, node) the
+        in-links' row_j[u] + w are sorted once and each pair looks its value up."""
+        in_ptr, in_link, in_from, w = self._in_ptr, self._in_link, self._in_from, self.weight
+        n, width = len(self.nodes), row.shape[1]
+        qi = np.repeat(np.arange(len(pu)), width)
+        qkey = row[pu].ravel()
+        qv = np.repeat(vu, width)
+        qt = (dv[:, None] - off[pu]).ravel()
+        combos, cinv = np.unique(qkey * n + qv, return_inverse=True)
+        cinv = cinv.reshape(-1)
+        owners, poss = [], []
+        for c, code in enumerate(combos.tolist()):
+            key, v = divmod(code, n)
+            lo, hi = int(in_ptr[v]), int(in_ptr[v + 1])
+            vals = rows.at(np.full(hi - lo, key), in_from[lo:hi]) + w[in_link[lo:hi]]
+            order = np.argsort(vals, kind="stable")
+            vals = vals[order]
+            q = np.flatnonzero(cinv == c)
+            a = np.searchsorted(vals, qt[q], "left")
+            b = np.searchsorted(vals, qt[q], "right")
+            cnt = b - a
+            if cnt.any():
+                at = np.repeat(a - (np.cumsum(cnt) - cnt), cnt) + np.arange(int(cnt.sum()))
+                owners.append(np.repeat(qi[q], cnt))
+                poss.append(order[at])
+        # the source itself: dist 0, so its link u -> v is tight when w == d_v
+        link = self._link_or_none(s_idx[pu], vu)
+        mine = np.flatnonzero(link >= 0)
+        mine = mine[w[link[mine]] == dv[mine]]
+        owners.append(mine)
+        poss.append(self._in_pos[link[mine]])
+        code = np.unique(np.concatenate(owners) * (int(self._in_deg.max()) + 1)
+                         + np.concatenate(poss))  # fmt: skip
+        owner, pos = np.divmod(code, int(self._in_deg.max()) + 1)
+        at = in_ptr[vu[owner]] + pos
+        return in_link[at], in_from[at], np.bincount(owner, minlength=len(pu))
+
+    def _link_or_none(self, tails: np.ndarray, heads: np.ndarray) -> np.ndarray:
+        """`link_ids` where (tail, head) is a link, -1 where it is not."""
+        keys, link = self._sorted_pairs()
+        if not len(keys) or not len(tails):
+            return np.full(len(tails), -1, np.int64)
+        key = np.asarray(tails, np.int64) * len(self.nodes) + heads
+        k = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
+        return np.where(keys[k] == key, link[k], -1)
+
     def _candidates(self, pu, vu, dist):
         """For each (pair pu[i], node vu[i]): the in-links of vu[i] on a shortest path from
         the pair's source (in link order) and their tails, concatenated, and how many each
         has. In slices of about CANDIDATES in-links, so memory stays bounded (a leaf switch
         of a large fat tree has hundreds of in-links)."""
         in_ptr, in_link, in_from, w = self._in_ptr, self._in_link, self._in_from, self.weight
+        if not len(vu):
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
         du = in_ptr[vu + 1] - in_ptr[vu]
         cum = np.cumsum(du)
         cuts = np.searchsorted(cum, np.arange(CANDIDATES, int(cum[-1]), CANDIDATES), "right")
@@ -553,3 +696,57 @@ class Routes:
             links.append(int(ks[j]))
             v = int(tails[j])
         return np.array(links[::-1], dtype=np.int64)
+
+
+def _in_sorted(sorted_ids: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Whether each of x is in the sorted array."""
+    if not len(sorted_ids):
+        return np.zeros(len(x), bool)
+    k = np.minimum(np.searchsorted(sorted_ids, x), len(sorted_ids) - 1)
+    return sorted_ids[k] == x
+
+
+class _Rows:
+    """The distance rows one walk reads: full rows (hubs', switches') in one matrix, and
+    bounded balls (a source's own search) as sorted (row, node) codes, so a walk of a few
+    GPUs in a big machine does not fill a row of every node per source (a tensor-parallel
+    group's ring in a 16,384-GPU cluster: its balls hold a server each)."""
+
+    def __init__(self, n: int, n_keys: int):
+        self.n = n
+        self.slot = np.full(n_keys, -1, np.int64)  # key -> its row in the matrix, or -1
+        self._full: list = []
+        self._codes: list = []
+        self._vals: list = []
+
+    def add_full(self, r: int, row: np.ndarray) -> None:
+        self.slot[r] = len(self._full)
+        self._full.append(row)
+
+    def add_ball(self, r: int, idx: np.ndarray, dist: np.ndarray) -> None:
+        self._codes.append(r * self.n + idx)
+        self._vals.append(dist)
+
+    def close(self) -> None:
+        self.matrix = np.stack(self._full) if self._full else np.zeros((0, self.n))
+        codes = np.concatenate(self._codes) if self._codes else np.zeros(0, np.int64)
+        vals = np.concatenate(self._vals) if self._vals else np.zeros(0)
+        order = np.argsort(codes, kind="stable")  # keys were added in order: a no-op sort
+        self.codes, self.vals = codes[order], vals[order]
+        self._full = self._codes = self._vals = None
+
+    def at(self, r: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Row r[i]'s distance at node v[i] (inf outside a ball)."""
+        slot = self.slot[r]
+        full = slot >= 0
+        if full.all():
+            return self.matrix[slot, v]
+        out = np.full(len(r), np.inf)
+        if full.any():
+            out[full] = self.matrix[slot[full], v[full]]
+        ball = np.flatnonzero(~full)
+        code = r[ball] * self.n + v[ball]
+        hit = _in_sorted(self.codes, code)
+        k = np.searchsorted(self.codes, code[hit])
+        out[ball[hit]] = self.vals[k]
+        return out

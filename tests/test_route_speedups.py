@@ -142,6 +142,22 @@ def test_batched_routes_are_the_reference_routes(name, mode):
     rev = pairs[::-1]
     r.paths_links(rev[: len(rev) // 3])
     assert all(same(x, y) for x, y in zip(r.paths_links(pairs), want, strict=True))
+    # candidates looked up by value (as at a big rail leaf) at every node with several
+    # in-links, and at some
+    _by_value(lambda: Routes(g, mode).paths_links(pairs), want)
+
+
+def _by_value(walk, want):
+    from networks import routing
+
+    old = routing.BIG_IN
+    try:
+        for big_in in (1, 2):  # every node with several in-links; or those with three or more
+            routing.BIG_IN = big_in
+            got = walk()
+            assert [same(x, y) for x, y in zip(got, want, strict=True)] == [True] * len(want)
+    finally:
+        routing.BIG_IN = old
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -154,6 +170,7 @@ def test_batched_routes_on_random_graphs(seed, mode):
     want = reference_paths(g, pairs, mode)
     assert [same(x, y) for x, y in zip(got, want, strict=True)] == [True] * len(pairs)
     check_truth(g, pairs, got, mode)
+    _by_value(lambda: Routes(g, mode).paths_links(pairs), want)
 
 
 def test_bounded_rows_and_chunks_give_the_same_routes(monkeypatch):
@@ -177,6 +194,18 @@ def test_bounded_rows_and_chunks_give_the_same_routes(monkeypatch):
     want = reference_paths(g, pairs)
     got = Routes(g).paths_links(pairs)
     assert all(same(x, y) for x, y in zip(got, want, strict=True))
+    # GPUs that read their switches' rows (an NVSwitch and a rail leaf each): chunks of
+    # one source, and of a few rows (sources whose rows are held share a chunk)
+    monkeypatch.setattr(routing, "CANDIDATES", 2**20)
+    for fabric in ("rail", "switch"):
+        g = topo.multi_node(4, 4, 450 * GB, 50 * GB, 1e-6, 2e-6, fabric=fabric)
+        pairs = [(a, b) for a in g.nodes for b in g.nodes]
+        want = reference_paths(g, pairs)
+        for rows in (0, 3, 5):
+            monkeypatch.setattr(routing, "HUB_ROWS_BYTES", max(1, rows * 8 * len(g.nodes)))
+            got = Routes(g).paths_links(pairs)
+            assert all(same(x, y) for x, y in zip(got, want, strict=True)), (fabric, rows)
+            _by_value(lambda g=g, pairs=pairs: Routes(g).paths_links(pairs), want)
 
 
 def test_unreachable_pairs_are_none_and_the_network_names_the_first():
