@@ -21,10 +21,10 @@ _NET, _LAT = 2**48, 2**28  # networks.routing's packing: network hops, ns of lat
 
 def hop_rows(graph, routes: Routes, sources, targets):
     """For each source, arrays over `targets` of (bottleneck bandwidth, latency in s, hops)
-    along the routed path (one shortest-path tree per source, or a big switch's spread
-    shared by the GPUs under it where that gives the same: `Routes.hub_hop_rows`). The targets' paths are
-    walked back up the tree together, a hop of every unfinished path per step
-    (O(targets x hops) in numpy: the bottleneck is a min, the same in any order)."""
+    along the routed path: one shortest-path tree per source, or a big switch's spread
+    shared by the GPUs under it where that gives the same (`Routes.hub_hop_rows`). The
+    targets' paths are walked back up the tree together, a hop of every unfinished path
+    per step (O(targets x hops) in numpy: the bottleneck is a min, the same in any order)."""
     shared = routes.hub_hop_rows(sources, targets)
     if shared is not None:  # GPUs under one big switch: its spread serves them all
         return [(b, _latency(d), h) for b, d, h in shared]
