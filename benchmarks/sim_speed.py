@@ -139,7 +139,9 @@ def one(case: str, n: int, engine: str, sym: str = "off") -> int:
             "hybrid-tp8-switch": lambda: hybrid(n, 8, 1, engine, sym, switch=True),
             "hybrid-pp4-switch": lambda: hybrid(n, 1, 4, engine, sym, switch=True),
             "hybrid-tp8-cluster": lambda: hybrid(n, 8, 1, engine, sym, cluster=True),
-            "hybrid-pp4-cluster": lambda: hybrid(n, 1, 4, engine, sym, cluster=True)}  # fmt: skip
+            "hybrid-pp4-cluster": lambda: hybrid(n, 1, 4, engine, sym, cluster=True),
+            "3d-tp8-pp4-switch": lambda: hybrid(n, 8, 4, engine, sym, switch=True),
+            "3d-tp8-pp4-cluster": lambda: hybrid(n, 8, 4, engine, sym, cluster=True)}  # fmt: skip
     if case not in runs:
         raise SystemExit(f"--one: case must be one of {', '.join(runs)}, not {case!r}")
     ddp("resnet18-b8.trace.json.gz", 2, engine, 8)  # warm-up: imports (sklearn: 1-2 s)
@@ -164,7 +166,8 @@ def main(argv=None):
     ap.add_argument("--one", nargs=2, metavar=("CASE", "GPUS"),
                     help="run one case (textbook, nccl, resnet18, gpt2, resnet50, hybrid-tp8, "
                     "hybrid-pp4, 3d-tp8-pp4, hybrid-tp8-switch, hybrid-pp4-switch, "
-                    "hybrid-tp8-cluster, hybrid-pp4-cluster) in this "
+                    "hybrid-tp8-cluster, hybrid-pp4-cluster, 3d-tp8-pp4-switch, "
+                    "3d-tp8-pp4-cluster) in this "
                     "process and "
                     "print its wall time and the process's peak resident memory")  # fmt: skip
     ap.add_argument(

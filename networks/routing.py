@@ -30,7 +30,11 @@ CANDIDATES = 2**20  # in-links weighed at once when paths are walked in a batch
 # (a search from a GPU under a big switch relaxes every link of it: O(N) per GPU on a star)
 SPREAD_DEGREE = 256
 SPREAD_LEVELS = 64  # a spread deeper than this (hops) is left to the per-source trees
-BIG_IN = 64  # in-links above which a walk looks candidates up by value (a rail's leaf)
+# a walk looks a node's candidates up by value (not a scan of its in-links) when it has
+# more than BIG_IN in-links and at least SHARED_ASKS walkers ask it with one row (a rail's
+# leaf, asked by every GPU of the rail; a fat tree's hub rows are asked once each)
+BIG_IN = 64
+SHARED_ASKS = 8
 # bit budget (sums stay below 2**53): up to 31 network hops, 1 ms of summed latency at 1 ns
 # resolution, 256 hops of at most 2**12 bandwidth units each, 256 hops
 _NET = float(2**48)
@@ -127,6 +131,11 @@ class Routes:
         if len(hubs) * len(nodes) * 8 > HUB_ROWS_BYTES:
             self._hub, self._hub_link = {}, {}
         self._hub_rows: dict = {}  # hub index -> its full distance row
+        self._hub_of = np.full(len(nodes), -1, np.int64)  # the same as arrays over nodes
+        self._hub_w = np.zeros(len(nodes))
+        self._hub_link_of = np.full(len(nodes), -1, np.int64)
+        for s, (x, w) in self._hub.items():
+            self._hub_of[s], self._hub_w[s], self._hub_link_of[s] = x, w, self._hub_link[s]
         # a GPU whose out-links all go to switches (an NVSwitch and a NIC's leaf) is, to every
         # other node, min over those links of (weight + the switch's distance): the switches'
         # rows are shared by the GPUs on them (a server's 8, a rail's thousands), so a row
@@ -402,26 +411,31 @@ class Routes:
         u, inv = np.unique(s_idx, return_inverse=True)
         far = np.zeros(len(u), bool)  # some destination outside the source's server
         np.logical_or.at(far, inv, self._local[d_idx] != self._local[s_idx])
-        keys: dict = {}  # ('h', hub), ('w', switch) or ('s', source) -> key number
-        reads, hub, link = [], [], []
-        csr = self._csr
-        for s, out in zip(u.tolist(), far.tolist(), strict=True):
-            h = self._hub.get(s)
-            if h:
-                reads.append([(keys.setdefault(("h", h[0]), len(keys)), h[1])])
-            elif self._via_switches[s] and out:
-                ks = range(csr.indptr[s], csr.indptr[s + 1])
-                reads.append([(keys.setdefault(("w", int(csr.indices[k])), len(keys)),
-                               float(csr.data[k])) for k in ks])  # fmt: skip
-            else:
-                reads.append([(keys.setdefault(("s", s), len(keys)), 0.0)])
-            hub.append(h[0] if h else -1)
-            link.append(self._hub_link[s] if h else -1)
-        width = max(len(r) for r in reads)
-        reads = [r + r[:1] * (width - len(r)) for r in reads]
-        kid = np.array([[k for k, _ in r] for r in reads], np.int64)
-        off = np.array([[w for _, w in r] for r in reads], float)
-        return list(keys), kid, off, inv, np.array(hub)[inv], np.array(link)[inv]
+        hub = self._hub_of[u]
+        on_hub = hub >= 0
+        via = np.flatnonzero(self._via_switches[u] & far & ~on_hub)
+        own = ~on_hub
+        own[via] = False
+        hubs, at_hub = np.unique(hub[on_hub], return_inverse=True)
+        keys = [("h", x) for x in hubs.tolist()] + [("s", x) for x in u[own].tolist()]
+        first = np.empty(len(u), np.int64)
+        first[on_hub] = at_hub.reshape(-1)
+        first[own] = len(hubs) + np.arange(int(own.sum()))
+        first_off = np.where(on_hub, self._hub_w[u], 0.0)
+        switch_key: dict = {}  # switch -> its key number
+        csr, reads = self._csr, []
+        for s in u[via].tolist():
+            reads.append([(switch_key.setdefault(int(csr.indices[k]), len(keys) + len(switch_key)),
+                           float(csr.data[k])) for k in range(csr.indptr[s], csr.indptr[s + 1])])  # fmt: skip
+        keys += [("w", x) for x in switch_key]
+        width = max([1] + [len(r) for r in reads])
+        kid = np.repeat(first[:, None], width, axis=1)
+        off = np.repeat(first_off[:, None], width, axis=1)
+        for i, r in zip(via.tolist(), reads, strict=True):
+            r = r + r[:1] * (width - len(r))  # read fewer than K: repeated (the least is the same)
+            kid[i] = [k for k, _ in r]
+            off[i] = [w for _, w in r]
+        return keys, kid, off, inv, hub[inv], self._hub_link_of[u][inv]
 
     def _dist_rows(self, keys, kid, d_idx) -> _Rows:
         """The distance rows of row keys `keys` (pairs read rows kid[p], destination
@@ -594,6 +608,11 @@ class Routes:
                 _, first_u, inv = np.unique(trip, return_index=True, return_inverse=True)
                 pu, vu = p[first_u], vm[first_u]
                 big = self._in_deg[vu] > BIG_IN
+                if big.any():  # where several ask one (row, node): a sort for them all
+                    at = np.flatnonzero(big)
+                    _, c_inv, c_n = np.unique(row[pu[at], 0] * n + vu[at], return_inverse=True,
+                                              return_counts=True)  # fmt: skip
+                    big[at[c_n[c_inv.reshape(-1)] < SHARED_ASKS]] = False
                 if big.any():  # a rail's leaf: thousands of in-links, looked up by value
                     ok_k, ok_t, cnt_u = self._merge(
                         self._candidates(pu[~big], vu[~big], dist),

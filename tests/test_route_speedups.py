@@ -150,14 +150,15 @@ def test_batched_routes_are_the_reference_routes(name, mode):
 def _by_value(walk, want):
     from networks import routing
 
-    old = routing.BIG_IN
+    old = routing.BIG_IN, routing.SHARED_ASKS
     try:
-        for big_in in (1, 2):  # every node with several in-links; or those with three or more
-            routing.BIG_IN = big_in
+        # every node with several in-links; those with three or more; those also asked by
+        # two walkers with one row
+        for routing.BIG_IN, routing.SHARED_ASKS in ((1, 1), (2, 1), (1, 2)):
             got = walk()
             assert [same(x, y) for x, y in zip(got, want, strict=True)] == [True] * len(want)
     finally:
-        routing.BIG_IN = old
+        routing.BIG_IN, routing.SHARED_ASKS = old
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
