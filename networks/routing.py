@@ -308,6 +308,23 @@ class Routes:
 
         return dist
 
+    def _via_dist(self, s: int):
+        """For a GPU whose out-links all go to switches: its distances as a function of node
+        indices, the least over its out-links of weight + the switch's shared row (0 at s),
+        as `_per_source` reads them. A bounded search of its own to another server covers
+        the machine, and one kept per GPU took 4.8 GB at 16,384 GPUs."""
+        csr = self._csr
+        outs = [(float(csr.data[k]), self._full_row(int(csr.indices[k]), hub=False))
+                for k in range(csr.indptr[s], csr.indptr[s + 1])]  # fmt: skip
+
+        def dist(ix):
+            d = outs[0][0] + outs[0][1][ix]
+            for w, row in outs[1:]:
+                d = np.minimum(d, w + row[ix])
+            return np.where(ix == s, 0.0, d)
+
+        return dist
+
     def _full_row(self, x: int, hub: bool) -> np.ndarray:
         """Node x's whole distance row, computed once: a hub's is always kept (their number
         was budgeted when the routes were built), another switch's while the rows fit."""
@@ -763,6 +780,8 @@ class Routes:
         d_idx, s_idx = self.node_index[dst], self.node_index[src]
         if s_idx in self._hub:
             dist = self._hub_dist(s_idx)
+        elif self._via_switches[s_idx] and self._local[s_idx] != self._local[d_idx]:
+            dist = self._via_dist(s_idx)
         else:
             dist = self._row(s_idx, d_idx).__getitem__
         if not np.isfinite(dist(d_idx)):
