@@ -209,6 +209,26 @@ def test_bounded_rows_and_chunks_give_the_same_routes(monkeypatch):
             _by_value(lambda g=g, pairs=pairs: Routes(g).paths_links(pairs), want)
 
 
+def test_gpus_on_two_equal_rails_spread_over_both():
+    """Every GPU on two leaf switches by equal network links (dual-rail NICs): between two
+    GPUs both switches are on a shortest path, exactly as long as the lower bound that
+    decides whether a switch's row is read, so neither may be dropped (ECMP picks)."""
+    g = nx.DiGraph()
+    for i in range(6):
+        g.add_node(i, kind="gpu")
+    for sw in ("a", "b"):
+        g.add_node(sw, kind="switch")
+        for i in range(6):
+            topo.add_link(g, i, sw, 50 * GB, 1e-6, kind="net")
+    pairs = [(i, j) for i in range(6) for j in range(6)]
+    want = reference_paths(g, pairs)
+    assert {tuple(want[k]) for k in range(len(pairs)) if len(want[k]) == 2} != set()
+    assert {list(g.edges())[p[0]][1] for p in want if len(p) == 2} == {"a", "b"}
+    r = Routes(g)
+    assert all(same(r.path_links(a, b), y) for (a, b), y in zip(pairs, want, strict=True))
+    assert all(same(x, y) for x, y in zip(Routes(g).paths_links(pairs), want, strict=True))
+
+
 def test_unreachable_pairs_are_none_and_the_network_names_the_first():
     g = topo.ring(4, 10 * GB, 1e-6)
     g.add_node(9, kind="gpu")
