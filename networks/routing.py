@@ -552,14 +552,7 @@ class Routes:
         lower = np.empty((m, width))
         for j in range(width):
             lower[:, j] = offs[:, j] + self._net_bound(comp[nodes[reads[:, j]]], comp[d_idx])
-        keep = ~(lower > upper[:, None])
-        fill = np.argmax(keep, axis=1)
-        sel = np.where(keep, np.arange(width), fill[:, None])
-        reads = reads[np.arange(m)[:, None], sel]
-        offs = offs[np.arange(m)[:, None], sel]
-        cols = [0] + [j for j in range(1, width)
-                      if (reads[:, j] != reads[:, 0]).any() or (offs[:, j] != offs[:, 0]).any()]  # fmt: skip
-        return reads[:, cols], offs[:, cols]
+        return _keep_reads(reads, offs, ~(lower > upper[:, None]))
 
     def _net_bound(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """A lower bound of the distance from a node of component a[i] to one of b[i]
@@ -685,17 +678,9 @@ class Routes:
         row."""
         if row.shape[1] == 1:
             return row, off
-        m = len(row)
         vals = np.stack([off[:, j] + rows.at(row[:, j], d_idx) for j in range(row.shape[1])],
                         axis=1)  # fmt: skip
-        tight = vals == vals.min(axis=1, keepdims=True)
-        first = np.argmax(tight, axis=1)
-        sel = np.where(tight, np.arange(row.shape[1]), first[:, None])
-        row = row[np.arange(m)[:, None], sel]
-        off = off[np.arange(m)[:, None], sel]
-        keep = [0] + [j for j in range(1, row.shape[1])
-                      if (row[:, j] != row[:, 0]).any() or (off[:, j] != off[:, 0]).any()]  # fmt: skip
-        return row[:, keep], off[:, keep]
+        return _keep_reads(row, off, vals == vals.min(axis=1, keepdims=True))
 
     @staticmethod
     def _merge(a, b, in_a):
@@ -815,6 +800,18 @@ class Routes:
             links.append(int(ks[j]))
             v = int(tails[j])
         return np.array(links[::-1], dtype=np.int64)
+
+
+def _keep_reads(reads: np.ndarray, offs: np.ndarray, keep: np.ndarray):
+    """Each pair's reads where `keep` says (the others replaced by its first kept one: the
+    least over them is the same), then the columns every pair now repeats dropped."""
+    m, width = reads.shape
+    sel = np.where(keep, np.arange(width), np.argmax(keep, axis=1)[:, None])
+    reads = reads[np.arange(m)[:, None], sel]
+    offs = offs[np.arange(m)[:, None], sel]
+    cols = [0] + [j for j in range(1, width)
+                  if (reads[:, j] != reads[:, 0]).any() or (offs[:, j] != offs[:, 0]).any()]  # fmt: skip
+    return reads[:, cols], offs[:, cols]
 
 
 def _in_sorted(sorted_ids: np.ndarray, x: np.ndarray) -> np.ndarray:
