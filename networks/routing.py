@@ -219,45 +219,86 @@ class Routes:
     def hub_hop_rows(self, sources, targets) -> list | None:
         """`(bottleneck bandwidth, packed distance, hops)` arrays over `targets` for each
         source, as a shortest-path tree from the source gives them, or None where this way
-        does not apply (a source without a big hub, or some path's bottleneck that depends
-        on which of several equal-cost paths a tree takes).
+        does not apply (a source not behind big switches, or some path's bottleneck that
+        depends on which of several equal-cost paths a tree takes).
 
-        A source with one out-link into hub x reaches every other node through x, along
-        x's shortest paths (none returns through the source: its one way out is back to x).
-        So its distances are the link's weight plus x's row, its hops one more than x's, and
-        its bottleneck the smaller of the link's bandwidth and that of x's path. A tree
-        takes one of x's equal-cost paths, which all have the same hops and distance (both
-        are in the packed weight) but maybe not the same bottleneck: x's spread keeps the
-        least and the most over all of them, and where the two differ (after the source's
-        link) the answer would depend on the tree's tie-break, so None."""
+        A source whose out-links all go to switches (one link into a hub; a GPU's NVSwitch
+        and rail leaf) leaves by one of them, k, and goes on along switch x_k's shortest
+        paths (none returns through the source: that would be longer). So its distance is
+        the least over k of w_k + x_k's row, its hops one more than x_k's for a k that
+        attains it (the tight ones), and its bottleneck over the tight k the smaller of
+        link k's bandwidth and that of x_k's path. A tree takes one of these equal-cost
+        paths, which all have the same hops and distance (both are in the packed weight)
+        but maybe not the same bottleneck: each switch's spread keeps the least and the
+        most over all of them, and where the two differ over the tight k the answer would
+        depend on the tree's tie-break, so None. Only for switches of more than
+        SPREAD_DEGREE ports (a search from each GPU under one relaxes all of them)."""
         idx = self.node_index
-        src = [idx[s] for s in sources]
-        hubs = [self._hub.get(s) for s in src]
-        if not all(h and self._out_deg[h[0]] > SPREAD_DEGREE for h in hubs):
-            return None
         t_idx = np.array([idx[t] for t in targets], dtype=np.int64)
         bandwidth = self.link_values("bandwidth")
         out = []
-        for s, (x, w) in zip(src, hubs, strict=True):
-            spread = self._spread(x)
-            if spread is None:
+        for s in (idx[v] for v in sources):
+            reads = self._reads(s, t_idx)
+            if reads is None:
                 return None
-            row = self._full_row(x, hub=True)
-            level, least, most = spread
-            b_link = bandwidth[self._hub_link[s]]
-            lo, hi = np.minimum(b_link, least[t_idx]), np.minimum(b_link, most[t_idx])
-            d = w + row[t_idx]
-            ok = np.isfinite(d)
+            vals = np.array([w + row[t_idx] for _, w, _, row in reads])
+            d = vals.min(axis=0)
+            ok = np.isfinite(d) & (t_idx != s)
+            tight = (vals == d) & ok
+            lo = np.full(len(t_idx), np.inf)
+            hi = np.zeros(len(t_idx))
+            hops = np.full(len(t_idx), np.inf)
+            for (x, _, link, _), on in zip(reads, tight, strict=True):
+                if not on.any():
+                    continue
+                spread = self._spread(x)
+                if spread is None:
+                    return None
+                level, least, most = spread
+                b_link = bandwidth[link]
+                lo[on] = np.minimum(lo[on], np.minimum(b_link, least[t_idx[on]]))
+                hi[on] = np.maximum(hi[on], np.minimum(b_link, most[t_idx[on]]))
+                hops[on] = 1.0 + level[t_idx[on]]
             if (lo[ok] != hi[ok]).any():
                 return None
             own = t_idx == s
             d[own] = 0.0
             b = np.where(ok, lo, 0.0)
             b[own] = np.inf
-            hops = np.where(ok, 1.0 + level[t_idx], np.inf)
             hops[own] = 0.0
             out.append((b, d, hops))
         return out
+
+    def _reads(self, s: int, t_idx: np.ndarray) -> list | None:
+        """(switch, link weight, link, switch's row) of each out-link of source s that can
+        be on a shortest path to some target, the most shared switch first (its row bounds
+        the distances; another is left out where a lower bound, as in `_bounded_reads`,
+        is longer for every target); None unless s's out-links all go to switches and those
+        that can be on the way have more than SPREAD_DEGREE ports."""
+        big = self._out_deg > SPREAD_DEGREE
+        h = self._hub.get(s)
+        if h:
+            x, w = h
+            return [(x, w, self._hub_link[s], self._full_row(x, hub=True))] if big[x] else None
+        if not self._via_switches[s]:
+            return None
+        csr = self._csr
+        heads = sorted(csr.indices[csr.indptr[s] : csr.indptr[s + 1]].tolist(),
+                       key=lambda x: -self._served[x])  # fmt: skip
+        links = self.link_ids(np.full(len(heads), s), np.array(heads, np.int64))
+        reads, upper = [], None
+        for x, k in zip(heads, links.tolist(), strict=True):
+            w = float(self.weight[k])
+            if upper is not None:
+                lower = w + self._net_bound(np.full(len(t_idx), self._local[x]), self._local[t_idx])
+                if (lower > upper).all():
+                    continue
+            if not big[x]:  # a small switch may be on the way: the trees cost less
+                return None
+            row = self._full_row(x, hub=False)
+            reads.append((x, w, k, row))
+            upper = w + row[t_idx] if upper is None else np.minimum(upper, w + row[t_idx])
+        return reads
 
     def _spread(self, x: int):
         """Hub x's (hops, least bottleneck, most bottleneck) over all its shortest paths to
@@ -265,7 +306,7 @@ class Routes:
         when deeper than SPREAD_LEVELS. Kept while they fit HUB_ROWS_BYTES."""
         if x in self._spreads:
             return self._spreads[x]
-        d = self._full_row(x, hub=True)
+        d = self._full_row(x, hub=x in self._hub_rows)
         u, v, bw = self._u, self._v, self.link_values("bandwidth")
         tight = np.flatnonzero(np.isfinite(d[u]) & (d[u] + self.weight == d[v]))
         level = np.full(len(self.nodes), -1, np.int64)

@@ -209,17 +209,23 @@ def test_bounded_rows_and_chunks_give_the_same_routes(monkeypatch):
             _by_value(lambda g=g, pairs=pairs: Routes(g).paths_links(pairs), want)
 
 
-def test_gpus_on_two_equal_rails_spread_over_both():
-    """Every GPU on two leaf switches by equal network links (dual-rail NICs): between two
-    GPUs both switches are on a shortest path, exactly as long as the lower bound that
-    decides whether a switch's row is read, so neither may be dropped (ECMP picks)."""
+def _dual_rail(n: int = 6):
+    """Every GPU on two leaf switches by equal network links (dual-rail NICs)."""
     g = nx.DiGraph()
-    for i in range(6):
+    for i in range(n):
         g.add_node(i, kind="gpu")
     for sw in ("a", "b"):
         g.add_node(sw, kind="switch")
-        for i in range(6):
+        for i in range(n):
             topo.add_link(g, i, sw, 50 * GB, 1e-6, kind="net")
+    return g
+
+
+def test_gpus_on_two_equal_rails_spread_over_both():
+    """Dual-rail GPUs: between two GPUs both switches are on a shortest path, exactly as
+    long as the lower bound that decides whether a switch's row is read, so neither may be
+    dropped (ECMP picks)."""
+    g = _dual_rail()
     pairs = [(i, j) for i in range(6) for j in range(6)]
     want = reference_paths(g, pairs)
     assert {tuple(want[k]) for k in range(len(pairs)) if len(want[k]) == 2} != set()
@@ -510,13 +516,17 @@ def test_bounded_trees_on_random_graphs(seed, mode):
 
 
 def test_hub_spreads_were_compared():
-    """The comparisons above went through hub spreads (fat trees, PCIe trees) and past
-    them; run after them (file order)."""
-    for name in ("fat tree", "pcie", "ring"):
-        g = builders()[name]
+    """The comparisons above went through hub spreads (fat trees, PCIe trees, GPUs behind
+    an NVSwitch and a rail leaf, GPUs on two equal rails) and past them; run after them
+    (file order)."""
+    graphs = [builders()[name] for name in ("fat tree", "pcie", "multi-node rail")]
+    graphs += [_dual_rail(), builders()["ring"]]
+    for g in graphs:
         gpus = [v for v, d in g.nodes(data=True) if d.get("kind", "gpu") == "gpu"]
         _hop_rows_both_ways(g, gpus[:4])
-    assert _SPREAD_USED[-3:] == [True, True, False]  # a ring's GPUs have two links out
+        _hop_rows_both_ways(g, gpus[::3])
+    # a ring's GPUs have links to GPUs
+    assert _SPREAD_USED[-10:] == [True] * 8 + [False] * 2
 
 
 def _diamond(inv_a: tuple, inv_b: tuple):
@@ -558,6 +568,34 @@ def test_hub_spread_declines_when_equal_cost_paths_differ_in_bottleneck(monkeypa
     g, bw = _diamond((100, 300), (300, 100))
     ((b, _, hops),) = Routes(g).hub_hop_rows([0], [1])
     assert b[0] == bw(300) and hops[0] == 4
+
+
+def test_spread_declines_when_two_rails_tie_with_other_bottlenecks(monkeypatch):
+    """GPUs on two rails whose ways are equally long (100 + 300 = 200 + 200 units of 1/bw)
+    but with other bottlenecks: which a tree takes decides the answer, so no spread; with
+    the same bottleneck on both rails it answers (hand-worked: 1/300)."""
+    from networks import routing
+
+    monkeypatch.setattr(routing, "SPREAD_DEGREE", -1)
+
+    def bw(inv):
+        return 2**10 * 1e9 / inv
+
+    def rails(a: tuple, b: tuple):
+        g = nx.DiGraph()
+        for i in range(3):
+            g.add_node(i, kind="gpu")
+        for sw, (up, down) in (("a", a), ("b", b)):
+            g.add_node(sw, kind="switch")
+            for i in range(3):
+                topo.add_link(g, i, sw, bw(up), 0.0, kind="net", both=False)
+                topo.add_link(g, sw, i, bw(down), 0.0, kind="net", both=False)
+        return g
+
+    assert Routes(rails((100, 300), (200, 200))).hub_hop_rows([0], [1, 2]) is None
+    assert Routes(rails((200, 200), (100, 300))).hub_hop_rows([0], [1, 2]) is None
+    ((b, _, hops),) = Routes(rails((100, 300), (300, 100))).hub_hop_rows([0], [0, 1, 2])
+    assert b.tolist() == [np.inf, bw(300), bw(300)] and hops.tolist() == [0, 2, 2]
 
 
 def test_gpus_under_a_big_switch_share_its_spread():
