@@ -150,7 +150,7 @@ class Routes:
         self._switch_rows: dict = {}  # switch index -> its full distance row
         self._comp_graph = None  # components joined by network links (`_net_bound`)
         self._out_deg = out_deg
-        self._spreads: dict = {}  # hub index -> (hops, least and most bottleneck) rows
+        self._spreads: dict = {}  # switch index -> (hops, least and most bottleneck) rows
 
     def link_ids(self, tails: np.ndarray, heads: np.ndarray) -> np.ndarray:
         """The index in `links` of each (tail, head) pair of node indices; every pair must
@@ -269,13 +269,13 @@ class Routes:
             out.append((b, d, hops))
         return out
 
-    def _reads(self, s: int, t_idx: np.ndarray) -> list | None:
+    def _reads(self, s: int, t_idx: np.ndarray, small: bool = False) -> list | None:
         """(switch, link weight, link, switch's row) of each out-link of source s that can
         be on a shortest path to some target, the most shared switch first (its row bounds
         the distances; another is left out where a lower bound, as in `_bounded_reads`,
-        is longer for every target); None unless s's out-links all go to switches and those
-        that can be on the way have more than SPREAD_DEGREE ports."""
-        big = self._out_deg > SPREAD_DEGREE
+        is longer for every target); None unless s's out-links all go to switches and,
+        unless `small`, those that can be on the way have more than SPREAD_DEGREE ports."""
+        big = self._out_deg > (-1 if small else SPREAD_DEGREE)
         h = self._hub.get(s)
         if h:
             x, w = h
@@ -301,7 +301,7 @@ class Routes:
         return reads
 
     def _spread(self, x: int):
-        """Hub x's (hops, least bottleneck, most bottleneck) over all its shortest paths to
+        """Switch x's (hops, least bottleneck, most bottleneck) over all its shortest paths to
         each node, by levels of the shortest-path DAG (links with d[u] + w == d[v]); None
         when deeper than SPREAD_LEVELS. Kept while they fit HUB_ROWS_BYTES."""
         if x in self._spreads:
@@ -351,23 +351,11 @@ class Routes:
 
     def _via_dist(self, s: int, d: int):
         """For a GPU whose out-links all go to switches: its distances as a function of node
-        indices, the least over its out-links of weight + the switch's shared row (0 at s),
-        as `_per_source` reads them. A bounded search of its own to another server covers
-        the machine, and one kept per GPU took 4.8 GB at 16,384 GPUs."""
-        csr = self._csr
-        ks = sorted(range(csr.indptr[s], csr.indptr[s + 1]),
-                    key=lambda k: -self._served[csr.indices[k]])  # fmt: skip
-        # the most shared switch first (a rail's leaf): it bounds the distance to d from
-        # above, and a switch whose lower bound is longer is not on the way (as in
-        # `_bounded_reads`: an NVSwitch's row is searched only where PXN may use it)
-        w0, x0 = float(csr.data[ks[0]]), int(csr.indices[ks[0]])
-        outs = [(w0, self._full_row(x0, hub=False))]
-        upper = w0 + outs[0][1][d]
-        comp = self._local
-        for k in ks[1:]:
-            w, x = float(csr.data[k]), int(csr.indices[k])
-            if w + self._net_bound(comp[[x]], comp[[d]])[0] <= upper:
-                outs.append((w, self._full_row(x, hub=False)))
+        indices, the least over the out-links that can be on the way to d (`_reads`) of
+        weight + the switch's shared row (0 at s), as `_per_source` reads them. A bounded
+        search of its own to another server covers the machine, and one kept per GPU took
+        4.8 GB at 16,384 GPUs."""
+        outs = [(w, row) for _, w, _, row in self._reads(s, np.array([d]), small=True)]
 
         def dist(ix):
             d = outs[0][0] + outs[0][1][ix]
@@ -474,8 +462,8 @@ class Routes:
           them (a server's eight, a rail's thousands), and no row per GPU is made;
         - anything else, or such a GPU asked only for GPUs of its own server (its bounded
           search stays in the server; a full row of the machine per NVSwitch cost 1.5 ms
-          at 16,384 GPUs, and thousands of them do not stay cached): its own bounded row
-          (`_row`), offset 0.
+          at 16,384 GPUs, and thousands of them do not stay cached): its own bounded ball
+          (`_ball`), offset 0.
         Rows a source reads fewer than K of are repeated (the least is the same)."""
         u, inv = np.unique(s_idx, return_inverse=True)
         far = np.zeros(len(u), bool)  # some destination outside the source's server
