@@ -29,6 +29,7 @@ pipeline cost to a system's measurements.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -36,11 +37,13 @@ from typing import Literal
 
 import numpy as np
 
+from extrapolators import nccl_layouts as layouts
 from extrapolators import nccl_streams
 from extrapolators import nccl_tuner as tuner
 from extrapolators.communication import CommModel, check_op, register
+from extrapolators.nccl_layouts import window_max as _window_max
 from extrapolators.nccl_streams import hops as _hops
-from extrapolators.nccl_system import System, node_partition, tree_depth
+from extrapolators.nccl_system import MAX_EXTRA_RINGS, System, node_partition, tree_depth
 from networks.groups import at as at_instant
 from networks.routing import Routes, path_latencies
 from triosim import nccl_params as P
@@ -54,6 +57,11 @@ P2P_OPS = ("all_to_all", "sendrecv")
 # bytes on the wire per byte of data: LL sends a 4-byte flag with every 4 bytes, LL128 one
 # 8-byte flag in every 128-byte line (NCCL's device.h)
 PROTO_WIRE = {"LL": 2.0, "LL128": 128 / 120, "Simple": 1.0}
+# a pipelined schedule's per-chunk cost by protocol, as a share of Simple's (the tuning's
+# pipeline_overhead): NCCL's per-step latency of each protocol on NVLink (hwLat, tuning.cc),
+# LL's flag-per-word steps a sixth of Simple's FIFO handshake
+PROTO_STEP = {p: P.HW_LAT["nvlink"]["ring"][i] / P.HW_LAT["nvlink"]["ring"][2]
+              for i, p in enumerate(P.PROTOS)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -104,6 +112,10 @@ class NcclOptions:
     )
     cpu: Literal["intel", "amd"] = option("intel", help="host CPU (NCCL's multi-node LL caps "
                                           "and network overhead)")  # fmt: skip
+    pick: Literal["nccl", "fastest"] = option(
+        "nccl", help="nccl: the (algorithm, protocol) NCCL's tuner picks by its formula, as "
+        "the real library does; fastest: the pair whose whole modelled time is least, "
+        "which a slower link can never make faster (NCCL's pick can: README)")  # fmt: skip
     nvls: bool = option(True, help="use NVLS where the NVSwitch reduces (NCCL_NVLS_ENABLE)")
     sharp: bool = option(True, help="use SHARP (CollNet) where the fabric reduces")
 
@@ -166,7 +178,7 @@ class Plan:
     latency: float  # s: launch + NCCL's latency (+ slow-link extra)
     fill: float  # s: pipeline fill
     bandwidth_time: float  # s: the streams' time on the free network
-    channels: int = 0
+    channels: float = 0.0  # the channels the call runs on
     # the streams as the network prepared them (Network.batch), made on first run
     batch: object = field(default=None, compare=False, repr=False)
 
@@ -189,9 +201,10 @@ class Terms:
     bw: float
     extra: float
     depth: int
-    channels: int
+    channels: float
     streams: list  # (src, dst, share of the bytes)
     raw: float  # s per byte: the streams' wire bytes at the links' full bandwidth
+    layout: object = field(default=None, compare=False, repr=False)  # the _Group it ran on
 
     def parts(self, t: Tuning) -> tuple[float, float, float]:
         """(latency, fill, bandwidth time) in seconds under tuning t."""
@@ -199,7 +212,8 @@ class Terms:
         bw_time = self.nbytes / (self.bw * 1e9 * scale) if self.bw > 0 else 0.0
         bw_time = max(bw_time, self.nbytes * self.raw)  # never faster than the wires
         latency = t.launch_overhead + self.lat_us * 1e-6 * t.latency_scale + self.extra
-        fill = pipeline_fill(self.depth, t.pipeline_overhead, bw_time) if self.depth else 0.0
+        o = t.pipeline_overhead * PROTO_STEP[self.proto]
+        fill = pipeline_fill(self.depth, o, bw_time) if self.depth else 0.0
         return latency, fill, bw_time
 
     def time(self, t: Tuning) -> float:
@@ -223,6 +237,19 @@ class _Group:
     ring_paths: list = field(default_factory=list)
 
 
+@dataclass
+class _Family:
+    """A group's candidate layouts (extrapolators.nccl_layouts): each as (rings, both-ways
+    flags), the features that rank them, and those analysed so far (layout -> _Group)."""
+
+    system: System
+    layouts: list
+    feats: layouts.Features | None
+    default: int = 0
+    infos: dict = field(default_factory=dict)
+    fronts: dict = field(default_factory=dict)
+
+
 @register("nccl")
 class Nccl(CommModel):
     Options = NcclOptions
@@ -243,7 +270,7 @@ class Nccl(CommModel):
         self.efficiency = np.array([P.LINK_EFFICIENCY[k] for k in kinds])
         self.switch_ends = bool(getattr(net, "reducing_endpoints", False))
         self._partition = node_partition(graph)
-        self._groups: dict = {}
+        self._families: dict = {}
         self._plans: dict = {}
         # per (a, b) pair met so far: its number, then by number its path latency, whether
         # it crosses the network, its smallest link capacity and its hop count
@@ -253,11 +280,16 @@ class Nccl(CommModel):
 
     # -- the system ---------------------------------------------------------------------
     def group_info(self, group) -> _Group:
+        """The group's default layout: its least loaded ring set (see `family`)."""
+        fam = self.family(group)
+        return self._layout(fam, fam.default)
+
+    def family(self, group) -> _Family:
         group = tuple(group)
-        info = self._groups.get(group)
-        if info is None:
-            info = self._groups[group] = self._analyse(group)
-        return info
+        fam = self._families.get(group)
+        if fam is None:
+            fam = self._families[group] = self._make_family(group, self._system(group))
+        return fam
 
     def prepare(self, groups) -> None:
         """Analyse the groups not seen yet together: their rings' hops, both ways, are
@@ -265,20 +297,104 @@ class Nccl(CommModel):
         `group_info` would. A symmetric run's images (2,048 tensor-parallel groups at
         16,384 GPUs) otherwise walked a handful of pairs per group, milliseconds each of
         numpy set-up. A pair's route is the same in any batch, so nothing else changes."""
-        new = [g for g in dict.fromkeys(map(tuple, groups)) if g not in self._groups]
+        new = [g for g in dict.fromkeys(map(tuple, groups)) if g not in self._families]
         if len(new) < 2:
             return
-        systems = [System(self.graph, g, self.routes, self._partition) for g in new]
+        systems = [self._system(g) for g in new]
         rings = [s.rings() for s in systems]
         hops = [h for rs in rings for r in rs for h in _hops(r)]
         self._pair_arrays(hops + [(b, a) for a, b in hops])
         for g, s, rs in zip(new, systems, rings, strict=True):
-            self._groups[g] = self._analyse(g, s, rs)
+            self._families[g] = self._make_family(g, s, rs)
+
+    def _system(self, group) -> System:
+        # small groups' orders are searched by the family (`_exhaustive`), not the system
+        return System(self.graph, group, self.routes, self._partition,
+                      self.capacity * self.efficiency, exact=False)  # fmt: skip
+
+    def _make_family(self, group, s: System, rings=None) -> _Family:
+        """Candidate layouts: every ring order (and prefixes of its extra rings) where the
+        group is small, in one node and its hops differ; else the system's rings and, in
+        one node, their prefixes."""
+        n = s.n
+        one_ring = s.N == 1 or s.rails == 1 or not s.uniform  # System.rings: [order]
+        if one_ring and 3 <= n <= layouts.EXACT_LIMIT and s.alike is False:
+            return self._exhaustive(group, s)
+        rings = rings if rings is not None else s.rings()
+        if s.N > 1:
+            return _Family(s, [(rings, [self._both_ways(r) for r in rings])], None)
+        cands = []
+        for order in s.orders:  # the system's order first: the default
+            more = [list(order)] + s._extra_rings(list(order)) if order != s.order else rings
+            both = [self._both_ways(r) for r in more]
+            cands += [(more[:k], both[:k]) for k in range(len(more), 0, -1)]
+        return _Family(s, cands, None)
+
+    def _exhaustive(self, group, s: System) -> _Family:
+        n = s.n
+        pairs = [(a, b) for a in group for b in group if a != b]
+        lat, net, _cap, nh = self._pair_arrays(pairs)
+        paths = self._paths(pairs)
+        full = np.full((n, n), -1, np.int64)
+        full[~np.eye(n, dtype=bool)] = np.arange(len(pairs))
+        used = np.unique(np.concatenate(paths)) if pairs else np.zeros(0, np.int64)
+        col = np.searchsorted(used, np.concatenate(paths))
+        rows = np.zeros((n * n, len(used)))
+        at = np.repeat(np.flatnonzero(full.ravel() >= 0), [len(p) for p in paths])
+        np.add.at(rows, (at, col), 1.0)
+        hops = np.zeros((n, n), np.int64)
+        hops[full >= 0] = nh
+        pair_lat = np.zeros(n * n)
+        pair_net = np.zeros(n * n, bool)
+        pair_lat[full.ravel() >= 0] = lat
+        pair_net[full.ravel() >= 0] = net
+
+        adj = [set() for _ in range(n)]
+        if n <= 64:  # direct links both ways between the group's GPUs (extra rings)
+            pos = {g: i for i, g in enumerate(group)}
+            for i, u in enumerate(group):
+                for v in self.graph.adj[u]:
+                    if v in pos and v != u and self.graph.has_edge(v, u):
+                        adj[i].add(pos[v])
+        cands = []
+        every = layouts.orders(hops)
+        for o, flag in zip(every.tolist(), layouts.both_ways(hops, every).tolist(), strict=True):
+            extra = layouts.extra_rings(adj, o, MAX_EXTRA_RINGS) if any(adj) else []
+            if not extra:
+                cands.append(([o], [flag]))
+                continue
+            rings = [o] + extra
+            flags = [flag] + layouts.both_ways(hops, np.array(extra)).tolist()
+            cands += [(rings[:k], flags[:k]) for k in range(len(rings), 0, -1)]
+        feats = layouts.Features(cands, rows, self.capacity[used],
+                                 (self.capacity * self.efficiency)[used], pair_lat, pair_net)  # fmt: skip
+        # the default: least loaded, then least latency and fewest hops on the first ring
+        first = np.array([r[0] for r, _ in cands], np.int64)
+        nxt = np.roll(first, -1, axis=1)
+        lat_sum = pair_lat[first * n + nxt].sum(axis=1)
+        hop_sum = hops[first, nxt].sum(axis=1)
+        default = int(np.lexsort((np.arange(len(cands)), hop_sum, lat_sum, feats.eff))[0])
+        as_gpus = [([[group[i] for i in r] for r in rings], flags) for rings, flags in cands]
+        return _Family(s, as_gpus, feats, default)
+
+    def _layout(self, fam: _Family, k: int) -> _Group:
+        """Layout k of a family, analysed (once)."""
+        info = fam.infos.get(k)
+        if info is None:
+            rings, _ = fam.layouts[k]
+            s = fam.system
+            if rings and s.N == 1 and tuple(rings[0]) != tuple(s.order):
+                s = copy.copy(s)
+                s.order = tuple(rings[0])
+            info = fam.infos[k] = self._analyse(s.group, s, rings)
+        return info
 
     def _analyse(self, group, s: System | None = None, rings=None) -> _Group:
-        s = s or System(self.graph, group, self.routes, self._partition)
+        s = s or self._system(group)
         rings = rings if rings is not None else s.rings()
-        weights = self._ring_weights(rings)
+        # equal shares, as NCCL splits a call's bytes over its channels (shares by each
+        # ring's slowest hop could move load onto a link that a slower one relieved)
+        weights = [1.0 / len(rings)] * len(rings)
         info = _Group(s, None, rings, weights, [self._both_ways(r) for r in rings])
         for ring, two in zip(rings, info.both, strict=True):
             info.ring_paths.append([self._pair_arrays(_hops(o))[:2]
@@ -301,28 +417,24 @@ class Nccl(CommModel):
             nic = min((d["bandwidth"] for g in s.group for d in succ[g].values()
                        if d.get("kind") == "net"), default=0.0)  # fmt: skip
             net_bw = s.rails * nic * P.LINK_EFFICIENCY["net"] / 1e9
+        # NCCL's search ends on a whole number of channels at one of its fixed per-channel
+        # speeds: a step function of the links' bandwidths whose steps made a slightly
+        # slower link give a faster call (fewer channels, each faster). The count here is
+        # continuous: NCCL's own where the ring's bandwidth is a whole number of channel
+        # speeds (12 x 30 GB/s on an H100 NVSwitch node, 12 x 20 on an A100's)
         if s.N == 1:
-            channels = int(
-                min(16, max(1, round(ring_bw / P.INTRA_CHANNEL_SPEED.get(self.arch, 20.0))))
-            )
+            channels = min(16.0, max(1.0, ring_bw / P.INTRA_CHANNEL_SPEED.get(self.arch, 20.0)))
         else:
-            channels = s.rails if s.rails > 1 else max(1, round(net_bw / 24.0) or 1)
+            # one per NIC; else the ring's bandwidth at 24 GB/s a channel (a 200 Gb/s NIC's
+            # speedArrayInter step): the count and the bus bandwidth then move together, so
+            # a slower link never gives a small call more bandwidth per channel
+            channels = float(s.rails) if s.rails > 1 else max(1.0, ring_bw / 24.0)
         collnet = bool(s.sharp) and self.options.sharp and self.switch_ends and s.nvls is not None
         info.graphs = tuner.Graphs(n=n, N=s.N, arch=self.arch, intra_hw=s.intra_hw,
                                    ring_bw=ring_bw, channels=channels, nvls_bw=nvls_bw,
                                    net_bw=net_bw, rails=s.rails, collnet=collnet,
                                    cpu=self.options.cpu)  # fmt: skip
         return info
-
-    def _ring_weights(self, rings):
-        """Each ring's share of the bytes: in proportion to its slowest hop."""
-        if len(rings) <= 1:
-            return [1.0] * len(rings)
-        w = []
-        for r in rings:
-            w.append(self._pair_arrays(_hops(r))[2].min())
-        total = sum(w)
-        return [x / total for x in w]
 
     def _paths(self, pairs) -> list:
         """The routes of (a, b) pairs, found together (Routes.paths_links)."""
@@ -408,18 +520,39 @@ class Nccl(CommModel):
 
     # -- the plan -------------------------------------------------------------------------
     def choose(self, op: str, group, nbytes: float, algorithm=None):
-        """(algorithm, protocol) NCCL would run, honouring the forced ones."""
-        info = self.group_info(group)
+        """(algorithm, protocol) the model runs for this call, honouring the forced ones:
+        NCCL's pick (or with `pick: fastest` the fastest pair) on the layout it runs on."""
+        t = self.terms(op, group, nbytes, algorithm=algorithm)
+        return t.algo, t.proto
+
+    def _nccl_pick(self, info: _Group, op, nbytes, pairs) -> tuple:
+        """The pair NCCL's tuner formula (extrapolators.nccl_tuner) gives the least time."""
+        best, best_t = None, math.inf
+        for algo, proto in pairs:
+            lat, bw = tuner.model(info.graphs, op, algo, proto)
+            if bw <= 0:
+                continue
+            t = tuner.time_us(info.graphs, op, algo, proto, nbytes, lat, bw)
+            if t < best_t:
+                best, best_t = (algo, proto), t
+        if best is None:
+            raise ConfigError("communication.protocol", self.options.protocol,
+                              f"a protocol NCCL can run {op} with on {info.system.group!r}")  # fmt: skip
+        return best
+
+    def _pairs(self, info: _Group, op: str, algorithm=None) -> list:
+        """The (algorithm, protocol) pairs NCCL would consider, restricted to the forced
+        ones; a forced algorithm the GPUs cannot run is an error, as it is in NCCL."""
         o = self.options
         name = algorithm or o.algorithm
-        algos = ALGO_NAMES.get(name) if name != "auto" else None
-        protos = (o.protocol,) if o.protocol != "auto" else None
-        pick = tuner.choose(info.graphs, op, nbytes, algos, protos)
-        if pick is None:  # a forced pair NCCL cannot run here: fall back to its own choice
-            pick = tuner.choose(info.graphs, op, nbytes, None, protos) or tuner.choose(
-                info.graphs, op, nbytes
-            )
-        return pick[0], pick[1]
+        pairs = tuner.enabled(info.graphs, op)
+        if name != "auto" and op == "allreduce":  # the others have the ring only
+            pairs = [p for p in pairs if p[0] in ALGO_NAMES[name]]
+            if not pairs:
+                raise ConfigError("communication.algorithm", name, _missing(name, info.system))
+        if o.protocol != "auto":
+            pairs = [p for p in pairs if p[1] == o.protocol] or pairs
+        return pairs
 
     def plan(self, op: str, group, nbytes: float, root=None, algorithm=None) -> Plan:
         check_op(op)
@@ -437,15 +570,72 @@ class Nccl(CommModel):
         return p
 
     def terms(self, op: str, group, nbytes: float, root=None, algorithm=None) -> Terms:
-        """The parts of a collective's time that do not depend on the tuning."""
+        """The parts of a collective's time that do not depend on the tuning: on each of
+        the group's candidate layouts that can be fastest for this call (`_candidates`),
+        the pair NCCL would pick there (`choose`; with `pick: fastest` every pair), and of
+        those the least time under this tuning."""
         check_op(op)
         group = tuple(group)
-        info = self.group_info(group)
+        fam = self.family(group)
         if op in P2P_OPS:
-            return self._p2p_terms(info, op, nbytes)
+            return self._p2p_terms(self._layout(fam, fam.default), op, nbytes)
+        pairs = self._pairs(self._layout(fam, fam.default), op, algorithm)
+        fastest = self.options.pick == "fastest"
+        best, best_t = None, math.inf
+        for k in self._candidates(fam, op, root, pairs):
+            info = self._layout(fam, k)
+            for algo, proto in pairs if fastest else [self._nccl_pick(info, op, nbytes, pairs)]:
+                t = self._pair_terms(info, op, group, algo, proto, nbytes, root)
+                if t is not None and t.time(self.tuning) < best_t:
+                    best, best_t = t, t.time(self.tuning)
+        return best
+
+    def _candidates(self, fam: _Family, op, root, pairs) -> list:
+        """The layouts that can give a call its least time: all of a small family, else
+        for each pair the Pareto front of the features its time grows with."""
+        if fam.feats is None or len(fam.layouts) <= 4:
+            return list(range(len(fam.layouts)))
+        out: dict = {}
+        for algo, proto in pairs:
+            key = self._front_key(fam, op, algo, proto, root)
+            if key is None:
+                out[fam.default] = None  # the layouts do not differ for this pair
+                continue
+            front = fam.fronts.get(key)
+            if front is None:
+                front = fam.fronts[key] = self._front(fam, *key)
+            out.update(dict.fromkeys(front))
+        return list(out)
+
+    @staticmethod
+    def _front_key(fam: _Family, op, algo, proto, root):
+        """(structure, algorithm whose per-hop latency counts, protocol, ring steps)."""
+        n = fam.system.n
+        if algo == "ring" and op in ("allreduce", "all_gather", "reduce_scatter"):
+            return ("ring", "ring", proto, 2 * (n - 1) if op == "allreduce" else n - 1)
+        if op in ("broadcast", "reduce"):
+            group = fam.system.group
+            pos = group.index(root) if root in group else 0
+            return ((("bcast" if op == "broadcast" else "reduce"), pos), "ring", proto, 0)
+        if algo == "tree" and fam.system.N == 1:
+            return ("tree", "tree", proto, 0)
+        return None
+
+    def _front(self, fam: _Family, struct, algo, proto, steps) -> list:
+        f = fam.feats
+        p = P.PROTOS.index(proto)
+        hw = fam.system.intra_hw
+        ex = f.excess(P.HW_LAT[hw][algo][p] * 1e-6, P.HW_LAT["net"][algo][p] * 1e-6)
+        extra = f.ring_extra(ex, steps) if struct == "ring" else f.stream_extra(struct, ex)
+        return layouts.pareto(f.eff, f.raw(struct), extra)
+
+    def _pair_terms(self, info: _Group, op, group, algo, proto, nbytes, root) -> Terms | None:
+        """`terms` of one (algorithm, protocol); None where NCCL's model gives it no
+        bandwidth."""
         g = info.graphs
-        algo, proto = self.choose(op, group, nbytes, algorithm)
         lat_us, bw = tuner.model(g, op, algo, proto)
+        if bw <= 0:
+            return None
         runtime = None if self.options.channels == "auto" else self.options.channels
         used, full = tuner.channels_used(g, op, algo, proto, nbytes, runtime)
         if used < full:  # a small call runs on fewer channels, each at its share of the
@@ -459,7 +649,8 @@ class Nccl(CommModel):
         staged = algo in PIPELINED or op in ("broadcast", "reduce")
         depth = self._depth(info, op, algo) if staged else 0
         raw = self._stream_unit(info, skey, streams) * PROTO_WIRE[proto]
-        return Terms(op, algo, proto, float(nbytes), lat_us, bw, extra, depth, used, streams, raw)
+        return Terms(op, algo, proto, float(nbytes), lat_us, bw, extra, depth, used, streams, raw,
+                     info)  # fmt: skip
 
     def _p2p_terms(self, info: _Group, op, nbytes) -> Terms:
         """Send/receive (all-to-all, sendrecv): Simple protocol on each pair's own path, at
@@ -471,7 +662,8 @@ class Nccl(CommModel):
         lat_us = P.BASE_LAT["ring"][2] + P.HW_LAT[hw]["ring"][2]
         bw = 1 / unit / 1e9 if unit > 0 else math.inf
         raw = self._stream_unit(info, skey, streams)
-        return Terms(op, "p2p", "Simple", float(nbytes), lat_us, bw, 0.0, 0, 0, streams, raw)
+        return Terms(op, "p2p", "Simple", float(nbytes), lat_us, bw, 0.0, 0, 0, streams, raw,
+                     info)  # fmt: skip
 
     @staticmethod
     def _skey(op, group, algo, root=None) -> tuple:
@@ -491,7 +683,7 @@ class Nccl(CommModel):
         out = [(a, b, x * wire) for a, b, x in terms.streams if x * wire > 0]
         out = [(a, b, y, y / bw_time if bw_time > 0 else math.inf) for a, b, y in out]
         skey = self._skey(op, group, terms.algo, root)
-        lat = self._stream_paths(self.group_info(group), skey, terms.streams)[0]
+        lat = self._stream_paths(terms.layout, skey, terms.streams)[0]
         kept = np.array([x for *_, x in terms.streams], float) * wire > 0  # as `out` keeps
         path_lat = lat[kept].tolist() if len(lat) else []
         return Plan(op, terms.algo, terms.proto, nbytes, out, path_lat, latency, fill, bw_time,
@@ -599,6 +791,20 @@ class Nccl(CommModel):
         return ends
 
 
+def _missing(name: str, s: System) -> str:
+    """What a forced algorithm needs that the group's hardware lacks."""
+    needs = {"nvls": "an NVSwitch that reduces (NVLS: `nvls: true` on the switch or "
+             "multi_node topology, a Hopper GPU) under every node's GPUs, two or more a node",
+             "collnet": "inter-node switches that reduce (IB SHARP: `sharp: true`), NVLS in "
+             "every node and several nodes",
+             "tree": "an all-reduce of two or more GPUs"}  # fmt: skip
+    return (
+        f"an algorithm the {s.n} GPUs {s.group[:8]!r}{'...' if s.n > 8 else ''} can run: "
+        f"{name} needs {needs.get(name, name)} (NCCL fails where NCCL_ALGO names none "
+        "the system has; use auto)"
+    )
+
+
 def pipeline_fill(depth: int, overhead: float, bw_time: float) -> float:
     """Extra time of a pipeline of `depth` stages over its bandwidth time T, with a cost o
     per chunk and the best number of chunks m = sqrt((D-1) T / o):
@@ -611,14 +817,3 @@ def pipeline_fill(depth: int, overhead: float, bw_time: float) -> float:
     if m <= 1:
         return (depth - 1) * bw_time
     return 2 * math.sqrt((depth - 1) * overhead * bw_time) - overhead
-
-
-def _window_max(e: np.ndarray, steps: int) -> float:
-    """Largest sum of `steps` consecutive entries of the cyclic array e."""
-    n = len(e)
-    if n == 0 or steps <= 0:
-        return 0.0
-    full, part = divmod(steps, n)
-    c = np.concatenate([[0.0], np.cumsum(np.concatenate([e, e]))])
-    partial = (c[part : part + n] - c[:n]).max() if part else 0.0
-    return full * float(e.sum()) + float(partial)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import networkx as nx
 
-from extrapolators.rings import ring_order
+from extrapolators.rings import order_and_alike
 from networks.routing import Routes
 
 MAX_EXTRA_RINGS = 7  # rings beyond the first on direct-connect systems (NCCL: 16 channels)
@@ -47,7 +47,8 @@ def node_partition(graph) -> dict:
 
 
 class System:
-    def __init__(self, graph, group, routes: Routes | None = None, partition=None):
+    def __init__(self, graph, group, routes: Routes | None = None, partition=None, capacity=None,
+                 exact: bool = True):  # fmt: skip
         self.graph = graph
         self.group = tuple(group)
         self.n = len(self.group)
@@ -57,7 +58,10 @@ class System:
         by_node: dict = {}
         for g in self.group:
             by_node.setdefault(part[g], []).append(g)
-        self.order = ring_order(graph, self.group, self.routes) if self.n > 2 else self.group
+        # the ring as NCCL's search weighs it: `capacity` per link of `routes.links`, what
+        # NCCL believes each link carries (default: the links' bandwidths)
+        self.order, self.alike, self.orders = order_and_alike(graph, self.group, self.routes,
+                                                              capacity, exact)  # fmt: skip
         pos = {g: i for i, g in enumerate(self.order)}
         # a node's GPUs by the network switch they hang on, so local GPU i of every node
         # is on rail i (ring order where there is no network)

@@ -27,7 +27,9 @@ class Graphs:
     arch: int  # compute capability (70, 80, 90)
     intra_hw: str  # 'nvlink' or 'pcie'
     ring_bw: float  # ring graph: channels x per-channel speed, GB/s
-    channels: int  # ring/tree graph channels
+    # ring/tree graph channels, a continuous count (extrapolators.nccl says why): NCCL's
+    # whole number where the ring's bandwidth is a whole number of channel speeds
+    channels: float
     nvls_bw: float = 0.0  # NVLS graph: heads x speed, GB/s (0: no NVLS)
     net_bw: float = 0.0  # network: NICs x per-channel speed, GB/s
     rails: int = 1  # NICs (heads) per node
@@ -39,7 +41,7 @@ class Graphs:
     def ppn(self) -> float:
         return self.n / self.N
 
-    def runtime_channels(self) -> int:
+    def runtime_channels(self) -> float:
         """connect.cc: the runtime uses twice the graph's channels (at most 32)."""
         return min(P.MAX_CHANNELS, 2 * self.channels)
 
@@ -180,17 +182,17 @@ def choose(g: Graphs, op: str, nbytes: float, algos=None, protos=None):
 
 
 def channels_used(g: Graphs, op: str, algo: str, proto: str, nbytes: float,
-                  runtime: int | None = None) -> tuple[int, int]:  # fmt: skip
+                  runtime: int | None = None) -> tuple[float, float]:  # fmt: skip
     """(channels a call of this size runs on, channels available): enqueue.cc drops
-    channels while bytes < channels x threads x threshold (NVLS always uses 16)."""
+    channels while bytes < channels x threads x threshold, so a call runs on the largest
+    whole number of channels its bytes fill, at least one (NVLS always uses 16)."""
     if algo in ("nvls", "nvls_tree"):
         return P.NVLS_CHANNELS, P.NVLS_CHANNELS
-    nc = runtime or g.runtime_channels()
-    full = nc
+    full = runtime or g.runtime_channels()
     nt = P.MAX_THREADS[proto]
-    if proto == "Simple" and algo == "ring" and g.ring_bw <= 12.0:
-        nt = 256  # PCIe-class rings
+    if proto == "Simple" and algo == "ring" and g.intra_hw == "pcie":
+        # tuning.cc: 256 threads where the ring graph is no faster than PCI_BW; by the link
+        # kind, not the number, so that a slower link never gets more channels
+        nt = 256
     thr = P.THREAD_THRESHOLD[proto] * (g.n if algo == "ring" and proto == "LL" else 1)
-    while nbytes < nc * nt * thr and nc >= 2:
-        nc -= 1
-    return nc, full
+    return min(full, max(1, int(nbytes // (nt * thr)))), full

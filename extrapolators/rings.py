@@ -1,12 +1,21 @@
 """Ring orders: which GPU follows which in a ring collective.
 
-A ring is as fast as its slowest hop, so the order maximises the slowest hop's bandwidth
-(a hop's bandwidth is its routed path's bottleneck, the smaller of the two directions since
-a ring runs both ways), then minimises the summed hop latency, then the summed hop count.
-Greedy nearest neighbour under that key, then 2-opt moves that remove the worst hop, then
-2-opt moves that cut latency; the builder's known ring (`graph.graph['ring']`) competes as a
-candidate. Above `DENSE_LIMIT` GPUs nothing N x N is built: the builder's ring is taken
-as it is, or the greedy walk computes one row of hop metrics per step.
+A ring is as fast as its most loaded link, so the order minimises the ring's time per byte:
+the most loaded link's load / capacity, with every hop's routed path loaded (half each
+way where the ring runs both ways: where every hop's way back is as short, in hops, as the
+way there), so two hops whose paths share a link count twice (NCCL's search books each
+channel's bandwidth on every link of its paths, search.cc). Then the least summed hop
+latency, then the fewest summed hops. Rings within a relative 1e-9 of the best time
+count as tied.
+
+Groups of up to `EXACT_LIMIT` GPUs search every ring: the best is a minimum over a set
+that does not depend on the bandwidths, so a slower link never gives a faster ring, and a
+slightly slower one a ring about as fast. Larger groups weigh a few candidates by the same
+key: greedy nearest neighbour (slowest hop first), 2-opt moves that remove the worst hop
+and then cut latency, the builder's known ring (`graph.graph['ring']`) and the group's
+own order, each as found and as improved. Above `DENSE_LIMIT` GPUs nothing N x N is
+built: the builder's ring is taken as it is, or the greedy walk computes one row of hop
+metrics per step.
 """
 
 from __future__ import annotations
@@ -16,6 +25,8 @@ import numpy as np
 from networks.routing import Routes
 
 DENSE_LIMIT = 256
+EXACT_LIMIT = 8  # every ring searched: (n-1)! orders, 5,040 at 8 GPUs, in one numpy pass
+_TIE = 1e-9  # rings whose time per byte is within this (relative) of the best are tied
 _NET, _LAT = 2**48, 2**28  # networks.routing's packing: network hops, ns of latency
 
 
@@ -143,30 +154,113 @@ def _hinted(hint: list, group: list) -> list | None:
     return sorted(dict.fromkeys(group), key=pos.__getitem__)
 
 
-def ring_order(graph, group, routes: Routes | None = None) -> tuple:
-    """Order `group` into a ring: slowest hop as fast as possible, then least latency."""
+def ring_order(graph, group, routes: Routes | None = None, capacity=None) -> tuple:
+    """Order `group` into a ring: least time per byte (the most loaded link's load over its
+    capacity, hops' paths counted where they share links), then least latency, then fewest
+    hops. `capacity`: per link of `routes.links` (default: the links' bandwidths; the NCCL
+    model passes what NCCL believes each link carries)."""
+    return order_and_alike(graph, group, routes, capacity)[0]
+
+
+def order_and_alike(graph, group, routes: Routes | None = None, capacity=None, exact=True):
+    """(`ring_order`, whether every hop between the group's GPUs is alike in bandwidth,
+    latency and hops: then every order is as good (None: not looked at), and the orders
+    weighed, the chosen one first). For groups above EXACT_LIMIT the orders include some
+    found without the bandwidths (the hint, the group's own order, a walk by latency and
+    hops), which a caller that times every candidate can rely on whatever the links'
+    speeds. `exact=False`: small groups are not searched ring by ring either (a caller
+    that searches them itself)."""
     group = list(group)
     n = len(group)
     if n <= 2:
-        return tuple(group)
+        return tuple(group), True, [tuple(group)]
     hint = graph.graph.get("ring")
     hinted = _hinted(hint, group) if hint else None
     if n > DENSE_LIMIT and hinted:
-        return tuple(hinted)
+        return tuple(hinted), None, [tuple(hinted)]
     routes = routes or Routes(graph)
     if n > DENSE_LIMIT:
-        return tuple(_greedy_lazy(graph, group, routes))
+        order = tuple(_greedy_lazy(graph, group, routes))
+        return order, None, [order]
     bw, lat, hops = _metrics(graph, group, routes)
     if all(_uniform(m) for m in (bw, lat, hops)):
         # every hop alike (GPUs under one switch: a TP group): every order is best, and
         # the search below returns the hint, else the greedy walk's, which is the group's
-        return tuple(hinted) if hinted else tuple(group)
+        order = tuple(hinted) if hinted else tuple(group)
+        return order, True, [order]
+    loads = _Loads(routes, group, hops, capacity)
+    if n <= EXACT_LIMIT and exact:
+        first = [[group.index(g) for g in hinted]] if hinted else []
+        order = tuple(group[i] for i in loads.best(_all_rings(n, first), lat, hops))
+        return order, False, [order]
     pos = {g: i for i, g in enumerate(group)}
-    candidates = [_two_opt(_greedy(n, bw, lat, hops), bw, lat, hops)]
+    greedy = _greedy(n, bw, lat, hops)
+    flat = np.zeros_like(bw)  # no bandwidths: latency, then hops
+    by_latency = _two_opt(_greedy(n, flat, lat, hops), flat, lat, hops)
+    candidates = [list(range(n)), greedy, _two_opt(greedy, bw, lat, hops), by_latency]
     if hinted:
-        candidates.insert(0, _two_opt([pos[g] for g in hinted], bw, lat, hops))
-    best = min(candidates, key=lambda o: _key(o, bw, lat, hops))  # first of equals: the hint
-    return tuple(group[i] for i in best)
+        h = [pos[g] for g in hinted]
+        candidates[:0] = [h, _two_opt(h, bw, lat, hops)]  # first of equals: the hint
+    best = loads.best(np.array(candidates, np.int64), lat, hops)
+    orders = [best] + [c for c in candidates if c != best]
+    orders = [tuple(group[i] for i in o) for o in dict.fromkeys(map(tuple, orders))]
+    return orders[0], False, orders
+
+
+def _all_rings(n: int, first: list) -> np.ndarray:
+    """Every ring of n GPUs as an order starting at GPU 0 ((n-1)! rows; both directions,
+    since a one-way ring's direction matters), after the orders in `first`."""
+    from itertools import permutations
+
+    rest = np.array(list(permutations(range(1, n))), np.int64).reshape(-1, n - 1)
+    every = np.hstack([np.zeros((len(rest), 1), np.int64), rest])
+    return np.vstack([np.array(first, np.int64).reshape(-1, n), every])
+
+
+class _Loads:
+    """Each ordered pair's routed path as a row of link loads, to weigh rings by their
+    most loaded link: a ring's load is the sum of its hops' rows (half each way where it
+    runs both ways), its time per byte the largest load / capacity."""
+
+    def __init__(self, routes: Routes, group, hops: np.ndarray, capacity=None):
+        n = len(group)
+        self.n, self.hops = n, hops
+        pairs = [(a, b) for a in group for b in group]
+        paths = routes.paths_links(pairs)
+        used = np.unique(np.concatenate([p for p in paths if p is not None and len(p)]
+                                        or [np.zeros(0, np.int64)]))  # fmt: skip
+        col = {int(x): i for i, x in enumerate(used.tolist())}
+        self.rows = np.zeros((n * n, len(used)))
+        for k, p in enumerate(paths):
+            if p is not None:
+                np.add.at(self.rows[k], [col[int(x)] for x in p], 1.0)
+        cap = routes.link_values("bandwidth") if capacity is None else np.asarray(capacity)
+        self.cap = cap[used]
+
+    def times(self, orders: np.ndarray) -> np.ndarray:
+        """Seconds per byte of each order (rows of GPU positions) run as one ring."""
+        n = self.n
+        a, b = orders, np.roll(orders, -1, axis=1)
+        both = (self.hops[a, b] == self.hops[b, a]).all(axis=1)
+        w = np.where(both, 0.5, 1.0)[:, None]
+        k = np.arange(len(orders))[:, None]
+        share = np.zeros((len(orders), n * n))
+        np.add.at(share, (k, a * n + b), w)
+        np.add.at(share, (k, b * n + a), np.where(both, 0.5, 0.0)[:, None])
+        load = share @ self.rows
+        with np.errstate(divide="ignore", invalid="ignore"):
+            t = np.where(load > 0, load / self.cap, 0.0).max(axis=1, initial=0.0)
+        return np.where(np.isfinite(self.hops[a, b]).all(axis=1), t, np.inf)  # no path: never
+
+    def best(self, orders: np.ndarray, lat: np.ndarray, hops: np.ndarray) -> list:
+        """The order with the least time per byte (ties within _TIE), then the least summed
+        latency, then the fewest summed hops, then the first listed."""
+        t = self.times(orders)
+        a, b = orders, np.roll(orders, -1, axis=1)
+        tied = np.flatnonzero(t <= t.min() * (1 + _TIE))
+        key = np.lexsort((tied, hops[a[tied], b[tied]].sum(axis=1),
+                          lat[a[tied], b[tied]].sum(axis=1)))  # fmt: skip
+        return orders[tied[key[0]]].tolist()
 
 
 def _uniform(m: np.ndarray) -> bool:

@@ -6,10 +6,11 @@ The rule, in order of precedence:
    latencies; between nodes, the path with fewest network hops (a GPU may forward over
    NVLink to the GPU on the right rail first, as NCCL's PXN does);
 2. least summed latency (mode 'latency'; skipped in mode 'hops');
-3. fastest links: least summed 1/bandwidth (a tie-break, so a fast link beats a slow one
-   of the same latency);
-4. fewest hops.
+3. fewest hops.
 Equal-cost paths are spread by a hash of (source, destination) (ECMP).
+A link's bandwidth never decides a route, as it does not in a switch's forwarding table:
+a route that moved away from a link made slightly slower could land on a less loaded one
+and finish sooner, so a slower link could make a run faster (issue 29).
 
 The keys are packed into one integer-valued float per link so scipy's C Dijkstra sums
 them exactly (every term stays far below 2**53), and equal-cost paths stay tied.
@@ -36,18 +37,15 @@ SPREAD_LEVELS = 64  # a spread deeper than this (hops) is left to the per-source
 BIG_IN = 64
 SHARED_ASKS = 8
 # bit budget (sums stay below 2**53): up to 31 network hops, 1 ms of summed latency at 1 ns
-# resolution, 256 hops of at most 2**12 bandwidth units each, 256 hops
+# resolution, then hops
 _NET = float(2**48)
 _LAT = float(2**28)  # per ns
-_BW = float(2**8)  # per unit of 1/bandwidth: 2**-10 ns per byte (450 GB/s: 2; 1 GB/s: 1024)
 
 
 def link_weight(d: dict, mode: str = "latency") -> float:
     net = 1 if d.get("kind") == "net" else 0
     lat = int(round(d.get("latency", 0.0) * 1e9)) if mode == "latency" else 0
-    bw = d["bandwidth"]
-    inv_bw = min(int(round(2**10 * 1e9 / bw)), 2**12) if bw < np.inf else 0
-    return net * _NET + lat * _LAT + inv_bw * _BW + 1
+    return net * _NET + lat * _LAT + 1
 
 
 def path_latencies(latency: np.ndarray, paths) -> list[float]:

@@ -45,22 +45,27 @@ def test_inter_node_traffic_stays_on_its_rail_where_it_can():
         assert sum(1 for x in path if str(x).startswith("rail")) == 1
 
 
-def test_latency_then_bandwidth_then_hops():
-    # two equal-latency paths a->b: through x (fast links) or y (slow links)
+def test_latency_then_hops_and_never_bandwidth():
+    """Two equal-latency paths a->b, through x or through y: which one ECMP's hash picks
+    does not depend on the links' bandwidths (a slower link moves no route), a lower
+    latency wins, and so does a shorter path."""
     g = nx.DiGraph()
     for n in "ab":
         g.add_node(n, kind="gpu")
-    for u, v, bw in [
-        ("a", "x", 100 * GB),
-        ("x", "b", 100 * GB),
-        ("a", "y", 10 * GB),
-        ("y", "b", 10 * GB),
-    ]:
-        topo.add_link(g, u, v, bw, 1e-6)
-    assert net_of(g).path("a", "b") == ["a", "x", "b"]
-    # a lower-latency path wins over a faster one
-    topo.set_link(g, "a", "y", latency=0.1e-6)
+    for u, v in [("a", "x"), ("x", "b"), ("a", "y"), ("y", "b")]:
+        topo.add_link(g, u, v, 100 * GB, 1e-6)
+    first = net_of(g).path("a", "b")
+    assert first in (["a", "x", "b"], ["a", "y", "b"])
+    for bw in (10 * GB, 99.9 * GB, 1000 * GB):  # the way taken made slower or faster
+        h = g.copy()
+        topo.set_link(h, first[0], first[1], bandwidth=bw)
+        assert net_of(h).path("a", "b") == first
+    # a lower-latency path wins whatever its bandwidth
+    topo.set_link(g, "a", "y", bandwidth=GB, latency=0.1e-6)
     assert net_of(g).path("a", "b") == ["a", "y", "b"]
+    # and at equal latency, fewer hops: a direct link of the same summed latency
+    topo.add_link(g, "a", "b", GB, 1.1e-6)
+    assert net_of(g).path("a", "b") == ["a", "b"]
 
 
 def test_builders_declare_link_kinds_and_reducing_switches():
