@@ -26,13 +26,22 @@ from triosim.errors import ConfigError
 
 
 def option(default=MISSING, *, help: str = "", unit: str | None = None, ge=None, gt=None,
-           le=None, lt=None, factory=None, flatten: bool = False, path: bool = False):  # fmt: skip
+           le=None, lt=None, factory=None, flatten: bool = False, path: bool = False,
+           inf: str | None = None, plausible: str | None = None):  # fmt: skip
     """A dataclass field with what the loader needs: a unit ("bytes", "seconds",
     "bandwidth"), bounds, a help line. `flatten`: a nested options object whose fields
     sit beside this one's in a config (a hybrid's inner mode). `path`: file paths, relative
-    to the config file, rebased when the config is saved elsewhere."""
+    to the config file, rebased when the config is saved elsewhere.
+
+    Numbers must be finite: `inf` says what infinity means for a field that takes it
+    ("no limit"); a field whose default is infinite takes it as "no limit". `plausible`
+    names the row of units.PLAUSIBLE a value is checked against (default: the unit's), so
+    that a value far from any real one warns (units.implausible)."""
+    if inf is None and isinstance(default, float) and default == math.inf:
+        inf = "no limit"
     md = {"help": help, "unit": unit, "ge": ge, "gt": gt, "le": le, "lt": lt,
-          "flatten": flatten, "path": path}  # fmt: skip
+          "flatten": flatten, "path": path, "inf": inf, "plausible": plausible or unit,
+          "near": default if isinstance(default, (int, float)) else None}  # fmt: skip
     if factory is not None:
         return field(default_factory=factory, metadata=md)
     return field(default=default, metadata=md)
@@ -146,6 +155,8 @@ def convert(value, tp, where: str, md=None):
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(where, value, describe_type(tp, md))
+        if abs(value) >= 2**63:  # beyond any count, and beyond what numpy or C can hold
+            raise ConfigError(where, value, f"{describe_type(tp, md)}, below 2**63")
         return _bounded(value, value, where, md, describe_type(tp, md))
     if tp is float:
         if md.get("unit"):
@@ -153,10 +164,17 @@ def convert(value, tp, where: str, md=None):
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(where, value, describe_type(tp, md))
         else:
-            x = float(value)
-        if math.isnan(x):
-            raise ConfigError(where, value, describe_type(tp, md))
-        return _bounded(x, value, where, md, describe_type(tp, md))
+            x = units.to_float(value)
+        if not math.isfinite(x) and not (x == math.inf and md.get("inf")):
+            why = "finite, not NaN" if math.isnan(x) else "finite, not infinite"
+            if isinstance(value, int):
+                why = "finite (this integer overflows a float to infinity)"
+            raise ConfigError(where, value, f"{describe_type(tp, md)}; {why}")
+        x = _bounded(x, value, where, md, describe_type(tp, md))
+        if md.get("plausible"):
+            units.warn_if_implausible(x, value, md["plausible"], where, md.get("unit"),
+                                      md.get("near"))  # fmt: skip
+        return x
     raise TypeError(f"schema: unsupported field type {tp!r} at {where}")  # a developer error
 
 
@@ -183,10 +201,11 @@ def describe_type(tp, md=None) -> str:
     if tp is int:
         return f"an integer {bounds}".strip()
     if tp is float:
+        inf = f" (or inf: {md['inf']})" if md.get("inf") else ""
         if md.get("unit"):
             _, what, examples = units.KINDS[md["unit"]]
-            return f"{what} {bounds}, e.g. {examples}".replace("  ", " ")
-        return f"a number {bounds}".strip()
+            return f"{what} {bounds}{inf}, e.g. {examples}".replace("  ", " ")
+        return f"a {'' if inf else 'finite '}number {bounds}".strip() + inf
     if tp is bool:
         return "true or false"
     if tp is str:

@@ -27,7 +27,7 @@ from networks.base import gpu_nodes, validate_graph
 from perfmodel import model_class
 from triosim import schema
 from triosim.config import IN_MEMORY, Config, from_dict, load_config
-from triosim.errors import ConfigError, DeadlockError, SimulationError
+from triosim.errors import ConfigError, DeadlockError, NetworkError, SimulationError
 from triosim.gc_tuning import fewer_collections
 from triosim.memory import capacity, check_capacity, memory_curves
 from triosim.result import Result
@@ -69,7 +69,7 @@ class Simulation:
         cfg = _as_config(config, trace)
         self.trace = trace if trace is not None else load_any_trace(cfg.trace_path(), progress)
         if topology is not None:
-            self.graph = validate_graph(topology)
+            self.graph = _finite_links(validate_graph(topology))
             cfg = dataclasses.replace(cfg, topology=_recorded(self.graph, cfg.topology))
         else:
             self.graph = validate_graph(build_topology(cfg))
@@ -221,6 +221,17 @@ class Simulation:
                 runtime.start(gpu, stream, prefixed(tasks, f"it{k}/") if k else tasks, k, after)
                 current.setdefault(gpu, []).append(stream)
             previous = current
+
+
+def _finite_links(graph):
+    """A graph passed from Python: every bandwidth finite (the communication model divides
+    by it and rounds; a config's topology is checked by the schema)."""
+    for u, v, d in graph.edges(data=True):
+        if not math.isfinite(d["bandwidth"]):
+            raise NetworkError(f"link {u!r}->{v!r}: bandwidth must be a finite number of "
+                               f"bytes/s, got {d['bandwidth']!r} (for an ideal link, give a "
+                               "large one such as 1e15)")  # fmt: skip
+    return graph
 
 
 def _recorded(graph, section):

@@ -1,0 +1,306 @@
+"""The config's edges: every numeric field refuses what no run can use (NaN, infinity, numbers
+too large for a float), warns on what no real system has (a bare `bandwidth: 65` is 65 B/s),
+and no input is silently ignored (duplicate YAML keys, a link overridden twice)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+import warnings
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from triosim import schema, units
+from triosim.config import TopLevel, _sections, from_dict
+from triosim.errors import ConfigError
+
+BASE = {"trace": "x.trace.json.gz", "num_gpus": 4}
+
+
+# -- every numeric field of the schema -------------------------------------------------------
+
+
+def _numeric(tp) -> str | None:
+    """'float', 'int' or None: what kind of number a field's type takes."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        kinds = {_numeric(a) for a in args} - {None}
+        return "float" if "float" in kinds else ("int" if kinds else None)
+    if origin is dict:
+        return _numeric(args[1])
+    if origin is list:
+        return _numeric(args[0]) if args else None
+    return {float: "float", int: "int"}.get(tp)
+
+
+def _required(cls) -> dict:
+    """Values for the fields `cls` requires (src/dst of a link, a factor)."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for k, f in enumerate(dataclasses.fields(cls)):
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            tp = hints[f.name]
+            out[f.name] = "x" if tp is str else 2.0 if _numeric(tp) == "float" else k
+    return out
+
+
+def _wrap(tp, value):
+    """`value` placed where the type wants it: a dict's value, a list's item."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in typing.get_args(tp) if typing.get_origin(a) in (dict, list)]
+        return _wrap(inner[0], value) if inner and not _numeric_scalar(tp) else value
+    if origin is dict:
+        return {0: value}
+    if origin is list:
+        return [value]
+    return value
+
+
+def _numeric_scalar(tp) -> bool:
+    args = typing.get_args(tp) or (tp,)
+    return any(a in (int, float) for a in args)
+
+
+def _options_classes():
+    """(class, where) for every options dataclass a config reaches, nested ones included."""
+    seen, out = set(), []
+
+    def visit(cls, where):
+        if cls in seen or not dataclasses.is_dataclass(cls):
+            return
+        seen.add(cls)
+        out.append((cls, where))
+        for f in dataclasses.fields(cls):
+            tp = typing.get_type_hints(cls)[f.name]
+            for inner in (tp, *typing.get_args(tp)):
+                if dataclasses.is_dataclass(inner):
+                    visit(inner, f"{where}.{f.name}")
+
+    visit(TopLevel, "")
+    from networks.topology import LinkSpec
+
+    visit(LinkSpec, "topology.links[0]")
+    for name, (cls, _, registry) in _sections().items():
+        visit(cls, name)
+        for kind, part in registry.items():
+            visit(getattr(part, "Options", schema.NoOptions), f"{name} ({kind})")
+    return out
+
+
+NUMERIC = [
+    pytest.param(cls, f.name, id=f"{where or 'top'}.{f.name}")
+    for cls, where in _options_classes()
+    for f in dataclasses.fields(cls)
+    if f.init and not f.metadata.get("flatten") and _numeric(typing.get_type_hints(cls)[f.name])
+]
+
+
+def test_the_walk_finds_the_numeric_fields_of_every_part():
+    names = {p.id.rsplit(".", 1)[1] for p in NUMERIC}
+    # a sample from every kind of place: top level, sections, parts, nested lists and dicts
+    assert {"num_gpus", "batch_size", "bandwidth", "latency", "inter_bandwidth", "setup_time",
+            "buffer_bytes", "bucket_size", "factor", "low", "compute", "reserve", "capacity",
+            "holdout", "latency_scale", "launch_overhead", "microbatches"} <= names  # fmt: skip
+    assert len(NUMERIC) >= 40
+
+
+def _bad_numbers(cls, name):
+    """Spellings of NaN, +-infinity and an overflowing number that this field could be given."""
+    md = next(f for f in dataclasses.fields(cls) if f.name == name).metadata
+    plain = st.sampled_from([math.inf, -math.inf, math.nan, 10**400, -(10**400)])
+    if not md.get("unit"):
+        return plain
+    spelled = st.tuples(st.sampled_from(["inf", "-inf", "+inf", "1e400", "-1e999"]),
+                        st.sampled_from(sorted(units.KINDS[md["unit"]][0])))  # fmt: skip
+    return plain | spelled.map(lambda t: f"{t[0]} {t[1]}".strip())
+
+
+@pytest.mark.parametrize("cls,name", NUMERIC)
+def test_no_numeric_field_takes_nan_or_infinity_unless_it_says_what_it_means(cls, name):
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    tp = typing.get_type_hints(cls)[name]
+
+    @settings(max_examples=12, deadline=None, derandomize=True)
+    @given(bad=_bad_numbers(cls, name))
+    def check(bad):
+        data = {**_required(cls), name: _wrap(tp, bad)}
+        x = units.parse(bad, f.metadata["unit"], name) if isinstance(bad, str) else bad
+        if f.metadata.get("inf") and units.to_float(x) == math.inf:
+            assert getattr(schema.load(cls, data, "sec"), name) == math.inf  # documented
+            assert f"inf: {f.metadata['inf']}" in schema.describe_type(tp, f.metadata)
+            return
+        with pytest.raises(ConfigError) as e:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (a value that loads would warn first)
+                schema.load(cls, data, "sec")
+        assert e.value.field.startswith(f"sec.{name}"), e.value.message
+
+    check()
+
+
+def test_inf_is_taken_only_where_documented():
+    documented = sorted({p.id for p in NUMERIC if _field(p).metadata.get("inf")})
+    assert documented == ["network (photonic).buffer_bytes"]  # its default: no buffer limit
+
+
+def _field(p):
+    cls, name = p.values
+    return next(f for f in dataclasses.fields(cls) if f.name == name)
+
+
+@pytest.mark.parametrize("data,field", [
+    ({"topology": {"bandwidth": "inf GB/s"}}, "topology.bandwidth"),
+    ({"topology": {"bandwidth": math.inf}}, "topology.bandwidth"),
+    ({"topology": {"latency": math.nan}}, "topology.latency"),
+    ({"batch_size": math.inf}, "batch_size"),
+    ({"topology": {"kind": "multi_node", "gpus_per_node": 2, "inter_bandwidth": "1e400 GB/s"}},
+     "topology.inter_bandwidth"),
+    ({"topology": {"links": [{"src": 0, "dst": 1, "bandwidth": "inf Gb/s"}]}},
+     "topology.links[0].bandwidth"),
+    ({"topology": {"kind": "edges", "edges": [{"src": 0, "dst": 1, "bandwidth": math.inf}]}},
+     "topology.edges[0].bandwidth"),
+    ({"communication": {"kind": "nccl", "bandwidth_scale": math.inf}},
+     "communication.bandwidth_scale"),
+    ({"heterogeneity": {"compute": {1: math.inf}}}, "heterogeneity.compute[1]"),
+    ({"memory": {"capacity": "inf GB"}}, "memory.capacity"),
+    ({"parallelism": {"mode": "ddp", "bucket_size": 10**400}}, "parallelism.bucket_size"),
+    ({"num_gpus": 10**30}, "num_gpus"),
+])  # fmt: skip
+def test_a_whole_config_names_the_non_finite_field(data, field):
+    with pytest.raises(ConfigError) as e:
+        from_dict({**BASE, **data})
+    assert e.value.field == field
+    assert "finite" in e.value.allowed or "below 2**63" in e.value.allowed, e.value.allowed
+
+
+def test_a_huge_value_is_shown_short():
+    with pytest.raises(ConfigError) as e:
+        from_dict({**BASE, "topology": {"bandwidth": 10**400}})
+    assert len(str(e.value)) < 400 and "(401 characters)" in str(e.value)
+
+
+def test_a_python_topology_with_an_infinite_link_is_refused_before_the_run():
+    from networks import topology as topo
+    from tests.conftest import chain_trace
+    from triosim.errors import NetworkError
+    from triosim.simulation import Simulation
+
+    g = topo.ring(4, 65e9, 1e-6)
+    for u, v in g.edges:
+        g.edges[u, v]["bandwidth"] = math.inf  # crashed inside SimPy: OverflowError
+    with pytest.raises(NetworkError, match=r"link 0->1: bandwidth must be a finite number"):
+        Simulation({"num_gpus": 4, "parallelism": {"mode": "ddp"}}, trace=chain_trace(batch=8),
+                   topology=g)  # fmt: skip
+
+
+# -- values far from any real one: a warning that says what was probably meant ----------------
+
+UNITS = [p for p in NUMERIC if _field(p).metadata.get("plausible")]
+
+
+def _loaded_warnings(cls, data) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        schema.load(cls, {**_required(cls), **data}, "sec")
+    return [str(w.message) for w in caught if w.category is units.ImplausibleValueWarning]
+
+
+def test_every_field_with_a_unit_is_checked_for_plausibility():
+    names = {p.id.rsplit(".", 1)[1] for p in UNITS}
+    assert {"bandwidth", "latency", "inter_bandwidth", "setup_time", "buffer_bytes",
+            "bucket_size", "first_bucket_size", "reserve", "capacity", "launch_overhead",
+            "pipeline_overhead", "total_bandwidth", "host_bandwidth", "factor", "compute",
+            "low", "high"} <= names  # fmt: skip
+    for p in NUMERIC:
+        if _field(p).metadata.get("unit"):
+            assert p in UNITS, p.id
+    assert {_field(p).metadata["plausible"] for p in UNITS} <= set(units.PLAUSIBLE)
+
+
+@pytest.mark.parametrize("cls,name", UNITS)
+def test_a_value_far_from_any_real_one_warns_and_a_real_one_does_not(cls, name):
+    f = _field(pytest.param(cls, name))
+    tp = typing.get_type_hints(cls)[name]
+    lo, hi, typical, _ = units.PLAUSIBLE[f.metadata["plausible"]]
+    default = f.default if isinstance(f.default, float) and math.isfinite(f.default) else None
+    for real in (typical, default):  # the defaults are real values: the table must hold them
+        if real:
+            assert _loaded_warnings(cls, {name: _wrap(tp, real)}) == [], (real, name)
+    for far in (lo / 1e4, hi * 1e4):
+        (msg,) = _loaded_warnings(cls, {name: _wrap(tp, far)})
+        assert msg.startswith(f"sec.{name}") and f"{far!r}" in msg and "far " in msg
+        if f.metadata.get("unit"):  # the unit it was read in
+            assert "read as" in msg and {"bandwidth": "B/s", "seconds": " s", "bytes": " B"}[
+                f.metadata["unit"]] in msg  # fmt: skip
+
+
+@pytest.mark.parametrize("data,meant", [
+    ({"topology": {"bandwidth": 65}},
+     "topology.bandwidth = 65 read as 65 B/s; did you mean 65 GB/s?"),
+    ({"topology": {"latency": 1}}, "topology.latency = 1 read as 1 s; did you mean 1 us?"),
+    ({"topology": {"links": [{"src": 0, "dst": 1, "latency": 2}]}},
+     "topology.links[0].latency = 2 read as 2 s; did you mean 2 us?"),
+    ({"parallelism": {"mode": "ddp", "bucket_size": 25}},
+     "parallelism.bucket_size = 25 read as 25 B; did you mean 25 MiB?"),
+    ({"network": {"kind": "photonic", "setup_time": 20}},
+     "network.setup_time = 20 read as 20 s; did you mean 20 ms?"),
+    ({"memory": {"capacity": 80}}, "memory.capacity = 80 read as 80 B; did you mean 80 GB?"),
+    ({"topology": {"kind": "multi_node", "gpus_per_node": 2, "inter_bandwidth": 400}},
+     "topology.inter_bandwidth = 400 read as 400 B/s; did you mean 400 GB/s?"),
+    ({"communication": {"kind": "nccl", "launch_overhead": 5}},
+     "communication.launch_overhead = 5 read as 5 s; did you mean 5 us?"),
+    ({"topology": {"bandwidth": "65 B/s"}}, "topology.bandwidth = '65 B/s' is 65 B/s (far below"),
+    ({"heterogeneity": {"compute": {1: 1e6}}}, "heterogeneity.compute[1] = 1000000.0 (far above"),
+])  # fmt: skip
+def test_the_warning_says_what_was_probably_meant(data, meant):
+    with pytest.warns(units.ImplausibleValueWarning) as caught:
+        from_dict({**BASE, **data})
+    assert [str(w.message)[: len(meant)] for w in caught] == [meant]
+
+
+def test_real_configs_do_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from_dict({**BASE, "topology": {"bandwidth": "400 Gb/s", "latency": "2 us",
+                                        "links": [{"src": 0, "dst": 1, "bandwidth": 25e9}]},
+                   "parallelism": {"mode": "ddp", "bucket_size": "25 MiB"},
+                   "memory": {"reserve": 0, "capacity": "80 GB"},
+                   "heterogeneity": {"compute": {1: 2.0}}})  # fmt: skip
+
+
+def test_the_catalogue_lies_within_the_plausible_ranges():
+    from triosim import hardware
+
+    def inside(x, kind):
+        lo, hi, _, _ = units.PLAUSIBLE[kind]
+        return lo <= x <= hi
+
+    for g in hardware.GPUS.values():
+        assert all(inside(f, "flops") for f in g.peak_flops.values()), g.name
+        assert inside(g.memory_bandwidth, "bandwidth") and inside(g.memory_capacity, "bytes")
+    for link in hardware.LINKS.values():
+        assert inside(link.bandwidth, "bandwidth") and (
+            link.latency == 0 or inside(link.latency, "seconds")
+        )
+
+
+def test_the_command_line_prints_the_warning_for_a_file_and_for_set(capsys, tmp_path):
+    from tests.conftest import run_cli
+
+    trace = Path(__file__).resolve().parents[1] / "traces" / "cpu" / "gpt2-small-b8.trace.json.gz"
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(f"trace: {trace}\nnum_gpus: 1\nparallelism: {{mode: single}}\n"
+                   "perfmodel: {kind: trace}\ntopology: {bandwidth: 65}\n")  # fmt: skip
+    code, out, err = run_cli(capsys, "simulate", cfg, "--no-save", "--set", "topology.latency=1")
+    assert code == 0, err
+    lines = [x for x in err.splitlines() if x.startswith("warning: topology.")]
+    assert [x.split("?")[0] for x in lines] == [
+        "warning: topology.bandwidth = 65 read as 65 B/s; did you mean 65 GB/s",
+        "warning: topology.latency = 1 read as 1 s; did you mean 1 us",
+    ]
