@@ -304,3 +304,84 @@ def test_the_command_line_prints_the_warning_for_a_file_and_for_set(capsys, tmp_
         "warning: topology.bandwidth = 65 read as 65 B/s; did you mean 65 GB/s",
         "warning: topology.latency = 1 read as 1 s; did you mean 1 us",
     ]
+
+
+# -- nothing silently ignored: a key given twice, a link set twice -----------------------------
+
+TRACE = Path(__file__).resolve().parents[1] / "traces" / "cpu" / "gpt2-small-b8.trace.json.gz"
+
+
+def _one_error(capsys, *args) -> str:
+    from tests.conftest import run_cli
+
+    code, out, err = run_cli(capsys, *args)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (code, err)
+    return lines[0]
+
+
+def test_a_key_given_twice_in_a_config_file_names_the_key_and_lines(capsys, tmp_path):
+    cfg = tmp_path / "twice.yaml"
+    cfg.write_text(f"trace: {TRACE}\nnum_gpus: 1\ntopology:\n  bandwidth: 65 GB/s\n"
+                   "  latency: 1 us\n  bandwidth: 10 GB/s\n")  # fmt: skip
+    msg = _one_error(capsys, "simulate", cfg, "--no-save")
+    assert msg == (f"error: config file {cfg}, line 6, column 3: not valid YAML: key "
+                   "'bandwidth' is given twice in one mapping (lines 4 and 6); only the last "
+                   "would count: keep one")  # fmt: skip
+
+
+def test_a_key_given_twice_in_a_grid_file_or_a_set_value(capsys, tmp_path):
+    grid = tmp_path / "grid.yaml"
+    grid.write_text(f"base: {{trace: {TRACE}, num_gpus: 1}}\ngrid:\n  num_gpus: [1, 2]\n"
+                    "  num_gpus: [4]\n")  # fmt: skip
+    msg = _one_error(capsys, "sweep", grid, "--out", tmp_path / "out")
+    assert "line 4, column 3" in msg and "key 'num_gpus' is given twice" in msg
+    cfg = tmp_path / "ok.yaml"
+    cfg.write_text(f"trace: {TRACE}\nnum_gpus: 1\n")
+    msg = _one_error(capsys, "simulate", cfg, "--set", "topology={latency: 0, latency: 1 us}")
+    assert msg.startswith("error: --set 'topology={latency: 0, latency: 1 us}', line 1")
+    assert "key 'latency' is given twice in one mapping (line 1, columns 2 and 14)" in msg
+    msg = _one_error(capsys, "collectives", cfg, "--set", "topology={kind: ring, kind: switch}")
+    assert "key 'kind' is given twice" in msg
+
+
+def test_yaml_spellings_of_one_key_and_merge_keys():
+    from triosim.config import parse_yaml
+    from triosim.errors import InputError
+
+    with pytest.raises(InputError, match=r"keys 'on' and 'true' are the same key \(True\)"):
+        parse_yaml("heterogeneity:\n  on: 1\n  true: 2\n", "f")
+    with pytest.raises(InputError, match=r"key 3 is given twice.*lines 1 and 2"):
+        parse_yaml("3: a\n3: b\n", "f")
+    # a merge key (<<) is meant to be overridden: still allowed
+    assert parse_yaml("a: &x {k: 1, m: 2}\nb:\n  <<: *x\n  k: 3\n", "f")["b"] == {"k": 3, "m": 2}
+
+
+@pytest.mark.parametrize("data,where,first", [
+    ({"topology": {"links": [{"src": 0, "dst": 1, "bandwidth": "1 GB/s"},
+                             {"src": 0, "dst": 1, "latency": "2 us"}]}},
+     "topology.links[1]", "topology.links[0] already sets 0->1"),
+    ({"topology": {"links": [{"src": 2, "dst": 3, "bandwidth": "1 GB/s"},
+                             {"src": 0, "dst": 1, "bandwidth": "1 GB/s"},
+                             {"src": 1, "dst": 0, "bandwidth": "2 GB/s", "both": True}]}},
+     "topology.links[2]", "topology.links[1] already sets 0->1"),
+    ({"topology": {"kind": "edges", "edges": [{"src": 0, "dst": 1, "bandwidth": "1 GB/s"},
+                                              {"src": 1, "dst": 0, "bandwidth": "2 GB/s"}]}},
+     "topology.edges[1]", "topology.edges[0] already sets 1->0"),
+    ({"heterogeneity": {"links": [{"src": 0, "dst": 1, "factor": 2},
+                                  {"src": 0, "dst": 1, "factor": 3}]}},
+     "heterogeneity.links[1]", "heterogeneity.links[0] already sets 0->1"),
+])  # fmt: skip
+def test_one_link_set_twice_is_refused_naming_both_entries(data, where, first):
+    with pytest.raises(ConfigError) as e:
+        from_dict({**BASE, **data})
+    assert e.value.field == where and first in e.value.allowed
+
+
+def test_each_direction_may_be_set_once():
+    cfg = from_dict({**BASE, "topology": {"links": [
+        {"src": 0, "dst": 1, "bandwidth": "1 GB/s"}, {"src": 1, "dst": 0, "bandwidth": "2 GB/s"}]}})  # fmt: skip
+    assert [x.bandwidth for x in cfg.topology.links] == [1e9, 2e9]
+    edges = [{"src": 0, "dst": 1, "bandwidth": 1e9, "both": False},
+             {"src": 1, "dst": 0, "bandwidth": 2e9, "both": False}]  # fmt: skip
+    from_dict({**BASE, "num_gpus": 2, "topology": {"kind": "edges", "edges": edges}})
