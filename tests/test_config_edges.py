@@ -385,3 +385,100 @@ def test_each_direction_may_be_set_once():
     edges = [{"src": 0, "dst": 1, "bandwidth": 1e9, "both": False},
              {"src": 1, "dst": 0, "bandwidth": 2e9, "both": False}]  # fmt: skip
     from_dict({**BASE, "num_gpus": 2, "topology": {"kind": "edges", "edges": edges}})
+
+
+# -- big inputs: checks first, and long work says so -----------------------------------------
+
+
+def test_a_config_error_of_a_huge_run_comes_before_the_topology_is_built(monkeypatch):
+    from tests.conftest import chain_trace
+    from triosim import simulation
+
+    def never(cfg):
+        raise AssertionError("the topology was built before the plan was checked")
+
+    monkeypatch.setattr(simulation, "build_topology", never)
+    # at a million GPUs the ring took 30 s to build and 22 s to check before this line
+    with pytest.raises(ConfigError, match=r"'batch_size' = 8 .*a multiple of 1000000"):
+        simulation.Simulation({"num_gpus": 10**6, "batch_size": 8, "parallelism": {"mode": "ddp"}},
+                              trace=chain_trace(batch=8))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"'num_gpus' = 1000000 .*1 for mode 'single'"):
+        simulation.Simulation({"num_gpus": 10**6}, trace=chain_trace(batch=8))
+
+
+def test_the_early_check_leaves_what_needs_the_topology_to_the_real_plan():
+    from networks import topology as topo
+    from tests.conftest import chain_trace
+    from triosim.simulation import Simulation
+
+    # hop over the topology's own graph: the stand-in has no topology, the real plan has one
+    s = Simulation({"num_gpus": 4, "batch_size": 8, "parallelism": {"mode": "hop"}},
+                   trace=chain_trace(batch=8))  # fmt: skip
+    assert s.extrapolator.options.graph == "topology"
+    # a 3D placement naming GPUs that are not 0..N-1
+    g = topo.from_edges([{"src": "a", "dst": "b", "bandwidth": 1e9}], gpus=["a", "b"])
+    s = Simulation({"num_gpus": 2, "batch_size": 8,
+                    "parallelism": {"mode": "3d", "dp": 2, "placement": ["b", "a"]}},
+                   trace=chain_trace(batch=8), topology=g)  # fmt: skip
+    assert s.extrapolator.grid[0, 0, 0] == "b"
+
+
+def test_a_big_run_says_so_up_front_after_its_checks(monkeypatch, capsys):
+    from tests.conftest import chain_trace
+    from triosim import progress
+    from triosim.simulation import Simulation
+
+    monkeypatch.setattr(progress, "BIG_RUN_GPUS", 4)  # (a real one takes minutes)
+    cfg = {"num_gpus": 4, "batch_size": 8, "parallelism": {"mode": "ddp"}}
+    Simulation(cfg, trace=chain_trace(batch=8), progress=True)
+    assert capsys.readouterr().err.startswith("note: simulating 4 GPUs: this may take minutes")
+    Simulation(cfg, trace=chain_trace(batch=8))  # a Python caller who did not ask: quiet
+    assert capsys.readouterr().err == ""
+    with pytest.raises(ConfigError):
+        Simulation({**cfg, "batch_size": 6}, trace=chain_trace(batch=8), progress=True)
+    assert "note:" not in capsys.readouterr().err  # an error is not preceded by "minutes"
+    assert progress.big_run_note(3) is None
+
+
+def test_not_on_a_terminal_progress_is_plain_log_lines():
+    import io
+
+    from tests.conftest import chain_trace
+    from triosim.progress import run_with_progress
+    from triosim.simulation import Simulation
+
+    sim = Simulation({"num_gpus": 2, "parallelism": {"mode": "ddp"}}, trace=chain_trace())
+    out = io.StringIO()  # not a terminal: no bar, but lines
+    r = run_with_progress(sim, file=out, log_every=0.001)
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue() and len(lines) >= 2
+    assert lines[-1].startswith("simulating 2 GPUs: done (0:00:0")
+    assert all(x.startswith("simulating 2 GPUs") and x.endswith(")") for x in lines)
+    assert any(f"tasks done, {r.total_time * 1e3:.3f} ms simulated" in x for x in lines)
+    quick = io.StringIO()
+    run_with_progress(sim, file=quick)  # a run shorter than log_every (10 s): nothing
+    assert quick.getvalue() == ""
+
+
+def test_the_preparation_names_its_stages(monkeypatch):
+    from tests.conftest import chain_trace
+    from triosim import progress, simulation
+
+    seen = []
+
+    class Watch(progress.RunProgress):
+        def stage(self, what):
+            seen.append((self.desc, what))
+            super().stage(what)
+
+    monkeypatch.setattr(simulation, "RunProgress", Watch)
+    simulation.Simulation({"num_gpus": 4, "batch_size": 8, "parallelism": {"mode": "ddp"}},
+                          trace=chain_trace(batch=8), progress=True)  # fmt: skip
+    assert {d for d, _ in seen} == {"preparing 4 GPUs"}
+    assert [w for _, w in seen][:6] == ["loading the trace", "building the performance model",
+                                        "checking the plan", "building the topology",
+                                        "ordering the ring", "planning the streams"]  # fmt: skip
+    w = progress.RunProgress("preparing 4 GPUs", enabled=False)
+    w._t0 = 0
+    w.stage("building the topology")
+    assert w.line().startswith("preparing 4 GPUs: building the topology (")
