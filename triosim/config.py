@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
@@ -67,8 +68,8 @@ class PerfModelConfig:
 class TopLevel:
     trace: str = option(help="trace file (relative to the config file) or TrioSim CSV folder")
     num_gpus: int = option(1, ge=1, help="GPUs in the system")
-    batch_size: int | float | None = option(None, gt=0,
-                                            help="global mini-batch (default: the traced one)")  # fmt: skip
+    batch_size: int | None = option(None, gt=0, help="global mini-batch, in samples (default: "
+                                    "the traced one)")  # fmt: skip
     gpu: str | None = option(None, help="target GPU from the catalogue (default: the traced one)")
     seed: int = option(0, ge=0, help="seed for anything random")
     iterations: int = option(1, ge=1, help="back-to-back training iterations; results report "
@@ -104,7 +105,7 @@ def _sections():
 class Config:
     trace: str = ""
     num_gpus: int = 1
-    batch_size: float | None = None
+    batch_size: int | None = None
     gpu: str | None = None
     seed: int = 0
     iterations: int = 1
@@ -316,6 +317,15 @@ class _UniqueKeys(yaml.SafeLoader):
                         None, None, _twice(key, first, key_node), key_node.start_mark
                     )
         return super().construct_mapping(node, deep)
+
+
+# YAML 1.1 (PyYAML) reads 1e9 and 1.0e6 as strings: a float needs a dot and a signed
+# exponent there (1.0e+6). YAML 1.2, and every reader of a config, takes them as numbers.
+_UniqueKeys.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
 
 
 def _twice(key, first, again) -> str:

@@ -14,11 +14,13 @@ mean" for typos and the owner for fields that belong to another part.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import difflib
 import math
 import types
 import typing
+import weakref
 from dataclasses import MISSING, dataclass, field, fields
 
 from triosim import units
@@ -84,15 +86,28 @@ def load(
         ):
             raise ConfigError(_join(where, f.name), None,
                               f"required: {describe_type(hints[f.name], f.metadata)}")  # fmt: skip
-    return cls(**values)
+    instance = cls(**values)
+    _loaded[id(instance)] = instance
+    return instance
+
+
+# objects `load` made (their values have been warned about) and whether `check` is
+# re-checking one: a run checks its options again in each part, and one implausible value
+# is one warning, not one per part
+_loaded: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_rechecking = contextvars.ContextVar("rechecking", default=False)
 
 
 def check(instance, where: str):
     """Re-check an options object made directly (`Options(...)`) field by field."""
     hints = _hints(type(instance))
-    for f in fields(instance):
-        if f.init and not f.metadata.get("flatten"):
-            convert(getattr(instance, f.name), hints[f.name], _join(where, f.name), f.metadata)
+    token = _rechecking.set(_loaded.get(id(instance)) is instance)
+    try:
+        for f in fields(instance):
+            if f.init and not f.metadata.get("flatten"):
+                convert(getattr(instance, f.name), hints[f.name], _join(where, f.name), f.metadata)
+    finally:
+        _rechecking.reset(token)
     return instance
 
 
@@ -153,11 +168,14 @@ def convert(value, tp, where: str, md=None):
             raise ConfigError(where, value, "a non-empty string")
         return value
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        n = value
+        if isinstance(value, float) and value.is_integer():
+            n = int(value)  # a whole number written as a float: 1e3, 8.0
+        if isinstance(n, bool) or not isinstance(n, int):
             raise ConfigError(where, value, describe_type(tp, md))
-        if abs(value) >= 2**63:  # beyond any count, and beyond what numpy or C can hold
+        if abs(n) >= 2**63:  # beyond any count, and beyond what numpy or C can hold
             raise ConfigError(where, value, f"{describe_type(tp, md)}, below 2**63")
-        return _bounded(value, value, where, md, describe_type(tp, md))
+        return _bounded(n, value, where, md, describe_type(tp, md))
     if tp is float:
         if md.get("unit"):
             x = units.parse(value, md["unit"], where)
@@ -171,7 +189,7 @@ def convert(value, tp, where: str, md=None):
                 why = "finite (this integer overflows a float to infinity)"
             raise ConfigError(where, value, f"{describe_type(tp, md)}; {why}")
         x = _bounded(x, value, where, md, describe_type(tp, md))
-        if md.get("plausible"):
+        if md.get("plausible") and not _rechecking.get():
             units.warn_if_implausible(x, value, md["plausible"], where, md.get("unit"),
                                       md.get("near"))  # fmt: skip
         return x

@@ -161,15 +161,16 @@ def implausible(x: float, raw, kind: str, field: str, unit: str | None = None,
     side = "below" if abs(x) < lo else "above"
     if isinstance(raw, (int, float)) and not isinstance(raw, bool) and unit in KINDS:
         base = {"bandwidth": "B/s", "seconds": "s", "bytes": "B"}[unit]
-        head = f"{field} = {raw!r} read as {raw!r} {base}"
+        head = f"{field} = {x:g} read as {x:g} {base}"  # (the same words for 20 and 20.0)
         aim = near if isinstance(near, (int, float)) and near and math.isfinite(near) else typical
         fits = [u for u in _SUGGEST[unit] if lo <= abs(x) * KINDS[unit][0][u] <= hi]
         if fits:
             best = min(fits, key=lambda u: abs(math.log(abs(x) * KINDS[unit][0][u] / aim)))
-            head += f"; did you mean {raw!r} {best}?"
+            head += f"; did you mean {x:g} {best}?"
         tail = f"; a bare number is in {base}"
     else:
-        head, tail = f"{field} = {raw!r}" + (f" is {fmt(x)}" if unit in KINDS else ""), ""
+        head = f"{field} = {raw!r}" if isinstance(raw, str) else f"{field} = {x:g}"
+        head, tail = head + (f" is {fmt(x)}" if isinstance(raw, str) else ""), ""
     return (
         f"{head} (far {side} any real {_NAMES[kind]}: {fmt(lo)} to {fmt(hi)}, as {why}"
         f"{tail}); it is used as given"
@@ -183,4 +184,6 @@ def warn_if_implausible(x: float, raw, kind: str, field: str, unit: str | None =
 
     text = implausible(x, raw, kind, field, unit, near)
     if text:
-        warnings.warn(text, ImplausibleValueWarning, stacklevel=3)
+        # one place of issue (schema.convert's call): Python's filters show a text once,
+        # however often a config is re-checked (load, then each part's own check)
+        warnings.warn(text, ImplausibleValueWarning, stacklevel=2)
