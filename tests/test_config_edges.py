@@ -535,3 +535,19 @@ def test_a_whole_number_written_as_a_float_is_that_integer(data, field, value):
 def test_a_count_must_be_whole(data, match):
     with pytest.raises(ConfigError, match=match):
         from_dict({**BASE, **data})
+
+
+def test_a_config_changed_from_python_after_loading_is_checked_again():
+    from tests.conftest import chain_trace
+    from triosim.simulation import Simulation
+
+    cfg = from_dict({**BASE, "trace": "<in memory>", "parallelism": {"mode": "ddp"}})
+    cfg.topology.bandwidth = math.inf  # crashed inside SimPy: OverflowError
+    with pytest.raises(ConfigError, match=r"'topology.bandwidth' = inf .*finite"):
+        Simulation(cfg, trace=chain_trace(batch=8))
+    cfg.topology.bandwidth = 10e9
+    cfg.batch_size = 6
+    with pytest.raises(ConfigError, match=r"'batch_size' = 6 .*a multiple of 4"):
+        Simulation(cfg, trace=chain_trace(batch=8))
+    cfg.batch_size = 8
+    assert Simulation(cfg, trace=chain_trace(batch=8)).config.topology.bandwidth == 10e9

@@ -268,7 +268,17 @@ def from_dict(data: dict, base_dir=".") -> Config:
     if isinstance(edges, list):
         _once_each(edges, "topology.edges", both=True, what="entry")
     _once_each(cfg.heterogeneity.links, "heterogeneity.links", both=False, what="slow-down")
+    cfg._as_loaded = cfg.to_dict()  # (what `checked` compares with)
     return cfg
+
+
+def checked(cfg: Config) -> Config:
+    """`cfg` itself if it is as from_dict built it, else `cfg` checked again: a field set
+    from Python after loading (`cfg.topology.bandwidth = math.inf`) is refused as in YAML."""
+    now = cfg.to_dict()
+    if getattr(cfg, "_as_loaded", None) == now:
+        return cfg
+    return from_dict(now, base_dir=cfg.base_dir)
 
 
 def _once_each(specs, where: str, both: bool, what: str) -> None:

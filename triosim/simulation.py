@@ -27,7 +27,7 @@ from networks import topology as topo
 from networks.base import gpu_nodes, validate_graph
 from perfmodel import model_class
 from triosim import schema
-from triosim.config import IN_MEMORY, Config, from_dict, load_config
+from triosim.config import IN_MEMORY, Config, checked, from_dict, load_config
 from triosim.errors import ConfigError, DeadlockError, NetworkError, SimulationError
 from triosim.gc_tuning import fewer_collections
 from triosim.memory import capacity, check_capacity, memory_curves
@@ -49,7 +49,7 @@ def build_topology(cfg: Config):
 
 def _as_config(config, trace) -> Config:
     if isinstance(config, Config):
-        return config
+        return checked(config)
     if isinstance(config, (str, Path)):
         return load_config(config)
     if isinstance(config, dict):
