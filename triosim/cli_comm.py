@@ -18,9 +18,7 @@ from triosim.errors import ConfigError
 
 
 def _config(path: str, sets):
-    import yaml
-
-    from triosim.config import from_dict, read_yaml, set_field
+    from triosim.config import from_dict, parse_yaml, read_yaml, set_field
 
     p = Path(path)
     data = read_yaml(p)
@@ -28,7 +26,7 @@ def _config(path: str, sets):
         if "=" not in s:
             raise ConfigError("--set", s, "FIELD=VALUE")
         k, v = s.split("=", 1)
-        set_field(data, k, yaml.safe_load(v))
+        set_field(data, k, parse_yaml(v, f"--set {s!r}"))
     return from_dict(data, base_dir=p.parent)
 
 

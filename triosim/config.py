@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Literal
@@ -67,8 +68,8 @@ class PerfModelConfig:
 class TopLevel:
     trace: str = option(help="trace file (relative to the config file) or TrioSim CSV folder")
     num_gpus: int = option(1, ge=1, help="GPUs in the system")
-    batch_size: int | float | None = option(None, gt=0,
-                                            help="global mini-batch (default: the traced one)")  # fmt: skip
+    batch_size: int | None = option(None, gt=0, help="global mini-batch, in samples (default: "
+                                    "the traced one)")  # fmt: skip
     gpu: str | None = option(None, help="target GPU from the catalogue (default: the traced one)")
     seed: int = option(0, ge=0, help="seed for anything random")
     iterations: int = option(1, ge=1, help="back-to-back training iterations; results report "
@@ -104,7 +105,7 @@ def _sections():
 class Config:
     trace: str = ""
     num_gpus: int = 1
-    batch_size: float | None = None
+    batch_size: int | None = None
     gpu: str | None = None
     seed: int = 0
     iterations: int = 1
@@ -262,7 +263,36 @@ def from_dict(data: dict, base_dir=".") -> Config:
         x if isinstance(x, LinkSpec) else schema.load(LinkSpec, x, f"topology.links[{k}]")
         for k, x in enumerate(cfg.topology.links)
     ]
+    _once_each(cfg.topology.links, "topology.links", both=False, what="override")
+    edges = getattr(cfg.topology.options, "edges", None)
+    if isinstance(edges, list):
+        _once_each(edges, "topology.edges", both=True, what="entry")
+    _once_each(cfg.heterogeneity.links, "heterogeneity.links", both=False, what="slow-down")
+    cfg._as_loaded = cfg.to_dict()  # (what `checked` compares with)
     return cfg
+
+
+def checked(cfg: Config) -> Config:
+    """`cfg` itself if it is as from_dict built it, else `cfg` checked again: a field set
+    from Python after loading (`cfg.topology.bandwidth = math.inf`) is refused as in YAML."""
+    now = cfg.to_dict()
+    if getattr(cfg, "_as_loaded", None) == now:
+        return cfg
+    return from_dict(now, base_dir=cfg.base_dir)
+
+
+def _once_each(specs, where: str, both: bool, what: str) -> None:
+    """Two entries for one directed link (src -> dst; dst -> src too with `both`) are
+    ambiguous: which one holds? Refused, naming both, rather than the last silently winning."""
+    seen: dict = {}
+    for k, spec in enumerate(specs):
+        two_way = spec.both if spec.both is not None else both
+        for a, b in [(spec.src, spec.dst)] + ([(spec.dst, spec.src)] if two_way else []):
+            j = seen.setdefault((type(a), a, type(b), b), k)
+            if j != k:
+                raise ConfigError(f"{where}[{k}]", {"src": spec.src, "dst": spec.dst},
+                                  f"one {what} per link: {where}[{j}] already sets {a!r}->{b!r} "
+                                  "(two entries for one link are ambiguous; merge them)")  # fmt: skip
 
 
 def set_field(data: dict, dotted: str, value) -> None:
@@ -276,10 +306,56 @@ def set_field(data: dict, dotted: str, value) -> None:
     node[parts[-1]] = value
 
 
+class _UniqueKeys(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping (PyYAML keeps the
+    last without a word; YAML itself requires keys to be unique). Merge keys (`<<: *base`)
+    may still be overridden: that is what they are for."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:  # an unhashable key: the base class says so
+                    continue
+                if first is not key_node:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, _twice(key, first, key_node), key_node.start_mark
+                    )
+        return super().construct_mapping(node, deep)
+
+
+# YAML 1.1 (PyYAML) reads 1e9 and 1.0e6 as strings: a float needs a dot and a signed
+# exponent there (1.0e+6). YAML 1.2, and every reader of a config, takes them as numbers.
+_UniqueKeys.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."),
+)
+
+
+def _twice(key, first, again) -> str:
+    """Say where a key given twice in one mapping is: its two spellings and places."""
+    a, b = first.start_mark, again.start_mark
+    at = (f"line {a.line + 1}, columns {a.column + 1} and {b.column + 1}" if a.line == b.line
+          else f"lines {a.line + 1} and {b.line + 1}")  # fmt: skip
+    spelt = [getattr(n, "value", None) for n in (first, again)]
+    if isinstance(spelt[0], str) and isinstance(spelt[1], str) and spelt[0] != spelt[1]:
+        what = f"keys {spelt[0]!r} and {spelt[1]!r} are the same key ({key!r}) in one mapping"
+    else:
+        what = f"key {key!r} is given twice in one mapping"
+    return f"{what} ({at}); only the last would count: keep one"
+
+
 def parse_yaml(text: str, where: str):
-    """YAML text as Python values; a syntax error is an InputError with line and column."""
+    """YAML text as Python values; a syntax error, or a key given twice in one mapping, is an
+    InputError with line and column."""
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_UniqueKeys)  # noqa: S506 (a SafeLoader)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -35,7 +35,10 @@ class ConfigError(TrioSimError, ValueError):
 
     def __init__(self, field: str, value, allowed: str):
         self.field, self.value, self.allowed = field, value, allowed
-        self.message = f"config field '{field}' = {value!r} is not allowed: {allowed}"
+        shown = repr(value)
+        if len(shown) > 200:  # a 400-digit number or a pasted list: its start says enough
+            shown = f"{shown[:80]}... ({len(shown)} characters)"
+        self.message = f"config field '{field}' = {shown} is not allowed: {allowed}"
         super().__init__(field, value, allowed)
 
 

@@ -28,7 +28,8 @@ from triosim.schema import option
 class LinkSlowdown:
     src: int | str = option(help="one end")
     dst: int | str = option(help="the other end")
-    factor: float = option(help="bandwidth divided by this", gt=0, lt=math.inf)
+    factor: float = option(help="bandwidth divided by this", gt=0, lt=math.inf,
+                           plausible="factor")  # fmt: skip
     both: bool = option(False, help="both directions")
 
 
@@ -36,17 +37,17 @@ class LinkSlowdown:
 class RandomSlowdown:
     target: Literal["bandwidth", "compute"] = option("bandwidth", help="what is slowed")
     distribution: Literal["uniform", "loguniform"] = option("uniform", help="how factors are drawn")
-    low: float = option(1.0, gt=0, lt=math.inf, help="smallest factor")
-    high: float = option(10.0, gt=0, lt=math.inf, help="largest factor")
+    low: float = option(1.0, gt=0, lt=math.inf, plausible="factor", help="smallest factor")
+    high: float = option(10.0, gt=0, lt=math.inf, plausible="factor", help="largest factor")
     seed: int | None = option(None, ge=0, help="seed of the draw (default: the config's seed)")
     gpus: list[int] | None = option(None, help="GPUs drawn for (default: all)")
 
 
 @dataclass(frozen=True)
 class Heterogeneity:
-    compute: dict[int, float] = option(factory=dict, gt=0, lt=math.inf,
+    compute: dict[int, float] = option(factory=dict, gt=0, lt=math.inf, plausible="factor",
                                        help="GPU -> compute slow-down factor")  # fmt: skip
-    bandwidth: dict[int, float] = option(factory=dict, gt=0, lt=math.inf,
+    bandwidth: dict[int, float] = option(factory=dict, gt=0, lt=math.inf, plausible="factor",
                                          help="GPU -> slow-down of every link it touches")  # fmt: skip
     links: list[LinkSlowdown] = option(factory=list, help="per-link slow-downs")
     random: list[RandomSlowdown] = option(factory=list, help="random per-GPU slow-downs")

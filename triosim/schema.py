@@ -14,11 +14,13 @@ mean" for typos and the owner for fields that belong to another part.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import difflib
 import math
 import types
 import typing
+import weakref
 from dataclasses import MISSING, dataclass, field, fields
 
 from triosim import units
@@ -26,13 +28,22 @@ from triosim.errors import ConfigError
 
 
 def option(default=MISSING, *, help: str = "", unit: str | None = None, ge=None, gt=None,
-           le=None, lt=None, factory=None, flatten: bool = False, path: bool = False):  # fmt: skip
+           le=None, lt=None, factory=None, flatten: bool = False, path: bool = False,
+           inf: str | None = None, plausible: str | None = None):  # fmt: skip
     """A dataclass field with what the loader needs: a unit ("bytes", "seconds",
     "bandwidth"), bounds, a help line. `flatten`: a nested options object whose fields
     sit beside this one's in a config (a hybrid's inner mode). `path`: file paths, relative
-    to the config file, rebased when the config is saved elsewhere."""
+    to the config file, rebased when the config is saved elsewhere.
+
+    Numbers must be finite: `inf` says what infinity means for a field that takes it
+    ("no limit"); a field whose default is infinite takes it as "no limit". `plausible`
+    names the row of units.PLAUSIBLE a value is checked against (default: the unit's), so
+    that a value far from any real one warns (units.implausible)."""
+    if inf is None and isinstance(default, float) and default == math.inf:
+        inf = "no limit"
     md = {"help": help, "unit": unit, "ge": ge, "gt": gt, "le": le, "lt": lt,
-          "flatten": flatten, "path": path}  # fmt: skip
+          "flatten": flatten, "path": path, "inf": inf, "plausible": plausible or unit,
+          "near": default if isinstance(default, (int, float)) else None}  # fmt: skip
     if factory is not None:
         return field(default_factory=factory, metadata=md)
     return field(default=default, metadata=md)
@@ -75,15 +86,28 @@ def load(
         ):
             raise ConfigError(_join(where, f.name), None,
                               f"required: {describe_type(hints[f.name], f.metadata)}")  # fmt: skip
-    return cls(**values)
+    instance = cls(**values)
+    _loaded[id(instance)] = instance
+    return instance
+
+
+# objects `load` made (their values have been warned about) and whether `check` is
+# re-checking one: a run checks its options again in each part, and one implausible value
+# is one warning, not one per part
+_loaded: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_rechecking = contextvars.ContextVar("rechecking", default=False)
 
 
 def check(instance, where: str):
     """Re-check an options object made directly (`Options(...)`) field by field."""
     hints = _hints(type(instance))
-    for f in fields(instance):
-        if f.init and not f.metadata.get("flatten"):
-            convert(getattr(instance, f.name), hints[f.name], _join(where, f.name), f.metadata)
+    token = _rechecking.set(_loaded.get(id(instance)) is instance)
+    try:
+        for f in fields(instance):
+            if f.init and not f.metadata.get("flatten"):
+                convert(getattr(instance, f.name), hints[f.name], _join(where, f.name), f.metadata)
+    finally:
+        _rechecking.reset(token)
     return instance
 
 
@@ -144,19 +168,31 @@ def convert(value, tp, where: str, md=None):
             raise ConfigError(where, value, "a non-empty string")
         return value
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        n = value
+        if isinstance(value, float) and value.is_integer():
+            n = int(value)  # a whole number written as a float: 1e3, 8.0
+        if isinstance(n, bool) or not isinstance(n, int):
             raise ConfigError(where, value, describe_type(tp, md))
-        return _bounded(value, value, where, md, describe_type(tp, md))
+        if abs(n) >= 2**63:  # beyond any count, and beyond what numpy or C can hold
+            raise ConfigError(where, value, f"{describe_type(tp, md)}, below 2**63")
+        return _bounded(n, value, where, md, describe_type(tp, md))
     if tp is float:
         if md.get("unit"):
             x = units.parse(value, md["unit"], where)
         elif isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(where, value, describe_type(tp, md))
         else:
-            x = float(value)
-        if math.isnan(x):
-            raise ConfigError(where, value, describe_type(tp, md))
-        return _bounded(x, value, where, md, describe_type(tp, md))
+            x = units.to_float(value)
+        if not math.isfinite(x) and not (x == math.inf and md.get("inf")):
+            why = "finite, not NaN" if math.isnan(x) else "finite, not infinite"
+            if isinstance(value, int):
+                why = "finite (this integer overflows a float to infinity)"
+            raise ConfigError(where, value, f"{describe_type(tp, md)}; {why}")
+        x = _bounded(x, value, where, md, describe_type(tp, md))
+        if md.get("plausible") and not _rechecking.get():
+            units.warn_if_implausible(x, value, md["plausible"], where, md.get("unit"),
+                                      md.get("near"))  # fmt: skip
+        return x
     raise TypeError(f"schema: unsupported field type {tp!r} at {where}")  # a developer error
 
 
@@ -183,10 +219,11 @@ def describe_type(tp, md=None) -> str:
     if tp is int:
         return f"an integer {bounds}".strip()
     if tp is float:
+        inf = f" (or inf: {md['inf']})" if md.get("inf") else ""
         if md.get("unit"):
             _, what, examples = units.KINDS[md["unit"]]
-            return f"{what} {bounds}, e.g. {examples}".replace("  ", " ")
-        return f"a number {bounds}".strip()
+            return f"{what} {bounds}{inf}, e.g. {examples}".replace("  ", " ")
+        return f"a {'' if inf else 'finite '}number {bounds}".strip() + inf
     if tp is bool:
         return "true or false"
     if tp is str:

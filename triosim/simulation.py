@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import math
+import sys
 import time
 import warnings
 from pathlib import Path
@@ -26,10 +27,11 @@ from networks import topology as topo
 from networks.base import gpu_nodes, validate_graph
 from perfmodel import model_class
 from triosim import schema
-from triosim.config import IN_MEMORY, Config, from_dict, load_config
-from triosim.errors import ConfigError, DeadlockError, SimulationError
+from triosim.config import IN_MEMORY, Config, checked, from_dict, load_config
+from triosim.errors import ConfigError, DeadlockError, NetworkError, SimulationError
 from triosim.gc_tuning import fewer_collections
 from triosim.memory import capacity, check_capacity, memory_curves
+from triosim.progress import RunProgress, big_run_note
 from triosim.result import Result
 from triosim.trace import Trace
 from triosim.trace_io import load_any_trace
@@ -47,7 +49,7 @@ def build_topology(cfg: Config):
 
 def _as_config(config, trace) -> Config:
     if isinstance(config, Config):
-        return config
+        return checked(config)
     if isinstance(config, (str, Path)):
         return load_config(config)
     if isinstance(config, dict):
@@ -67,14 +69,40 @@ class Simulation:
 
     def __init__(self, config, trace: Trace | None = None, topology=None, progress: bool = False):
         cfg = _as_config(config, trace)
+        # with `progress`, a long preparation (a million-GPU topology) says what it is doing
+        with RunProgress(
+            f"preparing {cfg.num_gpus:,} GPUs", enabled=None if progress else False
+        ) as watch:
+            self._prepare(cfg, trace, topology, progress, watch.stage)
+
+    def _prepare(self, cfg: Config, trace, topology, progress, stage) -> None:
+        """Everything a run needs, checked: first what needs no topology (the trace, memory,
+        the performance model, the mode's checks on a stand-in of the plan), so that a
+        one-line config error is not kept waiting behind a large topology; then the
+        topology, the heterogeneity and the plan itself."""
+        stage("loading the trace")
         self.trace = trace if trace is not None else load_any_trace(cfg.trace_path(), progress)
+        check_capacity(cfg.memory, cfg.gpu or self.trace.metadata.get("gpu"))
+        stage("building the performance model")
+        p = cfg.perfmodel
+        self.model = model_class(p.kind).from_config(
+            self.trace, p.options, lambda path: load_any_trace(cfg.resolve(path))
+        )
+        self.model.check_target(cfg.gpu)
+        par = cfg.parallelism
+        mode = extrapolator_class(par.mode)
+        stage("checking the plan")
+        _check_plan_early(mode, self.trace, self.model, cfg)
+        note = big_run_note(cfg.num_gpus, cfg.iterations) if progress else None
+        if note:  # (after the checks: an error is not preceded by "this may take minutes")
+            print(note, file=sys.stderr, flush=True)
+        stage("building the topology")
         if topology is not None:
-            self.graph = validate_graph(topology)
+            self.graph = _finite_links(validate_graph(topology))
             cfg = dataclasses.replace(cfg, topology=_recorded(self.graph, cfg.topology))
         else:
             self.graph = validate_graph(build_topology(cfg))
         self.config = cfg
-        check_capacity(cfg.memory, cfg.gpu or self.trace.metadata.get("gpu"))
         self.gpus = gpu_nodes(self.graph)
         if len(self.gpus) != cfg.num_gpus:
             raise ConfigError("num_gpus", cfg.num_gpus,
@@ -83,14 +111,10 @@ class Simulation:
         self.compute_slowdown, bandwidth = het.factors(self.gpus, cfg.seed)
         if het.links or any(f != 1.0 for f in bandwidth.values()):
             self.graph = het.apply_to_graph(self.graph, bandwidth)
-        p = cfg.perfmodel
-        self.model = model_class(p.kind).from_config(
-            self.trace, p.options, lambda path: load_any_trace(cfg.resolve(path))
-        )
-        self.model.check_target(cfg.gpu)
-        par = cfg.parallelism
+        stage("ordering the ring")
         ring = ring_order(self.graph, self.gpus) if len(self.gpus) > 2 else tuple(self.gpus)
-        self.extrapolator = extrapolator_class(par.mode)(
+        stage("planning the streams")
+        self.extrapolator = mode(
             self.trace, self.model, self.gpus, par.options, batch_size=cfg.batch_size,
             gpu=cfg.gpu, ring=ring, graph=self.graph,
         )  # fmt: skip
@@ -156,6 +180,8 @@ class Simulation:
 
     def _run_once(self, progress, sym, wall) -> Result:
         cfg = self.config
+        if hasattr(progress, "stage"):  # (a monitor may have only attach: the documented hook)
+            progress.stage("setting up the network")
         env = simpy.Environment()
         net = network_class(cfg.network.kind)(env, self.graph, cfg.network.options)
         c = cfg.communication
@@ -221,6 +247,38 @@ class Simulation:
                 runtime.start(gpu, stream, prefixed(tasks, f"it{k}/") if k else tasks, k, after)
                 current.setdefault(gpu, []).append(stream)
             previous = current
+
+
+# errors of a stand-in plan that may come from the stand-in itself (no topology, GPUs
+# numbered 0..N-1), not from the config: the real plan decides on them
+_STAND_IN_FIELDS = {"parallelism.graph", "parallelism.placement"}
+
+
+def _check_plan_early(mode, trace, model, cfg: Config) -> None:
+    """Run the mode's own checks (batch split, degrees, micro-batches, layer widths) on a
+    stand-in of the plan, GPUs 0..N-1 with no topology, before the topology is built: at a
+    million GPUs building it takes a minute, and `batch_size: 8` must not wait for it. The
+    stand-in is only a preview: an error it may owe to being a stand-in (a graph or a GPU
+    placement it lacks), or anything other than a ConfigError, is left to the real plan."""
+    try:
+        mode(trace, model, range(cfg.num_gpus), cfg.parallelism.options,
+             batch_size=cfg.batch_size, gpu=cfg.gpu, ring=None, graph=None)  # fmt: skip
+    except ConfigError as e:
+        if e.field not in _STAND_IN_FIELDS:
+            raise
+    except Exception:  # noqa: BLE001 (the real plan, built next, reports it in context)
+        pass
+
+
+def _finite_links(graph):
+    """A graph passed from Python: every bandwidth finite (the communication model divides
+    by it and rounds; a config's topology is checked by the schema)."""
+    for u, v, d in graph.edges(data=True):
+        if not math.isfinite(d["bandwidth"]):
+            raise NetworkError(f"link {u!r}->{v!r}: bandwidth must be a finite number of "
+                               f"bytes/s, got {d['bandwidth']!r} (for an ideal link, give a "
+                               "large one such as 1e15)")  # fmt: skip
+    return graph
 
 
 def _recorded(graph, section):
