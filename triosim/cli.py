@@ -24,12 +24,9 @@ EPILOG = """examples:
 
 
 def _assignment(assignment: str) -> tuple[str, object]:
-    if "=" not in assignment:
-        raise InputError(f"--set expects FIELD=VALUE, got {assignment!r}")
-    from triosim.config import parse_yaml
+    from triosim.cli_comm import assignment as parse
 
-    key, value = assignment.split("=", 1)
-    return key, parse_yaml(value, f"--set {assignment!r}")
+    return parse(assignment)
 
 
 def _set(data: dict, assignment: str) -> None:
@@ -412,13 +409,9 @@ def cmd_plot(args) -> int:
 
 
 def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return n
+    from triosim.cli_comm import positive_int
+
+    return positive_int(text)
 
 
 SWEEP_EPILOG = """grid file:
