@@ -252,3 +252,282 @@ def test_set_is_parsed_alike_everywhere(capsys, tmp_path):
     assert "--set 'num_gpus=[2'" in msg and "not valid YAML" in msg
     assert re.search(r"--set expects FIELD=VALUE, got 'num_gpus'$",
                      user_error(capsys, "collectives", cfg, "--set", "num_gpus"))  # fmt: skip
+
+
+# -- simulate: outputs ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    """A fast config: the small GPT-2 trace replayed on one device."""
+    p = tmp_path / "tiny.yaml"
+    p.write_text(f"trace: {TRACE}\nnum_gpus: 1\nparallelism: {{mode: single}}\n"
+                 "perfmodel: {kind: trace}\n")  # fmt: skip
+    return p
+
+
+def test_simulate_force_removes_what_an_earlier_run_wrote_and_nothing_else(capsys, tiny, tmp_path):
+    run = tmp_path / "run"
+    assert triosim(capsys, "simulate", tiny, "--out", run)[0] == 0
+    assert triosim(capsys, "plot", run, "--kind", "breakdown")[0] == 0
+    (run / "notes.txt").write_text("mine")
+    (run / "plot-mine.png").write_text("mine too")
+    assert (run / "plot-breakdown.png").exists()
+    code, out, err = triosim(capsys, "simulate", tiny, "--out", run, "--force")
+    assert code == 0, err
+    assert "plot-breakdown.png among them" in out
+    assert not (run / "plot-breakdown.png").exists()  # a figure of the earlier results
+    assert (run / "notes.txt").read_text() == "mine"
+    assert (run / "plot-mine.png").read_text() == "mine too"
+    assert (run / "timeline.csv").exists() and (run / "summary.json").exists()
+
+
+def test_simulate_never_writes_over_its_config_or_trace(capsys, tiny, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = run / "config.yaml"  # re-running a saved config into its own folder, changed
+    cfg.write_text(tiny.read_text())
+    msg = user_error(capsys, "simulate", cfg, "--out", run, "--force", "--set", "num_gpus=1")
+    assert "its config.yaml is an input of this run" in msg and "not even with --force" in msg
+    assert cfg.read_text() == tiny.read_text() and len(list(run.iterdir())) == 1
+    trace = run / "trace.json.gz"
+    trace.write_bytes(TRACE.read_bytes())
+    other = tmp_path / "other.yaml"
+    other.write_text(tiny.read_text().replace(str(TRACE), str(trace)))
+    msg = user_error(capsys, "simulate", other, "--out", run, "--force")
+    assert "its trace.json.gz is an input of this run" in msg
+    assert trace.read_bytes() == TRACE.read_bytes()
+
+
+def test_an_interrupted_trace_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
+    import json
+
+    from triosim import trace as tr
+
+    t = tr.load(TRACE)
+    path = tmp_path / "t.trace.json.gz"
+    tr.save(t, path)
+    before = path.read_bytes()
+    real = json.dump
+
+    def cut(doc, f, **kw):
+        f.write(json.dumps(doc)[:1000])  # half the file, then the process is stopped
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(json, "dump", cut)
+    with pytest.raises(KeyboardInterrupt):
+        tr.save(t, path)
+    monkeypatch.setattr(json, "dump", real)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.trace.json.gz"]
+
+
+def test_an_interrupted_figure_leaves_the_old_one_whole(capsys, tiny, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    assert triosim(capsys, "simulate", tiny, "--out", run)[0] == 0
+    before = (run / "timeline.png").read_bytes()
+    from matplotlib.figure import Figure
+
+    def cut(self, fname, **kw):
+        Path(fname).write_bytes(b"\x89PNG half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Figure, "savefig", cut)
+    code, _, err = triosim(capsys, "plot", run, "--kind", "timeline", "--out",
+                           run / "timeline.png", "--force")  # fmt: skip
+    assert code == 130, err
+    assert (run / "timeline.png").read_bytes() == before
+    assert not [p for p in run.iterdir() if "partial" in p.name]
+
+
+# -- plot: a result folder cut short ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("cut", ["mid-line", "whole lines"])
+def test_plot_refuses_a_truncated_timeline(capsys, tiny, tmp_path, cut):
+    run = tmp_path / "run"
+    assert triosim(capsys, "simulate", tiny, "--out", run)[0] == 0
+    f = run / "timeline.csv"
+    text = f.read_text()
+    f.write_text(text[: len(text) // 2] if cut == "mid-line" else
+                 "".join(text.splitlines(keepends=True)[:100]))  # fmt: skip
+    msg = user_error(capsys, "plot", run, "--kind", "timeline")
+    assert msg.startswith(f"error: {f}: truncated or damaged ("), msg
+    assert not (run / "plot-timeline.png").exists()
+
+
+def test_plot_refuses_a_cut_timeline_of_an_older_folder(capsys, tiny, tmp_path):
+    # a folder saved before summary.json recorded row counts: a cut line is still noticed
+    import json
+
+    run = tmp_path / "run"
+    assert triosim(capsys, "simulate", tiny, "--out", run)[0] == 0
+    s = json.loads((run / "summary.json").read_text())
+    del s["rows"]
+    (run / "summary.json").write_text(json.dumps(s))
+    f = run / "timeline.csv"
+    lines = f.read_text().splitlines(keepends=True)
+    f.write_text("".join(lines[:50]) + lines[50][:30])
+    assert "truncated or damaged" in user_error(capsys, "plot", run)
+
+
+# -- search -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def hopeless(tmp_path):
+    """A search where no plan is valid: 3 GPUs cannot split a batch of 7, nor GPT-2's layers."""
+    p = tmp_path / "s.yaml"
+    p.write_text(f"trace: {TRACE}\nnum_gpus: 3\nbatch_size: 7\n")
+    return p
+
+
+def test_search_with_no_valid_plan(capsys, hopeless, tmp_path):
+    code, out, err = triosim(capsys, "search", hopeless, "--out", tmp_path / "best.yaml")
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith(f"error: no plan is valid for {hopeless}")
+    assert "not ranked: dp: invalid" in out and not (tmp_path / "best.yaml").exists()
+
+
+def test_search_checks_out_before_searching(capsys, hopeless, tmp_path, monkeypatch):
+    import triosim.search
+
+    def no_search(*a, **k):
+        raise AssertionError("searched before --out was checked")
+
+    monkeypatch.setattr(triosim.search, "search", no_search)
+    best = tmp_path / "best.yaml"
+    best.write_text("mine")
+    assert user_error(capsys, "search", hopeless, "--out", best) == (
+        f"error: --out {best} exists; pass --force to overwrite it")  # fmt: skip
+    msg = user_error(capsys, "search", hopeless, "--out", hopeless, "--force")
+    assert "is the input" in msg
+    assert best.read_text() == "mine"
+    assert "expected an integer >= 1" in user_error(capsys, "search", hopeless, "--workers", "0")
+
+
+# -- trace ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--device", "tpu"], "argument --device: expected cpu, cuda or cuda:N, got 'tpu'"),
+    (["--measure", "0"], "argument --measure: expected an integer >= 1, got '0'"),
+    (["--warmup", "-1"], "argument --warmup: expected an integer >= 0, got '-1'"),
+    (["--seq-len", "0"], "argument --seq-len: expected an integer >= 1, got '0'"),
+    (["--image-size", "-5"], "argument --image-size: expected an integer >= 1, got '-5'"),
+])  # fmt: skip
+def test_trace_arguments(capsys, tmp_path, args, expected):
+    msg = user_error(capsys, "trace", "resnet18", "--batch-size", "2", "--out", tmp_path, *args)
+    assert msg.endswith(expected), msg
+
+
+def test_trace_refuses_an_existing_file_before_tracing(capsys, tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    import tracer.cli
+
+    def no_trace(*a, **k):
+        raise AssertionError("traced before the output was checked")
+
+    monkeypatch.setattr(tracer.cli, "trace_model", no_trace)
+    old = tmp_path / "resnet18-small-b2.trace.json.gz"
+    old.write_text("mine")
+    msg = user_error(capsys, "trace", "resnet18", "--small", "--batch-size", "2", "--out", tmp_path)
+    assert msg == f"error: trace file {old} exists; pass --force to overwrite it"
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    msg = user_error(capsys, "trace", "resnet18", "--batch-size", "2", "--out", afile)
+    assert msg == f"error: --out {afile} is a file; name a folder (the trace is written into it)"
+    assert old.read_text() == "mine" and afile.read_text() == "mine"
+
+
+def test_trace_file_name_is_the_one_written(tmp_path):
+    from types import SimpleNamespace
+
+    from tracer.cli import trace_file_name
+
+    a = SimpleNamespace(model="gpt2", small=True, master_weights=False, shapes_only=True,
+                        seq_len=16, batch_size=2)  # fmt: skip
+    assert trace_file_name(a) == "gpt2-small-s16-b2.trace.json.gz"
+    a = SimpleNamespace(model="pkg.mod:make", small=False, shapes_only=False, seq_len=128,
+                        batch_size=4)  # fmt: skip
+    assert trace_file_name(a) == "make-b4.trace.json.gz"
+
+
+# -- traces: metadata ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field,value", [("batch_size", "eight"), ("batch_size", 0),
+                                         ("batch_size", 2.5), ("seq_len", [128]),
+                                         ("gpu", 80)])  # fmt: skip
+def test_trace_metadata_that_is_not_what_it_says(capsys, tmp_path, field, value):
+    import gzip
+    import json
+
+    doc = json.loads(gzip.decompress(TRACE.read_bytes()))
+    doc["metadata"][field] = value
+    bad = tmp_path / "bad.trace.json"
+    bad.write_text(json.dumps(doc))
+    msg = user_error(capsys, "info", bad)
+    assert msg.startswith(f"error: file {bad}, field 'metadata.{field}': "), msg
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("trace: bad.trace.json\nnum_gpus: 2\nbatch_size: 8\nparallelism: {mode: dp}\n")
+    assert user_error(capsys, "simulate", cfg, "--no-save") == msg
+
+
+# -- sweep --------------------------------------------------------------------------------------
+
+
+def test_sweep_api_names_what_it_wants():
+    from triosim.sweep import sweep
+
+    with pytest.raises(TypeError, match="base config must be a mapping of config fields"):
+        sweep(str(ROOT / "examples" / "ddp.yaml"), {"num_gpus": [2]})
+
+
+@pytest.fixture
+def grid(tmp_path, tiny):
+    g = tmp_path / "g.yaml"
+    g.write_text("base: tiny.yaml\ngrid:\n  topology.bandwidth: [10 GB/s, 20 GB/s]\n"
+                 "zip:\n  seed: [1, 2]\n")  # fmt: skip
+    return g
+
+
+@pytest.mark.parametrize("assignment,varied", [
+    ("topology.bandwidth=5 GB/s", "topology.bandwidth"),
+    ("topology={kind: ring}", "topology.bandwidth"),
+    ("seed=3", "seed"),
+])  # fmt: skip
+def test_sweep_set_of_a_field_the_grid_varies(capsys, grid, tmp_path, assignment, varied):
+    msg = user_error(capsys, "sweep", grid, "--out", tmp_path / "o", "--set", assignment)
+    assert f"--set {assignment.split('=')[0]}: the grid file varies {varied}" in msg
+    assert not (tmp_path / "o").exists()
+
+
+def test_sweep_says_how_many_points_before_checking_them(capsys, grid, tmp_path):
+    grid.write_text("base: tiny.yaml\ngrid:\n  seed: [1, 2, 3]\n  num_gpus: [1, 0]\n")
+    code, out, err = triosim(capsys, "sweep", grid, "--out", tmp_path / "o")
+    assert code == 2 and "error: grid point 1 (seed=1, num_gpus=0)" in err
+    assert out.startswith(f"sweep {grid}: 6 points (3 seed x 2 num_gpus)")
+
+
+def test_sweep_failed_point_exits_1_after_writing_the_table(capsys, grid, tmp_path):
+    from triosim import sweep as sw
+
+    grid.write_text("base: tiny.yaml\ngrid:\n  num_gpus: [1, 2]\n")  # trace model: 1 GPU only
+    code, out, err = triosim(capsys, "sweep", grid, "--out", tmp_path / "o", "--workers", "1")
+    assert code == 1
+    assert err.strip().splitlines()[-1] == ("error: 1 of 2 points failed (the error_type and "
+                                            "error columns say why)")  # fmt: skip
+    assert len(sw.read_table(tmp_path / "o")) == 2
+
+
+def test_sweep_force_starts_clean_but_keeps_the_users_files(capsys, grid, tmp_path):
+    o = tmp_path / "o"
+    assert triosim(capsys, "sweep", grid, "--out", o, "--workers", "1")[0] == 0
+    assert triosim(capsys, "plot", o, "--x", "topology.bandwidth")[0] == 0
+    [fig] = o.glob("plot-*.png")
+    (o / "mine.txt").write_text("mine")
+    code, out, err = triosim(capsys, "sweep", grid, "--out", o, "--workers", "1", "--force")
+    assert code == 0, err
+    assert f"{fig.name} among them" in out and not fig.exists()
+    assert (o / "mine.txt").read_text() == "mine" and (o / "sweep.csv").exists()
