@@ -531,3 +531,82 @@ def test_sweep_force_starts_clean_but_keeps_the_users_files(capsys, grid, tmp_pa
     assert code == 0, err
     assert f"{fig.name} among them" in out and not fig.exists()
     assert (o / "mine.txt").read_text() == "mine" and (o / "sweep.csv").exists()
+
+
+def test_sweep_force_into_a_result_folder_keeps_the_results(capsys, tiny, grid, tmp_path):
+    # --force removes what an earlier run of the same command wrote, not another's results
+    run = tmp_path / "run"
+    assert triosim(capsys, "simulate", tiny, "--out", run)[0] == 0
+    before = sorted(p.name for p in run.iterdir())
+    code, _, err = triosim(capsys, "sweep", grid, "--out", run, "--workers", "1", "--force")
+    assert code == 0, err
+    assert set(before) <= {p.name for p in run.iterdir()}
+
+
+# -- more of the same kinds ---------------------------------------------------------------------
+
+
+def test_sweep_zip_of_unequal_lengths_is_refused_before_the_count(capsys, tiny, tmp_path):
+    g = tmp_path / "g.yaml"
+    g.write_text("base: tiny.yaml\ngrid:\n  num_gpus: [1]\nzip:\n  seed: [1, 2]\n"
+                 "  iterations: [1]\n")  # fmt: skip
+    code, out, err = triosim(capsys, "sweep", g, "--out", tmp_path / "o")
+    assert code == 2 and "lists of one length" in err
+    assert "points" not in out  # no count printed that is not the grid's
+
+
+def test_plot_hue_that_is_an_axis(capsys, grid, tmp_path):
+    o = tmp_path / "o"
+    assert triosim(capsys, "sweep", grid, "--out", o, "--workers", "1")[0] == 0
+    msg = user_error(capsys, "plot", o, "--x", "topology.bandwidth", "--hue", "topology.bandwidth")
+    assert (
+        msg
+        == "error: --hue 'topology.bandwidth' is the x axis itself; name another parameter (or none)"
+    )
+
+
+def test_calibrate_op_that_contradicts_the_log(capsys, measured, tmp_path):
+    real = ROOT / "benchmarks/data/nccl_tests/h100_8gpu_allreduce_dgxc-benchmarking.txt"
+    msg = user_error(capsys, "calibrate", real, "--config", ROOT / "examples/ddp_h100_node.yaml",
+                     "--out", tmp_path / "c.yaml", "--op", "broadcast")  # fmt: skip
+    assert msg.startswith(f"error: --op broadcast: table 0 of {real} is all_reduce_perf's")
+    # a log that does not name its test (as `triosim collectives` prints it): fitted as
+    # all_reduce, and said so
+    log, cfg = measured
+    code, _, err = triosim(capsys, "calibrate", log, "--config", cfg, "--out", tmp_path / "d.yaml")
+    assert code == 0 and "does not name its test: fitting table 0 as all_reduce" in err
+
+
+def test_import_empty_gpu_name(capsys, tmp_path):
+    from tests.test_trace import TENSOR_CSV, TRACE_CSV
+
+    (tmp_path / "trace.csv").write_text(TRACE_CSV)
+    (tmp_path / "tensor.csv").write_text(TENSOR_CSV)
+    msg = user_error(capsys, "import", tmp_path, tmp_path / "t.trace.json", "--gpu", "")
+    assert msg.startswith("error: --gpu '' is not in the catalogue")
+
+
+def test_simulate_no_save_with_out(capsys, tiny, tmp_path):
+    msg = user_error(capsys, "simulate", tiny, "--no-save", "--out", tmp_path / "o")
+    assert (
+        msg == f"error: --no-save and --out {tmp_path / 'o'}: give one (--no-save writes nothing)"
+    )
+
+
+def test_trace_model_options_checked_before_tracing(capsys, tmp_path, monkeypatch):
+    pytest.importorskip("torch")
+    import tracer.cli
+
+    def no_trace(*a, **k):
+        raise AssertionError("traced before the options were checked")
+
+    monkeypatch.setattr(tracer.cli, "trace_model", no_trace)
+    binary = tmp_path / "cal.json"
+    binary.write_bytes(b"\xd0\xff" * 50)
+    shape = ["trace", "gpt2", "--small", "--batch-size", "2", "--out", tmp_path, "--shapes-only"]
+    msg = user_error(capsys, *shape, "--gpu", "H100-SXM", "--calibration", binary)
+    assert "perfmodel.calibration" in msg and "a readable calibration table" in msg
+    assert "'Z9' is not allowed" in user_error(capsys, *shape, "--gpu", "Z9")
+    msg = user_error(capsys, "trace", "resnet18", "--batch-size", "2", "--out", tmp_path,
+                     "--calibration", binary)  # fmt: skip
+    assert "--calibration is the table a shape-only trace is modelled with" in msg

@@ -118,6 +118,9 @@ def run_trace(args, timer=None) -> int:
     if shapes_only and not gpu:
         raise TracerError("--shapes-only needs --gpu NAME: the GPU whose operator times the "
                           "performance model predicts")  # fmt: skip
+    if getattr(args, "calibration", None) and not shapes_only:
+        raise TracerError("--calibration is the table a shape-only trace is modelled with "
+                          "(--shapes-only --gpu NAME); a real trace is timed")  # fmt: skip
     if gpu and not shapes_only:
         raise TracerError("--gpu names the GPU a shape-only trace is modelled for; a real "
                           "trace is timed on --device")  # fmt: skip

@@ -98,12 +98,12 @@ def _spare_inputs(folder: Path, names, inputs) -> None:
                                  "even with --force)")  # fmt: skip
 
 
-def _clear_earlier(folder: Path, own) -> None:
+def _clear_earlier(folder: Path, own, kind: str) -> None:
     """--force: remove what an earlier run wrote into `folder` (its own files and the
     manifest's, nothing else), so that no stale output sits beside the new ones."""
     from triosim.outputs import remove_written
 
-    removed = remove_written(folder, own)
+    removed = remove_written(folder, own, kind)
     extra = [n for n in removed if n not in own]  # not rewritten now: worth naming
     if removed:
         print(f"--force: removed the {len(removed)} file(s) an earlier run wrote in {folder}/"
@@ -121,9 +121,12 @@ def cmd_simulate(args) -> int:
     for s in args.set or []:
         _set(data, s)
     cfg = from_dict(data, base_dir=path.parent)
+    if args.no_save and args.out is not None:
+        raise InputError(f"--no-save and --out {args.out}: give one (--no-save writes nothing)")
     out = None if args.no_save else _out_folder(args.out, path.stem, args.force)
     if out is not None:
-        _spare_inputs(out, [*Result.OUTPUTS, *written_before(out)], _inputs(cfg, path))
+        _spare_inputs(out, [*Result.OUTPUTS, *written_before(out, "simulate")],
+                      _inputs(cfg, path))  # fmt: skip
     if out is not None and args.out is None and out.name != path.stem:
         print(f"out/{path.stem}/ already holds files: writing to {out}/ instead")
     trace = load_any_trace(cfg.trace_path(), progress=True)
@@ -137,7 +140,7 @@ def cmd_simulate(args) -> int:
     print(result.summary())
     if out is not None:
         if args.force:  # only now: a failed run leaves the earlier outputs as they were
-            _clear_earlier(out, Result.OUTPUTS)
+            _clear_earlier(out, Result.OUTPUTS, "simulate")
         result.save(out)
         print(f"\noutputs written to {out}/ (timeline.csv, per_gpu.csv, per_layer.csv, links.csv,"
               " summary.json, chrome_trace.json, timeline.png, memory.csv, memory.png, config.yaml)")  # fmt: skip
@@ -197,8 +200,8 @@ def cmd_import(args) -> int:
         )
     if out.exists() and not args.force:
         raise InputError(f"output {out} exists; pass --force to overwrite it")
-    try:  # an unknown GPU fails before any work
-        gpu = hardware.gpu(args.gpu).name if args.gpu else None
+    try:  # an unknown GPU (or an empty name) fails before any work
+        gpu = hardware.gpu(args.gpu).name if args.gpu is not None else None
     except ConfigError as e:
         raise InputError(f"--gpu {args.gpu!r} is not in the catalogue: {e.allowed}") from None
     t = import_csv(src, batch_size=args.batch_size, gpu=gpu)
@@ -256,6 +259,15 @@ def cmd_trace(args) -> int:
             f"triosim trace needs PyTorch ({e}): pip install 'triosim[trace]'"
         ) from None
     from tracer.cli import run_trace
+
+    if args.gpu is not None and args.shapes_only:  # before tracing, not after
+        from triosim import hardware
+
+        hardware.gpu(args.gpu)
+    if args.calibration is not None and args.shapes_only:
+        from perfmodel.calibrated import Calibration
+
+        Calibration.load(args.calibration)
 
     def timer(trace, gpu, calibration):
         from perfmodel.modelled import model_times
@@ -334,8 +346,8 @@ def cmd_sweep(args) -> int:
 
         own = [f"{sw.TABLE}.csv", f"{sw.TABLE}.parquet"]
         inputs = [path, spec.base_file, *{p.config.trace_path() for p in pts}]
-        _spare_inputs(folder, [*own, *written_before(folder)], [i for i in inputs if i])
-        _clear_earlier(folder, own)
+        _spare_inputs(folder, [*own, *written_before(folder, "sweep")], [i for i in inputs if i])
+        _clear_earlier(folder, own, "sweep")
     dropped: dict = {}  # the points' selector values -> base fields left out of them
     for p in pts:
         if p.dropped:
@@ -433,13 +445,13 @@ def cmd_compare(args) -> int:
 # -- plot ---------------------------------------------------------------------------------------------
 
 
-def _noted(png: Path, folder: Path) -> None:
+def _noted(png: Path, folder: Path, kind: str) -> None:
     """A figure written into the output folder it draws is listed in its manifest, so that
     the next `simulate`/`sweep --force` there removes it with the rest (not elsewhere)."""
     from triosim.outputs import note_written, same_file
 
     if same_file(png.parent, folder):
-        note_written(folder, [png.name])
+        note_written(folder, [png.name], kind)
 
 
 def cmd_plot(args) -> int:
@@ -453,7 +465,7 @@ def cmd_plot(args) -> int:
         saved = plots.read_result_folder(target)
         png = _png_out(args.out, target / f"plot-{args.kind}.png", args.force)
         plots.plot_result(saved, args.kind, png, max_gpus=args.max_gpus)
-        _noted(png, target)
+        _noted(png, target, "simulate")
         print(f"{args.kind} of {target} written to {png}")
         return 0
     from triosim import sweep as sw
@@ -473,7 +485,7 @@ def cmd_plot(args) -> int:
     png = _png_out(args.out, folder / f"plot-{y}-vs-{x}.png", args.force)
     ok = ~sw.failed(df)
     plots.plot_sweep(df[ok], x, y, hue, png, title=f"sweep {target}: {y} against {x}")
-    _noted(png, folder)
+    _noted(png, folder, "sweep")
     for n in notes:
         print(f"note: {n}")
     print(f"{y} against {x}" + (f" by {', '.join(hue)}" if hue else "") + f" written to {png}")

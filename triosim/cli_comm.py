@@ -129,7 +129,8 @@ def cmd_calibrate(args) -> int:
     # the output before any work: never the log or the config, an existing file only with
     # --force, a folder that can be written
     check_output_file(args.out, args.force, inputs=(log, args.config))
-    tables = nccl_tests.parse(_read_log(log), op=args.op)
+    text = _read_log(log)
+    tables = nccl_tests.parse(text)  # each table's test as the log names it
     if not tables:
         raise InputError(f"nccl-tests log {log}: no result rows found (expected the output of "
                          "all_reduce_perf or another nccl-tests test)")  # fmt: skip
@@ -137,8 +138,17 @@ def cmd_calibrate(args) -> int:
         raise InputError(f"--table {args.table}: {log} holds {len(tables)} result table(s), "
                          f"numbered 0 to {len(tables) - 1}")  # fmt: skip
     table = tables[args.table]
+    if table.op is not None and args.op is not None and args.op != table.op:
+        raise InputError(f"--op {args.op}: table {args.table} of {log} is {table.op}_perf's; "
+                         "drop --op (it is for a log that does not name its test)")  # fmt: skip
     if table.op is None:
-        table.op = "all_reduce"
+        if args.op is None:
+            import warnings
+
+            warnings.warn(f"{log} does not name its test: fitting table {args.table} as "
+                          "all_reduce (give --op if it is another)", stacklevel=1)  # fmt: skip
+        # read again as that test (its rank count follows from busbw / algbw)
+        table = nccl_tests.parse(text, op=args.op or "all_reduce")[args.table]
     cfg = _config(args.config, args.set)
     rows = table.rows[args.offset :: args.every]
     if not rows:

@@ -84,35 +84,47 @@ def write_text(path, text: str) -> Path:
     return path
 
 
-def written_before(folder) -> list[str]:
-    """The names an earlier run of triosim wrote into `folder` (its MANIFEST)."""
+def written_before(folder, kind: str | None = None) -> list[str]:
+    """The names an earlier run of triosim wrote into `folder` (its MANIFEST), if the
+    folder holds outputs of `kind` ("simulate": a result folder, "sweep": a sweep folder;
+    None: any)."""
     try:
         lines = (Path(folder) / MANIFEST).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError):
         return []
+    head = lines[0] if lines else ""
+    if kind is not None and head != _header(kind):
+        return []
     # plain names only: a hand-edited manifest cannot reach outside the folder
-    return [n for n in lines if n and "/" not in n and "\\" not in n and n not in (".", "..")]
+    return [n for n in lines[1:] if n and "/" not in n and "\\" not in n and n not in (".", "..")]
 
 
-def note_written(folder, names) -> None:
-    """Add `names` (files in `folder`) to its MANIFEST."""
+def _header(kind: str) -> str:
+    return f"# files triosim wrote here for a {kind} folder"
+
+
+def note_written(folder, names, kind: str) -> None:
+    """Add `names` (files in `folder`) to its MANIFEST; `kind` says what the folder holds
+    ("simulate" or "sweep"), so that one command's --force never removes another's."""
     folder = Path(folder)
-    known = written_before(folder)
+    known = written_before(folder, kind)
     new = [n for n in names if n not in known]
-    if new:
-        write_text(folder / MANIFEST, "".join(f"{n}\n" for n in known + new))
+    if new or not (folder / MANIFEST).exists():
+        write_text(folder / MANIFEST, "".join(f"{n}\n" for n in [_header(kind), *known, *new]))
 
 
-def remove_written(folder, own=()) -> list[str]:
-    """Remove what triosim wrote into `folder` earlier: the files its MANIFEST lists and
-    `own` (the names the command always writes), files only; a user's other files stay.
-    Returns the names removed."""
+def remove_written(folder, own=(), kind: str | None = None) -> list[str]:
+    """Remove what triosim wrote into `folder` earlier: `own` (the names the command always
+    writes) and the files its MANIFEST lists for `kind`; files only, a user's other files
+    stay. Returns the names removed."""
     folder = Path(folder)
     removed = []
-    for name in dict.fromkeys([*own, *written_before(folder)]):
+    listed = written_before(folder, kind)
+    for name in dict.fromkeys([*own, *listed]):
         f = folder / name
         if f.is_file() or f.is_symlink():
             f.unlink()
             removed.append(name)
-    (folder / MANIFEST).unlink(missing_ok=True)
+    if listed or kind is None:
+        (folder / MANIFEST).unlink(missing_ok=True)
     return removed

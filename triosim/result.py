@@ -553,5 +553,5 @@ class Result:
                     )
                 put("config.yaml", config.save)
         finally:
-            note_written(folder, written)
+            note_written(folder, written, "simulate")
         return folder

@@ -117,8 +117,20 @@ def _check_set(key: str, grid: dict, zipped: dict) -> None:
 
 def count(grid: dict, zipped: dict | None = None) -> int:
     """How many points a grid has, without building them."""
-    n = math.prod(len(v) for v in (grid or {}).values())
+    grid, zipped = _lists(grid, "grid"), _lists(zipped, "zip")
+    _check_zip(grid, zipped)
+    n = math.prod(len(v) for v in grid.values())
     return n * (len(next(iter(zipped.values()))) if zipped else 1)
+
+
+def _check_zip(grid: dict, zipped: dict) -> None:
+    both = sorted(set(grid) & set(zipped))
+    if both:
+        raise ConfigError(f"zip.{both[0]}", zipped[both[0]], "a field not also in grid")
+    lengths = {len(v) for v in zipped.values()}
+    if len(lengths) > 1:
+        sizes = ", ".join(f"{k}: {len(v)}" for k, v in zipped.items())
+        raise ConfigError("zip", sizes, "lists of one length (they vary together)")
 
 
 def _lists(section, name) -> dict:
@@ -136,13 +148,7 @@ def expand(grid: dict, zipped: dict | None = None) -> list[dict]:
     """Every point's parameters: the product of the grid's lists, and for each, every row
     of the zipped lists (which vary together)."""
     grid, zipped = _lists(grid, "grid"), _lists(zipped, "zip")
-    both = sorted(set(grid) & set(zipped))
-    if both:
-        raise ConfigError(f"zip.{both[0]}", zipped[both[0]], "a field not also in grid")
-    lengths = {len(v) for v in zipped.values()}
-    if len(lengths) > 1:
-        sizes = ", ".join(f"{k}: {len(v)}" for k, v in zipped.items())
-        raise ConfigError("zip", sizes, "lists of one length (they vary together)")
+    _check_zip(grid, zipped)
     rows = [dict(zip(zipped, r, strict=True)) for r in zip(*zipped.values(), strict=True)]
     out = []
     for combo in itertools.product(*grid.values()):
@@ -452,6 +458,10 @@ def axes(df: pd.DataFrame, x=None, y=None, hue=None) -> tuple[str, str, list, li
                              f"{listed}; metrics: {metrics})")  # fmt: skip
     if not pd.api.types.is_numeric_dtype(df[y]):
         raise InputError(f"--y {y!r} is not a numeric column of the sweep table")
+    for axis, col in (("x", x), ("y", y)):
+        if col in hue:
+            raise InputError(f"--hue {col!r} is the {axis} axis itself; name another "
+                             "parameter (or none)")  # fmt: skip
     extra = [c for c in varying if c != x and c not in hue]
     tied = [c for c in extra if ok.groupby(ok[x].astype(str))[c].nunique().max() <= 1]
     if tied:  # zipped with x: it varies along x, not as lines of its own
