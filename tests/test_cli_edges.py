@@ -610,3 +610,18 @@ def test_trace_model_options_checked_before_tracing(capsys, tmp_path, monkeypatc
     msg = user_error(capsys, "trace", "resnet18", "--batch-size", "2", "--out", tmp_path,
                      "--calibration", binary)  # fmt: skip
     assert "--calibration is the table a shape-only trace is modelled with" in msg
+
+
+def test_sweep_starts_no_more_workers_than_points(capsys, grid, tmp_path, monkeypatch):
+    from triosim import sweep as sw
+
+    seen = []
+
+    def fake(folder, plan, workers, scheduler=None):
+        seen.append(workers)
+        return sw.table(plan.points, {p.id: {"error_type": None, "error": None} for p in plan.todo})
+
+    monkeypatch.setattr(sw, "sweep_to", fake)
+    code, out, err = triosim(capsys, "sweep", grid, "--out", tmp_path / "o", "--workers", "1000")
+    assert code == 0, err
+    assert seen == [4] and "4 worker processes" in out  # 2 bandwidths x 2 zipped seeds

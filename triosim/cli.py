@@ -366,7 +366,8 @@ def cmd_sweep(args) -> int:
                  if plan.failed_kept else "")
               + (f"{plan.retried} failed earlier (retried), " if plan.retried else "")
               + (f"{len(plan.todo)} to run" if plan.todo else "nothing to run"))  # fmt: skip
-    workers = args.workers or max(1, min(os.cpu_count() or 1, len(plan.todo)))
+    # no more worker processes than points to run (--workers 1000 for 12 points: 12)
+    workers = max(1, min(args.workers or os.cpu_count() or 1, len(plan.todo)))
     if plan.todo:
         print(f"running {len(plan.todo)} points {_sweep_where(workers, args.scheduler)}")
     try:
