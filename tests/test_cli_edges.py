@@ -625,3 +625,13 @@ def test_sweep_starts_no_more_workers_than_points(capsys, grid, tmp_path, monkey
     code, out, err = triosim(capsys, "sweep", grid, "--out", tmp_path / "o", "--workers", "1000")
     assert code == 0, err
     assert seen == [4] and "4 worker processes" in out  # 2 bandwidths x 2 zipped seeds
+
+
+def test_plot_refuses_a_truncated_sweep_table(capsys, grid, tmp_path):
+    o = tmp_path / "o"
+    assert triosim(capsys, "sweep", grid, "--out", o, "--workers", "1")[0] == 0
+    (o / "sweep.parquet").unlink(missing_ok=True)
+    text = (o / "sweep.csv").read_text()
+    (o / "sweep.csv").write_text(text[: len(text) - 40])
+    msg = user_error(capsys, "plot", o / "sweep.csv")
+    assert msg.startswith(f"error: sweep table {o / 'sweep.csv'}: truncated")

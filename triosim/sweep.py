@@ -503,7 +503,13 @@ def read_table(path) -> pd.DataFrame:
         if path.suffix == ".parquet":
             return pd.read_parquet(path)
         if path.suffix == ".csv":
+            with open(path, "rb") as f:  # every table written here ends with a whole line
+                if f.seek(0, 2) and (f.seek(-1, 2), f.read(1))[1] != b"\n":
+                    raise InputError(f"sweep table {path}: truncated (its last line is cut "
+                                     "short); run the sweep again to rewrite it")  # fmt: skip
             return pd.read_csv(path)
+    except InputError:
+        raise
     except ImportError:
         raise InputError(f"reading {path} needs pyarrow: pip install pyarrow") from None
     except (OSError, ValueError) as e:
