@@ -124,11 +124,10 @@ def load_calibration(path) -> dict:
     """The fitted numbers a calibration YAML holds ({field: value} under 'tuning')."""
     import yaml
 
-    p = Path(path)
-    try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except FileNotFoundError:
-        raise ConfigError("communication.calibration", str(path), "an existing file") from None
+    from triosim.trace_io import read_text
+
+    try:  # read_text: a missing, binary or unreadable file, or a folder, is a clear error
+        data = yaml.safe_load(read_text(path, "communication.calibration file")) or {}
     except yaml.YAMLError as e:
         raise ConfigError("communication.calibration", str(path), f"YAML ({e})") from None
     fitted = data.get("tuning") if isinstance(data, dict) else None

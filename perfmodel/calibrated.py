@@ -256,15 +256,19 @@ class Calibration:
         path = Path(path)
         try:
             doc = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
             raise ConfigError("perfmodel.calibration", str(path),
                               f"a readable calibration table (JSON): {e}") from None  # fmt: skip
         if not isinstance(doc, dict) or doc.get("format") != "triosim-calibration":
             raise ConfigError("perfmodel.calibration", str(path),
                               'a calibration table ("format": "triosim-calibration")')  # fmt: skip
-        if doc.get("form") not in FORMS or "all" not in doc.get("params", {}):
+        params = doc.get("params")
+        if doc.get("form") not in FORMS or not isinstance(params, dict) or "all" not in params:
             raise ConfigError("perfmodel.calibration", str(path),
                               f"a table with form in {FORMS} and an 'all' entry")  # fmt: skip
+        if not isinstance(doc.get("gpu"), str):
+            raise ConfigError("perfmodel.calibration", str(path),
+                              "a table naming the GPU it was fitted on ('gpu')")  # fmt: skip
         return cls(hardware.gpu(doc["gpu"]).name, doc["form"], doc["params"],
                    doc.get("source", str(path)), doc.get("samples", {}),
                    doc.get("heldout", {}))  # fmt: skip

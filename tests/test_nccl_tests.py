@@ -3,7 +3,7 @@
 import pytest
 
 from triosim import nccl_tests as T
-from triosim.errors import ConfigError
+from triosim.errors import InputError
 
 NEW = """\
 # nccl-tests version 2.14.1 nccl-headers=22105 nccl-library=22105
@@ -69,7 +69,7 @@ def test_strips_slurm_prefixes_and_reads_several_tables():
 def test_size_arguments_as_nccl_tests_reads_them():
     assert T.parse_size("1G") == 2**30 and T.parse_size("64k") == 65536
     assert T.parse_size("8") == 8 and T.parse_size("1.5M") == 3 * 2**19
-    with pytest.raises(ConfigError):
+    with pytest.raises(InputError):
         T.parse_size("1GB")
     s = T.sizes(8, T.parse_size("1G"), 2)
     assert s[0] == 8 and s[-1] == 2**30 and len(s) == 28

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import math
 
-from triosim.errors import TracerError
+from triosim.errors import InputError, TracerError
 
 
 def trace_model(name, batch_size, device="cpu", warmup=3, measure=5, small=False,
@@ -90,6 +90,22 @@ def trace_model(name, batch_size, device="cpu", warmup=3, measure=5, small=False
     return t
 
 
+def trace_file_name(args) -> str:
+    """The file `triosim trace` writes into --out: the model's label (the function's name
+    for module:function; -small, -bf16; a modelled transformer's -s<sequence>) and batch."""
+    from tracer.models import LAYERED
+
+    name = args.model
+    if ":" in name:
+        label = name.split(":", 1)[1]
+    else:
+        label = (name + ("-small" if args.small else "")
+                 + ("-bf16" if getattr(args, "master_weights", False) else ""))  # fmt: skip
+    if getattr(args, "shapes_only", False) and name in LAYERED:
+        label += f"-s{args.seq_len}"
+    return f"{label}-b{args.batch_size}.trace.json.gz"
+
+
 def run_trace(args, timer=None) -> int:
     """The `trace` command. timer(trace, gpu, calibration) gives a shape-only trace its
     modelled times (perfmodel.modelled.model_times; the tracer floor cannot import it)."""
@@ -102,21 +118,28 @@ def run_trace(args, timer=None) -> int:
     if shapes_only and not gpu:
         raise TracerError("--shapes-only needs --gpu NAME: the GPU whose operator times the "
                           "performance model predicts")  # fmt: skip
+    if getattr(args, "calibration", None) and not shapes_only:
+        raise TracerError("--calibration is the table a shape-only trace is modelled with "
+                          "(--shapes-only --gpu NAME); a real trace is timed")  # fmt: skip
     if gpu and not shapes_only:
         raise TracerError("--gpu names the GPU a shape-only trace is modelled for; a real "
                           "trace is timed on --device")  # fmt: skip
     layers = getattr(args, "layers", None)
+    # where the trace goes, checked before the (long) tracing: a folder, and a file there
+    # that exists only with --force
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file; name a folder (the trace is written into it)")
+    from triosim.outputs import check_output_file
+
+    path = check_output_file(out / trace_file_name(args), getattr(args, "force", False),
+                             what="trace file")  # fmt: skip
     t = trace_model(args.model, args.batch_size, args.device, args.warmup, args.measure,
                     args.small, args.image_size, args.seq_len, shapes_only, layers,
                     getattr(args, "master_weights", False))  # fmt: skip
     if shapes_only:
         t = timer(t, gpu, getattr(args, "calibration", None))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    label = t.metadata["model"]
-    if shapes_only and "seq_len" in t.metadata:  # a modelled transformer: say its sequence
-        label += f"-s{t.metadata['seq_len']}"
-    path = save(t, out / f"{label}-b{args.batch_size}.trace.json.gz")
+    path = save(t, path)
     print(f"wrote {path}")
     print(f"operators {len(t.operators)}, tensors {len(t.tensors)}")
     total = t.total_time

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -20,8 +21,9 @@ import simpy
 from extrapolators import comm_class
 from extrapolators.nccl import Nccl, Tuning
 from networks import network_class
+from networks.base import gpu_nodes
 from triosim import nccl_tests
-from triosim.config import Config
+from triosim.config import IN_MEMORY, Config
 from triosim.errors import ConfigError
 
 # what a calibration may move, and how far (launch and pipeline cost in seconds)
@@ -39,6 +41,8 @@ def target_gpu(cfg: Config) -> str | None:
     """The config's GPU, else the one its trace was made on (if the trace loads)."""
     if cfg.gpu:
         return cfg.gpu
+    if cfg.trace == IN_MEMORY:  # a config without a trace (collectives, calibrate)
+        return None
     try:
         from triosim.trace_io import load_any_trace
 
@@ -51,12 +55,42 @@ def system(cfg: Config, graph=None):
     """(env, network, communication model, group of all GPUs) for a config."""
     from triosim.simulation import build_topology
 
-    graph = graph if graph is not None else build_topology(cfg)
+    graph = slowed(cfg, graph if graph is not None else build_topology(cfg))
     env = simpy.Environment()
     net = network_class(cfg.network.kind)(env, graph, cfg.network.options)
     c = cfg.communication
     comm = comm_class(c.kind)(env, net, c.options, gpu=target_gpu(cfg), base_dir=cfg.base_dir)
     return env, net, comm, tuple(net.gpus)
+
+
+def slowed(cfg: Config, graph):
+    """The topology with the config's heterogeneity applied as `simulate` applies it.
+
+    What each field means for a collective alone: `heterogeneity.bandwidth`, `links` and
+    random draws with `target: bandwidth` slow links, and a collective is carried by links,
+    so they apply here exactly as in Simulation (the same draws, the same slowed graph).
+    `heterogeneity.compute` and random draws with `target: compute` slow a GPU's compute
+    tasks only (extrapolators.runtime scales ComputeRun durations by them; communication
+    tasks go through the network and the communication model untouched), so in `simulate`
+    they do not change a collective's time either: here they change nothing, and a warning
+    names them rather than ignoring them silently."""
+    het = cfg.heterogeneity
+    if het.is_empty():
+        return graph
+    compute, bandwidth = het.factors(gpu_nodes(graph), cfg.seed)
+    slow = {g: f for g, f in compute.items() if f != 1.0}
+    if slow:
+        fields = (["heterogeneity.compute"] if het.compute else []) + [
+            f"heterogeneity.random[{k}] (target: compute)"
+            for k, r in enumerate(het.random) if r.target == "compute"
+        ]  # fmt: skip
+        warnings.warn(f"{' and '.join(fields)}: a slower compute on {len(slow)} GPU(s) does "
+                      "not change a collective's time (compute factors slow compute tasks "
+                      "only, in simulate too), so it is not applied here; bandwidth and link "
+                      "factors are", stacklevel=2)  # fmt: skip
+    if het.links or any(f != 1.0 for f in bandwidth.values()):
+        graph = het.apply_to_graph(graph, bandwidth)
+    return graph
 
 
 def op_bytes(test_op: str, size: int, n: int) -> tuple[int, int, str]:
@@ -75,7 +109,9 @@ def collective_times(cfg: Config, test_op: str, sizes, root: int = 0, graph=None
     if n < 2:
         raise ConfigError("num_gpus", n, "at least 2 GPUs for a collective")
     op = nccl_tests.OPS[test_op][0]
-    root_gpu = group[root % n]
+    if isinstance(root, bool) or not isinstance(root, int) or not 0 <= root < n:
+        raise ConfigError("root", root, f"a rank of the {n} GPUs: 0 to {n - 1}")
+    root_gpu = group[root]
     out = []
     for size in sizes:
         nbytes, count, _ = op_bytes(test_op, size, n)
@@ -181,10 +217,10 @@ def write_calibration(path, tuning: Tuning, report: dict, source: str = "") -> P
         "fit": {"source": source, "model": f"NCCL {nccl_params.NCCL_VERSION} tuning model",
                 **{k: v for k, v in report.items() if k != "fitted"}},
     }  # fmt: skip
-    path = Path(path)
-    path.write_text("# written by `triosim calibrate`: the NCCL model's tuning for this system\n"
-                    + yaml.safe_dump(data, sort_keys=False))  # fmt: skip
-    return path
+    from triosim.outputs import write_text
+
+    return write_text(path, "# written by `triosim calibrate`: the NCCL model's tuning for "
+                      "this system\n" + yaml.safe_dump(data, sort_keys=False))  # fmt: skip
 
 
 def errors_by_range(sizes, predicted, measured) -> dict:

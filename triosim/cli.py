@@ -24,12 +24,9 @@ EPILOG = """examples:
 
 
 def _assignment(assignment: str) -> tuple[str, object]:
-    if "=" not in assignment:
-        raise InputError(f"--set expects FIELD=VALUE, got {assignment!r}")
-    from triosim.config import parse_yaml
+    from triosim.cli_comm import assignment as parse
 
-    key, value = assignment.split("=", 1)
-    return key, parse_yaml(value, f"--set {assignment!r}")
+    return parse(assignment)
 
 
 def _set(data: dict, assignment: str) -> None:
@@ -62,20 +59,61 @@ def _out_folder(out, stem: str, force: bool) -> Path:
 
 
 def _writable(folder: Path) -> Path:
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / ".triosim-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as e:
-        raise InputError(
-            f"output folder {folder}: cannot write there ({e.strerror or e})"
-        ) from None
-    return folder
+    from triosim.outputs import writable_folder
+
+    return writable_folder(folder)
+
+
+def _inputs(cfg, *files) -> list[Path]:
+    """What a run reads: `files` (the config), the trace and every option marked as a path
+    (a calibration file, extra traces)."""
+    import dataclasses
+
+    from triosim.config import IN_MEMORY
+
+    out = [Path(f) for f in files]
+    if cfg.trace != IN_MEMORY:
+        out.append(cfg.trace_path())
+    for section in ("parallelism", "topology", "network", "communication", "perfmodel"):
+        opts = getattr(cfg, section).options
+        if opts is None or not dataclasses.is_dataclass(opts):
+            continue
+        for f in dataclasses.fields(opts):
+            if f.metadata.get("path"):
+                v = getattr(opts, f.name)
+                out += [cfg.resolve(x) for x in (v if isinstance(v, list) else [v]) if x]
+    return out
+
+
+def _spare_inputs(folder: Path, names, inputs) -> None:
+    """Refuse an output folder where one of the files a run writes (or removes, with
+    --force) is one of its inputs: the run would destroy what it read."""
+    from triosim.outputs import same_file
+
+    for name in names:
+        for i in inputs:
+            if same_file(folder / name, i):
+                raise InputError(f"--out {folder}: its {name} is an input of this run ({i}); "
+                                 "name another folder (an input is never overwritten, not "
+                                 "even with --force)")  # fmt: skip
+
+
+def _clear_earlier(folder: Path, own, kind: str) -> None:
+    """--force: remove what an earlier run wrote into `folder` (its own files and the
+    manifest's, nothing else), so that no stale output sits beside the new ones."""
+    from triosim.outputs import remove_written
+
+    removed = remove_written(folder, own, kind)
+    extra = [n for n in removed if n not in own]  # not rewritten now: worth naming
+    if removed:
+        print(f"--force: removed the {len(removed)} file(s) an earlier run wrote in {folder}/"
+              + (f" ({', '.join(extra)} among them)" if extra else ""))  # fmt: skip
 
 
 def cmd_simulate(args) -> int:
     from triosim.config import from_dict, read_yaml
+    from triosim.outputs import written_before
+    from triosim.result import Result
     from triosim.simulation import Simulation
 
     path = Path(args.config)
@@ -83,7 +121,12 @@ def cmd_simulate(args) -> int:
     for s in args.set or []:
         _set(data, s)
     cfg = from_dict(data, base_dir=path.parent)
+    if args.no_save and args.out is not None:
+        raise InputError(f"--no-save and --out {args.out}: give one (--no-save writes nothing)")
     out = None if args.no_save else _out_folder(args.out, path.stem, args.force)
+    if out is not None:
+        _spare_inputs(out, [*Result.OUTPUTS, *written_before(out, "simulate")],
+                      _inputs(cfg, path))  # fmt: skip
     if out is not None and args.out is None and out.name != path.stem:
         print(f"out/{path.stem}/ already holds files: writing to {out}/ instead")
     trace = load_any_trace(cfg.trace_path(), progress=True)
@@ -96,6 +139,8 @@ def cmd_simulate(args) -> int:
     result = run_with_progress(Simulation(cfg, trace=trace, progress=True))
     print(result.summary())
     if out is not None:
+        if args.force:  # only now: a failed run leaves the earlier outputs as they were
+            _clear_earlier(out, Result.OUTPUTS, "simulate")
         result.save(out)
         print(f"\noutputs written to {out}/ (timeline.csv, per_gpu.csv, per_layer.csv, links.csv,"
               " summary.json, chrome_trace.json, timeline.png, memory.csv, memory.png, config.yaml)")  # fmt: skip
@@ -155,8 +200,8 @@ def cmd_import(args) -> int:
         )
     if out.exists() and not args.force:
         raise InputError(f"output {out} exists; pass --force to overwrite it")
-    try:  # an unknown GPU fails before any work
-        gpu = hardware.gpu(args.gpu).name if args.gpu else None
+    try:  # an unknown GPU (or an empty name) fails before any work
+        gpu = hardware.gpu(args.gpu).name if args.gpu is not None else None
     except ConfigError as e:
         raise InputError(f"--gpu {args.gpu!r} is not in the catalogue: {e.allowed}") from None
     t = import_csv(src, batch_size=args.batch_size, gpu=gpu)
@@ -172,30 +217,35 @@ def cmd_search(args) -> int:
     import yaml
 
     from triosim.config import read_yaml
+    from triosim.outputs import check_output_file, write_text
     from triosim.search import search
 
     path = Path(args.config)
     base = read_yaml(path)
     for s in args.set or []:
         _set(base, s)
+    # --out before the search (which can take long): never the config, an existing file
+    # only with --force
+    out = check_output_file(args.out, args.force, inputs=(path,))
     ranked, table, best = search(base, base_dir=str(path.parent), workers=args.workers)
     cols = [c for c in ("plan", "iteration_time_ms", "peak_memory_gb_max", "samples_per_s",
                         "tokens_per_s", "mfu") if c in ranked]  # fmt: skip
-    print(ranked[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    if len(ranked):
+        print(ranked[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     dropped = table[table["status"] != "ok"]
     for r in dropped.itertuples(index=False):
         print(
             f"not ranked: {r.plan}: {r.status}"
             + (f" ({r.reason})" if isinstance(getattr(r, "reason", None), str) else "")
         )
+    if not (table["status"] != "invalid").any():
+        raise InputError(f"no plan is valid for {path} ({len(table)} tried; each one's reason "
+                         "is listed above): check num_gpus, batch_size and the trace")  # fmt: skip
     if best is None:
         print("error: no candidate fits", file=sys.stderr)
         return 1
-    out = Path(args.out)
-    if out.exists() and not args.force:
-        raise InputError(f"{out} exists; pass --force to overwrite it")
     best = {**best, "trace": str((path.parent / best["trace"]).resolve())}
-    out.write_text(yaml.safe_dump(best, sort_keys=False))
+    write_text(out, yaml.safe_dump(best, sort_keys=False))
     print(f"\nbest: {ranked.loc[0, 'plan']} ({ranked.loc[0, 'iteration_time_ms']:.4f} ms); "
           f"config written to {out}")  # fmt: skip
     return 0
@@ -209,6 +259,15 @@ def cmd_trace(args) -> int:
             f"triosim trace needs PyTorch ({e}): pip install 'triosim[trace]'"
         ) from None
     from tracer.cli import run_trace
+
+    if args.gpu is not None and args.shapes_only:  # before tracing, not after
+        from triosim import hardware
+
+        hardware.gpu(args.gpu)
+    if args.calibration is not None and args.shapes_only:
+        from perfmodel.calibrated import Calibration
+
+        Calibration.load(args.calibration)
 
     def timer(trace, gpu, calibration):
         from perfmodel.modelled import model_times
@@ -272,13 +331,23 @@ def cmd_sweep(args) -> int:
 
     path = Path(args.grid)
     spec = sw.read_grid(path, [_assignment(a) for a in args.set or []])
-    pts = sw.points(spec.base, spec.grid, spec.zipped, spec.base_dir, spec.grid_dir)
-    folder, plan = _sweep_folder(args.out, path.stem, args.force, pts, args.retry_failed)
     sizes = [f"{len(v)} {k}" for k, v in spec.grid.items()]
     if spec.zipped:
         sizes.append(f"{len(next(iter(spec.zipped.values())))} zipped "
                      f"({', '.join(spec.zipped)})")  # fmt: skip
-    print(f"sweep {path}: {len(pts)} points ({' x '.join(sizes)})")
+    # the count first: checking a large grid's points takes a while (a bar shows it)
+    print(f"sweep {path}: {sw.count(spec.grid, spec.zipped)} points ({' x '.join(sizes)})",
+          flush=True)  # fmt: skip
+    pts = sw.points(spec.base, spec.grid, spec.zipped, spec.base_dir, spec.grid_dir,
+                    progress=True)  # fmt: skip
+    folder, plan = _sweep_folder(args.out, path.stem, args.force, pts, args.retry_failed)
+    if args.force:  # start over: no table or figure of an earlier run beside the new ones
+        from triosim.outputs import written_before
+
+        own = [f"{sw.TABLE}.csv", f"{sw.TABLE}.parquet"]
+        inputs = [path, spec.base_file, *{p.config.trace_path() for p in pts}]
+        _spare_inputs(folder, [*own, *written_before(folder, "sweep")], [i for i in inputs if i])
+        _clear_earlier(folder, own, "sweep")
     dropped: dict = {}  # the points' selector values -> base fields left out of them
     for p in pts:
         if p.dropped:
@@ -297,7 +366,8 @@ def cmd_sweep(args) -> int:
                  if plan.failed_kept else "")
               + (f"{plan.retried} failed earlier (retried), " if plan.retried else "")
               + (f"{len(plan.todo)} to run" if plan.todo else "nothing to run"))  # fmt: skip
-    workers = args.workers or max(1, min(os.cpu_count() or 1, len(plan.todo)))
+    # no more worker processes than points to run (--workers 1000 for 12 points: 12)
+    workers = max(1, min(args.workers or os.cpu_count() or 1, len(plan.todo)))
     if plan.todo:
         print(f"running {len(plan.todo)} points {_sweep_where(workers, args.scheduler)}")
     try:
@@ -317,11 +387,12 @@ def cmd_sweep(args) -> int:
     with pd.option_context("display.max_rows", 200, "display.width", 200):
         print()
         print(shown.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    if bad.any():
-        print(f"\n{int(bad.sum())} of {len(df)} points failed (the error_type and error "
-              "columns say why)", file=sys.stderr)  # fmt: skip
     files = " and ".join(str(f) for f in sw.write_table(df, folder))
     print(f"\ntable written to {files} ({len(df)} rows, {len(df.columns)} columns)")
+    if bad.any():  # the table is written; the exit status says not every point ran
+        print(f"error: {int(bad.sum())} of {len(df)} points failed (the error_type and error "
+              "columns say why)", file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 
@@ -375,6 +446,15 @@ def cmd_compare(args) -> int:
 # -- plot ---------------------------------------------------------------------------------------------
 
 
+def _noted(png: Path, folder: Path, kind: str) -> None:
+    """A figure written into the output folder it draws is listed in its manifest, so that
+    the next `simulate`/`sweep --force` there removes it with the rest (not elsewhere)."""
+    from triosim.outputs import note_written, same_file
+
+    if same_file(png.parent, folder):
+        note_written(folder, [png.name], kind)
+
+
 def cmd_plot(args) -> int:
     from triosim import plots
 
@@ -386,6 +466,7 @@ def cmd_plot(args) -> int:
         saved = plots.read_result_folder(target)
         png = _png_out(args.out, target / f"plot-{args.kind}.png", args.force)
         plots.plot_result(saved, args.kind, png, max_gpus=args.max_gpus)
+        _noted(png, target, "simulate")
         print(f"{args.kind} of {target} written to {png}")
         return 0
     from triosim import sweep as sw
@@ -405,6 +486,7 @@ def cmd_plot(args) -> int:
     png = _png_out(args.out, folder / f"plot-{y}-vs-{x}.png", args.force)
     ok = ~sw.failed(df)
     plots.plot_sweep(df[ok], x, y, hue, png, title=f"sweep {target}: {y} against {x}")
+    _noted(png, folder, "sweep")
     for n in notes:
         print(f"note: {n}")
     print(f"{y} against {x}" + (f" by {', '.join(hue)}" if hue else "") + f" written to {png}")
@@ -412,13 +494,24 @@ def cmd_plot(args) -> int:
 
 
 def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return n
+    from triosim.cli_comm import positive_int
+
+    return positive_int(text)
+
+
+def _nonnegative_int(text: str) -> int:
+    from triosim.cli_comm import nonnegative_int
+
+    return nonnegative_int(text)
+
+
+def _device(text: str) -> str:
+    """trace --device: cpu, cuda or cuda:N (what the tracer can time)."""
+    import re
+
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    return text
 
 
 SWEEP_EPILOG = """grid file:
@@ -505,13 +598,19 @@ def build_parser() -> argparse.ArgumentParser:
                    "vgg16, vgg19, densenet121, gpt2, bert, llama3-8b, llama3-70b, llama3.2-1b, or "
                    "module:function returning (model, make_batch(batch_size, device), loss_fn)")  # fmt: skip
     t.add_argument("--batch-size", type=_positive_int, required=True)
-    t.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
-    t.add_argument("--out", required=True, help="output folder")
-    t.add_argument("--warmup", type=int, default=3, help="warm-up iterations (paper: 30)")
-    t.add_argument("--measure", type=int, default=5, help="timed iterations (paper: 10)")
-    t.add_argument("--seq-len", type=int, default=128, help="sequence length for gpt2/bert")
+    t.add_argument("--device", default="cpu", type=_device,
+                   help="cpu, cuda or cuda:N (default: cpu)")  # fmt: skip
+    t.add_argument("--out", required=True, help="output folder (the trace file's name is the "
+                   "model's and the batch's; an existing one is refused without --force)")  # fmt: skip
+    t.add_argument("--force", action="store_true", help="overwrite the trace file if it exists")
+    t.add_argument("--warmup", type=_nonnegative_int, default=3,
+                   help="warm-up iterations (paper: 30)")  # fmt: skip
+    t.add_argument("--measure", type=_positive_int, default=5,
+                   help="timed iterations (paper: 10)")  # fmt: skip
+    t.add_argument("--seq-len", type=_positive_int, default=128,
+                   help="sequence length for gpt2/bert")  # fmt: skip
     t.add_argument("--small", action="store_true", help="a reduced model size (fast CPU traces)")
-    t.add_argument("--image-size", type=int, default=224, help="image side for CNNs")
+    t.add_argument("--image-size", type=_positive_int, default=224, help="image side for CNNs")
     t.add_argument("--shapes-only", action="store_true",
                    help="run the model on meta tensors (no memory, no compute) and take each "
                    "operator's time from the calibrated performance model for --gpu; the trace "
@@ -534,9 +633,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "that do not fit in memory; simulate and rank the rest; write the best "
                         "as a config ready to run.")  # fmt: skip
     se.add_argument("config", help="YAML config giving trace, num_gpus, batch_size, topology")
-    se.add_argument("--out", default="best.yaml", help="where the best config goes")
+    se.add_argument("--out", default="best.yaml", help="where the best config goes (checked "
+                    "before the search; never the config)")  # fmt: skip
     se.add_argument("--force", action="store_true", help="overwrite --out")
-    se.add_argument("--workers", type=int, default=1, help="parallel processes")
+    se.add_argument("--workers", type=_positive_int, default=1, help="parallel processes")
     se.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a field")
     se.set_defaults(func=cmd_search)
 

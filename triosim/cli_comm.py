@@ -12,21 +12,58 @@ fits the NCCL model to a measured nccl-tests log; name the file in the config as
 
 from __future__ import annotations
 
+import argparse
+import math
 from pathlib import Path
 
-from triosim.errors import ConfigError
+from triosim.errors import InputError
+
+# -- what the commands' arguments take (triosim.cli uses these too) ----------------------------
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    return _int_at_least(text, 1)
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, low: int) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = low - 1
+    if n < low:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
+    return n
+
+
+def assignment(text: str) -> tuple[str, object]:
+    """--set FIELD=VALUE: the field and the value as YAML reads it."""
+    if "=" not in text:
+        raise InputError(f"--set expects FIELD=VALUE, got {text!r}")
+    from triosim.config import parse_yaml
+
+    key, value = text.split("=", 1)
+    if not key.strip():
+        raise InputError(f"--set expects FIELD=VALUE, got {text!r} (no field)")
+    return key, parse_yaml(value, f"--set {text!r}")
 
 
 def _config(path: str, sets):
-    from triosim.config import from_dict, parse_yaml, read_yaml, set_field
+    """The config of a system: topology, GPUs and communication. A trace is not needed (a
+    collective runs none), so a config without one is taken as it is."""
+    from triosim.config import IN_MEMORY, from_dict, read_yaml, set_field
 
     p = Path(path)
     data = read_yaml(p)
     for s in sets or []:
-        if "=" not in s:
-            raise ConfigError("--set", s, "FIELD=VALUE")
-        k, v = s.split("=", 1)
-        set_field(data, k, parse_yaml(v, f"--set {s!r}"))
+        set_field(data, *assignment(s))
+    if data.get("trace") is None:
+        data["trace"] = IN_MEMORY
     return from_dict(data, base_dir=p.parent)
 
 
@@ -34,16 +71,25 @@ def cmd_collectives(args) -> int:
     from triosim import nccl_tests
     from triosim.calibration import collective_times
 
+    b = nccl_tests.parse_size(args.minbytes, "-b")
+    e = nccl_tests.parse_size(args.maxbytes, "-e")
+    i = nccl_tests.parse_size(args.stepbytes, "-i") if args.stepbytes is not None else 0
+    if i and args.stepfactor not in (None, 1):
+        raise InputError(f"-f {args.stepfactor} and -i {args.stepbytes}: sizes either grow by "
+                         "a factor (-f) or by a step (-f 1 -i BYTES), not both")  # fmt: skip
+    factor = args.stepfactor if args.stepfactor is not None else (1 if i else 2)
+    sizes = nccl_tests.sizes(b, e, factor, i, max_rows=args.max_rows)
     cfg = _config(args.config, args.set)
-    sizes = nccl_tests.sizes(nccl_tests.parse_size(args.minbytes),
-                             nccl_tests.parse_size(args.maxbytes), args.stepfactor,
-                             nccl_tests.parse_size(args.stepbytes))  # fmt: skip
-    rows = collective_times(cfg, args.op, sizes, root=args.root)
     n = cfg.num_gpus
+    if not args.root < n:
+        raise InputError(f"-r {args.root}: the root must be a rank of the {n} GPUs (0 to "
+                         f"{n - 1})")  # fmt: skip
+    rows = collective_times(cfg, args.op, sizes, root=args.root)
     rooted = nccl_tests.OPS[args.op][2]
     print(f"# triosim collectives: {args.op}_perf simulated on {args.config} ({n} GPUs, "
           f"topology {cfg.topology.kind}, communication {cfg.communication.kind})")  # fmt: skip
-    print(f"# minBytes {sizes[0]} maxBytes {sizes[-1]} step: {args.stepfactor}(factor)")
+    print(f"# minBytes {sizes[0]} maxBytes {sizes[-1]} step: "
+          + (f"{factor}(factor)" if factor > 1 else f"{i}(bytes)"))  # fmt: skip
     print("#")
     for line in nccl_tests.header_lines():
         print(line)
@@ -62,23 +108,52 @@ def cmd_collectives(args) -> int:
     return 0
 
 
+def _read_log(log: Path) -> str:
+    """An nccl-tests log as text (bytes that are not UTF-8, from MPI wrappers, replaced)."""
+    try:
+        return log.read_bytes().decode("utf-8", errors="replace")
+    except FileNotFoundError:
+        raise InputError(f"nccl-tests log {log}: no such file") from None
+    except IsADirectoryError:
+        raise InputError(f"nccl-tests log {log}: is a folder, expected a file") from None
+    except OSError as e:
+        raise InputError(f"nccl-tests log {log}: cannot read it ({e.strerror or e})") from None
+
+
 def cmd_calibrate(args) -> int:
     from triosim import nccl_tests
     from triosim.calibration import calibrate, write_calibration
+    from triosim.outputs import check_output_file
 
     log = Path(args.log)
-    try:
-        text = log.read_text(errors="replace")
-    except FileNotFoundError:
-        raise ConfigError("nccl-tests log", str(log), "an existing file") from None
-    tables = nccl_tests.parse(text, op=args.op)
+    # the output before any work: never the log or the config, an existing file only with
+    # --force, a folder that can be written
+    check_output_file(args.out, args.force, inputs=(log, args.config))
+    text = _read_log(log)
+    tables = nccl_tests.parse(text)  # each table's test as the log names it
     if not tables:
-        raise ConfigError("nccl-tests log", str(log), "nccl-tests output with result rows")
+        raise InputError(f"nccl-tests log {log}: no result rows found (expected the output of "
+                         "all_reduce_perf or another nccl-tests test)")  # fmt: skip
+    if args.table >= len(tables):
+        raise InputError(f"--table {args.table}: {log} holds {len(tables)} result table(s), "
+                         f"numbered 0 to {len(tables) - 1}")  # fmt: skip
     table = tables[args.table]
+    if table.op is not None and args.op is not None and args.op != table.op:
+        raise InputError(f"--op {args.op}: table {args.table} of {log} is {table.op}_perf's; "
+                         "drop --op (it is for a log that does not name its test)")  # fmt: skip
     if table.op is None:
-        table.op = "all_reduce"
+        if args.op is None:
+            import warnings
+
+            warnings.warn(f"{log} does not name its test: fitting table {args.table} as "
+                          "all_reduce (give --op if it is another)", stacklevel=1)  # fmt: skip
+        # read again as that test (its rank count follows from busbw / algbw)
+        table = nccl_tests.parse(text, op=args.op or "all_reduce")[args.table]
     cfg = _config(args.config, args.set)
     rows = table.rows[args.offset :: args.every]
+    if not rows:
+        raise InputError(f"--offset {args.offset}: the table has {len(table.rows)} rows, "
+                         f"numbered 0 to {len(table.rows) - 1}")  # fmt: skip
     tuning, report = calibrate(cfg, table, rows)
     out = write_calibration(args.out, tuning, report, source=str(log))
     print(f"calibrated the NCCL model on {report['rows']} rows of {log} ({report['op']}, "
@@ -95,6 +170,17 @@ def cmd_calibrate(args) -> int:
     return 0
 
 
+def _step_factor(text: str) -> int:
+    """-f: nccl-tests' step factor, an integer >= 1 (1: add -i bytes instead)."""
+    try:
+        f = float(text)
+    except ValueError:
+        f = math.nan
+    if not (math.isfinite(f) and f >= 1 and f == int(f)):
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return int(f)
+
+
 def add_commands(sub) -> None:
     """Register the two subcommands on the main parser's subparsers."""
     from triosim.nccl_tests import OPS
@@ -105,11 +191,16 @@ def add_commands(sub) -> None:
     c.add_argument("config", help="YAML config (its topology, gpu and communication)")
     c.add_argument("--op", "-o", default="all_reduce", choices=sorted(OPS),
                    help="the nccl-tests test (default all_reduce)")  # fmt: skip
-    c.add_argument("-b", "--minbytes", default="8", help="smallest size (K/M/G binary: 1G = 2^30)")
+    c.add_argument("-b", "--minbytes", default="8",
+                   help="smallest size (K/M/G/T binary: 1G = 2^30; at most 1T)")  # fmt: skip
     c.add_argument("-e", "--maxbytes", default="1G", help="largest size (default 1G)")
-    c.add_argument("-f", "--stepfactor", type=float, default=2.0, help="size factor (default 2)")
-    c.add_argument("-i", "--stepbytes", default="0", help="size increment when -f is 1")
-    c.add_argument("-r", "--root", type=int, default=0, help="root rank (broadcast, reduce)")
+    c.add_argument("-f", "--stepfactor", type=_step_factor,
+                   help="size factor, an integer (default 2; 1 with -i)")  # fmt: skip
+    c.add_argument("-i", "--stepbytes", help="size increment in bytes (implies -f 1)")
+    c.add_argument("-r", "--root", type=nonnegative_int, default=0,
+                   help="root rank (broadcast, reduce)")  # fmt: skip
+    c.add_argument("--max-rows", type=positive_int, default=100_000,
+                   help="refuse more sizes than this (default 100000)")  # fmt: skip
     c.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
     c.add_argument("-v", "--verbose", action="store_true",
                    help="append the algorithm/protocol the model ran to each line")  # fmt: skip
@@ -122,10 +213,15 @@ def add_commands(sub) -> None:
                        "communication.calibration names.")  # fmt: skip
     k.add_argument("log", help="nccl-tests output (MPI prefixes, NCCL INFO lines are fine)")
     k.add_argument("--config", required=True, help="YAML config describing the measured system")
-    k.add_argument("--out", required=True, help="calibration YAML to write")
+    k.add_argument("--out", required=True, help="calibration YAML to write (never the log or "
+                   "the config)")  # fmt: skip
+    k.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     k.add_argument("--op", choices=sorted(OPS), help="the test, if the log does not say")
-    k.add_argument("--table", type=int, default=0, help="which table of the log (default 0)")
-    k.add_argument("--every", type=int, default=1, help="fit every k-th row (default 1)")
-    k.add_argument("--offset", type=int, default=0, help="first row to fit (with --every)")
+    k.add_argument("--table", type=nonnegative_int, default=0,
+                   help="which table of the log (default 0)")  # fmt: skip
+    k.add_argument("--every", type=positive_int, default=1,
+                   help="fit every k-th row (default 1)")  # fmt: skip
+    k.add_argument("--offset", type=nonnegative_int, default=0,
+                   help="first row to fit (with --every)")  # fmt: skip
     k.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a config field")
     k.set_defaults(func=cmd_calibrate)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from triosim.errors import ConfigError
+from triosim.errors import InputError
 
 # nccl-tests binary name -> (triosim op, has a reduction op, rooted)
 OPS = {
@@ -59,31 +59,70 @@ def byte_count(op: str, size: int, n: int, typesize: int = 4) -> tuple[int, int]
     return count * typesize, count
 
 
-def parse_size(text: str) -> int:
-    """nccl-tests' -b/-e/-i values: a number with an optional K, M or G (binary: 1G = 2**30)."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([kKmMgG]?)\s*", str(text))
+MAX_SIZE = 2**40  # 1 TiB: far above any GPU's memory, so a larger size is a typo
+UNITS = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+
+
+def parse_size(text, what: str = "size") -> int:
+    """nccl-tests' -b/-e/-i values: a whole number of bytes with an optional K, M, G or T
+    (binary: 1G = 2**30), from 0 to 1T. The one parser of all three (`what` names the
+    option in the error)."""
+    allowed = ("a whole number of bytes from 0 to 1T, with an optional K, M, G or T "
+               "(binary: 1G = 2^30), e.g. 8, 64K, 1G")  # fmt: skip
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([kKmMgGtT]?)\s*", str(text))
     if not m:
-        raise ConfigError(
-            "size", text, "a byte count with an optional K, M or G (binary), e.g. 8, 64K, 1G"
-        )
-    unit = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30}[m.group(2).lower()]
-    return int(float(m.group(1)) * unit)
+        raise InputError(f"{what} {text!r}: not a size; expected {allowed}")
+    value = float(m.group(1)) * UNITS[m.group(2).lower()]
+    if not value <= MAX_SIZE:
+        raise InputError(f"{what} {text!r}: more than 1T (2^40 bytes); expected {allowed}")
+    if value != int(value):
+        raise InputError(f"{what} {text!r}: not a whole number of bytes ({value:g})")
+    return int(value)
 
 
-def sizes(minbytes: int, maxbytes: int, factor: float = 2, step: int = 0) -> list[int]:
-    """The sizes nccl-tests runs: multiply by factor (> 1), else add step bytes."""
+MAX_ROWS = 100_000  # sizes a `triosim collectives` run prints unless --max-rows says more
+
+
+def sizes(minbytes: int, maxbytes: int, factor: int = 2, step: int = 0,
+          max_rows: int | None = None) -> list[int]:  # fmt: skip
+    """The sizes nccl-tests runs: from minbytes, multiply by factor (> 1), else add step
+    bytes, up to maxbytes. Refused: a range that is empty or never reaches maxbytes, and
+    more than `max_rows` sizes (an InputError naming the count)."""
     if minbytes < 0 or maxbytes < minbytes:
-        raise ConfigError("-b/-e", (minbytes, maxbytes), "0 <= minbytes <= maxbytes")
-    if factor <= 1 and step <= 0:
-        raise ConfigError("-f/-i", (factor, step), "a factor > 1 or a step > 0")
+        raise InputError(f"-b {minbytes} -e {maxbytes}: the largest size (-e) must be at least "
+                         "the smallest (-b), and both >= 0")  # fmt: skip
+    if factor != int(factor) or factor < 1:
+        raise InputError(f"-f {factor}: the size factor must be an integer >= 1")
+    factor = int(factor)
+    if factor == 1 and step <= 0:
+        raise InputError("-f 1 with -i 0: the sizes would never grow; give a factor > 1 "
+                         "(-f 2) or a step in bytes (-i 1M)")  # fmt: skip
+    if factor > 1 and minbytes == 0 and maxbytes > 0:
+        raise InputError(f"-b 0 with -f {factor}: 0 times a factor stays 0, so the sizes would "
+                         f"never reach -e {maxbytes}; start at -b 1 or more, or step with -f 1 "
+                         "-i BYTES")  # fmt: skip
     out, s = [], minbytes
     while s <= maxbytes:
-        out.append(int(s))
-        nxt = s * factor if factor > 1 else s + step
-        if nxt <= s:  # minbytes 0 with a factor: nccl-tests would loop; stop here
+        if max_rows is not None and len(out) >= max_rows:
+            if factor > 1:
+                count = len(out) + sum(1 for _ in _powers(s, factor, maxbytes))
+            else:
+                count = (maxbytes - minbytes) // step + 1
+            how = f"-f {factor}" if factor > 1 else f"-i {step}"
+            raise InputError(f"-b {minbytes} -e {maxbytes} {how} gives {count:,} sizes, more "
+                             f"than {max_rows:,} rows: give a larger step or factor, or "
+                             f"--max-rows {count} to print them all")  # fmt: skip
+        out.append(s)
+        if s == 0 and factor > 1:  # -b 0 -e 0: the one size 0
             break
-        s = nxt
+        s = s * factor if factor > 1 else s + step
     return out
+
+
+def _powers(s: int, factor: int, maxbytes: int):
+    while s <= maxbytes:
+        yield s
+        s *= factor
 
 
 @dataclass

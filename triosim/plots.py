@@ -34,9 +34,14 @@ def _pyplot():
 
 
 def _save(fig, path) -> Path:
+    from triosim.outputs import replacing
+
     path = Path(path)
-    fig.savefig(path, dpi=100)
-    _pyplot().close(fig)
+    try:
+        with replacing(path) as tmp:  # whole, or the old figure stays
+            fig.savefig(tmp, dpi=100)
+    finally:
+        _pyplot().close(fig)
     return path
 
 
@@ -357,17 +362,55 @@ def read_result_folder(folder) -> SavedResult:
                          "folder") from None  # fmt: skip
     except (OSError, ValueError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise InputError(f"{folder}: cannot read its summary or config ({e})") from None
+    if not isinstance(summary, dict):
+        raise InputError(f"{folder / 'summary.json'}: expected a JSON object of summary fields")
     timeline = table("timeline.csv", keep_default_na=False, na_values={"start": [""], "end": [""]})
+    _whole(folder / "timeline.csv", timeline, summary, ("gpu", "stream", "kind", "start", "end"))
     for c in ("layer", "phase", "name", "stream", "kind"):
         if c in timeline:
             timeline[c] = timeline[c].astype(str)
     per_gpu = table("per_gpu.csv", index_col=0)
-    links = table("links.csv").rename(columns={"bytes": "nbytes"})
+    _whole(folder / "per_gpu.csv", per_gpu, summary, ("compute", "comm", "exposed_comm", "idle"))
+    links = table("links.csv")
+    _whole(folder / "links.csv", links, summary, ())
+    links = links.rename(columns={"bytes": "nbytes"})
     topo = config.get("topology") or {}
     topology = {"kind": topo.get("kind", ""), "rows": topo.get("rows"), "cols": topo.get("cols")}
     t = float(summary.get("iteration_time_ms", 0.0)) / 1e3
     title = f"{summary.get('mode', '')}, {len(per_gpu)} GPUs: iteration {t * 1e3:.3f} ms"
     return SavedResult(timeline, per_gpu, links, list(per_gpu.index), t, topology, title)
+
+
+def _whole(path: Path, df: pd.DataFrame, summary: dict, required) -> None:
+    """Refuse a table cut short or damaged since it was saved: fewer (or more) rows than
+    summary.json recorded (`rows`, written by Result.save), a last line with fields
+    missing, a required column missing or empty, or a file that does not end in a newline
+    (every CSV pandas writes does)."""
+    from triosim.errors import InputError
+
+    why = None
+    recorded = (summary.get("rows") or {}).get(path.name)
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        why = f"no {', '.join(missing)} column"
+    elif isinstance(recorded, int) and recorded != len(df):
+        why = f"{len(df)} rows where summary.json records {recorded}"
+    elif len(df) and df.iloc[-1].isna().any() and df.iloc[:-1].notna().all(axis=None):
+        why = "its last line has fields missing"
+    elif len(df) and any(df[c].isna().any() for c in required):
+        bad = next(c for c in required if df[c].isna().any())
+        why = f"an empty {bad} field on line {int(df[bad].isna().to_numpy().argmax()) + 2}"
+    else:
+        try:
+            with open(path, "rb") as f:
+                f.seek(-1, 2)
+                ends = f.read(1) == b"\n"
+        except OSError:
+            ends = True
+        if not ends:
+            why = "it does not end with a complete line"
+    if why:
+        raise InputError(f"{path}: truncated or damaged ({why}); simulate again to rewrite it")
 
 
 def plot_result(saved: SavedResult, kind: str, path, max_gpus: int = 16) -> Path:

@@ -507,28 +507,51 @@ class Result:
         plt.close(fig)
         return path
 
+    # every file `save` may write into a folder (with --force, what an earlier run left goes)
+    OUTPUTS = ("timeline.csv", "per_gpu.csv", "per_layer.csv", "links.csv", "summary.json",
+               "chrome_trace.json", "timeline.png", "memory.csv", "memory.png", "config.yaml",
+               "trace.json.gz")  # fmt: skip
+
     def save(self, folder) -> Path:
-        """Write every output (CSV, JSON, Chrome trace, PNG, the config) into `folder`."""
+        """Write every output (CSV, JSON, Chrome trace, PNG, the config) into `folder`, each
+        file whole (written beside, then renamed), and list them in the folder's manifest
+        (triosim.outputs). summary.json records the CSV tables' row counts under `rows`, so
+        that a table cut short later is noticed when it is read back."""
+        from triosim.outputs import note_written, replacing
+
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        self.timeline.to_csv(folder / "timeline.csv", index=False)
-        self.per_gpu().to_csv(folder / "per_gpu.csv")
-        self.per_layer().to_csv(folder / "per_layer.csv", index=False)
-        self.per_link().to_csv(folder / "links.csv", index=False)
-        (folder / "summary.json").write_text(json.dumps(self.summary_dict(), indent=2))
-        self.to_chrome_trace(folder / "chrome_trace.json")
-        self.plot_timeline(folder / "timeline.png")
-        if len(self._memory):
-            self.memory.to_csv(folder / "memory.csv", index=False)
-            self.plot_memory(folder / "memory.png")
-        if self.config is not None:
-            config = self.config
-            if self.trace is not None:  # a trace passed in memory: keep it beside the config
-                from triosim.trace import save as save_trace
+        written = []
 
-                save_trace(self.trace, folder / "trace.json.gz")
-                config = dataclasses.replace(
-                    config, trace=str((folder / "trace.json.gz").resolve())
-                )
-            config.save(folder / "config.yaml")
+        def put(name, write):
+            with replacing(folder / name) as tmp:
+                write(tmp)
+            written.append(name)
+
+        tables = {"timeline.csv": (self.timeline, False), "per_gpu.csv": (self.per_gpu(), True),
+                  "per_layer.csv": (self.per_layer(), False),
+                  "links.csv": (self.per_link(), False)}  # fmt: skip
+        if len(self._memory):
+            tables["memory.csv"] = (self.memory, False)
+        try:
+            for name, (df, index) in tables.items():
+                put(name, lambda p, df=df, index=index: df.to_csv(p, index=index))
+            summary = {**self.summary_dict(), "rows": {n: len(df) for n, (df, _) in tables.items()}}
+            put("summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
+            put("chrome_trace.json", self.to_chrome_trace)
+            put("timeline.png", self.plot_timeline)
+            if len(self._memory):
+                put("memory.png", self.plot_memory)
+            if self.config is not None:
+                config = self.config
+                if self.trace is not None:  # a trace passed in memory: keep it beside the config
+                    from triosim.trace import save as save_trace
+
+                    put("trace.json.gz", lambda p: save_trace(self.trace, p))
+                    config = dataclasses.replace(
+                        config, trace=str((folder / "trace.json.gz").resolve())
+                    )
+                put("config.yaml", config.save)
+        finally:
+            note_written(folder, written, "simulate")
         return folder

@@ -105,7 +105,9 @@ def search(base: dict, base_dir: str = ".", workers: int = 1, progress: bool = T
 
     n = base.get("num_gpus", 1)
     batch = base.get("batch_size")
-    if not isinstance(batch, int) or batch < 1:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError("num_gpus", n, "an integer >= 1")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise ConfigError("batch_size", batch, "a global batch (an integer >= 1) to search with")
     points = []
     for label, par in candidates(n, batch):
@@ -121,7 +123,10 @@ def search(base: dict, base_dir: str = ".", workers: int = 1, progress: bool = T
                                                               disable=not progress)]  # fmt: skip
     rows = [{"plan": label, **res} for (label, _), res in zip(points, results, strict=True)]
     table = pd.DataFrame(rows)
-    ok = table[table["status"] == "ok"].sort_values("iteration_time_ms").reset_index(drop=True)
+    ok = table[table["status"] == "ok"]
+    if len(ok):  # (with no plan simulated there is no iteration_time_ms column)
+        ok = ok.sort_values("iteration_time_ms")
+    ok = ok.reset_index(drop=True)
     best = None
     if len(ok):
         best = next(cfg for label, cfg in points if label == ok.loc[0, "plan"])

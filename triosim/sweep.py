@@ -70,6 +70,7 @@ class GridSpec:
     zipped: dict = field(default_factory=dict)
     grid_dir: Path = Path(".")
     source: str = "grid"
+    base_file: Path | None = None  # the base config's file, when the grid names one
 
 
 # -- the grid --------------------------------------------------------------------------------------
@@ -86,20 +87,50 @@ def read_grid(path, sets=()) -> GridSpec:
     if "base" not in data:
         raise InputError(f"grid file {path}: no base: (a config file's path, or a mapping "
                          "of config fields)")  # fmt: skip
-    base, base_dir = data["base"], path.parent
+    base, base_dir, base_file = data["base"], path.parent, None
     if isinstance(base, str):
-        base_path = path.parent / base
-        base, base_dir = read_yaml(base_path), base_path.parent
+        base_file = path.parent / base
+        base, base_dir = read_yaml(base_file), base_file.parent
     elif not isinstance(base, dict):
         raise ConfigError("base", base, "a config file's path or a mapping of config fields")
     if not data.get("grid") and not data.get("zip"):
         raise InputError(f"grid file {path}: nothing to vary (give grid: and/or zip:, "
                          "mappings of field -> list of values)")  # fmt: skip
     base = copy.deepcopy(base)
+    grid, zipped = _lists(data.get("grid"), "grid"), _lists(data.get("zip"), "zip")
     for key, value in sets:
+        _check_set(key, grid, zipped)
         set_field(base, key, value)
-    return GridSpec(base, base_dir, _lists(data.get("grid"), "grid"),
-                    _lists(data.get("zip"), "zip"), path.parent, str(path))  # fmt: skip
+    return GridSpec(base, base_dir, grid, zipped, path.parent, str(path), base_file)
+
+
+def _check_set(key: str, grid: dict, zipped: dict) -> None:
+    """--set of a field the grid varies (or of a section holding one, or of a field inside
+    one): one would silently override the other, so it is refused naming both."""
+    for name, section in (("grid", grid), ("zip", zipped)):
+        for varied in section:
+            if key == varied or key.startswith(f"{varied}.") or varied.startswith(f"{key}."):
+                raise InputError(f"--set {key}: the grid file varies {varied} (under "
+                                 f"{name}:), and one would silently override the other; change "
+                                 f"{varied} in the grid file, or drop the --set")  # fmt: skip
+
+
+def count(grid: dict, zipped: dict | None = None) -> int:
+    """How many points a grid has, without building them."""
+    grid, zipped = _lists(grid, "grid"), _lists(zipped, "zip")
+    _check_zip(grid, zipped)
+    n = math.prod(len(v) for v in grid.values())
+    return n * (len(next(iter(zipped.values()))) if zipped else 1)
+
+
+def _check_zip(grid: dict, zipped: dict) -> None:
+    both = sorted(set(grid) & set(zipped))
+    if both:
+        raise ConfigError(f"zip.{both[0]}", zipped[both[0]], "a field not also in grid")
+    lengths = {len(v) for v in zipped.values()}
+    if len(lengths) > 1:
+        sizes = ", ".join(f"{k}: {len(v)}" for k, v in zipped.items())
+        raise ConfigError("zip", sizes, "lists of one length (they vary together)")
 
 
 def _lists(section, name) -> dict:
@@ -117,13 +148,7 @@ def expand(grid: dict, zipped: dict | None = None) -> list[dict]:
     """Every point's parameters: the product of the grid's lists, and for each, every row
     of the zipped lists (which vary together)."""
     grid, zipped = _lists(grid, "grid"), _lists(zipped, "zip")
-    both = sorted(set(grid) & set(zipped))
-    if both:
-        raise ConfigError(f"zip.{both[0]}", zipped[both[0]], "a field not also in grid")
-    lengths = {len(v) for v in zipped.values()}
-    if len(lengths) > 1:
-        sizes = ", ".join(f"{k}: {len(v)}" for k, v in zipped.items())
-        raise ConfigError("zip", sizes, "lists of one length (they vary together)")
+    _check_zip(grid, zipped)
     rows = [dict(zip(zipped, r, strict=True)) for r in zip(*zipped.values(), strict=True)]
     out = []
     for combo in itertools.product(*grid.values()):
@@ -133,14 +158,20 @@ def expand(grid: dict, zipped: dict | None = None) -> list[dict]:
 
 
 def points(base: dict, grid: dict, zipped: dict | None = None, base_dir=".",
-           grid_dir=None) -> list[Point]:  # fmt: skip
+           grid_dir=None, progress: bool = False) -> list[Point]:  # fmt: skip
     """Validate every point of the grid (a ConfigError names the point and the field) and
     resolve its paths: the base's relative to `base_dir`, the grid's relative to
-    `grid_dir` (default: base_dir)."""
+    `grid_dir` (default: base_dir). `progress`: a bar of points checked (on a terminal)."""
+    if not isinstance(base, dict):
+        raise TypeError(_base_wanted(base))
+    from tqdm import tqdm
+
     base_dir = Path(base_dir)
     grid_dir = Path(grid_dir) if grid_dir is not None else base_dir
     out = []
-    for index, params in enumerate(expand(grid, zipped)):
+    todo = expand(grid, zipped)
+    for index, params in enumerate(tqdm(todo, desc="checking points", unit="point",
+                                        disable=None if progress else True, leave=False)):  # fmt: skip
         try:
             cfg, dropped = _config(base, params, base_dir, grid_dir)
         except ConfigError as e:
@@ -148,6 +179,12 @@ def points(base: dict, grid: dict, zipped: dict | None = None, base_dir=".",
             raise InputError(f"grid point {index} ({where}): {e}") from None
         out.append(Point(index, params, cfg, config_id(cfg), dropped))
     return out
+
+
+def _base_wanted(base) -> str:
+    return (f"the base config must be a mapping of config fields (as YAML gives it), got "
+            f"{type(base).__name__} {base!r}; for a config file pass "
+            "triosim.config.read_yaml(path) and base_dir=its folder")  # fmt: skip
 
 
 def _config(base, params, base_dir: Path, grid_dir: Path) -> tuple[Config, tuple]:
@@ -421,6 +458,10 @@ def axes(df: pd.DataFrame, x=None, y=None, hue=None) -> tuple[str, str, list, li
                              f"{listed}; metrics: {metrics})")  # fmt: skip
     if not pd.api.types.is_numeric_dtype(df[y]):
         raise InputError(f"--y {y!r} is not a numeric column of the sweep table")
+    for axis, col in (("x", x), ("y", y)):
+        if col in hue:
+            raise InputError(f"--hue {col!r} is the {axis} axis itself; name another "
+                             "parameter (or none)")  # fmt: skip
     extra = [c for c in varying if c != x and c not in hue]
     tied = [c for c in extra if ok.groupby(ok[x].astype(str))[c].nunique().max() <= 1]
     if tied:  # zipped with x: it varies along x, not as lines of its own
@@ -462,7 +503,13 @@ def read_table(path) -> pd.DataFrame:
         if path.suffix == ".parquet":
             return pd.read_parquet(path)
         if path.suffix == ".csv":
+            with open(path, "rb") as f:  # every table written here ends with a whole line
+                if f.seek(0, 2) and (f.seek(-1, 2), f.read(1))[1] != b"\n":
+                    raise InputError(f"sweep table {path}: truncated (its last line is cut "
+                                     "short); run the sweep again to rewrite it")  # fmt: skip
             return pd.read_csv(path)
+    except InputError:
+        raise
     except ImportError:
         raise InputError(f"reading {path} needs pyarrow: pip install pyarrow") from None
     except (OSError, ValueError) as e:

@@ -114,6 +114,7 @@ class Trace:
 
 def validate(trace: Trace, file=None) -> None:
     """Raise TraceError naming the file, row and field of the first problem."""
+    _validate_metadata(trace.metadata, file)
     for row, t in enumerate(trace.tensors.values()):
         if t.category not in CATEGORIES:
             raise TraceError(
@@ -157,6 +158,19 @@ def validate(trace: Trace, file=None) -> None:
                                  "earlier forward operator (a cycle or a wrong pairing)",
                                  file=file, row=row, field="fwd_id")  # fmt: skip
         phase_before[op.id] = op.phase
+
+
+def _validate_metadata(md: dict, file) -> None:
+    """The metadata fields a run computes with: counts whole numbers >= 1, names text."""
+    for f in ("batch_size", "seq_len"):
+        v = md.get(f)
+        if v is not None and not (_finite_nonneg(v) and v >= 1 and float(v).is_integer()):
+            raise TraceError(f"{f} must be a whole number >= 1, got {v!r}", file=file,
+                             field=f"metadata.{f}")  # fmt: skip
+    for f in ("gpu", "dtype"):
+        v = md.get(f)
+        if v is not None and not isinstance(v, str):
+            raise TraceError(f"{f} must be text, got {v!r}", file=file, field=f"metadata.{f}")
 
 
 ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"  # the end of an autograd node's name
@@ -237,7 +251,8 @@ def _open(path: Path, mode: str):
 
 
 def save(trace: Trace, path) -> Path:
-    """Write a trace as JSON (gzip-compressed when the name ends in .gz)."""
+    """Write a trace as JSON (gzip-compressed when the name ends in .gz), whole: written
+    beside `path`, then renamed over it."""
     path = Path(path)
     doc = {
         "format": FORMAT_NAME,
@@ -272,7 +287,9 @@ def save(trace: Trace, path) -> Path:
         },
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    with _open(path, "w") as f:
+    from triosim.outputs import replacing
+
+    with replacing(path) as tmp, _open(tmp, "w") as f:  # whole, or the old file stays
         json.dump(doc, f, separators=(",", ":"))
     return path
 
