@@ -32,6 +32,7 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field, replace
+from itertools import permutations
 from pathlib import Path
 from typing import Literal
 
@@ -53,6 +54,7 @@ from triosim.schema import option
 ALGO_NAMES = {"ring": ("ring",), "tree": ("tree",), "nvls": ("nvls", "nvls_tree"),
               "collnet": ("collnet_direct",)}  # fmt: skip
 PIPELINED = {"nvls", "nvls_tree", "collnet_direct"}
+MAX_NODE_ORDERS = 5  # groups on up to this many nodes time every order of their nodes
 P2P_OPS = ("all_to_all", "sendrecv")
 # bytes on the wire per byte of data: LL sends a 4-byte flag with every 4 bytes, LL128 one
 # 8-byte flag in every 128-byte line (NCCL's device.h)
@@ -239,12 +241,14 @@ class _Group:
 @dataclass
 class _Family:
     """A group's candidate layouts (extrapolators.nccl_layouts): each as (rings, both-ways
-    flags), the features that rank them, and those analysed so far (layout -> _Group)."""
+    flags[, its own System]), the features that rank them, and those analysed so far
+    (layout -> _Group)."""
 
     system: System
     layouts: list
     feats: layouts.Features | None
     default: int = 0
+    positions: bool = False  # layouts name positions in the group, not GPUs
     infos: dict = field(default_factory=dict)
     fronts: dict = field(default_factory=dict)
 
@@ -320,14 +324,33 @@ class Nccl(CommModel):
         if one_ring and 3 <= n <= layouts.EXACT_LIMIT and s.alike is False:
             return self._exhaustive(group, s)
         rings = rings if rings is not None else s.rings()
-        if s.N > 1:
-            return _Family(s, [(rings, [self._both_ways(r) for r in rings])], None)
+        if s.N > 1:  # rails: every order of the nodes, where they are few
+            systems = [s] + (self._node_orders(s) if s.N <= MAX_NODE_ORDERS else [])
+            cands = []
+            for x in systems:
+                r = rings if x is s else x.rings()
+                cands.append((r, [self._both_ways(y) for y in r], x))
+            return _Family(s, cands, None)
         cands = []
         for order in s.orders:  # the system's order first: the default
             more = [list(order)] + s._extra_rings(list(order)) if order != s.order else rings
             both = [self._both_ways(r) for r in more]
             cands += [(more[:k], both[:k]) for k in range(len(more), 0, -1)]
         return _Family(s, cands, None)
+
+    @staticmethod
+    def _node_orders(s: System) -> list:
+        """The system with its nodes in every other order (the first node first)."""
+        out = []
+        for perm in permutations(range(1, s.N)):
+            if list(perm) == sorted(perm):
+                continue  # the system's own order
+            x = copy.copy(s)
+            order = [0, *perm]
+            x.nodes = [s.nodes[i] for i in order]
+            x.nvls = [s.nvls[i] for i in order] if s.nvls else s.nvls
+            out.append(x)
+        return out
 
     def _exhaustive(self, group, s: System) -> _Family:
         n = s.n
@@ -355,33 +378,26 @@ class Nccl(CommModel):
                 for v in self.graph.adj[u]:
                     if v in pos and v != u and self.graph.has_edge(v, u):
                         adj[i].add(pos[v])
-        cands = []
-        every = layouts.orders(hops)
-        for o, flag in zip(every.tolist(), layouts.both_ways(hops, every).tolist(), strict=True):
-            extra = layouts.extra_rings(adj, o, MAX_EXTRA_RINGS) if any(adj) else []
-            if not extra:
-                cands.append(([o], [flag]))
-                continue
-            rings = [o] + extra
-            flags = [flag] + layouts.both_ways(hops, np.array(extra)).tolist()
-            cands += [(rings[:k], flags[:k]) for k in range(len(rings), 0, -1)]
-        feats = layouts.Features(cands, rows, self.capacity[used],
+        shares = layouts.structure(hops, adj, MAX_EXTRA_RINGS)
+        cands = shares.layouts
+        feats = layouts.Features(shares, rows, self.capacity[used],
                                  (self.capacity * self.efficiency)[used], pair_lat, pair_net)  # fmt: skip
         # the default: least loaded, then least latency and fewest hops on the first ring
-        first = np.array([r[0] for r, _ in cands], np.int64)
+        first = shares.first
         nxt = np.roll(first, -1, axis=1)
         lat_sum = pair_lat[first * n + nxt].sum(axis=1)
         hop_sum = hops[first, nxt].sum(axis=1)
         default = int(np.lexsort((np.arange(len(cands)), hop_sum, lat_sum, feats.eff))[0])
-        as_gpus = [([[group[i] for i in r] for r in rings], flags) for rings, flags in cands]
-        return _Family(s, as_gpus, feats, default)
+        return _Family(s, cands, feats, default, positions=True)
 
     def _layout(self, fam: _Family, k: int) -> _Group:
         """Layout k of a family, analysed (once)."""
         info = fam.infos.get(k)
         if info is None:
-            rings, _ = fam.layouts[k]
-            s = fam.system
+            rings, _, *own = fam.layouts[k]
+            s = own[0] if own else fam.system
+            if fam.positions:  # the layouts of an exhaustive family name positions
+                rings = [[s.group[i] for i in r] for r in rings]
             if rings and s.N == 1 and tuple(rings[0]) != tuple(s.order):
                 s = copy.copy(s)
                 s.order = tuple(rings[0])
@@ -541,16 +557,20 @@ class Nccl(CommModel):
 
     def _pairs(self, info: _Group, op: str, algorithm=None) -> list:
         """The (algorithm, protocol) pairs NCCL would consider, restricted to the forced
-        ones; a forced algorithm the GPUs cannot run is an error, as it is in NCCL."""
+        ones (a forced protocol is enabled, as NCCL_PROTO enables it); a forced pair the
+        GPUs cannot run is an error, as it is in NCCL."""
         o = self.options
         name = algorithm or o.algorithm
-        pairs = tuner.enabled(info.graphs, op)
+        proto = None if o.protocol == "auto" else o.protocol
+        pairs = tuner.enabled(info.graphs, op, proto)
         if name != "auto" and op == "allreduce":  # the others have the ring only
             pairs = [p for p in pairs if p[0] in ALGO_NAMES[name]]
+            if not pairs and proto and tuner.enabled(info.graphs, op, None):
+                if any(a in ALGO_NAMES[name] for a, _ in tuner.enabled(info.graphs, op)):
+                    raise ConfigError("communication.protocol", proto,
+                                      f"a protocol {name} runs (Simple only)")  # fmt: skip
             if not pairs:
                 raise ConfigError("communication.algorithm", name, _missing(name, info.system))
-        if o.protocol != "auto":
-            pairs = [p for p in pairs if p[1] == o.protocol] or pairs
         return pairs
 
     def plan(self, op: str, group, nbytes: float, root=None, algorithm=None) -> Plan:

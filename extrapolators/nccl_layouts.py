@@ -95,20 +95,66 @@ def extra_rings(adj: list, first: list, limit: int) -> list[list[int]]:
     return out
 
 
-class Features:
-    """The features above for a list of layouts (each a list of rings of positions and a
-    list of both-ways flags), from per-pair path data of the group.
+def candidates(hops: np.ndarray, adj: list, limit: int) -> list:
+    """Every layout of a group with `hops` (n, n) hop counts between its GPUs and `adj`
+    (position -> set of positions linked directly both ways): per ring order, the first
+    ring with a prefix of its extra rings (all of them first), as (rings, both-ways flags).
+    Kept for the next group with the same hops and links (`structure`)."""
+    n = len(hops)
+    every = orders(hops)
+    direct = np.zeros((n, n), bool)
+    for i, js in enumerate(adj):
+        direct[i, list(js)] = True
+    # extra rings only where every hop of the first is a direct link; on a complete graph
+    # the extra rings of an order are those of 0..n-1 renamed (the walk sees only the
+    # links and the order): found once
+    all_direct = direct[every, np.roll(every, -1, axis=1)].all(axis=1).tolist()
+    complete = bool(direct[~np.eye(n, dtype=bool)].all())
+    same = extra_rings(adj, list(range(n)), limit) if complete else None
+    flags = both_ways(hops, every).tolist()
+    out = []
+    for o, flag, d in zip(every.tolist(), flags, all_direct, strict=True):
+        if same is not None:
+            extra = [[o[i] for i in r] for r in same]
+        else:
+            extra = extra_rings(adj, o, limit) if d else []
+        if not extra:
+            out.append(([o], [flag]))
+            continue
+        rings = [o] + extra
+        more = [flag] + both_ways(hops, np.array(extra)).tolist()
+        out += [(rings[:k], more[:k]) for k in range(len(rings), 0, -1)]
+    return out
 
-    rows: (n*n, U) link loads of each ordered pair's path over the U links any path uses;
-    cap_raw, cap_eff: (U,) those links' capacities (full, and as NCCL believes them);
-    lat, net: (n*n,) each pair's path latency and whether it crosses the network."""
 
-    def __init__(self, layouts, rows, cap_raw, cap_eff, lat, net):
-        self.layouts = layouts
-        self.n = n = int(round(len(lat) ** 0.5))
-        self.rows, self.lat, self.net = rows, lat, net
+_STRUCTURES: dict = {}  # (n, hops, links) -> Shares, the last few groups' (bandwidth-free)
+_KEEP = 8
+
+
+def structure(hops: np.ndarray, adj: list, limit: int) -> Shares:
+    """The layouts and their shares of a group, from its hop counts and direct links alone
+    (nothing here depends on a bandwidth): kept for the next group, or model, with the same
+    (a sweep over bandwidths, a system before and after a link slows down)."""
+    key = (len(hops), hops.tobytes(), tuple(tuple(sorted(x)) for x in adj), limit)
+    got = _STRUCTURES.get(key)
+    if got is None:
+        if len(_STRUCTURES) >= _KEEP:
+            _STRUCTURES.pop(next(iter(_STRUCTURES)))
+        got = _STRUCTURES[key] = Shares(candidates(hops, adj, limit), len(hops))
+    return got
+
+
+class Shares:
+    """Per layout (rows), the bytes each ordered pair of positions carries (columns i*n+j)
+    in each structure: "ring" (one byte per hop, each ring an equal share, half each way
+    where it runs both ways), "tree" (the first ring's order as a chain, both ways),
+    ("bcast", root) and ("reduce", root) (each ring cut at the root, away from it or
+    towards it); and each ring's hops, way by way (for latency sums along them)."""
+
+    def __init__(self, layouts: list, n: int):
+        self.layouts, self.n = layouts, n
         L = len(layouts)
-        self._ways = []  # per ring slot and way: (layout ids, hop tails, hop heads)
+        self.ways = []  # per ring slot and way: (layout ids, hop tails, hop heads)
         ring = np.zeros((L, n * n))
         cuts = []  # (root, layout, pair, share) of each hop into a root, to cut chains there
         for j in range(max(len(r) for r, _ in layouts)):
@@ -123,24 +169,22 @@ class Features:
                 c = np.repeat(share[on][:, None], n, axis=1)
                 np.add.at(ring, (kk[on], idx), c)
                 cuts.append((y[on], kk[on], idx, c))
-                self._ways.append((ks[on], x[on], y[on]))
-        self._ring, self._cuts = ring, cuts
+                self.ways.append((ks[on], x[on], y[on]))
+        self._cuts = cuts
         tree = np.zeros((L, n * n))
         first = np.array([r[0] for r, _ in layouts], np.int64).reshape(L, n)
         rows_k = np.arange(L)[:, None]
         tree[rows_k, first[:, :-1] * n + first[:, 1:]] = 1.0
         tree[rows_k, first[:, 1:] * n + first[:, :-1]] = 1.0
+        self.first = first
         self.share = {"ring": ring, "tree": tree}
-        self.cap_raw = cap_raw
-        self.eff = self._unit(ring, cap_eff)
-        self._raw: dict = {}
 
-    def shares(self, s) -> np.ndarray:
+    def __call__(self, s) -> np.ndarray:
         """(layouts, n*n) bytes per pair of structure s (a chain's made when first asked)."""
         if s not in self.share:
             kind, root = s
             n = self.n
-            chain = self._ring.copy()
+            chain = self.share["ring"].copy()
             for roots, kk, idx, c in self._cuts:
                 on = roots == root
                 np.add.at(chain, (kk[on], idx[on]), -c[on])
@@ -148,6 +192,21 @@ class Features:
                 chain = chain[:, np.arange(n * n).reshape(n, n).T.ravel()]
             self.share[s] = chain
         return self.share[s]
+
+
+class Features:
+    """The features above of a group's layouts (`Shares`), from its per-pair path data.
+
+    rows: (n*n, U) link loads of each ordered pair's path over the U links any path uses;
+    cap_raw, cap_eff: (U,) those links' capacities (full, and as NCCL believes them);
+    lat, net: (n*n,) each pair's path latency and whether it crosses the network."""
+
+    def __init__(self, shares: Shares, rows, cap_raw, cap_eff, lat, net):
+        self.layouts, self.n, self.shares = shares.layouts, shares.n, shares
+        self.rows, self.lat, self.net = rows, lat, net
+        self.cap_raw = cap_raw
+        self.eff = self._unit(shares("ring"), cap_eff)
+        self._raw: dict = {}
 
     def raw(self, s) -> np.ndarray:
         """Per layout: seconds per byte of structure s at the links' full bandwidth."""
@@ -169,7 +228,7 @@ class Features:
         """Per layout: the worst sum of `steps` consecutive hops' excess along any ring,
         either way it runs (a ring collective's chain of steps)."""
         out = np.zeros(len(self.layouts))
-        for ks, x, y in self._ways:
+        for ks, x, y in self.shares.ways:
             np.maximum.at(out, ks, window_max(excess[x * self.n + y], steps))
         return out
 

@@ -62,11 +62,13 @@ class System:
         # NCCL believes each link carries (default: the links' bandwidths)
         self.order, self.alike, self.orders = order_and_alike(graph, self.group, self.routes,
                                                               capacity, exact)  # fmt: skip
-        pos = {g: i for i, g in enumerate(self.order)}
         # a node's GPUs by the network switch they hang on, so local GPU i of every node
-        # is on rail i (ring order where there is no network)
-        self.nodes = [sorted(v, key=lambda g: (self._rail_switch(g), pos[g]))
-                      for _, v in sorted(by_node.items(), key=lambda kv: min(map(pos.get, kv[1])))]  # fmt: skip
+        # is on rail i, then in the group's order; nodes in the group's order. Neither
+        # follows the links' bandwidths (the NCCL model times every node order where
+        # they are few: extrapolators.nccl)
+        at = {g: i for i, g in enumerate(self.group)}
+        self.nodes = [sorted(v, key=lambda g: (self._rail_switch(g), at[g]))
+                      for v in by_node.values()]  # fmt: skip
         self.N = len(self.nodes)
         self.ppn = max(len(v) for v in self.nodes)
         self.uniform = all(len(v) == self.ppn for v in self.nodes)

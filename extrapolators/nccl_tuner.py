@@ -54,16 +54,19 @@ def _idx2(N: int) -> int:
     return 0 if N == 1 else 1 if N == 2 else 2
 
 
-def enabled(g: Graphs, op: str) -> list[tuple[str, str]]:
-    """The (algorithm, protocol) pairs NCCL would consider for `op` by default."""
+def enabled(g: Graphs, op: str, protocol: str | None = None) -> list[tuple[str, str]]:
+    """The (algorithm, protocol) pairs NCCL would consider for `op` by default, or with
+    only `protocol` enabled, as NCCL_PROTO does (which enables LL128 where NCCL would not
+    by default: PCIe, older GPUs)."""
     ll128 = g.arch in P.LL128_ARCHS and g.intra_hw == "nvlink"
-    protos = [p for p in P.PROTOS if p != "LL128" or ll128]
+    protos = [protocol] if protocol else [p for p in P.PROTOS if p != "LL128" or ll128]
     pairs = [("ring", p) for p in protos]
     if op == "allreduce" and g.n > 1:
         pairs += [("tree", p) for p in protos]
-        if g.nvls_bw > 0 and g.arch >= P.NVLS_MIN_ARCH:
+        simple = "Simple" in protos  # NVLS and CollNet run the Simple protocol only
+        if simple and g.nvls_bw > 0 and g.arch >= P.NVLS_MIN_ARCH:
             pairs.append(("nvls", "Simple") if g.N == 1 else ("nvls_tree", "Simple"))
-        if g.collnet and g.N > 1:
+        if simple and g.collnet and g.N > 1:
             pairs.append(("collnet_direct", "Simple"))
     return pairs
 

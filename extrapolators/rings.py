@@ -188,8 +188,11 @@ def order_and_alike(graph, group, routes: Routes | None = None, capacity=None, e
         # the search below returns the hint, else the greedy walk's, which is the group's
         order = tuple(hinted) if hinted else tuple(group)
         return order, True, [order]
+    if n <= EXACT_LIMIT and not exact:  # the caller searches: a start, found cheaply
+        order = tuple(hinted) if hinted else tuple(group[i] for i in _greedy(n, bw, lat, hops))
+        return order, False, [order]
     loads = _Loads(routes, group, hops, capacity)
-    if n <= EXACT_LIMIT and exact:
+    if n <= EXACT_LIMIT:
         first = [[group.index(g) for g in hinted]] if hinted else []
         order = tuple(group[i] for i in loads.best(_all_rings(n, first), lat, hops))
         return order, False, [order]
