@@ -271,3 +271,45 @@ def test_dp_iteration_with_nccl_is_compute_plus_the_collective():
     env, net, m = model(h100_node())
     assert r.iteration_time == pytest.approx(compute + m.predict("allreduce", tuple(range(8)),
                                                                  t.weight_bytes()), rel=1e-9)  # fmt: skip
+
+
+def test_a_forced_algorithm_the_gpus_lack_is_an_error_as_in_nccl():
+    """NCCL fails where NCCL_ALGO names no algorithm the system has: NVLS needs a reducing
+    NVSwitch (and Hopper), CollNet SHARP switches across nodes; before, both ran silently
+    as auto. The other collectives have the ring only, so a forced all-reduce algorithm
+    leaves them alone."""
+    g = topo.ring(4, 65 * GB, 1e-6)
+    for algo, needs in (("nvls", "NVSwitch that reduces"), ("collnet", "SHARP")):
+        _, net, m = model(g, algorithm=algo)
+        with pytest.raises(ConfigError, match=needs):
+            m.plan("allreduce", tuple(net.gpus), MiB)
+        assert m.plan("all_gather", tuple(net.gpus), MiB).algo == "ring"
+    _, net, m = model(h100_node(nvls=False), algorithm="nvls")  # the switch does not reduce
+    with pytest.raises(ConfigError, match="nvls"):
+        m.plan("allreduce", tuple(net.gpus), GiB)
+    _, net, m = model(h100_node(), algorithm="nvls", protocol="LL")  # NVLS runs Simple only
+    with pytest.raises(ConfigError, match="Simple only"):
+        m.plan("allreduce", tuple(net.gpus), GiB)
+    _, net, m = model(h100_node(), algorithm="nvls")
+    assert m.plan("allreduce", tuple(net.gpus), GiB).algo == "nvls"
+
+
+def test_a_forced_protocol_is_enabled_as_nccl_proto_enables_it():
+    """LL128 is off by default on PCIe; NCCL_PROTO=LL128 turns it on, and so does the
+    config (before, the model fell back to its own pick without a word). Ring/LL128 on a
+    4-GPU PCIe ring at 12 GB/s links: NCCL's LL128 ring bandwidth min(0.92 x bus, channels
+    x 20 GB/s) with bus = the ring graph's (hand-worked below)."""
+    g = topo.ring(4, 15.75 * GB, 0.0)
+    for u, v in list(g.edges):
+        g.edges[u, v]["kind"] = "pcie"
+    _, net, auto = model(g, gpu="A100-80GB")
+    grp = tuple(net.gpus)
+    assert auto.plan("allreduce", grp, 64 * MiB).proto != "LL128"
+    _, _, m = model(g, gpu="A100-80GB", protocol="LL128")
+    p = m.plan("allreduce", grp, 64 * MiB)
+    assert p.proto == "LL128"
+    # the ring graph: both ways round the ring, each direction at 12 of 15.75 GB/s (PCIe's
+    # efficiency), so 24 GB/s; channels 24 / 20 = 1.2; LL128 bus min(0.92 x 24, 1.2 x 20)
+    bus = min(0.92 * 24.0, 1.2 * 20.0)
+    t = m.terms("allreduce", grp, 64 * MiB)
+    assert t.bw == pytest.approx(bus * 4 / 6, rel=1e-9)
