@@ -124,14 +124,13 @@ class NcclOptions:
 
 def load_calibration(path) -> dict:
     """The fitted numbers a calibration YAML holds ({field: value} under 'tuning')."""
-    import yaml
-
     from triosim.trace_io import read_text
+    from triosim.yaml_text import parse_yaml
 
-    try:  # read_text: a missing, binary or unreadable file, or a folder, is a clear error
-        data = yaml.safe_load(read_text(path, "communication.calibration file")) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError("communication.calibration", str(path), f"YAML ({e})") from None
+    # read_text: a missing, binary or unreadable file, or a folder, is a clear error;
+    # parse_yaml: a syntax error or a key given twice, with its line
+    text = read_text(path, "communication.calibration file")
+    data = parse_yaml(text, f"communication.calibration file {path}") or {}
     fitted = data.get("tuning") if isinstance(data, dict) else None
     if not isinstance(fitted, dict):
         raise ConfigError("communication.calibration", str(path),

@@ -313,3 +313,17 @@ def test_a_forced_protocol_is_enabled_as_nccl_proto_enables_it():
     bus = min(0.92 * 24.0, 1.2 * 20.0)
     t = m.terms("allreduce", grp, 64 * MiB)
     assert t.bw == pytest.approx(bus * 4 / 6, rel=1e-9)
+
+
+def test_a_calibration_file_with_a_key_given_twice_is_refused(tmp_path):
+    """Calibration files are read as configs are: a key given twice is an error with its
+    lines (PyYAML alone keeps the last without a word)."""
+    from extrapolators.nccl import load_calibration
+    from triosim.errors import InputError
+
+    p = tmp_path / "calib.yaml"
+    p.write_text("tuning:\n  latency_scale: 1.2\n  latency_scale: 0.8\n")
+    with pytest.raises(InputError, match="given twice.*lines 2 and 3"):
+        load_calibration(p)
+    p.write_text("tuning:\n  latency_scale: 1.2\n")
+    assert load_calibration(p) == {"latency_scale": 1.2}
