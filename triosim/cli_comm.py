@@ -108,18 +108,6 @@ def cmd_collectives(args) -> int:
     return 0
 
 
-def _read_log(log: Path) -> str:
-    """An nccl-tests log as text (bytes that are not UTF-8, from MPI wrappers, replaced)."""
-    try:
-        return log.read_bytes().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        raise InputError(f"nccl-tests log {log}: no such file") from None
-    except IsADirectoryError:
-        raise InputError(f"nccl-tests log {log}: is a folder, expected a file") from None
-    except OSError as e:
-        raise InputError(f"nccl-tests log {log}: cannot read it ({e.strerror or e})") from None
-
-
 def cmd_calibrate(args) -> int:
     from triosim import nccl_tests
     from triosim.calibration import calibrate, write_calibration
@@ -129,7 +117,9 @@ def cmd_calibrate(args) -> int:
     # the output before any work: never the log or the config, an existing file only with
     # --force, a folder that can be written
     check_output_file(args.out, args.force, inputs=(log, args.config))
-    text = _read_log(log)
+    from triosim.trace_io import read_text
+
+    text = read_text(log, "nccl-tests log", errors="replace")  # MPI prefixes: not always UTF-8
     tables = nccl_tests.parse(text)  # each table's test as the log names it
     if not tables:
         raise InputError(f"nccl-tests log {log}: no result rows found (expected the output of "

@@ -13,12 +13,13 @@ from triosim.importers import import_triosim_csv
 from triosim.trace import Trace, load
 
 
-def read_text(path, what: str = "file") -> str:
+def read_text(path, what: str = "file", errors: str = "strict") -> str:
     """The UTF-8 text of the file at `path`, or an InputError naming it (`what` says which
-    file it is, e.g. "config file") and why it cannot be read."""
+    file it is, e.g. "config file") and why it cannot be read. errors="replace" takes bytes
+    that are not UTF-8 as U+FFFD instead (logs that MPI wrappers prefix)."""
     where = f"{what} {path}"
     try:
-        return Path(path).read_bytes().decode("utf-8")
+        return Path(path).read_bytes().decode("utf-8", errors=errors)
     except FileNotFoundError:
         raise InputError(f"{where}: no such file") from None
     except IsADirectoryError:
