@@ -100,10 +100,11 @@ class NcclOptions:
     launch_overhead: float | None = option(
         None, unit="seconds", ge=0, help="host launch cost per call beyond NCCL's latency "
         "(default: the calibration's, else 0: nccl-tests overlaps it)")  # fmt: skip
-    latency_scale: float | None = option(None, gt=0, help="x NCCL's latencies (default: "
-                                         "the calibration's, else 1)")  # fmt: skip
-    bandwidth_scale: float | None = option(None, gt=0, help="x NCCL's bandwidths, every "
-                                           "protocol (default: the calibration's, else 1)")  # fmt: skip
+    latency_scale: float | None = option(None, gt=0, plausible="factor", help="x NCCL's "
+                                         "latencies (default: the calibration's, else 1)")  # fmt: skip
+    bandwidth_scale: float | None = option(None, gt=0, plausible="factor", help="x NCCL's "
+                                           "bandwidths, every protocol (default: the "
+                                           "calibration's, else 1)")  # fmt: skip
     pipeline_overhead: float | None = option(
         None, unit="seconds", ge=0, help="per-chunk cost of pipelined schedules (default: "
         "the calibration's, else NCCL's 3.4 us NVLink Simple step)")  # fmt: skip

@@ -416,7 +416,8 @@ class MultiNodeOptions:
     fabric: Literal["rail", "switch"] = option(
         "rail", help="rail: rail-optimised two-tier fat tree (GPU i of every node on leaf i); "
         "switch: one non-blocking switch")  # fmt: skip
-    oversubscription: float = option(1.0, ge=1, help="rail fabric: leaf down/up bandwidth ratio")
+    oversubscription: float = option(1.0, ge=1, plausible="factor",
+                                     help="rail fabric: leaf down/up bandwidth ratio")  # fmt: skip
     spines: int | None = option(None, ge=1, help="rail fabric: spine switches (default: "
                                 "gpus_per_node)")  # fmt: skip
     nvls: bool = option(False, help="the NVSwitches reduce in flight (NVSwitch3: H100/H200)")
