@@ -75,9 +75,16 @@ class Hybrid(Extrapolator):
         for r in range(dp):
             group = self.gpus[r * k : (r + 1) * k]
             ring = rings[r]  # keep the topology's ring order
-            self.replicas.append(inner_cls(self.trace, self.model, group,
-                                           self.options.inner_options, batch_size=batch,
-                                           gpu=self.gpu, ring=ring, graph=self.graph))  # fmt: skip
+            try:
+                self.replicas.append(inner_cls(self.trace, self.model, group,
+                                               self.options.inner_options, batch_size=batch,
+                                               gpu=self.gpu, ring=ring, graph=self.graph))  # fmt: skip
+            except ConfigError as e:
+                if e.field != "num_gpus":
+                    raise
+                # the inner mode's degree is a replica's GPUs, num_gpus / dp: say so
+                raise ConfigError("parallelism.dp", dp, f"a split whose replicas of num_gpus "
+                                  f"/ dp = {k} GPUs the inner mode allows: {e.allowed}") from None  # fmt: skip
 
     def op_batch(self):
         return self.replicas[0].op_batch()

@@ -15,7 +15,8 @@ the bytes of the layer's activation (tokens x hidden width x element size):
   - row-parallel B, forward: all-reduce of its output (b x s x h);
   - column-parallel A, backward: all-reduce of its input gradient (b x s x h), once, after
     A's last backward operator, and only if that input has a gradient (not the model's
-    input, not integer token ids or positions);
+    input, not integer token ids or positions); column layers that read one input (Llama's
+    separate Q, K, V; gate and up) do it once for all of them, after the last one's;
   so a transformer block (QKV -> proj, fc1 -> fc2) does 2 all-reduces in forward and 2 in
   backward;
   - the word embedding is vocabulary-parallel (VocabParallelEmbedding): forward all-reduce
@@ -96,6 +97,7 @@ class TensorParallel(Extrapolator):
     name = "tp"
     Options = TPOptions
     hybrid_inner = True
+    degree_field = "num_gpus"  # the config field that sets the degree (3D: parallelism.tp)
 
     def check(self):
         o = self.options
@@ -110,13 +112,47 @@ class TensorParallel(Extrapolator):
         self._plan()
         if len(self.gpus) > 1:
             self._check_divisible()
+            if o.tp_style == "megatron":
+                self._check_heads()
 
     # -- the plan ------------------------------------------------------------------------------
+    @property
+    def roots(self) -> dict[int, int]:
+        """Weight-like tensors -> the parameter each comes from: every weight, and what a
+        forward operator makes from one weight-like tensor and nothing that grows with the
+        batch, at its size: the bfloat16 cast of a float32 parameter where it is used
+        (torchtitan's mixed precision), a view, a transpose, a copy. A layer that reads
+        one reads its parameter, so it is split as the parameter's layer would be."""
+        got = self.__dict__.get("_roots")
+        if got is None:
+            T = self.trace.tensors
+            got = {t: t for t, x in T.items() if x.category == "weight"}
+            for op in self.ops("forward"):
+                src = {t for t in op.inputs if t in got}
+                if len(src) != 1 or any(T[t].scales_with_batch for t in op.inputs if t not in got):
+                    continue
+                (w,) = src
+                for t in op.outputs:
+                    if t not in got and math.prod(T[t].shape) == math.prod(T[w].shape):
+                        got[t] = got[w]
+            self._roots = got
+        return got
+
     def _is_layer(self, op) -> bool:
-        return op.tp_split and any(self.trace.tensors[t].category == "weight" for t in op.inputs)
+        return op.tp_split and any(t in self.roots for t in op.inputs)
 
     def _weights(self, op) -> list[int]:
-        return [t for t in op.inputs if self.trace.tensors[t].category == "weight"]
+        """The weight-like tensors a layer reads (a parameter, or its cast where used)."""
+        return [t for t in op.inputs if t in self.roots]
+
+    def _copies(self, fwd) -> None:
+        """Forward operators that only copy a split parameter (its cast where used) copy
+        each GPU's shard: they run on 1/N, and so does their backward."""
+        roots, split = self.roots, {self.roots[t] for t in self._split_weight_like()}
+        for op in fwd:
+            if (op.id not in self.roles and op.outputs
+                    and all(roots.get(t, -1) in split for t in op.outputs)):  # fmt: skip
+                self.roles[op.id] = "sharded"
 
     def _plan(self):
         """Roles (op id -> role), the backward operators of every layer, and the collectives
@@ -142,6 +178,7 @@ class TensorParallel(Extrapolator):
                     self.roles[op.id] = "channel"
         else:
             self._megatron_roles(fwd)
+        self._copies(fwd)
         self._backward_pairs(fwd)
         if self.options.tp_style == "channel":
             self._channel_collectives()
@@ -155,17 +192,17 @@ class TensorParallel(Extrapolator):
             for t in set(op.inputs):
                 readers.setdefault(t, []).append(k)
         layer = [self._is_layer(op) for op in fwd]
-        users: dict[int, int] = {}
+        users: dict[int, int] = {}  # parameter -> layers that read it (or its cast)
         for k, op in enumerate(fwd):
             if layer[k]:
-                for w in set(self._weights(op)):
+                for w in {self.roots[t] for t in self._weights(op)}:
                     users[w] = users.get(w, 0) + 1
         embeddings = set()
         for k, op in enumerate(fwd):
             if layer[k] and "embedding" in op.name:
                 embeddings.add(k)
                 indexed_by_input = any(T[t].category == "input" for t in op.inputs)
-                tied = any(users[w] > 1 for w in self._weights(op))
+                tied = any(users[self.roots[w]] > 1 for w in self._weights(op))
                 roles[op.id] = "vocab" if indexed_by_input or tied else "replicated"
         self.loss_op = self.head_op = None
         for k, op in enumerate(fwd):
@@ -225,11 +262,12 @@ class TensorParallel(Extrapolator):
         operator its forward operator's role."""
         trace, roles = self.trace, self.roles
         layer_ids = {op.id for op in fwd if self._is_layer(op)}
-        owners: dict[int, set] = {}
+        owners: dict[int, set] = {}  # a weight-like tensor (and its parameter) -> layers
         for op in fwd:
             if op.id in layer_ids:
                 for w in self._weights(op):
                     owners.setdefault(w, set()).add(op.id)
+                    owners.setdefault(self.roots[w], set()).add(op.id)
         self.bwd_of: dict[int, list] = {}
         self.orphans = []  # split backward operators no layer claims
         self._orphan_ids = set()
@@ -286,10 +324,30 @@ class TensorParallel(Extrapolator):
         where.setdefault(op.id, []).append(c)
 
     # -- collectives ---------------------------------------------------------------------------
+    def _column_groups(self, fwd) -> dict:
+        """Column-parallel layers by the activation they read: several that read one input
+        (Llama's separate Q, K and V projections; its gate and up projections) take it in
+        once and give its gradient back once, as Megatron's fused QKV and gate/up layers do
+        and as torchtitan's module-level input does (the partial gradients are summed on
+        each GPU before one all-reduce). first layer -> (the layers, their backward ops)."""
+        pos = {op.id: k for k, op in enumerate(self.trace.operators)}
+        groups: dict = {}
+        for op in fwd:
+            if self.roles.get(op.id) in ("column", "head", "gather"):
+                data = [t for t in op.inputs if t not in self.roots]
+                groups.setdefault(data[0] if data else ("op", op.id), []).append(op)
+        out = {}
+        for ops in groups.values():
+            bwd = sorted((b for op in ops for b in self.bwd_of.get(op.id, [])),
+                         key=lambda b: pos[b.id])  # fmt: skip
+            out[ops[0].id] = (ops, bwd)
+        return out
+
     def _megatron_collectives(self, fwd):
         sp = self.options.sequence_parallel
         B, A = self.before, self.after
         pos_embedding = any(r == "replicated" for r in self.roles.values())
+        columns = self._column_groups(fwd)
         for op in fwd:
             role = self.roles.get(op.id)
             if role not in SPLIT:
@@ -299,14 +357,17 @@ class TensorParallel(Extrapolator):
             nin, grad = self._in(op)
             nout = self._out(op)
             if role in ("column", "head", "gather"):
-                if sp:
-                    self._add(B, op, "all_gather", nin, "gather-input", "forward")
-                    if first is not None:
-                        self._add(B, first, "all_gather", nin, "regather-input", "backward")
-                    if last is not None and grad:
-                        self._add(A, last, "reduce_scatter", nin, "input-grad", "backward")
-                elif last is not None and grad:
-                    self._add(A, last, "allreduce", nin, "input-grad", "backward")
+                if op.id in columns:  # the first of the layers that read this input
+                    _, both = columns[op.id]
+                    first, last = (both[0], both[-1]) if both else (None, None)
+                    if sp:
+                        self._add(B, op, "all_gather", nin, "gather-input", "forward")
+                        if first is not None:
+                            self._add(B, first, "all_gather", nin, "regather-input", "backward")
+                        if last is not None and grad:
+                            self._add(A, last, "reduce_scatter", nin, "input-grad", "backward")
+                    elif last is not None and grad:
+                        self._add(A, last, "allreduce", nin, "input-grad", "backward")
                 if role == "gather":
                     self._add(A, op, "all_gather", nout, "gather-output", "forward")
             elif role == "row":
@@ -381,12 +442,12 @@ class TensorParallel(Extrapolator):
             dims = {T[w].shape[axis] for w in self._weights(op) if len(T[w].shape) >= 2}
             for d in sorted(dims):
                 if d % n:
-                    raise ConfigError("num_gpus", n, f"a tensor-parallel degree dividing layer "
+                    raise ConfigError(self.degree_field, n, f"a tensor-parallel degree dividing layer "
                                       f"{op.layer or op.name}'s {d} {what} units (op {op.id}): "
                                       f"each GPU takes an equal shard")  # fmt: skip
 
-    def sharded_weights(self) -> set[int]:
-        """Weight tensors each GPU holds 1/N of."""
+    def _split_weight_like(self) -> set[int]:
+        """The weight-like tensors split layers read and shard (a row layer's bias whole)."""
         T, out = self.trace.tensors, set()
         for op in self.ops("forward"):
             role = self.roles.get(op.id)
@@ -395,6 +456,56 @@ class TensorParallel(Extrapolator):
             elif role in SPLIT:
                 out.update(self._weights(op))
         return out
+
+    def _check_heads(self):
+        """Megatron splits attention by heads: the degree must divide the query heads and
+        the key/value heads (grouped-query attention's groups; Megatron-LM's
+        num_attention_heads % tp and num_query_groups % tp). Heads come from the attention
+        operator's query, (batch, heads, sequence, head size); key/value heads from the
+        projection the key comes from (its outputs / head size), or the query's where one
+        projection makes both (GPT-2's fused QKV)."""
+        n, T = len(self.gpus), self.trace.tensors
+        fwd = self.ops("forward")
+        made = {t: op for op in fwd for t in op.outputs}
+        for op in fwd:
+            if "attention" not in op.name or len(op.inputs) < 3:
+                continue
+            q, k = T[op.inputs[0]], T[op.inputs[1]]
+            if len(q.shape) != 4 or len(k.shape) != 4 or not q.shape[-1]:
+                continue
+            heads, size = q.shape[1], q.shape[-1]
+            from_q = self._projection(op.inputs[0], made)
+            from_k = self._projection(op.inputs[1], made)
+            kv = k.shape[1]
+            if from_k is not None and from_k is not from_q:
+                out = T[from_k.outputs[0]].shape[-1] if from_k.outputs else 0
+                kv = out // size if out and out % size == 0 else kv
+            for what, count in (("attention heads", heads), ("key/value heads", kv)):
+                if count % n:
+                    raise ConfigError(self.degree_field, n, f"a tensor-parallel degree "
+                                      f"dividing the {count} {what} of {op.layer or op.name} "
+                                      f"({heads} query heads, {kv} key/value heads; Megatron "
+                                      f"splits attention by heads)")  # fmt: skip
+
+    def _projection(self, t, made, steps: int = 32):
+        """The layer a tensor comes from, following each operator's first batch-sized input
+        (views, transposes, the rotary embedding, `type_as`, the repeat of key/value
+        heads), or None."""
+        T = self.trace.tensors
+        for _ in range(steps):
+            op = made.get(t)
+            if op is None:
+                return None
+            if self._is_layer(op):
+                return op
+            t = next((x for x in op.inputs if T[x].scales_with_batch), None)
+            if t is None:
+                return None
+        return None
+
+    def sharded_weights(self) -> set[int]:
+        """Weight tensors (parameters) each GPU holds 1/N of."""
+        return {self.roots[t] for t in self._split_weight_like()}
 
     def optimizer_fraction(self) -> float:
         total = self.trace.weight_bytes()

@@ -42,6 +42,12 @@ from triosim.errors import ConfigError
 from triosim.schema import option
 
 
+class _TensorParallel(TensorParallel):
+    """A 3D grid's tensor-parallel plan: its degree is parallelism.tp."""
+
+    degree_field = "parallelism.tp"
+
+
 @dataclass(frozen=True)
 class ThreeDOptions:
     dp: int = option(1, ge=1, help="data-parallel degree (replicas)")
@@ -97,7 +103,7 @@ class ThreeD(Extrapolator):
                           batch_size=rep_batch, gpu=self.gpu, graph=self.graph if pp > 1 and
                           self.v == 1 else None)  # fmt: skip
         group0 = [self.grid[0, 0, t] for t in range(tp)]
-        self.tpx = TensorParallel(self.trace, self.model, group0,
+        self.tpx = _TensorParallel(self.trace, self.model, group0,
                                   TPOptions(o.tp_style, o.sequence_parallel),
                                   batch_size=self.micro, gpu=self.gpu)  # fmt: skip
         self._held()

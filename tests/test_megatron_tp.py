@@ -385,3 +385,66 @@ def test_vgg13_megatron_within_5_percent_of_the_hand_calculation():
         # a missing flatten: the classifier's input is made by no traced operator, yet has a
         # gradient (it is an activation, not the model's input): all-reduced in backward
         assert "op28" in set(comm(r)[lambda d: d.phase == "backward"].layer)
+
+
+# -- Llama traces at every precision, and Megatron's degree rules ----------------------------------
+MODELLED = ROOT / "traces" / "modelled"
+
+
+def _tp_plan(trace_path, n, **extra):
+    cfg = {"trace": str(trace_path), "num_gpus": n, "batch_size": 8, "gpu": "H100-SXM",
+           "perfmodel": {"kind": "calibrated"}, "parallelism": {"mode": "tp"},
+           "topology": {"kind": "switch", "bandwidth": "450 GB/s"}, **extra}  # fmt: skip
+    return Simulation(cfg).extrapolator
+
+
+def _collectives(ex):
+    out: dict = {}
+    for where in (ex.before, ex.after):
+        for tasks in where.values():
+            for c in tasks:
+                out[c.op, c.nbytes, c.phase] = out.get((c.op, c.nbytes, c.phase), 0) + 1
+    return out
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_tp_follows_a_weight_through_its_casts_on_torchtitan_precision_llama():
+    """The shipped Llama 3 8B traces (2 of 32 layers traced and replicated, batch 8 x 2048
+    tokens, bf16 compute): torchtitan's (float32 weights cast to bfloat16 where used: each
+    linear reads the cast, which TP refused) and Megatron's (bfloat16 weights). Both split
+    alike. By hand (Megatron, per layer 2 all-reduces forward after wo and w2, 2 backward for
+    the inputs of Q/K/V and of gate/up; the word embedding 1 forward, the head 1 backward;
+    b.s.h = 8 x 2048 x 4096 x 2 bytes; the loss 3 x 4.b.s)."""
+    titan = _tp_plan(MODELLED / "h100-sxm" / "llama3-8b-s2048-b8.trace.json.gz", 8)
+    megatron = _tp_plan(MODELLED / "h100-sxm" / "llama3-8b-bf16-s2048-b8.trace.json.gz", 8)
+    bsh = 8 * 2048 * 4096 * 2
+    want = {("allreduce", bsh, "forward"): 2 * 32 + 1, ("allreduce", bsh, "backward"): 2 * 32 + 1,
+            ("allreduce", 4 * 8 * 2048, "forward"): 3}  # fmt: skip
+    assert _collectives(titan) == want
+    assert _collectives(megatron) == want
+    assert titan.optimizer_fraction() == pytest.approx(megatron.optimizer_fraction(), rel=1e-12)
+    T = titan.trace.tensors
+    assert {T[t].category for t in titan.sharded_weights()} == {"weight"}  # the parameters
+    casts = [op for op in titan.ops("forward") if op.name == "aten::to"
+             and T[op.inputs[0]].name == "layers.0.attention.wq.weight"]  # fmt: skip
+    assert casts and titan.roles[casts[0].id] == "sharded"  # each GPU casts its shard
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_the_degree_must_divide_the_attention_and_key_value_heads():
+    """Megatron-LM asserts num_attention_heads % tp == 0 and num_query_groups % tp == 0.
+    GPT-2 small has 12 heads (its QKV's 2,304 outputs divide by 8, so only the heads
+    refuse 8); Llama 3 8B 32 query heads in 8 key/value groups."""
+    gpt2 = MODELLED / "a100-80gb" / "gpt2-s512-b8.trace.json.gz"
+    llama = MODELLED / "h100-sxm" / "llama3-8b-s2048-b8.trace.json.gz"
+    assert _tp_plan(gpt2, 4, gpu="A100-80GB").roles  # 12 % 4 == 0
+    with pytest.raises(ConfigError, match=r"'num_gpus' = 8 .*12 attention heads"):
+        _tp_plan(gpt2, 8, gpu="A100-80GB")
+    with pytest.raises(ConfigError, match=r"'num_gpus' = 16 .*8 key/value heads.*32 query"):
+        _tp_plan(llama, 16)
+    three_d = {"parallelism": {"mode": "3d", "dp": 1, "tp": 16, "pp": 1}}
+    with pytest.raises(ConfigError, match=r"'parallelism.tp' = 16 .*8 key/value heads"):
+        _tp_plan(llama, 16, **three_d)
+    hybrid = {"parallelism": {"mode": "hybrid", "dp": 2, "inner": "tp"}}
+    with pytest.raises(ConfigError, match=r"'parallelism.dp' = 2 .*16 GPUs.*8 key/value"):
+        _tp_plan(llama, 32, **hybrid)
