@@ -1,0 +1,106 @@
+"""Whether a change kept every result: a fixed set of configs, each run and fingerprinted.
+
+For a refactor that must change no result (moving modules, splitting classes, reformatting):
+run it on the commit before and after and compare. Each row is a config (every example,
+every parallelism mode on the shipped CPU traces, the packet and the photonic network,
+`symmetry` off and auto, the NCCL and textbook communication models) with its iteration
+time (repr: every digit) and a SHA-256 of its whole timeline table (every row and column,
+floats as repr), so two runs agree only if every task of every GPU starts and ends at the
+same instant.
+
+Run: PYTHONPATH=. python -m benchmarks.same_results [--out before.json] [--against before.json]
+(--against exits 1 when any row differs and prints the rows that do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESNET = str(ROOT / "traces" / "cpu" / "resnet18-b8.trace.json.gz")
+GPT2 = str(ROOT / "traces" / "cpu" / "gpt2-small-b8.trace.json.gz")
+RING = {"kind": "ring", "bandwidth": "65 GB/s", "latency": "1 us"}
+MODES = [
+    ("single", {"mode": "single"}, 1, RESNET),
+    ("dp", {"mode": "dp"}, 4, RESNET),
+    ("ddp", {"mode": "ddp"}, 4, RESNET),
+    ("fsdp", {"mode": "fsdp"}, 4, GPT2),
+    ("tp", {"mode": "tp"}, 4, GPT2),
+    ("tp-sequence", {"mode": "tp", "sequence_parallel": True}, 4, GPT2),
+    ("gpipe", {"mode": "gpipe", "microbatches": 4}, 4, RESNET),
+    ("1f1b", {"mode": "1f1b", "microbatches": 4}, 4, RESNET),
+    ("hybrid", {"mode": "hybrid", "dp": 2, "inner": "gpipe", "microbatches": 2}, 4, RESNET),
+    ("3d", {"mode": "3d", "dp": 2, "tp": 2, "pp": 2, "microbatches": 2}, 8, GPT2),
+    (
+        "interleaved",
+        {"mode": "interleaved", "dp": 1, "tp": 1, "pp": 2, "microbatches": 4, "virtual_stages": 2},
+        2,
+        GPT2,
+    ),  # fmt: skip
+    ("hop", {"mode": "hop"}, 4, RESNET),
+]
+
+
+def configs() -> dict:
+    """name -> config (a path or a mapping)."""
+    out: dict = {f"example {p.stem}": str(p) for p in sorted((ROOT / "examples").glob("*.yaml"))}
+    for name, par, n, trace in MODES:
+        for comm in ("nccl", "textbook"):
+            for sym in ("off", "auto"):
+                cfg = {"trace": trace, "num_gpus": n, "batch_size": 8, "parallelism": par,
+                       "topology": RING, "communication": {"kind": comm}, "symmetry": sym}  # fmt: skip
+                out[f"{name} {comm} symmetry {sym}"] = cfg
+    out["ddp photonic"] = {"trace": RESNET, "num_gpus": 4, "batch_size": 8,
+                           "parallelism": {"mode": "ddp"}, "topology": RING,
+                           "network": {"kind": "photonic", "setup_time": "20 us"}}  # fmt: skip
+    out["ddp fat tree, 3 iterations"] = {"trace": RESNET, "num_gpus": 16, "batch_size": 16,
+                                         "iterations": 3, "parallelism": {"mode": "ddp"},
+                                         "topology": {"kind": "fat_tree", "radix": 8,
+                                                      "bandwidth": "50 GB/s"}}  # fmt: skip
+    return out
+
+
+def fingerprint(cfg) -> dict:
+    from triosim.simulation import Simulation
+
+    r = Simulation(cfg).run()
+    table = r.timeline.to_csv(index=False, float_format="%r")
+    return {"iteration_time": repr(r.iteration_time),
+            "timeline_sha256": hashlib.sha256(table.encode()).hexdigest(),
+            "rows": len(r.timeline)}  # fmt: skip
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", help="write the fingerprints to this JSON file")
+    ap.add_argument("--against", help="compare with fingerprints written before")
+    args = ap.parse_args(argv)
+    warnings.simplefilter("ignore")  # the CPU traces' missing FLOP counts, said elsewhere
+    got = {}
+    for name, cfg in configs().items():
+        try:
+            got[name] = fingerprint(cfg)
+        except Exception as e:  # noqa: BLE001 (an error is a result too: it must not change)
+            got[name] = {"error": f"{type(e).__name__}: {e}"}
+        row = got[name]
+        shown = row.get("error") or f"{row['iteration_time']:<22} {row['timeline_sha256'][:16]}"
+        print(f"{name:<40} {shown}")
+    if args.out:
+        Path(args.out).write_text(json.dumps(got, indent=1, sort_keys=True))
+    if args.against:
+        before = json.loads(Path(args.against).read_text())
+        changed = sorted(k for k in set(before) | set(got) if before.get(k) != got.get(k))
+        print(f"\n{len(got) - len(changed)} of {len(got)} configs identical to {args.against}")
+        for k in changed:
+            print(f"  differs: {k}: {before.get(k)} -> {got.get(k)}")
+        return 1 if changed else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
