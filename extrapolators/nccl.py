@@ -32,19 +32,18 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field, replace
-from itertools import permutations
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
-from extrapolators import nccl_layouts as layouts
+from extrapolators import nccl_families as families
 from extrapolators import nccl_streams
 from extrapolators import nccl_tuner as tuner
 from extrapolators.communication import CommModel, check_op, register
 from extrapolators.nccl_layouts import window_max as _window_max
 from extrapolators.nccl_streams import hops as _hops
-from extrapolators.nccl_system import MAX_EXTRA_RINGS, System, node_partition, tree_depth
+from extrapolators.nccl_system import System, node_partition, tree_depth
 from networks.groups import at as at_instant
 from networks.routing import Routes, path_latencies
 from triosim import nccl_params as P
@@ -54,7 +53,6 @@ from triosim.schema import option
 ALGO_NAMES = {"ring": ("ring",), "tree": ("tree",), "nvls": ("nvls", "nvls_tree"),
               "collnet": ("collnet_direct",)}  # fmt: skip
 PIPELINED = {"nvls", "nvls_tree", "collnet_direct"}
-MAX_NODE_ORDERS = 5  # groups on up to this many nodes time every order of their nodes
 P2P_OPS = ("all_to_all", "sendrecv")
 # bytes on the wire per byte of data: LL sends a 4-byte flag with every 4 bytes, LL128 one
 # 8-byte flag in every 128-byte line (NCCL's device.h)
@@ -238,21 +236,6 @@ class _Group:
     ring_paths: list = field(default_factory=list)
 
 
-@dataclass
-class _Family:
-    """A group's candidate layouts (extrapolators.nccl_layouts): each as (rings, both-ways
-    flags[, its own System]), the features that rank them, and those analysed so far
-    (layout -> _Group)."""
-
-    system: System
-    layouts: list
-    feats: layouts.Features | None
-    default: int = 0
-    positions: bool = False  # layouts name positions in the group, not GPUs
-    infos: dict = field(default_factory=dict)
-    fronts: dict = field(default_factory=dict)
-
-
 @register("nccl")
 class Nccl(CommModel):
     Options = NcclOptions
@@ -287,11 +270,11 @@ class Nccl(CommModel):
         fam = self.family(group)
         return self._layout(fam, fam.default)
 
-    def family(self, group) -> _Family:
+    def family(self, group) -> families.Family:
         group = tuple(group)
         fam = self._families.get(group)
         if fam is None:
-            fam = self._families[group] = self._make_family(group, self._system(group))
+            fam = self._families[group] = families.make(self, group, self._system(group))
         return fam
 
     def prepare(self, groups) -> None:
@@ -308,89 +291,14 @@ class Nccl(CommModel):
         hops = [h for rs in rings for r in rs for h in _hops(r)]
         self._pair_arrays(hops + [(b, a) for a, b in hops])
         for g, s, rs in zip(new, systems, rings, strict=True):
-            self._families[g] = self._make_family(g, s, rs)
+            self._families[g] = families.make(self, g, s, rs)
 
     def _system(self, group) -> System:
         # small groups' orders are searched by the family (`_exhaustive`), not the system
         return System(self.graph, group, self.routes, self._partition,
                       self.capacity * self.efficiency, exact=False)  # fmt: skip
 
-    def _make_family(self, group, s: System, rings=None) -> _Family:
-        """Candidate layouts: every ring order (and prefixes of its extra rings) where the
-        group is small, in one node and its hops differ; else the system's rings and, in
-        one node, their prefixes."""
-        n = s.n
-        one_ring = s.N == 1 or s.rails == 1 or not s.uniform  # System.rings: [order]
-        if one_ring and 3 <= n <= layouts.EXACT_LIMIT and s.alike is False:
-            return self._exhaustive(group, s)
-        rings = rings if rings is not None else s.rings()
-        if s.N > 1:  # rails: every order of the nodes, where they are few
-            systems = [s] + (self._node_orders(s) if s.N <= MAX_NODE_ORDERS else [])
-            cands = []
-            for x in systems:
-                r = rings if x is s else x.rings()
-                cands.append((r, [self._both_ways(y) for y in r], x))
-            return _Family(s, cands, None)
-        cands = []
-        for order in s.orders:  # the system's order first: the default
-            more = [list(order)] + s._extra_rings(list(order)) if order != s.order else rings
-            both = [self._both_ways(r) for r in more]
-            cands += [(more[:k], both[:k]) for k in range(len(more), 0, -1)]
-        return _Family(s, cands, None)
-
-    @staticmethod
-    def _node_orders(s: System) -> list:
-        """The system with its nodes in every other order (the first node first)."""
-        out = []
-        for perm in permutations(range(1, s.N)):
-            if list(perm) == sorted(perm):
-                continue  # the system's own order
-            x = copy.copy(s)
-            order = [0, *perm]
-            x.nodes = [s.nodes[i] for i in order]
-            x.nvls = [s.nvls[i] for i in order] if s.nvls else s.nvls
-            out.append(x)
-        return out
-
-    def _exhaustive(self, group, s: System) -> _Family:
-        n = s.n
-        pairs = [(a, b) for a in group for b in group if a != b]
-        lat, net, _cap, nh = self._pair_arrays(pairs)
-        paths = self._paths(pairs)
-        full = np.full((n, n), -1, np.int64)
-        full[~np.eye(n, dtype=bool)] = np.arange(len(pairs))
-        used = np.unique(np.concatenate(paths)) if pairs else np.zeros(0, np.int64)
-        col = np.searchsorted(used, np.concatenate(paths))
-        rows = np.zeros((n * n, len(used)))
-        at = np.repeat(np.flatnonzero(full.ravel() >= 0), [len(p) for p in paths])
-        np.add.at(rows, (at, col), 1.0)
-        hops = np.zeros((n, n), np.int64)
-        hops[full >= 0] = nh
-        pair_lat = np.zeros(n * n)
-        pair_net = np.zeros(n * n, bool)
-        pair_lat[full.ravel() >= 0] = lat
-        pair_net[full.ravel() >= 0] = net
-
-        adj = [set() for _ in range(n)]
-        if n <= 64:  # direct links both ways between the group's GPUs (extra rings)
-            pos = {g: i for i, g in enumerate(group)}
-            for i, u in enumerate(group):
-                for v in self.graph.adj[u]:
-                    if v in pos and v != u and self.graph.has_edge(v, u):
-                        adj[i].add(pos[v])
-        shares = layouts.structure(hops, adj, MAX_EXTRA_RINGS)
-        cands = shares.layouts
-        feats = layouts.Features(shares, rows, self.capacity[used],
-                                 (self.capacity * self.efficiency)[used], pair_lat, pair_net)  # fmt: skip
-        # the default: least loaded, then least latency and fewest hops on the first ring
-        first = shares.first
-        nxt = np.roll(first, -1, axis=1)
-        lat_sum = pair_lat[first * n + nxt].sum(axis=1)
-        hop_sum = hops[first, nxt].sum(axis=1)
-        default = int(np.lexsort((np.arange(len(cands)), hop_sum, lat_sum, feats.eff))[0])
-        return _Family(s, cands, feats, default, positions=True)
-
-    def _layout(self, fam: _Family, k: int) -> _Group:
+    def _layout(self, fam: families.Family, k: int) -> _Group:
         """Layout k of a family, analysed (once)."""
         info = fam.infos.get(k)
         if info is None:
@@ -601,52 +509,13 @@ class Nccl(CommModel):
         pairs = self._pairs(self._layout(fam, fam.default), op, algorithm)
         fastest = self.options.pick == "fastest"
         best, best_t = None, math.inf
-        for k in self._candidates(fam, op, root, pairs):
+        for k in families.candidates(fam, op, root, pairs):
             info = self._layout(fam, k)
             for algo, proto in pairs if fastest else [self._nccl_pick(info, op, nbytes, pairs)]:
                 t = self._pair_terms(info, op, group, algo, proto, nbytes, root)
                 if t is not None and t.time(self.tuning) < best_t:
                     best, best_t = t, t.time(self.tuning)
         return best
-
-    def _candidates(self, fam: _Family, op, root, pairs) -> list:
-        """The layouts that can give a call its least time: all of a small family, else
-        for each pair the Pareto front of the features its time grows with."""
-        if fam.feats is None or len(fam.layouts) <= 4:
-            return list(range(len(fam.layouts)))
-        out: dict = {}
-        for algo, proto in pairs:
-            key = self._front_key(fam, op, algo, proto, root)
-            if key is None:
-                out[fam.default] = None  # the layouts do not differ for this pair
-                continue
-            front = fam.fronts.get(key)
-            if front is None:
-                front = fam.fronts[key] = self._front(fam, *key)
-            out.update(dict.fromkeys(front))
-        return list(out)
-
-    @staticmethod
-    def _front_key(fam: _Family, op, algo, proto, root):
-        """(structure, algorithm whose per-hop latency counts, protocol, ring steps)."""
-        n = fam.system.n
-        if algo == "ring" and op in ("allreduce", "all_gather", "reduce_scatter"):
-            return ("ring", "ring", proto, 2 * (n - 1) if op == "allreduce" else n - 1)
-        if op in ("broadcast", "reduce"):
-            group = fam.system.group
-            pos = group.index(root) if root in group else 0
-            return ((("bcast" if op == "broadcast" else "reduce"), pos), "ring", proto, 0)
-        if algo == "tree" and fam.system.N == 1:
-            return ("tree", "tree", proto, 0)
-        return None
-
-    def _front(self, fam: _Family, struct, algo, proto, steps) -> list:
-        f = fam.feats
-        p = P.PROTOS.index(proto)
-        hw = fam.system.intra_hw
-        ex = f.excess(P.HW_LAT[hw][algo][p] * 1e-6, P.HW_LAT["net"][algo][p] * 1e-6)
-        extra = f.ring_extra(ex, steps) if struct == "ring" else f.stream_extra(struct, ex)
-        return layouts.pareto(f.eff, f.raw(struct), extra)
 
     def _pair_terms(self, info: _Group, op, group, algo, proto, nbytes, root) -> Terms | None:
         """`terms` of one (algorithm, protocol); None where NCCL's model gives it no
