@@ -538,10 +538,25 @@ def prepare_meta_trace(et: dict, numbers: list, storages: dict | None = None) ->
     fresh = iter(range(_STORAGE_BASE, 2 * _STORAGE_BASE))
 
     def rename(side, nums):
+        # the mode's numbers go to the tensors it was handed, in order: not an undefined
+        # tensor nor a wrapped number (`_unseen_by_mode`). A tensor left without one is named
+        # by its ET id, the address of its TensorImpl, which PyTorch reuses once a tensor is
+        # freed: a tensor the mode numbered must never be named so (it took a freed
+        # tensor's number, and storage, wherever the allocator had put it: a weight's view
+        # made attention's saved output a "buffer" in some runs), and a wrapped number is
+        # made anew for each call
         items = _tensor_items(side)
-        if nums is not None and len(nums) == len(items):
-            for x, k in zip(items, nums, strict=True):
+        unseen = _unseen_by_mode(side) if nums is not None else {}
+        handed = [x for x in items if id(x) not in unseen]
+        if nums is not None and len(nums) != len(handed):  # a number in a tensor's place?
+            handed = [x for x in items if unseen.get(id(x)) != "undefined"]
+            unseen = {k: v for k, v in unseen.items() if v == "undefined"}
+        if nums is not None and len(nums) == len(handed):
+            for x, k in zip(handed, nums, strict=True):
                 current[x[0]] = k
+            for x in items:
+                if unseen.get(id(x)) == "wrapped":
+                    current[x[0]] = next(fresh)
         for x in items:
             if x[0] not in current:
                 src = same_as.get(x[0])
@@ -639,6 +654,25 @@ def _tensor_args(side) -> list[list]:
             out.append([x for x in v if isinstance(x, list) and len(x) == 6])
         else:
             out.append([])
+    return out
+
+
+def _unseen_by_mode(side) -> dict:
+    """The tensor values (by id()) of an ET node's inputs or outputs that a dispatch mode is
+    not handed as tensors: "undefined", an absent optional tensor (attn_mask=None), which
+    the autograd-level call records as a tensor with no storage and no device; "wrapped",
+    a 0-dim CPU float64 or int64 tensor, maybe a wrapped number (a Python scalar where the
+    schema takes a tensor: `step += 1` is aten::add_.Tensor), which the mode gets back as
+    the Python number."""
+    out = {}
+    for items, t, s in zip(_tensor_args(side), side.get("types", []), side.get("shapes", []),
+                           strict=False):  # fmt: skip
+        for x in items:
+            if not x[1] and not x[5]:
+                out[id(x)] = "undefined"
+            elif (t in ("Tensor(double)", "Tensor(long int)") and s == [] and x[5] == "cpu"
+                  and x[3] == 1):  # fmt: skip
+                out[id(x)] = "wrapped"
     return out
 
 
