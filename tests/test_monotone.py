@@ -9,7 +9,11 @@ system is slowed in several ways: one link (one direction or both) by a factor f
 1.0015 to 20, every link of one GPU, or a random set of links. For every communication
 model (the NCCL model picking the fastest pair, each forced (algorithm, protocol), the
 textbook collectives) and every collective at sizes from 1 KiB to 256 MiB:
-- the slowed system's time is never below the system's (1e-9 relative, for float sums);
+- the slowed system's time is never below the system's (1e-9 relative, for float sums),
+  except the textbook model's all-to-all and sendrecv (up to 5 %): their flows share links
+  max-min fairly with no rate of their own, so a flow a slower link holds back can leave a
+  shared link to the one that ends last, as on a real network (a 2 x 3 mesh at 64 KiB ended
+  1.9 % sooner);
 - a link slowed by f makes a call at most f times slower (bounded sensitivity).
 With NCCL's own pick (the default), a slower link can move NCCL's tuner to a pair that
 runs faster, as it can on a real system (README: "A slower link is never faster"); there
@@ -45,6 +49,7 @@ PROPERTY = settings(max_examples=10 * N // 3, deadline=None,
 NCCL_PICK = settings(max_examples=N, deadline=None,
                      suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
 ITERATIONS = settings(max_examples=N, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+P2P = ("all_to_all", "sendrecv")
 OPS = ("allreduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "sendrecv")
 SIZES = (1024.0, 65536.0, 2.0**20, 2.0**24, 2.0**28)
 FACTORS = (1.0015, 1.01, 1.3, 2.0, 5.0, 20.0)
@@ -150,10 +155,14 @@ def _times(g, gpu, options, ops, simulate=False) -> dict:
     return out
 
 
-def _check(base: dict, slow: dict, f: float | None, floor: dict | None = None):
+def _check(base: dict, slow: dict, f: float | None, floor: dict | None = None, loose=()):
+    """Never faster (1e-9 and a picosecond: float sums of event times), except the ops in
+    `loose` by up to 5 %; never more than f times slower."""
     for k, t in base.items():
         lowest = floor[k] if floor else t
-        assert slow[k] >= lowest * (1 - 1e-9) - 1e-15, (k, t, slow[k])  # 1 fs: float sums
+        tol = 0.05 if k[0] in loose else 1e-9
+        assert slow[k] >= lowest * (1 - tol) - 1e-12, (k, t, slow[k])
+        TRIED["monotone: collectives faster by contention"] += slow[k] < lowest * (1 - 1e-9) - 1e-12
         if f is not None:  # one factor f on every slowed link: at most f times slower
             assert slow[k] <= t * f * (1 + 1e-9) + 1e-15, (k, t, slow[k], f)
 
@@ -177,7 +186,12 @@ def test_a_slower_link_never_makes_a_collective_faster(data, system):
     for _ in range(3):
         slow, f = data.draw(slowdowns(g))
         TRIED["monotone: collectives"] += 1
-        _check(base, _times(slow, gpu, options, ops, simulate), f)
+        # the textbook all-to-all and sendrecv are flows sharing links max-min fairly with
+        # no rate of their own: a flow a slower link holds back can leave a shared link to
+        # the one that ends last (a 2 x 3 mesh at 64 KiB: 1.9 % sooner); the NCCL model's
+        # streams are held to rates that end them together, and the rings step in lock step
+        loose = P2P if options.get("kind") == "textbook" else ()
+        _check(base, _times(slow, gpu, options, ops, simulate), f, loose=loose)
 
 
 @NCCL_PICK
