@@ -16,7 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from perfmodel import LinearRegressionModel, Target
-from triosim.trace import load
+from triosim.trace.model import load
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -39,7 +39,7 @@ def _source(meta: dict) -> str:
 
 
 def predicted_peak(trace) -> float:
-    from triosim.simulation import Simulation
+    from triosim.simulation.wiring import Simulation
 
     cfg = {"num_gpus": 1, "batch_size": trace.metadata["batch_size"],
            "parallelism": {"mode": "single"}}  # fmt: skip
@@ -49,8 +49,8 @@ def predicted_peak(trace) -> float:
 def shape_only_twin(meta: dict, out: Path):
     """A shape-only trace (times from the calibrated A100 model) of the measured model at
     its batch: the shipped CPU traces' models, by the name the tracer gave them."""
-    from triosim.cli import main as cli
-    from triosim.trace import load
+    from triosim.cli.main import main as cli
+    from triosim.trace.model import load
 
     name = meta["model"]
     args = ["trace", name.split("-")[0], "--batch-size", str(meta["batch_size"]),
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
     ap.add_argument("--traces", default=str(ROOT / "traces"))
     ap.add_argument("--shapes-only", action="store_true")
     a = ap.parse_args(argv)
-    from triosim.trace import load
+    from triosim.trace.model import load
 
     rows = []
     for f, meta in measured_traces(Path(a.traces)):

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from perfmodel import Roofline, Target
 from perfmodel.calibrated import FORMS, heldout, op_kind
-from triosim import hardware
-from triosim.errors import TrioSimError
-from triosim.trace import load
-from triosim.trace_io import import_csv
+from triosim.common.errors import TrioSimError
+from triosim.hardware import catalogue as hardware
+from triosim.trace.files import import_csv
+from triosim.trace.model import load
 
 ROOT = Path(__file__).resolve().parents[1]
 

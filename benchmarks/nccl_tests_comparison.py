@@ -1,7 +1,7 @@
 """The NCCL model against published nccl-tests all_reduce_perf tables.
 
 For every table in benchmarks/data/nccl_tests/ (see its README for sources), the config of
-the measured system is built from the catalogue (triosim/hardware.py: NVLink 3/4, IB
+the measured system is built from the catalogue (triosim/hardware/catalogue.py: NVLink 3/4, IB
 HDR/NDR bandwidth and latency; GPU; NIC count) and the NCCL settings the run states
 (NCCL_ALGO, NCCL_MIN_CTAS). Each size is simulated with `triosim collectives` machinery:
 (a) with the catalogue figures only, (b) with `triosim calibrate` fitted on every other
@@ -16,9 +16,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from triosim import hardware, nccl_tests
-from triosim.calibration import calibrate, collective_times, errors_by_range
-from triosim.config import from_dict
+from triosim.config.loading import from_dict
+from triosim.hardware import catalogue as hardware
+from triosim.hardware import nccl_tests
+from triosim.studies.calibration import calibrate, collective_times, errors_by_range
 
 DATA = Path(__file__).resolve().parent / "data" / "nccl_tests"
 NVL4, NVL3 = hardware.link("nvlink4"), hardware.link("nvlink3")
@@ -107,7 +108,7 @@ def compare(stem: str, tmp: Path, rows=None):
     cat = [s for _, _, s, _, _ in collective_times(cfg, "all_reduce", sizes)]
     fit_rows = t.rows[0::2]
     tuning, report = calibrate(cfg, t, fit_rows)
-    from triosim.calibration import write_calibration
+    from triosim.studies.calibration import write_calibration
 
     path = write_calibration(tmp / f"{stem}.yaml", tuning, report, source=stem)
     cal = [s for _, _, s, _, _ in collective_times(config(stem, path), "all_reduce", sizes)]

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from triosim.importers import import_triosim_csv
-from triosim.simulation import Simulation
+from triosim.simulation.wiring import Simulation
+from triosim.trace.go_csv import import_triosim_csv
 
 _GO = Path("shared") / "reference" / "triosim-go-traces"
 GO = next((p / _GO for p in Path(__file__).resolve().parents[1:] if (p / _GO).is_dir()),

@@ -66,7 +66,7 @@ def configs() -> dict:
 
 
 def fingerprint(cfg) -> dict:
-    from triosim.simulation import Simulation
+    from triosim.simulation.wiring import Simulation
 
     r = Simulation(cfg).run()
     table = r.timeline.to_csv(index=False, float_format="%r")

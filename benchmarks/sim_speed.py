@@ -51,8 +51,8 @@ def _measure(fn, memory: bool):
 
 
 def allreduce(n: int, comm: str, engine: str):
-    from triosim.calibration import system
-    from triosim.config import from_dict
+    from triosim.config.loading import from_dict
+    from triosim.studies.calibration import system
 
     trace = str(ROOT / "traces/cpu/resnet18-b8.trace.json.gz")  # only for the GPU model
     cfg = from_dict({"trace": trace, "num_gpus": n, "topology": fat(n), "communication": {"kind": comm},
@@ -64,7 +64,7 @@ def allreduce(n: int, comm: str, engine: str):
 
 
 def ddp(trace_name: str, n: int, engine: str, batch: int, symmetry: str = "off"):
-    from triosim.simulation import Simulation, load_any_trace
+    from triosim.simulation.wiring import Simulation, load_any_trace
 
     trace = load_any_trace(ROOT / "traces/cpu" / trace_name)
     cfg = {"num_gpus": n, "batch_size": batch * n, "parallelism": {"mode": "ddp"},
@@ -85,7 +85,7 @@ def hybrid(n: int, tp: int, pp: int, engine: str, symmetry: str = "off", switch:
     """Megatron 3D (dp x tp x pp) on the modelled GPT-2 A100 trace, 2 x pp micro-batches,
     on the fat tree, or every GPU on one switch, or a rail-optimised cluster of 8-GPU
     servers (both symmetric under the replicas)."""
-    from triosim.simulation import Simulation, load_any_trace
+    from triosim.simulation.wiring import Simulation, load_any_trace
 
     trace = load_any_trace(ROOT / "traces/modelled/a100-80gb/gpt2-s512-b8.trace.json.gz")
     dp = n // (tp * pp)

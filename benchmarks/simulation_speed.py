@@ -10,7 +10,7 @@ import time
 import tracemalloc
 from pathlib import Path
 
-from triosim.simulation import Simulation, load_any_trace
+from triosim.simulation.wiring import Simulation, load_any_trace
 
 ROOT = Path(__file__).resolve().parents[1]
 

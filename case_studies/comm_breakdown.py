@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 
 from case_studies.common import find_trace, out_dir, share_bars, write_csv
-from triosim.simulation import Simulation
+from triosim.simulation.wiring import Simulation
 
 MODELS = [("VGG-11", "vgg11", "cnn", 64), ("ResNet-50", "resnet50", "cnn", 64),
           ("DenseNet-121", "densenet121", "cnn", 64), ("GPT-2", "gpt2", "transformer", 8)]  # fmt: skip

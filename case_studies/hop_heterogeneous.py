@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 
 from case_studies.common import find_trace, grouped_bars, out_dir, write_csv
-from triosim.simulation import Simulation
+from triosim.simulation.wiring import Simulation
 
 GRAPHS = {"ring-based": "ring_chord", "double-ring": "double_ring"}
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from case_studies.common import find_trace, grouped_bars, out_dir, write_csv
-from triosim.simulation import Simulation
+from triosim.simulation.wiring import Simulation
 
 MODELS = [("VGG-11", "vgg11", "cnn"), ("ResNet-50", "resnet50", "cnn"),
           ("DenseNet-121", "densenet121", "cnn")]  # fmt: skip

@@ -10,15 +10,15 @@ import argparse
 import time
 
 from case_studies.common import ROOT, out_dir, write_csv
-from triosim.simulation import Simulation
-from triosim.trace_io import load_any_trace
+from triosim.simulation.wiring import Simulation
+from triosim.trace.files import load_any_trace
 
 
 def repeated(trace, times: int):
     """The trace's forward and backward operators `times` over (a deeper model)."""
     import dataclasses
 
-    from triosim.trace import Trace
+    from triosim.trace.model import Trace
 
     ops, next_id = [], 0
     for k in range(times):

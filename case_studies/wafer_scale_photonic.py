@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 
 from case_studies.common import find_trace, out_dir, share_bars, write_csv
-from triosim.simulation import Simulation
+from triosim.simulation.wiring import Simulation
 
 # (name, trace name, kind, per-GPU batch)
 MODELS = [("VGG-19", "vgg19", "cnn", 64), ("ResNet-50", "resnet50", "cnn", 128),

@@ -15,9 +15,9 @@ import simpy
 
 from networks import groups
 from networks.groups import TransferRecord
-from triosim import schema
-from triosim.errors import NetworkError
-from triosim.registry import Registry
+from triosim.common import schema
+from triosim.common.errors import NetworkError
+from triosim.common.registry import Registry
 
 _PLAIN = (int, float)  # sizes of these types need no further check than 0 <= n < inf
 LINK_COLUMNS = ("src", "dst", "bandwidth", "latency", "bytes", "busy_time")
@@ -25,7 +25,7 @@ LINK_COLUMNS = ("src", "dst", "bandwidth", "latency", "bytes", "busy_time")
 
 class Network:
     """Base class. Subclasses implement `_start_group(records, events)` and declare their
-    config fields as an `Options` dataclass (triosim.schema); `self.options` holds them,
+    config fields as an `Options` dataclass (triosim.common.schema); `self.options` holds them,
     given as an Options object or as keyword arguments (units allowed: "20 ms")."""
 
     kind = "abstract"

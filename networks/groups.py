@@ -227,7 +227,7 @@ def chain(start: np.ndarray, incs) -> np.ndarray:
 
 def at(env: simpy.Environment, t: float, callback) -> simpy.Event:
     """An event processed at absolute time t (>= now), calling callback(event): without
-    the round-off of timeout(t - now). Uses SimPy 4's event queue, as extrapolators.runtime."""
+    the round-off of timeout(t - now). Uses SimPy 4's event queue, as extrapolators.execution.runtime."""
     ev = simpy.Event(env)
     ev._ok, ev._value = True, None
     ev.callbacks.append(callback)

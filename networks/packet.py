@@ -46,8 +46,8 @@ from networks.ringjob import TIME_TOL as _TIME_TOL
 from networks.ringjob import RingJob
 from networks.ringjobs import RingJobs
 from networks.routing import Routes, path_latencies
-from triosim.errors import NetworkError
-from triosim.schema import option
+from triosim.common.errors import NetworkError
+from triosim.common.schema import option
 
 # one-row columns shared by point-to-point starts (only ever copied into the table)
 _ZERO_I, _ZERO_F, _NO_LABEL = np.zeros(1, np.int64), np.zeros(1), np.full(1, -1)

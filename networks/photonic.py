@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import simpy
 
 from networks.base import Network, register
-from triosim.errors import ConfigError
-from triosim.schema import option
+from triosim.common.errors import ConfigError
+from triosim.common.schema import option
 
 
 @dataclass

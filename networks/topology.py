@@ -20,9 +20,9 @@ from typing import Literal
 import networkx as nx
 
 from networks.routing import LINK_KINDS
-from triosim.errors import ConfigError, NetworkError
-from triosim.registry import Registry
-from triosim.schema import NoOptions, load, option
+from triosim.common.errors import ConfigError, NetworkError
+from triosim.common.registry import Registry
+from triosim.common.schema import NoOptions, load, option
 
 REDUCE_KINDS = ("nvls", "sharp")
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from triosim import schema
-from triosim.errors import ConfigError
-from triosim.registry import Registry
-from triosim.trace import Operator, Trace
+from triosim.common import schema
+from triosim.common.errors import ConfigError
+from triosim.common.registry import Registry
+from triosim.trace.model import Operator, Trace
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class OperatorModel:
     """Base class: the time of one operator on the target GPU at the target size."""
 
     name = "abstract"
-    Options = schema.NoOptions  # config fields (triosim.schema); the constructor's keywords
+    Options = schema.NoOptions  # config fields (triosim.common.schema); the constructor's keywords
 
     def __init__(self, trace: Trace):
         self.trace = trace
@@ -92,7 +92,7 @@ class OperatorModel:
 
 
 def _same_gpu(a: str, b: str) -> bool:
-    from triosim import hardware
+    from triosim.hardware import catalogue as hardware
 
     try:
         return hardware.gpu(a).name == hardware.gpu(b).name

@@ -18,7 +18,7 @@ def main(argv=None) -> int:
     """Refit a table: python -m perfmodel.calibrate [--form max|sum] TRACE..."""
     import argparse
 
-    from triosim.trace_io import load_any_trace
+    from triosim.trace.files import load_any_trace
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument(

@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from perfmodel.base import OperatorModel, Target, batch_ratio, register, scales_with_batch
-from triosim import flops as fl
-from triosim import hardware
-from triosim.errors import ConfigError
-from triosim.schema import option
-from triosim.trace import Operator, Trace
+from triosim.common.errors import ConfigError
+from triosim.common.schema import option
+from triosim.hardware import catalogue as hardware
+from triosim.trace import flops as fl
+from triosim.trace.model import Operator, Trace
 
 CALIBRATION_DIR = Path(__file__).resolve().parent / "calibration"
 DEFAULT_GPU = "H100-SXM"

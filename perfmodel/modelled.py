@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 from perfmodel.base import Target, model_class
-from triosim import hardware
-from triosim.trace import Trace
+from triosim.hardware import catalogue as hardware
+from triosim.trace.model import Trace
 
 
 def model_times(trace: Trace, gpu: str, kind: str = "calibrated", **options) -> Trace:

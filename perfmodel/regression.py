@@ -25,9 +25,9 @@ from perfmodel.base import (
     op_features,
     register,
 )
-from triosim.errors import ConfigError
-from triosim.schema import option
-from triosim.trace import Trace
+from triosim.common.errors import ConfigError
+from triosim.common.schema import option
+from triosim.trace.model import Trace
 
 
 def _check_same_model(trace: Trace, other: Trace, k: int) -> None:

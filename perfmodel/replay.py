@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from perfmodel.base import OperatorModel, Target, is_traced_setting, register
-from triosim.errors import ConfigError
+from triosim.common.errors import ConfigError
 
 
 @register("trace")

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from perfmodel.base import OperatorModel, Target, op_features, register
-from triosim import hardware
-from triosim.errors import ConfigError
-from triosim.schema import option
+from triosim.common.errors import ConfigError
+from triosim.common.schema import option
+from triosim.hardware import catalogue as hardware
 
 
 @dataclass(frozen=True)

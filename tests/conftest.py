@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from triosim.trace import Operator, Tensor, Trace
+from triosim.trace.model import Operator, Tensor, Trace
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository root, wherever the clone sits
 
@@ -119,7 +119,7 @@ def chain_trace(
 def run_cli(capsys, *args):
     """Run the command line in this process: (exit code, stdout, stderr). An exception
     escaping main() fails the test (it would be a traceback for the user)."""
-    from triosim.cli import main
+    from triosim.cli.main import main
 
     try:
         code = main([str(a) for a in args])

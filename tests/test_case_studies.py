@@ -4,7 +4,7 @@ import csv
 
 from case_studies import hop_heterogeneous, simulator_speed
 from tests.conftest import chain_trace
-from triosim.trace import save
+from triosim.trace.model import save
 
 
 def vgg_like(tmp_path):

@@ -77,12 +77,12 @@ def test_start_up_imports_only_what_is_needed():
     """A fresh interpreter is the point: `info` loads no SimPy, and a simulation that fits
     no regression loads neither scikit-learn nor matplotlib nor torch."""
     code = """if True:
-        import sys, triosim.cli
-        assert triosim.cli.main(["info", "traces/cpu/gpt2-small-b8.trace.json.gz"]) == 0
+        import sys, triosim.cli.main
+        assert triosim.cli.main.main(["info", "traces/cpu/gpt2-small-b8.trace.json.gz"]) == 0
         assert "simpy" not in sys.modules, "info imported simpy"
-        from triosim.simulation import Simulation
+        from triosim.simulation.wiring import Simulation
         heavy = [m for m in ("sklearn", "matplotlib", "torch") if m in sys.modules]
-        assert not heavy, f"import triosim.simulation imported {heavy}"
+        assert not heavy, f"import triosim.simulation.wiring imported {heavy}"
         Simulation({"trace": "traces/cpu/gpt2-small-b8.trace.json.gz", "num_gpus": 1,
                     "parallelism": {"mode": "single"}, "perfmodel": {"kind": "trace"}}).run()
         heavy = [m for m in ("sklearn", "matplotlib", "torch") if m in sys.modules]

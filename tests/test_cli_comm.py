@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from triosim import nccl_tests
-from triosim.calibration import calibrate
-from triosim.cli import main
-from triosim.config import from_dict
+from triosim.cli.main import main
+from triosim.config.loading import from_dict
+from triosim.hardware import nccl_tests
+from triosim.studies.calibration import calibrate
 
 ROOT = Path(__file__).resolve().parents[1]
 A100_NODE = {"trace": "none.json", "num_gpus": 8, "gpu": "A100-80GB",

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli as triosim
-from triosim import nccl_tests
+from triosim.hardware import nccl_tests
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "traces" / "cpu" / "gpt2-small-b8.trace.json.gz"
@@ -216,12 +216,12 @@ def test_calibrate_log_that_is_not_a_log(capsys, measured, tmp_path, kind):
 
 
 def test_calibrate_out_is_checked_before_the_fit(capsys, measured, tmp_path, monkeypatch):
-    import triosim.calibration
+    import triosim.studies.calibration
 
     def no_fit(*a, **k):
         raise AssertionError("fitted before the output was checked")
 
-    monkeypatch.setattr(triosim.calibration, "calibrate", no_fit)
+    monkeypatch.setattr(triosim.studies.calibration, "calibrate", no_fit)
     log, cfg = measured
     msg = user_error(capsys, "calibrate", log, "--config", cfg, "--out", tmp_path)
     assert msg == f"error: --out {tmp_path} is a folder; name a file"
@@ -302,7 +302,7 @@ def test_simulate_never_writes_over_its_config_or_trace(capsys, tiny, tmp_path):
 def test_an_interrupted_trace_write_leaves_the_old_file_whole(tmp_path, monkeypatch):
     import json
 
-    from triosim import trace as tr
+    from triosim.trace import model as tr
 
     t = tr.load(TRACE)
     path = tmp_path / "t.trace.json.gz"
@@ -390,12 +390,12 @@ def test_search_with_no_valid_plan(capsys, hopeless, tmp_path):
 
 
 def test_search_checks_out_before_searching(capsys, hopeless, tmp_path, monkeypatch):
-    import triosim.search
+    import triosim.studies.search
 
     def no_search(*a, **k):
         raise AssertionError("searched before --out was checked")
 
-    monkeypatch.setattr(triosim.search, "search", no_search)
+    monkeypatch.setattr(triosim.studies.search, "search", no_search)
     best = tmp_path / "best.yaml"
     best.write_text("mine")
     assert user_error(capsys, "search", hopeless, "--out", best) == (
@@ -478,7 +478,7 @@ def test_trace_metadata_that_is_not_what_it_says(capsys, tmp_path, field, value)
 
 
 def test_sweep_api_names_what_it_wants():
-    from triosim.sweep import sweep
+    from triosim.studies.sweep import sweep
 
     with pytest.raises(TypeError, match="base config must be a mapping of config fields"):
         sweep(str(ROOT / "examples" / "ddp.yaml"), {"num_gpus": [2]})
@@ -511,7 +511,7 @@ def test_sweep_says_how_many_points_before_checking_them(capsys, grid, tmp_path)
 
 
 def test_sweep_failed_point_exits_1_after_writing_the_table(capsys, grid, tmp_path):
-    from triosim import sweep as sw
+    from triosim.studies import sweep as sw
 
     grid.write_text("base: tiny.yaml\ngrid:\n  num_gpus: [1, 2]\n")  # trace model: 1 GPU only
     code, out, err = triosim(capsys, "sweep", grid, "--out", tmp_path / "o", "--workers", "1")
@@ -613,7 +613,7 @@ def test_trace_model_options_checked_before_tracing(capsys, tmp_path, monkeypatc
 
 
 def test_sweep_starts_no_more_workers_than_points(capsys, grid, tmp_path, monkeypatch):
-    from triosim import sweep as sw
+    from triosim.studies import sweep as sw
 
     seen = []
 

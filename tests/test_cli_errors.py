@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import run_cli as triosim
 from tests.test_trace import TENSOR_CSV, TRACE_CSV
-from triosim.trace import load
+from triosim.trace.model import load
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "traces" / "cpu" / "gpt2-small-b8.trace.json.gz"

@@ -10,10 +10,11 @@ import pytest
 
 from tests.conftest import chain_trace
 from tests.conftest import run_cli as triosim
-from triosim import compare, plots
-from triosim.cli import main
-from triosim.progress import RunProgress, run_with_progress
-from triosim.simulation import Simulation
+from triosim.cli.main import main
+from triosim.results import plots
+from triosim.simulation.progress import RunProgress, run_with_progress
+from triosim.simulation.wiring import Simulation
+from triosim.studies import compare
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT2 = str(ROOT / "traces/cpu/gpt2-small-b8.trace.json.gz")
@@ -93,7 +94,7 @@ def test_plot_of_a_result_folder_and_its_mistakes(capsys, saved_dp, tmp_path):
 
 
 def test_plot_of_a_sweep_table(capsys, tmp_path):
-    from triosim import sweep as sw
+    from triosim.studies import sweep as sw
 
     df = sw.sweep({"trace": GPT2, "perfmodel": {"kind": "trace"}},
                   {"parallelism.mode": ["dp", "ddp"]},

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from triosim import schema, units
-from triosim.config import TopLevel, _sections, from_dict
-from triosim.errors import ConfigError
+from triosim.common import schema, units
+from triosim.common.errors import ConfigError
+from triosim.config.loading import TopLevel, _sections, from_dict
 
 BASE = {"trace": "x.trace.json.gz", "num_gpus": 4}
 
@@ -189,8 +189,8 @@ def test_a_huge_value_is_shown_short():
 def test_a_python_topology_with_an_infinite_link_is_refused_before_the_run():
     from networks import topology as topo
     from tests.conftest import chain_trace
-    from triosim.errors import NetworkError
-    from triosim.simulation import Simulation
+    from triosim.common.errors import NetworkError
+    from triosim.simulation.wiring import Simulation
 
     g = topo.ring(4, 65e9, 1e-6)
     for u, v in g.edges:
@@ -279,7 +279,7 @@ def test_real_configs_do_not_warn():
 
 
 def test_the_catalogue_lies_within_the_plausible_ranges():
-    from triosim import hardware
+    from triosim.hardware import catalogue as hardware
 
     def inside(x, kind):
         lo, hi, _, _ = units.PLAUSIBLE[kind]
@@ -350,8 +350,8 @@ def test_a_key_given_twice_in_a_grid_file_or_a_set_value(capsys, tmp_path):
 
 
 def test_yaml_spellings_of_one_key_and_merge_keys():
-    from triosim.config import parse_yaml
-    from triosim.errors import InputError
+    from triosim.common.errors import InputError
+    from triosim.config.loading import parse_yaml
 
     with pytest.raises(InputError, match=r"keys 'on' and 'true' are the same key \(True\)"):
         parse_yaml("heterogeneity:\n  on: 1\n  true: 2\n", "f")
@@ -396,7 +396,7 @@ def test_each_direction_may_be_set_once():
 
 def test_a_config_error_of_a_huge_run_comes_before_the_topology_is_built(monkeypatch):
     from tests.conftest import chain_trace
-    from triosim import simulation
+    from triosim.simulation import wiring as simulation
 
     def never(cfg):
         raise AssertionError("the topology was built before the plan was checked")
@@ -413,7 +413,7 @@ def test_a_config_error_of_a_huge_run_comes_before_the_topology_is_built(monkeyp
 def test_the_early_check_leaves_what_needs_the_topology_to_the_real_plan():
     from networks import topology as topo
     from tests.conftest import chain_trace
-    from triosim.simulation import Simulation
+    from triosim.simulation.wiring import Simulation
 
     # hop over the topology's own graph: the stand-in has no topology, the real plan has one
     s = Simulation({"num_gpus": 4, "batch_size": 8, "parallelism": {"mode": "hop"}},
@@ -429,8 +429,8 @@ def test_the_early_check_leaves_what_needs_the_topology_to_the_real_plan():
 
 def test_a_big_run_says_so_up_front_after_its_checks(monkeypatch, capsys):
     from tests.conftest import chain_trace
-    from triosim import progress
-    from triosim.simulation import Simulation
+    from triosim.simulation import progress
+    from triosim.simulation.wiring import Simulation
 
     monkeypatch.setattr(progress, "BIG_RUN_GPUS", 4)  # (a real one takes minutes)
     cfg = {"num_gpus": 4, "batch_size": 8, "parallelism": {"mode": "ddp"}}
@@ -448,8 +448,8 @@ def test_not_on_a_terminal_progress_is_plain_log_lines():
     import io
 
     from tests.conftest import chain_trace
-    from triosim.progress import run_with_progress
-    from triosim.simulation import Simulation
+    from triosim.simulation.progress import run_with_progress
+    from triosim.simulation.wiring import Simulation
 
     sim = Simulation({"num_gpus": 2, "parallelism": {"mode": "ddp"}}, trace=chain_trace())
     out = io.StringIO()  # not a terminal: no bar, but lines
@@ -466,7 +466,8 @@ def test_not_on_a_terminal_progress_is_plain_log_lines():
 
 def test_the_preparation_names_its_stages(monkeypatch):
     from tests.conftest import chain_trace
-    from triosim import progress, simulation
+    from triosim.simulation import progress
+    from triosim.simulation import wiring as simulation
 
     seen = []
 
@@ -508,7 +509,7 @@ def test_one_warning_per_value_however_often_the_config_is_checked(capsys, tmp_p
 
 
 def test_numbers_in_exponent_form_are_numbers():
-    from triosim.config import parse_yaml
+    from triosim.config.loading import parse_yaml
 
     # YAML 1.1 (PyYAML) reads these as strings, which a float field then refused
     assert parse_yaml("a: 1e9\nb: 1.0e6\nc: -2E-3\nd: 10\ne: 1e\n", "f") == {
@@ -542,7 +543,7 @@ def test_a_count_must_be_whole(data, match):
 
 def test_a_config_changed_from_python_after_loading_is_checked_again():
     from tests.conftest import chain_trace
-    from triosim.simulation import Simulation
+    from triosim.simulation.wiring import Simulation
 
     cfg = from_dict({**BASE, "trace": "<in memory>", "parallelism": {"mode": "ddp"}})
     cfg.topology.bandwidth = math.inf  # crashed inside SimPy: OverflowError

@@ -6,12 +6,12 @@ import pytest
 
 from networks import topology as topo
 from tests.conftest import chain_trace
-from triosim import schema
-from triosim.config import from_dict
-from triosim.errors import ConfigError
-from triosim.registry import Registry
-from triosim.simulation import Simulation
-from triosim.units import parse_bandwidth, parse_bytes, parse_seconds
+from triosim.common import schema
+from triosim.common.errors import ConfigError
+from triosim.common.registry import Registry
+from triosim.common.units import parse_bandwidth, parse_bytes, parse_seconds
+from triosim.config.loading import from_dict
+from triosim.simulation.wiring import Simulation
 
 BASE = {"trace": "x.trace.json.gz", "num_gpus": 4}
 
@@ -214,7 +214,7 @@ def test_link_stats_have_one_column_set_for_every_network():
 
 
 def test_saved_config_reruns_as_it_stands(tmp_path):
-    from triosim.trace import save
+    from triosim.trace.model import save
 
     trace_dir = tmp_path / "traces"
     save(chain_trace(batch=8), trace_dir / "c.trace.json.gz")
@@ -247,7 +247,7 @@ def test_a_python_topology_and_trace_are_recorded(tmp_path):
 
 
 def test_schema_describes_every_field():
-    from triosim.config import fields_help
+    from triosim.config.loading import fields_help
 
     text = fields_help()
     for name in ("bucket_size", "microbatches", "setup_time", "routing", "radix", "rows",
@@ -258,7 +258,7 @@ def test_schema_describes_every_field():
 
 
 def test_simulate_help_lists_the_schema(capsys):
-    from triosim.cli import main
+    from triosim.cli.main import main
 
     with pytest.raises(SystemExit):
         main(["simulate", "--help"])

@@ -22,7 +22,7 @@ import simpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extrapolators import collectives
+from extrapolators.communication import collectives
 from networks import PacketSwitchNetwork
 from networks import topology as topo
 

@@ -14,16 +14,16 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from extrapolators import Runtime
-from extrapolators.communication import Textbook
-from extrapolators.runtime import COLUMNS
-from extrapolators.tasks import Collective, Compute, ComputeRun, Iteration, Signal, Wait
-from extrapolators.timeline_log import Block, TimelineLog
+from extrapolators.communication.base import Textbook
+from extrapolators.execution import Runtime
+from extrapolators.execution.runtime import COLUMNS
+from extrapolators.execution.tasks import Collective, Compute, ComputeRun, Iteration, Signal, Wait
+from extrapolators.execution.timeline_log import Block, TimelineLog
 from networks import PacketSwitchNetwork
 from networks import topology as topo
 from tests.conftest import chain_trace
-from triosim.memory import _FrameRows, memory_curves, memory_timeline
-from triosim.simulation import Simulation
+from triosim.results.memory import _FrameRows, memory_curves, memory_timeline
+from triosim.simulation.wiring import Simulation
 
 RING = {"kind": "ring", "bandwidth": "10 GB/s", "latency": "1 us"}
 FAT = {"kind": "fat_tree", "bandwidth": "50 GB/s", "latency": "1 us"}
@@ -236,7 +236,7 @@ def test_bounded_routes_are_the_full_rows_routes(name, mode):
 def test_progress_bar_names_the_steps_after_the_event_loop():
     import io
 
-    from triosim.progress import run_with_progress
+    from triosim.simulation.progress import run_with_progress
 
     sim = Simulation({"num_gpus": 2, "parallelism": {"mode": "ddp"}}, trace=chain_trace())
     out = io.StringIO()
@@ -259,8 +259,8 @@ def test_memory_curves_do_not_depend_on_the_timeline_row_order():
 
 
 def test_vectorised_union_is_the_loop_union():
-    from triosim.intervals import union_length
-    from triosim.result import union_sorted
+    from triosim.common.intervals import union_length
+    from triosim.results.result import union_sorted
 
     rng = np.random.default_rng(5)
     for trial in range(300):
@@ -275,8 +275,8 @@ def test_vectorised_union_is_the_loop_union():
 def test_a_collective_posted_with_another_group_is_refused():
     # the group is compared by identity first; an equal tuple is the same group, another
     # one is an error
-    from extrapolators.tasks import Collective
-    from triosim.errors import SimulationError
+    from extrapolators.execution.tasks import Collective
+    from triosim.common.errors import SimulationError
 
     same = {(g, "a"): [Collective("allreduce", (0, 1), 1e6, "k")] for g in (0, 1)}
     rt = _runtime(same)
@@ -364,7 +364,7 @@ def test_3d_streams_share_each_stages_runs():
 
 def _reference_hop_rows(graph, routes, sources, targets):
     """rings.hop_rows as it was: every node of each source's tree, in distance order."""
-    from extrapolators.rings import _LAT, _NET
+    from extrapolators.communication.rings import _LAT, _NET
 
     cap = {(u, v): d["bandwidth"] for u, v, d in graph.edges(data=True)}
     idx = routes.node_index
@@ -390,7 +390,7 @@ def _reference_hop_rows(graph, routes, sources, targets):
 
 @pytest.mark.parametrize("name", list(GRAPHS))
 def test_hop_rows_walk_the_tree_paths_as_the_whole_tree_did(name):
-    from extrapolators.rings import hop_rows, ring_order
+    from extrapolators.communication.rings import hop_rows, ring_order
     from networks.base import gpu_nodes
     from networks.routing import Routes
 
@@ -478,7 +478,7 @@ def test_3d_groups_are_the_ring_passes():
 @pytest.mark.parametrize("name", list(CASES))
 def test_what_is_read_from_the_log_is_what_the_table_gives(name, runs):
     # a run's iteration times, busy-time breakdown and memory curves are read from the
-    # runtime's log (extrapolators.timeline_log); the table, built afterwards, must give the
+    # runtime's log (extrapolators.execution.timeline_log); the table, built afterwards, must give the
     # same numbers through the table's own code paths (groupby, unions of its rows, one
     # memory curve per GPU with no sharing)
     sim, r = _run(CASES[name], runs)
@@ -585,7 +585,7 @@ def test_grouped_unions_are_each_groups_union(seed, groups, n, pad):
     # every group's union length, all at once, bit for bit as one union_sorted per group
     # (coarse grids: ties, touching and nested intervals; groups with no interval), through
     # the padded matrix and through the per-group fallback
-    import triosim.result as res
+    import triosim.results.result as res
 
     rng = np.random.default_rng(seed)
     grid = rng.choice([1e-3, 1e-4 / 3, 0.1])

@@ -4,14 +4,14 @@ import networkx as nx
 import pytest
 import simpy
 
-from extrapolators import Runtime
-from extrapolators.communication import Textbook
-from extrapolators.tasks import Recv, Send, Signal, Wait
+from extrapolators.communication.base import Textbook
+from extrapolators.execution import Runtime
+from extrapolators.execution.tasks import Recv, Send, Signal, Wait
 from networks import PacketSwitchNetwork
 from networks import topology as topo
 from tests.conftest import chain_trace
-from triosim.errors import ConfigError, DeadlockError, SimulationError
-from triosim.simulation import Simulation
+from triosim.common.errors import ConfigError, DeadlockError, SimulationError
+from triosim.simulation.wiring import Simulation
 
 GB = 1e9
 FAST = {"kind": "ring", "bandwidth": 1e30, "latency": 0.0}
@@ -170,7 +170,7 @@ def test_deadlock_names_stuck_gpu_and_task():
 
 
 def _c(key, group=(0, 1), op="allreduce", algorithm="ring"):
-    from extrapolators.tasks import Collective
+    from extrapolators.execution.tasks import Collective
 
     return Collective(op, group, 1e6, key, algorithm=algorithm)
 
@@ -221,7 +221,7 @@ def test_more_bandwidth_never_slows_dp_or_ddp():
 
 
 def test_ring_order_follows_mesh():
-    from extrapolators.collectives import ring_order
+    from extrapolators.communication.collectives import ring_order
 
     g = topo.mesh2d(3, 4, GB)
     order = ring_order(g, list(range(12)))
@@ -237,8 +237,8 @@ def test_streams_are_lazy_so_memory_does_not_grow_with_gpus_x_trace(mode, n):
     import inspect
     import tracemalloc
 
-    from extrapolators import extrapolator_class
-    from extrapolators.pipeline import PipelineOptions
+    from extrapolators.modes import extrapolator_class
+    from extrapolators.modes.pipeline import PipelineOptions
     from perfmodel import make_model
 
     t = chain_trace(layers=500, batch=64)
@@ -266,7 +266,7 @@ def test_streams_are_lazy_so_memory_does_not_grow_with_gpus_x_trace(mode, n):
 @pytest.mark.parametrize("n", [2, 3, 5])
 def test_collectives_closed_forms(op, steps, chunks, n):
     # on a one-way ring every step moves one chunk per link: steps x (S/chunks/B + L)
-    from extrapolators.tasks import Collective
+    from extrapolators.execution.tasks import Collective
 
     size, bw, lat = 6e8, 10 * GB, 3e-6
     env = simpy.Environment()
@@ -282,7 +282,7 @@ def test_collectives_closed_forms(op, steps, chunks, n):
 
 
 def test_all_to_all_on_fully_connected():
-    from extrapolators.tasks import Collective
+    from extrapolators.execution.tasks import Collective
 
     n, size, bw = 4, 8e8, 10 * GB
     env = simpy.Environment()
@@ -302,7 +302,7 @@ def test_a_user_network_plugs_in_by_subclassing():
     from dataclasses import dataclass
 
     from networks import Network, register
-    from triosim.schema import option
+    from triosim.common.schema import option
 
     @dataclass(frozen=True)
     class DelayOptions:  # its config fields, with units, checked like every built-in part's
@@ -329,7 +329,7 @@ def test_a_user_network_plugs_in_by_subclassing():
 
 
 def test_a_user_parallelism_mode_plugs_in():
-    from extrapolators import DataParallel, register
+    from extrapolators.modes import DataParallel, register
 
     @register
     class HalfGradients(DataParallel):  # e.g. gradient compression: half the bytes reduced

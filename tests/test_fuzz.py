@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import chain_trace
-from triosim.config import from_dict
-from triosim.errors import ConfigError, NetworkError, TrioSimError
-from triosim.importers import import_triosim_csv
-from triosim.simulation import Simulation
-from triosim.trace import OPERATOR_COLUMNS, TENSOR_COLUMNS, load, save
+from triosim.common.errors import ConfigError, NetworkError, TrioSimError
+from triosim.config.loading import from_dict
+from triosim.simulation.wiring import Simulation
+from triosim.trace.go_csv import import_triosim_csv
+from triosim.trace.model import OPERATOR_COLUMNS, TENSOR_COLUMNS, load, save
 
 TRIED: Counter = Counter()
 # 150 inputs per entry point keeps the whole fuzz run to a few seconds; FUZZ_EXAMPLES=2000

@@ -5,8 +5,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import chain_trace
-from triosim.errors import ConfigError
-from triosim.simulation import Simulation
+from triosim.common.errors import ConfigError
+from triosim.simulation.wiring import Simulation
 
 RING = {"kind": "ring", "bandwidth": "10 GB/s", "latency": "1 us"}
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from extrapolators.base import gradient_ready
-from triosim import flops
-from triosim.errors import ConfigError
-from triosim.importers import import_triosim_csv
-from triosim.trace import fidelity_warnings, load, save, trace_stats
+from extrapolators.modes.base import gradient_ready
+from triosim.common.errors import ConfigError
+from triosim.trace import flops
+from triosim.trace.go_csv import import_triosim_csv
+from triosim.trace.model import fidelity_warnings, load, save, trace_stats
 
 
 def go_traces() -> Path | None:
@@ -289,7 +289,7 @@ def test_old_trace_without_new_columns_loads_and_gives_the_same_results(tmp_path
         assert r.time(t.operators[0], Target(gpu="A100-40GB")) == pytest.approx(want, rel=1e-12)
         assert r.iteration_time() == pytest.approx(0.007, rel=1e-12)
     # the same simulated iteration from both files
-    from triosim.simulation import Simulation
+    from triosim.simulation.wiring import Simulation
 
     times = [Simulation({"num_gpus": 1}, trace=t).run().iteration_time for t in (old, new)]
     assert times[0] == times[1] == pytest.approx(0.007)
@@ -345,7 +345,7 @@ def test_accumulate_grad_nodes_need_no_forward_pairing():
     # the shipped ResNet-18 CPU trace: its 62 unpaired backward ops are all AccumulateGrad
     # nodes (one per weight tensor), which no forward op made; every other backward op is
     # paired, so the trace has nothing to warn about pairing
-    from triosim.simulation import load_any_trace
+    from triosim.simulation.wiring import load_any_trace
 
     t = load_any_trace(Path(__file__).resolve().parents[1] / "traces/cpu/resnet18-b8.trace.json.gz")
     bwd = [o for o in t.operators if o.phase == "backward"]

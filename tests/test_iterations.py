@@ -3,7 +3,7 @@
 import pytest
 
 from tests.conftest import chain_trace
-from triosim.simulation import Simulation
+from triosim.simulation.wiring import Simulation
 
 
 def run(k, mode="dp", network=None, n=4, **par):

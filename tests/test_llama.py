@@ -11,7 +11,7 @@ from perfmodel.modelled import model_times  # noqa: E402
 from tracer import collect  # noqa: E402
 from tracer.layers import replicate  # noqa: E402
 from tracer.models import LLAMA, build  # noqa: E402
-from triosim.errors import TracerError  # noqa: E402
+from triosim.common.errors import TracerError  # noqa: E402
 
 # Published parameter counts: Llama 3 8B "8.03B", Llama 3 70B "70.6B", Llama 3.2 1B "1.24B"
 # (Meta's model cards), i.e. 8,030,261,248, 70,553,706,496 and 1,235,814,400 from the configs.

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import GO_TRACES, chain_trace
-from triosim.errors import ConfigError
-from triosim.simulation import Simulation
-from triosim.trace import Operator, Tensor, Trace, load
+from triosim.common.errors import ConfigError
+from triosim.simulation.wiring import Simulation
+from triosim.trace.model import Operator, Tensor, Trace, load
 
 ROOT = Path(__file__).resolve().parents[1]
 GB = 1e9
@@ -375,7 +375,7 @@ def test_vgg13_megatron_within_5_percent_of_the_hand_calculation():
     # the hand calculation for the H100 VGG-13 trace (65 GB/s ring, no latency):
     # compute = replicated + split / N; 5 conv pairs + the classifier pair all-reduce their
     # activations (the first column layer's input is the image: nothing in backward)
-    from triosim.importers import import_triosim_csv
+    from triosim.trace.go_csv import import_triosim_csv
 
     t = import_triosim_csv(GO_TRACES / "vgg13")
     ring = {"kind": "ring", "bandwidth": "65 GB/s", "latency": 0}

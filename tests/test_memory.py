@@ -3,9 +3,9 @@
 import pytest
 
 from tests.conftest import chain_trace
-from triosim.memory import MemoryOptions, static_bytes
-from triosim.simulation import Simulation
-from triosim.trace import Tensor
+from triosim.results.memory import MemoryOptions, static_bytes
+from triosim.simulation.wiring import Simulation
+from triosim.trace.model import Tensor
 
 
 def run(trace, n, mode, batch, **cfg):
@@ -98,8 +98,8 @@ def test_out_of_memory_is_flagged_and_the_run_still_completes():
 
 
 def test_memory_options_are_validated():
-    from triosim.config import from_dict
-    from triosim.errors import ConfigError
+    from triosim.common.errors import ConfigError
+    from triosim.config.loading import from_dict
 
     with pytest.raises(ConfigError, match="memory.optimizer.*one of auto"):
         from_dict({"trace": "x", "memory": {"optimizer": "lamb"}})
@@ -113,7 +113,7 @@ def test_memory_options_are_validated():
 def block_trace(blocks=3, a=1e6):
     """Blocks of two forward ops (linear x -> h, relu h -> y) whose backward reads x and h
     (what autograd saves); y is the next block's x."""
-    from triosim.trace import Operator, Trace
+    from triosim.trace.model import Operator, Trace
 
     tensors, ops = {}, []
 
@@ -158,7 +158,7 @@ def test_full_recomputation_trades_memory_for_the_forward_time():
 
 
 def test_a_capacity_no_gpu_has_and_a_reserve_over_it_are_refused_before_running():
-    from triosim.errors import ConfigError
+    from triosim.common.errors import ConfigError
 
     t = chain_trace(batch=8)
     # a bare number is bytes: `capacity: 80` meant 80 GB

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from triosim.errors import TraceError
-from triosim.simulation import Simulation
-from triosim.trace import Operator, Tensor, Trace, load, save
+from triosim.common.errors import TraceError
+from triosim.simulation.wiring import Simulation
+from triosim.trace.model import Operator, Tensor, Trace, load, save
 
 ROOT = Path(__file__).resolve().parents[1]
 A = 1e6  # bytes of each batch-scaled tensor in the hand traces

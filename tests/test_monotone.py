@@ -34,7 +34,7 @@ import simpy
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
-from extrapolators import comm_class
+from extrapolators.communication import comm_class
 from networks import PacketSwitchNetwork
 from networks import topology as topo
 from tests.test_fuzz import TRIED
@@ -229,8 +229,8 @@ def test_a_slower_link_or_gpu_never_makes_an_iteration_faster(data, tmp_path_fac
     leaves a shared link to another on the critical path, as on a real network (3D on a
     ring: at most 1e-4 in 300 draws); allowed up to 1e-3."""
     from tests.conftest import chain_trace
-    from triosim.simulation import Simulation
-    from triosim.trace import save
+    from triosim.simulation.wiring import Simulation
+    from triosim.trace.model import save
 
     path = tmp_path_factory.getbasetemp() / "monotone-chain.trace.json"
     if not path.exists():

@@ -7,11 +7,11 @@ import math
 import pytest
 import simpy
 
-from extrapolators.communication import Textbook
-from extrapolators.nccl import Nccl, NcclOptions, pipeline_fill
+from extrapolators.communication.base import Textbook
+from extrapolators.communication.nccl.model import Nccl, NcclOptions, pipeline_fill
 from networks import PacketSwitchNetwork
 from networks import topology as topo
-from triosim.errors import ConfigError
+from triosim.common.errors import ConfigError
 
 GB, MiB, GiB = 1e9, 2**20, 2**30
 
@@ -258,7 +258,7 @@ def test_calibration_file_and_overrides(tmp_path):
 
 def test_dp_iteration_with_nccl_is_compute_plus_the_collective():
     from tests.conftest import chain_trace
-    from triosim.simulation import Simulation
+    from triosim.simulation.wiring import Simulation
 
     t = chain_trace(batch=32)
     cfg = {"num_gpus": 8, "parallelism": {"mode": "dp"}, "gpu": "H100-SXM",
@@ -318,8 +318,8 @@ def test_a_forced_protocol_is_enabled_as_nccl_proto_enables_it():
 def test_a_calibration_file_with_a_key_given_twice_is_refused(tmp_path):
     """Calibration files are read as configs are: a key given twice is an error with its
     lines (PyYAML alone keeps the last without a word)."""
-    from extrapolators.nccl import load_calibration
-    from triosim.errors import InputError
+    from extrapolators.communication.nccl.model import load_calibration
+    from triosim.common.errors import InputError
 
     p = tmp_path / "calib.yaml"
     p.write_text("tuning:\n  latency_scale: 1.2\n  latency_scale: 0.8\n")

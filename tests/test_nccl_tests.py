@@ -2,8 +2,8 @@
 
 import pytest
 
-from triosim import nccl_tests as T
-from triosim.errors import InputError
+from triosim.common.errors import InputError
+from triosim.hardware import nccl_tests as T
 
 NEW = """\
 # nccl-tests version 2.14.1 nccl-headers=22105 nccl-library=22105

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from networks import PacketSwitchNetwork, PhotonicNetwork
 from networks import topology as topo
-from triosim.errors import ConfigError, NetworkError
+from triosim.common.errors import ConfigError, NetworkError
 
 GB = 1e9
 
@@ -302,7 +302,7 @@ def test_transfer_table_is_the_same_on_both_engines(names):
     # one record per transfer: the same rows in the same order, with the same dtypes
     import pandas as pd
 
-    from extrapolators import collectives
+    from extrapolators.communication import collectives
 
     rename = {"int": lambda i: i, "str": lambda i: f"g{i}", "tuple": lambda i: ("node", i)}
     g = nx.relabel_nodes(topo.ring(4, 10 * GB, 1e-6), rename[names])

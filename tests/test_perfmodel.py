@@ -3,8 +3,8 @@ import pytest
 
 from perfmodel import LinearRegressionModel, Roofline, Target, TraceTime, op_features
 from tests.conftest import chain_trace
-from triosim import hardware
-from triosim.errors import ConfigError
+from triosim.common.errors import ConfigError
+from triosim.hardware import catalogue as hardware
 
 
 def test_weights_keep_size_when_batch_doubles(chain):

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extrapolators.pipeline import balanced_cuts
+from extrapolators.modes.pipeline import balanced_cuts
 from tests.conftest import GO_TRACES, chain_trace
-from triosim.simulation import Simulation
+from triosim.simulation.wiring import Simulation
 
 GB = 1e9
 FAST = {"kind": "ring", "bandwidth": 1e30, "latency": 0.0}
@@ -85,7 +85,7 @@ def test_one_stage_never_gets_an_extra_cut_from_rounding():
 @pytest.mark.skipif(not GO_TRACES.exists(), reason="shared/reference traces absent")
 @pytest.mark.parametrize("model", ["vgg13", "resnet50"])
 def test_imported_h100_traces_on_one_stage_and_one_gpu_replicas(model):
-    from triosim.importers import import_triosim_csv
+    from triosim.trace.go_csv import import_triosim_csv
 
     t = import_triosim_csv(GO_TRACES / model)
     ring = {"kind": "ring", "bandwidth": "65 GB/s", "latency": 0}
@@ -119,7 +119,7 @@ def test_partition_avoids_a_huge_activation_at_the_compute_balanced_cut():
 
 @pytest.mark.skipif(not GO_TRACES.exists(), reason="shared/reference traces absent")
 def test_vgg13_gpipe_cuts_avoid_the_16_gb_activations():
-    from triosim.importers import import_triosim_csv
+    from triosim.trace.go_csv import import_triosim_csv
 
     t = import_triosim_csv(GO_TRACES / "vgg13")
     bw = 65e9
@@ -140,7 +140,7 @@ def test_vgg13_gpipe_cuts_avoid_the_16_gb_activations():
 def test_vgg13_cuts_avoid_the_16_gb_activations_with_recompute_too(mode, recompute):
     # charging a cut to the upstream stage only, recomputation made the first stage (conv1
     # alone, cheap) worth sending its 1.64 GB output: the cut costs the receiver as much
-    from triosim.importers import import_triosim_csv
+    from triosim.trace.go_csv import import_triosim_csv
 
     t = import_triosim_csv(GO_TRACES / "vgg13")
     top = {"kind": "ring", "bandwidth": 65e9, "latency": 0}
@@ -201,7 +201,7 @@ def test_1f1b_recompute_adds_the_stage_forward_per_recomputed_microbatch():
 
 
 def test_recompute_is_validated():
-    from triosim.errors import ConfigError
+    from triosim.common.errors import ConfigError
 
     with pytest.raises(ConfigError, match="parallelism.recompute.*none, except_last, all"):
         run(chain_trace(), 2, "gpipe", recompute="always")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from triosim.simulation import Simulation
-from triosim.trace import Operator, Tensor, Trace, load, save
+from triosim.simulation.wiring import Simulation
+from triosim.trace.model import Operator, Tensor, Trace, load, save
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,11 +10,11 @@ from conftest import chain_trace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from extrapolators import collectives
+from extrapolators.communication import collectives
 from networks import PacketSwitchNetwork
 from networks import topology as topo
 from networks.groups import repeat_add
-from triosim.simulation import Simulation
+from triosim.simulation.wiring import Simulation
 
 GB = 1e9
 

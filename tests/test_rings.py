@@ -3,7 +3,7 @@
 import networkx as nx
 import pytest
 
-from extrapolators.rings import ring_order
+from extrapolators.communication.rings import ring_order
 from networks import topology as topo
 
 GB = 1e9
@@ -56,7 +56,7 @@ def test_large_groups_take_the_builders_ring_without_n_squared_work():
 def test_hinted_order_is_the_hints_filtered_and_follows_a_changed_hint():
     """The group in the hint's order (the hint filtered to the group, written out here),
     None when a GPU is missing, and a hint edited in place is read afresh."""
-    from extrapolators.rings import _hinted
+    from extrapolators.communication.rings import _hinted
 
     hint = [5, 3, 9, 0, 7, 1]
     assert _hinted(hint, [0, 9, 1, 5]) == [5, 9, 0, 1]

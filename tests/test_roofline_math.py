@@ -1,6 +1,6 @@
 """The roofline uses each operator's math mode (TF32 convolutions) and keeps an efficiency
 above 1 visible instead of capping it; the tracer records the TF32 settings. Expected
-numbers are hand calculations from the datasheet peaks in triosim/hardware.py."""
+numbers are hand calculations from the datasheet peaks in triosim/hardware/catalogue.py."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 
 from perfmodel import Roofline, Target, op_features
 from tests.test_importer_fidelity import GO, needs_go
-from triosim.importers import import_triosim_csv
-from triosim.trace import Operator, Tensor
+from triosim.trace.go_csv import import_triosim_csv
+from triosim.trace.model import Operator, Tensor
 
 H100_TF32, H100_FP32, H100_BW = 494.7e12, 67e12, 3350e9
 A100_TF32, A100_FP32, A100_BW = 156e12, 19.5e12, 1555e9  # A100-40GB

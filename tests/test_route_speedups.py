@@ -18,15 +18,15 @@ import simpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extrapolators import nccl_streams
-from extrapolators.nccl import Nccl, NcclOptions, Plan, Terms, _Group
-from extrapolators.nccl_streams import hops as _hops
-from extrapolators.nccl_system import System
+from extrapolators.communication.nccl import streams as nccl_streams
+from extrapolators.communication.nccl.model import Nccl, NcclOptions, Plan, Terms, _Group
+from extrapolators.communication.nccl.streams import hops as _hops
+from extrapolators.communication.nccl.system import System
 from networks import PacketSwitchNetwork
 from networks import topology as topo
 from networks.routing import Routes, link_weight, path_latencies
-from triosim import nccl_params as P
-from triosim.errors import ConfigError
+from triosim.common.errors import ConfigError
+from triosim.hardware import nccl_constants as P
 
 GB = 1e9
 
@@ -317,8 +317,8 @@ class _OldNccl(Nccl):
         return Terms(op, "p2p", "Simple", float(nbytes), lat_us, bw, 0.0, 0, 0, streams, raw, info)
 
     def _pair_terms(self, info, op, group, algo, proto, nbytes, root) -> Terms | None:
-        from extrapolators import nccl_tuner as tuner
-        from extrapolators.nccl import PIPELINED, PROTO_WIRE
+        from extrapolators.communication.nccl import tuner
+        from extrapolators.communication.nccl.model import PIPELINED, PROTO_WIRE
 
         g = info.graphs
         lat_us, bw = tuner.model(g, op, algo, proto)
@@ -339,7 +339,7 @@ class _OldNccl(Nccl):
                      info)  # fmt: skip
 
     def _plan(self, op, group, nbytes, root, algorithm) -> Plan:
-        from extrapolators.nccl import PROTO_WIRE
+        from extrapolators.communication.nccl.model import PROTO_WIRE
 
         terms = self.terms(op, group, nbytes, root, algorithm)
         latency, fill, bw_time = terms.parts(self.tuning)
@@ -445,7 +445,7 @@ def test_nccl_plans_are_those_of_the_per_hop_code(name):
 
 
 def test_window_max_is_the_loop_it_replaced():
-    from extrapolators.nccl import _window_max
+    from extrapolators.communication.nccl.model import _window_max
 
     rng = np.random.default_rng(5)
     for n in range(1, 12):
@@ -469,7 +469,7 @@ def test_ring_streams_unit_time_is_the_per_stream_sum():
 def _hop_rows_both_ways(g, group, mode="latency"):
     """hop_rows from trees bounded to the group, from whole trees (targets=None) with no
     shared hub spread, and with every hub's spread tried (SPREAD_DEGREE -1: any hub)."""
-    from extrapolators.rings import hop_rows
+    from extrapolators.communication.rings import hop_rows
     from networks import routing
 
     bounded = hop_rows(g, Routes(g, mode), group, group)
@@ -554,7 +554,7 @@ def _diamond(inv_a: tuple, inv_b: tuple):
 
 
 def test_hub_spread_declines_when_equal_cost_paths_differ_in_bottleneck(monkeypatch):
-    from extrapolators.rings import hop_rows
+    from extrapolators.communication.rings import hop_rows
     from networks import routing
 
     monkeypatch.setattr(routing, "SPREAD_DEGREE", -1)
@@ -605,7 +605,7 @@ def test_spread_declines_when_two_rails_tie_with_other_bottlenecks(monkeypatch):
 def test_gpus_under_a_big_switch_share_its_spread():
     """A star bigger than SPREAD_DEGREE: the default threshold takes the spread, and its
     rows are the bounded trees'."""
-    from extrapolators.rings import hop_rows
+    from extrapolators.communication.rings import hop_rows
     from networks import routing
 
     g = topo.switch_star(routing.SPREAD_DEGREE + 4, 25 * GB, 1e-6)
@@ -619,7 +619,7 @@ def test_gpus_under_a_big_switch_share_its_spread():
 @pytest.mark.parametrize("name", ["fat tree", "multi-node switch", "ring", "dgx1", "pcie"])
 def test_ring_order_shortcut_for_alike_hops_is_the_search(name, monkeypatch):
     """Groups whose hops are all alike take a shortcut: the same order as the search."""
-    from extrapolators import rings
+    from extrapolators.communication import rings
 
     g = builders()[name]
     gpus = [v for v, d in g.nodes(data=True) if d.get("kind", "gpu") == "gpu"]
@@ -633,7 +633,7 @@ def _extra_rings_by_scan(s: System, first: list) -> list:
     """The extra rings as first written: direct links found by a scan of every edge."""
     import networkx as nx
 
-    from extrapolators.nccl_system import MAX_EXTRA_RINGS, _hamiltonian_cycle
+    from extrapolators.communication.nccl.system import MAX_EXTRA_RINGS, _hamiltonian_cycle
 
     direct = nx.Graph()
     members = set(s.group)

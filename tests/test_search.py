@@ -3,9 +3,9 @@
 import pytest
 
 from tests.conftest import chain_trace
-from triosim.search import candidates, search
-from triosim.simulation import Simulation
-from triosim.trace import save
+from triosim.simulation.wiring import Simulation
+from triosim.studies.search import candidates, search
+from triosim.trace.model import save
 
 
 @pytest.fixture

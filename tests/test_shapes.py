@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from tracer import collect  # noqa: E402
 from tracer.models import build  # noqa: E402
-from triosim.errors import TracerError  # noqa: E402
+from triosim.common.errors import TracerError  # noqa: E402
 
 
 def trace_of(name, shapes_only, batch=2, **kw):
@@ -214,8 +214,8 @@ def test_shape_only_needs_meta_parameters():
 
 def test_cli_shape_only_trace_is_timed_by_the_model_and_says_so(tmp_path, capsys):
     from perfmodel import CalibratedModel, Target
-    from triosim.cli import main
-    from triosim.trace import load
+    from triosim.cli.main import main
+    from triosim.trace.model import load
 
     code = main(["trace", "gpt2", "--small", "--seq-len", "16", "--batch-size", "2",
                  "--shapes-only", "--gpu", "A100-80GB", "--out", str(tmp_path)])  # fmt: skip
@@ -238,7 +238,7 @@ def test_cli_shape_only_trace_is_timed_by_the_model_and_says_so(tmp_path, capsys
 
 
 def test_cli_shape_only_needs_a_gpu(tmp_path, capsys):
-    from triosim.cli import main
+    from triosim.cli.main import main
 
     code = main(["trace", "gpt2", "--small", "--batch-size", "2", "--shapes-only",
                  "--out", str(tmp_path)])  # fmt: skip
@@ -252,7 +252,7 @@ A100_TF32, A100_BW = 156e12, 2039e9  # A100-80GB
 
 
 def one_op_trace(name="aten::conv2d", phase="forward", math="tf32", flops=4e12, nbytes=1e9):
-    from triosim.trace import Operator, Tensor, Trace
+    from triosim.trace.model import Operator, Tensor, Trace
 
     tensors = {0: Tensor(0, (8,), "float32", nbytes * 0.6, "activation"),
                1: Tensor(1, (8,), "float32", nbytes * 0.1, "weight"),
@@ -315,8 +315,8 @@ def test_operators_that_launch_no_kernel_take_no_time(name, phase):
 
 def test_fit_recovers_the_parameters_the_times_were_made_with():
     from perfmodel.calibrated import fit, roofs
-    from triosim import hardware
-    from triosim.trace import Operator, Tensor, Trace
+    from triosim.hardware import catalogue as hardware
+    from triosim.trace.model import Operator, Tensor, Trace
 
     truth = {"conv": (12e-6, 1.8, 0.9), "elementwise": (2e-6, 0.0, 1.2)}
     tensors, ops = {}, []
@@ -366,8 +366,8 @@ needs_go = pytest.mark.skipif(
 def test_held_out_error_is_measured_without_the_predicted_trace():
     from perfmodel.calibrated import fit, heldout, predict
     from tests.test_importer_fidelity import GO
-    from triosim import hardware
-    from triosim.importers import import_triosim_csv
+    from triosim.hardware import catalogue as hardware
+    from triosim.trace.go_csv import import_triosim_csv
 
     traces = {m: import_triosim_csv(GO / m, gpu="H100") for m in ("vgg13", "resnet50")}
     h = heldout(traces, "H100-SXM")

@@ -3,7 +3,7 @@
 import pytest
 
 from tests.conftest import chain_trace
-from triosim.simulation import Simulation
+from triosim.simulation.wiring import Simulation
 
 RING = {"kind": "ring", "bandwidth": "10 GB/s", "latency": 0}
 FREE = {"kind": "ring", "bandwidth": 1e30, "latency": 0.0}
@@ -57,7 +57,7 @@ def test_zero3_overlaps_gathers_with_compute():
 
 
 def test_units_follow_the_wrap_depth():
-    from extrapolators import Sharded
+    from extrapolators.modes import Sharded
     from perfmodel import make_model
 
     t = chain_trace(batch=8, layers=4)

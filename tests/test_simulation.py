@@ -6,10 +6,10 @@ import pytest
 import simpy
 
 from tests.conftest import chain_trace
-from triosim.config import from_dict, load_config
-from triosim.errors import ConfigError, SimulationError
-from triosim.simulation import Simulation, load_any_trace
-from triosim.sweep import sweep
+from triosim.common.errors import ConfigError, SimulationError
+from triosim.config.loading import from_dict, load_config
+from triosim.simulation.wiring import Simulation, load_any_trace
+from triosim.studies.sweep import sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -152,9 +152,9 @@ def test_end_of_run_check_catches_a_network_that_loses_bytes(fault, match):
 def test_a_stream_cannot_be_started_twice():
     # a second process for one (GPU, stream) would replace the first in the runtime's table,
     # so a stuck first copy would escape the end-of-run check: refused at the start
-    from extrapolators import Runtime
-    from extrapolators.communication import Textbook
-    from extrapolators.tasks import Compute
+    from extrapolators.communication.base import Textbook
+    from extrapolators.execution import Runtime
+    from extrapolators.execution.tasks import Compute
     from networks import PacketSwitchNetwork
     from networks import topology as topo
 
@@ -231,7 +231,7 @@ def test_a_result_pickles_with_its_transfers_and_memory():
 def test_collector_settings_are_restored_after_runs_nested_and_failed():
     import gc
 
-    from triosim.gc_tuning import THRESHOLDS, fewer_collections
+    from triosim.simulation.gc_tuning import THRESHOLDS, fewer_collections
 
     before = gc.get_threshold()
     with fewer_collections():

@@ -6,11 +6,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from extrapolators import EXTRAPOLATORS, DataParallel, register
+from extrapolators.modes import EXTRAPOLATORS, DataParallel, register
 from tests.conftest import run_cli as triosim
-from triosim import sweep as sw
-from triosim.config import from_dict, load_config
-from triosim.simulation import Simulation
+from triosim.config.loading import from_dict, load_config
+from triosim.simulation.wiring import Simulation
+from triosim.studies import sweep as sw
 
 ROOT = Path(__file__).resolve().parents[1]
 GPT2 = ROOT / "traces/cpu/gpt2-small-b8.trace.json.gz"

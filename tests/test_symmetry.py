@@ -1,4 +1,4 @@
-"""`symmetry: auto` (extrapolators.symmetry): one representative per class of identical GPUs
+"""`symmetry: auto` (extrapolators.execution.symmetry): one representative per class of identical GPUs
 gives the full simulation's results, row by row; where the classes are not identical it
 falls back to the full simulation and says so."""
 
@@ -8,11 +8,11 @@ import warnings
 import numpy as np
 import pytest
 
-from extrapolators.symmetry import Symmetry, SymmetryWarning
+from extrapolators.execution.symmetry import Symmetry, SymmetryWarning
 from tests.conftest import ROOT, chain_trace
-from triosim.config import from_dict, parse_yaml
-from triosim.errors import ConfigError
-from triosim.simulation import Simulation, load_any_trace
+from triosim.common.errors import ConfigError
+from triosim.config.loading import from_dict, parse_yaml
+from triosim.simulation.wiring import Simulation, load_any_trace
 
 RESNET = ROOT / "traces/cpu/resnet18-b8.trace.json.gz"
 GPT2 = ROOT / "traces/modelled/a100-80gb/gpt2-s512-b8.trace.json.gz"
@@ -246,7 +246,7 @@ def test_no_replicas_falls_back(gpt2):
 def test_a_wrong_declaration_is_caught_by_the_stream_check(gpt2, monkeypatch):
     # replica d's TP ranks 0 and 1 swapped: the same computes and held bytes, but the
     # images' sends go to other GPUs than their streams' (the stream check says where)
-    from extrapolators.threed import ThreeD
+    from extrapolators.modes.threed import ThreeD
 
     def wrong(self):
         reps = [[self.grid[d, p, 1 - t if d else t] for p in range(self.pp)
@@ -271,7 +271,7 @@ def test_symmetry_option_values():
 
 
 def _nccl_on(topology: dict, n: int):
-    from triosim.calibration import system
+    from triosim.studies.calibration import system
 
     cfg = from_dict({"trace": str(RESNET), "num_gpus": n, "topology": topology,
                      "communication": {"kind": "nccl"}})  # fmt: skip

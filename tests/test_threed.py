@@ -3,11 +3,11 @@ hand-computed timelines on the textbook (alpha-beta ring) model."""
 
 import pytest
 
-from extrapolators.schedules import SCHEDULES, register_schedule, schedule
-from extrapolators.tasks import Collective, Send
+from extrapolators.execution.tasks import Collective, Send
+from extrapolators.modes.schedules import SCHEDULES, register_schedule, schedule
 from tests.conftest import chain_trace
-from triosim.errors import ConfigError
-from triosim.simulation import Simulation
+from triosim.common.errors import ConfigError
+from triosim.simulation.wiring import Simulation
 
 FAST = {"kind": "ring", "bandwidth": 1e30, "latency": 0.0}  # a free network
 RING = {"kind": "ring", "bandwidth": 10e9, "latency": 1e-6}  # one where bytes cost time

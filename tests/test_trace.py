@@ -6,9 +6,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import chain_trace, shared_reference
-from triosim.errors import TraceError
-from triosim.importers import import_triosim_csv
-from triosim.trace import CATEGORIES, PHASES, Operator, Tensor, Trace, load, save
+from triosim.common.errors import TraceError
+from triosim.trace.go_csv import import_triosim_csv
+from triosim.trace.model import CATEGORIES, PHASES, Operator, Tensor, Trace, load, save
 
 finite = st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False)
 
@@ -175,7 +175,7 @@ def test_triosim_csv_errors(tmp_path):
 
 @pytest.mark.parametrize("model,expected_ms", [("vgg13", 94.038), ("resnet50", 70.723)])
 def test_original_traces_replay(model, expected_ms):
-    from triosim.simulation import Simulation
+    from triosim.simulation.wiring import Simulation
 
     t = import_triosim_csv(shared_reference("triosim-go-traces") / model)
     r = Simulation({"num_gpus": 1}, trace=t).run()

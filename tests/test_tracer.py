@@ -5,7 +5,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tracer import collect  # noqa: E402
-from triosim.errors import TracerError  # noqa: E402
+from triosim.common.errors import TracerError  # noqa: E402
 
 
 def tiny(batch=4):
@@ -108,8 +108,8 @@ def test_unsupported_schema_is_named():
 
 def test_cli_traces_a_custom_model(tmp_path, monkeypatch, capsys):
     # `triosim trace module:function` in this process: the module is found on sys.path
-    from triosim.cli import main
-    from triosim.trace import load
+    from triosim.cli.main import main
+    from triosim.trace.model import load
 
     (tmp_path / "mymodel.py").write_text(
         "import torch\n"
@@ -155,7 +155,7 @@ def test_reference_models_match_published_sizes(name):
 @pytest.mark.parametrize("name", ["resnet50", "densenet121", "vgg11", "bert"])
 def test_small_reference_models_trace_and_replay(name):
     from tracer.cli import trace_model
-    from triosim.simulation import Simulation
+    from triosim.simulation.wiring import Simulation
 
     t = trace_model(name, 2, small=True, image_size=32, seq_len=16, warmup=1, measure=1)
     assert {o.phase for o in t.operators} == {"forward", "backward", "optimizer"}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import math
 
-from triosim.errors import InputError, TracerError
+from triosim.common.errors import InputError, TracerError
 
 
 def trace_model(name, batch_size, device="cpu", warmup=3, measure=5, small=False,
@@ -111,7 +111,7 @@ def run_trace(args, timer=None) -> int:
     modelled times (perfmodel.modelled.model_times; the tracer floor cannot import it)."""
     from pathlib import Path
 
-    from triosim.trace import save
+    from triosim.trace.model import save
 
     shapes_only = getattr(args, "shapes_only", False)
     gpu = getattr(args, "gpu", None)
@@ -130,7 +130,7 @@ def run_trace(args, timer=None) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out} is a file; name a folder (the trace is written into it)")
-    from triosim.outputs import check_output_file
+    from triosim.common.outputs import check_output_file
 
     path = check_output_file(out / trace_file_name(args), getattr(args, "force", False),
                              what="trace file")  # fmt: skip

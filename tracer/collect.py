@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from triosim.errors import TracerError
-from triosim.trace import Trace
+from triosim.common.errors import TracerError
+from triosim.trace.model import Trace
 
 
 def _record(name):

@@ -19,9 +19,9 @@ from __future__ import annotations
 import math
 import re
 
-from triosim.errors import TracerError
-from triosim.flops import forward_flops
-from triosim.trace import Operator, Tensor, Trace
+from triosim.common.errors import TracerError
+from triosim.trace.flops import forward_flops
+from triosim.trace.model import Operator, Tensor, Trace
 
 
 def _index(name: str, prefix: str) -> int | None:
@@ -224,7 +224,7 @@ def replicate(trace: Trace, prefix: str, traced: int, total: int) -> Trace:
 def _extended(o: Operator, tensors, new_tensors, owned, maps) -> Operator:
     """An optimizer operator over tensor lists, with the copies of the traced layers'
     tensors put in its lists after the traced layers' own (so the lists run in layer
-    order); FLOPs from triosim.flops for the longer lists (else, and the time, grown with
+    order); FLOPs from triosim.trace.flops for the longer lists (else, and the time, grown with
     the bytes it reads and writes)."""
 
     def extend(ids):  # after each run of the traced layers' tensors (one per list), copies

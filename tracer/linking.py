@@ -17,10 +17,17 @@ import difflib
 import re
 from collections import defaultdict
 
-from triosim.errors import TracerError
-from triosim.flops import MATH_MODES, backward_flops, forward_flops, math_mode, numel, op_class
-from triosim.intervals import union_length
-from triosim.trace import Operator, Tensor, Trace
+from triosim.common.errors import TracerError
+from triosim.common.intervals import union_length
+from triosim.trace.flops import (
+    MATH_MODES,
+    backward_flops,
+    forward_flops,
+    math_mode,
+    numel,
+    op_class,
+)
+from triosim.trace.model import Operator, Tensor, Trace
 
 SUPPORTED_SCHEMA_MAJOR = "1."
 _BACKWARD = "autograd::engine::evaluate_function"
@@ -64,7 +71,7 @@ def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None,
     """The triosim Trace of one profiled iteration. gpu: times are the union of each
     operator's GPU kernels (else its CPU duration); cuda_math: math modes as on CUDA
     (default: gpu). flops_of(nodes, i, subtree, children): an operator's FLOPs, or None;
-    those it does not know come from triosim.flops's shape formulas."""
+    those it does not know come from triosim.trace.flops's shape formulas."""
     schema = str(et.get("schema", ""))
     if not schema.startswith(SUPPORTED_SCHEMA_MAJOR):
         raise TracerError(f"Execution Trace schema {schema!r} is not supported (this tracer reads "
@@ -307,7 +314,7 @@ def _gradient_layers(ops, tensors) -> None:
 
 def _shape_flops(ops, tensors) -> None:
     """FLOPs for the operators PyTorch's flop counter does not know (element-wise,
-    normalisation, pooling, loss, optimizer): triosim.flops's formulas on the recorded
+    normalisation, pooling, loss, optimizer): triosim.trace.flops's formulas on the recorded
     shapes, as the TrioSim CSV importer computes them; a backward op's from its forward op."""
     by_id = {o.id: o for o in ops}
     for op in ops:

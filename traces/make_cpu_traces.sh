@@ -4,6 +4,6 @@
 # Re-run from the repository root to regenerate them: bash traces/make_cpu_traces.sh
 set -euo pipefail
 for b in 4 8 16; do
-  python -m triosim.cli trace resnet18 --batch-size "$b" --device cpu --out traces/cpu --warmup 3 --measure 5
-  python -m triosim.cli trace gpt2 --small --seq-len 128 --batch-size "$b" --device cpu --out traces/cpu --warmup 3 --measure 5
+  python -m triosim.cli.main trace resnet18 --batch-size "$b" --device cpu --out traces/cpu --warmup 3 --measure 5
+  python -m triosim.cli.main trace gpt2 --small --seq-len 128 --batch-size "$b" --device cpu --out traces/cpu --warmup 3 --measure 5
 done

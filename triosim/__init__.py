@@ -1,19 +1,46 @@
 """triosim: predict multi-GPU DNN training iteration time from a single-GPU trace.
 
-Importing `triosim.trace` (as the tracer does) must not pull in SimPy, so the
-simulation entry points are loaded lazily.
+The public names, loaded lazily because importing the trace model (as the tracer does on a
+machine without SimPy) must not pull in the simulation:
+
+    from triosim import Simulation, load_config, load_any_trace, Trace, Result, option
+
+The folders, one floor each, lowest first (docs/architecture.md): `common/` (errors,
+units, the config schema, registries, safe output files), `trace/` (the trace model, its
+files, FLOP counts), `hardware/` (GPU and link catalogue, NCCL's constants, nccl-tests
+output); then `config/`, `simulation/` and `results/` (one run); `studies/` (many runs:
+sweeps, search, comparisons, calibration); `cli/` (the command line).
 """
 
 __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    if name in ("Simulation", "load_any_trace"):
-        from triosim import simulation
+    if name == "Simulation":
+        from triosim.simulation.wiring import Simulation
 
-        return getattr(simulation, name)
+        return Simulation
     if name in ("Config", "load_config"):
-        from triosim import config
+        from triosim.config import loading
 
-        return getattr(config, name)
+        return getattr(loading, name)
+    if name == "load_any_trace":
+        from triosim.trace.files import load_any_trace
+
+        return load_any_trace
+    if name == "Trace":
+        from triosim.trace.model import Trace
+
+        return Trace
+    if name == "Result":
+        from triosim.results.result import Result
+
+        return Result
+    if name == "option":
+        from triosim.common.schema import option
+
+        return option
     raise AttributeError(f"module 'triosim' has no attribute {name!r}")
+
+
+__all__ = ["Config", "Result", "Simulation", "Trace", "load_any_trace", "load_config", "option"]

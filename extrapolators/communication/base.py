@@ -1,0 +1,91 @@
+"""Communication models: how a collective's bytes move through the network.
+
+The Runtime hands every collective to one model, named by the config's
+`communication.kind`:
+
+* `textbook`: the alpha-beta algorithms of extrapolators.communication.collectives (lock-step ring
+  steps, direct all-to-all). Their closed forms define it: a ring all-reduce of S bytes on
+  N GPUs over lone links of bandwidth B and latency L takes 2(N-1)/N S/B + 2(N-1) L.
+* `nccl` (the default): what NCCL does (extrapolators.communication.nccl.model): NCCL's tuner picks the
+  algorithm and protocol, the schedule runs over all rings, rails and both directions.
+
+A model is a class with an `Options` dataclass (its config fields) and
+`run(op, group, nbytes, tag, root)`, a SimPy generator that returns when the collective
+is done on every GPU. Register a new one with `register(name)`.
+
+Ops and what `nbytes` is (nccl-tests' conventions): allreduce, broadcast, reduce:
+the buffer; all_gather: the gathered buffer each GPU ends with; reduce_scatter: the
+buffer each GPU starts with; all_to_all: one GPU's whole buffer (nbytes / N to each
+peer); sendrecv: what each GPU sends to the next one (and receives from the previous).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from extrapolators.communication import collectives
+from triosim.common import schema
+from triosim.common.errors import ConfigError
+from triosim.common.registry import Registry
+from triosim.common.schema import option
+
+OPS = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
+       "sendrecv")  # fmt: skip
+
+COMM_MODELS = Registry("communication.kind", "kind", "communication model")
+register = COMM_MODELS.register
+comm_class = COMM_MODELS.get
+
+
+class CommModel:
+    """Base class: `run` one collective over `group` (a tuple of GPUs) on `net`.
+
+    `gpu` names the GPU (catalogue name) where a model needs its architecture; `base_dir`
+    is where relative paths in the options start (the config file's folder)."""
+
+    kind = "abstract"
+    Options = schema.NoOptions
+
+    def __init__(self, env, net, options=None, *, gpu: str | None = None, base_dir="."):
+        self.env, self.net = env, net
+        self.options = (schema.check(options, "communication") if options is not None
+                        else self.Options())  # fmt: skip
+        self.gpu, self.base_dir = gpu, base_dir
+
+    def run(self, op: str, group, nbytes: float, tag: str = "", root=None, algorithm=None):
+        raise NotImplementedError
+
+
+def check_op(op: str) -> str:
+    if op not in OPS:
+        raise ConfigError("collective", op, f"one of {', '.join(OPS)}")
+    return op
+
+
+@dataclass(frozen=True)
+class TextbookOptions:
+    algorithm: str = option("ring", help="a collective algorithm registered in "
+                            "extrapolators.communication.collectives (all-to-all: direct)")  # fmt: skip
+
+
+@register("textbook")
+class Textbook(CommModel):
+    """The alpha-beta algorithms, in lock step: every ring step waits for all its transfers."""
+
+    Options = TextbookOptions
+
+    @classmethod
+    def load_options(cls, data, where, elsewhere, also=()):
+        o = schema.load(cls.Options, data, where, elsewhere=elsewhere,
+                        owner=f"communication kind '{cls.kind}'", also=also)  # fmt: skip
+        if o.algorithm not in collectives.names():
+            raise ConfigError(f"{where}.algorithm", o.algorithm,
+                              f"one of {', '.join(collectives.names())}")  # fmt: skip
+        return o
+
+    def run(self, op, group, nbytes, tag="", root=None, algorithm=None):
+        check_op(op)
+        name = algorithm or ("direct" if op in ("all_to_all", "sendrecv") else
+                             self.options.algorithm)  # fmt: skip
+        algo = collectives.algorithm(op, name)
+        yield from algo(self.env, self.net, tuple(group), nbytes, tag=tag or op, root=root)

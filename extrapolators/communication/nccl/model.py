@@ -1,0 +1,706 @@
+"""The NCCL communication model (communication kind 'nccl', the default).
+
+For each collective:
+1. What NCCL would pick: extrapolators.communication.nccl.tuner runs NCCL's own cost model
+   (latency + bytes / bandwidth over the enabled algorithm x protocol pairs) on the graph
+   bandwidths NCCL's search would find on this topology (derived below from the links'
+   bandwidths and kinds, with what NCCL believes each link kind carries:
+   nccl_params.LINK_EFFICIENCY).
+2. What that costs, moving real bytes: the chosen schedule becomes streams, one network
+   flow per (GPU, next GPU) of every ring, chain, tree edge or NVLS/SHARP switch leg (both
+   directions of every ring, every rail, every ring of a direct-connect system), each
+   carrying its share of the bytes inflated by one factor so that on the free network the
+   streams finish in NCCL's `bytes / bandwidth` (protocol overheads, NCCL's caps, the
+   channels a call of this size gets). Contention, heterogeneous and asymmetric links then
+   act through the flow network: the slowest or busiest link decides when its stream ends,
+   so a pipelined ring runs at its slowest hop, with no step barrier.
+   Latency is NCCL's (baseLat + hwLat per hop, in closed form over the ring window or tree
+   depth), with a hop whose links are slower than NCCL's hwLat charged its own latency
+   instead; plus the launch overhead. Schedules that pipeline chunks through stages
+   (NVLS, NVLS-tree, SHARP, broadcast/reduce chains) add the pipeline fill of a chunked
+   pipeline with a per-chunk cost o and the best chunk count: 2 sqrt((D-1) o T) - o for
+   D stages and a bandwidth time T (what NCCL's fixed formula leaves out: it is 15-40 %
+   optimistic at 4-64 MiB). Rings and trees have none (a ring starts every link at once;
+   trees carry NCCL's own mid-size correction).
+So on an ideal topology the time is NCCL's formula (plus fill where it applies); the
+calibration (triosim calibrate) scales the latency, the bandwidth per protocol and the
+pipeline cost to a system's measurements.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from extrapolators.communication.base import CommModel, check_op, register
+from extrapolators.communication.nccl import families, tuner
+from extrapolators.communication.nccl import streams as nccl_streams
+from extrapolators.communication.nccl.layouts import window_max as _window_max
+from extrapolators.communication.nccl.streams import hops as _hops
+from extrapolators.communication.nccl.system import System, node_partition, tree_depth
+from networks.groups import at as at_instant
+from networks.routing import Routes, path_latencies
+from triosim.common.errors import ConfigError
+from triosim.common.schema import option
+from triosim.hardware import nccl_constants as P
+
+ALGO_NAMES = {"ring": ("ring",), "tree": ("tree",), "nvls": ("nvls", "nvls_tree"),
+              "collnet": ("collnet_direct",)}  # fmt: skip
+PIPELINED = {"nvls", "nvls_tree", "collnet_direct"}
+P2P_OPS = ("all_to_all", "sendrecv")
+# bytes on the wire per byte of data: LL sends a 4-byte flag with every 4 bytes, LL128 one
+# 8-byte flag in every 128-byte line (NCCL's device.h)
+PROTO_WIRE = {"LL": 2.0, "LL128": 128 / 120, "Simple": 1.0}
+# a pipelined schedule's per-chunk cost by protocol, as a share of Simple's (the tuning's
+# pipeline_overhead): NCCL's per-step latency of each protocol on NVLink (hwLat, tuning.cc),
+# LL's flag-per-word steps a sixth of Simple's FIFO handshake
+PROTO_STEP = {p: P.HW_LAT["nvlink"]["ring"][i] / P.HW_LAT["nvlink"]["ring"][2]
+              for i, p in enumerate(P.PROTOS)}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The numbers a calibration fits (defaults: NCCL's model as it stands)."""
+
+    launch_overhead: float = 0.0  # s per call, beyond NCCL's baseLat
+    latency_scale: float = 1.0  # x NCCL's latency (baseLat + hwLat terms)
+    bandwidth_scale_LL: float = 1.0  # x NCCL's bandwidth, per protocol
+    bandwidth_scale_LL128: float = 1.0
+    bandwidth_scale_Simple: float = 1.0
+    # per-chunk cost of a pipelined schedule: NCCL's per-step latency of the Simple protocol
+    # on NVLink (hwLat, tuning.cc), the time one FIFO step's handshake takes
+    pipeline_overhead: float = P.HW_LAT["nvlink"]["ring"][2] * 1e-6
+
+    def bandwidth_scale(self, proto: str) -> float:
+        return getattr(self, f"bandwidth_scale_{proto}")
+
+
+TUNING_FIELDS = tuple(f for f in Tuning.__dataclass_fields__)
+
+
+@dataclass(frozen=True)
+class NcclOptions:
+    algorithm: Literal["auto", "ring", "tree", "nvls", "collnet"] = option(
+        "auto", help="auto: NCCL's tuner picks; or force one (nvls: NVLS on one node, "
+        "NVLS+tree across nodes; collnet: IB SHARP), as NCCL_ALGO does")  # fmt: skip
+    protocol: Literal["auto", "LL", "LL128", "Simple"] = option(
+        "auto", help="auto: NCCL's tuner picks; or force one, as NCCL_PROTO does"
+    )
+    channels: int | Literal["auto"] = option(
+        "auto", ge=1, le=P.MAX_CHANNELS, help="runtime channels (auto: twice the graph's)"
+    )
+    launch_overhead: float | None = option(
+        None, unit="seconds", ge=0, help="host launch cost per call beyond NCCL's latency "
+        "(default: the calibration's, else 0: nccl-tests overlaps it)")  # fmt: skip
+    latency_scale: float | None = option(None, gt=0, plausible="factor", help="x NCCL's "
+                                         "latencies (default: the calibration's, else 1)")  # fmt: skip
+    bandwidth_scale: float | None = option(None, gt=0, plausible="factor", help="x NCCL's "
+                                           "bandwidths, every protocol (default: the "
+                                           "calibration's, else 1)")  # fmt: skip
+    pipeline_overhead: float | None = option(
+        None, unit="seconds", ge=0, help="per-chunk cost of pipelined schedules (default: "
+        "the calibration's, else NCCL's 3.4 us NVLink Simple step)")  # fmt: skip
+    calibration: str | None = option(None, path=True, help="YAML written by `triosim "
+                                     "calibrate` (relative to the config file)")  # fmt: skip
+    arch: Literal["auto", "sm70", "sm80", "sm90"] = option(
+        "auto", help="GPU architecture for NCCL's tables (auto: from the config's GPU)"
+    )
+    cpu: Literal["intel", "amd"] = option("intel", help="host CPU (NCCL's multi-node LL caps "
+                                          "and network overhead)")  # fmt: skip
+    pick: Literal["nccl", "fastest"] = option(
+        "nccl", help="nccl: the (algorithm, protocol) NCCL's tuner picks by its formula, as "
+        "the real library does; fastest: the pair whose whole modelled time is least, "
+        "which a slower link can never make faster (NCCL's pick can: README)")  # fmt: skip
+    nvls: bool = option(True, help="use NVLS where the NVSwitch reduces (NCCL_NVLS_ENABLE)")
+    sharp: bool = option(True, help="use SHARP (CollNet) where the fabric reduces")
+
+
+def load_calibration(path) -> dict:
+    """The fitted numbers a calibration YAML holds ({field: value} under 'tuning')."""
+    from triosim.common.yaml_text import parse_yaml
+    from triosim.trace.files import read_text
+
+    # read_text: a missing, binary or unreadable file, or a folder, is a clear error;
+    # parse_yaml: a syntax error or a key given twice, with its line
+    text = read_text(path, "communication.calibration file")
+    data = parse_yaml(text, f"communication.calibration file {path}") or {}
+    fitted = data.get("tuning") if isinstance(data, dict) else None
+    if not isinstance(fitted, dict):
+        raise ConfigError("communication.calibration", str(path),
+                          "a file written by `triosim calibrate` (with a 'tuning' mapping)")  # fmt: skip
+    bad = sorted(set(fitted) - set(TUNING_FIELDS))
+    if bad:
+        raise ConfigError(f"communication.calibration:{bad[0]}", fitted[bad[0]],
+                          f"one of {', '.join(TUNING_FIELDS)}")  # fmt: skip
+    out = {}
+    for k, v in fitted.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            raise ConfigError(f"communication.calibration:{k}", v, "a number >= 0")
+        out[k] = float(v)
+    return out
+
+
+def resolve_tuning(options: NcclOptions, base_dir=".") -> Tuning:
+    """Defaults, then the calibration file, then what the config sets explicitly."""
+    t = Tuning()
+    if options.calibration:
+        path = Path(options.calibration)
+        t = replace(t, **load_calibration(path if path.is_absolute() else Path(base_dir) / path))
+    if options.launch_overhead is not None:
+        t = replace(t, launch_overhead=options.launch_overhead)
+    if options.latency_scale is not None:
+        t = replace(t, latency_scale=options.latency_scale)
+    if options.bandwidth_scale is not None:
+        t = replace(t, **{f"bandwidth_scale_{p}": options.bandwidth_scale for p in P.PROTOS})
+    if options.pipeline_overhead is not None:
+        t = replace(t, pipeline_overhead=options.pipeline_overhead)
+    return t
+
+
+@dataclass
+class Plan:
+    """One collective, ready to run: streams (src, dst, bytes on the wire), then what is
+    left of latency + fill once the last stream is delivered (its path latency is paid)."""
+
+    op: str
+    algo: str
+    proto: str
+    nbytes: float
+    streams: list
+    path_latency: list  # s, each stream's path latency (the network charges it)
+    latency: float  # s: launch + NCCL's latency (+ slow-link extra)
+    fill: float  # s: pipeline fill
+    bandwidth_time: float  # s: the streams' time on the free network
+    channels: float = 0.0  # the channels the call runs on
+    # the streams as the network prepared them (Network.batch), made on first run
+    batch: object = field(default=None, compare=False, repr=False)
+
+    @property
+    def time(self) -> float:
+        """Seconds on a free network."""
+        return self.latency + self.fill + self.bandwidth_time
+
+
+@dataclass
+class Terms:
+    """A collective's time before tuning: NCCL's latency (us) and bandwidth (GB/s) for the
+    pair it picks at this size, the slow-hop extra (s), the pipeline depth (0: none)."""
+
+    op: str
+    algo: str
+    proto: str
+    nbytes: float
+    lat_us: float
+    bw: float
+    extra: float
+    depth: int
+    channels: float
+    streams: list  # (src, dst, share of the bytes)
+    raw: float  # s per byte: the streams' wire bytes at the links' full bandwidth
+    layout: object = field(default=None, compare=False, repr=False)  # the _Group it ran on
+
+    def parts(self, t: Tuning) -> tuple[float, float, float]:
+        """(latency, fill, bandwidth time) in seconds under tuning t."""
+        scale = t.bandwidth_scale(self.proto)
+        bw_time = self.nbytes / (self.bw * 1e9 * scale) if self.bw > 0 else 0.0
+        bw_time = max(bw_time, self.nbytes * self.raw)  # never faster than the wires
+        latency = t.launch_overhead + self.lat_us * 1e-6 * t.latency_scale + self.extra
+        o = t.pipeline_overhead * PROTO_STEP[self.proto]
+        fill = pipeline_fill(self.depth, o, bw_time) if self.depth else 0.0
+        return latency, fill, bw_time
+
+    def time(self, t: Tuning) -> float:
+        return sum(self.parts(t))
+
+
+@dataclass
+class _Group:
+    """What a group of GPUs runs on, worked out once."""
+
+    system: System
+    graphs: tuner.Graphs
+    rings: list
+    ring_weights: list
+    both: list  # each ring runs both ways
+    structures: dict = field(default_factory=dict)  # (op, algo, root) -> streams
+    # per structure key: the streams' path latencies, whether each crosses the network,
+    # and their unit times (raw, effective); per ring: the same for its hops, each way
+    stream_paths: dict = field(default_factory=dict)
+    units: dict = field(default_factory=dict)
+    ring_paths: list = field(default_factory=list)
+
+
+@register("nccl")
+class Nccl(CommModel):
+    Options = NcclOptions
+
+    def __init__(self, env, net, options=None, *, gpu=None, base_dir="."):
+        super().__init__(env, net, options, gpu=gpu, base_dir=base_dir)
+        o = self.options
+        self.arch = P.arch_of(gpu) if o.arch == "auto" else int(o.arch[2:])
+        self.tuning = resolve_tuning(o, base_dir)
+        graph = net.graph
+        self.graph = graph
+        self.routes = getattr(net, "routes", None) or Routes(graph)
+        self.links = self.routes.links
+        self.capacity = np.array([graph.edges[e]["bandwidth"] for e in self.links], float)
+        self.link_latency = np.array([graph.edges[e].get("latency", 0.0) for e in self.links])
+        kinds = [graph.edges[e].get("kind", "nvlink") for e in self.links]
+        self.link_kind = np.array(kinds)
+        self.efficiency = np.array([P.LINK_EFFICIENCY[k] for k in kinds])
+        self.switch_ends = bool(getattr(net, "reducing_endpoints", False))
+        self._partition = node_partition(graph)
+        self._families: dict = {}
+        self._plans: dict = {}
+        # per (a, b) pair met so far: its number, then by number its path latency, whether
+        # it crosses the network, its smallest link capacity and its hop count
+        self._pair: dict = {}
+        self._pair_cols = (np.zeros(0), np.zeros(0, bool), np.zeros(0), np.zeros(0, np.int64))
+        self.choices: dict = {}  # (op, algo, proto) -> calls, for reports
+
+    # -- the system ---------------------------------------------------------------------
+    def group_info(self, group) -> _Group:
+        """The group's default layout: its least loaded ring set (see `family`)."""
+        fam = self.family(group)
+        return self._layout(fam, fam.default)
+
+    def family(self, group) -> families.Family:
+        group = tuple(group)
+        fam = self._families.get(group)
+        if fam is None:
+            fam = self._families[group] = families.make(self, group, self._system(group))
+        return fam
+
+    def prepare(self, groups) -> None:
+        """Analyse the groups not seen yet together: their rings' hops, both ways, are
+        routed in one walk (`Routes.paths_links`) before each group is analysed as
+        `group_info` would. A symmetric run's images (2,048 tensor-parallel groups at
+        16,384 GPUs) otherwise walked a handful of pairs per group, milliseconds each of
+        numpy set-up. A pair's route is the same in any batch, so nothing else changes."""
+        new = [g for g in dict.fromkeys(map(tuple, groups)) if g not in self._families]
+        if len(new) < 2:
+            return
+        systems = [self._system(g) for g in new]
+        rings = [s.rings() for s in systems]
+        hops = [h for rs in rings for r in rs for h in _hops(r)]
+        self._pair_arrays(hops + [(b, a) for a, b in hops])
+        for g, s, rs in zip(new, systems, rings, strict=True):
+            self._families[g] = families.make(self, g, s, rs)
+
+    def _system(self, group) -> System:
+        # small groups' orders are searched by the family (`_exhaustive`), not the system
+        return System(self.graph, group, self.routes, self._partition,
+                      self.capacity * self.efficiency, exact=False)  # fmt: skip
+
+    def _layout(self, fam: families.Family, k: int) -> _Group:
+        """Layout k of a family, analysed (once)."""
+        info = fam.infos.get(k)
+        if info is None:
+            rings, _, *own = fam.layouts[k]
+            s = own[0] if own else fam.system
+            if fam.positions:  # the layouts of an exhaustive family name positions
+                rings = [[s.group[i] for i in r] for r in rings]
+            if rings and s.N == 1 and tuple(rings[0]) != tuple(s.order):
+                s = copy.copy(s)
+                s.order = tuple(rings[0])
+            info = fam.infos[k] = self._analyse(s.group, s, rings)
+        return info
+
+    def _analyse(self, group, s: System | None = None, rings=None) -> _Group:
+        s = s or self._system(group)
+        rings = rings if rings is not None else s.rings()
+        # equal shares, as NCCL splits a call's bytes over its channels (shares by each
+        # ring's slowest hop could move load onto a link that a slower one relieved)
+        weights = [1.0 / len(rings)] * len(rings)
+        info = _Group(s, None, rings, weights, [self._both_ways(r) for r in rings])
+        for ring, two in zip(rings, info.both, strict=True):
+            info.ring_paths.append([self._pair_arrays(_hops(o))[:2]
+                                    for o in ((ring, ring[::-1]) if two else (ring,))])  # fmt: skip
+        n = s.n
+        # the ring graph's bus bandwidth NCCL would find: the ring streams' bottleneck
+        # with what NCCL believes each link kind carries
+        ring_bw = 0.0
+        if n > 1:
+            t = self._unit_time(nccl_streams.ring(rings, weights, info.both, 2 * (n - 1) / n),
+                                effective=True)  # fmt: skip
+            ring_bw = 2 * (n - 1) / n / t / 1e9 if t > 0 else math.inf
+        nvls_bw = 0.0
+        if s.nvls and self.options.nvls and self.switch_ends and self.arch >= P.NVLS_MIN_ARCH:
+            t = self._unit_time(nccl_streams.nvls(s), effective=True)
+            nvls_bw = 1 / t / 1e9 if t > 0 else math.inf
+        net_bw = 0.0
+        if s.N > 1:
+            succ = self.graph.adj  # out-links in out_edges' order, without a view per GPU
+            nic = min((d["bandwidth"] for g in s.group for d in succ[g].values()
+                       if d.get("kind") == "net"), default=0.0)  # fmt: skip
+            net_bw = s.rails * nic * P.LINK_EFFICIENCY["net"] / 1e9
+        # NCCL's search ends on a whole number of channels at one of its fixed per-channel
+        # speeds: a step function of the links' bandwidths whose steps made a slightly
+        # slower link give a faster call (fewer channels, each faster). The count here is
+        # continuous: NCCL's own where the ring's bandwidth is a whole number of channel
+        # speeds (12 x 30 GB/s on an H100 NVSwitch node, 12 x 20 on an A100's)
+        if s.N == 1:
+            channels = min(16.0, max(1.0, ring_bw / P.INTRA_CHANNEL_SPEED.get(self.arch, 20.0)))
+        else:
+            # one per NIC; else the ring's bandwidth at 24 GB/s a channel (a 200 Gb/s NIC's
+            # speedArrayInter step): the count and the bus bandwidth then move together, so
+            # a slower link never gives a small call more bandwidth per channel
+            channels = float(s.rails) if s.rails > 1 else max(1.0, ring_bw / 24.0)
+        collnet = bool(s.sharp) and self.options.sharp and self.switch_ends and s.nvls is not None
+        info.graphs = tuner.Graphs(n=n, N=s.N, arch=self.arch, intra_hw=s.intra_hw,
+                                   ring_bw=ring_bw, channels=channels, nvls_bw=nvls_bw,
+                                   net_bw=net_bw, rails=s.rails, collnet=collnet,
+                                   cpu=self.options.cpu)  # fmt: skip
+        return info
+
+    def _paths(self, pairs) -> list:
+        """The routes of (a, b) pairs, found together (Routes.paths_links)."""
+        paths = self.routes.paths_links(pairs)
+        for (a, b), links in zip(pairs, paths, strict=True):
+            if links is None:
+                raise ConfigError("topology", f"{a!r} -> {b!r}", "a topology with a path "
+                                  "between every two GPUs of a collective")  # fmt: skip
+        return paths
+
+    def _pair_arrays(self, pairs):
+        """Arrays over (a, b) pairs of: path latency (the float sum of its links'), whether
+        the path crosses a network link, its smallest link capacity, and its hop count.
+        Worked out once per pair: collectives of a group reuse their hops."""
+        pairs = list(pairs)
+        cache = self._pair
+        new = [k for k in dict.fromkeys(pairs) if k not in cache]
+        if new:
+            paths = self._paths(new)
+            lats = path_latencies(self.link_latency, paths)
+            nh = np.array([len(x) for x in paths], np.int64)
+            net = np.zeros(len(paths), bool)
+            cap = np.full(len(paths), np.inf)
+            has = np.flatnonzero(nh)
+            if len(has):  # per path: any network link, smallest capacity (exact reductions)
+                flat = np.concatenate(paths)
+                starts = (np.cumsum(nh) - nh)[has]
+                net[has] = np.logical_or.reduceat(self.link_kind[flat] == "net", starts)
+                cap[has] = np.minimum.reduceat(self.capacity[flat], starts)
+            n0 = len(cache)
+            cache.update(zip(new, range(n0, n0 + len(new)), strict=True))
+            cols = self._pair_cols
+            if len(cache) > len(cols[0]):  # grow by doubling: thousands of TP groups each
+                # add a few pairs, and copying every column each time was quadratic
+                size = max(len(cache), 2 * len(cols[0]), 64)
+                cols = self._pair_cols = tuple(np.concatenate([c, np.zeros(size - len(c), c.dtype)])
+                                               for c in cols)  # fmt: skip
+            for c, x in zip(cols, (np.array(lats, float), net, cap, nh), strict=True):
+                c[n0 : n0 + len(new)] = x
+        ids = np.fromiter((cache[k] for k in pairs), np.int64, count=len(pairs))
+        return tuple(col[ids] for col in self._pair_cols)
+
+    def _both_ways(self, ring) -> bool:
+        """Run the ring both ways when every hop's way back is as short as the way there
+        (not on a one-way ring, where it would go all the way round)."""
+        hops = _hops(ring)
+        there = self._pair_arrays(hops)[3]
+        back = self._pair_arrays([(b, a) for a, b in hops])[3]
+        return bool((there == back).all())
+
+    def structure(self, info: _Group, op: str, algo: str, root=None) -> list:
+        """The schedule's streams (src, dst, share of the bytes), built once per group."""
+        key = (op, algo, root)
+        if key not in info.structures:
+            info.structures[key] = nccl_streams.structure(info.system, info.rings, info.ring_weights,
+                                                     info.both, op, algo, root)  # fmt: skip
+        return info.structures[key]
+
+    def _stream_unit(self, info: _Group, key, streams, effective=False) -> float:
+        """`_unit_time` of a group's structure, worked out once."""
+        k = (key, effective)
+        if k not in info.units:
+            info.units[k] = self._unit_time(streams, effective)
+        return info.units[k]
+
+    def _stream_paths(self, info: _Group, key, streams):
+        """(path latency, crosses the network) arrays of a group's structure's streams."""
+        if key not in info.stream_paths:
+            info.stream_paths[key] = self._pair_arrays((a, b) for a, b, _ in streams)[:2]
+        return info.stream_paths[key]
+
+    def _unit_time(self, streams, effective=False) -> float:
+        """Seconds per byte of the operation for the streams on the free network: the most
+        loaded link's load / capacity (x what NCCL believes the link carries)."""
+        load = np.zeros(len(self.links))
+        paths = self._paths([(a, b) for a, b, _ in streams])
+        if paths:  # one unbuffered add in stream order: the same sums as one per stream
+            nh = [len(x) for x in paths]
+            np.add.at(load, np.concatenate(paths), np.repeat([x for *_, x in streams], nh))
+        cap = self.capacity * (self.efficiency if effective else 1.0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return float(np.max(np.where(load > 0, load / cap, 0.0), initial=0.0))
+
+    # -- the plan -------------------------------------------------------------------------
+    def choose(self, op: str, group, nbytes: float, algorithm=None):
+        """(algorithm, protocol) the model runs for this call, honouring the forced ones:
+        NCCL's pick (or with `pick: fastest` the fastest pair) on the layout it runs on."""
+        t = self.terms(op, group, nbytes, algorithm=algorithm)
+        return t.algo, t.proto
+
+    def _nccl_pick(self, info: _Group, op, nbytes, pairs) -> tuple:
+        """The pair NCCL's tuner formula (extrapolators.communication.nccl.tuner) gives the least time."""
+        best, best_t = None, math.inf
+        for algo, proto in pairs:
+            lat, bw = tuner.model(info.graphs, op, algo, proto)
+            if bw <= 0:
+                continue
+            t = tuner.time_us(info.graphs, op, algo, proto, nbytes, lat, bw)
+            if t < best_t:
+                best, best_t = (algo, proto), t
+        if best is None:
+            raise ConfigError("communication.protocol", self.options.protocol,
+                              f"a protocol NCCL can run {op} with on {info.system.group!r}")  # fmt: skip
+        return best
+
+    def _pairs(self, info: _Group, op: str, algorithm=None) -> list:
+        """The (algorithm, protocol) pairs NCCL would consider, restricted to the forced
+        ones (a forced protocol is enabled, as NCCL_PROTO enables it); a forced pair the
+        GPUs cannot run is an error, as it is in NCCL."""
+        o = self.options
+        name = algorithm or o.algorithm
+        proto = None if o.protocol == "auto" else o.protocol
+        pairs = tuner.enabled(info.graphs, op, proto)
+        if name != "auto" and op == "allreduce":  # the others have the ring only
+            pairs = [p for p in pairs if p[0] in ALGO_NAMES[name]]
+            if not pairs and proto and tuner.enabled(info.graphs, op, None):
+                if any(a in ALGO_NAMES[name] for a, _ in tuner.enabled(info.graphs, op)):
+                    raise ConfigError("communication.protocol", proto,
+                                      f"a protocol {name} runs (Simple only)")  # fmt: skip
+            if not pairs:
+                raise ConfigError("communication.algorithm", name, _missing(name, info.system))
+        return pairs
+
+    def plan(self, op: str, group, nbytes: float, root=None, algorithm=None) -> Plan:
+        check_op(op)
+        group = tuple(group)
+        key = (op, group, float(nbytes), root, algorithm)
+        cached = self._plans.get(key)
+        if cached is not None:
+            return cached
+        if len(group) < 2:
+            p = Plan(op, "none", "none", nbytes, [], [], self.tuning.launch_overhead, 0.0, 0.0)
+        else:
+            p = self._plan(op, group, nbytes, root, algorithm)
+        if len(self._plans) < 100_000:
+            self._plans[key] = p
+        return p
+
+    def terms(self, op: str, group, nbytes: float, root=None, algorithm=None) -> Terms:
+        """The parts of a collective's time that do not depend on the tuning: on each of
+        the group's candidate layouts that can be fastest for this call (`_candidates`),
+        the pair NCCL would pick there (`choose`; with `pick: fastest` every pair), and of
+        those the least time under this tuning."""
+        check_op(op)
+        group = tuple(group)
+        fam = self.family(group)
+        if op in P2P_OPS:
+            return self._p2p_terms(self._layout(fam, fam.default), op, nbytes)
+        pairs = self._pairs(self._layout(fam, fam.default), op, algorithm)
+        fastest = self.options.pick == "fastest"
+        best, best_t = None, math.inf
+        for k in families.candidates(fam, op, root, pairs):
+            info = self._layout(fam, k)
+            for algo, proto in pairs if fastest else [self._nccl_pick(info, op, nbytes, pairs)]:
+                t = self._pair_terms(info, op, group, algo, proto, nbytes, root)
+                if t is not None and t.time(self.tuning) < best_t:
+                    best, best_t = t, t.time(self.tuning)
+        return best
+
+    def _pair_terms(self, info: _Group, op, group, algo, proto, nbytes, root) -> Terms | None:
+        """`terms` of one (algorithm, protocol); None where NCCL's model gives it no
+        bandwidth."""
+        g = info.graphs
+        lat_us, bw = tuner.model(g, op, algo, proto)
+        if bw <= 0:
+            return None
+        runtime = None if self.options.channels == "auto" else self.options.channels
+        used, full = tuner.channels_used(g, op, algo, proto, nbytes, runtime)
+        if used < full:  # a small call runs on fewer channels, each at its share of the
+            # links (LL's whole-GPU cap then rarely binds)
+            bw = min(bw, tuner.model(g, op, algo, proto, ll_cap=False)[1] * used / full)
+        bw *= tuner.tree_correction(op, algo, proto, nbytes)
+        lat_us *= tuner.plateau(g, op, algo, proto, nbytes)
+        skey = self._skey(op, group, algo, root)
+        streams = self.structure(info, *skey)
+        extra = self._slow_hop_extra(info, op, algo, proto, streams, skey)
+        staged = algo in PIPELINED or op in ("broadcast", "reduce")
+        depth = self._depth(info, op, algo) if staged else 0
+        raw = self._stream_unit(info, skey, streams) * PROTO_WIRE[proto]
+        return Terms(op, algo, proto, float(nbytes), lat_us, bw, extra, depth, used, streams, raw,
+                     info)  # fmt: skip
+
+    def _p2p_terms(self, info: _Group, op, nbytes) -> Terms:
+        """Send/receive (all-to-all, sendrecv): Simple protocol on each pair's own path, at
+        what NCCL believes the link kinds carry; latency of one Simple step."""
+        skey = self._skey(op, info.system.group, "p2p")
+        streams = self.structure(info, *skey)
+        unit = self._stream_unit(info, skey, streams, effective=True)
+        hw = "net" if info.system.N > 1 else info.system.intra_hw
+        lat_us = P.BASE_LAT["ring"][2] + P.HW_LAT[hw]["ring"][2]
+        bw = 1 / unit / 1e9 if unit > 0 else math.inf
+        raw = self._stream_unit(info, skey, streams)
+        return Terms(op, "p2p", "Simple", float(nbytes), lat_us, bw, 0.0, 0, 0, streams, raw,
+                     info)  # fmt: skip
+
+    @staticmethod
+    def _skey(op, group, algo, root=None) -> tuple:
+        """The key of a collective's structure (its streams) in its group's caches."""
+        if op in P2P_OPS:
+            return (op, "p2p", None)
+        root = root if root in group else group[0]
+        return (op, algo, root if op in ("broadcast", "reduce") else None)
+
+    def _plan(self, op, group, nbytes, root, algorithm) -> Plan:
+        """The streams carry the data (LL, LL128: with their flags) capped at the rate that
+        ends them all at NCCL's bandwidth time: what the GPUs can feed. Other traffic gets
+        what they leave of the links."""
+        terms = self.terms(op, group, nbytes, root, algorithm)
+        latency, fill, bw_time = terms.parts(self.tuning)
+        wire = PROTO_WIRE[terms.proto] * nbytes
+        out = [(a, b, x * wire) for a, b, x in terms.streams if x * wire > 0]
+        out = [(a, b, y, y / bw_time if bw_time > 0 else math.inf) for a, b, y in out]
+        skey = self._skey(op, group, terms.algo, root)
+        lat = self._stream_paths(terms.layout, skey, terms.streams)[0]
+        kept = np.array([x for *_, x in terms.streams], float) * wire > 0  # as `out` keeps
+        path_lat = lat[kept].tolist() if len(lat) else []
+        return Plan(op, terms.algo, terms.proto, nbytes, out, path_lat, latency, fill, bw_time,
+                    terms.channels)  # fmt: skip
+
+    def _depth(self, info: _Group, op, algo) -> int:
+        """Stages a chunk passes through one after another."""
+        s = info.system
+        if op in ("broadcast", "reduce"):
+            return s.n - 1
+        if algo == "nvls":
+            return 2  # reduce-scatter through the switch, then all-gather through it
+        if algo == "nvls_tree":
+            return 2 + 2 * tree_depth(s.N)
+        return 4  # collnet: to the node's switch, to the fabric's, and back
+
+    def _slow_hop_extra(self, info: _Group, op, algo, proto, streams, skey) -> float:
+        """Where a hop's links are slower than NCCL's per-hop latency assumes, the hop
+        takes its own: the extra over NCCL's latency along the worst chain of hops."""
+        s = info.system
+        p = P.PROTOS.index(proto)
+        intra, net = P.HW_LAT[s.intra_hw][algo][p] * 1e-6, P.HW_LAT["net"][algo][p] * 1e-6
+
+        def excess(lat, is_net):  # max(0, path latency - NCCL's for its kind), per hop
+            x = lat - np.where(is_net, net, intra)
+            return np.where(x > 0.0, x, 0.0)
+
+        if algo == "ring" and op in ("allreduce", "all_gather", "reduce_scatter"):
+            steps = 2 * (s.n - 1) if op == "allreduce" else s.n - 1
+            worst = 0.0
+            for ways in info.ring_paths:
+                for lat, is_net in ways:
+                    worst = max(worst, _window_max(excess(lat, is_net), steps))
+            return worst
+        ex = excess(*self._stream_paths(info, skey, streams)).tolist()
+        if op in ("broadcast", "reduce"):
+            return sum(sorted(ex)[-(s.n - 1) :]) if ex else 0.0
+        return 2 * max(ex, default=0.0)
+
+    # -- running ----------------------------------------------------------------------------
+    def predict(self, op: str, group, nbytes: float, root=None, algorithm=None) -> float:
+        """Seconds the collective takes on a free network (no flows)."""
+        return self.plan(op, group, nbytes, root, algorithm).time
+
+    KEEP_BATCH = 4096  # streams up to which a plan keeps its prepared batch
+
+    def run(self, op, group, nbytes, tag="", root=None, algorithm=None):
+        p = self.plan(op, group, nbytes, root, algorithm)
+        k = (op, p.algo, p.proto)
+        self.choices[k] = self.choices.get(k, 0) + 1
+        rest = p.latency + p.fill
+        if p.streams:
+            # one event for all streams (not one per stream: 32k at 16k GPUs), checked and
+            # routed once per plan; kept for small groups (called often; a machine-wide
+            # group's arrays would cost memory for little time)
+            batch = p.batch
+            if batch is None:
+                batch = self.net.batch(p.streams)
+                if len(p.streams) <= self.KEEP_BATCH:
+                    p.batch = batch
+            records = yield self.net.transfer_all(batch, tag=tag or op)
+            # the network charged each stream its path latency after its last byte left;
+            # NCCL's latency replaces it: wait what is left of it after the last byte left
+            ends = records.ends() if hasattr(records, "ends") else [r.end for r in records]
+            sent = max(e - pl for e, pl in zip(ends, p.path_latency, strict=True))
+            rest -= self.env.now - sent
+        if rest > 0:
+            yield self.env.timeout(rest)
+
+    def run_many(self, op, groups, nbytes, tag="", roots=None, algorithm=None):
+        """`run` of one collective over several groups at the same instant (a symmetric
+        run's representatives and their images): all their streams as one transfer group
+        (one network update, not one per group). Returns each group's end instant, computed
+        with `run`'s float operations (its transfers' last arrival, then what is left of
+        NCCL's latency); returns at the first group's end when every group's transfers
+        arrived at that group's instant (the symmetric case), else at once."""
+        roots = roots if roots is not None else [None] * len(groups)
+        self.prepare(groups)
+        plans = [self.plan(op, g, nbytes, r, algorithm) for g, r in zip(groups, roots, strict=True)]
+        for p in plans:
+            k = (op, p.algo, p.proto)
+            self.choices[k] = self.choices.get(k, 0) + 1
+        start = self.env.now
+        streams = [x for p in plans for x in p.streams]
+        arrive: list = []
+        if streams:
+            records = yield self.net.transfer_all(streams, tag=tag or op)
+            arrive = records.ends() if hasattr(records, "ends") else [r.end for r in records]
+        ends, lasts, rests, at = [], [], [], 0
+        for p in plans:
+            rest, last = p.latency + p.fill, start
+            if p.streams:
+                mine = arrive[at : at + len(p.streams)]
+                at += len(p.streams)
+                last = max(mine)  # when `run`'s transfer_all would have fired
+                sent = max(e - pl for e, pl in zip(mine, p.path_latency, strict=True))
+                rest -= last - sent
+            ends.append(last + rest if rest > 0 else last)
+            lasts.append(last)
+            rests.append(rest)
+        if self.env.now == lasts[0] and rests[0] > 0:
+            yield self.env.timeout(rests[0])  # as `run`: the same sum, so the same instant
+        elif self.env.now < ends[0]:  # another group's transfers arrived later: at ends[0]
+            yield at_instant(self.env, ends[0], lambda _e: None)
+        return ends
+
+
+def _missing(name: str, s: System) -> str:
+    """What a forced algorithm needs that the group's hardware lacks."""
+    needs = {"nvls": "an NVSwitch that reduces (NVLS: `nvls: true` on the switch or "
+             "multi_node topology, a Hopper GPU) under every node's GPUs, two or more a node",
+             "collnet": "inter-node switches that reduce (IB SHARP: `sharp: true`), NVLS in "
+             "every node and several nodes",
+             "tree": "an all-reduce of two or more GPUs"}  # fmt: skip
+    return (
+        f"an algorithm the {s.n} GPUs {s.group[:8]!r}{'...' if s.n > 8 else ''} can run: "
+        f"{name} needs {needs.get(name, name)} (NCCL fails where NCCL_ALGO names none "
+        "the system has; use auto)"
+    )
+
+
+def pipeline_fill(depth: int, overhead: float, bw_time: float) -> float:
+    """Extra time of a pipeline of `depth` stages over its bandwidth time T, with a cost o
+    per chunk and the best number of chunks m = sqrt((D-1) T / o):
+    (D-1) T/m + (m-1) o = 2 sqrt((D-1) o T) - o (one chunk, m = 1: (D-1) T)."""
+    if depth <= 1 or bw_time <= 0:
+        return 0.0
+    if overhead <= 0:
+        return 0.0
+    m = math.sqrt((depth - 1) * bw_time / overhead)
+    if m <= 1:
+        return (depth - 1) * bw_time
+    return 2 * math.sqrt((depth - 1) * overhead * bw_time) - overhead

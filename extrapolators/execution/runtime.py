@@ -1,0 +1,409 @@
+"""Runs task streams as SimPy processes: one process per (GPU, stream), tasks in order.
+
+Streams are iterators, pulled one task at a time as the simulation unfolds, so N GPUs
+never hold N copies of the trace. Compute takes its modelled duration; collectives
+meet at a rendezvous and then the communication model (extrapolators.communication.base)
+runs them through the Network; Send/Recv
+and Signal/Wait connect streams. Consecutive compute tasks of a stream run as one event at
+the end of the run, at the time per-task events would reach (the same sequential float
+sums), so long streams cost one SimPy event per run, not per task. A mode may emit a
+ComputeRun (the computes between two other tasks, built once and shared by every GPU): it
+is timed by one cumsum and logged as one block (extrapolators.execution.timeline_log: the timeline is
+built from the log when asked for, without a tuple per task). When the events run out, `check_finished` names
+every stream still waiting (a deadlock) instead of returning a short iteration.
+"""
+
+from __future__ import annotations
+
+from heapq import heappush
+
+import numpy as np
+import simpy
+from simpy.core import NORMAL
+
+from extrapolators.execution.symmetry import SymmetryBroken, Twins
+from extrapolators.execution.tasks import (
+    Collective,
+    Compute,
+    ComputeRun,
+    Iteration,
+    Recv,
+    Send,
+    Signal,
+    Wait,
+    WaitSome,
+)
+from extrapolators.execution.timeline_log import COLUMNS, Block, TimelineLog
+from triosim.common.errors import DeadlockError, SimulationError
+
+__all__ = ["COLUMNS", "Runtime"]
+
+
+class Runtime:
+    def __init__(self, env: simpy.Environment, network, comm, compute_scale: dict | None = None,
+                 symmetry=None):  # fmt: skip
+        self.env = env
+        self.network = network
+        self.comm = comm  # a CommModel: runs every collective
+        self.compute_scale = compute_scale or {}  # GPU -> slow-down of its compute
+        self._log: list = []  # timeline rows (tuples) and Blocks, in the order they ended
+        self._events: dict[str, simpy.Event] = {}
+        self._meet: dict[str, dict] = {}
+        self._waiting: dict[tuple, object] = {}  # (gpu, stream) -> task in progress
+        self._procs: dict[tuple, simpy.Process] = {}
+        self._last_acc: dict[int, tuple] = {}  # id(ComputeRun) -> its last timing (reuse)
+        self._sends: dict[tuple, object] = {}  # (src, dst, bytes) -> Network.batch of it
+        self.tasks_started = 0
+        self.tasks_finished = 0
+        self.collective_bytes: dict[str, float] = {}
+        # extrapolators.execution.symmetry.Symmetry: only its representatives' streams are started;
+        # their collectives and sends also run for every image (see that module)
+        self.symmetry = symmetry
+        self.open_images = 0  # image operations started and not yet ended
+        self.symmetry_skew = 0.0  # largest relative gap between an image's end and its rep's
+
+    def event(self, key: str) -> simpy.Event:
+        ev = self._events.get(key)
+        if ev is None:
+            ev = self._events[key] = self.env.event()
+        return ev
+
+    def start(self, gpu, stream: str, tasks, iteration: int = 0, after=()) -> None:
+        """Run `tasks` on (gpu, stream) as part of `iteration`, once the events named in
+        `after` (see `done_key`) have fired; `done_key(...)` fires when they are done."""
+        who = (gpu, stream, iteration)
+        if who in self._procs:  # a second copy would hide the first from check_finished
+            raise SimulationError(
+                f"GPU {gpu} {stream} stream started twice (iteration {iteration})"
+            )
+        self._procs[who] = self.env.process(self._run(who, iter(tasks), tuple(after)))
+
+    @staticmethod
+    def done_key(gpu, stream: str, iteration: int) -> str:
+        return f"done:{iteration}:{gpu}:{stream}"
+
+    # -- execution ------------------------------------------------------------------------
+    def _run(self, who, tasks, after):
+        env, rows = self.env, self._log  # env._now: `now` without a property call per task
+        gpu, stream, it = who
+        here = who  # (gpu, stream, the current iteration): a block's `who`
+        scale = self.compute_scale.get(gpu, 1.0)
+        for key in after:
+            self._waiting[who] = Wait(key)
+            yield self.event(key)
+        pending = None  # a task pulled while collecting a run of computes
+        while True:
+            if pending is None:
+                task = next(tasks, None)
+                if task is None:
+                    break
+            else:
+                task, pending = pending, None
+            self.tasks_started += 1
+            self._waiting[who] = task
+            start = env._now
+            if type(task) is Compute or type(task) is ComputeRun:
+                # the run of computes that follows, up to the next other task
+                run = [task]
+                for nxt in tasks:
+                    if type(nxt) is not Compute and type(nxt) is not ComputeRun:
+                        pending = nxt
+                        break
+                    run.append(nxt)
+                if len(run) == 1 and type(task) is ComputeRun:  # most runs: inline (no
+                    # generator per block; the same sums, events and rows as _compute_run)
+                    count = len(task.tasks)
+                    self.tasks_started += count - 1
+                    acc, t = self._timed(task, start, scale)
+                    if t != start:
+                        yield self._at(t)
+                    if here[2] != it:
+                        here = (gpu, stream, it)
+                    rows.append(Block(here, task, acc))
+                    self.tasks_finished += count - 1
+                    self.tasks_finished += 1
+                    continue
+                count = plain = 0  # tasks in the run, plain computes among them (a loop:
+                for c in run:  # cheaper than sum() and all() over generators)
+                    if type(c) is Compute:
+                        count += 1
+                        plain += 1
+                    else:
+                        count += len(c.tasks)
+                self.tasks_started += count - 1
+                if plain == len(run):
+                    yield from self._computes((gpu, stream, it), run, scale)
+                else:
+                    yield from self._compute_run((gpu, stream, it), run, scale)
+                self.tasks_finished += count - 1
+            elif type(task) is Collective:
+                meet = self._arrive(gpu, task)  # (a call, not a generator per collective)
+                yield meet["done"]
+                begin = meet["begin"]
+                if begin > start:
+                    rows.append((gpu, stream, "wait", f"wait {task.op}", task.layer, task.phase,
+                                 start, begin, 0.0, task.key, it, -1, -1))  # fmt: skip
+                rows.append((gpu, stream, "comm", task.op, task.layer, task.phase, begin,
+                             env._now, task.nbytes, task.key, it, -1, -1))  # fmt: skip
+            elif type(task) is Send:
+                if self.symmetry is None:  # a pipeline's sends repeat: prepared once
+                    pair = (gpu, task.dst, task.nbytes)
+                    batch = self._sends.get(pair)
+                    if batch is None:
+                        batch = self._sends[pair] = self.network.batch([pair])
+                    yield self.network.transfer_all(batch, tag=task.key)
+                else:
+                    yield self._send_with_images(gpu, task)
+                self.event("p2p:" + task.key).succeed()
+                rows.append((gpu, stream, "comm", f"send to {task.dst}", task.layer, task.phase,
+                             start, env._now, task.nbytes, task.key, it, -1, -1))  # fmt: skip
+            elif type(task) is Recv:
+                yield self.event("p2p:" + task.key)
+                rows.append((gpu, stream, "wait", f"recv from {task.src}", task.layer, task.phase,
+                             start, env._now, 0.0, task.key, it, -1, -1))  # fmt: skip
+            elif type(task) is Signal:
+                ev = self.event(task.key)
+                if ev.triggered:
+                    raise SimulationError(f"GPU {gpu} {stream}: signal {task.key!r} fired twice")
+                ev.succeed()
+            elif type(task) is Wait:
+                yield self.event(task.key)
+                if env._now > start:
+                    rows.append(
+                        (
+                            gpu,
+                            stream,
+                            "wait",
+                            "wait",
+                            "",
+                            "",
+                            start,
+                            env._now,
+                            0.0,
+                            task.key,
+                            it,
+                            -1,
+                            -1,
+                        )
+                    )
+            elif type(task) is WaitSome:
+                events = [self.event(k) for k in task.keys]
+                if sum(e.triggered for e in events) < task.count:
+                    n = task.count
+                    yield simpy.events.Condition(env, lambda _evs, done, n=n: done >= n, events)
+                if env._now > start:
+                    rows.append((gpu, stream, "wait", f"wait {task.count} of {len(events)}",
+                                 task.layer, task.phase, start, env._now, 0.0,
+                                 ",".join(task.keys), it, -1, -1))  # fmt: skip
+            elif type(task) is Iteration:
+                it = task.k
+            else:
+                raise SimulationError(f"GPU {gpu} {stream}: unknown task {task!r}")
+            self.tasks_finished += 1
+        self._waiting.pop(who, None)
+        self.event(self.done_key(gpu, stream, it)).succeed()
+
+    def _computes(self, who, run, scale):
+        """Compute tasks one by one (the straightforward path, kept for streams that do not
+        emit ComputeRuns): one event at the run's end, one row per task."""
+        gpu, stream, it = who
+        start = self.env.now
+        t, ends = start, []
+        for c in run:
+            if c.duration:
+                d = c.duration * scale if scale != 1.0 else c.duration
+                if d < 0:
+                    raise ValueError(f"Negative delay {d}")  # as simpy's timeout
+                t = t + d
+            ends.append(t)
+        if t != start:
+            yield self._at(t)
+        t0 = start
+        for c, t1 in zip(run, ends, strict=True):
+            self._log.append((gpu, stream, "compute", c.name, c.layer, c.phase,
+                              t0, t1, 0.0, None, it, c.op_id, c.mb))  # fmt: skip
+            t0 = t1
+
+    def _compute_run(self, who, run, scale):
+        """Several pieces, ComputeRuns among them (rare: templates emit whole runs; a run
+        of one ComputeRun is timed inline in `_run`): one ComputeRun for this GPU, with the
+        same sequential sums as `_computes` (numpy's cumsum adds left to right; adding a
+        zero duration leaves t as skipping it does), logged as one block."""
+        start = self.env.now
+        block = ComputeRun(c for piece in run
+                           for c in ((piece,) if type(piece) is Compute else piece.tasks))  # fmt: skip
+        acc, t = _cumsum(block, start, scale)
+        if t != start:
+            yield self._at(t)
+        self._log.append(Block(who, block, acc))
+
+    def _timed(self, block: ComputeRun, start: float, scale: float) -> tuple:
+        """(instants, end) of `block` run from `start`. GPUs in lock step run a shared
+        block from the same instant: the same sums, so the last result is reused (the
+        array is shared, never written after)."""
+        last = self._last_acc.get(id(block))
+        if last is not None and last[0] is block and last[1] == start and last[2] == scale:
+            return last[3], last[4]
+        acc, t = _cumsum(block, start, scale)
+        self._last_acc[id(block)] = (block, start, scale, acc, t)
+        return acc, t
+
+    def _at(self, t: float) -> simpy.Event:
+        """An event that fires at absolute time `t` (> now): what a chain of timeouts would
+        reach, without the round-off of `timeout(t - now)`. Uses SimPy 4's event queue."""
+        ev = simpy.Event(self.env)
+        ev._ok, ev._value = True, None
+        heappush(self.env._queue, (t, NORMAL, next(self.env._eid), ev))
+        return ev
+
+    def _arrive(self, gpu, task: Collective) -> dict:
+        """Meet the other members; the last to arrive runs the algorithm. Returns the
+        meeting: wait for its "done" event, then "begin" is the collective's start."""
+        meet = self._meet.get(task.key)
+        if meet is None:
+            if gpu not in task.group:
+                raise SimulationError(f"GPU {gpu} posted collective {task.key!r} of group "
+                                      f"{task.group} it is not in")  # fmt: skip
+            if self.symmetry is None:
+                left, images = set(task.group), None
+            else:  # the representatives in the group meet; images run with them
+                left, images = self.symmetry.plan(task.group)
+            meet = self._meet[task.key] = {"left": left, "done": self.env.event(),
+                                           "begin": None, "task": task, "images": images}  # fmt: skip
+        elif (meet["task"].group is not task.group and meet["task"].group != task.group) or (
+            meet["task"].op != task.op
+        ):  # identity first: comparing an N-GPU group per arrival is O(N^2) per collective
+            raise SimulationError(f"collective {task.key!r} posted with different groups or ops")
+        if gpu not in meet["left"]:
+            raise SimulationError(f"GPU {gpu} posted collective {task.key!r} twice")
+        meet["left"].discard(gpu)
+        if not meet["left"]:
+            meet["begin"] = self.env.now
+            self.env.process(self._run_collective(task, meet["done"], meet["images"]))
+        return meet
+
+    def _run_collective(self, task: Collective, done, images=None):
+        twins = None
+        if images and hasattr(self.comm, "run_many"):  # every copy's at once, one group
+            yield from self._run_with_images(task, images)
+            del self._meet[task.key]
+            done.succeed()
+            return
+        if images:  # the same collective in every copy, started at the same instant
+            twins = Twins(self, f"collective {task.key!r}")
+            for k, group in enumerate(images, start=1):
+                self.open_images += 1
+                self.env.process(self._image_collective(task, group, k, twins))
+        yield from self.comm.run(task.op, task.group, task.nbytes, tag=task.key,
+                                 root=task.root, algorithm=task.algorithm)  # fmt: skip
+        self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
+        if twins is not None:
+            twins.rep_done(self.env.now)
+        del self._meet[task.key]
+        done.succeed()
+
+    def _run_with_images(self, task: Collective, images):
+        """The representatives' collective and its images through `comm.run_many`: one
+        transfer group for all copies; each image's end checked against the
+        representatives' (as `_image_collective` would, without a process per copy)."""
+        roots = [task.root] + [None if task.root is None else self.symmetry.image(task.root, k)
+                               for k in range(1, len(images) + 1)]  # fmt: skip
+        ends = yield from self.comm.run_many(task.op, [task.group, *images], task.nbytes,
+                                             tag=task.key, roots=roots,
+                                             algorithm=task.algorithm)  # fmt: skip
+        for _ in range(len(images) + 1):
+            self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
+        twins = Twins(self, f"collective {task.key!r}")
+        self.open_images += len(images)
+        for e in ends[1:]:
+            twins.image_done(e)
+        twins.rep_done(ends[0])
+
+    def _image_collective(self, task: Collective, group, k: int, twins):
+        """Copy k's image of a representatives' collective (its tag: the same key)."""
+        root = None if task.root is None else self.symmetry.image(task.root, k)
+        yield from self.comm.run(task.op, group, task.nbytes, tag=task.key, root=root,
+                                 algorithm=task.algorithm)  # fmt: skip
+        self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
+        twins.image_done(self.env.now)
+
+    def _send_with_images(self, gpu, task: Send) -> simpy.Event:
+        """The send and every copy's image of it, started as one group of transfers (one
+        flow-table update instead of one per copy: the same flows at the same instant);
+        returns the representative's event."""
+        pairs = self.symmetry.send_images(gpu, task.dst)
+        nb = task.nbytes
+        group = [(gpu, task.dst, nb), *((a, b, nb) for a, b in pairs)]
+        events = self.network.transfer_group(group, tag=task.key)
+        if pairs:
+            twins = Twins(self, f"send {task.key!r}")
+            events[0].callbacks.append(lambda _e: twins.rep_done(self.env.now))
+            self.open_images += len(pairs)
+            for e in events[1:]:
+                e.callbacks.append(lambda _e: twins.image_done(self.env.now))
+        return events[0]
+
+    def check_symmetry(self) -> None:
+        """After the run: every image operation ended (at its representative's instant)."""
+        if self.open_images:
+            raise SymmetryBroken(f"{self.open_images} image operations never ended")
+
+    # -- the timeline ------------------------------------------------------------------------
+    def timeline(self) -> TimelineLog:
+        """What ran, as the log the timeline is built from (extrapolators.execution.timeline_log)."""
+        return TimelineLog(self._log)
+
+    @property
+    def rows(self) -> list[tuple]:
+        """The timeline as one tuple per task (COLUMNS), blocks expanded."""
+        return self.timeline().rows()
+
+    def timeline_columns(self) -> dict:
+        """The timeline as {column: array} (TimelineLog.columns)."""
+        return self.timeline().columns()
+
+    # -- accounting -----------------------------------------------------------------------
+    def check_finished(self) -> None:
+        """Raise DeadlockError naming every stream that still has work."""
+        stuck = []
+        for who, task in sorted(self._waiting.items(), key=lambda kv: repr(kv[0])):
+            what = _describe(task)
+            if isinstance(task, Collective) and task.key in self._meet:
+                what += f" (missing GPUs {sorted(self._meet[task.key]['left'], key=repr)})"
+            stuck.append((_name(who), what))
+        for who, proc in self._procs.items():
+            if not proc.triggered and who not in self._waiting:
+                stuck.append((_name(who), "unfinished"))
+        if stuck:
+            raise DeadlockError(stuck)
+
+
+def _cumsum(block: ComputeRun, start: float, scale: float) -> tuple:
+    """The instants a block's tasks end at, from `start` (acc[0]), and its end."""
+    d = block.durations * scale if scale != 1.0 else block.durations
+    if len(d) and d.min() < 0:
+        raise ValueError(f"Negative delay {d[d < 0][0]}")  # as simpy's timeout
+    acc = np.empty(len(d) + 1)
+    acc[0] = start
+    acc[1:] = d
+    np.cumsum(acc, out=acc)
+    return acc, float(acc[-1])
+
+
+def _name(who) -> str:
+    gpu, stream, it = who
+    return f"GPU {gpu} {stream} stream" + (f" (iteration {it})" if it else "")
+
+
+def _describe(task) -> str:
+    if isinstance(task, Recv):
+        return f"recv {task.key!r} from GPU {task.src} (no matching send arrived)"
+    if isinstance(task, Wait):
+        return f"wait for signal {task.key!r} (never fired)"
+    if isinstance(task, WaitSome):
+        return f"wait for {task.count} of {list(task.keys)} (too few fired)"
+    if isinstance(task, Collective):
+        return f"{task.op} {task.key!r} over GPUs {list(task.group)}"
+    if isinstance(task, Send):
+        return f"send {task.key!r} to GPU {task.dst}"
+    return repr(task)

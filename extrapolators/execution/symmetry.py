@@ -1,0 +1,305 @@
+"""Symmetry: simulate one representative per class of identical GPUs (config `symmetry: auto`).
+
+A mode may declare its symmetry (`Extrapolator.symmetry()`): the representative GPUs R and K
+copies of them, `orbits[r] = (r, s_1(r), ..., s_{K-1}(r))`, such that the task streams of
+GPU s_k(g) are g's with every GPU mapped by s_k (keys aside: they only pair tasks up). DDP
+has one representative (every GPU runs the same stream, the one collective spans all);
+3D parallelism has the GPUs of data-parallel replica 0, replicas mapped by grid position.
+
+The runtime then runs only R's streams:
+- a collective whose group G lies within R also runs over every image s_k(G), at the same
+  instant and through the same network (every byte still moves: replicas contend as they
+  do in the full run); the representatives resume when G's ends;
+- a collective whose group is a union of whole classes (the data-parallel all-reduce at
+  one grid position, DDP's all-reduce over every GPU) is met by its representatives and
+  runs once, over the whole group, as in the full run;
+- a send between representatives also sends every image s_k(a) -> s_k(b);
+- anything else (a group or a send that mixes classes otherwise) breaks the symmetry.
+
+Why this is the full run: compute is identical within a class (same tasks, same compute
+factor: checked), so by induction over the events every GPU of a class reaches each task
+at its representative's instant, provided every image operation ends at the instant its
+representative's does. The runtime checks exactly that (`Twins`) and the run is abandoned
+(`SymmetryBroken`) at the first image that ends elsewhere, e.g. behind a slower link; the
+simulation then falls back to the full run and says why.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from extrapolators.execution.tasks import (
+    Collective,
+    Compute,
+    ComputeRun,
+    Iteration,
+    Recv,
+    Send,
+    Signal,
+    Wait,
+    WaitSome,
+)
+from triosim.common.errors import SimulationError
+
+# Two instants are the same when they differ by at most this, relative. The packet network
+# calls a flow done when what is left would take less than 1e-12 x now at its rate (the
+# clock's resolution): completions closer than that are one instant to it, and the order in
+# which same-instant transfers are started (which a symmetric run cannot reproduce bit for
+# bit) moves completions by that much (shown by the network's differential fuzzer). A
+# larger difference is a real asymmetry (a slower link, a contended replica).
+SAME_INSTANT = 1e-12
+
+SAMPLED_COPIES = 16  # copies whose streams `check_streams` compares (all when K <= 17)
+
+
+class SymmetryBroken(SimulationError):
+    """The declared symmetry does not hold for this run (the message says where)."""
+
+    def __init__(self, message: str):
+        self.message = message
+        super().__init__(message)
+
+
+class SymmetryWarning(UserWarning):
+    """`symmetry: auto` fell back to the full simulation."""
+
+
+def same_instant(a: float, b: float) -> bool:
+    return a == b or abs(a - b) <= SAME_INSTANT * max(abs(a), abs(b))
+
+
+class Symmetry:
+    """Classes of identical GPUs: `orbits[r]` is representative r and its K - 1 images, in
+    copy order (copy 0 is the representative itself). `image_group(group, k)` is the
+    group tuple copy k uses where the representatives use `group` (a group inside R);
+    the default maps member by member, in order."""
+
+    def __init__(self, orbits: dict, image_group=None):
+        self.orbits = {r: tuple(o) for r, o in orbits.items()}
+        self.reps = tuple(self.orbits)
+        self.copies = len(next(iter(self.orbits.values()))) if self.orbits else 0
+        self._image_group = image_group
+        self._plans: dict = {}  # id(group) -> (group, members in R, image groups or None)
+
+    @classmethod
+    def of_replicas(cls, replicas, image_group=None) -> Symmetry:
+        """K position-aligned lists of GPUs: replica 0's are the representatives."""
+        first = list(replicas[0])
+        return cls({g: tuple(rep[i] for rep in replicas) for i, g in enumerate(first)},
+                   image_group)  # fmt: skip
+
+    @classmethod
+    def one_class(cls, gpus) -> Symmetry:
+        """Every GPU identical: the first represents them all."""
+        gpus = list(gpus)
+        return cls({gpus[0]: tuple(gpus)}) if gpus else cls({})
+
+    def describe(self, n: int) -> str:
+        r = len(self.reps)
+        return f"auto: {r} representative{'s' if r != 1 else ''} of {n} GPUs"
+
+    # -- checks before the run ---------------------------------------------------------------
+    def problem(self, gpus) -> str | None:
+        """Why this declaration cannot stand for `gpus`, or None: the orbits must have one
+        length K >= 2, start with their representative and partition the GPUs."""
+        if not self.orbits:
+            return "the mode declared no representatives"
+        if self.copies < 2:
+            return "every GPU is its own class (no identical replicas to share a simulation)"
+        seen: set = set()
+        for r, orbit in self.orbits.items():
+            if len(orbit) != self.copies or orbit[0] != r:
+                return f"the class of GPU {r!r} is malformed: {orbit[:4]}..."
+            seen.update(orbit)
+        if len(seen) != len(self.reps) * self.copies or seen != set(gpus):
+            return "the classes do not partition the GPUs (one GPU in two classes, or missing)"
+        return None
+
+    def equal_within_classes(self, values: dict, what: str) -> str | None:
+        """None when every GPU's value equals its representative's, else the reason."""
+        for r, orbit in self.orbits.items():
+            v = values.get(r)
+            for g in orbit:
+                w = values.get(g)
+                if w != v:
+                    return f"{what} of GPU {g!r} ({w}) differs from GPU {r!r}'s ({v})"
+        return None
+
+    # -- what the runtime asks ---------------------------------------------------------------
+    def image(self, g, k: int):
+        return self.orbits[g][k]
+
+    def image_group(self, group: tuple, k: int) -> tuple:
+        if self._image_group is not None:
+            return tuple(self._image_group(group, k))
+        return tuple(self.orbits[g][k] for g in group)
+
+    def plan(self, group: tuple):
+        """(representatives that meet for a collective over `group`, the image groups it
+        also runs over, or None: it runs once over the whole group). Cached per group
+        object (modes share one tuple per group)."""
+        hit = self._plans.get(id(group))
+        if hit is not None and hit[0] is group:
+            return set(hit[1]), hit[2]  # a new set: the runtime empties it as members meet
+        orbits = self.orbits
+        members = [g for g in group if g in orbits]
+        if not members:
+            raise SymmetryBroken(f"a collective over {_short(group)} has no representative")
+        if len(members) == len(group):
+            images = [self.image_group(group, k) for k in range(1, self.copies)]
+        else:
+            whole = {g for r in members for g in orbits[r]}
+            if len(group) != len(whole) or whole != set(group):
+                raise SymmetryBroken(f"the group {_short(group)} mixes classes: neither within "
+                                     "the representatives nor whole classes")  # fmt: skip
+            images = None
+        self._plans[id(group)] = (group, frozenset(members), images)
+        return set(members), images
+
+    def send_images(self, src, dst) -> list[tuple]:
+        """The (source, destination) of every image of a send src -> dst."""
+        o_dst = self.orbits.get(dst)
+        if o_dst is None:
+            raise SymmetryBroken(f"GPU {src!r} sends to GPU {dst!r}, which is not a "
+                                 "representative")  # fmt: skip
+        o_src = self.orbits[src]
+        return [(o_src[k], o_dst[k]) for k in range(1, self.copies)]
+
+    # -- the streams, compared -----------------------------------------------------------------
+    def sampled_copies(self) -> list[int]:
+        k = self.copies
+        if k <= SAMPLED_COPIES + 1:
+            return list(range(1, k))
+        return sorted({int(x) for x in np.linspace(1, k - 1, SAMPLED_COPIES).round()})
+
+    def check_streams(self, streams: dict) -> None:
+        """Compare the streams of sampled copies with the representatives' mapped (task by
+        task: types, compute times, collective ops, sizes and groups, send peers); raise
+        SymmetryBroken at the first difference. Consumes the generators of `streams`."""
+        names: dict = {}
+        for g, s in streams:
+            names.setdefault(g, []).append(s)
+        ks = self.sampled_copies()
+        for r in self.reps:
+            for k in ks:
+                g = self.orbits[r][k]
+                if sorted(names.get(g, []), key=str) != sorted(names.get(r, []), key=str):
+                    raise SymmetryBroken(f"GPU {g!r} has streams {names.get(g)} where GPU "
+                                         f"{r!r} has {names.get(r)}")  # fmt: skip
+        for r in self.reps:
+            for s in names.get(r, []):
+                ref = list(streams[r, s])
+                for k in ks:
+                    self._compare(ref, streams[self.orbits[r][k], s], k, r, s)
+
+    def _compare(self, ref: list, tasks, k: int, r, stream) -> None:
+        g = self.orbits[r][k]
+        i = -1
+        for i, b in enumerate(tasks):
+            a = ref[i] if i < len(ref) else None
+            why = None if a is not None and self._same_task(a, b, k) else "differs"
+            if why:
+                raise SymmetryBroken(f"task {i} of GPU {g!r}'s {stream} stream ({_task(b)}) is "
+                                     f"not GPU {r!r}'s ({_task(a)}) mapped")  # fmt: skip
+        if i + 1 != len(ref):
+            raise SymmetryBroken(f"GPU {g!r}'s {stream} stream has {i + 1} tasks, GPU "
+                                 f"{r!r}'s {len(ref)}")  # fmt: skip
+
+    def _same_task(self, a, b, k: int) -> bool:
+        t = type(a)
+        if t is not type(b):
+            return False
+        if t is ComputeRun:
+            return a is b or (
+                len(a) == len(b)
+                and np.array_equal(a.durations, b.durations)
+                and a.names == b.names
+                and a.layers == b.layers
+                and a.phases == b.phases
+                and a.op_ids == b.op_ids
+                and a.mbs == b.mbs
+            )
+        if t is Compute:
+            return a == b
+        if t is Collective:
+            if (a.op, a.nbytes, a.algorithm, a.layer, a.phase) != (
+                b.op, b.nbytes, b.algorithm, b.layer, b.phase
+            ):  # fmt: skip
+                return False
+            if (a.root is None) != (b.root is None) or (
+                a.root is not None and self.orbits.get(a.root, (None,) * (k + 1))[k] != b.root
+            ):
+                return False
+            _, images = self.plan(a.group)
+            want = a.group if images is None else images[k - 1]
+            return b.group is want or tuple(b.group) == tuple(want)
+        if t is Send:
+            o = self.orbits.get(a.dst)
+            return (o is not None and o[k] == b.dst and a.nbytes == b.nbytes
+                    and a.layer == b.layer and a.phase == b.phase)  # fmt: skip
+        if t is Recv:
+            o = self.orbits.get(a.src)
+            return o is not None and o[k] == b.src and a.phase == b.phase
+        if t is Signal or t is Wait:
+            return True  # keys name the GPU; they only pair tasks of the same GPU up
+        if t is WaitSome:
+            return a.count == b.count and len(a.keys) == len(b.keys)
+        if t is Iteration:
+            return a.k == b.k
+        return a == b
+
+
+class Twins:
+    """One operation of the representatives and its images: each image must end at the
+    instant the representative's does (`SAME_INSTANT`)."""
+
+    __slots__ = ("runtime", "what", "end", "early")
+
+    def __init__(self, runtime, what: str):
+        self.runtime, self.what = runtime, what
+        self.end = None
+        self.early: list = []  # ends of images that finished before the representative
+
+    def rep_done(self, now: float) -> None:
+        self.end = now
+        for t in self.early:
+            self._check(t)
+        self.early = []
+
+    def image_done(self, now: float) -> None:
+        self.runtime.open_images -= 1
+        if self.end is None:
+            self.early.append(now)
+        else:
+            self._check(now)
+
+    def _check(self, t: float) -> None:
+        e = self.end
+        if t != e:
+            skew = abs(t - e) / max(abs(t), abs(e))
+            if not same_instant(t, e):
+                gap = (t - e) * 1e6
+                raise SymmetryBroken(
+                    f"another replica's copy of {self.what} ended {abs(gap):.3g} us "
+                    f"{'after' if gap > 0 else 'before'} the representatives' (at "
+                    f"{t * 1e3:.6f} ms, not {e * 1e3:.6f} ms): the replicas do not see the "
+                    "same network, e.g. a slower link in one of them, or routes that "
+                    "differ per replica (ECMP on a fat tree spreads each replica's traffic "
+                    "over the spines differently)"
+                )
+            rt = self.runtime
+            rt.symmetry_skew = max(rt.symmetry_skew, skew)
+
+
+def _short(group) -> str:
+    g = list(group)
+    return str(g) if len(g) <= 8 else f"[{', '.join(map(repr, g[:4]))}, ... {len(g)} GPUs]"
+
+
+def _task(t) -> str:
+    if t is None:
+        return "nothing"
+    if type(t) is ComputeRun:
+        return repr(t)
+    s = repr(t)
+    return s if len(s) <= 200 else s[:200] + "..."

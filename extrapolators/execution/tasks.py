@@ -1,0 +1,115 @@
+"""The tasks an extrapolator yields for a GPU stream; the runtime executes them in order."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Compute:
+    name: str
+    layer: str
+    phase: str
+    duration: float  # seconds, from the performance model
+    op_id: int | None = None
+    mb: int = 0  # micro-batch (pipelines): the activations of each are separate tensors
+
+
+class ComputeRun:
+    """Consecutive Compute tasks as one task, built once and shared by every GPU whose
+    stream has them: the runtime times them with one event and logs them as one block, so
+    a run costs O(1) Python per GPU instead of O(operators). Column lists are kept for the
+    timeline; `durations` (seconds) for the sequential sums."""
+
+    __slots__ = ("tasks", "durations", "names", "layers", "phases", "op_ids", "mbs")
+
+    def __init__(self, tasks):
+        import numpy as np
+
+        self.tasks = tuple(tasks)
+        self.durations = np.array([c.duration for c in self.tasks], dtype=float)
+        self.names = [c.name for c in self.tasks]
+        self.layers = [c.layer for c in self.tasks]
+        self.phases = [c.phase for c in self.tasks]
+        self.op_ids = [c.op_id for c in self.tasks]
+        self.mbs = [c.mb for c in self.tasks]
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __repr__(self) -> str:
+        return f"ComputeRun({len(self.tasks)} computes)"
+
+
+@dataclass(slots=True)
+class Collective:
+    """Every GPU of `group` posts the same key; it runs once all have arrived."""
+
+    op: str  # extrapolators.communication.base.OPS: allreduce, reduce_scatter, all_gather, ...
+    group: tuple
+    nbytes: float  # bytes per GPU (the buffer each member holds; see communication.py)
+    key: str
+    layer: str = ""
+    phase: str = ""
+    algorithm: str | None = None  # None: the communication model chooses
+    root: object = None
+
+
+@dataclass(slots=True)
+class Send:
+    dst: object
+    nbytes: float
+    key: str
+    layer: str = ""
+    phase: str = ""
+
+
+@dataclass(slots=True)
+class Recv:
+    src: object
+    key: str
+    layer: str = ""
+    phase: str = ""
+
+
+@dataclass(slots=True)
+class Signal:
+    """Fire the named event (e.g. 'bucket 3 is ready') for another stream to wait on."""
+
+    key: str
+
+
+@dataclass(slots=True)
+class Wait:
+    key: str
+
+
+@dataclass(slots=True)
+class WaitSome:
+    """Wait until `count` of the named events have fired (e.g. all but b of a worker's
+    in-neighbours' updates: Hop's backup workers)."""
+
+    keys: tuple
+    count: int
+    layer: str = ""
+    phase: str = ""
+
+
+@dataclass(slots=True)
+class Iteration:
+    """The tasks that follow belong to training iteration `k` (for streams that run many
+    iterations themselves, such as decentralized training)."""
+
+    k: int
+
+
+def prefixed(tasks, prefix: str):
+    """Rename every meeting key (collectives, sends, signals) so that copies of a plan,
+    such as replicas or iterations, never meet by accident."""
+    for t in tasks:
+        if isinstance(t, (Collective, Send, Recv, Signal, Wait)):
+            t = dataclasses.replace(t, key=prefix + t.key)
+        elif isinstance(t, WaitSome):
+            t = dataclasses.replace(t, keys=tuple(prefix + k for k in t.keys))
+        yield t

@@ -1,0 +1,366 @@
+"""Pipeline parallelism: GPipe and 1F1B schedules over stages balanced by time.
+
+Forward operators are cut into S contiguous stages (S = number of GPUs), or where the user
+says. The cuts minimise the slowest stage, where a stage costs one micro-batch's forward
+(twice where it is recomputed) and backward time plus, at each of its boundaries, the
+activation crossing it one way and its gradient the other: 2 x (bytes / bandwidth +
+latency) over the slowest path between consecutive stages' GPUs (nothing when the plan has
+no topology). A
+backward operator belongs to the stage of the forward operator it differentiates (fwd_id),
+or else of the latest forward tensor it reads. The mini-batch is split into M
+micro-batches; a stage sends activations on its "send_fwd" stream and gradients on its
+"send_bwd" stream, so neither waits behind the other. With `recompute` (activation
+checkpointing, as torch Pipe's checkpoint= option) a stage re-runs its forward operators for
+a micro-batch right after that micro-batch's gradient arrives and before its backward
+(timeline phase "recompute").
+The optimizer step of a stage takes the stage's share of the weight bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import networkx as nx
+import numpy as np
+
+from extrapolators.execution.tasks import Recv, Send, Signal, Wait
+from extrapolators.modes.base import Extrapolator
+from perfmodel import Target
+from perfmodel.base import batch_ratio
+from triosim.common.errors import ConfigError
+from triosim.common.schema import option
+
+
+def _double(bits: int) -> float:
+    return float(np.int64(bits).view(np.float64))
+
+
+def balanced_cuts(costs, parts: int, boundary=None) -> list[int]:
+    """Start positions of `parts` non-empty contiguous groups of `costs` minimising the largest
+    group cost, where a group [i, j) costs boundary[i] + sum(costs[i:j]) + boundary[j]
+    (`boundary`: n + 1 values, the cost of cut j to each group beside it; boundary[0] and
+    boundary[n] are ignored).
+
+    Bisection on the largest cost with an exact feasibility test (can [0, n) be cut into
+    exactly `parts` groups of cost <= limit?), run layer by layer over the cut positions in
+    O(parts x n), at most 64 times; the cuts come from the last feasible test's own
+    arithmetic, so they always exist: no rounding can leave a group missing or add one.
+    """
+    c = np.asarray(costs, float)
+    n = len(c)
+    if parts > n:
+        raise ConfigError("num_gpus", parts, f"at most {n}: the trace has {n} forward operators")
+    if parts < 1:
+        raise ValueError(f"parts must be >= 1, got {parts}")
+    w = np.zeros(n + 1) if boundary is None else np.array(boundary, float)
+    if w.shape != (n + 1,):
+        raise ValueError(f"boundary needs {n + 1} values (one per cut), got {w.shape}")
+    if not (np.isfinite(c).all() and np.isfinite(w).all() and (c >= 0).all() and (w >= 0).all()):
+        raise ValueError("costs and boundary costs must be finite and >= 0")
+    if parts == 1:
+        return [0]
+    w[0] = w[n] = 0.0  # the ends of the sequence are not cuts
+    top = max(float(c.max()), float(w.max()))
+    if top > 0:  # (n + 2) x top bounds every group's cost; keep it far from overflowing
+        excess = math.log2(top) + math.log2(n + 2) - 995  # 2**995 ~ 4e299
+        if excess > 0:  # scale by a power of two: exact, and order-preserving
+            c, w = np.ldexp(c, -math.ceil(excess)), np.ldexp(w, -math.ceil(excess))
+    prefix = np.concatenate(([0.0], np.cumsum(c)))
+    end_cost, start = prefix + w, prefix - w  # a group [i, j) costs end_cost[j] - start[i]
+
+    def layers(limit):
+        """ok[s][j]: [0, j) splits into s + 1 groups of cost <= limit, the last ending at j."""
+        out, prev = [], np.zeros(n + 1, bool)
+        prev[0] = True
+        for _ in range(parts):
+            reach = np.maximum.accumulate(np.where(prev, start, -np.inf))
+            ok = np.concatenate(([False], reach[:-1] >= end_cost[1:] - limit))
+            out.append(ok)
+            prev = ok
+        return out
+
+    # bisection over the bit patterns of the limit (ordered like the non-negative doubles
+    # they encode): at most 64 tests reach the smallest feasible double, at any magnitude
+    every = 2 * (float(end_cost.max()) - float(start.min())) + 1.0  # all groups fit
+    hi_bits = int(np.float64(every).view(np.int64))
+    lo_bits = -1  # below 0.0: infeasible
+    best = layers(_double(hi_bits))
+    while hi_bits - lo_bits > 1:
+        mid = (lo_bits + hi_bits) // 2
+        trial = layers(_double(mid))
+        if trial[-1][n]:
+            hi_bits, best = mid, trial
+        else:
+            lo_bits = mid
+    hi = _double(hi_bits)
+    starts, j = [], n
+    for s in range(parts - 1, 0, -1):  # walk back through the feasible layers
+        i = int(np.nonzero(best[s - 1][:j] & (start[:j] >= end_cost[j] - hi))[0][-1])
+        starts.append(i)
+        j = i
+    return [0, *reversed(starts)]
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    microbatches: int = option(1, ge=1, help="micro-batches the mini-batch is split into")
+    stages: list[int | str] = option(factory=list, help="where stages 2..S begin: layer names "
+                                     "or forward-op positions (default: balanced)")  # fmt: skip
+    recompute: Literal["none", "except_last", "all"] = option(
+        "none",
+        help="activation checkpointing: re-run a stage's forward for a micro-batch just before "
+        "its backward; except_last: every micro-batch but the last (the default of "
+        "torch.distributed.pipeline.sync.Pipe, checkpoint='except_last')",
+    )
+
+
+class GPipe(Extrapolator):
+    name = "gpipe"
+    Options = PipelineOptions
+    hybrid_inner = True
+    # activations and gradients leave a stage on two streams, so a large activation send
+    # never holds back a gradient send (and the reverse); False: one FIFO "comm" stream
+    split_send_streams = True
+
+    def check(self):
+        m = self.options.microbatches
+        if self.batch is not None and m > self.batch:
+            raise ConfigError("parallelism.microbatches", m,
+                              f"at most the batch size ({self.batch})")  # fmt: skip
+        if self.batch is None and m > 1:
+            raise ConfigError("batch_size", None, "a batch size to split into micro-batches")
+        self.per_gpu_batch(m)
+        self._assign()
+
+    def recomputes(self, m: int) -> bool:
+        """Whether micro-batch m re-runs its forward before its backward."""
+        r = self.options.recompute
+        return r == "all" or (r == "except_last" and m < self.options.microbatches - 1)
+
+    # -- partition ----------------------------------------------------------------------------
+    def _assign(self):
+        trace, S = self.trace, len(self.gpus)
+        fwd = [i for i, op in enumerate(trace.operators) if op.phase == "forward"]
+        if not fwd:
+            raise ConfigError("parallelism.mode", self.name, "a trace with forward operators")
+        fpos = {trace.operators[i].id: k for k, i in enumerate(fwd)}
+        producer = {}
+        for k, i in enumerate(fwd):
+            for t in trace.operators[i].outputs:
+                producer.setdefault(t, k)
+            for t in trace.operators[i].inputs:
+                if trace.tensors[t].category == "weight":
+                    producer.setdefault(t, k)
+        owner = {}  # backward op position -> forward position it belongs to
+        last = len(fwd) - 1
+        for i, op in enumerate(trace.operators):
+            if op.phase != "backward":
+                continue
+            if op.fwd_id is not None and op.fwd_id in fpos:
+                k = fpos[op.fwd_id]
+            else:
+                seen = [producer[t] for t in op.inputs if t in producer]
+                k = min(max(seen), last) if seen else last
+            owner[i] = last = k
+        # what one micro-batch of each forward position costs on its stage: its forward (twice
+        # where it is recomputed), its backward, at the micro-batch size the schedule runs
+        m = self.options.microbatches
+        target = self.target(self.per_gpu_batch(m))
+        again = {"none": 0.0, "all": 1.0, "except_last": (m - 1) / m}[self.options.recompute]
+        cost = np.array([self.model.time(trace.operators[i], target) for i in fwd]) * (1 + again)
+        for i, k in owner.items():
+            cost[k] += self.model.time(trace.operators[i], target)
+        self.cut_bytes = self._cut_bytes(fwd)
+        bw, lat = self.link()
+        # a cut costs both stages beside it the activation going one way and its gradient the
+        # other: the transfer delays the sender's downstream work and the receiver's
+        crossing = self.cut_bytes * self._mb_ratio()
+        boundary = np.where(crossing > 0, 2 * (crossing / bw + lat), 0.0)
+        boundary[0] = boundary[-1] = 0.0
+        if self.options.stages:
+            starts = self._user_cuts(fwd)
+        else:
+            starts = balanced_cuts(cost, S, boundary)
+        stage_of_fwd = np.searchsorted(np.array(starts), np.arange(len(fwd)), side="right") - 1
+        self.stage_of = {}
+        for k, i in enumerate(fwd):
+            self.stage_of[i] = int(stage_of_fwd[k])
+        for i, k in owner.items():
+            self.stage_of[i] = int(stage_of_fwd[k])
+        self.fwd_ops = [[] for _ in range(S)]
+        self.bwd_ops = [[] for _ in range(S)]
+        for i, op in enumerate(trace.operators):
+            if op.phase == "forward":
+                self.fwd_ops[self.stage_of[i]].append(op)
+            elif op.phase == "backward":
+                self.bwd_ops[self.stage_of[i]].append(op)
+        self.starts = list(starts)
+        ends = [*starts[1:], len(fwd)]
+        self.stage_cost = [float(boundary[starts[s]] + cost[stage_of_fwd == s].sum()
+                                 + boundary[ends[s]]) for s in range(S)]  # fmt: skip
+        # bytes (at the traced batch) crossing each stage boundary s -> s+1 in forward
+        self.boundary = [float(self.cut_bytes[starts[b + 1]]) for b in range(S - 1)]
+        self._weights_share(fwd, stage_of_fwd)
+
+    def link(self) -> tuple[float, float]:
+        """(bandwidth, latency) of the slowest path between consecutive stages' GPUs: the
+        narrowest link on the shortest route, and its summed latency. (inf, 0) when the plan
+        was not given the topology."""
+        if self.graph is None or len(self.gpus) < 2:
+            return math.inf, 0.0
+        bw, lat = math.inf, 0.0
+        for a, b in zip(self.gpus, self.gpus[1:], strict=False):
+            path = nx.shortest_path(self.graph, a, b)
+            edges = [self.graph.edges[u, v] for u, v in zip(path, path[1:], strict=False)]
+            bw = min(bw, *(e["bandwidth"] for e in edges))
+            lat = max(lat, sum(e.get("latency", 0.0) for e in edges))
+        return bw, lat
+
+    def _cut_bytes(self, fwd) -> np.ndarray:
+        """Activation bytes (traced batch) crossing cut j, between forward positions j-1 and j,
+        for j = 0..len(fwd): a tensor made at position p and last read at q crosses p < j <= q."""
+        trace = self.trace
+        made, last_read = {}, {}
+        for k, i in enumerate(fwd):
+            op = trace.operators[i]
+            for t in op.inputs:
+                if t in made and made[t] < k and trace.tensors[t].category == "activation":
+                    last_read[t] = k
+            for t in op.outputs:
+                made.setdefault(t, k)
+        diff = np.zeros(len(fwd) + 2)
+        for t, q in last_read.items():
+            diff[made[t] + 1] += trace.tensors[t].nbytes
+            diff[q + 1] -= trace.tensors[t].nbytes
+        return np.cumsum(diff)[: len(fwd) + 1]
+
+    def _user_cuts(self, fwd) -> list[int]:
+        S, ops = len(self.gpus), self.trace.operators
+        if len(self.options.stages) != S - 1:
+            raise ConfigError("parallelism.stages", list(self.options.stages),
+                              f"{S - 1} stage starts (layer names or forward-op positions) for "
+                              f"{S} GPUs")  # fmt: skip
+        starts = [0]
+        for s in self.options.stages:
+            if isinstance(s, int) and not isinstance(s, bool):
+                k = s
+            else:
+                hits = [
+                    k
+                    for k, i in enumerate(fwd)
+                    if ops[i].layer == s or ops[i].layer.startswith(f"{s}.")
+                ]
+                if not hits:
+                    raise ConfigError("parallelism.stages", s, "a layer name found in the trace")
+                k = hits[0]
+            if not (starts[-1] < k < len(fwd)):
+                raise ConfigError("parallelism.stages", s,
+                                  f"increasing forward-op positions in 1..{len(fwd) - 1}")  # fmt: skip
+            starts.append(k)
+        return starts
+
+    def _weights_share(self, fwd, stage_of_fwd):
+        S, trace = len(self.gpus), self.trace
+        owner = {}
+        for k, i in enumerate(fwd):
+            for t in trace.operators[i].inputs:
+                if trace.tensors[t].category == "weight":
+                    owner.setdefault(t, stage_of_fwd[k])
+        total = trace.weight_bytes()
+        share = [0.0] * S
+        for t, s in owner.items():
+            share[s] += trace.tensors[t].nbytes
+        self.weight_share = [x / total if total else 1.0 / S for x in share]
+
+    def held_weight_bytes(self, gpu) -> float:
+        return self.weight_share[self.gpus.index(gpu)] * self.trace.weight_bytes()
+
+    def op_batch(self):
+        return self.per_gpu_batch(self.options.microbatches)
+
+    # -- schedule -------------------------------------------------------------------------------
+    def order(self, s: int) -> list[tuple[str, int]]:
+        """GPipe: all forwards, then all backwards (last micro-batch first)."""
+        m = self.options.microbatches
+        return [("F", k) for k in range(m)] + [("B", k) for k in reversed(range(m))]
+
+    def streams(self):
+        out = {}
+        for s, g in enumerate(self.gpus):
+            out[(g, "compute")] = self._compute(s)
+            for name, kinds in self._senders():
+                out[(g, name)] = self._sends(s, kinds, name)
+        return out
+
+    def _senders(self):
+        if self.split_send_streams:
+            return [("send_fwd", "F"), ("send_bwd", "B")]
+        return [("comm", "FB")]
+
+    def _mb_ratio(self) -> float:
+        mb = self.per_gpu_batch(self.options.microbatches)
+        return batch_ratio(self.trace, Target(batch_size=mb))
+
+    def _mb_bytes(self, b: int) -> float:
+        return self.boundary[b] * self._mb_ratio()
+
+    def _compute(self, s):
+        S, g = len(self.gpus), self.gpus
+        target = self.target(self.per_gpu_batch(self.options.microbatches))
+        for kind, m in self.order(s):
+            if kind == "F":
+                if s > 0:
+                    yield Recv(g[s - 1], f"act{s - 1}.{m}", phase="forward")
+                for op in self.fwd_ops[s]:
+                    yield self.compute(op, target, mb=m)
+            else:
+                if s < S - 1:
+                    yield Recv(g[s + 1], f"grad{s + 1}.{m}", phase="backward")
+                if self.recomputes(m):
+                    for op in self.fwd_ops[s]:
+                        task = self.compute(op, target)
+                        yield dataclasses.replace(task, phase="recompute")
+                for op in self.bwd_ops[s]:
+                    yield self.compute(op, target, mb=m)
+            yield Signal(f"{g[s]}:{kind}{m}")
+        for name, _ in self._senders():
+            yield Wait(f"{g[s]}:{name} done")
+        full = self.target(self.per_gpu_batch(1))
+        for op in self.ops("optimizer"):
+            yield self.compute(op, full, self.weight_share[s])
+
+    def _sends(self, s, kinds: str, name: str):
+        """A send stream: for each micro-batch of `kinds` in schedule order, wait until the
+        compute stream has produced it, then send it to the neighbouring stage."""
+        S, g = len(self.gpus), self.gpus
+        for kind, m in self.order(s):
+            if kind not in kinds:
+                continue
+            yield Wait(f"{g[s]}:{kind}{m}")
+            if kind == "F" and s < S - 1:
+                yield Send(g[s + 1], self._mb_bytes(s), f"act{s}.{m}", phase="forward")
+            elif kind == "B" and s > 0:
+                yield Send(g[s - 1], self._mb_bytes(s - 1), f"grad{s}.{m}", phase="backward")
+        yield Signal(f"{g[s]}:{name} done")
+
+
+class OneFOneB(GPipe):
+    """1F1B (PipeDream-flush): S-s-1 warm-up forwards, then one forward / one backward."""
+
+    name = "1f1b"
+
+    def order(self, s: int) -> list[tuple[str, int]]:
+        m, S = self.options.microbatches, len(self.gpus)
+        warm = min(S - s - 1, m)
+        seq = [("F", k) for k in range(warm)]
+        f, b = warm, 0
+        while b < m:
+            if f < m:
+                seq.append(("F", f))
+                f += 1
+            seq.append(("B", b))
+            b += 1
+        return seq

@@ -1,0 +1,431 @@
+"""Per-GPU memory over the simulated iteration(s): weights, gradients, optimizer states,
+saved activations and communication buffers, and an out-of-memory verdict.
+
+What each GPU holds comes from its parallelism mode (`held_weight_bytes`: DP replicates, TP
+shards split layers, a pipeline stage holds its layers; `buffer_bytes`: DDP's bucket
+copies). Activations come from the timeline: a batch-scaled tensor (input or activation)
+is allocated when the first operator on that GPU that writes or reads it starts (forward
+outputs, received pipeline activations) and freed when the last operator on that GPU that
+reads it ends (backward operators read what forward saved), separately per micro-batch
+and iteration. Sizes are the trace's at this GPU's batch (per micro-batch for pipelines)
+and TP shard. Gradients appear as backward produces them and are freed after the optimizer
+step (`zero_grad(set_to_none=True)`, PyTorch's default).
+
+Optimizer states and precision follow ZeRO's accounting (Rajbhandari et al., SC'20,
+section 3.1): fp32 training holds 4 (weights) + 4 (gradients) + 4k bytes per parameter,
+k = 2 for Adam/AdamW, 1 for SGD with momentum, 0 for plain SGD (16 bytes with Adam); mixed
+precision holds 2 (bf16/fp16 weights) + 2 (gradients) + 4 (fp32 master weights) + 4k
+(16 bytes with Adam, as ZeRO's 2 + 2 + 12).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+
+from triosim.common.errors import ConfigError
+from triosim.common.schema import option
+
+CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "buffers")
+STATE_FACTOR = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
+
+
+@dataclass(frozen=True)
+class MemoryOptions:
+    optimizer: Literal["auto", "sgd", "momentum", "adam", "adamw"] = option(
+        "auto", help="optimizer whose states are held (auto: from the trace's optimizer "
+        "states: 2x the weights is Adam, 1x momentum, none SGD)")  # fmt: skip
+    precision: Literal["fp32", "mixed"] = option(
+        "fp32", help="fp32, or mixed precision (16-bit weights and gradients, fp32 master "
+        "weights and states)")  # fmt: skip
+    reserve: float = option(2**30, unit="bytes", ge=0, help="memory not available to tensors "
+                            "(CUDA context, allocator fragmentation)")  # fmt: skip
+    capacity: float | None = option(None, unit="bytes", gt=0, help="GPU memory (default: the "
+                                    "target GPU's from the catalogue)")  # fmt: skip
+
+
+def optimizer_kind(trace, options: MemoryOptions) -> str:
+    if options.optimizer != "auto":
+        return options.optimizer
+    w = trace.weight_bytes()
+    states = math.fsum(t.nbytes for t in trace.tensors.values() if t.category == "optimizer_state")
+    ratio = states / w if w else 0.0
+    return "adam" if ratio > 1.5 else ("momentum" if ratio > 0.5 else "sgd")
+
+
+def static_bytes(held_weight_bytes: float, bytes_per_param: float, optimizer: str,
+                 precision: str) -> dict:  # fmt: skip
+    """Weights, gradients and optimizer states for `held_weight_bytes` of the trace's weights."""
+    params = held_weight_bytes / bytes_per_param if bytes_per_param else 0.0
+    k = STATE_FACTOR[optimizer]
+    if precision == "fp32":
+        return {"weights": 4 * params, "gradients": 4 * params, "optimizer_states": 4 * k * params}
+    return {"weights": 2 * params, "gradients": 2 * params,
+            "optimizer_states": (4 + 4 * k) * params}  # fmt: skip
+
+
+def _bytes_per_param(trace) -> float:
+    """The element size of the trace's weights (by bytes: the dtype most of them have)."""
+    from collections import Counter
+
+    from triosim.trace.model import DTYPE_BYTES
+
+    by_dtype = Counter()
+    for t in trace.weights():
+        by_dtype[t.dtype] += t.nbytes
+    dtype = by_dtype.most_common(1)[0][0] if by_dtype else "float32"
+    return float(DTYPE_BYTES.get(dtype, 4))
+
+
+def static_per_gpu(trace, extrapolator, gpu, options: MemoryOptions, _kind=None) -> dict:
+    """Weights, gradients and optimizer states `gpu` holds under its mode's placement
+    (`_kind`: (optimizer, bytes per parameter) when the caller has them already)."""
+    optimizer, bpp = _kind or (optimizer_kind(trace, options), _bytes_per_param(trace))
+    shares = extrapolator.state_fractions()
+    if shares is None:
+        return static_bytes(extrapolator.held_weight_bytes(gpu), bpp, optimizer,
+                            options.precision)  # fmt: skip
+    full = static_bytes(trace.weight_bytes(), bpp, optimizer, options.precision)
+    return {k: v * shares[k] for k, v in full.items()}  # ZeRO: a share of each kind
+
+
+def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: MemoryOptions,
+                    share: bool = True):  # fmt: skip
+    """(DataFrame gpu, time, one column per category and total; peak bytes per GPU).
+
+    With `share`, GPUs whose compute rows and static bytes are identical (data-parallel
+    replicas) get the first one's curve instead of computing it again: the same numbers,
+    since the curve is a function of exactly those inputs."""
+    curves, peaks = memory_curves(timeline, trace, extrapolator, gpus, options, share)
+    return curves.frame(), peaks
+
+
+class MemoryCurves:
+    """Each GPU's memory curve, identical curves held once; `frame()` builds the table
+    (one row per GPU and instant) when asked for: at 16,384 data-parallel GPUs that table
+    is 9M rows (about 600 MB) of copies of one curve."""
+
+    def __init__(self, gpus, times: list, states: list):
+        self.gpus = list(gpus)
+        self.times, self.states = times, states  # per GPU; shared curves are one object
+
+    def __len__(self) -> int:
+        return sum(len(t) for t in self.times)
+
+    def expanded(self, gpus, rep_of: dict) -> MemoryCurves:
+        """The curves of `gpus`, each its representative's (rep_of[g], one of ours)."""
+        at = {g: i for i, g in enumerate(self.gpus)}
+        which = [at[rep_of[g]] for g in gpus]
+        return MemoryCurves(gpus, [self.times[i] for i in which], [self.states[i] for i in which])
+
+    def peaks(self) -> dict:
+        done: dict = {}  # id(curve) -> peak
+        out = {}
+        for g, d in zip(self.gpus, self.states, strict=True):
+            p = done.get(id(d))
+            if p is None:
+                p = done[id(d)] = float(d.sum(axis=1).max())
+            out[g] = p
+        return out
+
+    def frame(self) -> pd.DataFrame:
+        cols = list(CATEGORIES)
+        if not self.gpus:
+            return pd.DataFrame(columns=["gpu", "time", *cols, "total"])
+        df = pd.DataFrame(np.vstack(self.states), columns=cols)
+        df.insert(0, "time", np.concatenate(self.times))
+        # the gpu column from each GPU's row count (the dtype inferred from the distinct
+        # GPUs, which decide it, instead of from one Python object per row)
+        sizes = [len(x) for x in self.times]
+        distinct = np.empty(len(self.gpus), dtype=object)
+        for i, g in enumerate(self.gpus):  # element by element: a GPU may be a tuple
+            distinct[i] = g
+        df.insert(0, "gpu", np.repeat(_gpu_values(distinct), sizes))
+        df["total"] = df[cols].sum(axis=1)
+        return df
+
+
+def memory_curves(timeline, trace, extrapolator, gpus, options: MemoryOptions,
+                  share: bool = True):  # fmt: skip
+    """(MemoryCurves, peak bytes per GPU): `memory_timeline` without building the table.
+    `timeline`: the table, or the runtime's log (extrapolators.execution.timeline_log.TimelineLog),
+    read without building the table (the same rows, hence the same curves)."""
+    from extrapolators.execution.timeline_log import TimelineLog
+    from extrapolators.modes import gradient_ready
+
+    ready = gradient_ready(trace)  # weight -> position of the op after which its grad exists
+    ops = trace.operators
+    grad_at: dict[int, list[int]] = {}
+    for w, pos in ready.items():
+        grad_at.setdefault(ops[pos].id, []).append(w)
+    plan = activation_plan(trace, extrapolator)
+    grad_bytes = {i: sum(trace.tensors[w].nbytes for w in ws) for i, ws in grad_at.items()}
+    rows = timeline.compute_rows() if isinstance(timeline, TimelineLog) else _FrameRows(timeline)
+    end = rows.end
+    time_col, state_col = [], []
+    kind = (optimizer_kind(trace, options), _bytes_per_param(trace))
+    seen: dict = {}  # inputs of a GPU's curve -> (times, states)
+    for g in gpus:
+        static = static_per_gpu(trace, extrapolator, g, options, kind)
+        buffers = extrapolator.buffer_bytes(g)
+        sig = None
+        if share:
+            sig = (tuple(static.values()), buffers, rows.signature(g))
+            if sig in seen:
+                t_last, d_last = seen[sig]
+                time_col.append(t_last)
+                state_col.append(d_last)
+                continue
+        cols_of = rows.columns(g)
+        # changes as (time, category, bytes); row 0 is the static state at time 0
+        times, cats, values = [], [], []
+        _activations(cols_of, plan, times, cats, values)
+        _gradients(cols_of, grad_bytes, static["gradients"], times, cats, values)
+        times.append(end)  # the state after the last change, drawn to the end of the run
+        m = len(times)
+        d = np.zeros((m + 1, len(CATEGORIES)))
+        d[0] = [static["weights"], 0.0, static["optimizer_states"], 0.0, buffers]
+        if cats:
+            d[np.arange(1, len(cats) + 1), cats] = values
+        t = np.array([0.0] + times)
+        order = np.argsort(t, kind="stable")
+        t, d = t[order], np.cumsum(d[order], axis=0)
+        # one row per instant: the state after every change at that instant
+        last = np.r_[t[1:] != t[:-1], True]
+        time_col.append(t[last])
+        state_col.append(d[last])
+        if sig is not None:
+            seen[sig] = (time_col[-1], state_col[-1])
+    curves = MemoryCurves(gpus, time_col, state_col)
+    return curves, curves.peaks()
+
+
+class _FrameRows:
+    """Each GPU's compute rows from a timeline table (TimelineLog.compute_rows's twin)."""
+
+    def __init__(self, timeline: pd.DataFrame):
+        # numpy columns of the compute rows (a pandas row selection copies every column)
+        mask = (timeline["kind"] == "compute").to_numpy(bool)
+        self.end = float(timeline["end"].max()) if len(timeline) else 0.0
+        # the rows of each GPU in the order a stable sort of its rows by (start, end) gives:
+        # a stable sort by GPU keeps each GPU's rows in timeline order, which is already by
+        # (start, end) for a single compute stream; a GPU's rows that are not are sorted in
+        # `_rows` (the same order as one lexsort by (gpu, start, end)). Small integer types
+        # and early deletes: these arrays have a row per task, millions at 16,384 GPUs
+        codes, uniques = pd.factorize(timeline["gpu"].to_numpy()[mask], sort=False)
+        codes = codes.astype(np.int16 if len(uniques) < 2**15 else np.int32)
+        order = np.argsort(codes, kind="stable")
+        self._cuts = np.searchsorted(codes[order], np.arange(len(uniques) + 1))
+        del codes
+        self._idx = np.flatnonzero(mask)[order]  # timeline rows, GPU by GPU
+        del order, mask
+        # whole columns without copies; each GPU gathers its own rows
+        self._col = {c: timeline[c].to_numpy()
+                     for c in ("op_id", "start", "end", "iteration", "microbatch")}  # fmt: skip
+        phase = timeline["phase"]
+        if isinstance(phase.dtype, pd.CategoricalDtype):
+            self._phase, phases = phase.cat.codes.to_numpy(), phase.cat.categories
+        else:
+            self._phase, phases = pd.factorize(phase, use_na_sentinel=False)
+        self._phases = np.asarray(phases, dtype=object)
+        self._where = {g: k for k, g in enumerate(uniques)}
+        self._last = (None, None)
+
+    def _rows(self, g) -> np.ndarray:
+        """g's rows in (start, end) order (kept for the next call: `signature` and then
+        `columns` ask for the same GPU)."""
+        from extrapolators.execution.timeline_log import start_order
+
+        if self._last[0] == g and self._last[1] is not None:
+            return self._last[1]
+        k = self._where.get(g)
+        rows = (
+            self._idx[:0] if k is None else self._idx[int(self._cuts[k]) : int(self._cuts[k + 1])]
+        )
+        order = start_order(self._col["start"][rows], self._col["end"][rows])
+        if order is not None:
+            rows = rows[order]
+        self._last = (g, rows)
+        return rows
+
+    def signature(self, g) -> tuple:
+        rows = self._rows(g)
+        return (self._phase[rows].tobytes(),
+                *(np.asarray(self._col[c][rows]).tobytes() for c in self._col))  # fmt: skip
+
+    def columns(self, g) -> dict:
+        rows = self._rows(g)
+        out = {c: v[rows].tolist() for c, v in self._col.items()}
+        for c in ("op_id", "microbatch"):  # a missing value (NaN in a float column) is the
+            # task's None, as the log gives it: NaN != NaN made each row its own micro-batch
+            out[c] = [None if x != x else x for x in out[c]]
+        out["phase"] = self._phases[self._phase[rows]].tolist()
+        return out
+
+
+def _gpu_values(values: np.ndarray):
+    """The gpu column with the dtype pandas would infer for it (ints stay ints)."""
+    return pd.Series(list(values)).to_numpy() if len(values) else values
+
+
+def activation_plan(trace, extrapolator) -> dict:
+    """Per operator, once for all GPUs: (allocations it touches, ratio). An allocation is
+    a storage (a tensor and its views are one) of batch-scaled tensors, as (key, bytes,
+    is an output, born-at op id or None, held). Two rules make it PyTorch's:
+    - a tensor a backward op reads that no earlier op wrote was made inside a forward op
+      (cross_entropy saves its log_softmax output): it is born when the backward op's
+      paired forward op (fwd_id) starts, else when it is first touched (always, in a
+      shape-only trace, where such a tensor may also be a meta kernel's temporary);
+    - the model's output, which the loss reads, stays alive to the end of its iteration
+      and micro-batch: the training loop holds it (`out = model(x)`) until the step ends.
+    """
+    tensors = trace.tensors
+    scaled = {t.id for t in tensors.values() if t.scales_with_batch}
+
+    def key(t):
+        st = tensors[t].storage
+        return ("s", st) if st is not None else ("t", t)
+
+    size: dict = {}
+    for t in scaled:
+        k = key(t)
+        size[k] = max(size.get(k, 0.0), tensors[t].nbytes)
+    # a shape-only trace cannot tell a saved tensor from a temporary its meta kernels made
+    # (tracer.linking drops what ran below the dispatch mode): no births moved there
+    measured = not trace.metadata.get("shapes_only")
+    seen: set = set()
+    born: dict = {}  # storage -> forward op id it was made in
+    made_before_loss: set = set()
+    held: set = set()
+    for o in trace.operators:
+        for t in o.inputs:
+            if t in scaled:
+                k = key(t)
+                if k not in seen and o.phase == "backward" and measured:
+                    born[k] = o.fwd_id
+                if o.layer == "loss" and o.phase == "forward" and k in made_before_loss:
+                    held.add(k)
+                seen.add(k)
+        for t in o.outputs:
+            if t in scaled:
+                k = key(t)
+                seen.add(k)
+                if o.phase == "forward" and o.layer != "loss":
+                    made_before_loss.add(k)
+    plan = {}
+    for o in trace.operators:
+        items, done = [], set()
+        for t, is_out in [(t, True) for t in o.outputs] + [(t, False) for t in o.inputs]:
+            if t not in scaled or (k := key(t)) in done:
+                continue
+            done.add(k)
+            items.append((k, size[k], is_out, born.get(k), k in held))
+        if items:
+            plan[o.id] = (items, extrapolator.activation_ratio(o))
+    return plan
+
+
+def _activations(r, plan, times, cats, values):
+    """Batch-scaled allocations: alive from the first op on this GPU that touches them (or
+    the forward op they were made in) to the end of the last op on this GPU that reads
+    them (the end of the iteration and micro-batch for the held model output), per
+    (iteration, micro-batch). Allocations a recomputed forward op writes are a second copy
+    (pass 1): the first forward's copy lives only until its last forward reader, and
+    backward reads the recomputed one."""
+    first: dict = {}
+    last: dict = {}
+    size: dict = {}
+    started: dict = {}  # (op id, iteration, micro-batch) -> start
+    ends: dict = {}  # (iteration, micro-batch) -> end of its last op
+    held: list = []
+    rows = zip(r["op_id"], r["start"], r["end"], r["iteration"], r["microbatch"], r["phase"],
+               strict=True)  # fmt: skip
+    for op_id, start, stop, it, mb, phase in rows:
+        started.setdefault((op_id, it, mb), start)
+        prev_end = ends.get((it, mb), stop)
+        ends[(it, mb)] = prev_end if prev_end > stop else stop
+        p = plan.get(op_id)
+        if p is None:
+            continue
+        items, ratio = p
+        again = phase == "recompute"
+        for k, nbytes, is_out, born_in, is_held in items:
+            key = (k, it, mb, 1)
+            if not (again and is_out) and key not in first:
+                key = (k, it, mb, 0)  # the first forward's copy, or one never recomputed
+            if key not in first:
+                t0 = start
+                if born_in is not None and not is_out:
+                    t0 = started.get((born_in, it, mb), start)
+                first[key] = t0
+                size[key] = nbytes * ratio
+                if is_held:
+                    held.append(key)
+            prev = last.get(key, stop)
+            last[key] = prev if prev > stop else stop
+    for key in held:
+        last[key] = max(last[key], ends[(key[1], key[2])])
+    k = CATEGORIES.index("activations")
+    for key, t0 in first.items():
+        times += [t0, last[key]]
+        cats += [k, k]
+        values += [size[key], -size[key]]
+
+
+def _gradients(r, grad_bytes, total, times, cats, values):
+    """This GPU's gradient bytes appear as its backward ops produce them (in proportion to
+    the weights whose gradient each op completes) and go after its optimizer step."""
+    k = CATEGORIES.index("gradients")
+    per_iter: dict = {}
+    opt_end: dict = {}
+    for op_id, stop, it, phase in zip(
+        r["op_id"], r["end"], r["iteration"], r["phase"], strict=True
+    ):
+        if op_id in grad_bytes:
+            per_iter.setdefault(it, []).append((stop, grad_bytes[op_id]))
+        if phase == "optimizer":
+            opt_end[it] = stop if it not in opt_end else max(opt_end[it], stop)
+    for it, items in per_iter.items():
+        weight = sum(n for _, n in items)
+        if not weight:
+            continue
+        for stop, n in items:
+            times.append(stop)
+            cats.append(k)
+            values.append(total * n / weight)
+        free = opt_end.get(it)
+        if free is not None:
+            times.append(free)
+            cats.append(k)
+            values.append(-total)
+
+
+def capacity(options: MemoryOptions, gpu_name: str | None) -> float | None:
+    """Bytes the GPU offers, or None when the GPU is not in the catalogue (a CPU trace)."""
+    if options.capacity is not None:
+        return options.capacity
+    if not gpu_name:
+        return None
+    from triosim.hardware import catalogue as hardware
+
+    try:
+        return hardware.gpu(gpu_name).memory_capacity
+    except ConfigError:
+        return None
+
+
+def check_capacity(options: MemoryOptions, gpu_name: str | None) -> None:
+    """Refuse a capacity no GPU has (a bare number is bytes: `capacity: 80` is 80 bytes, not
+    80 GB) and a reserve that leaves nothing for tensors, before anything runs."""
+    if options.capacity is not None and options.capacity < 2**20:
+        raise ConfigError("memory.capacity", options.capacity, "at least 1 MiB (a bare number "
+                          "is bytes; write a unit, e.g. '80 GB')")  # fmt: skip
+    cap = capacity(options, gpu_name)
+    if cap is not None and options.reserve >= cap:
+        raise ConfigError("memory.reserve", options.reserve, f"less than the GPU's memory "
+                          f"({cap:.6g} bytes{'' if options.capacity else ', ' + str(gpu_name)}): "
+                          "nothing would be left for tensors")  # fmt: skip

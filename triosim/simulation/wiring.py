@@ -1,0 +1,303 @@
+"""One simulation run: a trace, a parallelism mode, a perf model and a network in one
+simpy.Environment.
+
+`Simulation(config)` loads and checks everything it can before any simulated time passes
+(the config, the trace, the topology, the perf model, the mode's plan against the trace),
+so a bad input is a ConfigError at construction; `run()` then returns a Result.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import math
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import simpy
+
+from extrapolators.communication import comm_class
+from extrapolators.communication.rings import ring_order
+from extrapolators.execution import Runtime
+from extrapolators.execution.symmetry import SymmetryBroken, SymmetryWarning
+from extrapolators.execution.tasks import prefixed
+from extrapolators.modes import extrapolator_class
+from networks import network_class
+from networks import topology as topo
+from networks.base import gpu_nodes, validate_graph
+from perfmodel import model_class
+from triosim.common import schema
+from triosim.common.errors import ConfigError, DeadlockError, NetworkError, SimulationError
+from triosim.config.loading import IN_MEMORY, Config, checked, from_dict, load_config
+from triosim.results.memory import capacity, check_capacity, memory_curves
+from triosim.results.result import Result
+from triosim.simulation.gc_tuning import fewer_collections
+from triosim.simulation.progress import RunProgress, big_run_note
+from triosim.trace.files import load_any_trace
+from triosim.trace.model import Trace
+
+__all__ = ["Simulation", "build_topology", "load_any_trace"]
+
+
+def build_topology(cfg: Config):
+    """The networkx graph a config's topology section describes, overrides applied."""
+    t = cfg.topology
+    builder = topo.TOPOLOGIES.get(t.kind)
+    g = builder(cfg.num_gpus, t.bandwidth, t.latency, t.options)
+    return topo.apply_overrides(g, t.links)
+
+
+def _as_config(config, trace) -> Config:
+    if isinstance(config, Config):
+        return checked(config)
+    if isinstance(config, (str, Path)):
+        return load_config(config)
+    if isinstance(config, dict):
+        if trace is not None and "trace" not in config:
+            config = {**config, "trace": IN_MEMORY}
+        return from_dict(config)
+    raise ConfigError("config", type(config).__name__, "a Config, a mapping or a YAML path")
+
+
+class Simulation:
+    """Wire one run together. `Simulation(config).run()` returns a Result.
+
+    `config` is a Config, a dict (as in YAML) or a YAML path; `trace` (a Trace) and
+    `topology` (a networkx graph) override the config's, and are recorded in
+    `self.config` so that a saved config re-runs as it stands.
+    """
+
+    def __init__(self, config, trace: Trace | None = None, topology=None, progress: bool = False):
+        cfg = _as_config(config, trace)
+        # with `progress`, a long preparation (a million-GPU topology) says what it is doing
+        with RunProgress(
+            f"preparing {cfg.num_gpus:,} GPUs", enabled=None if progress else False
+        ) as watch:
+            self._prepare(cfg, trace, topology, progress, watch.stage)
+
+    def _prepare(self, cfg: Config, trace, topology, progress, stage) -> None:
+        """Everything a run needs, checked: first what needs no topology (the trace, memory,
+        the performance model, the mode's checks on a stand-in of the plan), so that a
+        one-line config error is not kept waiting behind a large topology; then the
+        topology, the heterogeneity and the plan itself."""
+        stage("loading the trace")
+        self.trace = trace if trace is not None else load_any_trace(cfg.trace_path(), progress)
+        check_capacity(cfg.memory, cfg.gpu or self.trace.metadata.get("gpu"))
+        stage("building the performance model")
+        p = cfg.perfmodel
+        self.model = model_class(p.kind).from_config(
+            self.trace, p.options, lambda path: load_any_trace(cfg.resolve(path))
+        )
+        self.model.check_target(cfg.gpu)
+        par = cfg.parallelism
+        mode = extrapolator_class(par.mode)
+        stage("checking the plan")
+        _check_plan_early(mode, self.trace, self.model, cfg)
+        note = big_run_note(cfg.num_gpus, cfg.iterations) if progress else None
+        if note:  # (after the checks: an error is not preceded by "this may take minutes")
+            print(note, file=sys.stderr, flush=True)
+        stage("building the topology")
+        if topology is not None:
+            self.graph = _finite_links(validate_graph(topology))
+            cfg = dataclasses.replace(cfg, topology=_recorded(self.graph, cfg.topology))
+        else:
+            self.graph = validate_graph(build_topology(cfg))
+        self.config = cfg
+        self.gpus = gpu_nodes(self.graph)
+        if len(self.gpus) != cfg.num_gpus:
+            raise ConfigError("num_gpus", cfg.num_gpus,
+                              f"the number of GPUs in the topology ({len(self.gpus)})")  # fmt: skip
+        het = cfg.heterogeneity
+        self.compute_slowdown, bandwidth = het.factors(self.gpus, cfg.seed)
+        if het.links or any(f != 1.0 for f in bandwidth.values()):
+            self.graph = het.apply_to_graph(self.graph, bandwidth)
+        stage("ordering the ring")
+        ring = ring_order(self.graph, self.gpus) if len(self.gpus) > 2 else tuple(self.gpus)
+        stage("planning the streams")
+        self.extrapolator = mode(
+            self.trace, self.model, self.gpus, par.options, batch_size=cfg.batch_size,
+            gpu=cfg.gpu, ring=ring, graph=self.graph,
+        )  # fmt: skip
+
+    def target_gpu(self) -> str | None:
+        """The GPU the run is for: the config's, else the one the trace was made on."""
+        return self.config.gpu or self.trace.metadata.get("gpu")
+
+    def run(self, progress=None) -> Result:
+        """Simulate; `progress` (a triosim.simulation.progress.RunProgress) watches the run.
+
+        With `symmetry: auto`, the representatives of the mode's classes of identical GPUs
+        are simulated (extrapolators.execution.symmetry) when the conditions checkable beforehand
+        hold, and the run itself checks the rest; otherwise, or when the run finds the
+        replicas asymmetric, the full simulation runs and a SymmetryWarning says why.
+        `result.symmetry` says which ran."""
+        wall = time.perf_counter()
+        reason = "symmetry: off"
+        if self.config.symmetry == "auto":
+            abandoned = False
+            sym, reason = self._symmetry()
+            if sym is not None:
+                try:
+                    result = self._run(progress, sym, wall)
+                except (SymmetryBroken, DeadlockError) as e:
+                    reason = f"the symmetric run stopped: {e}"
+                    abandoned = True
+                else:
+                    result.symmetry = sym.describe(len(self.gpus))
+                    return result
+            if abandoned:  # its environment is cycles of generators: free it before the next
+                gc.collect()
+            warnings.warn(f"symmetry: auto fell back to the full simulation: {reason}",
+                          SymmetryWarning, stacklevel=2)  # fmt: skip
+        result = self._run(progress, None, wall)
+        result.symmetry = "off" if self.config.symmetry == "off" else f"off (fell back: {reason})"
+        return result
+
+    def _symmetry(self):
+        """(the mode's Symmetry, None) when what can be checked before the run holds, else
+        (None, the reason): a declaration that partitions the GPUs into classes of K >= 2,
+        one iteration loop the runtime drives, equal compute factors and equal held bytes
+        (weights, buffers) within every class. The streams of sampled copies are compared
+        when the run starts; the network's symmetry is checked as it runs."""
+        ex = self.extrapolator
+        declare = getattr(ex, "symmetry", None)
+        sym = declare() if declare is not None else None
+        if sym is None:
+            return None, f"mode '{self.config.parallelism.mode}' declares no symmetry"
+        if ex.owns_iterations:
+            return None, "the mode runs its iterations itself"
+        why = sym.problem(self.gpus)
+        if why is None:
+            why = sym.equal_within_classes(self.compute_slowdown, "the compute factor")
+        if why is None:
+            held = {g: (ex.held_weight_bytes(g), ex.buffer_bytes(g)) for g in self.gpus}
+            why = sym.equal_within_classes(held, "(held weight bytes, buffer bytes)")
+        return (None, why) if why else (sym, None)
+
+    def _run(self, progress, sym, wall) -> Result:
+        with fewer_collections():
+            return self._run_once(progress, sym, wall)
+
+    def _run_once(self, progress, sym, wall) -> Result:
+        cfg = self.config
+        if hasattr(progress, "stage"):  # (a monitor may have only attach: the documented hook)
+            progress.stage("setting up the network")
+        env = simpy.Environment()
+        net = network_class(cfg.network.kind)(env, self.graph, cfg.network.options)
+        c = cfg.communication
+        comm = comm_class(c.kind)(env, net, c.options, gpu=self.target_gpu(),
+                                  base_dir=cfg.base_dir)  # fmt: skip
+        runtime = Runtime(env, net, comm, compute_scale=self.compute_slowdown, symmetry=sym)
+        if sym is not None:  # a second set of streams: checking consumes them
+            sym.check_streams(self.extrapolator.streams())
+        self._start_iterations(runtime, cfg.iterations, sym)
+        if progress is not None:
+            progress.attach(env, runtime)
+        env.run()
+        runtime.check_finished()
+        if sym is not None:
+            runtime.check_symmetry()
+        check_conservation(runtime, net)
+        if progress is not None:
+            progress.stage("results")
+        log = runtime.timeline()  # the table is built when asked for (Result.timeline)
+        result = Result(
+            rows=log,
+            gpus=self.gpus,
+            config=cfg,
+            links=net.link_stats(),
+            transfers=net.transfers_later(),
+            collective_bytes=runtime.collective_bytes,
+            bytes_delivered=net.bytes_delivered,
+            network_stats=net.stats(),
+            wall_time=time.perf_counter() - wall,
+            trace=self.trace if cfg.trace == IN_MEMORY else None,
+            orbits=None if sym is None else sym.orbits,
+        )
+        result.symmetry_skew = runtime.symmetry_skew
+        del runtime, comm, net, env  # the event queue (the log lives on in the result)
+        if progress is not None:
+            progress.stage("memory")
+        # with symmetry: the representatives' curves, which the Result copies to their images
+        mem, peaks = memory_curves(log, self.trace, self.extrapolator,
+                                   list(sym.reps) if sym else self.gpus, cfg.memory)  # fmt: skip
+        gpu_name = cfg.gpu or self.trace.metadata.get("gpu")
+        result.set_memory(mem, peaks, capacity(cfg.memory, gpu_name), cfg.memory.reserve)
+        return result
+
+    def _start_iterations(self, runtime: Runtime, k_max: int, sym=None) -> None:
+        """K back-to-back iterations on one network (so state such as photonic circuits
+        carries over): a GPU's streams of iteration k start once all its streams of
+        iteration k-1 are done (its next forward waits for its optimizer step). A mode that
+        runs its iterations itself (decentralized training) gets K and no barrier. With
+        `sym`, only its representatives' streams start."""
+        if self.extrapolator.owns_iterations:
+            for (gpu, stream), tasks in self.extrapolator.streams(iterations=k_max).items():
+                runtime.start(gpu, stream, tasks)
+            return
+        reps = None if sym is None else sym.orbits
+        previous: dict = {}
+        for k in range(k_max):
+            streams = self.extrapolator.streams()
+            current: dict = {}
+            for (gpu, stream), tasks in streams.items():
+                if reps is not None and gpu not in reps:
+                    continue
+                after = [runtime.done_key(gpu, s, k - 1) for s in previous.get(gpu, ())]
+                runtime.start(gpu, stream, prefixed(tasks, f"it{k}/") if k else tasks, k, after)
+                current.setdefault(gpu, []).append(stream)
+            previous = current
+
+
+# errors of a stand-in plan that may come from the stand-in itself (no topology, GPUs
+# numbered 0..N-1), not from the config: the real plan decides on them
+_STAND_IN_FIELDS = {"parallelism.graph", "parallelism.placement"}
+
+
+def _check_plan_early(mode, trace, model, cfg: Config) -> None:
+    """Run the mode's own checks (batch split, degrees, micro-batches, layer widths) on a
+    stand-in of the plan, GPUs 0..N-1 with no topology, before the topology is built: at a
+    million GPUs building it takes a minute, and `batch_size: 8` must not wait for it. The
+    stand-in is only a preview: an error it may owe to being a stand-in (a graph or a GPU
+    placement it lacks), or anything other than a ConfigError, is left to the real plan."""
+    try:
+        mode(trace, model, range(cfg.num_gpus), cfg.parallelism.options,
+             batch_size=cfg.batch_size, gpu=cfg.gpu, ring=None, graph=None)  # fmt: skip
+    except ConfigError as e:
+        if e.field not in _STAND_IN_FIELDS:
+            raise
+    except Exception:  # noqa: BLE001 (the real plan, built next, reports it in context)
+        pass
+
+
+def _finite_links(graph):
+    """A graph passed from Python: every bandwidth finite (the communication model divides
+    by it and rounds; a config's topology is checked by the schema)."""
+    for u, v, d in graph.edges(data=True):
+        if not math.isfinite(d["bandwidth"]):
+            raise NetworkError(f"link {u!r}->{v!r}: bandwidth must be a finite number of "
+                               f"bytes/s, got {d['bandwidth']!r} (for an ideal link, give a "
+                               "large one such as 1e15)")  # fmt: skip
+    return graph
+
+
+def _recorded(graph, section):
+    """The topology section for a graph a Python caller passed: its edge list."""
+    try:
+        opts = schema.load(topo.EdgesOptions, topo.to_edges(graph), "topology")
+    except ConfigError:
+        return section  # nodes YAML cannot name (e.g. tuples): the graph is not recorded
+    return dataclasses.replace(section, kind="edges", links=[], options=opts)
+
+
+def check_conservation(runtime: Runtime, net) -> None:
+    """Always-on end-of-run check; a violation is a SimulationError."""
+    if runtime.tasks_started != runtime.tasks_finished:
+        raise SimulationError(f"{runtime.tasks_started} tasks started but "
+                              f"{runtime.tasks_finished} finished")  # fmt: skip
+    if net.in_flight or not math.isclose(net.bytes_sent, net.bytes_delivered, rel_tol=1e-9,
+                                         abs_tol=1e-6):  # fmt: skip
+        raise SimulationError(f"bytes sent ({net.bytes_sent}) != bytes delivered "
+                              f"({net.bytes_delivered}); {net.in_flight} transfers in flight")  # fmt: skip

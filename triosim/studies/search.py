@@ -1,0 +1,133 @@
+"""Configuration search: every valid way to spread one trace over N GPUs at a global batch,
+simulated, ranked, and the best written as a config ready to run.
+
+Candidates: dp, ddp, fsdp (ZeRO 1-3), tp, gpipe and 1f1b (micro-batch counts N, 2N, 4N
+that divide the batch), hybrid data-parallel replicas of tp, gpipe or 1f1b for every
+divisor of N, and 3D grids (dp x tp x pp, all above 1) with a 1F1B pipeline. A candidate whose plan the trace does not allow (a TP degree that does not
+divide a layer, a batch that does not split) is skipped with its reason; one whose weights,
+gradients and optimizer states alone exceed the GPU's memory is dropped before simulating;
+one whose simulated peak does not fit is dropped from the ranking (listed, not returned).
+"""
+
+from __future__ import annotations
+
+import copy
+from concurrent.futures import ProcessPoolExecutor
+
+from triosim.common.errors import ConfigError, TrioSimError
+
+
+def candidates(n: int, batch: int) -> list[tuple[str, dict]]:
+    """(label, parallelism section) for every plan worth trying on n GPUs."""
+    out = [("dp", {"mode": "dp"}), ("ddp", {"mode": "ddp"})]
+    out += [(f"fsdp zero-{s}", {"mode": "fsdp", "stage": s}) for s in (1, 2, 3)]
+    if n > 1:
+        out.append((f"tp {n}", {"mode": "tp"}))
+        for sched in ("gpipe", "1f1b"):
+            for m in (n, 2 * n, 4 * n):
+                if batch % m == 0:
+                    out.append((f"{sched} {n} stages x {m} mb", {"mode": sched, "microbatches": m}))
+    for d in range(2, n):
+        if n % d:
+            continue
+        k = n // d
+        out.append((f"dp {d} x tp {k}", {"mode": "hybrid", "dp": d, "inner": "tp"}))
+        for sched in ("gpipe", "1f1b"):
+            m = 2 * k
+            if batch % (d * m) == 0:
+                out.append((f"dp {d} x {sched} {k} stages x {m} mb",
+                            {"mode": "hybrid", "dp": d, "inner": sched, "microbatches": m}))  # fmt: skip
+    for dp in _divisors(n):  # 3D grids with all three degrees above 1
+        for tp in _divisors(n // dp):
+            pp = n // dp // tp
+            m = 2 * pp
+            if min(dp, tp, pp) > 1 and batch % (dp * m) == 0:
+                out.append((f"3d dp {dp} x tp {tp} x pp {pp} (1f1b, {m} mb)",
+                            {"mode": "3d", "dp": dp, "tp": tp, "pp": pp, "microbatches": m,
+                             "schedule": "1f1b"}))  # fmt: skip
+    return out
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _evaluate(config: dict, base_dir: str) -> dict:
+    """Build (checks and static memory), then simulate; a plain dict for any outcome."""
+    from triosim.config.loading import from_dict
+    from triosim.simulation.wiring import Simulation
+
+    try:
+        sim = Simulation(from_dict(config, base_dir=base_dir))
+    except TrioSimError as e:
+        return {"status": "invalid", "reason": str(e)}
+    ex, cfg = sim.extrapolator, sim.config
+    from triosim.results.memory import capacity, static_per_gpu
+
+    cap = capacity(cfg.memory, cfg.gpu or sim.trace.metadata.get("gpu"))
+    if cap is not None:
+        usable = cap - cfg.memory.reserve
+        need = max(sum(static_per_gpu(sim.trace, ex, g, cfg.memory).values()) for g in sim.gpus)
+        if need > usable:  # weights, gradients and optimizer states alone do not fit
+            return {"status": "out of memory (static)", "reason": f"weights, gradients and "
+                    f"optimizer states need {need / 1e9:.2f} GB of {usable / 1e9:.2f}"}  # fmt: skip
+    try:
+        r = sim.run()
+    except TrioSimError as e:
+        return {"status": "failed", "reason": str(e)}
+    s = r.summary_dict()
+    s.pop("collective_bytes", None)
+    s["status"] = "out of memory" if s["fits_in_memory"] is False else "ok"
+    flops = sum(op.flops or 0.0 for op in sim.trace.operators)
+    traced = sim.trace.batch_size or 1
+    batch = cfg.batch_size or traced
+    s["samples_per_s"] = batch / r.iteration_time if r.iteration_time else float("nan")
+    seq = sim.trace.metadata.get("seq_len")
+    s["tokens_per_s"] = s["samples_per_s"] * seq if seq else None
+    gpu = cfg.gpu or sim.trace.metadata.get("gpu")
+    try:
+        from triosim.hardware import catalogue as hardware
+
+        peak = hardware.gpu(gpu).flops_for(sim.trace.metadata.get("dtype", "float32"))
+        s["mfu"] = (
+            flops * batch / traced / (r.iteration_time * len(sim.gpus) * peak) if flops else None
+        )
+    except (ConfigError, TypeError):
+        s["mfu"] = None
+    return s
+
+
+def search(base: dict, base_dir: str = ".", workers: int = 1, progress: bool = True):
+    """Rank every candidate for `base` (a config mapping with trace, num_gpus, batch_size,
+    topology...). Returns (ranked DataFrame of those that fit, DataFrame of all, best config)."""
+    import pandas as pd
+    from tqdm import tqdm
+
+    n = base.get("num_gpus", 1)
+    batch = base.get("batch_size")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError("num_gpus", n, "an integer >= 1")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ConfigError("batch_size", batch, "a global batch (an integer >= 1) to search with")
+    points = []
+    for label, par in candidates(n, batch):
+        cfg = copy.deepcopy(base)
+        cfg["parallelism"] = par
+        points.append((label, cfg))
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            futures = [pool.submit(_evaluate, cfg, base_dir) for _, cfg in points]
+            results = [f.result() for f in tqdm(futures, desc="search", disable=not progress)]
+    else:
+        results = [_evaluate(cfg, base_dir) for _, cfg in tqdm(points, desc="search",
+                                                              disable=not progress)]  # fmt: skip
+    rows = [{"plan": label, **res} for (label, _), res in zip(points, results, strict=True)]
+    table = pd.DataFrame(rows)
+    ok = table[table["status"] == "ok"]
+    if len(ok):  # (with no plan simulated there is no iteration_time_ms column)
+        ok = ok.sort_values("iteration_time_ms")
+    ok = ok.reset_index(drop=True)
+    best = None
+    if len(ok):
+        best = next(cfg for label, cfg in points if label == ok.loc[0, "plan"])
+    return ok, table, best
