@@ -55,20 +55,26 @@ def rows(folder: Path, pairs=None):
 
 
 def table(out) -> float:
-    print(f"{'device':<8} {'model':<14} {'from':<11} {'batch':>5} {'predicted ms':>13} "
-          f"{'measured ms':>12} {'err %':>7} {'op-sum ms':>10} {'err %':>7}")  # fmt: skip
+    print(
+        f"{'device':<8} {'model':<14} {'from':<11} {'batch':>5} {'predicted ms':>13} "
+        f"{'measured ms':>12} {'err %':>7} {'op-sum ms':>10} {'err %':>7}"
+    )
     errs_m, errs_s = [], []
     for device, name, src, bt, pred, meas, opsum in out:
         em = abs(pred - meas) / meas * 100 if meas else float("nan")
         es = abs(pred - opsum) / opsum * 100
         errs_m.append(em)
         errs_s.append(es)
-        print(f"{device:<8} {name:<14} {src:<11} {bt:>5} {pred * 1e3:>13.3f} "
-              f"{(meas or float('nan')) * 1e3:>12.3f} {em:>7.2f} {opsum * 1e3:>10.3f} {es:>7.2f}")  # fmt: skip
+        print(
+            f"{device:<8} {name:<14} {src:<11} {bt:>5} {pred * 1e3:>13.3f} "
+            f"{(meas or float('nan')) * 1e3:>12.3f} {em:>7.2f} {opsum * 1e3:>10.3f} {es:>7.2f}"
+        )
     for name in sorted({r[1] for r in out}):
         pick = [k for k, r in enumerate(out) if r[1] == name]
-        print(f"  {name}: mean error {sum(errs_m[k] for k in pick) / len(pick):.2f}% vs measured, "
-              f"{sum(errs_s[k] for k in pick) / len(pick):.2f}% vs op-sum")  # fmt: skip
+        print(
+            f"  {name}: mean error {sum(errs_m[k] for k in pick) / len(pick):.2f}% vs measured, "
+            f"{sum(errs_s[k] for k in pick) / len(pick):.2f}% vs op-sum"
+        )
     if out:
         mm = sum(errs_m) / len(errs_m)
         ms = sum(errs_s) / len(errs_s)

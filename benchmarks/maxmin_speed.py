@@ -49,8 +49,11 @@ def random_hops(n=1024, hops=4, seed=0):
 def components(k=64, flows=256, hops=4, seed=0):
     # k independent blocks of `flows` links each; every flow stays inside its block
     rng = np.random.default_rng(seed)
-    paths = [b * flows + rng.choice(flows, size=hops, replace=False)
-             for b in range(k) for _ in range(flows)]  # fmt: skip
+    paths = [
+        b * flows + rng.choice(flows, size=hops, replace=False)
+        for b in range(k)
+        for _ in range(flows)
+    ]
     rows, cols = _incidence(paths)
     return rows, cols, k * flows, rng.choice([12.5e9, 25e9, 50e9, 100e9], size=k * flows)
 
@@ -185,29 +188,41 @@ def main(argv=None):
         old = _best(lambda c=case: max_min_rates_by_level(*c), a.repeat)
         new = _best(lambda c=case: max_min_rates(*c), a.repeat)
         inc, resolved = _incremental(rows, cols, n_flows, cap, a.repeat)
-        diff = _rel(max_min_rates(rows, cols, n_flows, cap),
-                    max_min_rates_by_level(rows, cols, n_flows, cap))  # fmt: skip
-        print(f"{name:<34} {n_flows:>6} {len(rows):>8} {old * 1e3:>9.2f} {new * 1e3:>9.2f} "
-              f"{old / new:>6.1f} {inc * 1e3:>8.2f} {resolved:>8} {diff:>12.1e}")  # fmt: skip
-    for kind, label in (("all_to_all", "sim_speed all-to-all (all solves)"),
-                        ("permutation", "sim_speed permutation (all solves)")):  # fmt: skip
+        diff = _rel(
+            max_min_rates(rows, cols, n_flows, cap),
+            max_min_rates_by_level(rows, cols, n_flows, cap),
+        )
+        print(
+            f"{name:<34} {n_flows:>6} {len(rows):>8} {old * 1e3:>9.2f} {new * 1e3:>9.2f} "
+            f"{old / new:>6.1f} {inc * 1e3:>8.2f} {resolved:>8} {diff:>12.1e}"
+        )
+    for kind, label in (
+        ("all_to_all", "sim_speed all-to-all (all solves)"),
+        ("permutation", "sim_speed permutation (all solves)"),
+    ):
         seen = capture(kind)
         old = _best(lambda s=seen: [max_min_rates_by_level(*x) for x in s], a.repeat)
         new = _best(lambda s=seen: [max_min_rates(*x) for x in s], a.repeat)
         diff = max(_rel(max_min_rates(*x), max_min_rates_by_level(*x)) for x in seen)
         flows = max(x[2] for x in seen)
         entries = max(len(x[0]) for x in seen)
-        print(f"{label:<34} {flows:>6} {entries:>8} {old * 1e3:>9.1f} {new * 1e3:>9.1f} "
-              f"{old / new:>6.1f} {'':>8} {len(seen):>8} {diff:>12.1e}")  # fmt: skip
-    for label, (paths, nbytes, cap) in (("fluid loop: permutation torus", permutation_paths()),
-                                        ("fluid loop: 16 staggered comps", staggered_components())):  # fmt: skip
+        print(
+            f"{label:<34} {flows:>6} {entries:>8} {old * 1e3:>9.1f} {new * 1e3:>9.1f} "
+            f"{old / new:>6.1f} {'':>8} {len(seen):>8} {diff:>12.1e}"
+        )
+    for label, (paths, nbytes, cap) in (
+        ("fluid loop: permutation torus", permutation_paths()),
+        ("fluid loop: 16 staggered comps", staggered_components()),
+    ):
         full = _best(lambda p=paths, b=nbytes, c=cap: fluid(p, b, c, False), max(1, a.repeat // 2))
         inc = _best(lambda p=paths, b=nbytes, c=cap: fluid(p, b, c, True), max(1, a.repeat // 2))
         end_full, solves = fluid(paths, nbytes, cap, False)
         end_inc, _ = fluid(paths, nbytes, cap, True)
         diff = _rel(end_inc, end_full)
-        print(f"{label:<34} {len(paths):>6} {sum(map(len, paths)):>8} {'':>9} {full * 1e3:>9.1f} "
-              f"{'':>6} {inc * 1e3:>8.1f} {solves:>8} {diff:>12.1e}")  # fmt: skip
+        print(
+            f"{label:<34} {len(paths):>6} {sum(map(len, paths)):>8} {'':>9} {full * 1e3:>9.1f} "
+            f"{'':>6} {inc * 1e3:>8.1f} {solves:>8} {diff:>12.1e}"
+        )
     print("# old: max_min_rates_by_level; new: max_min_rates; incr: MaxMin.solve after one")
     print("# flow departs or arrives (resolved: flows re-solved); sim_speed rows: total ms over")
     print("# the run's solves (the resolved column there: number of solves); fluid loop rows:")

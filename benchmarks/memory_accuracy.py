@@ -41,8 +41,11 @@ def _source(meta: dict) -> str:
 def predicted_peak(trace) -> float:
     from triosim.simulation.wiring import Simulation
 
-    cfg = {"num_gpus": 1, "batch_size": trace.metadata["batch_size"],
-           "parallelism": {"mode": "single"}}  # fmt: skip
+    cfg = {
+        "num_gpus": 1,
+        "batch_size": trace.metadata["batch_size"],
+        "parallelism": {"mode": "single"},
+    }
     return Simulation(cfg, trace=trace).run().peak_memory[0]
 
 
@@ -53,8 +56,17 @@ def shape_only_twin(meta: dict, out: Path):
     from triosim.trace.model import load
 
     name = meta["model"]
-    args = ["trace", name.split("-")[0], "--batch-size", str(meta["batch_size"]),
-            "--shapes-only", "--gpu", "A100-80GB", "--out", str(out)]  # fmt: skip
+    args = [
+        "trace",
+        name.split("-")[0],
+        "--batch-size",
+        str(meta["batch_size"]),
+        "--shapes-only",
+        "--gpu",
+        "A100-80GB",
+        "--out",
+        str(out),
+    ]
     if name.split("-")[0] in ("gpt2", "bert") and "small" in name:
         args.append("--small")
     with contextlib.redirect_stdout(io.StringIO()):  # the trace command's own report
@@ -72,18 +84,34 @@ def main(argv=None) -> int:
     rows = []
     for f, meta in measured_traces(Path(a.traces)):
         measured = meta["peak_memory_bytes"]
-        rows.append((f.name.split(".")[0], "measured trace", measured,
-                     predicted_peak(load(f)), _source(meta)))  # fmt: skip
+        rows.append(
+            (
+                f.name.split(".")[0],
+                "measured trace",
+                measured,
+                predicted_peak(load(f)),
+                _source(meta),
+            )
+        )
         if a.shapes_only:
             with tempfile.TemporaryDirectory() as tmp:
                 twin = shape_only_twin(meta, Path(tmp))
-                rows.append((f.name.split(".")[0], "shape-only twin", measured,
-                             predicted_peak(twin), "same measurement"))  # fmt: skip
+                rows.append(
+                    (
+                        f.name.split(".")[0],
+                        "shape-only twin",
+                        measured,
+                        predicted_peak(twin),
+                        "same measurement",
+                    )
+                )
     if not rows:
         print(f"no trace under {a.traces} records a measured peak")
         return 1
-    print(f"{'trace':<20} {'predicted from':<16} {'measured MB':>12} {'predicted MB':>13} "
-          f"{'error':>8}  measured by")  # fmt: skip
+    print(
+        f"{'trace':<20} {'predicted from':<16} {'measured MB':>12} {'predicted MB':>13} "
+        f"{'error':>8}  measured by"
+    )
     worst = 0.0
     for name, kind, meas, pred, source in rows:
         err = pred / meas - 1

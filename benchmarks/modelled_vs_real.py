@@ -31,8 +31,11 @@ def go_traces(shared: Path | None) -> dict:
     for s in [shared] if shared else [ROOT / "shared", ROOT.parent / "shared"]:
         d = s / "reference" / "triosim-go-traces" if s else None
         if d and d.is_dir():
-            return {f"{p.name} (TrioSim Go)": import_csv(p, gpu="H100-SXM")
-                    for p in sorted(d.iterdir()) if (p / "trace.csv").exists()}  # fmt: skip
+            return {
+                f"{p.name} (TrioSim Go)": import_csv(p, gpu="H100-SXM")
+                for p in sorted(d.iterdir())
+                if (p / "trace.csv").exists()
+            }
     return {}
 
 
@@ -80,15 +83,19 @@ def baseline(traces: dict, name: str, gpu: str) -> dict:
 
 
 def report(traces: dict, gpu: str) -> None:
-    print(f"\n=== {gpu}: {len(traces)} real traces; each predicted by a table fitted on the "
-          "others ===")  # fmt: skip
+    print(
+        f"\n=== {gpu}: {len(traces)} real traces; each predicted by a table fitted on the "
+        "others ==="
+    )
     results = {form: heldout(traces, gpu, form) for form in FORMS}
     summary = []
     for name in traces:
         print(f"\n-- {name}")
-        print(f"{'kind':<16} {'ops':>4} {'measured ms':>12} "
-              + " ".join(f"{f + ' form ms':>10} {'err %':>7} {'med op %':>8}" for f in FORMS)
-              + f" {'roofline ms':>11} {'err %':>7}")  # fmt: skip
+        print(
+            f"{'kind':<16} {'ops':>4} {'measured ms':>12} "
+            + " ".join(f"{f + ' form ms':>10} {'err %':>7} {'med op %':>8}" for f in FORMS)
+            + f" {'roofline ms':>11} {'err %':>7}"
+        )
         base = baseline(traces, name, gpu)
         kinds = results[FORMS[0]][name]["kinds"]
         for k in kinds:
@@ -97,8 +104,10 @@ def report(traces: dict, gpu: str) -> None:
                 v = results[form][name]["kinds"].get(k)
                 err = v["sum_error_pct"]
                 med = v["median_op_error_pct"]
-                row += (f"{v['predicted_ms']:>10.3f} {'' if err is None else f'{err:+.1f}':>7} "
-                        f"{'' if med is None else f'{med:.1f}':>8} ")  # fmt: skip
+                row += (
+                    f"{v['predicted_ms']:>10.3f} {'' if err is None else f'{err:+.1f}':>7} "
+                    f"{'' if med is None else f'{med:.1f}':>8} "
+                )
             b = base.get(k, [0.0, 0.0])
             be = (b[1] - b[0]) / b[0] * 100 if b[0] else None
             row += f"{b[1] * 1e3:>11.3f} {'' if be is None else f'{be:+.1f}':>7}"
@@ -111,19 +120,26 @@ def report(traces: dict, gpu: str) -> None:
             line += f"{r['predicted_ms']:>10.3f} {r['error_pct']:>+7.1f} {'':>8} "
         line += f"{btot:>11.3f} {(btot - meas) / meas * 100:>+7.1f}"
         print(line)
-        summary.append([abs(results[f][name]["error_pct"]) for f in FORMS]
-                       + [abs(btot - meas) / meas * 100])  # fmt: skip
-    print("\nmean absolute iteration error: "
-          + ", ".join(f"{f} form {statistics.mean(s[i] for s in summary):.1f}%"
-                      for i, f in enumerate(FORMS))
-          + f", per-name roofline without overhead {statistics.mean(s[-1] for s in summary):.1f}%")  # fmt: skip
+        summary.append(
+            [abs(results[f][name]["error_pct"]) for f in FORMS] + [abs(btot - meas) / meas * 100]
+        )
+    print(
+        "\nmean absolute iteration error: "
+        + ", ".join(
+            f"{f} form {statistics.mean(s[i] for s in summary):.1f}%" for i, f in enumerate(FORMS)
+        )
+        + f", per-name roofline without overhead {statistics.mean(s[-1] for s in summary):.1f}%"
+    )
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--shared", type=Path, default=os.environ.get("TRIOSIM_SHARED"),
-                    help="the shared/ folder (default: $TRIOSIM_SHARED, <repo>/shared, "
-                    "<repo>/../shared)")  # fmt: skip
+    ap.add_argument(
+        "--shared",
+        type=Path,
+        default=os.environ.get("TRIOSIM_SHARED"),
+        help="the shared/ folder (default: $TRIOSIM_SHARED, <repo>/shared, <repo>/../shared)",
+    )
     args = ap.parse_args()
     by_gpu: dict[str, dict] = defaultdict(dict)
     for name, t in {**go_traces(args.shared), **shipped_gpu_traces()}.items():

@@ -27,69 +27,149 @@ NDR, HDR = hardware.link("ib-ndr"), hardware.link("ib-hdr")
 
 
 def node(gpu, link, nvls):
-    return {"gpu": gpu, "topology": {"kind": "switch", "bandwidth": link.bandwidth,
-                                     "latency": link.latency, "nvls": nvls}}  # fmt: skip
+    return {
+        "gpu": gpu,
+        "topology": {
+            "kind": "switch",
+            "bandwidth": link.bandwidth,
+            "latency": link.latency,
+            "nvls": nvls,
+        },
+    }
 
 
 def nodes(n, gpu, link, nic_bw, nic_lat, nvls, sharp=False):
     """n nodes of 8 GPUs, one NIC (nic_bw: the node's NIC bandwidth / 8) per GPU, rails."""
-    return {"gpu": gpu, "num_gpus": 8 * n,
-            "topology": {"kind": "multi_node", "gpus_per_node": 8, "bandwidth": link.bandwidth,
-                         "latency": link.latency, "inter_bandwidth": nic_bw,
-                         "inter_latency": nic_lat, "nvls": nvls, "sharp": sharp}}  # fmt: skip
+    return {
+        "gpu": gpu,
+        "num_gpus": 8 * n,
+        "topology": {
+            "kind": "multi_node",
+            "gpus_per_node": 8,
+            "bandwidth": link.bandwidth,
+            "latency": link.latency,
+            "inter_bandwidth": nic_bw,
+            "inter_latency": nic_lat,
+            "nvls": nvls,
+            "sharp": sharp,
+        },
+    }
 
 
 H100, A100_80, A100_40 = "H100-SXM", "A100-80GB", "A100-40GB"
 # file stem -> (label, fabric class, config fields, NCCL options the run set)
 SYSTEMS = {
-    "h100_8gpu_allreduce_dgxc-benchmarking": ("8xH100 NVSwitch (DGX Cloud)", "node",
-                                              node(H100, NVL4, True), {}),
-    "h100_8gpu_allreduce_aws-p5-batch": ("8xH100 NVSwitch (AWS p5)", "node",
-                                         node(H100, NVL4, True), {}),
-    "a100_8gpu_allreduce_azure-ndmv4-aml": ("8xA100-80GB NVSwitch (Azure)", "node",
-                                            node(A100_80, NVL3, False), {}),
-    "a100_8gpu_allreduce_oci-bm-gpu4": ("8xA100-40GB NVSwitch (OCI, old NCCL)", "node",
-                                        node(A100_40, NVL3, False), {}),
-    "a100_8gpu_allreduce_stas00-ml-engineering": ("8xA100 NVSwitch (stas00)", "node",
-                                                  node(A100_80, NVL3, False), {}),
+    "h100_8gpu_allreduce_dgxc-benchmarking": (
+        "8xH100 NVSwitch (DGX Cloud)",
+        "node",
+        node(H100, NVL4, True),
+        {},
+    ),
+    "h100_8gpu_allreduce_aws-p5-batch": (
+        "8xH100 NVSwitch (AWS p5)",
+        "node",
+        node(H100, NVL4, True),
+        {},
+    ),
+    "a100_8gpu_allreduce_azure-ndmv4-aml": (
+        "8xA100-80GB NVSwitch (Azure)",
+        "node",
+        node(A100_80, NVL3, False),
+        {},
+    ),
+    "a100_8gpu_allreduce_oci-bm-gpu4": (
+        "8xA100-40GB NVSwitch (OCI, old NCCL)",
+        "node",
+        node(A100_40, NVL3, False),
+        {},
+    ),
+    "a100_8gpu_allreduce_stas00-ml-engineering": (
+        "8xA100 NVSwitch (stas00)",
+        "node",
+        node(A100_80, NVL3, False),
+        {},
+    ),
     "h100_2node_16gpu_allreduce_nccl-tests-issue309": (
-        "2x8 H100, IB NDR 8x400G", "IB", nodes(2, H100, NVL4, NDR.bandwidth, NDR.latency, True), {}),
+        "2x8 H100, IB NDR 8x400G",
+        "IB",
+        nodes(2, H100, NVL4, NDR.bandwidth, NDR.latency, True),
+        {},
+    ),
     "h100_2node_16gpu_allreduce_ring_nccl-tests-issue309": (
-        "2x8 H100, IB 8x400G, NCCL_ALGO=Ring", "IB",
-        nodes(2, H100, NVL4, NDR.bandwidth, NDR.latency, True), {"algorithm": "ring", "channels": 24}),
+        "2x8 H100, IB 8x400G, NCCL_ALGO=Ring",
+        "IB",
+        nodes(2, H100, NVL4, NDR.bandwidth, NDR.latency, True),
+        {"algorithm": "ring", "channels": 24},
+    ),
     "h100_4node_32gpu_allreduce_nccl-tests-issue309": (
-        "4x8 H100, IB NDR 8x400G", "IB", nodes(4, H100, NVL4, NDR.bandwidth, NDR.latency, True), {}),
+        "4x8 H100, IB NDR 8x400G",
+        "IB",
+        nodes(4, H100, NVL4, NDR.bandwidth, NDR.latency, True),
+        {},
+    ),
     "h100_8node_64gpu_allreduce_nccl-tests-issue309_default": (
-        "8x8 H100, IB 400G (default)", "IB", nodes(8, H100, NVL4, NDR.bandwidth, NDR.latency, True), {}),
+        "8x8 H100, IB 400G (default)",
+        "IB",
+        nodes(8, H100, NVL4, NDR.bandwidth, NDR.latency, True),
+        {},
+    ),
     "h100_8node_64gpu_allreduce_nccl-tests-issue309_tuned": (
-        "8x8 H100, IB 400G, MIN_CTAS=24", "IB",
-        nodes(8, H100, NVL4, NDR.bandwidth, NDR.latency, True), {"channels": 24}),
+        "8x8 H100, IB 400G, MIN_CTAS=24",
+        "IB",
+        nodes(8, H100, NVL4, NDR.bandwidth, NDR.latency, True),
+        {"channels": 24},
+    ),
     "h100_12node_96gpu_allreduce_coreweave-sharp_large": (
-        "12x8 H100, IB NDR + SHARP", "IB",
-        nodes(12, H100, NVL4, NDR.bandwidth, NDR.latency, True, sharp=True), {}),
+        "12x8 H100, IB NDR + SHARP",
+        "IB",
+        nodes(12, H100, NVL4, NDR.bandwidth, NDR.latency, True, sharp=True),
+        {},
+    ),
     # 16 x 200 Gb/s RoCE ports a node: 400 Gb/s (50 GB/s) a GPU, as NDR
     "h100_2node_16gpu_allreduce_oci-roce_large": (
-        "2x8 H100, RoCE 16x200G", "IB", nodes(2, H100, NVL4, 50e9, NDR.latency, True), {}),
+        "2x8 H100, RoCE 16x200G",
+        "IB",
+        nodes(2, H100, NVL4, 50e9, NDR.latency, True),
+        {},
+    ),
     "a100_2node_16gpu_allreduce_azure-ndmv4-aks": (
-        "2x8 A100, IB HDR 8x200G", "IB", nodes(2, A100_80, NVL3, HDR.bandwidth, HDR.latency, False), {}),
+        "2x8 A100, IB HDR 8x200G",
+        "IB",
+        nodes(2, A100_80, NVL3, HDR.bandwidth, HDR.latency, False),
+        {},
+    ),
     # 16 x 100 Gb/s RoCE a node: 200 Gb/s (25 GB/s) a GPU; the run is untuned (72 GB/s)
     "a100_2node_16gpu_allreduce_oci-roce": (
-        "2x8 A100, RoCE 16x100G (untuned run)", "other",
-        nodes(2, A100_40, NVL3, 25e9, HDR.latency, False), {}),
+        "2x8 A100, RoCE 16x100G (untuned run)",
+        "other",
+        nodes(2, A100_40, NVL3, 25e9, HDR.latency, False),
+        {},
+    ),
     # not InfiniBand/RoCE: NCCL's NET latencies are IB's; reported, not targeted
     "h100_2node_16gpu_allreduce_aws-p5-efa": (
-        "2x8 H100, AWS EFA 32x100G", "other", nodes(2, H100, NVL4, 50e9, NDR.latency, True), {}),
+        "2x8 H100, AWS EFA 32x100G",
+        "other",
+        nodes(2, H100, NVL4, 50e9, NDR.latency, True),
+        {},
+    ),
     "a100_2node_16gpu_allreduce_aws-p4de-efa": (
-        "2x8 A100, AWS EFA 4x100G", "other", nodes(2, A100_80, NVL3, 6.25e9, NDR.latency, False), {}),
+        "2x8 A100, AWS EFA 4x100G",
+        "other",
+        nodes(2, A100_80, NVL3, 6.25e9, NDR.latency, False),
+        {},
+    ),
     "h100_2node_16gpu_allreduce_gcp-a3mega-tcpxo": (
-        "2x8 H100, GCP TCPXO 8x200G", "other", nodes(2, H100, NVL4, 25e9, NDR.latency, True), {}),
-}  # fmt: skip
+        "2x8 H100, GCP TCPXO 8x200G",
+        "other",
+        nodes(2, H100, NVL4, 25e9, NDR.latency, True),
+        {},
+    ),
+}
 
 
 def config(stem: str, calibration=None):
     _, _, fields, comm = SYSTEMS[stem]
-    data = {"trace": "<none>", "num_gpus": 8, **fields,
-            "communication": {"kind": "nccl", **comm}}  # fmt: skip
+    data = {"trace": "<none>", "num_gpus": 8, **fields, "communication": {"kind": "nccl", **comm}}
     if calibration is not None:
         data["communication"] = {**data["communication"], "calibration": str(calibration)}
     return from_dict(data)
@@ -147,19 +227,25 @@ def main(argv=None) -> int:
             a, b = summarise(result)
             if args.detail:
                 print(f"\n{label} ({stem})")
-                print(f"{'size B':>12} {'measured us':>12} {'catalogue us':>13} {'err':>6} "
-                      f"{'calibrated us':>14} {'err':>6}")  # fmt: skip
+                print(
+                    f"{'size B':>12} {'measured us':>12} {'catalogue us':>13} {'err':>6} "
+                    f"{'calibrated us':>14} {'err':>6}"
+                )
                 for size, m, c, k, held in result:
                     mark = "" if held else "  (fitted)"
-                    print(f"{size:>12} {m * 1e6:>12.1f} {c * 1e6:>13.1f} {c / m - 1:>+6.0%} "
-                          f"{k * 1e6:>14.1f} {k / m - 1:>+6.0%}{mark}")  # fmt: skip
+                    print(
+                        f"{size:>12} {m * 1e6:>12.1f} {c * 1e6:>13.1f} {c / m - 1:>+6.0%} "
+                        f"{k * 1e6:>14.1f} {k / m - 1:>+6.0%}{mark}"
+                    )
             lines.append((klass, label, len(result), a, b))
     print(
         "\nMedian |predicted / measured - 1| of all_reduce time, by size range "
         "(a: catalogue figures; b: calibrated on every other row, held-out rows)"
     )
-    print("| system | class | rows | a <1MiB | a 1-64MiB | a >=64MiB | b <1MiB | b 1-64MiB | "
-          "b >=64MiB |")  # fmt: skip
+    print(
+        "| system | class | rows | a <1MiB | a 1-64MiB | a >=64MiB | b <1MiB | b 1-64MiB | "
+        "b >=64MiB |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for klass, label, n, a, b in lines:
         cells = [_pct(a[k]) for k in a] + [_pct(b[k]) for k in b]

@@ -38,8 +38,10 @@ def main():
     )
     for n in (64, 256, 1024):
         side = int(math.isqrt(n))
-        for name, g in (("fat_tree", topo.fat_tree(n, 50e9, 1e-6, radix=64)),
-                        ("torus2d", topo.torus2d(side, n // side, 50e9, 1e-6))):  # fmt: skip
+        for name, g in (
+            ("fat_tree", topo.fat_tree(n, 50e9, 1e-6, radix=64)),
+            ("torus2d", topo.torus2d(side, n // side, 50e9, 1e-6)),
+        ):
             wall, realloc, sim = one_step(g, n)
             print(
                 f"{name:<10} {n:>5} {wall:>8.3f} {realloc:>8} {n / wall:>10.0f} {sim * 1e3:>12.3f}"

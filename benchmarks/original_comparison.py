@@ -17,14 +17,34 @@ from triosim.simulation.wiring import Simulation
 from triosim.trace.go_csv import import_triosim_csv
 
 _GO = Path("shared") / "reference" / "triosim-go-traces"
-GO = next((p / _GO for p in Path(__file__).resolve().parents[1:] if (p / _GO).is_dir()),
-          Path(__file__).resolve().parents[2] / _GO)  # fmt: skip
+GO = next(
+    (p / _GO for p in Path(__file__).resolve().parents[1:] if (p / _GO).is_dir()),
+    Path(__file__).resolve().parents[2] / _GO,
+)
 ORIGINAL = {  # milliseconds, from shared/README.md
-    "vgg13": {"single": 94.038, "b256": 188.076, "dp": 102.2256, "tp2": 142.38, "tp4": 84.08,
-              "tp8": 55.05, "gpipe128": 141.86, "gpipe64": 101.41, "gpipe32": 81.08},
-    "resnet50": {"single": 70.723, "b256": 141.446, "dp": 72.2957, "tp2": 139.72, "tp4": 88.65,
-                 "tp8": 62.98, "gpipe128": 76.86, "gpipe64": 54.82, "gpipe32": 43.89},
-}  # fmt: skip
+    "vgg13": {
+        "single": 94.038,
+        "b256": 188.076,
+        "dp": 102.2256,
+        "tp2": 142.38,
+        "tp4": 84.08,
+        "tp8": 55.05,
+        "gpipe128": 141.86,
+        "gpipe64": 101.41,
+        "gpipe32": 81.08,
+    },
+    "resnet50": {
+        "single": 70.723,
+        "b256": 141.446,
+        "dp": 72.2957,
+        "tp2": 139.72,
+        "tp4": 88.65,
+        "tp8": 62.98,
+        "gpipe128": 76.86,
+        "gpipe64": 54.82,
+        "gpipe32": 43.89,
+    },
+}
 # the issue's Megatron hand calculation for VGG-13 (ms, N = 2 / 4 / 8)
 MEGATRON_VGG13 = {2: 117.5, 4: 129.3, 8: 135.1}
 BW = 65e9
@@ -53,8 +73,9 @@ def runs(trace):
 def _layers(trace):
     """Forward conv / linear / embedding operators (split, reading a weight), in order."""
     w = {t for t, x in trace.tensors.items() if x.category == "weight"}
-    return [op for op in trace.operators
-            if op.phase == "forward" and op.tp_split and set(op.inputs) & w]  # fmt: skip
+    return [
+        op for op in trace.operators if op.phase == "forward" and op.tp_split and set(op.inputs) & w
+    ]
 
 
 def _act(trace, ids) -> float:
@@ -166,8 +187,10 @@ def main():
         for name, ms in runs(traces[model]):
             print(f"{model:<9} {name:<9} {ref[name]:>12.3f} {ms:>11.3f}")
     print("\ntensor parallelism, 65 GB/s ring, no latency (ms; diff: triosim vs hand)")
-    print(f"{'model':<9} {'style':<9} {'N':>2} {'triosim':>9} {'hand':>9} {'diff %':>7} "
-          f"{'issue hand':>10} {'diff %':>7} {'original':>9}")  # fmt: skip
+    print(
+        f"{'model':<9} {'style':<9} {'N':>2} {'triosim':>9} {'hand':>9} {'diff %':>7} "
+        f"{'issue hand':>10} {'diff %':>7} {'original':>9}"
+    )
     for model, trace in traces.items():
         for style, n, sim, hand, issue in tp_rows(model, trace):
             h = f"{hand:>9.2f} {100 * (sim - hand) / hand:>+7.2f}" if hand else f"{'-':>9} {'-':>7}"

@@ -41,7 +41,7 @@ MODES = [
         {"mode": "interleaved", "dp": 1, "tp": 1, "pp": 2, "microbatches": 4, "virtual_stages": 2},
         2,
         GPT2,
-    ),  # fmt: skip
+    ),
     ("hop", {"mode": "hop"}, 4, RESNET),
 ]
 
@@ -52,16 +52,32 @@ def configs() -> dict:
     for name, par, n, trace in MODES:
         for comm in ("nccl", "textbook"):
             for sym in ("off", "auto"):
-                cfg = {"trace": trace, "num_gpus": n, "batch_size": 8, "parallelism": par,
-                       "topology": RING, "communication": {"kind": comm}, "symmetry": sym}  # fmt: skip
+                cfg = {
+                    "trace": trace,
+                    "num_gpus": n,
+                    "batch_size": 8,
+                    "parallelism": par,
+                    "topology": RING,
+                    "communication": {"kind": comm},
+                    "symmetry": sym,
+                }
                 out[f"{name} {comm} symmetry {sym}"] = cfg
-    out["ddp photonic"] = {"trace": RESNET, "num_gpus": 4, "batch_size": 8,
-                           "parallelism": {"mode": "ddp"}, "topology": RING,
-                           "network": {"kind": "photonic", "setup_time": "20 us"}}  # fmt: skip
-    out["ddp fat tree, 3 iterations"] = {"trace": RESNET, "num_gpus": 16, "batch_size": 16,
-                                         "iterations": 3, "parallelism": {"mode": "ddp"},
-                                         "topology": {"kind": "fat_tree", "radix": 8,
-                                                      "bandwidth": "50 GB/s"}}  # fmt: skip
+    out["ddp photonic"] = {
+        "trace": RESNET,
+        "num_gpus": 4,
+        "batch_size": 8,
+        "parallelism": {"mode": "ddp"},
+        "topology": RING,
+        "network": {"kind": "photonic", "setup_time": "20 us"},
+    }
+    out["ddp fat tree, 3 iterations"] = {
+        "trace": RESNET,
+        "num_gpus": 16,
+        "batch_size": 16,
+        "iterations": 3,
+        "parallelism": {"mode": "ddp"},
+        "topology": {"kind": "fat_tree", "radix": 8, "bandwidth": "50 GB/s"},
+    }
     return out
 
 
@@ -70,9 +86,11 @@ def fingerprint(cfg) -> dict:
 
     r = Simulation(cfg).run()
     table = r.timeline.to_csv(index=False, float_format="%r")
-    return {"iteration_time": repr(r.iteration_time),
-            "timeline_sha256": hashlib.sha256(table.encode()).hexdigest(),
-            "rows": len(r.timeline)}  # fmt: skip
+    return {
+        "iteration_time": repr(r.iteration_time),
+        "timeline_sha256": hashlib.sha256(table.encode()).hexdigest(),
+        "rows": len(r.timeline),
+    }
 
 
 def main(argv=None) -> int:

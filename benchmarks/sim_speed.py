@@ -55,8 +55,15 @@ def allreduce(n: int, comm: str, engine: str):
     from triosim.studies.calibration import system
 
     trace = str(ROOT / "traces/cpu/resnet18-b8.trace.json.gz")  # only for the GPU model
-    cfg = from_dict({"trace": trace, "num_gpus": n, "topology": fat(n), "communication": {"kind": comm},
-                            "network": {"kind": "packet", "engine": engine}})  # fmt: skip
+    cfg = from_dict(
+        {
+            "trace": trace,
+            "num_gpus": n,
+            "topology": fat(n),
+            "communication": {"kind": comm},
+            "network": {"kind": "packet", "engine": engine},
+        }
+    )
     env, net, model, group = system(cfg)
     env.process(model.run("allreduce", group, 1e9, tag="ar"))
     env.run()
@@ -67,21 +74,39 @@ def ddp(trace_name: str, n: int, engine: str, batch: int, symmetry: str = "off")
     from triosim.simulation.wiring import Simulation, load_any_trace
 
     trace = load_any_trace(ROOT / "traces/cpu" / trace_name)
-    cfg = {"num_gpus": n, "batch_size": batch * n, "parallelism": {"mode": "ddp"},
-           "topology": fat(n), "network": {"kind": "packet", "engine": engine},
-           "symmetry": symmetry}  # fmt: skip
+    cfg = {
+        "num_gpus": n,
+        "batch_size": batch * n,
+        "parallelism": {"mode": "ddp"},
+        "topology": fat(n),
+        "network": {"kind": "packet", "engine": engine},
+        "symmetry": symmetry,
+    }
     r = Simulation(cfg, trace=trace).run()
     if symmetry != "off":
         print(f"  symmetry: {r.symmetry}")
     return r.iteration_time, len(trace.operators) if hasattr(trace, "operators") else 0
 
 
-CLUSTER = {"kind": "multi_node", "gpus_per_node": 8, "bandwidth": "300 GB/s", "latency": "1 us",
-           "inter_bandwidth": "50 GB/s", "inter_latency": "2 us"}  # fmt: skip
+CLUSTER = {
+    "kind": "multi_node",
+    "gpus_per_node": 8,
+    "bandwidth": "300 GB/s",
+    "latency": "1 us",
+    "inter_bandwidth": "50 GB/s",
+    "inter_latency": "2 us",
+}
 
 
-def hybrid(n: int, tp: int, pp: int, engine: str, symmetry: str = "off", switch: bool = False,
-           cluster: bool = False):  # fmt: skip
+def hybrid(
+    n: int,
+    tp: int,
+    pp: int,
+    engine: str,
+    symmetry: str = "off",
+    switch: bool = False,
+    cluster: bool = False,
+):
     """Megatron 3D (dp x tp x pp) on the modelled GPT-2 A100 trace, 2 x pp micro-batches,
     on the fat tree, or every GPU on one switch, or a rail-optimised cluster of 8-GPU
     servers (both symmetric under the replicas)."""
@@ -91,9 +116,15 @@ def hybrid(n: int, tp: int, pp: int, engine: str, symmetry: str = "off", switch:
     dp = n // (tp * pp)
     par = {"mode": "3d", "dp": dp, "tp": tp, "pp": pp, "microbatches": 2 * pp if pp > 1 else 1}
     topology = {**FAT, "kind": "switch"} if switch else CLUSTER if cluster else fat(n)
-    cfg = {"num_gpus": n, "batch_size": 8 * dp, "gpu": "A100-80GB", "parallelism": par,
-           "topology": topology, "network": {"kind": "packet", "engine": engine},
-           "symmetry": symmetry}  # fmt: skip
+    cfg = {
+        "num_gpus": n,
+        "batch_size": 8 * dp,
+        "gpu": "A100-80GB",
+        "parallelism": par,
+        "topology": topology,
+        "network": {"kind": "packet", "engine": engine},
+        "symmetry": symmetry,
+    }
     r = Simulation(cfg, trace=trace).run()
     if symmetry != "off":
         print(f"  symmetry: {r.symmetry}")
@@ -128,20 +159,22 @@ def one(case: str, n: int, engine: str, sym: str = "off") -> int:
     machine must hold), for sizes where tracing Python memory would take too long."""
     import resource
 
-    runs = {"textbook": lambda: allreduce(n, "textbook", engine),
-            "nccl": lambda: allreduce(n, "nccl", engine),
-            "resnet18": lambda: ddp("resnet18-b8.trace.json.gz", n, engine, 8, sym)[0],
-            "gpt2": lambda: ddp("gpt2-small-b4.trace.json.gz", n, engine, 4, sym)[0],
-            "resnet50": lambda: ddp(RESNET50, n, engine, 128, sym)[0],
-            "hybrid-tp8": lambda: hybrid(n, 8, 1, engine, sym),
-            "hybrid-pp4": lambda: hybrid(n, 1, 4, engine, sym),
-            "3d-tp8-pp4": lambda: hybrid(n, 8, 4, engine, sym),
-            "hybrid-tp8-switch": lambda: hybrid(n, 8, 1, engine, sym, switch=True),
-            "hybrid-pp4-switch": lambda: hybrid(n, 1, 4, engine, sym, switch=True),
-            "hybrid-tp8-cluster": lambda: hybrid(n, 8, 1, engine, sym, cluster=True),
-            "hybrid-pp4-cluster": lambda: hybrid(n, 1, 4, engine, sym, cluster=True),
-            "3d-tp8-pp4-switch": lambda: hybrid(n, 8, 4, engine, sym, switch=True),
-            "3d-tp8-pp4-cluster": lambda: hybrid(n, 8, 4, engine, sym, cluster=True)}  # fmt: skip
+    runs = {
+        "textbook": lambda: allreduce(n, "textbook", engine),
+        "nccl": lambda: allreduce(n, "nccl", engine),
+        "resnet18": lambda: ddp("resnet18-b8.trace.json.gz", n, engine, 8, sym)[0],
+        "gpt2": lambda: ddp("gpt2-small-b4.trace.json.gz", n, engine, 4, sym)[0],
+        "resnet50": lambda: ddp(RESNET50, n, engine, 128, sym)[0],
+        "hybrid-tp8": lambda: hybrid(n, 8, 1, engine, sym),
+        "hybrid-pp4": lambda: hybrid(n, 1, 4, engine, sym),
+        "3d-tp8-pp4": lambda: hybrid(n, 8, 4, engine, sym),
+        "hybrid-tp8-switch": lambda: hybrid(n, 8, 1, engine, sym, switch=True),
+        "hybrid-pp4-switch": lambda: hybrid(n, 1, 4, engine, sym, switch=True),
+        "hybrid-tp8-cluster": lambda: hybrid(n, 8, 1, engine, sym, cluster=True),
+        "hybrid-pp4-cluster": lambda: hybrid(n, 1, 4, engine, sym, cluster=True),
+        "3d-tp8-pp4-switch": lambda: hybrid(n, 8, 4, engine, sym, switch=True),
+        "3d-tp8-pp4-cluster": lambda: hybrid(n, 8, 4, engine, sym, cluster=True),
+    }
     if case not in runs:
         raise SystemExit(f"--one: case must be one of {', '.join(runs)}, not {case!r}")
     ddp("resnet18-b8.trace.json.gz", 2, engine, 8)  # warm-up: imports (sklearn: 1-2 s)
@@ -163,13 +196,17 @@ def main(argv=None):
     ap.add_argument("--engine", default="fast", choices=("fast", "reference"))
     ap.add_argument("--no-memory", action="store_true")
     ap.add_argument("--skip", default="", help="comma-separated case prefixes to skip")
-    ap.add_argument("--one", nargs=2, metavar=("CASE", "GPUS"),
-                    help="run one case (textbook, nccl, resnet18, gpt2, resnet50, hybrid-tp8, "
-                    "hybrid-pp4, 3d-tp8-pp4, hybrid-tp8-switch, hybrid-pp4-switch, "
-                    "hybrid-tp8-cluster, hybrid-pp4-cluster, 3d-tp8-pp4-switch, "
-                    "3d-tp8-pp4-cluster) in this "
-                    "process and "
-                    "print its wall time and the process's peak resident memory")  # fmt: skip
+    ap.add_argument(
+        "--one",
+        nargs=2,
+        metavar=("CASE", "GPUS"),
+        help="run one case (textbook, nccl, resnet18, gpt2, resnet50, hybrid-tp8, "
+        "hybrid-pp4, 3d-tp8-pp4, hybrid-tp8-switch, hybrid-pp4-switch, "
+        "hybrid-tp8-cluster, hybrid-pp4-cluster, 3d-tp8-pp4-switch, "
+        "3d-tp8-pp4-cluster) in this "
+        "process and "
+        "print its wall time and the process's peak resident memory",
+    )
     ap.add_argument(
         "--symmetry",
         default="off",
@@ -202,9 +239,11 @@ def main(argv=None):
     for n in sizes:
         row("allreduce 1GB textbook", n, lambda n=n: allreduce(n, "textbook", a.engine))
         row("allreduce 1GB nccl", n, lambda n=n: allreduce(n, "nccl", a.engine))
-    for name, trace, batch in (("ddp resnet18", "resnet18-b8.trace.json.gz", 8),
-                               ("ddp gpt2-small", "gpt2-small-b4.trace.json.gz", 4),
-                               ("ddp resnet50 (H100 model)", RESNET50, 128)):  # fmt: skip
+    for name, trace, batch in (
+        ("ddp resnet18", "resnet18-b8.trace.json.gz", 8),
+        ("ddp gpt2-small", "gpt2-small-b4.trace.json.gz", 4),
+        ("ddp resnet50 (H100 model)", RESNET50, 128),
+    ):
         for n in sizes:
             got = row(name, n, lambda n=n, t=trace, b=batch: ddp(t, n, a.engine, b))
             if got:

@@ -19,8 +19,12 @@ def main():
     trace = load_any_trace(ROOT / "traces/cpu/resnet18-b8.trace.json.gz")
     print(f"{'GPUs':>5} {'wall s':>8} {'peak MB':>8} {'tasks':>8} {'iteration ms':>13}")
     for n in (2, 4, 8, 16, 32, 64, 128, 256):
-        cfg = {"num_gpus": n, "batch_size": 8 * n, "parallelism": {"mode": "ddp"},
-               "topology": {"kind": "fat_tree", "bandwidth": "50 GB/s", "latency": "1 us"}}  # fmt: skip
+        cfg = {
+            "num_gpus": n,
+            "batch_size": 8 * n,
+            "parallelism": {"mode": "ddp"},
+            "topology": {"kind": "fat_tree", "bandwidth": "50 GB/s", "latency": "1 us"},
+        }
         t0 = time.perf_counter()
         r = Simulation(cfg, trace=trace).run()
         wall = time.perf_counter() - t0

@@ -7,8 +7,10 @@ import csv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CPU_FALLBACK = {"cnn": "traces/cpu/resnet18-b8.trace.json.gz",
-                "transformer": "traces/cpu/gpt2-small-b8.trace.json.gz"}  # fmt: skip
+CPU_FALLBACK = {
+    "cnn": "traces/cpu/resnet18-b8.trace.json.gz",
+    "transformer": "traces/cpu/gpt2-small-b8.trace.json.gz",
+}
 
 
 def find_trace(model: str, gpu: str, kind: str = "cnn") -> tuple[str, str]:
@@ -39,8 +41,15 @@ def write_csv(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def grouped_bars(path: Path, groups: list[str], series: dict[str, list[float]], ylabel: str,
-                 title: str, note: str = "", baseline: float | None = None) -> Path:  # fmt: skip
+def grouped_bars(
+    path: Path,
+    groups: list[str],
+    series: dict[str, list[float]],
+    ylabel: str,
+    title: str,
+    note: str = "",
+    baseline: float | None = None,
+) -> Path:
     """One group of bars per entry of `groups`, one bar per series; `note` under the title."""
     import matplotlib
 
@@ -67,9 +76,16 @@ def grouped_bars(path: Path, groups: list[str], series: dict[str, list[float]], 
     return path
 
 
-def share_bars(path: Path, labels: list[str], compute: list[float], comm: list[float],
-               title: str, ylabel: str = "share of the iteration", above=None,
-               compute_label: str = "compute") -> Path:  # fmt: skip
+def share_bars(
+    path: Path,
+    labels: list[str],
+    compute: list[float],
+    comm: list[float],
+    title: str,
+    ylabel: str = "share of the iteration",
+    above=None,
+    compute_label: str = "compute",
+) -> Path:
     """Stacked compute and exposed-communication shares per bar; `above`: a text per bar
     (e.g. the iteration time), written over it, with the legend then beside the plot."""
     import matplotlib

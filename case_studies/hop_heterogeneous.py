@@ -20,13 +20,26 @@ from triosim.simulation.wiring import Simulation
 GRAPHS = {"ring-based": "ring_chord", "double-ring": "double_ring"}
 
 
-def scenario_time(trace: str, graph: str, seed: int, backup: int, iterations: int,
-                  bandwidth: str = "100 GB/s", batch: int = 128) -> float:  # fmt: skip
-    cfg = {"trace": trace, "num_gpus": 8, "batch_size": 8 * batch, "gpu": None,
-           "iterations": iterations, "seed": seed,
-           "parallelism": {"mode": "hop", "backup_workers": backup},
-           "topology": {"kind": graph, "bandwidth": bandwidth, "latency": "1 us"},
-           "heterogeneity": {"random": [{"target": "bandwidth", "low": 1, "high": 10}]}}  # fmt: skip
+def scenario_time(
+    trace: str,
+    graph: str,
+    seed: int,
+    backup: int,
+    iterations: int,
+    bandwidth: str = "100 GB/s",
+    batch: int = 128,
+) -> float:
+    cfg = {
+        "trace": trace,
+        "num_gpus": 8,
+        "batch_size": 8 * batch,
+        "gpu": None,
+        "iterations": iterations,
+        "seed": seed,
+        "parallelism": {"mode": "hop", "backup_workers": backup},
+        "topology": {"kind": graph, "bandwidth": bandwidth, "latency": "1 us"},
+        "heterogeneity": {"random": [{"target": "bandwidth", "low": 1, "high": 10}]},
+    }
     return Simulation(cfg).run().total_time
 
 
@@ -36,8 +49,15 @@ def study(trace: str, scenarios: int = 8, iterations: int = 20, batch: int = 128
         for label, graph in GRAPHS.items():
             t0 = scenario_time(trace, graph, seed, 0, iterations, batch=batch)
             t1 = scenario_time(trace, graph, seed, 1, iterations, batch=batch)
-            rows.append({"scenario": seed, "graph": label, "time_no_backup_s": t0,
-                         "time_one_backup_s": t1, "speedup": t0 / t1})  # fmt: skip
+            rows.append(
+                {
+                    "scenario": seed,
+                    "graph": label,
+                    "time_no_backup_s": t0,
+                    "time_one_backup_s": t1,
+                    "speedup": t0 / t1,
+                }
+            )
     return rows
 
 
@@ -53,12 +73,20 @@ def main(argv=None):
     write_csv(folder / "hop.csv", rows)
     print(f"{'scenario':>8} {'graph':<12} {'no backup s':>12} {'1 backup s':>11} {'speed-up':>9}")
     for r in rows:
-        print(f"{r['scenario']:>8} {r['graph']:<12} {r['time_no_backup_s']:>12.4f} "
-              f"{r['time_one_backup_s']:>11.4f} {r['speedup']:>9.3f}")  # fmt: skip
+        print(
+            f"{r['scenario']:>8} {r['graph']:<12} {r['time_no_backup_s']:>12.4f} "
+            f"{r['time_one_backup_s']:>11.4f} {r['speedup']:>9.3f}"
+        )
     series = {label: [r["speedup"] for r in rows if r["graph"] == label] for label in GRAPHS}
-    grouped_bars(folder / "hop.png", [f"group {s + 1}" for s in range(args.scenarios)], series,
-                 "speed-up of 1 backup worker", "Hop on 8 GPUs, random bandwidth slow-downs (1-10x)",
-                 note=f"VGG-11, {args.iterations} iterations; {source}", baseline=1.0)  # fmt: skip
+    grouped_bars(
+        folder / "hop.png",
+        [f"group {s + 1}" for s in range(args.scenarios)],
+        series,
+        "speed-up of 1 backup worker",
+        "Hop on 8 GPUs, random bandwidth slow-downs (1-10x)",
+        note=f"VGG-11, {args.iterations} iterations; {source}",
+        baseline=1.0,
+    )
     print(f"wrote {folder / 'hop.csv'} and {folder / 'hop.png'} ({source})")
     return rows
 

@@ -12,8 +12,11 @@ import argparse
 from case_studies.common import find_trace, grouped_bars, out_dir, write_csv
 from triosim.simulation.wiring import Simulation
 
-MODELS = [("VGG-11", "vgg11", "cnn"), ("ResNet-50", "resnet50", "cnn"),
-          ("DenseNet-121", "densenet121", "cnn")]  # fmt: skip
+MODELS = [
+    ("VGG-11", "vgg11", "cnn"),
+    ("ResNet-50", "resnet50", "cnn"),
+    ("DenseNet-121", "densenet121", "cnn"),
+]
 MODES = {"DP": {"mode": "dp"}, "TP": {"mode": "tp"}, "GPipe": {"mode": "gpipe", "microbatches": 2}}
 
 
@@ -22,12 +25,22 @@ def study(models=MODELS, gpu="A100", batch=128) -> list[dict]:
     for name, trace_name, kind in models:
         trace, source = find_trace(trace_name, gpu, kind)
         for mode, par in MODES.items():
-            cfg = {"trace": trace, "num_gpus": 4, "batch_size": batch, "parallelism": par,
-                   "topology": {"kind": "fully_connected", "bandwidth": "100 GB/s",
-                                "latency": "1 us"}}  # fmt: skip
+            cfg = {
+                "trace": trace,
+                "num_gpus": 4,
+                "batch_size": batch,
+                "parallelism": par,
+                "topology": {"kind": "fully_connected", "bandwidth": "100 GB/s", "latency": "1 us"},
+            }
             r = Simulation(cfg).run()
-            rows.append({"model": name, "mode": mode, "iteration_ms": r.iteration_time * 1e3,
-                         "times_from": source})  # fmt: skip
+            rows.append(
+                {
+                    "model": name,
+                    "mode": mode,
+                    "iteration_ms": r.iteration_time * 1e3,
+                    "times_from": source,
+                }
+            )
     return rows
 
 
@@ -41,11 +54,21 @@ def main(argv=None):
     for r in rows:
         print(f"{r['model']:<13} {r['mode']:<6} {r['iteration_ms']:>10.2f} ms")
     models = list(dict.fromkeys(r["model"] for r in rows))
-    series = {m: [next(r["iteration_ms"] for r in rows if r["model"] == mo and r["mode"] == m)
-                  for mo in models] for m in MODES}  # fmt: skip
-    grouped_bars(folder / "parallelism.png", models, series, "ms per iteration",
-                 "4 GPUs, NVLink 100 GB/s per pair, total batch 128 (GPipe: 2 x 64)",
-                 note=rows[0]["times_from"].split(" (")[0])  # fmt: skip
+    series = {
+        m: [
+            next(r["iteration_ms"] for r in rows if r["model"] == mo and r["mode"] == m)
+            for mo in models
+        ]
+        for m in MODES
+    }
+    grouped_bars(
+        folder / "parallelism.png",
+        models,
+        series,
+        "ms per iteration",
+        "4 GPUs, NVLink 100 GB/s per pair, total batch 128 (GPipe: 2 x 64)",
+        note=rows[0]["times_from"].split(" (")[0],
+    )
     print(f"wrote parallelism.csv and parallelism.png into {folder}")
     return rows
 

@@ -38,12 +38,17 @@ def study(gpu_counts=(2, 8, 32, 128), sizes=(1, 4, 16)) -> list[dict]:
     for size in sizes:
         trace = repeated(base, size)
         for n in gpu_counts:
-            cfg = {"num_gpus": n, "batch_size": 8 * n, "parallelism": {"mode": "ddp"},
-                   "topology": {"kind": "fat_tree", "bandwidth": "50 GB/s", "latency": "1 us"}}  # fmt: skip
+            cfg = {
+                "num_gpus": n,
+                "batch_size": 8 * n,
+                "parallelism": {"mode": "ddp"},
+                "topology": {"kind": "fat_tree", "bandwidth": "50 GB/s", "latency": "1 us"},
+            }
             t0 = time.perf_counter()
             Simulation(cfg, trace=trace).run()
-            rows.append({"gpus": n, "operators": len(trace.operators),
-                         "wall_s": time.perf_counter() - t0})  # fmt: skip
+            rows.append(
+                {"gpus": n, "operators": len(trace.operators), "wall_s": time.perf_counter() - t0}
+            )
     return rows
 
 
@@ -62,8 +67,12 @@ def main(argv=None):
     fig, ax = plt.subplots(figsize=(6, 4))
     for ops in dict.fromkeys(r["operators"] for r in rows):
         pts = [r for r in rows if r["operators"] == ops]
-        ax.plot([r["gpus"] for r in pts], [r["wall_s"] for r in pts], marker="o",
-                label=f"{ops} operators")  # fmt: skip
+        ax.plot(
+            [r["gpus"] for r in pts],
+            [r["wall_s"] for r in pts],
+            marker="o",
+            label=f"{ops} operators",
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("GPUs")

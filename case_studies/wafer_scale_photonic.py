@@ -21,27 +21,48 @@ from case_studies.common import find_trace, out_dir, share_bars, write_csv
 from triosim.simulation.wiring import Simulation
 
 # (name, trace name, kind, per-GPU batch)
-MODELS = [("VGG-19", "vgg19", "cnn", 64), ("ResNet-50", "resnet50", "cnn", 128),
-          ("DenseNet-121", "densenet121", "cnn", 64), ("GPT-2", "gpt2", "transformer", 8),
-          ("Llama-3.2-1B", "llama", "transformer", 1)]  # fmt: skip
+MODELS = [
+    ("VGG-19", "vgg19", "cnn", 64),
+    ("ResNet-50", "resnet50", "cnn", 128),
+    ("DenseNet-121", "densenet121", "cnn", 64),
+    ("GPT-2", "gpt2", "transformer", 8),
+    ("Llama-3.2-1B", "llama", "transformer", 1),
+]
 NETWORKS = {
     "electrical": {"kind": "packet"},
-    "photonic": {"kind": "photonic", "total_bandwidth": "484 GB/s", "links": 8,
-                 "setup_time": "20 ms"},
-}  # fmt: skip
+    "photonic": {
+        "kind": "photonic",
+        "total_bandwidth": "484 GB/s",
+        "links": 8,
+        "setup_time": "20 ms",
+    },
+}
 
 
 def run(trace: str, batch: int, network: dict, bandwidth: str, mode: str = "dp") -> dict:
-    cfg = {"trace": trace, "num_gpus": 84, "batch_size": 84 * batch, "iterations": 2,
-           "parallelism": {"mode": mode},
-           "topology": {"kind": "mesh2d", "rows": 12, "cols": 7, "bandwidth": bandwidth,
-                        "latency": "20 ns"},
-           "network": network}  # fmt: skip
+    cfg = {
+        "trace": trace,
+        "num_gpus": 84,
+        "batch_size": 84 * batch,
+        "iterations": 2,
+        "parallelism": {"mode": mode},
+        "topology": {
+            "kind": "mesh2d",
+            "rows": 12,
+            "cols": 7,
+            "bandwidth": bandwidth,
+            "latency": "20 ns",
+        },
+        "network": network,
+    }
     r = Simulation(cfg).run()
     g = r.per_gpu()
-    return {"iteration_ms": r.iteration_time * 1e3, "first_iteration_ms": r.first_iteration_time * 1e3,
-            "compute_ms": float(g["compute"].mean()) * 1e3,
-            "exposed_comm_ms": float(g["exposed_comm"].mean()) * 1e3}  # fmt: skip
+    return {
+        "iteration_ms": r.iteration_time * 1e3,
+        "first_iteration_ms": r.first_iteration_time * 1e3,
+        "compute_ms": float(g["compute"].mean()) * 1e3,
+        "exposed_comm_ms": float(g["exposed_comm"].mean()) * 1e3,
+    }
 
 
 def study(models=MODELS, bandwidths=("0.5 GB/s",)) -> list[dict]:
@@ -53,22 +74,31 @@ def study(models=MODELS, bandwidths=("0.5 GB/s",)) -> list[dict]:
                 if net_name == "photonic" and bw != bandwidths[0]:
                     continue  # the photonic network does not use the mesh's links
                 res = run(trace, batch, net, bw)
-                rows.append({"model": name, "network": net_name,
-                             "electrical_bandwidth": bw if net_name == "electrical" else "",
-                             **res, "comm_share": res["exposed_comm_ms"] / res["iteration_ms"],
-                             "times_from": source})  # fmt: skip
+                rows.append(
+                    {
+                        "model": name,
+                        "network": net_name,
+                        "electrical_bandwidth": bw if net_name == "electrical" else "",
+                        **res,
+                        "comm_share": res["exposed_comm_ms"] / res["iteration_ms"],
+                        "times_from": source,
+                    }
+                )
     return rows
 
 
 def plot(rows, path, bandwidth):
     main = [r for r in rows if r["network"] == "photonic" or r["electrical_bandwidth"] == bandwidth]
-    share_bars(path, [f"{r['model']}\n{r['network']}" for r in main],
-               [r["compute_ms"] / r["iteration_ms"] for r in main],
-               [r["exposed_comm_ms"] / r["iteration_ms"] for r in main],
-               f"84-GPU wafer, data parallel: electrical mesh ({bandwidth}/link) vs photonic\n"
-               f"{main[0]['times_from'].split(' (')[0]}",
-               ylabel="share of the iteration (steady state)",
-               above=[f"{r['iteration_ms']:.0f} ms" for r in main])  # fmt: skip
+    share_bars(
+        path,
+        [f"{r['model']}\n{r['network']}" for r in main],
+        [r["compute_ms"] / r["iteration_ms"] for r in main],
+        [r["exposed_comm_ms"] / r["iteration_ms"] for r in main],
+        f"84-GPU wafer, data parallel: electrical mesh ({bandwidth}/link) vs photonic\n"
+        f"{main[0]['times_from'].split(' (')[0]}",
+        ylabel="share of the iteration (steady state)",
+        above=[f"{r['iteration_ms']:.0f} ms" for r in main],
+    )
 
 
 def plot_sensitivity(rows, path):
@@ -98,8 +128,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="out/wafer")
     ap.add_argument("--bandwidth", default="0.5 GB/s", help="electrical mesh link bandwidth")
-    ap.add_argument("--sweep", nargs="*", default=["2 GB/s", "10 GB/s", "50 GB/s", "200 GB/s"],
-                    help="more electrical bandwidths for the sensitivity plot")  # fmt: skip
+    ap.add_argument(
+        "--sweep",
+        nargs="*",
+        default=["2 GB/s", "10 GB/s", "50 GB/s", "200 GB/s"],
+        help="more electrical bandwidths for the sensitivity plot",
+    )
     args = ap.parse_args(argv)
     folder = out_dir(args.out)
     rows = study(bandwidths=(args.bandwidth, *args.sweep))
@@ -108,9 +142,11 @@ def main(argv=None):
         f"{'model':<13} {'network':<10} {'bw':>9} {'iter ms':>9} {'compute':>9} {'exp.comm':>9} {'share':>6}"
     )
     for r in rows:
-        print(f"{r['model']:<13} {r['network']:<10} {r['electrical_bandwidth']:>9} "
-              f"{r['iteration_ms']:>9.2f} {r['compute_ms']:>9.2f} {r['exposed_comm_ms']:>9.2f} "
-              f"{r['comm_share']:>6.0%}")  # fmt: skip
+        print(
+            f"{r['model']:<13} {r['network']:<10} {r['electrical_bandwidth']:>9} "
+            f"{r['iteration_ms']:>9.2f} {r['compute_ms']:>9.2f} {r['exposed_comm_ms']:>9.2f} "
+            f"{r['comm_share']:>6.0%}"
+        )
     plot(rows, folder / "wafer.png", args.bandwidth)
     plot_sensitivity(rows, folder / "wafer_sensitivity.png")
     print(f"wrote wafer.csv, wafer.png, wafer_sensitivity.png into {folder}")

@@ -38,8 +38,9 @@ class Network:
         if isinstance(options, self.Options) and not kwargs:
             self.options = schema.check(options, "network")
         elif options is None:
-            self.options = schema.load(self.Options, kwargs, "network",
-                                       owner=f"network '{self.kind}'")  # fmt: skip
+            self.options = schema.load(
+                self.Options, kwargs, "network", owner=f"network '{self.kind}'"
+            )
         else:
             raise NetworkError(f"options must be a {self.Options.__name__} or keyword arguments")
         self.env = env
@@ -89,8 +90,10 @@ class Network:
         """
         srcs, dsts, sizes, caps = self._parse(transfers)
         now = self.env.now
-        records = [TransferRecord(*t, now, tag=tag, max_rate=c)
-                   for t, c in zip(zip(srcs, dsts, sizes, strict=True), caps, strict=True)]  # fmt: skip
+        records = [
+            TransferRecord(*t, now, tag=tag, max_rate=c)
+            for t, c in zip(zip(srcs, dsts, sizes, strict=True), caps, strict=True)
+        ]
         self._log += records
         for rec in records:  # one add per transfer, in order (what the counters promise)
             self.bytes_sent += rec.nbytes
@@ -229,8 +232,11 @@ def gpu_nodes(graph: nx.DiGraph) -> list:
 def reducing_switches(graph) -> dict:
     """Switch nodes that reduce data in flight: name -> 'nvls' (NVSwitch3 NVLink SHARP) or
     'sharp' (InfiniBand SHARP), from the node attribute `reduce`."""
-    return {n: d["reduce"] for n, d in graph.nodes(data=True)
-            if d.get("kind") == "switch" and d.get("reduce")}  # fmt: skip
+    return {
+        n: d["reduce"]
+        for n, d in graph.nodes(data=True)
+        if d.get("kind") == "switch" and d.get("reduce")
+    }
 
 
 def validate_graph(graph) -> nx.DiGraph:

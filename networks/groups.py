@@ -37,8 +37,7 @@ class Group:
     arrival time of each (nan until it arrives). `events`: one event per transfer
     (`transfer_group`), or None and `done` fires once all arrived (`transfer_all`)."""
 
-    __slots__ = ("srcs", "dsts", "nb", "maxr", "start", "tag", "ends", "events", "done",
-                 "pending")  # fmt: skip
+    __slots__ = ("srcs", "dsts", "nb", "maxr", "start", "tag", "ends", "events", "done", "pending")
 
     def __init__(self, srcs, dsts, nb, maxr, start, tag, events=None, done=None):
         self.srcs, self.dsts, self.nb, self.maxr = srcs, dsts, nb, maxr
@@ -48,14 +47,28 @@ class Group:
         self.pending = len(nb)
 
     def record(self, i: int) -> TransferRecord:
-        return TransferRecord(self.srcs[i], self.dsts[i], float(self.nb[i]), self.start,
-                              float(self.ends[i]), self.tag, float(self.maxr[i]))  # fmt: skip
+        return TransferRecord(
+            self.srcs[i],
+            self.dsts[i],
+            float(self.nb[i]),
+            self.start,
+            float(self.ends[i]),
+            self.tag,
+            float(self.maxr[i]),
+        )
 
     def columns(self):
         n = len(self.nb)
         src, dst = node_array(self.srcs), node_array(self.dsts)
-        return (self.srcs if src is None else src, self.dsts if dst is None else dst, self.nb,
-                np.full(n, self.start), self.ends, [self.tag] * n, self.maxr)  # fmt: skip
+        return (
+            self.srcs if src is None else src,
+            self.dsts if dst is None else dst,
+            self.nb,
+            np.full(n, self.start),
+            self.ends,
+            [self.tag] * n,
+            self.maxr,
+        )
 
     def succeed(self, _record=None):
         """One transfer of a `transfer_all` group arrived (a subclass's own `_deliver`)."""
@@ -106,10 +119,19 @@ def _listed(x) -> list:
 
 def _records(cols) -> list[TransferRecord]:
     src, dst, nb, start, end, tag, maxr = cols
-    return [TransferRecord(*row) for row in zip(_listed(src), _listed(dst),
-            np.asarray(nb, float).tolist(), np.asarray(start, float).tolist(),
-            np.asarray(end, float).tolist(), tag, np.asarray(maxr, float).tolist(),
-            strict=True)]  # fmt: skip
+    return [
+        TransferRecord(*row)
+        for row in zip(
+            _listed(src),
+            _listed(dst),
+            np.asarray(nb, float).tolist(),
+            np.asarray(start, float).tolist(),
+            np.asarray(end, float).tolist(),
+            tag,
+            np.asarray(maxr, float).tolist(),
+            strict=True,
+        )
+    ]
 
 
 def _entry_columns(entry):
@@ -136,13 +158,16 @@ def _all_columns(log):
         src, dst = _joined([c[0] for c in cols]), _joined([c[1] for c in cols])
         counts = [len(c[2]) for c in cols]
         tag = np.repeat(np.array([e.tag for e in log] + [None], object)[:-1], counts)
-        nums = [np.concatenate([np.asarray(c[k], float) for c in cols]) if cols
-                else np.zeros(0) for k in (2, 3, 4, 6)]  # fmt: skip
+        nums = [
+            np.concatenate([np.asarray(c[k], float) for c in cols]) if cols else np.zeros(0)
+            for k in (2, 3, 4, 6)
+        ]
         nb, start, end, maxr = nums
     if len(start) > 1 and (np.diff(start) < 0).any():
         order = np.argsort(start, kind="stable")
-        src, dst = ([x[i] for i in order.tolist()] if isinstance(x, list) else x[order]
-                    for x in (src, dst))  # fmt: skip
+        src, dst = (
+            [x[i] for i in order.tolist()] if isinstance(x, list) else x[order] for x in (src, dst)
+        )
         tag, nb, start, end, maxr = tag[order], nb[order], start[order], end[order], maxr[order]
     return src, dst, nb, start, end, tag, maxr
 
@@ -175,8 +200,9 @@ def transfer_table(log):
     import pandas as pd
 
     if all(isinstance(e, TransferRecord) for e in log):
-        return pd.DataFrame([(r.src, r.dst, r.nbytes, r.start, r.end, r.tag) for r in log],
-                            columns=COLUMNS)  # fmt: skip
+        return pd.DataFrame(
+            [(r.src, r.dst, r.nbytes, r.start, r.end, r.tag) for r in log], columns=COLUMNS
+        )
     src, dst, nb, start, end, tag, _ = _all_columns(log)
     if not len(src):
         return pd.DataFrame([], columns=COLUMNS)

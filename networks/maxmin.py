@@ -284,8 +284,10 @@ class MaxMin:
         join = label[rs] != first[cs]
         if join.any():  # a seed flow bridges components: merge their labels
             size = int(label.max()) + 1
-            edges = coo_matrix((np.ones(int(join.sum()), np.int8),
-                                (first[cs[join]], label[rs[join]])), (size, size))  # fmt: skip
+            edges = coo_matrix(
+                (np.ones(int(join.sum()), np.int8), (first[cs[join]], label[rs[join]])),
+                (size, size),
+            )
             _, merged = connected_components(edges, directed=True, connection="weak")
             self._label = label = merged[label]
         bad = np.zeros(int(label.max(initial=-1)) + 1, bool)

@@ -51,9 +51,17 @@ from triosim.common.schema import option
 
 # one-row columns shared by point-to-point starts (only ever copied into the table)
 _ZERO_I, _ZERO_F, _NO_LABEL = np.zeros(1, np.int64), np.zeros(1), np.full(1, -1)
-_COLUMNS = (("_gid", np.int64), ("_idx", np.int64), ("_rem", float), ("_rate", float),
-            ("_nb", float), ("_lat", float), ("_maxr", float), ("_nh", np.int64),
-            ("_flab", np.int64))  # fmt: skip
+_COLUMNS = (
+    ("_gid", np.int64),
+    ("_idx", np.int64),
+    ("_rem", float),
+    ("_rate", float),
+    ("_nb", float),
+    ("_lat", float),
+    ("_maxr", float),
+    ("_nh", np.int64),
+    ("_flab", np.int64),
+)
 
 
 @dataclass(slots=True)
@@ -222,8 +230,11 @@ class PacketSwitchNetwork(RingJobs, Network):
         # now + dt == now and the timer would fire forever without progress
         tick = _TIME_TOL * max(self.env.now, 1e-9)
         for f in self._flows:
-            if (f.remaining <= _REL_TOL * f.rec.nbytes or len(f.links) == 0
-                    or (f.rate > 0 and f.remaining <= f.rate * tick)):  # fmt: skip
+            if (
+                f.remaining <= _REL_TOL * f.rec.nbytes
+                or len(f.links) == 0
+                or (f.rate > 0 and f.remaining <= f.rate * tick)
+            ):
                 self._schedule_delivery(f)
             else:
                 still.append(f)
@@ -345,8 +356,9 @@ class PacketSwitchNetwork(RingJobs, Network):
         flat = np.concatenate([r[0] for r in routes])
         lat = np.array([r[1] for r in routes], float)
         distinct = len(flat) <= 64 and len(set(flat.tolist())) == len(flat)
-        return _Batch(self, srcs, dsts, np.array(sizes, float), np.array(caps, float), flat,
-                      nh, lat, distinct)  # fmt: skip
+        return _Batch(
+            self, srcs, dsts, np.array(sizes, float), np.array(caps, float), flat, nh, lat, distinct
+        )
 
     def _start_parsed(self, srcs, dsts, sizes, caps, tag, events=None, done=None):
         b = self._prepare(srcs, dsts, sizes, caps)
@@ -400,8 +412,7 @@ class PacketSwitchNetwork(RingJobs, Network):
         self._groups[gid] = g
         return gid
 
-    def _add_flows(self, gid: int, g: Group, idx, rem, rate, lat, nh, flat,
-                   distinct: bool = False):  # fmt: skip
+    def _add_flows(self, gid: int, g: Group, idx, rem, rate, lat, nh, flat, distinct: bool = False):
         """Put transfers idx of group g in the flow table (rem bytes left, sending at rate).
         The rows wait in `_waiting_rows` until the solve at this instant (`_take_rows`):
         the groups started at one instant are appended with one copy per column.
@@ -425,8 +436,9 @@ class PacketSwitchNetwork(RingJobs, Network):
         rows, self._waiting_rows = self._waiting_rows, []
         n, k = len(self._rem), sum(len(r[1]) for r in rows)
         for j, (name, _) in enumerate(_COLUMNS):
-            self._append(name, n, rows[0][j] if len(rows) == 1 else
-                         np.concatenate([r[j] for r in rows]), k)  # fmt: skip
+            self._append(
+                name, n, rows[0][j] if len(rows) == 1 else np.concatenate([r[j] for r in rows]), k
+            )
         flat = rows[0][-1] if len(rows) == 1 else np.concatenate([r[-1] for r in rows])
         self._append("_flat", len(self._flat), flat, len(flat))
 
@@ -687,8 +699,11 @@ class PacketSwitchNetwork(RingJobs, Network):
             return np.unique(seeds)
         if n >= self.above_min:
             # the departed flows' entries (links, rates, labels), joined once for both
-            gone_e = (tuple(np.concatenate([x[j] for x in gone_links]) for j in range(3))
-                      if gone_links else None)  # fmt: skip
+            gone_e = (
+                tuple(np.concatenate([x[j] for x in gone_links]) for j in range(3))
+                if gone_links
+                else None
+            )
             above = self._solve_above(idx, new, gone_e)
             if above is not None:
                 return self._after_above(*above, idx, changed, new, seeds, gone_e)
@@ -863,8 +878,11 @@ class PacketSwitchNetwork(RingJobs, Network):
             taken += np.bincount(seeds, weights=ge[on], minlength=len(uniq))
         below = np.maximum(self._load[uniq] - taken, 0.0)  # what the kept flows take
         with np.errstate(invalid="ignore"):  # inf - inf: an infinite link stays infinite
-            capacity = np.where(self._finite[uniq], np.maximum(self.capacity[uniq] - below, 0.0),
-                                self.capacity[uniq])  # fmt: skip
+            capacity = np.where(
+                self._finite[uniq],
+                np.maximum(self.capacity[uniq] - below, 0.0),
+                self.capacity[uniq],
+            )
         maxr = self._maxr[solved]
         capped = np.flatnonzero(maxr < np.inf)
         ext, entries = nh, rows
@@ -880,8 +898,12 @@ class PacketSwitchNetwork(RingJobs, Network):
             self.reach_solves += 1
             rate = prev.copy()
             sub = reach[cols]
-            rate[reach] = max_min_rates(entries[sub], (np.cumsum(reach) - 1)[cols[sub]],
-                                        int(np.count_nonzero(reach)), capacity)  # fmt: skip
+            rate[reach] = max_min_rates(
+                entries[sub],
+                (np.cumsum(reach) - 1)[cols[sub]],
+                int(np.count_nonzero(reach)),
+                capacity,
+            )
         return solved, rate, uniq, rows, nh, below
 
     def _reach(self, rows, nh, finite, seeds, new: int):
@@ -969,8 +991,9 @@ class PacketSwitchNetwork(RingJobs, Network):
             off = np.where(j > 0, (2 * np.arange(len(r)) + 2) * eps * cs[:-1], 0.0)
             total = np.bincount(lk, weights=r, minlength=len(links))
             level = (cap - total - ((k + 1) * eps * total + eps * cap)) / fresh
-            np.maximum.at(level, lk, (cap[lk] - below - off - eps * cap[lk])
-                          / (k[lk] - j + fresh[lk]))  # fmt: skip
+            np.maximum.at(
+                level, lk, (cap[lk] - below - off - eps * cap[lk]) / (k[lk] - j + fresh[lk])
+            )
         return float(level.min())
 
     def _departure_level(self, gl, ge, gb) -> float:
@@ -995,8 +1018,7 @@ class PacketSwitchNetwork(RingJobs, Network):
         before = self._occ[gl] + count[inv.reshape(-1)]  # at least the flows there then
         return float(np.maximum(ge, cap / before).min())
 
-    def _after_above(self, solved, rate, uniq, rows, nh, below, idx, changed, new, seeds,
-                     gone_e):  # fmt: skip
+    def _after_above(self, solved, rate, uniq, rows, nh, below, idx, changed, new, seeds, gone_e):
         """Book a solve above a level: rates, labels and loads, each updated for what
         changed only (no pass over the table). Labels: the dirty flows keep their one
         label, new flows take it (several labels are merged into a fresh one). Loads: a
@@ -1024,8 +1046,7 @@ class PacketSwitchNetwork(RingJobs, Network):
             self._check_against_full()
         load = self._load
         fin_rate = np.where(np.isfinite(rate), rate, 0.0)
-        load[uniq] = below + np.bincount(rows, weights=np.repeat(fin_rate, nh),
-                                         minlength=len(uniq))  # fmt: skip
+        load[uniq] = below + np.bincount(rows, weights=np.repeat(fin_rate, nh), minlength=len(uniq))
         touched = uniq
         if self.above_solves % self.RELOAD_EVERY == 0:  # now and then afresh: booked sums drift
             rate_e = np.repeat(np.where(np.isfinite(self._rate), self._rate, 0.0), self._nh)
@@ -1219,8 +1240,9 @@ class PacketSwitchNetwork(RingJobs, Network):
             on[touched] = False
             pos = self._pos
             pos[touched] = np.arange(len(touched))
-            self._load[touched] = np.bincount(pos[self._flat[sel]], weights=rate_e[sel],
-                                              minlength=len(touched))  # fmt: skip
+            self._load[touched] = np.bincount(
+                pos[self._flat[sel]], weights=rate_e[sel], minlength=len(touched)
+            )
         self._busy = None
         if self._nan_util:
             return

@@ -42,8 +42,9 @@ class PhotonicOptions:
     latency: float = option(
         0.0, unit="seconds", ge=0, lt=math.inf, help="propagation latency of a transfer"
     )
-    buffer_bytes: float = option(math.inf, unit="bytes", gt=0,
-                                 help="receiver buffer; a transfer must fit in it")  # fmt: skip
+    buffer_bytes: float = option(
+        math.inf, unit="bytes", gt=0, help="receiver buffer; a transfer must fit in it"
+    )
 
 
 @register("photonic")
@@ -76,9 +77,12 @@ class PhotonicNetwork(Network):
             self._deliver(rec, ev)
             return
         if rec.nbytes > self.buffer_bytes:
-            raise ConfigError("network.buffer_bytes", self.buffer_bytes,
-                              f"at least the largest transfer: {rec.nbytes:.0f} bytes from GPU "
-                              f"{rec.src} to GPU {rec.dst} ({rec.tag or 'untagged'})")  # fmt: skip
+            raise ConfigError(
+                "network.buffer_bytes",
+                self.buffer_bytes,
+                f"at least the largest transfer: {rec.nbytes:.0f} bytes from GPU "
+                f"{rec.src} to GPU {rec.dst} ({rec.tag or 'untagged'})",
+            )
         circuit = yield from self._circuit(rec.src, rec.dst)
         amount = rec.nbytes
         buf = self._buffer(rec.dst)
@@ -134,8 +138,11 @@ class PhotonicNetwork(Network):
     def _free_port(self, node) -> bool:
         if self._ports_used[node] < self.ports:
             return True
-        idle = [c for c in self.circuits.values()
-                if node in c.ends and c.users == 0 and c.ready.triggered]  # fmt: skip
+        idle = [
+            c
+            for c in self.circuits.values()
+            if node in c.ends and c.users == 0 and c.ready.triggered
+        ]
         if not idle:
             return False
         victim = min(idle, key=lambda c: c.last_used)  # least recently used

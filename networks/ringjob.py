@@ -149,7 +149,12 @@ class RingJob:
         n = len(p.srcs)
         ends = np.array(self.done_at[:s], float).reshape(s, len(p.rates))[:, p.cls] + p.lat[None, :]
         src, dst = node_array(p.srcs), node_array(p.dsts)
-        return (p.srcs * s if src is None else np.tile(src, s),
-                p.dsts * s if dst is None else np.tile(dst, s), np.full(n * s, self.chunk),
-                np.repeat(np.array(self.starts[:s], float), n), ends.ravel(),
-                [self.tag] * (n * s), np.full(n * s, math.inf))  # fmt: skip
+        return (
+            p.srcs * s if src is None else np.tile(src, s),
+            p.dsts * s if dst is None else np.tile(dst, s),
+            np.full(n * s, self.chunk),
+            np.repeat(np.array(self.starts[:s], float), n),
+            ends.ravel(),
+            [self.tag] * (n * s),
+            np.full(n * s, math.inf),
+        )

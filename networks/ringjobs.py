@@ -56,8 +56,15 @@ class RingJobs:
             self._start_job(p, chunk, steps, tag, done)
             return
         n = len(p.srcs)
-        g = Group(p.srcs, p.dsts, np.full(n, chunk), np.full(n, math.inf), self.env.now, tag,
-                  done=self.env.event())  # fmt: skip
+        g = Group(
+            p.srcs,
+            p.dsts,
+            np.full(n, chunk),
+            np.full(n, math.inf),
+            self.env.now,
+            tag,
+            done=self.env.event(),
+        )
         g.done.callbacks.append(lambda _e: self._ring_run(p, chunk, steps - 1, tag, done))
         self._start_fast(g, p.flat, p.nh, p.lat)
 
@@ -117,8 +124,15 @@ class RingJobs:
             if k in st.active and now > st.t:
                 incs.append(now - st.t)
             self.link_busy[links] = chain(self.link_busy[links], incs)
-        g = Group(p.srcs, p.dsts, np.full(n, c), np.full(n, math.inf), job.starts[s], job.tag,
-                  done=self.env.event())  # fmt: skip
+        g = Group(
+            p.srcs,
+            p.dsts,
+            np.full(n, c),
+            np.full(n, math.inf),
+            job.starts[s],
+            job.tag,
+            done=self.env.event(),
+        )
         done_at = np.array(st.done_at, float)[p.cls]
         sent = ~np.isnan(done_at)
         arrival = done_at + p.lat

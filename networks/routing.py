@@ -112,10 +112,14 @@ class Routes:
 
         local = np.array([graph.edges[e].get("kind") != "net" for e in self.links], bool)
         self._local = connected_components(
-            csr_matrix((np.ones(int(local.sum())), (u[local], v[local])),
-                       shape=(len(nodes), len(nodes))), directed=False)[1]  # fmt: skip
-        self._direct = {(a, b): w for a, b, w in zip(u.tolist(), v.tolist(), self.weight.tolist(),
-                                                    strict=True)}  # fmt: skip
+            csr_matrix(
+                (np.ones(int(local.sum())), (u[local], v[local])), shape=(len(nodes), len(nodes))
+            ),
+            directed=False,
+        )[1]
+        self._direct = {
+            (a, b): w for a, b, w in zip(u.tolist(), v.tolist(), self.weight.tolist(), strict=True)
+        }
         self._balls: dict = {}  # source index -> (limit, reached node indices, distances)
         self._paths: dict = {}
         # a node whose only out-link goes to X (a GPU on a leaf switch) is w + X's row away
@@ -281,8 +285,9 @@ class Routes:
         if not self._via_switches[s]:
             return None
         csr = self._csr
-        heads = sorted(csr.indices[csr.indptr[s] : csr.indptr[s + 1]].tolist(),
-                       key=lambda x: -self._served[x])  # fmt: skip
+        heads = sorted(
+            csr.indices[csr.indptr[s] : csr.indptr[s + 1]].tolist(), key=lambda x: -self._served[x]
+        )
         links = self.link_ids(np.full(len(heads), s), np.array(heads, np.int64))
         reads, upper = [], None
         for x, k in zip(heads, links.tolist(), strict=True):
@@ -480,8 +485,15 @@ class Routes:
         switch_key: dict = {}  # switch -> its key number
         csr, reads = self._csr, []
         for s in u[via].tolist():
-            reads.append([(switch_key.setdefault(int(csr.indices[k]), len(keys) + len(switch_key)),
-                           float(csr.data[k])) for k in range(csr.indptr[s], csr.indptr[s + 1])])  # fmt: skip
+            reads.append(
+                [
+                    (
+                        switch_key.setdefault(int(csr.indices[k]), len(keys) + len(switch_key)),
+                        float(csr.data[k]),
+                    )
+                    for k in range(csr.indptr[s], csr.indptr[s + 1])
+                ]
+            )
         keys += [("w", x) for x in switch_key]
         width = max([1] + [len(r) for r in reads])
         kid = np.repeat(first[:, None], width, axis=1)
@@ -549,9 +561,16 @@ class Routes:
             used = np.unique(rows)
             local = np.full(len(keys), -1, np.int64)
             local[used] = np.arange(len(used))
-            self._walk_chunk([pairs[i] for i in sel.tolist()], s_idx[sel], d_idx[sel],
-                             [keys[k] for k in used.tolist()], local[rows], offs[sel],
-                             hub[sel], link[sel])  # fmt: skip
+            self._walk_chunk(
+                [pairs[i] for i in sel.tolist()],
+                s_idx[sel],
+                d_idx[sel],
+                [keys[k] for k in used.tolist()],
+                local[rows],
+                offs[sel],
+                hub[sel],
+                link[sel],
+            )
 
     def _bounded_reads(self, keys, reads, offs, d_idx):
         """Reads (switch rows) that cannot be on a shortest path to the pair's destination
@@ -588,8 +607,9 @@ class Routes:
         if self._comp_graph is None:
             from scipy.sparse import csr_matrix
 
-            net = np.flatnonzero(np.array([self.graph.edges[e].get("kind") == "net"
-                                           for e in self.links], bool))  # fmt: skip
+            net = np.flatnonzero(
+                np.array([self.graph.edges[e].get("kind") == "net" for e in self.links], bool)
+            )
             n = int(self._local.max()) + 1 if len(self._local) else 0
             cu, cv = self._local[self._u[net]], self._local[self._v[net]]
             self._comp_graph = csr_matrix((np.ones(len(net)), (cu, cv)), shape=(n, n))
@@ -626,8 +646,9 @@ class Routes:
         # (below, a source is never a candidate tail); other sources are their own class
         _, off_cls = np.unique(off, return_inverse=True)
         own = np.where(hub < 0, s_idx, -1)[:, None]
-        _, reader = np.unique(np.hstack([row, off_cls.reshape(off.shape), own]), axis=0,
-                              return_inverse=True)  # fmt: skip
+        _, reader = np.unique(
+            np.hstack([row, off_cls.reshape(off.shape), own]), axis=0, return_inverse=True
+        )
         reader = reader.reshape(-1)
         reach = np.isfinite(dist(np.arange(m), d_idx))
         act = np.flatnonzero(reach & (s_idx != d_idx))
@@ -658,15 +679,18 @@ class Routes:
                 big = self._in_deg[vu] > BIG_IN
                 if big.any():  # where several ask one (row, node): a sort for them all
                     at = np.flatnonzero(big)
-                    _, c_inv, c_n = np.unique(row[pu[at], 0] * n + vu[at], return_inverse=True,
-                                              return_counts=True)  # fmt: skip
+                    _, c_inv, c_n = np.unique(
+                        row[pu[at], 0] * n + vu[at], return_inverse=True, return_counts=True
+                    )
                     big[at[c_n[c_inv.reshape(-1)] < SHARED_ASKS]] = False
                 if big.any():  # a rail's leaf: thousands of in-links, looked up by value
                     ok_k, ok_t, cnt_u = self._merge(
                         self._candidates(pu[~big], vu[~big], dist),
-                        self._candidates_big(pu[big], vu[big], dist(pu[big], vu[big]), row,
-                                             off, rows, s_idx),
-                        ~big)  # fmt: skip
+                        self._candidates_big(
+                            pu[big], vu[big], dist(pu[big], vu[big]), row, off, rows, s_idx
+                        ),
+                        ~big,
+                    )
                 else:
                     ok_k, ok_t, cnt_u = self._candidates(pu, vu, dist)
                 cnt = cnt_u[inv]
@@ -674,8 +698,10 @@ class Routes:
                 tie = np.flatnonzero(cnt > 1)
                 if len(tie):  # several: spread by a hash of (source, destination, node) (ECMP)
                     nodes = self.nodes
-                    h = [zlib.crc32(f"{pairs[q][0]!r}|{pairs[q][1]!r}|{nodes[x]!r}".encode())
-                         for q, x in zip(p[tie].tolist(), vm[tie].tolist(), strict=True)]  # fmt: skip
+                    h = [
+                        zlib.crc32(f"{pairs[q][0]!r}|{pairs[q][1]!r}|{nodes[x]!r}".encode())
+                        for q, x in zip(p[tie].tolist(), vm[tie].tolist(), strict=True)
+                    ]
                     pick[tie] += np.array(h, np.int64) % cnt[tie]
                 k[multi], tail[multi] = ok_k[pick], ok_t[pick]
             got_p.append(act)
@@ -705,8 +731,9 @@ class Routes:
         row."""
         if row.shape[1] == 1:
             return row, off
-        vals = np.stack([off[:, j] + rows.at(row[:, j], d_idx) for j in range(row.shape[1])],
-                        axis=1)  # fmt: skip
+        vals = np.stack(
+            [off[:, j] + rows.at(row[:, j], d_idx) for j in range(row.shape[1])], axis=1
+        )
         return _keep_reads(row, off, vals == vals.min(axis=1, keepdims=True))
 
     @staticmethod
@@ -715,8 +742,9 @@ class Routes:
         merged into one, in item order."""
         ka, ta, ca = a
         kb, tb, cb = b
-        owner = np.concatenate([np.repeat(np.flatnonzero(in_a), ca),
-                                np.repeat(np.flatnonzero(~in_a), cb)])  # fmt: skip
+        owner = np.concatenate(
+            [np.repeat(np.flatnonzero(in_a), ca), np.repeat(np.flatnonzero(~in_a), cb)]
+        )
         order = np.argsort(owner, kind="stable")
         cnt = np.zeros(len(in_a), np.int64)
         cnt[in_a], cnt[~in_a] = ca, cb
@@ -757,8 +785,9 @@ class Routes:
         mine = mine[w[link[mine]] == dv[mine]]
         owners.append(mine)
         poss.append(self._in_pos[link[mine]])
-        code = np.unique(np.concatenate(owners) * (int(self._in_deg.max()) + 1)
-                         + np.concatenate(poss))  # fmt: skip
+        code = np.unique(
+            np.concatenate(owners) * (int(self._in_deg.max()) + 1) + np.concatenate(poss)
+        )
         owner, pos = np.divmod(code, int(self._in_deg.max()) + 1)
         at = in_ptr[vu[owner]] + pos
         return in_link[at], in_from[at], np.bincount(owner, minlength=len(pu))
@@ -836,8 +865,11 @@ def _keep_reads(reads: np.ndarray, offs: np.ndarray, keep: np.ndarray):
     sel = np.where(keep, np.arange(width), np.argmax(keep, axis=1)[:, None])
     reads = reads[np.arange(m)[:, None], sel]
     offs = offs[np.arange(m)[:, None], sel]
-    cols = [0] + [j for j in range(1, width)
-                  if (reads[:, j] != reads[:, 0]).any() or (offs[:, j] != offs[:, 0]).any()]  # fmt: skip
+    cols = [0] + [
+        j
+        for j in range(1, width)
+        if (reads[:, j] != reads[:, 0]).any() or (offs[:, j] != offs[:, 0]).any()
+    ]
     return reads[:, cols], offs[:, cols]
 
 

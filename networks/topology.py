@@ -49,8 +49,15 @@ def _switch(g, name, reduce: str | None = None):
     return name
 
 
-def add_link(g: nx.DiGraph, u, v, bandwidth: float, latency: float = 0.0, both: bool = True,
-             kind: str = "nvlink"):  # fmt: skip
+def add_link(
+    g: nx.DiGraph,
+    u,
+    v,
+    bandwidth: float,
+    latency: float = 0.0,
+    both: bool = True,
+    kind: str = "nvlink",
+):
     """Add (or replace) a link; both directions unless `both=False`. `kind`: nvlink (any
     direct GPU-to-GPU or GPU-to-NVSwitch link), pcie, or net (the inter-node fabric)."""
     if not (isinstance(bandwidth, (int, float)) and bandwidth > 0):
@@ -71,9 +78,15 @@ def set_link(g: nx.DiGraph, u, v, bandwidth=None, latency=None, both: bool = Fal
         if not g.has_edge(a, b):
             raise NetworkError(f"there is no link {a!r}->{b!r} to change")
         d = g.edges[a, b]
-        add_link(g, a, b, d["bandwidth"] if bandwidth is None else bandwidth,
-                 d["latency"] if latency is None else latency, both=False,
-                 kind=d.get("kind", "nvlink"))  # fmt: skip
+        add_link(
+            g,
+            a,
+            b,
+            d["bandwidth"] if bandwidth is None else bandwidth,
+            d["latency"] if latency is None else latency,
+            both=False,
+            kind=d.get("kind", "nvlink"),
+        )
     return g
 
 
@@ -125,8 +138,14 @@ def fully_connected(n: int, bandwidth: float, latency: float = 0.0):
     return g
 
 
-def switch_star(n: int, bandwidth: float, latency: float = 0.0, switch: str = "nvswitch",
-                nvls: bool = False, kind: str = "nvlink"):  # fmt: skip
+def switch_star(
+    n: int,
+    bandwidth: float,
+    latency: float = 0.0,
+    switch: str = "nvswitch",
+    nvls: bool = False,
+    kind: str = "nvlink",
+):
     """Every GPU on one switch (NVSwitch): each GPU's link carries bandwidth each way.
     `nvls`: the switch reduces in flight (NVSwitch3 with NVLink SHARP, H100/H200 HGX)."""
     _check_count(n)
@@ -199,8 +218,13 @@ def fat_tree(n: int, bandwidth: float, latency: float = 0.0, radix: int = 64):
     return g
 
 
-def pcie_tree(n: int, bandwidth: float, latency: float = 0.0, per_switch: int = 2,
-              host_bandwidth: float | None = None):  # fmt: skip
+def pcie_tree(
+    n: int,
+    bandwidth: float,
+    latency: float = 0.0,
+    per_switch: int = 2,
+    host_bandwidth: float | None = None,
+):
     """GPUs under PCIe switches (per_switch each) under one root complex (CPU)."""
     _check_count(n)
     _check_count(per_switch, "per_switch")
@@ -232,10 +256,20 @@ def dgx1(bandwidth: float, latency: float = 0.0):
     return g
 
 
-def multi_node(nodes: int, gpus_per_node: int, intra_bandwidth: float, inter_bandwidth: float,
-               intra_latency: float = 0.0, inter_latency: float = 0.0, *, fabric: str = "rail",
-               oversubscription: float = 1.0, spines: int | None = None, nvls: bool = False,
-               sharp: bool = False):  # fmt: skip
+def multi_node(
+    nodes: int,
+    gpus_per_node: int,
+    intra_bandwidth: float,
+    inter_bandwidth: float,
+    intra_latency: float = 0.0,
+    inter_latency: float = 0.0,
+    *,
+    fabric: str = "rail",
+    oversubscription: float = 1.0,
+    spines: int | None = None,
+    nvls: bool = False,
+    sharp: bool = False,
+):
     """Servers of `gpus_per_node` GPUs on an NVSwitch ('nvswitch{k}', NVLink links of
     intra_bandwidth), every GPU with its own NIC (inter_bandwidth each way), as in DGX/HGX
     systems. GPU k*gpus_per_node + i is GPU i of node k (node attribute `node` = k).
@@ -295,8 +329,9 @@ class LinkSpec:
     )
 
 
-def from_edges(edges, default_bandwidth=None, default_latency: float = 0.0, gpus=None,
-               reducing=None):  # fmt: skip
+def from_edges(
+    edges, default_bandwidth=None, default_latency: float = 0.0, gpus=None, reducing=None
+):
     """Build from a list of {src, dst, bandwidth, latency, both, kind} dicts (a YAML edge list).
 
     Nodes named in `gpus` (default: every integer node) are GPUs; others are switches;
@@ -313,8 +348,9 @@ def from_edges(edges, default_bandwidth=None, default_latency: float = 0.0, gpus
                 f"topology.edges[{k}].bandwidth", None, "a bandwidth such as '50 GB/s'"
             )
         lat = spec.latency if spec.latency is not None else default_latency
-        add_link(g, spec.src, spec.dst, bw, lat, both=spec.both is not False,
-                 kind=spec.kind or "nvlink")  # fmt: skip
+        add_link(
+            g, spec.src, spec.dst, bw, lat, both=spec.both is not False, kind=spec.kind or "nvlink"
+        )
     gpu_set = set(gpus) if gpus is not None else {n for n in g if isinstance(n, int)}
     missing = [x for x in gpu_set if x not in g]
     if missing:
@@ -342,8 +378,11 @@ def apply_overrides(g: nx.DiGraph, links) -> nx.DiGraph:
             [(spec.src, spec.dst), (spec.dst, spec.src)] if spec.both else [(spec.src, spec.dst)]
         ):
             if not g.has_edge(a, b):
-                raise ConfigError(where, {"src": spec.src, "dst": spec.dst},
-                                  f"a link of this topology; there is no link {a!r}->{b!r}")  # fmt: skip
+                raise ConfigError(
+                    where,
+                    {"src": spec.src, "dst": spec.dst},
+                    f"a link of this topology; there is no link {a!r}->{b!r}",
+                )
         set_link(g, spec.src, spec.dst, spec.bandwidth, spec.latency, both=bool(spec.both))
     return g
 
@@ -396,8 +435,9 @@ class FatTreeOptions:
 @dataclass(frozen=True)
 class PcieOptions:
     per_switch: int = option(2, ge=1, help="GPUs under each PCIe switch")
-    host_bandwidth: float | None = option(None, unit="bandwidth", gt=0,
-                                          help="switch-to-root link (default: bandwidth)")  # fmt: skip
+    host_bandwidth: float | None = option(
+        None, unit="bandwidth", gt=0, help="switch-to-root link (default: bandwidth)"
+    )
 
 
 @dataclass(frozen=True)
@@ -411,23 +451,29 @@ class MultiNodeOptions:
     inter_bandwidth: float = option(
         50e9, unit="bandwidth", gt=0, help="each GPU's NIC, per direction (50 GB/s: IB NDR)"
     )
-    inter_latency: float = option(2e-6, unit="seconds", ge=0, lt=math.inf,
-                                  help="GPU to GPU through the inter-node switch")  # fmt: skip
+    inter_latency: float = option(
+        2e-6, unit="seconds", ge=0, lt=math.inf, help="GPU to GPU through the inter-node switch"
+    )
     fabric: Literal["rail", "switch"] = option(
-        "rail", help="rail: rail-optimised two-tier fat tree (GPU i of every node on leaf i); "
-        "switch: one non-blocking switch")  # fmt: skip
-    oversubscription: float = option(1.0, ge=1, plausible="factor",
-                                     help="rail fabric: leaf down/up bandwidth ratio")  # fmt: skip
-    spines: int | None = option(None, ge=1, help="rail fabric: spine switches (default: "
-                                "gpus_per_node)")  # fmt: skip
+        "rail",
+        help="rail: rail-optimised two-tier fat tree (GPU i of every node on leaf i); "
+        "switch: one non-blocking switch",
+    )
+    oversubscription: float = option(
+        1.0, ge=1, plausible="factor", help="rail fabric: leaf down/up bandwidth ratio"
+    )
+    spines: int | None = option(
+        None, ge=1, help="rail fabric: spine switches (default: gpus_per_node)"
+    )
     nvls: bool = option(False, help="the NVSwitches reduce in flight (NVSwitch3: H100/H200)")
     sharp: bool = option(False, help="the inter-node switches reduce in flight (IB SHARP)")
 
 
 @dataclass(frozen=True)
 class EdgesOptions:
-    edges: list[LinkSpec] = option(factory=list,
-                                   help="[{src, dst, bandwidth, latency, both, kind}, ...]")  # fmt: skip
+    edges: list[LinkSpec] = option(
+        factory=list, help="[{src, dst, bandwidth, latency, both, kind}, ...]"
+    )
     gpus: list | None = option(None, help="nodes that are GPUs (default: the integer nodes)")
     reducing: dict | None = option(None, help="switches that reduce in flight: {name: nvls|sharp}")
 
@@ -470,11 +516,20 @@ def _dgx1(n, bw, lat, o):
 @register("multi_node", MultiNodeOptions)
 def _multi_node(n, bw, lat, o):
     if n % o.gpus_per_node:
-        raise ConfigError("topology.gpus_per_node", o.gpus_per_node,
-                          f"a divisor of num_gpus ({n})")  # fmt: skip
-    return multi_node(n // o.gpus_per_node, o.gpus_per_node, bw, o.inter_bandwidth, lat,
-                      o.inter_latency, fabric=o.fabric, oversubscription=o.oversubscription,
-                      spines=o.spines, nvls=o.nvls, sharp=o.sharp)  # fmt: skip
+        raise ConfigError("topology.gpus_per_node", o.gpus_per_node, f"a divisor of num_gpus ({n})")
+    return multi_node(
+        n // o.gpus_per_node,
+        o.gpus_per_node,
+        bw,
+        o.inter_bandwidth,
+        lat,
+        o.inter_latency,
+        fabric=o.fabric,
+        oversubscription=o.oversubscription,
+        spines=o.spines,
+        nvls=o.nvls,
+        sharp=o.sharp,
+    )
 
 
 @register("edges", EdgesOptions)
@@ -485,10 +540,17 @@ def _edges(n, bw, lat, o):
 def to_edges(graph: nx.DiGraph) -> dict:
     """A graph as `edges` topology options (one entry per direction), so a topology a
     Python caller built is written into the saved config and re-runs as it stands."""
-    edges = [{"src": u, "dst": v, "bandwidth": float(d["bandwidth"]),
-              "latency": float(d.get("latency", 0.0)), "both": False,
-              "kind": d.get("kind", "nvlink")}
-             for u, v, d in graph.edges(data=True)]  # fmt: skip
+    edges = [
+        {
+            "src": u,
+            "dst": v,
+            "bandwidth": float(d["bandwidth"]),
+            "latency": float(d.get("latency", 0.0)),
+            "both": False,
+            "kind": d.get("kind", "nvlink"),
+        }
+        for u, v, d in graph.edges(data=True)
+    ]
     gpus = [n for n, d in graph.nodes(data=True) if d.get("kind", "gpu") == "gpu"]
     reducing = {n: d["reduce"] for n, d in graph.nodes(data=True) if d.get("reduce")}
     return {"edges": edges, "gpus": gpus, "reducing": reducing or None}

@@ -27,8 +27,11 @@ def batch_ratio(trace: Trace, target: Target) -> float:
     if target.batch_size is None:
         return 1.0
     if not trace.batch_size:
-        raise ConfigError("batch_size", target.batch_size,
-                          "the trace's metadata must give its batch_size to scale it")  # fmt: skip
+        raise ConfigError(
+            "batch_size",
+            target.batch_size,
+            "the trace's metadata must give its batch_size to scale it",
+        )
     return float(target.batch_size) / float(trace.batch_size)
 
 
@@ -79,12 +82,20 @@ class OperatorModel:
         if gpu is None or (traced and _same_gpu(gpu, traced)):
             return
         if not traced:
-            raise ConfigError("gpu", gpu, f"the traced GPU for perfmodel '{self.name}': this "
-                              "trace does not say which GPU it was taken on (record it with "
-                              "`triosim import --gpu NAME`, or use perfmodel 'roofline' with "
-                              "source_gpu)")  # fmt: skip
-        raise ConfigError("gpu", gpu, f"the traced GPU ({traced}) for perfmodel '{self.name}'; "
-                          "use 'roofline' to predict another GPU")  # fmt: skip
+            raise ConfigError(
+                "gpu",
+                gpu,
+                f"the traced GPU for perfmodel '{self.name}': this "
+                "trace does not say which GPU it was taken on (record it with "
+                "`triosim import --gpu NAME`, or use perfmodel 'roofline' with "
+                "source_gpu)",
+            )
+        raise ConfigError(
+            "gpu",
+            gpu,
+            f"the traced GPU ({traced}) for perfmodel '{self.name}'; "
+            "use 'roofline' to predict another GPU",
+        )
 
     def iteration_time(self, target: Target = Target()) -> float:
         """Sum of operator times: a single-GPU iteration at the target."""

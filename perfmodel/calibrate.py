@@ -30,8 +30,9 @@ def main(argv=None) -> int:
     ap.add_argument("--source", default="", help="where the traces come from (recorded)")
     args = ap.parse_args(argv)
     traces = {Path(p).name.split(".")[0]: load_any_trace(p) for p in args.traces}
-    cal = fit(list(traces.values()), args.gpu, args.form,
-              args.source or "fitted on " + ", ".join(traces))  # fmt: skip
+    cal = fit(
+        list(traces.values()), args.gpu, args.form, args.source or "fitted on " + ", ".join(traces)
+    )
     if len(traces) > 1:
         cal.heldout = heldout(traces, args.gpu, args.form)
     print(f"wrote {cal.save(args.out)}")

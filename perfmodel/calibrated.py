@@ -46,29 +46,103 @@ DEFAULT_GPU = "H100-SXM"
 FORMS = ("max", "sum")
 
 # operators that launch no GPU kernel
-NO_KERNEL = frozenset({
-    "view", "_unsafe_view", "reshape_alias", "_reshape_alias", "t", "transpose", "permute",
-    "expand", "expand_as", "unsqueeze", "squeeze", "slice", "select", "split", "split_with_sizes",
-    "chunk", "unbind", "as_strided", "flatten", "unflatten", "alias", "detach", "view_as",
-    "empty", "empty_like", "empty_strided", "lift_fresh", "item", "_local_scalar_dense",
-    "numpy_T", "narrow",
-})  # fmt: skip
-NO_KERNEL_BACKWARD = frozenset({
-    "T", "View", "UnsafeView", "Permute", "Transpose", "Unsqueeze", "Squeeze", "Alias",
-    "Detach", "AccumulateGrad", "ReshapeAlias", "Clone", "Unflatten", "Flatten",
-})  # fmt: skip
+NO_KERNEL = frozenset(
+    {
+        "view",
+        "_unsafe_view",
+        "reshape_alias",
+        "_reshape_alias",
+        "t",
+        "transpose",
+        "permute",
+        "expand",
+        "expand_as",
+        "unsqueeze",
+        "squeeze",
+        "slice",
+        "select",
+        "split",
+        "split_with_sizes",
+        "chunk",
+        "unbind",
+        "as_strided",
+        "flatten",
+        "unflatten",
+        "alias",
+        "detach",
+        "view_as",
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "lift_fresh",
+        "item",
+        "_local_scalar_dense",
+        "numpy_T",
+        "narrow",
+    }
+)
+NO_KERNEL_BACKWARD = frozenset(
+    {
+        "T",
+        "View",
+        "UnsafeView",
+        "Permute",
+        "Transpose",
+        "Unsqueeze",
+        "Squeeze",
+        "Alias",
+        "Detach",
+        "AccumulateGrad",
+        "ReshapeAlias",
+        "Clone",
+        "Unflatten",
+        "Flatten",
+    }
+)
 NORM = ("norm",)
 POOL = ("pool",)
-LOSS = frozenset({"cross_entropy_loss", "log_softmax", "_log_softmax", "softmax", "_softmax",
-                  "nll_loss", "nll_loss_forward", "mse_loss"})  # fmt: skip
+LOSS = frozenset(
+    {
+        "cross_entropy_loss",
+        "log_softmax",
+        "_log_softmax",
+        "softmax",
+        "_softmax",
+        "nll_loss",
+        "nll_loss_forward",
+        "mse_loss",
+    }
+)
 LOSS_BACKWARD = frozenset({"LogSoftmax", "Softmax", "NllLoss", "MseLoss", "SafeSoftmax"})
-COPY = frozenset({"to", "_to_copy", "clone", "contiguous", "copy", "cat", "stack", "reshape",
-                  "index_select", "gather", "repeat", "repeat_interleave", "ones_like",
-                  "zeros_like", "zero", "fill", "arange", "ones", "zeros", "full"})  # fmt: skip
+COPY = frozenset(
+    {
+        "to",
+        "_to_copy",
+        "clone",
+        "contiguous",
+        "copy",
+        "cat",
+        "stack",
+        "reshape",
+        "index_select",
+        "gather",
+        "repeat",
+        "repeat_interleave",
+        "ones_like",
+        "zeros_like",
+        "zero",
+        "fill",
+        "arange",
+        "ones",
+        "zeros",
+        "full",
+    }
+)
 ATTENTION = ("attention",)
 EMBEDDING = frozenset({"embedding"})
-COMPUTE_FAMILIES = frozenset({"conv", "conv_bwd", "matmul", "matmul_bwd", "attention",
-                              "attention_bwd"})  # fmt: skip
+COMPUTE_FAMILIES = frozenset(
+    {"conv", "conv_bwd", "matmul", "matmul_bwd", "attention", "attention_bwd"}
+)
 
 
 # -- kinds -------------------------------------------------------------------------------------
@@ -193,8 +267,14 @@ _LISTS = {"lerp": 2, "addcmul": 2, "addcdiv": 3}
 # input twice and writes the input gradient (5 passes against the forward's 2); a memory-bound
 # backward reads the output gradient and a saved tensor and writes the input gradient (3
 # against 2)
-PASSES = {"norm": 1.5, "norm_bwd": 2.5, "elementwise_bwd": 1.5, "pool_bwd": 1.5,
-          "loss_bwd": 1.5, "copy_bwd": 1.0}  # fmt: skip
+PASSES = {
+    "norm": 1.5,
+    "norm_bwd": 2.5,
+    "elementwise_bwd": 1.5,
+    "pool_bwd": 1.5,
+    "loss_bwd": 1.5,
+    "copy_bwd": 1.0,
+}
 
 
 def _in_place(name: str) -> bool:
@@ -209,8 +289,9 @@ def op_flops(trace: Trace, op: Operator, target: Target = Target()) -> float:
     return flops / (target.tp if op.tp_split else 1)
 
 
-def roofs(trace: Trace, op: Operator, gpu: hardware.GPU, target: Target = Target(),
-          dtype: str = "float32") -> tuple[float, float]:  # fmt: skip
+def roofs(
+    trace: Trace, op: Operator, gpu: hardware.GPU, target: Target = Target(), dtype: str = "float32"
+) -> tuple[float, float]:
     """(compute seconds, memory seconds) of an operator at the target on `gpu`."""
     peak = gpu.flops_for(op.math or trace.metadata.get("dtype") or dtype)
     return op_flops(trace, op, target) / peak, op_bytes(trace, op, target) / gpu.memory_bandwidth
@@ -234,16 +315,23 @@ class Calibration:
     def time(self, compute: float, memory: float, chain: list[str]) -> float:
         p = next((self.params[k] for k in chain if k in self.params), None)
         if p is None:
-            raise ConfigError("perfmodel.calibration", self.source or self.gpu,
-                              "a table with an 'all' entry")  # fmt: skip
+            raise ConfigError(
+                "perfmodel.calibration", self.source or self.gpu, "a table with an 'all' entry"
+            )
         if self.form == "max":
             return p["overhead"] + max(compute, memory) * p["roof"]
         return p["overhead"] + compute * p["compute"] + memory * p["memory"]
 
     def to_dict(self) -> dict:
-        return {"format": "triosim-calibration", "gpu": self.gpu, "form": self.form,
-                "source": self.source, "params": self.params, "samples": self.samples,
-                "heldout": self.heldout}  # fmt: skip
+        return {
+            "format": "triosim-calibration",
+            "gpu": self.gpu,
+            "form": self.form,
+            "source": self.source,
+            "params": self.params,
+            "samples": self.samples,
+            "heldout": self.heldout,
+        }
 
     def save(self, path) -> Path:
         path = Path(path)
@@ -257,21 +345,36 @@ class Calibration:
         try:
             doc = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ConfigError("perfmodel.calibration", str(path),
-                              f"a readable calibration table (JSON): {e}") from None  # fmt: skip
+            raise ConfigError(
+                "perfmodel.calibration", str(path), f"a readable calibration table (JSON): {e}"
+            ) from None
         if not isinstance(doc, dict) or doc.get("format") != "triosim-calibration":
-            raise ConfigError("perfmodel.calibration", str(path),
-                              'a calibration table ("format": "triosim-calibration")')  # fmt: skip
+            raise ConfigError(
+                "perfmodel.calibration",
+                str(path),
+                'a calibration table ("format": "triosim-calibration")',
+            )
         params = doc.get("params")
         if doc.get("form") not in FORMS or not isinstance(params, dict) or "all" not in params:
-            raise ConfigError("perfmodel.calibration", str(path),
-                              f"a table with form in {FORMS} and an 'all' entry")  # fmt: skip
+            raise ConfigError(
+                "perfmodel.calibration",
+                str(path),
+                f"a table with form in {FORMS} and an 'all' entry",
+            )
         if not isinstance(doc.get("gpu"), str):
-            raise ConfigError("perfmodel.calibration", str(path),
-                              "a table naming the GPU it was fitted on ('gpu')")  # fmt: skip
-        return cls(hardware.gpu(doc["gpu"]).name, doc["form"], doc["params"],
-                   doc.get("source", str(path)), doc.get("samples", {}),
-                   doc.get("heldout", {}))  # fmt: skip
+            raise ConfigError(
+                "perfmodel.calibration",
+                str(path),
+                "a table naming the GPU it was fitted on ('gpu')",
+            )
+        return cls(
+            hardware.gpu(doc["gpu"]).name,
+            doc["form"],
+            doc["params"],
+            doc.get("source", str(path)),
+            doc.get("samples", {}),
+            doc.get("heldout", {}),
+        )
 
 
 def shipped(gpu: str = DEFAULT_GPU) -> Calibration:
@@ -283,8 +386,12 @@ def shipped(gpu: str = DEFAULT_GPU) -> Calibration:
         )
     path = CALIBRATION_DIR / "h100.json"
     if not path.exists():
-        raise ConfigError("perfmodel.calibration", str(path), "the shipped calibration table, "
-                          "installed with the package (pip install -e . keeps it in place)")  # fmt: skip
+        raise ConfigError(
+            "perfmodel.calibration",
+            str(path),
+            "the shipped calibration table, "
+            "installed with the package (pip install -e . keeps it in place)",
+        )
     return Calibration.load(path)
 
 
@@ -304,8 +411,9 @@ def samples(trace: Trace, gpu: hardware.GPU) -> list[tuple[list[str], float, flo
     return out
 
 
-def _solve(rows, form: str, parent: dict | None, floor: float,
-           memory_bound: bool = False) -> dict[str, float]:  # fmt: skip
+def _solve(
+    rows, form: str, parent: dict | None, floor: float, memory_bound: bool = False
+) -> dict[str, float]:
     """Least squares of the operators' times (non-negative terms; absolute error, so the
     iteration's large operators decide the efficiencies), with the overhead at least `floor`
     (the time of a kernel that does next to nothing: small operators are never ~0). A
@@ -370,16 +478,22 @@ def fit(traces: list[Trace], gpu: str, form: str = "max", source: str = "") -> C
         for chain, *_ in rows:
             key = chain[level]
             if key not in params:
-                params[key] = _solve(groups[key], form, params[chain[level + 1]], floor,
-                                     memory_bound=chain[2] == "memory")  # fmt: skip
+                params[key] = _solve(
+                    groups[key],
+                    form,
+                    params[chain[level + 1]],
+                    floor,
+                    memory_bound=chain[2] == "memory",
+                )
     ordered = {k: {p: float(f"{v:.6g}") for p, v in params[k].items()} for k in sorted(params)}
     return Calibration(
         g.name, form, ordered, source, {k: len(v) for k, v in sorted(groups.items())}
     )
 
 
-def predict(cal: Calibration, trace: Trace, op: Operator, gpu: hardware.GPU,
-            target: Target = Target()) -> float:  # fmt: skip
+def predict(
+    cal: Calibration, trace: Trace, op: Operator, gpu: hardware.GPU, target: Target = Target()
+) -> float:
     family, name = op_kind(op)
     if launches_no_kernel(trace, op, family):
         return 0.0
@@ -421,7 +535,7 @@ def heldout(traces: dict[str, Trace], gpu: str, form: str = "max") -> dict:
                     "median_op_error_pct": _median(v[2]) * 100 if v[2] else None,
                 }
                 for k, v in sorted(fams.items(), key=lambda kv: -kv[1][0])
-            },  # fmt: skip
+            },
         }
     return out
 
@@ -437,9 +551,12 @@ def _median(xs):
 
 @dataclass(frozen=True)
 class CalibratedOptions:
-    calibration: str | None = option(None, help="a calibration table (JSON, from `python -m "
-                                     "perfmodel.calibrate`), absolute or relative to the "
-                                     "working directory (default: the shipped H100 table)")  # fmt: skip
+    calibration: str | None = option(
+        None,
+        help="a calibration table (JSON, from `python -m "
+        "perfmodel.calibrate`), absolute or relative to the "
+        "working directory (default: the shipped H100 table)",
+    )
 
 
 @register("calibrated")
@@ -463,8 +580,12 @@ class CalibratedModel(OperatorModel):
     def _gpu(self, name: str | None) -> hardware.GPU:
         name = name or self.trace.metadata.get("gpu")
         if not name or name == "cpu":
-            raise ConfigError("gpu", name, "a catalogue GPU to time the operators on (perfmodel "
-                              "'calibrated' predicts GPU times; set `gpu`)")  # fmt: skip
+            raise ConfigError(
+                "gpu",
+                name,
+                "a catalogue GPU to time the operators on (perfmodel "
+                "'calibrated' predicts GPU times; set `gpu`)",
+            )
         return hardware.gpu(name)
 
     def check_target(self, gpu) -> None:

@@ -25,14 +25,18 @@ def model_times(trace: Trace, gpu: str, kind: str = "calibrated", **options) -> 
     if cal is not None:
         info.update({"calibration": cal.source, "fitted_on": cal.gpu, "form": cal.form})
         if cal.gpu != g.name:
-            info["assumption"] = (f"fitted on {cal.gpu}; {g.name}'s catalogue peaks and "
-                                  "bandwidth with the same efficiencies and overheads")  # fmt: skip
-    trace.metadata.update({
-        "gpu": g.name,
-        "modelled": True,
-        "time_source": f"modelled: perfmodel '{kind}' for {g.name} (no operator was timed)",
-        "time_model": info,
-        "measured_iteration_time": None,
-        "modelled_iteration_time": math.fsum(times),
-    })  # fmt: skip
+            info["assumption"] = (
+                f"fitted on {cal.gpu}; {g.name}'s catalogue peaks and "
+                "bandwidth with the same efficiencies and overheads"
+            )
+    trace.metadata.update(
+        {
+            "gpu": g.name,
+            "modelled": True,
+            "time_source": f"modelled: perfmodel '{kind}' for {g.name} (no operator was timed)",
+            "time_model": info,
+            "measured_iteration_time": None,
+            "modelled_iteration_time": math.fsum(times),
+        }
+    )
     return trace

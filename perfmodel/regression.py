@@ -33,14 +33,18 @@ from triosim.trace.model import Trace
 def _check_same_model(trace: Trace, other: Trace, k: int) -> None:
     """An extra trace must be the same model: the same weights and forward layers."""
     layers = lambda t: {o.layer for o in t.operators if o.phase == "forward"}  # noqa: E731
-    same = (abs(other.weight_bytes() - trace.weight_bytes()) <= 1e-9 * trace.weight_bytes()
-            and layers(other) == layers(trace))  # fmt: skip
+    same = abs(
+        other.weight_bytes() - trace.weight_bytes()
+    ) <= 1e-9 * trace.weight_bytes() and layers(other) == layers(trace)
     if not same:
         name = other.metadata.get("model") or f"{len(other.operators)} operators"
-        raise ConfigError(f"perfmodel.extra_traces[{k}]", name,
-                          f"a trace of the same model as the main trace ({trace.weight_bytes():.0f}"
-                          f" weight bytes; this one has {other.weight_bytes():.0f}, "
-                          f"{len(layers(other) ^ layers(trace))} layers differ)")  # fmt: skip
+        raise ConfigError(
+            f"perfmodel.extra_traces[{k}]",
+            name,
+            f"a trace of the same model as the main trace ({trace.weight_bytes():.0f}"
+            f" weight bytes; this one has {other.weight_bytes():.0f}, "
+            f"{len(layers(other) ^ layers(trace))} layers differ)",
+        )
 
 
 def _design(trace: Trace, ops) -> np.ndarray:
@@ -58,8 +62,11 @@ def _mape(pred, true) -> float:
 
 @dataclass(frozen=True)
 class RegressionOptions:
-    extra_traces: list[str] = option(factory=list, path=True, help="traces of the same model "
-                                     "at other batch sizes: per-operator fits")  # fmt: skip
+    extra_traces: list[str] = option(
+        factory=list,
+        path=True,
+        help="traces of the same model at other batch sizes: per-operator fits",
+    )
     holdout: float = option(0.2, ge=0, lt=1, help="share of operators held out to report error")
     seed: int = option(0, ge=0, help="seed of the held-out draw")
 
@@ -161,8 +168,11 @@ class LinearRegressionModel(OperatorModel):
         if is_traced_setting(self.trace, target):
             return op.time
         if target.gpu is not None and target.gpu != self.trace.metadata.get("gpu"):
-            raise ConfigError("perfmodel.kind", "regression",
-                              "a target on the traced GPU; use 'roofline' to predict another GPU")  # fmt: skip
+            raise ConfigError(
+                "perfmodel.kind",
+                "regression",
+                "a target on the traced GPU; use 'roofline' to predict another GPU",
+            )
         shard = target.tp if op.tp_split else 1
         if self.per_op is not None:
             index = self._index(op)
@@ -189,9 +199,13 @@ class LinearRegressionModel(OperatorModel):
     # -- persistence ----------------------------------------------------------------------
     def save(self, path) -> Path:
         path = Path(path)
-        doc = {"kind": "regression", "overhead": self.overhead, "report": self.report,
-               "per_op": None if self.per_op is None else self.per_op.tolist(),
-               "per_kind": self.per_kind}  # fmt: skip
+        doc = {
+            "kind": "regression",
+            "overhead": self.overhead,
+            "report": self.report,
+            "per_op": None if self.per_op is None else self.per_op.tolist(),
+            "per_kind": self.per_kind,
+        }
         path.write_text(json.dumps(doc))
         return path
 

@@ -11,9 +11,10 @@ class TraceTime(OperatorModel):
     def time(self, op, target: Target = Target()) -> float:
         if not is_traced_setting(self.trace, target):
             raise ConfigError(
-                "perfmodel.kind", "trace",
+                "perfmodel.kind",
+                "trace",
                 f"the traced setting only (gpu {self.trace.metadata.get('gpu')!r}, batch "
                 f"{self.trace.batch_size}, no tensor parallelism); got {target}. Use 'regression' "
                 "or 'roofline' to scale operators",
-            )  # fmt: skip
+            )
         return op.time

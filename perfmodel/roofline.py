@@ -23,8 +23,9 @@ from triosim.hardware import catalogue as hardware
 
 @dataclass(frozen=True)
 class RooflineOptions:
-    source_gpu: str | None = option(None, help="the GPU the trace was taken on (default: the "
-                                    "trace's metadata)")  # fmt: skip
+    source_gpu: str | None = option(
+        None, help="the GPU the trace was taken on (default: the trace's metadata)"
+    )
     dtype: str | None = option(None, help="data type of the peak FLOP/s (default: the trace's)")
 
 
@@ -36,15 +37,22 @@ class Roofline(OperatorModel):
         super().__init__(trace)
         name = source_gpu or trace.metadata.get("gpu")
         if not name:
-            raise ConfigError("perfmodel.source_gpu", None,
-                              "the GPU the trace was taken on (the trace metadata has none)")  # fmt: skip
+            raise ConfigError(
+                "perfmodel.source_gpu",
+                None,
+                "the GPU the trace was taken on (the trace metadata has none)",
+            )
         try:
             self.source = hardware.gpu(name)
         except ConfigError:
             whose = "perfmodel.source_gpu" if source_gpu else "the trace's gpu (metadata)"
-            raise ConfigError("perfmodel.source_gpu", name, f"a GPU of the catalogue "
-                              f"({', '.join(hardware.GPUS)}); {whose} names one it does not "
-                              "know: set perfmodel.source_gpu to the closest one") from None  # fmt: skip
+            raise ConfigError(
+                "perfmodel.source_gpu",
+                name,
+                f"a GPU of the catalogue "
+                f"({', '.join(hardware.GPUS)}); {whose} names one it does not "
+                "know: set perfmodel.source_gpu to the closest one",
+            ) from None
         self.dtype = dtype or trace.metadata.get("dtype", "float32")
         sums: dict[str, np.ndarray] = {}
         for op in trace.operators:
@@ -80,8 +88,13 @@ class Roofline(OperatorModel):
         import json
         from pathlib import Path
 
-        doc = {"kind": "roofline", "source_gpu": self.source.name, "dtype": self.dtype,
-               "default_efficiency": self.default_efficiency, "efficiency": self.efficiency}  # fmt: skip
+        doc = {
+            "kind": "roofline",
+            "source_gpu": self.source.name,
+            "dtype": self.dtype,
+            "default_efficiency": self.default_efficiency,
+            "efficiency": self.efficiency,
+        }
         Path(path).write_text(json.dumps(doc))
         return Path(path)
 

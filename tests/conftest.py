@@ -26,8 +26,11 @@ def shared_reference(name: str) -> Path:
     for d in shared_reference_dirs():
         if (d / name).is_dir():
             return d / name
-    pytest.skip(f"shared/reference/{name} not found in " + ", ".join(map(str, shared_reference_dirs()))
-                + " (set TRIOSIM_SHARED to the folder holding reference/)")  # fmt: skip
+    pytest.skip(
+        f"shared/reference/{name} not found in "
+        + ", ".join(map(str, shared_reference_dirs()))
+        + " (set TRIOSIM_SHARED to the folder holding reference/)"
+    )
 
 
 def _first_go_traces() -> Path:

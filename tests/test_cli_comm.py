@@ -12,8 +12,12 @@ from triosim.hardware import nccl_tests
 from triosim.studies.calibration import calibrate
 
 ROOT = Path(__file__).resolve().parents[1]
-A100_NODE = {"trace": "none.json", "num_gpus": 8, "gpu": "A100-80GB",
-             "topology": {"kind": "switch", "bandwidth": "300 GB/s", "latency": "0.7 us"}}  # fmt: skip
+A100_NODE = {
+    "trace": "none.json",
+    "num_gpus": 8,
+    "gpu": "A100-80GB",
+    "topology": {"kind": "switch", "bandwidth": "300 GB/s", "latency": "0.7 us"},
+}
 
 
 def write(tmp_path, data, name="sys.yaml"):
@@ -39,8 +43,9 @@ def test_collectives_prints_nccl_tests_lines(tmp_path, capsys):
     assert big.algbw == pytest.approx(2**30 / big.time / 1e9, rel=1e-3)
 
 
-@pytest.mark.parametrize("op", ["all_gather", "reduce_scatter", "broadcast", "reduce",
-                                "alltoall", "sendrecv"])  # fmt: skip
+@pytest.mark.parametrize(
+    "op", ["all_gather", "reduce_scatter", "broadcast", "reduce", "alltoall", "sendrecv"]
+)
 def test_collectives_every_op(tmp_path, capsys, op):
     cfg = write(tmp_path, A100_NODE)
     out = run_collectives(capsys, cfg, "--op", op, "-b", "1K", "-e", "1M", "-f", "4")
@@ -54,11 +59,15 @@ def test_collectives_every_op(tmp_path, capsys, op):
 def test_calibrate_recovers_the_tuning_a_log_was_made_with(tmp_path, capsys):
     # a "measurement" made by the model with a known tuning: launch 7 us, Simple at 80 %
     cfg = write(tmp_path, A100_NODE)
-    made = dict(A100_NODE, communication={"kind": "nccl", "launch_overhead": "7 us",
-                                          "bandwidth_scale": 0.8})  # fmt: skip
+    made = dict(
+        A100_NODE, communication={"kind": "nccl", "launch_overhead": "7 us", "bandwidth_scale": 0.8}
+    )
     log = tmp_path / "measured.log"
-    log.write_text(run_collectives(capsys, write(tmp_path, made, "made.yaml"), "-b", "8", "-e",
-                                   "4G", "-f", "2"))  # fmt: skip
+    log.write_text(
+        run_collectives(
+            capsys, write(tmp_path, made, "made.yaml"), "-b", "8", "-e", "4G", "-f", "2"
+        )
+    )
     out = tmp_path / "calib.yaml"
     assert main(["calibrate", str(log), "--config", str(cfg), "--out", str(out)]) == 0
     fitted = yaml.safe_load(out.read_text())["tuning"]
@@ -67,8 +76,12 @@ def test_calibrate_recovers_the_tuning_a_log_was_made_with(tmp_path, capsys):
     assert fitted["latency_scale"] == pytest.approx(1.0, rel=0.05)
     # and the config that names the file reproduces the log
     again = dict(A100_NODE, communication={"kind": "nccl", "calibration": str(out)})
-    [t] = nccl_tests.parse(run_collectives(capsys, write(tmp_path, again, "again.yaml"), "-b",
-                                           "8", "-e", "4G", "-f", "2"), op="all_reduce")  # fmt: skip
+    [t] = nccl_tests.parse(
+        run_collectives(
+            capsys, write(tmp_path, again, "again.yaml"), "-b", "8", "-e", "4G", "-f", "2"
+        ),
+        op="all_reduce",
+    )
     [m] = nccl_tests.parse(log.read_text(), op="all_reduce")
     assert all(
         a.time == pytest.approx(b.time, rel=0.03) for a, b in zip(t.rows, m.rows, strict=True)
@@ -76,8 +89,11 @@ def test_calibrate_recovers_the_tuning_a_log_was_made_with(tmp_path, capsys):
 
 
 def test_calibrate_refuses_a_log_of_another_rank_count(tmp_path):
-    [t] = nccl_tests.parse((ROOT / "benchmarks/data/nccl_tests/"
-                            "h100_2node_16gpu_allreduce_nccl-tests-issue309.txt").read_text())  # fmt: skip
+    [t] = nccl_tests.parse(
+        (
+            ROOT / "benchmarks/data/nccl_tests/h100_2node_16gpu_allreduce_nccl-tests-issue309.txt"
+        ).read_text()
+    )
     with pytest.raises(Exception, match="num_gpus"):
         calibrate(from_dict(A100_NODE), t)
 
@@ -91,13 +107,17 @@ def _comparison():
     return mod
 
 
-@pytest.mark.parametrize("stem,sizes,catalogue,calibrated", [
-    # (published table, sizes checked, bound with catalogue figures, bound calibrated)
-    ("h100_8gpu_allreduce_dgxc-benchmarking", [2**21, 2**23, 2**25, 2**28, 2**30], 0.12, 0.06),
-    ("a100_2node_16gpu_allreduce_azure-ndmv4-aks", [2**22, 2**25, 2**26, 2**29], 0.25, 0.08),
-])  # fmt: skip
-def test_reduced_comparison_with_published_measurements(tmp_path, stem, sizes, catalogue,
-                                                        calibrated):  # fmt: skip
+@pytest.mark.parametrize(
+    "stem,sizes,catalogue,calibrated",
+    [
+        # (published table, sizes checked, bound with catalogue figures, bound calibrated)
+        ("h100_8gpu_allreduce_dgxc-benchmarking", [2**21, 2**23, 2**25, 2**28, 2**30], 0.12, 0.06),
+        ("a100_2node_16gpu_allreduce_azure-ndmv4-aks", [2**22, 2**25, 2**26, 2**29], 0.25, 0.08),
+    ],
+)
+def test_reduced_comparison_with_published_measurements(
+    tmp_path, stem, sizes, catalogue, calibrated
+):
     mod = _comparison()
     rows = [r for r in mod.table(stem).rows if r.size in sizes]
     assert len(rows) == len(sizes)

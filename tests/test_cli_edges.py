@@ -15,8 +15,11 @@ from triosim.hardware import nccl_tests
 ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "traces" / "cpu" / "gpt2-small-b8.trace.json.gz"
 # a system with no trace: collectives and calibrate need none
-SYSTEM = {"num_gpus": 8, "gpu": "A100-80GB",
-          "topology": {"kind": "switch", "bandwidth": "300 GB/s", "latency": "0.7 us"}}  # fmt: skip
+SYSTEM = {
+    "num_gpus": 8,
+    "gpu": "A100-80GB",
+    "topology": {"kind": "switch", "bandwidth": "300 GB/s", "latency": "0.7 us"},
+}
 
 
 def user_error(capsys, *args) -> str:
@@ -45,8 +48,7 @@ def rows(out: str, op="all_reduce"):
 
 
 def test_collectives_needs_no_trace(capsys, tmp_path):
-    code, out, err = triosim(capsys, "collectives", write(tmp_path, SYSTEM), "-b", "1M", "-e",
-                             "4M")  # fmt: skip
+    code, out, err = triosim(capsys, "collectives", write(tmp_path, SYSTEM), "-b", "1M", "-e", "4M")
     assert code == 0, err
     assert [r.size for r in rows(out)] == [2**20, 2**21, 2**22]
 
@@ -62,47 +64,80 @@ def test_collectives_min_size_zero_with_a_factor_is_refused(capsys, tmp_path):
 
 @pytest.mark.parametrize("op", ["broadcast", "all_reduce"])
 def test_collectives_root_out_of_range(capsys, tmp_path, op):
-    msg = user_error(capsys, "collectives", write(tmp_path, SYSTEM), "--op", op, "-b", "1M",
-                     "-e", "1M", "-r", "99")  # fmt: skip
+    msg = user_error(
+        capsys,
+        "collectives",
+        write(tmp_path, SYSTEM),
+        "--op",
+        op,
+        "-b",
+        "1M",
+        "-e",
+        "1M",
+        "-r",
+        "99",
+    )
     assert msg == "error: -r 99: the root must be a rank of the 8 GPUs (0 to 7)"
-    assert "expected an integer >= 0" in user_error(capsys, "collectives", write(tmp_path, SYSTEM),
-                                                    "-r", "-1")  # fmt: skip
+    assert "expected an integer >= 0" in user_error(
+        capsys, "collectives", write(tmp_path, SYSTEM), "-r", "-1"
+    )
 
 
 @pytest.mark.parametrize("option", ["-b", "-e", "-i"])
-@pytest.mark.parametrize("value,why", [("1e30", "more than 1T"), ("2T", "more than 1T"),
-                                       ("1P", "not a size"), ("-1", "not a size"),
-                                       ("nan", "not a size"), ("inf", "not a size"),
-                                       ("1.5", "not a whole number of bytes")])  # fmt: skip
+@pytest.mark.parametrize(
+    "value,why",
+    [
+        ("1e30", "more than 1T"),
+        ("2T", "more than 1T"),
+        ("1P", "not a size"),
+        ("-1", "not a size"),
+        ("nan", "not a size"),
+        ("inf", "not a size"),
+        ("1.5", "not a whole number of bytes"),
+    ],
+)
 def test_collectives_one_size_parser_for_b_e_and_i(capsys, tmp_path, option, value, why):
     args = {"-b": "8", "-e": "1T", "-f": "1", "-i": "1G"}
     args[option] = value
-    msg = user_error(capsys, "collectives", write(tmp_path, SYSTEM),
-                     *[x for kv in args.items() for x in kv])  # fmt: skip
+    msg = user_error(
+        capsys, "collectives", write(tmp_path, SYSTEM), *[x for kv in args.items() for x in kv]
+    )
     assert msg.startswith(f"error: {option} {value!r}: {why}"), msg
 
 
 def test_collectives_1t_is_the_largest_size(capsys, tmp_path):
-    code, out, err = triosim(capsys, "collectives", write(tmp_path, SYSTEM), "-b", "1T", "-e",
-                             "1T")  # fmt: skip
+    code, out, err = triosim(capsys, "collectives", write(tmp_path, SYSTEM), "-b", "1T", "-e", "1T")
     assert code == 0, err
     assert [r.size for r in rows(out)] == [2**40]
 
 
 def test_collectives_refuses_a_billion_rows(capsys, tmp_path):
-    msg = user_error(capsys, "collectives", write(tmp_path, SYSTEM), "-b", "1", "-e", "1G", "-f",
-                     "1", "-i", "1")  # fmt: skip
+    msg = user_error(
+        capsys, "collectives", write(tmp_path, SYSTEM), "-b", "1", "-e", "1G", "-f", "1", "-i", "1"
+    )
     assert "gives 1,073,741,824 sizes, more than 100,000 rows" in msg
     assert "--max-rows 1073741824" in msg
-    msg = user_error(capsys, "collectives", write(tmp_path, SYSTEM), "-b", "1", "-e", "64",
-                     "-i", "1", "--max-rows", "10")  # fmt: skip
+    msg = user_error(
+        capsys,
+        "collectives",
+        write(tmp_path, SYSTEM),
+        "-b",
+        "1",
+        "-e",
+        "64",
+        "-i",
+        "1",
+        "--max-rows",
+        "10",
+    )
     assert "gives 64 sizes, more than 10 rows" in msg
 
 
 def test_collectives_step_without_factor_steps(capsys, tmp_path):
     # -i alone used to be ignored (the default factor 2 won)
-    code, out, err = triosim(capsys, "collectives", write(tmp_path, SYSTEM), "-b", "1K", "-e",
-                             "4K", "-i", "1K")  # fmt: skip
+    code, out, err = triosim(
+        capsys, "collectives", write(tmp_path, SYSTEM), "-b", "1K", "-e", "4K", "-i", "1K"
+    )
     assert code == 0, err
     assert [r.size for r in rows(out)] == [1024, 2048, 3072, 4096]
     msg = user_error(capsys, "collectives", write(tmp_path, SYSTEM), "-i", "1K", "-f", "2")
@@ -117,8 +152,7 @@ def test_collectives_step_factor(capsys, tmp_path, bad):
 
 def _time_of_64m(capsys, tmp_path, het=None):
     data = dict(SYSTEM, heterogeneity=het) if het else SYSTEM
-    code, out, err = triosim(capsys, "collectives", write(tmp_path, data), "-b", "64M", "-e",
-                             "64M")  # fmt: skip
+    code, out, err = triosim(capsys, "collectives", write(tmp_path, data), "-b", "64M", "-e", "64M")
     assert code == 0, err
     return rows(out)[0].time, err
 
@@ -148,8 +182,9 @@ def test_binary_calibration_file(capsys, tmp_path):
     calib.write_bytes(b"\x7fELF\x02\x01\x01\x00\xd0\xff" * 10)
     cfg = write(tmp_path, dict(SYSTEM, communication={"calibration": "calib.yaml"}))
     msg = user_error(capsys, "collectives", cfg, "-b", "1M", "-e", "1M")
-    assert msg == (f"error: communication.calibration file {calib}: not UTF-8 text (byte 0xd0 "
-                   "at offset 8)")  # fmt: skip
+    assert msg == (
+        f"error: communication.calibration file {calib}: not UTF-8 text (byte 0xd0 at offset 8)"
+    )
     cfg = write(tmp_path, dict(SYSTEM, communication={"calibration": "."}))
     assert "is a folder, expected a file" in user_error(capsys, "collectives", cfg)
 
@@ -191,13 +226,16 @@ def test_calibrate_never_writes_over_its_inputs(capsys, measured, which):
     assert target.read_bytes() == before
 
 
-@pytest.mark.parametrize("args,expected", [
-    (["--every", "0"], "argument --every: expected an integer >= 1, got '0'"),
-    (["--every", "-1"], "argument --every: expected an integer >= 1, got '-1'"),
-    (["--table", "5"], "--table 5: {log} holds 1 result table(s), numbered 0 to 0"),
-    (["--table", "-1"], "argument --table: expected an integer >= 0, got '-1'"),
-    (["--offset", "99"], "--offset 99: the table has 7 rows, numbered 0 to 6"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["--every", "0"], "argument --every: expected an integer >= 1, got '0'"),
+        (["--every", "-1"], "argument --every: expected an integer >= 1, got '-1'"),
+        (["--table", "5"], "--table 5: {log} holds 1 result table(s), numbered 0 to 0"),
+        (["--table", "-1"], "argument --table: expected an integer >= 0, got '-1'"),
+        (["--offset", "99"], "--offset 99: the table has 7 rows, numbered 0 to 6"),
+    ],
+)
 def test_calibrate_row_selection(capsys, measured, tmp_path, args, expected):
     log, cfg = measured
     msg = user_error(capsys, "calibrate", log, "--config", cfg, "--out", tmp_path / "c.yaml", *args)
@@ -232,16 +270,28 @@ def test_calibrate_slowed_links_fit_the_slowed_system(capsys, measured, tmp_path
     # heterogeneity, it fits NCCL's figures (scale 1); without it the bandwidth scale is off
     log, _ = measured
     het = {"bandwidth": {0: 2.0}}
-    code, out, _ = triosim(capsys, "collectives", write(tmp_path, dict(SYSTEM, heterogeneity=het),
-                           "slow.yaml"), "-b", "1M", "-e", "1G", "-f", "4")  # fmt: skip
+    code, out, _ = triosim(
+        capsys,
+        "collectives",
+        write(tmp_path, dict(SYSTEM, heterogeneity=het), "slow.yaml"),
+        "-b",
+        "1M",
+        "-e",
+        "1G",
+        "-f",
+        "4",
+    )
     log.write_text(out)
     for name, data in (("with", dict(SYSTEM, heterogeneity=het)), ("without", SYSTEM)):
         c = write(tmp_path, data, f"{name}.yaml")
-        code, _, err = triosim(capsys, "calibrate", log, "--config", c, "--out",
-                               tmp_path / f"{name}-c.yaml")  # fmt: skip
+        code, _, err = triosim(
+            capsys, "calibrate", log, "--config", c, "--out", tmp_path / f"{name}-c.yaml"
+        )
         assert code == 0, err
-    fit = {n: yaml.safe_load((tmp_path / f"{n}-c.yaml").read_text())["tuning"]
-           for n in ("with", "without")}  # fmt: skip
+    fit = {
+        n: yaml.safe_load((tmp_path / f"{n}-c.yaml").read_text())["tuning"]
+        for n in ("with", "without")
+    }
     assert fit["with"]["bandwidth_scale_Simple"] == pytest.approx(1.0, rel=0.05)
     assert fit["without"]["bandwidth_scale_Simple"] < 0.7
 
@@ -250,8 +300,10 @@ def test_set_is_parsed_alike_everywhere(capsys, tmp_path):
     cfg = write(tmp_path, SYSTEM)
     msg = user_error(capsys, "collectives", cfg, "--set", "num_gpus=[2")
     assert "--set 'num_gpus=[2'" in msg and "not valid YAML" in msg
-    assert re.search(r"--set expects FIELD=VALUE, got 'num_gpus'$",
-                     user_error(capsys, "collectives", cfg, "--set", "num_gpus"))  # fmt: skip
+    assert re.search(
+        r"--set expects FIELD=VALUE, got 'num_gpus'$",
+        user_error(capsys, "collectives", cfg, "--set", "num_gpus"),
+    )
 
 
 # -- simulate: outputs ------------------------------------------------------------------------
@@ -261,8 +313,9 @@ def test_set_is_parsed_alike_everywhere(capsys, tmp_path):
 def tiny(tmp_path):
     """A fast config: the small GPT-2 trace replayed on one device."""
     p = tmp_path / "tiny.yaml"
-    p.write_text(f"trace: {TRACE}\nnum_gpus: 1\nparallelism: {{mode: single}}\n"
-                 "perfmodel: {kind: trace}\n")  # fmt: skip
+    p.write_text(
+        f"trace: {TRACE}\nnum_gpus: 1\nparallelism: {{mode: single}}\nperfmodel: {{kind: trace}}\n"
+    )
     return p
 
 
@@ -333,8 +386,9 @@ def test_an_interrupted_figure_leaves_the_old_one_whole(capsys, tiny, tmp_path, 
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Figure, "savefig", cut)
-    code, _, err = triosim(capsys, "plot", run, "--kind", "timeline", "--out",
-                           run / "timeline.png", "--force")  # fmt: skip
+    code, _, err = triosim(
+        capsys, "plot", run, "--kind", "timeline", "--out", run / "timeline.png", "--force"
+    )
     assert code == 130, err
     assert (run / "timeline.png").read_bytes() == before
     assert not [p for p in run.iterdir() if "partial" in p.name]
@@ -349,8 +403,11 @@ def test_plot_refuses_a_truncated_timeline(capsys, tiny, tmp_path, cut):
     assert triosim(capsys, "simulate", tiny, "--out", run)[0] == 0
     f = run / "timeline.csv"
     text = f.read_text()
-    f.write_text(text[: len(text) // 2] if cut == "mid-line" else
-                 "".join(text.splitlines(keepends=True)[:100]))  # fmt: skip
+    f.write_text(
+        text[: len(text) // 2]
+        if cut == "mid-line"
+        else "".join(text.splitlines(keepends=True)[:100])
+    )
     msg = user_error(capsys, "plot", run, "--kind", "timeline")
     assert msg.startswith(f"error: {f}: truncated or damaged ("), msg
     assert not (run / "plot-timeline.png").exists()
@@ -399,7 +456,8 @@ def test_search_checks_out_before_searching(capsys, hopeless, tmp_path, monkeypa
     best = tmp_path / "best.yaml"
     best.write_text("mine")
     assert user_error(capsys, "search", hopeless, "--out", best) == (
-        f"error: --out {best} exists; pass --force to overwrite it")  # fmt: skip
+        f"error: --out {best} exists; pass --force to overwrite it"
+    )
     msg = user_error(capsys, "search", hopeless, "--out", hopeless, "--force")
     assert "is the input" in msg
     assert best.read_text() == "mine"
@@ -409,13 +467,16 @@ def test_search_checks_out_before_searching(capsys, hopeless, tmp_path, monkeypa
 # -- trace ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("args,expected", [
-    (["--device", "tpu"], "argument --device: expected cpu, cuda or cuda:N, got 'tpu'"),
-    (["--measure", "0"], "argument --measure: expected an integer >= 1, got '0'"),
-    (["--warmup", "-1"], "argument --warmup: expected an integer >= 0, got '-1'"),
-    (["--seq-len", "0"], "argument --seq-len: expected an integer >= 1, got '0'"),
-    (["--image-size", "-5"], "argument --image-size: expected an integer >= 1, got '-5'"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["--device", "tpu"], "argument --device: expected cpu, cuda or cuda:N, got 'tpu'"),
+        (["--measure", "0"], "argument --measure: expected an integer >= 1, got '0'"),
+        (["--warmup", "-1"], "argument --warmup: expected an integer >= 0, got '-1'"),
+        (["--seq-len", "0"], "argument --seq-len: expected an integer >= 1, got '0'"),
+        (["--image-size", "-5"], "argument --image-size: expected an integer >= 1, got '-5'"),
+    ],
+)
 def test_trace_arguments(capsys, tmp_path, args, expected):
     msg = user_error(capsys, "trace", "resnet18", "--batch-size", "2", "--out", tmp_path, *args)
     assert msg.endswith(expected), msg
@@ -445,20 +506,29 @@ def test_trace_file_name_is_the_one_written(tmp_path):
 
     from tracer.cli import trace_file_name
 
-    a = SimpleNamespace(model="gpt2", small=True, master_weights=False, shapes_only=True,
-                        seq_len=16, batch_size=2)  # fmt: skip
+    a = SimpleNamespace(
+        model="gpt2", small=True, master_weights=False, shapes_only=True, seq_len=16, batch_size=2
+    )
     assert trace_file_name(a) == "gpt2-small-s16-b2.trace.json.gz"
-    a = SimpleNamespace(model="pkg.mod:make", small=False, shapes_only=False, seq_len=128,
-                        batch_size=4)  # fmt: skip
+    a = SimpleNamespace(
+        model="pkg.mod:make", small=False, shapes_only=False, seq_len=128, batch_size=4
+    )
     assert trace_file_name(a) == "make-b4.trace.json.gz"
 
 
 # -- traces: metadata ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("field,value", [("batch_size", "eight"), ("batch_size", 0),
-                                         ("batch_size", 2.5), ("seq_len", [128]),
-                                         ("gpu", 80)])  # fmt: skip
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("batch_size", "eight"),
+        ("batch_size", 0),
+        ("batch_size", 2.5),
+        ("seq_len", [128]),
+        ("gpu", 80),
+    ],
+)
 def test_trace_metadata_that_is_not_what_it_says(capsys, tmp_path, field, value):
     import gzip
     import json
@@ -487,16 +557,20 @@ def test_sweep_api_names_what_it_wants():
 @pytest.fixture
 def grid(tmp_path, tiny):
     g = tmp_path / "g.yaml"
-    g.write_text("base: tiny.yaml\ngrid:\n  topology.bandwidth: [10 GB/s, 20 GB/s]\n"
-                 "zip:\n  seed: [1, 2]\n")  # fmt: skip
+    g.write_text(
+        "base: tiny.yaml\ngrid:\n  topology.bandwidth: [10 GB/s, 20 GB/s]\nzip:\n  seed: [1, 2]\n"
+    )
     return g
 
 
-@pytest.mark.parametrize("assignment,varied", [
-    ("topology.bandwidth=5 GB/s", "topology.bandwidth"),
-    ("topology={kind: ring}", "topology.bandwidth"),
-    ("seed=3", "seed"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "assignment,varied",
+    [
+        ("topology.bandwidth=5 GB/s", "topology.bandwidth"),
+        ("topology={kind: ring}", "topology.bandwidth"),
+        ("seed=3", "seed"),
+    ],
+)
 def test_sweep_set_of_a_field_the_grid_varies(capsys, grid, tmp_path, assignment, varied):
     msg = user_error(capsys, "sweep", grid, "--out", tmp_path / "o", "--set", assignment)
     assert f"--set {assignment.split('=')[0]}: the grid file varies {varied}" in msg
@@ -516,8 +590,9 @@ def test_sweep_failed_point_exits_1_after_writing_the_table(capsys, grid, tmp_pa
     grid.write_text("base: tiny.yaml\ngrid:\n  num_gpus: [1, 2]\n")  # trace model: 1 GPU only
     code, out, err = triosim(capsys, "sweep", grid, "--out", tmp_path / "o", "--workers", "1")
     assert code == 1
-    assert err.strip().splitlines()[-1] == ("error: 1 of 2 points failed (the error_type and "
-                                            "error columns say why)")  # fmt: skip
+    assert err.strip().splitlines()[-1] == (
+        "error: 1 of 2 points failed (the error_type and error columns say why)"
+    )
     assert len(sw.read_table(tmp_path / "o")) == 2
 
 
@@ -548,8 +623,9 @@ def test_sweep_force_into_a_result_folder_keeps_the_results(capsys, tiny, grid, 
 
 def test_sweep_zip_of_unequal_lengths_is_refused_before_the_count(capsys, tiny, tmp_path):
     g = tmp_path / "g.yaml"
-    g.write_text("base: tiny.yaml\ngrid:\n  num_gpus: [1]\nzip:\n  seed: [1, 2]\n"
-                 "  iterations: [1]\n")  # fmt: skip
+    g.write_text(
+        "base: tiny.yaml\ngrid:\n  num_gpus: [1]\nzip:\n  seed: [1, 2]\n  iterations: [1]\n"
+    )
     code, out, err = triosim(capsys, "sweep", g, "--out", tmp_path / "o")
     assert code == 2 and "lists of one length" in err
     assert "points" not in out  # no count printed that is not the grid's
@@ -567,8 +643,17 @@ def test_plot_hue_that_is_an_axis(capsys, grid, tmp_path):
 
 def test_calibrate_op_that_contradicts_the_log(capsys, measured, tmp_path):
     real = ROOT / "benchmarks/data/nccl_tests/h100_8gpu_allreduce_dgxc-benchmarking.txt"
-    msg = user_error(capsys, "calibrate", real, "--config", ROOT / "examples/ddp_h100_node.yaml",
-                     "--out", tmp_path / "c.yaml", "--op", "broadcast")  # fmt: skip
+    msg = user_error(
+        capsys,
+        "calibrate",
+        real,
+        "--config",
+        ROOT / "examples/ddp_h100_node.yaml",
+        "--out",
+        tmp_path / "c.yaml",
+        "--op",
+        "broadcast",
+    )
     assert msg.startswith(f"error: --op broadcast: table 0 of {real} is all_reduce_perf's")
     # a log that does not name its test (as `triosim collectives` prints it): fitted as
     # all_reduce, and said so
@@ -607,8 +692,9 @@ def test_trace_model_options_checked_before_tracing(capsys, tmp_path, monkeypatc
     msg = user_error(capsys, *shape, "--gpu", "H100-SXM", "--calibration", binary)
     assert "perfmodel.calibration" in msg and "a readable calibration table" in msg
     assert "'Z9' is not allowed" in user_error(capsys, *shape, "--gpu", "Z9")
-    msg = user_error(capsys, "trace", "resnet18", "--batch-size", "2", "--out", tmp_path,
-                     "--calibration", binary)  # fmt: skip
+    msg = user_error(
+        capsys, "trace", "resnet18", "--batch-size", "2", "--out", tmp_path, "--calibration", binary
+    )
     assert "--calibration is the table a shape-only trace is modelled with" in msg
 
 

@@ -28,8 +28,9 @@ def user_error(capsys, *args) -> str:
 def config(tmp_path):
     """A tiny, fast config: the small GPT-2 trace replayed on one device."""
     p = tmp_path / "tiny.yaml"
-    p.write_text(f"trace: {TRACE}\nnum_gpus: 1\nparallelism: {{mode: single}}\n"
-                 "perfmodel: {kind: trace}\n")  # fmt: skip
+    p.write_text(
+        f"trace: {TRACE}\nnum_gpus: 1\nparallelism: {{mode: single}}\nperfmodel: {{kind: trace}}\n"
+    )
     return p
 
 

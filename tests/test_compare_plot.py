@@ -28,8 +28,10 @@ def _in_root(monkeypatch):
 @pytest.fixture(scope="module")
 def dp_yaml(tmp_path_factory):
     f = tmp_path_factory.mktemp("cfg") / "dp.yaml"
-    f.write_text(f"trace: {GPT2}\nnum_gpus: 4\nbatch_size: 32\nperfmodel: {{kind: trace}}\n"
-                 "parallelism: {mode: dp}\ntopology: {kind: ring, bandwidth: 10 GB/s}\n")  # fmt: skip
+    f.write_text(
+        f"trace: {GPT2}\nnum_gpus: 4\nbatch_size: 32\nperfmodel: {{kind: trace}}\n"
+        "parallelism: {mode: dp}\ntopology: {kind: ring, bandwidth: 10 GB/s}\n"
+    )
     return f
 
 
@@ -46,8 +48,15 @@ def test_compare_a_run_with_itself_shows_zero_differences(capsys, saved_dp, dp_y
     assert code == 0, err
     assert "(simulated now: dp, 4 GPUs)" in out and "(saved result: dp, 4 GPUs)" in out
     rows = [line for line in out.splitlines() if "(ms)" in line or "(MB)" in line or "(GB)" in line]
-    assert [r.split()[0] for r in rows] == ["iteration", "compute", "communication", "exposed",
-                                            "idle", "bytes", "peak"]  # fmt: skip
+    assert [r.split()[0] for r in rows] == [
+        "iteration",
+        "compute",
+        "communication",
+        "exposed",
+        "idle",
+        "bytes",
+        "peak",
+    ]
     for r in rows:
         *_, diff, ratio = r.split()
         assert diff == "+0.0000" and ratio in ("1.0000x", "n/a"), r
@@ -70,20 +79,24 @@ def test_compare_shows_peak_memory_when_a_summary_has_it(saved_dp, tmp_path):
     assert it.split()[-1] == "2.0000x"
 
 
-@pytest.mark.parametrize("args,match", [
-    (["examples/dp.yaml"], "two runs or more"),
-    (["examples/dp.yaml", "nowhere.yaml"], "nowhere.yaml does not exist"),
-    (["examples/dp.yaml", "examples"], "without summary.json"),
-    (["examples/dp.yaml", "examples/dp.yaml", "--out", "README.md"], "name a .png file"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["examples/dp.yaml"], "two runs or more"),
+        (["examples/dp.yaml", "nowhere.yaml"], "nowhere.yaml does not exist"),
+        (["examples/dp.yaml", "examples"], "without summary.json"),
+        (["examples/dp.yaml", "examples/dp.yaml", "--out", "README.md"], "name a .png file"),
+    ],
+)
 def test_compare_mistakes_are_one_error_line_before_any_run(capsys, args, match):
     code, out, err = triosim(capsys, "compare", *args)
     assert code == 2 and match in err and "Traceback" not in err and "iteration" not in out
 
 
 def test_plot_of_a_result_folder_and_its_mistakes(capsys, saved_dp, tmp_path):
-    code, out, err = triosim(capsys, "plot", saved_dp, "--kind", "breakdown", "--out",
-                             tmp_path / "b.png")  # fmt: skip
+    code, out, err = triosim(
+        capsys, "plot", saved_dp, "--kind", "breakdown", "--out", tmp_path / "b.png"
+    )
     assert code == 0 and (tmp_path / "b.png").stat().st_size > 10_000, err
     code, _, err = triosim(capsys, "plot", saved_dp, "--out", tmp_path / "b.png")
     assert code == 2 and "exists; pass --force" in err
@@ -96,15 +109,29 @@ def test_plot_of_a_result_folder_and_its_mistakes(capsys, saved_dp, tmp_path):
 def test_plot_of_a_sweep_table(capsys, tmp_path):
     from triosim.studies import sweep as sw
 
-    df = sw.sweep({"trace": GPT2, "perfmodel": {"kind": "trace"}},
-                  {"parallelism.mode": ["dp", "ddp"]},
-                  zipped={"num_gpus": [1, 2, 4], "batch_size": [8, 16, 32]}, progress=False)  # fmt: skip
+    df = sw.sweep(
+        {"trace": GPT2, "perfmodel": {"kind": "trace"}},
+        {"parallelism.mode": ["dp", "ddp"]},
+        zipped={"num_gpus": [1, 2, 4], "batch_size": [8, 16, 32]},
+        progress=False,
+    )
     sw.write_table(df, tmp_path)
     assert sw.parameters(df) == ["parallelism.mode", "num_gpus", "batch_size"]
-    assert sw.axes(df) == ("num_gpus", "iteration_time_ms", ["parallelism.mode"],
-                           ["batch_size varies with num_gpus (one value per num_gpus)"])  # fmt: skip
-    code, out, err = triosim(capsys, "plot", tmp_path / "sweep.csv", "--y", "exposed_comm_ms_mean",
-                             "--hue", "parallelism.mode")  # fmt: skip
+    assert sw.axes(df) == (
+        "num_gpus",
+        "iteration_time_ms",
+        ["parallelism.mode"],
+        ["batch_size varies with num_gpus (one value per num_gpus)"],
+    )
+    code, out, err = triosim(
+        capsys,
+        "plot",
+        tmp_path / "sweep.csv",
+        "--y",
+        "exposed_comm_ms_mean",
+        "--hue",
+        "parallelism.mode",
+    )
     png = tmp_path / "plot-exposed_comm_ms_mean-vs-num_gpus.png"
     assert code == 0 and png.stat().st_size > 10_000, err
     code, _, err = triosim(capsys, "plot", tmp_path, "--y", "speed")
@@ -128,16 +155,26 @@ def test_per_layer_is_per_gpu_not_averaged():
 
 
 def test_chrome_trace_has_integer_named_threads_and_a_track_per_direction(tmp_path):
-    r = Simulation({"num_gpus": 3, "parallelism": {"mode": "gpipe", "microbatches": 2}},
-                   trace=chain_trace(batch=8, layers=6)).run()  # fmt: skip
+    r = Simulation(
+        {"num_gpus": 3, "parallelism": {"mode": "gpipe", "microbatches": 2}},
+        trace=chain_trace(batch=8, layers=6),
+    ).run()
     events = json.loads(r.to_chrome_trace(tmp_path / "t.json").read_text())["traceEvents"]
-    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
-             if e["ph"] == "M" and e["name"] == "thread_name"}  # fmt: skip
+    names = {
+        (e["pid"], e["tid"]): e["args"]["name"]
+        for e in events
+        if e["ph"] == "M" and e["name"] == "thread_name"
+    }
     spans = [e for e in events if e["ph"] == "X"]
     assert all(isinstance(e["tid"], int) for e in events)
     assert {(e["pid"], e["tid"]) for e in spans} <= set(names)  # every track is named
-    net = [e for e in events if e["ph"] == "M" and e["name"] == "process_name"
-           and e["args"]["name"].startswith("network")][0]["pid"]  # fmt: skip
+    net = [
+        e
+        for e in events
+        if e["ph"] == "M"
+        and e["name"] == "process_name"
+        and e["args"]["name"].startswith("network")
+    ][0]["pid"]
     tracks = {names[net, e["tid"]] for e in spans if e["pid"] == net}
     pairs = {
         f"GPU {s} -> GPU {d}" for s, d in zip(r.transfers().src, r.transfers().dst, strict=True)
@@ -166,22 +203,30 @@ def test_timeline_says_which_gpus_it_shows_and_has_a_legend():
     assert len(shown) == 16 and shown[:2] == [0, 1] and shown[-2:] == [82, 83]
     assert note.startswith("16 of 84 GPUs shown")
     assert plots.sample_gpus(list(range(16)))[1] == "all 16 GPUs"
-    r = Simulation({"num_gpus": 20, "batch_size": 20, "parallelism": {"mode": "ddp"}},
-                   trace=chain_trace(batch=20)).run()  # fmt: skip
+    r = Simulation(
+        {"num_gpus": 20, "batch_size": 20, "parallelism": {"mode": "ddp"}},
+        trace=chain_trace(batch=20),
+    ).run()
     ax = plots.timeline_figure(r.timeline, r.gpus, "t")
     shown, note = plots.sample_gpus(r.gpus)
     assert note == "12 of 20 GPUs shown: the first 2, the last 2 and every 2nd in between"
     assert note in ax.get_title()
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [
-        "forward", "backward", "optimizer", "communication"]  # fmt: skip
+        "forward",
+        "backward",
+        "optimizer",
+        "communication",
+    ]
     assert [t.get_text() for t in ax.get_yticklabels()] == [f"GPU {g}" for g in reversed(shown)]
     plots._pyplot().close(ax.figure)
 
 
 def test_link_figure_draws_rings_and_grids_and_lists_the_rest():
     def fig(n, topology):
-        r = Simulation({"num_gpus": n, "batch_size": 8, "parallelism": {"mode": "dp"},
-                        "topology": topology}, trace=chain_trace(batch=8)).run()  # fmt: skip
+        r = Simulation(
+            {"num_gpus": n, "batch_size": 8, "parallelism": {"mode": "dp"}, "topology": topology},
+            trace=chain_trace(batch=8),
+        ).run()
         ax = plots.links_figure(r.links, r.gpus, r.topology_layout(), "t")
         plots._pyplot().close(ax.figure)
         return ax, r.links

@@ -152,14 +152,27 @@ def test_infinite_links():
     # an infinitely fast link joins nothing (it never binds), and a flow over such links
     # only lands at once (a capped one runs at its cap)
     g = nx.DiGraph()
-    for u, v, bw in [(0, 1, np.inf), (1, 2, 10 * GB), (2, 3, np.inf), (3, 4, 5 * GB),
-                     (4, 5, np.inf), (5, 6, 8 * GB)]:  # fmt: skip
+    for u, v, bw in [
+        (0, 1, np.inf),
+        (1, 2, 10 * GB),
+        (2, 3, np.inf),
+        (3, 4, 5 * GB),
+        (4, 5, np.inf),
+        (5, 6, 8 * GB),
+    ]:
         g.add_edge(u, v, bandwidth=bw, latency=0.0)
     for u in range(7):
         g.nodes[u]["kind"] = "gpu"
-    plan = [(0.0, [(0, 1, 1e6)]), (0.0, [(0, 3, 4e7)]), (1e-4, [(2, 3, 1e6)]),
-            (1e-4, [(1, 2, 2e7)]), (2e-4, [(3, 4, 1e7, 2 * GB)]), (3e-4, [(4, 6, 1e7)]),
-            (3e-4, [(4, 5, 1e7, 3 * GB)]), (3e-4, [(4, 5, 1e7)])]  # fmt: skip
+    plan = [
+        (0.0, [(0, 1, 1e6)]),
+        (0.0, [(0, 3, 4e7)]),
+        (1e-4, [(2, 3, 1e6)]),
+        (1e-4, [(1, 2, 2e7)]),
+        (2e-4, [(3, 4, 1e7, 2 * GB)]),
+        (3e-4, [(4, 6, 1e7)]),
+        (3e-4, [(4, 5, 1e7, 3 * GB)]),
+        (3e-4, [(4, 5, 1e7)]),
+    ]
     ref = _run("reference", g, plan)
     fast = _run("fast", g, plan)
     _same(ref, fast)
@@ -278,8 +291,11 @@ def _textbook():
     return g
 
 
-TEXTBOOK_PLAN = [(0.0, [(4, 5, 1e9)]), (1e-3, [(0, 3, 1e8), (1, 2, 1e8), (2, 3, 1e8)]),
-                 (2e-3, [(4, 5, 1e8)])]  # fmt: skip
+TEXTBOOK_PLAN = [
+    (0.0, [(4, 5, 1e9)]),
+    (1e-3, [(0, 3, 1e8), (1, 2, 1e8), (2, 3, 1e8)]),
+    (2e-3, [(4, 5, 1e8)]),
+]
 
 
 def test_second_round_components_match():

@@ -104,9 +104,25 @@ NUMERIC = [
 def test_the_walk_finds_the_numeric_fields_of_every_part():
     names = {p.id.rsplit(".", 1)[1] for p in NUMERIC}
     # a sample from every kind of place: top level, sections, parts, nested lists and dicts
-    assert {"num_gpus", "batch_size", "bandwidth", "latency", "inter_bandwidth", "setup_time",
-            "buffer_bytes", "bucket_size", "factor", "low", "compute", "reserve", "capacity",
-            "holdout", "latency_scale", "launch_overhead", "microbatches"} <= names  # fmt: skip
+    assert {
+        "num_gpus",
+        "batch_size",
+        "bandwidth",
+        "latency",
+        "inter_bandwidth",
+        "setup_time",
+        "buffer_bytes",
+        "bucket_size",
+        "factor",
+        "low",
+        "compute",
+        "reserve",
+        "capacity",
+        "holdout",
+        "latency_scale",
+        "launch_overhead",
+        "microbatches",
+    } <= names
     assert len(NUMERIC) >= 40
 
 
@@ -116,8 +132,10 @@ def _bad_numbers(cls, name):
     plain = st.sampled_from([math.inf, -math.inf, math.nan, 10**400, -(10**400)])
     if not md.get("unit"):
         return plain
-    spelled = st.tuples(st.sampled_from(["inf", "-inf", "+inf", "1e400", "-1e999"]),
-                        st.sampled_from(sorted(units.KINDS[md["unit"]][0])))  # fmt: skip
+    spelled = st.tuples(
+        st.sampled_from(["inf", "-inf", "+inf", "1e400", "-1e999"]),
+        st.sampled_from(sorted(units.KINDS[md["unit"]][0])),
+    )
     return plain | spelled.map(lambda t: f"{t[0]} {t[1]}".strip())
 
 
@@ -154,24 +172,41 @@ def _field(p):
     return next(f for f in dataclasses.fields(cls) if f.name == name)
 
 
-@pytest.mark.parametrize("data,field", [
-    ({"topology": {"bandwidth": "inf GB/s"}}, "topology.bandwidth"),
-    ({"topology": {"bandwidth": math.inf}}, "topology.bandwidth"),
-    ({"topology": {"latency": math.nan}}, "topology.latency"),
-    ({"batch_size": math.inf}, "batch_size"),
-    ({"topology": {"kind": "multi_node", "gpus_per_node": 2, "inter_bandwidth": "1e400 GB/s"}},
-     "topology.inter_bandwidth"),
-    ({"topology": {"links": [{"src": 0, "dst": 1, "bandwidth": "inf Gb/s"}]}},
-     "topology.links[0].bandwidth"),
-    ({"topology": {"kind": "edges", "edges": [{"src": 0, "dst": 1, "bandwidth": math.inf}]}},
-     "topology.edges[0].bandwidth"),
-    ({"communication": {"kind": "nccl", "bandwidth_scale": math.inf}},
-     "communication.bandwidth_scale"),
-    ({"heterogeneity": {"compute": {1: math.inf}}}, "heterogeneity.compute[1]"),
-    ({"memory": {"capacity": "inf GB"}}, "memory.capacity"),
-    ({"parallelism": {"mode": "ddp", "bucket_size": 10**400}}, "parallelism.bucket_size"),
-    ({"num_gpus": 10**30}, "num_gpus"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "data,field",
+    [
+        ({"topology": {"bandwidth": "inf GB/s"}}, "topology.bandwidth"),
+        ({"topology": {"bandwidth": math.inf}}, "topology.bandwidth"),
+        ({"topology": {"latency": math.nan}}, "topology.latency"),
+        ({"batch_size": math.inf}, "batch_size"),
+        (
+            {
+                "topology": {
+                    "kind": "multi_node",
+                    "gpus_per_node": 2,
+                    "inter_bandwidth": "1e400 GB/s",
+                }
+            },
+            "topology.inter_bandwidth",
+        ),
+        (
+            {"topology": {"links": [{"src": 0, "dst": 1, "bandwidth": "inf Gb/s"}]}},
+            "topology.links[0].bandwidth",
+        ),
+        (
+            {"topology": {"kind": "edges", "edges": [{"src": 0, "dst": 1, "bandwidth": math.inf}]}},
+            "topology.edges[0].bandwidth",
+        ),
+        (
+            {"communication": {"kind": "nccl", "bandwidth_scale": math.inf}},
+            "communication.bandwidth_scale",
+        ),
+        ({"heterogeneity": {"compute": {1: math.inf}}}, "heterogeneity.compute[1]"),
+        ({"memory": {"capacity": "inf GB"}}, "memory.capacity"),
+        ({"parallelism": {"mode": "ddp", "bucket_size": 10**400}}, "parallelism.bucket_size"),
+        ({"num_gpus": 10**30}, "num_gpus"),
+    ],
+)
 def test_a_whole_config_names_the_non_finite_field(data, field):
     with pytest.raises(ConfigError) as e:
         from_dict({**BASE, **data})
@@ -196,8 +231,9 @@ def test_a_python_topology_with_an_infinite_link_is_refused_before_the_run():
     for u, v in g.edges:
         g.edges[u, v]["bandwidth"] = math.inf  # crashed inside SimPy: OverflowError
     with pytest.raises(NetworkError, match=r"link 0->1: bandwidth must be a finite number"):
-        Simulation({"num_gpus": 4, "parallelism": {"mode": "ddp"}}, trace=chain_trace(batch=8),
-                   topology=g)  # fmt: skip
+        Simulation(
+            {"num_gpus": 4, "parallelism": {"mode": "ddp"}}, trace=chain_trace(batch=8), topology=g
+        )
 
 
 # -- values far from any real one: a warning that says what was probably meant ----------------
@@ -214,10 +250,25 @@ def _loaded_warnings(cls, data) -> list[str]:
 
 def test_every_field_with_a_unit_is_checked_for_plausibility():
     names = {p.id.rsplit(".", 1)[1] for p in UNITS}
-    assert {"bandwidth", "latency", "inter_bandwidth", "setup_time", "buffer_bytes",
-            "bucket_size", "first_bucket_size", "reserve", "capacity", "launch_overhead",
-            "pipeline_overhead", "total_bandwidth", "host_bandwidth", "factor", "compute",
-            "low", "high"} <= names  # fmt: skip
+    assert {
+        "bandwidth",
+        "latency",
+        "inter_bandwidth",
+        "setup_time",
+        "buffer_bytes",
+        "bucket_size",
+        "first_bucket_size",
+        "reserve",
+        "capacity",
+        "launch_overhead",
+        "pipeline_overhead",
+        "total_bandwidth",
+        "host_bandwidth",
+        "factor",
+        "compute",
+        "low",
+        "high",
+    } <= names
     for p in NUMERIC:
         if _field(p).metadata.get("unit"):
             assert p in UNITS, p.id
@@ -240,28 +291,48 @@ def test_a_value_far_from_any_real_one_warns_and_a_real_one_does_not(cls, name):
         (msg,) = _loaded_warnings(cls, {name: _wrap(tp, far)})
         assert msg.startswith(f"sec.{name}") and f"{far:g}" in msg and "far " in msg
         if f.metadata.get("unit"):  # the unit it was read in
-            assert "read as" in msg and {"bandwidth": "B/s", "seconds": " s", "bytes": " B"}[
-                f.metadata["unit"]] in msg  # fmt: skip
+            assert (
+                "read as" in msg
+                and {"bandwidth": "B/s", "seconds": " s", "bytes": " B"}[f.metadata["unit"]] in msg
+            )
 
 
-@pytest.mark.parametrize("data,meant", [
-    ({"topology": {"bandwidth": 65}},
-     "topology.bandwidth = 65 read as 65 B/s; did you mean 65 GB/s?"),
-    ({"topology": {"latency": 1}}, "topology.latency = 1 read as 1 s; did you mean 1 us?"),
-    ({"topology": {"links": [{"src": 0, "dst": 1, "latency": 2}]}},
-     "topology.links[0].latency = 2 read as 2 s; did you mean 2 us?"),
-    ({"parallelism": {"mode": "ddp", "bucket_size": 25}},
-     "parallelism.bucket_size = 25 read as 25 B; did you mean 25 MiB?"),
-    ({"network": {"kind": "photonic", "setup_time": 20}},
-     "network.setup_time = 20 read as 20 s; did you mean 20 ms?"),
-    ({"memory": {"capacity": 80}}, "memory.capacity = 80 read as 80 B; did you mean 80 GB?"),
-    ({"topology": {"kind": "multi_node", "gpus_per_node": 2, "inter_bandwidth": 400}},
-     "topology.inter_bandwidth = 400 read as 400 B/s; did you mean 400 GB/s?"),
-    ({"communication": {"kind": "nccl", "launch_overhead": 5}},
-     "communication.launch_overhead = 5 read as 5 s; did you mean 5 us?"),
-    ({"topology": {"bandwidth": "65 B/s"}}, "topology.bandwidth = '65 B/s' is 65 B/s (far below"),
-    ({"heterogeneity": {"compute": {1: 1e6}}}, "heterogeneity.compute[1] = 1e+06 (far above"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "data,meant",
+    [
+        (
+            {"topology": {"bandwidth": 65}},
+            "topology.bandwidth = 65 read as 65 B/s; did you mean 65 GB/s?",
+        ),
+        ({"topology": {"latency": 1}}, "topology.latency = 1 read as 1 s; did you mean 1 us?"),
+        (
+            {"topology": {"links": [{"src": 0, "dst": 1, "latency": 2}]}},
+            "topology.links[0].latency = 2 read as 2 s; did you mean 2 us?",
+        ),
+        (
+            {"parallelism": {"mode": "ddp", "bucket_size": 25}},
+            "parallelism.bucket_size = 25 read as 25 B; did you mean 25 MiB?",
+        ),
+        (
+            {"network": {"kind": "photonic", "setup_time": 20}},
+            "network.setup_time = 20 read as 20 s; did you mean 20 ms?",
+        ),
+        ({"memory": {"capacity": 80}}, "memory.capacity = 80 read as 80 B; did you mean 80 GB?"),
+        (
+            {"topology": {"kind": "multi_node", "gpus_per_node": 2, "inter_bandwidth": 400}},
+            "topology.inter_bandwidth = 400 read as 400 B/s; did you mean 400 GB/s?",
+        ),
+        (
+            {"communication": {"kind": "nccl", "launch_overhead": 5}},
+            "communication.launch_overhead = 5 read as 5 s; did you mean 5 us?",
+        ),
+        (
+            {"topology": {"bandwidth": "65 B/s"}},
+            "topology.bandwidth = '65 B/s' is 65 B/s (far below",
+        ),
+        ({"heterogeneity": {"compute": {1: 1e6}}}, "heterogeneity.compute[1] = 1e+06 (far above"),
+    ],
+)
 def test_the_warning_says_what_was_probably_meant(data, meant):
     with pytest.warns(units.ImplausibleValueWarning) as caught:
         from_dict({**BASE, **data})
@@ -271,11 +342,19 @@ def test_the_warning_says_what_was_probably_meant(data, meant):
 def test_real_configs_do_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        from_dict({**BASE, "topology": {"bandwidth": "400 Gb/s", "latency": "2 us",
-                                        "links": [{"src": 0, "dst": 1, "bandwidth": 25e9}]},
-                   "parallelism": {"mode": "ddp", "bucket_size": "25 MiB"},
-                   "memory": {"reserve": 0, "capacity": "80 GB"},
-                   "heterogeneity": {"compute": {1: 2.0}}})  # fmt: skip
+        from_dict(
+            {
+                **BASE,
+                "topology": {
+                    "bandwidth": "400 Gb/s",
+                    "latency": "2 us",
+                    "links": [{"src": 0, "dst": 1, "bandwidth": 25e9}],
+                },
+                "parallelism": {"mode": "ddp", "bucket_size": "25 MiB"},
+                "memory": {"reserve": 0, "capacity": "80 GB"},
+                "heterogeneity": {"compute": {1: 2.0}},
+            }
+        )
 
 
 def test_the_catalogue_lies_within_the_plausible_ranges():
@@ -299,8 +378,10 @@ def test_the_command_line_prints_the_warning_for_a_file_and_for_set(capsys, tmp_
 
     trace = Path(__file__).resolve().parents[1] / "traces" / "cpu" / "gpt2-small-b8.trace.json.gz"
     cfg = tmp_path / "tiny.yaml"
-    cfg.write_text(f"trace: {trace}\nnum_gpus: 1\nparallelism: {{mode: single}}\n"
-                   "perfmodel: {kind: trace}\ntopology: {bandwidth: 65}\n")  # fmt: skip
+    cfg.write_text(
+        f"trace: {trace}\nnum_gpus: 1\nparallelism: {{mode: single}}\n"
+        "perfmodel: {kind: trace}\ntopology: {bandwidth: 65}\n"
+    )
     code, out, err = run_cli(capsys, "simulate", cfg, "--no-save", "--set", "topology.latency=1")
     assert code == 0, err
     lines = [x for x in err.splitlines() if x.startswith("warning: topology.")]
@@ -326,18 +407,23 @@ def _one_error(capsys, *args) -> str:
 
 def test_a_key_given_twice_in_a_config_file_names_the_key_and_lines(capsys, tmp_path):
     cfg = tmp_path / "twice.yaml"
-    cfg.write_text(f"trace: {TRACE}\nnum_gpus: 1\ntopology:\n  bandwidth: 65 GB/s\n"
-                   "  latency: 1 us\n  bandwidth: 10 GB/s\n")  # fmt: skip
+    cfg.write_text(
+        f"trace: {TRACE}\nnum_gpus: 1\ntopology:\n  bandwidth: 65 GB/s\n"
+        "  latency: 1 us\n  bandwidth: 10 GB/s\n"
+    )
     msg = _one_error(capsys, "simulate", cfg, "--no-save")
-    assert msg == (f"error: config file {cfg}, line 6, column 3: not valid YAML: key "
-                   "'bandwidth' is given twice in one mapping (lines 4 and 6); only the last "
-                   "would count: keep one")  # fmt: skip
+    assert msg == (
+        f"error: config file {cfg}, line 6, column 3: not valid YAML: key "
+        "'bandwidth' is given twice in one mapping (lines 4 and 6); only the last "
+        "would count: keep one"
+    )
 
 
 def test_a_key_given_twice_in_a_grid_file_or_a_set_value(capsys, tmp_path):
     grid = tmp_path / "grid.yaml"
-    grid.write_text(f"base: {{trace: {TRACE}, num_gpus: 1}}\ngrid:\n  num_gpus: [1, 2]\n"
-                    "  num_gpus: [4]\n")  # fmt: skip
+    grid.write_text(
+        f"base: {{trace: {TRACE}, num_gpus: 1}}\ngrid:\n  num_gpus: [1, 2]\n  num_gpus: [4]\n"
+    )
     msg = _one_error(capsys, "sweep", grid, "--out", tmp_path / "out")
     assert "line 4, column 3" in msg and "key 'num_gpus' is given twice" in msg
     cfg = tmp_path / "ok.yaml"
@@ -361,21 +447,58 @@ def test_yaml_spellings_of_one_key_and_merge_keys():
     assert parse_yaml("a: &x {k: 1, m: 2}\nb:\n  <<: *x\n  k: 3\n", "f")["b"] == {"k": 3, "m": 2}
 
 
-@pytest.mark.parametrize("data,where,first", [
-    ({"topology": {"links": [{"src": 0, "dst": 1, "bandwidth": "1 GB/s"},
-                             {"src": 0, "dst": 1, "latency": "2 us"}]}},
-     "topology.links[1]", "topology.links[0] already sets 0->1"),
-    ({"topology": {"links": [{"src": 2, "dst": 3, "bandwidth": "1 GB/s"},
-                             {"src": 0, "dst": 1, "bandwidth": "1 GB/s"},
-                             {"src": 1, "dst": 0, "bandwidth": "2 GB/s", "both": True}]}},
-     "topology.links[2]", "topology.links[1] already sets 0->1"),
-    ({"topology": {"kind": "edges", "edges": [{"src": 0, "dst": 1, "bandwidth": "1 GB/s"},
-                                              {"src": 1, "dst": 0, "bandwidth": "2 GB/s"}]}},
-     "topology.edges[1]", "topology.edges[0] already sets 1->0"),
-    ({"heterogeneity": {"links": [{"src": 0, "dst": 1, "factor": 2},
-                                  {"src": 0, "dst": 1, "factor": 3}]}},
-     "heterogeneity.links[1]", "heterogeneity.links[0] already sets 0->1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "data,where,first",
+    [
+        (
+            {
+                "topology": {
+                    "links": [
+                        {"src": 0, "dst": 1, "bandwidth": "1 GB/s"},
+                        {"src": 0, "dst": 1, "latency": "2 us"},
+                    ]
+                }
+            },
+            "topology.links[1]",
+            "topology.links[0] already sets 0->1",
+        ),
+        (
+            {
+                "topology": {
+                    "links": [
+                        {"src": 2, "dst": 3, "bandwidth": "1 GB/s"},
+                        {"src": 0, "dst": 1, "bandwidth": "1 GB/s"},
+                        {"src": 1, "dst": 0, "bandwidth": "2 GB/s", "both": True},
+                    ]
+                }
+            },
+            "topology.links[2]",
+            "topology.links[1] already sets 0->1",
+        ),
+        (
+            {
+                "topology": {
+                    "kind": "edges",
+                    "edges": [
+                        {"src": 0, "dst": 1, "bandwidth": "1 GB/s"},
+                        {"src": 1, "dst": 0, "bandwidth": "2 GB/s"},
+                    ],
+                }
+            },
+            "topology.edges[1]",
+            "topology.edges[0] already sets 1->0",
+        ),
+        (
+            {
+                "heterogeneity": {
+                    "links": [{"src": 0, "dst": 1, "factor": 2}, {"src": 0, "dst": 1, "factor": 3}]
+                }
+            },
+            "heterogeneity.links[1]",
+            "heterogeneity.links[0] already sets 0->1",
+        ),
+    ],
+)
 def test_one_link_set_twice_is_refused_naming_both_entries(data, where, first):
     with pytest.raises(ConfigError) as e:
         from_dict({**BASE, **data})
@@ -383,11 +506,22 @@ def test_one_link_set_twice_is_refused_naming_both_entries(data, where, first):
 
 
 def test_each_direction_may_be_set_once():
-    cfg = from_dict({**BASE, "topology": {"links": [
-        {"src": 0, "dst": 1, "bandwidth": "1 GB/s"}, {"src": 1, "dst": 0, "bandwidth": "2 GB/s"}]}})  # fmt: skip
+    cfg = from_dict(
+        {
+            **BASE,
+            "topology": {
+                "links": [
+                    {"src": 0, "dst": 1, "bandwidth": "1 GB/s"},
+                    {"src": 1, "dst": 0, "bandwidth": "2 GB/s"},
+                ]
+            },
+        }
+    )
     assert [x.bandwidth for x in cfg.topology.links] == [1e9, 2e9]
-    edges = [{"src": 0, "dst": 1, "bandwidth": 1e9, "both": False},
-             {"src": 1, "dst": 0, "bandwidth": 2e9, "both": False}]  # fmt: skip
+    edges = [
+        {"src": 0, "dst": 1, "bandwidth": 1e9, "both": False},
+        {"src": 1, "dst": 0, "bandwidth": 2e9, "both": False},
+    ]
     from_dict({**BASE, "num_gpus": 2, "topology": {"kind": "edges", "edges": edges}})
 
 
@@ -404,8 +538,10 @@ def test_a_config_error_of_a_huge_run_comes_before_the_topology_is_built(monkeyp
     monkeypatch.setattr(simulation, "build_topology", never)
     # at a million GPUs the ring took 30 s to build and 22 s to check before this line
     with pytest.raises(ConfigError, match=r"'batch_size' = 8 .*a multiple of 1000000"):
-        simulation.Simulation({"num_gpus": 10**6, "batch_size": 8, "parallelism": {"mode": "ddp"}},
-                              trace=chain_trace(batch=8))  # fmt: skip
+        simulation.Simulation(
+            {"num_gpus": 10**6, "batch_size": 8, "parallelism": {"mode": "ddp"}},
+            trace=chain_trace(batch=8),
+        )
     with pytest.raises(ConfigError, match=r"'num_gpus' = 1000000 .*1 for mode 'single'"):
         simulation.Simulation({"num_gpus": 10**6}, trace=chain_trace(batch=8))
 
@@ -416,14 +552,21 @@ def test_the_early_check_leaves_what_needs_the_topology_to_the_real_plan():
     from triosim.simulation.wiring import Simulation
 
     # hop over the topology's own graph: the stand-in has no topology, the real plan has one
-    s = Simulation({"num_gpus": 4, "batch_size": 8, "parallelism": {"mode": "hop"}},
-                   trace=chain_trace(batch=8))  # fmt: skip
+    s = Simulation(
+        {"num_gpus": 4, "batch_size": 8, "parallelism": {"mode": "hop"}}, trace=chain_trace(batch=8)
+    )
     assert s.extrapolator.options.graph == "topology"
     # a 3D placement naming GPUs that are not 0..N-1
     g = topo.from_edges([{"src": "a", "dst": "b", "bandwidth": 1e9}], gpus=["a", "b"])
-    s = Simulation({"num_gpus": 2, "batch_size": 8,
-                    "parallelism": {"mode": "3d", "dp": 2, "placement": ["b", "a"]}},
-                   trace=chain_trace(batch=8), topology=g)  # fmt: skip
+    s = Simulation(
+        {
+            "num_gpus": 2,
+            "batch_size": 8,
+            "parallelism": {"mode": "3d", "dp": 2, "placement": ["b", "a"]},
+        },
+        trace=chain_trace(batch=8),
+        topology=g,
+    )
     assert s.extrapolator.grid[0, 0, 0] == "b"
 
 
@@ -477,12 +620,20 @@ def test_the_preparation_names_its_stages(monkeypatch):
             super().stage(what)
 
     monkeypatch.setattr(simulation, "RunProgress", Watch)
-    simulation.Simulation({"num_gpus": 4, "batch_size": 8, "parallelism": {"mode": "ddp"}},
-                          trace=chain_trace(batch=8), progress=True)  # fmt: skip
+    simulation.Simulation(
+        {"num_gpus": 4, "batch_size": 8, "parallelism": {"mode": "ddp"}},
+        trace=chain_trace(batch=8),
+        progress=True,
+    )
     assert {d for d, _ in seen} == {"preparing 4 GPUs"}
-    assert [w for _, w in seen][:6] == ["loading the trace", "building the performance model",
-                                        "checking the plan", "building the topology",
-                                        "ordering the ring", "planning the streams"]  # fmt: skip
+    assert [w for _, w in seen][:6] == [
+        "loading the trace",
+        "building the performance model",
+        "checking the plan",
+        "building the topology",
+        "ordering the ring",
+        "planning the streams",
+    ]
     w = progress.RunProgress("preparing 4 GPUs", enabled=False)
     w._t0 = 0
     w.stage("building the topology")
@@ -493,16 +644,20 @@ def test_one_warning_per_value_however_often_the_config_is_checked(capsys, tmp_p
     from tests.conftest import run_cli
 
     cfg = tmp_path / "slow.yaml"
-    cfg.write_text(f"trace: {TRACE}\nnum_gpus: 1\nparallelism: {{mode: single}}\n"
-                   "perfmodel: {kind: trace}\nnetwork: {kind: photonic, setup_time: 20}\n")  # fmt: skip
+    cfg.write_text(
+        f"trace: {TRACE}\nnum_gpus: 1\nparallelism: {{mode: single}}\n"
+        "perfmodel: {kind: trace}\nnetwork: {kind: photonic, setup_time: 20}\n"
+    )
     code, _, err = run_cli(capsys, "simulate", cfg, "--no-save")  # loaded, then re-checked
     assert code == 0, err
     assert [x[:65] for x in err.splitlines() if "setup_time" in x] == [
-        "warning: network.setup_time = 20 read as 20 s; did you mean 20 ms"]  # fmt: skip
+        "warning: network.setup_time = 20 read as 20 s; did you mean 20 ms"
+    ]
     # a mode's options are checked at load, by the early stand-in plan and by the plan, with
     # Python's own once-per-place filter reset in between (importing scikit-learn does it)
-    cfg.write_text(f"trace: {TRACE}\nnum_gpus: 2\nbatch_size: 8\n"
-                   "parallelism: {mode: ddp, bucket_size: 25}\n")  # fmt: skip
+    cfg.write_text(
+        f"trace: {TRACE}\nnum_gpus: 2\nbatch_size: 8\nparallelism: {{mode: ddp, bucket_size: 25}}\n"
+    )
     code, _, err = run_cli(capsys, "simulate", cfg, "--no-save")
     assert code == 0, err
     assert len([x for x in err.splitlines() if "bucket_size = 25 read as" in x]) == 1, err
@@ -513,16 +668,24 @@ def test_numbers_in_exponent_form_are_numbers():
 
     # YAML 1.1 (PyYAML) reads these as strings, which a float field then refused
     assert parse_yaml("a: 1e9\nb: 1.0e6\nc: -2E-3\nd: 10\ne: 1e\n", "f") == {
-        "a": 1e9, "b": 1e6, "c": -2e-3, "d": 10, "e": "1e"}  # fmt: skip
+        "a": 1e9,
+        "b": 1e6,
+        "c": -2e-3,
+        "d": 10,
+        "e": "1e",
+    }
     cfg = from_dict({**BASE, **parse_yaml("communication: {bandwidth_scale: 1e-1}", "f")})
     assert cfg.communication.options.bandwidth_scale == 0.1
 
 
-@pytest.mark.parametrize("data,field,value", [
-    ({"num_gpus": 1e3}, "num_gpus", 1000),  # `num_gpus: 1e3` in YAML
-    ({"batch_size": 8.0}, "batch_size", 8),
-    ({"parallelism": {"mode": "gpipe", "microbatches": 4.0}}, "parallelism.microbatches", 4),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "data,field,value",
+    [
+        ({"num_gpus": 1e3}, "num_gpus", 1000),  # `num_gpus: 1e3` in YAML
+        ({"batch_size": 8.0}, "batch_size", 8),
+        ({"parallelism": {"mode": "gpipe", "microbatches": 4.0}}, "parallelism.microbatches", 4),
+    ],
+)
 def test_a_whole_number_written_as_a_float_is_that_integer(data, field, value):
     cfg = from_dict({**BASE, **data})
     section, _, name = field.rpartition(".")
@@ -530,12 +693,21 @@ def test_a_whole_number_written_as_a_float_is_that_integer(data, field, value):
     assert got == value and type(got) is int
 
 
-@pytest.mark.parametrize("data,match", [
-    ({"batch_size": 2.5}, r"'batch_size' = 2.5 is not allowed: an integer > 0"),  # was: "a
-    ({"batch_size": 1e-9}, r"'batch_size' = 1e-09 is not allowed: an integer > 0"),  # multiple of 2"
-    ({"num_gpus": 1e300}, r"'num_gpus' = 1e\+300 is not allowed: an integer >= 1, below 2\*\*63"),
-    ({"num_gpus": 1.5}, r"'num_gpus' = 1.5 is not allowed: an integer >= 1"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "data,match",
+    [
+        ({"batch_size": 2.5}, r"'batch_size' = 2.5 is not allowed: an integer > 0"),  # was: "a
+        (
+            {"batch_size": 1e-9},
+            r"'batch_size' = 1e-09 is not allowed: an integer > 0",
+        ),  # multiple of 2"
+        (
+            {"num_gpus": 1e300},
+            r"'num_gpus' = 1e\+300 is not allowed: an integer >= 1, below 2\*\*63",
+        ),
+        ({"num_gpus": 1.5}, r"'num_gpus' = 1.5 is not allowed: an integer >= 1"),
+    ],
+)
 def test_a_count_must_be_whole(data, match):
     with pytest.raises(ConfigError, match=match):
         from_dict({**BASE, **data})

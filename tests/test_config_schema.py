@@ -32,52 +32,69 @@ def test_a_typo_gets_a_did_you_mean():
 
 def test_a_field_of_another_mode_names_its_owner():
     # microbatches is a pipeline field: under ddp it would be silently ignored
-    refused({"parallelism": {"mode": "ddp", "microbatches": 4}},
-            "parallelism.microbatches.*a field of parallelism mode '1f1b' or '3d' or 'gpipe' or "
-            "'interleaved', not of "
-            "parallelism mode 'ddp'")  # fmt: skip
+    refused(
+        {"parallelism": {"mode": "ddp", "microbatches": 4}},
+        "parallelism.microbatches.*a field of parallelism mode '1f1b' or '3d' or 'gpipe' or "
+        "'interleaved', not of "
+        "parallelism mode 'ddp'",
+    )
     refused({"topology": {"kind": "ring", "rows": 2}}, r"topology.rows.*'mesh2d'")
     refused({"network": {"routing": "hops", "kind": "photonic"}}, r"network.routing.*'packet'")
     refused({"mode": "dp"}, r"'mode'.*section 'parallelism'")
 
 
-@pytest.mark.parametrize("data,match", [
-    ({"num_gpus": "two"}, r"'num_gpus' = 'two'.*an integer >= 1"),
-    ({"num_gpus": 0}, r"num_gpus.*>= 1"),
-    ({"batch_size": -8}, r"batch_size.*> 0"),
-    ({"seed": True}, "seed"),
-    ({"parallelism": {"mode": "gpipe", "microbatches": 2.5}}, "microbatches.*integer"),
-    ({"parallelism": {"mode": "ddp", "bucket_size": 0}}, r"bucket_size.*> 0"),
-    ({"parallelism": {"mode": "ddp", "bucket_size": "25 MB/s"}}, "bucket_size.*is a bandwidth"),
-    ({"network": {"kind": "photonic", "links": "8"}}, "network.links.*integer"),
-    ({"network": {"kind": "photonic", "setup_time": "-1 ms"}}, r"setup_time.*>= 0"),
-    ({"network": {"kind": "photonic", "buffer_bytes": 0}}, r"buffer_bytes.*> 0"),
-    ({"network": {"kind": "packet", "routing": "shortest"}}, "routing.*latency, hops"),
-    ({"network": {"kind": "warp"}}, r"network.kind.*one of packet, photonic"),
-    ({"topology": {"kind": "mesh2d", "rows": 0}}, r"topology.rows.*>= 1"),
-    ({"topology": {"kind": "pcie_tree", "host_bandwidth": "16 GB"}}, "host_bandwidth.*is a size"),
-    ({"topology": {"latency": "1 MS"}}, "case-sensitive.*'ms'"),
-    ({"perfmodel": {"kind": "regression", "holdout": 1.5}}, r"holdout.*< 1"),
-    ({"perfmodel": {"kind": "regression", "extra_traces": "a.json"}}, "extra_traces.*a list"),
-    ({"parallelism": {"mode": "hybrid", "dp": 2, "inner": "ddp"}},
-     r"parallelism.inner.*a mode that hybrid replicates: .*gpipe"),
-    ({"parallelism": {"mode": "hybrid", "inner": "gpipe", "bucket_size": "1 MB"}},
-     r"bucket_size.*mode .*'ddp'"),
-    ({"gpu": "Z9000"}, r"'gpu' = 'Z9000'.*one of A40, A100-40GB"),
-    ({"communication": {"kind": "textbook", "algorithm": "butterfly"}},
-     "communication.algorithm.*one of ring"),
-    ({"communication": {"kind": "telepathy"}}, "communication.kind.*one of"),
-    ({"topology": {"links": [{"src": 0, "dst": 1, "bandwidht": 1}]}},
-     r"topology.links\[0\].bandwidht.*did you mean 'bandwidth'"),
-    ({"parallelism": "ddp"}, "'parallelism' = 'ddp'.*a mapping"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "data,match",
+    [
+        ({"num_gpus": "two"}, r"'num_gpus' = 'two'.*an integer >= 1"),
+        ({"num_gpus": 0}, r"num_gpus.*>= 1"),
+        ({"batch_size": -8}, r"batch_size.*> 0"),
+        ({"seed": True}, "seed"),
+        ({"parallelism": {"mode": "gpipe", "microbatches": 2.5}}, "microbatches.*integer"),
+        ({"parallelism": {"mode": "ddp", "bucket_size": 0}}, r"bucket_size.*> 0"),
+        ({"parallelism": {"mode": "ddp", "bucket_size": "25 MB/s"}}, "bucket_size.*is a bandwidth"),
+        ({"network": {"kind": "photonic", "links": "8"}}, "network.links.*integer"),
+        ({"network": {"kind": "photonic", "setup_time": "-1 ms"}}, r"setup_time.*>= 0"),
+        ({"network": {"kind": "photonic", "buffer_bytes": 0}}, r"buffer_bytes.*> 0"),
+        ({"network": {"kind": "packet", "routing": "shortest"}}, "routing.*latency, hops"),
+        ({"network": {"kind": "warp"}}, r"network.kind.*one of packet, photonic"),
+        ({"topology": {"kind": "mesh2d", "rows": 0}}, r"topology.rows.*>= 1"),
+        (
+            {"topology": {"kind": "pcie_tree", "host_bandwidth": "16 GB"}},
+            "host_bandwidth.*is a size",
+        ),
+        ({"topology": {"latency": "1 MS"}}, "case-sensitive.*'ms'"),
+        ({"perfmodel": {"kind": "regression", "holdout": 1.5}}, r"holdout.*< 1"),
+        ({"perfmodel": {"kind": "regression", "extra_traces": "a.json"}}, "extra_traces.*a list"),
+        (
+            {"parallelism": {"mode": "hybrid", "dp": 2, "inner": "ddp"}},
+            r"parallelism.inner.*a mode that hybrid replicates: .*gpipe",
+        ),
+        (
+            {"parallelism": {"mode": "hybrid", "inner": "gpipe", "bucket_size": "1 MB"}},
+            r"bucket_size.*mode .*'ddp'",
+        ),
+        ({"gpu": "Z9000"}, r"'gpu' = 'Z9000'.*one of A40, A100-40GB"),
+        (
+            {"communication": {"kind": "textbook", "algorithm": "butterfly"}},
+            "communication.algorithm.*one of ring",
+        ),
+        ({"communication": {"kind": "telepathy"}}, "communication.kind.*one of"),
+        (
+            {"topology": {"links": [{"src": 0, "dst": 1, "bandwidht": 1}]}},
+            r"topology.links\[0\].bandwidht.*did you mean 'bandwidth'",
+        ),
+        ({"parallelism": "ddp"}, "'parallelism' = 'ddp'.*a mapping"),
+    ],
+)
 def test_bad_values_are_refused_at_load(data, match):
     refused(data, match)
 
 
 def test_hybrid_takes_its_inner_modes_fields():
-    cfg = from_dict({**BASE, "parallelism": {"mode": "hybrid", "dp": 2, "inner": "gpipe",
-                                             "microbatches": 4}})  # fmt: skip
+    cfg = from_dict(
+        {**BASE, "parallelism": {"mode": "hybrid", "dp": 2, "inner": "gpipe", "microbatches": 4}}
+    )
     assert cfg.parallelism.options.inner_options.microbatches == 4
     again = from_dict({**cfg.to_dict(), "trace": "x.trace.json.gz"})
     assert again.parallelism.options == cfg.parallelism.options
@@ -92,8 +109,14 @@ def test_units_mean_what_they_say():
     assert parse_bandwidth("1 KiB/s") == 1024
     assert parse_bytes("25 MiB") == 25 * 2**20 and parse_bytes("1.5 GB") == 1.5e9
     assert parse_seconds("20 ms") == pytest.approx(0.02) and parse_seconds("2 us") == 2e-6
-    for bad, kind in (("65 gb/s", "bandwidth"), ("65 GB", "bandwidth"), ("25 Mb", "bytes"),
-                      ("1 MS", "seconds"), ("100 Gbps", "bandwidth"), ("3 bogus", "bytes")):  # fmt: skip
+    for bad, kind in (
+        ("65 gb/s", "bandwidth"),
+        ("65 GB", "bandwidth"),
+        ("25 Mb", "bytes"),
+        ("1 MS", "seconds"),
+        ("100 Gbps", "bandwidth"),
+        ("3 bogus", "bytes"),
+    ):
         with pytest.raises(ConfigError):
             {"bandwidth": parse_bandwidth, "bytes": parse_bytes, "seconds": parse_seconds}[kind](
                 bad
@@ -101,8 +124,13 @@ def test_units_mean_what_they_say():
 
 
 def test_every_bandwidth_field_takes_units():
-    cfg = from_dict({**BASE, "topology": {"kind": "pcie_tree", "host_bandwidth": "16 GB/s",
-                                          "bandwidth": "256 Gb/s"}, "parallelism": {"mode": "dp"}})  # fmt: skip
+    cfg = from_dict(
+        {
+            **BASE,
+            "topology": {"kind": "pcie_tree", "host_bandwidth": "16 GB/s", "bandwidth": "256 Gb/s"},
+            "parallelism": {"mode": "dp"},
+        }
+    )
     g = Simulation(cfg, trace=chain_trace(batch=8)).graph  # (builds, then the mode check)
     assert (
         g.edges["pcie0", "root"]["bandwidth"] == 16e9 and g.edges[0, "pcie0"]["bandwidth"] == 32e9
@@ -200,8 +228,15 @@ def test_result_is_a_plain_picklable_record():
     back = pickle.loads(pickle.dumps(r))
     assert back.iteration_time == r.iteration_time and back.timeline.equals(r.timeline)
     assert not hasattr(r, "network") and not hasattr(r, "extrapolator")
-    assert list(back.per_link().columns) == ["src", "dst", "bandwidth", "latency", "nbytes",
-                                             "busy_time", "utilisation"]  # fmt: skip
+    assert list(back.per_link().columns) == [
+        "src",
+        "dst",
+        "bandwidth",
+        "latency",
+        "nbytes",
+        "busy_time",
+        "utilisation",
+    ]
 
 
 def test_link_stats_have_one_column_set_for_every_network():
@@ -220,9 +255,11 @@ def test_saved_config_reruns_as_it_stands(tmp_path):
     save(chain_trace(batch=8), trace_dir / "c.trace.json.gz")
     cfg_dir = tmp_path / "configs"
     cfg_dir.mkdir()
-    (cfg_dir / "run.yaml").write_text("trace: ../traces/c.trace.json.gz\nnum_gpus: 4\n"
-                                      "parallelism: {mode: ddp, bucket_size: 2 MB}\n"
-                                      "network: {kind: packet, routing: hops}\n")  # fmt: skip
+    (cfg_dir / "run.yaml").write_text(
+        "trace: ../traces/c.trace.json.gz\nnum_gpus: 4\n"
+        "parallelism: {mode: ddp, bucket_size: 2 MB}\n"
+        "network: {kind: packet, routing: hops}\n"
+    )
     r = Simulation(cfg_dir / "run.yaml").run()
     out = tmp_path / "elsewhere" / "deeper"
     r.save(out)
@@ -250,8 +287,18 @@ def test_schema_describes_every_field():
     from triosim.config.loading import fields_help
 
     text = fields_help()
-    for name in ("bucket_size", "microbatches", "setup_time", "routing", "radix", "rows",
-                 "inter_bandwidth", "extra_traces", "source_gpu", "host_bandwidth"):  # fmt: skip
+    for name in (
+        "bucket_size",
+        "microbatches",
+        "setup_time",
+        "routing",
+        "radix",
+        "rows",
+        "inter_bandwidth",
+        "extra_traces",
+        "source_gpu",
+        "host_bandwidth",
+    ):
         assert f"\n      {name}" in text, name
     rows = dict((n, w) for n, w, _ in schema.describe(topo.PcieOptions))
     assert rows["host_bandwidth"].startswith("a bandwidth in bytes/s > 0")

@@ -34,8 +34,13 @@ def _graph(kind: int, rng):
         g = topo.ring(6, 10 * GB, 1e-6)
         for _ in range(2):  # a few slower, longer links
             u = int(rng.integers(6))
-            topo.set_link(g, u, (u + 1) % 6, bandwidth=float(rng.uniform(1, 9)) * GB,
-                          latency=float(rng.uniform(0, 5e-6)))  # fmt: skip
+            topo.set_link(
+                g,
+                u,
+                (u + 1) % 6,
+                bandwidth=float(rng.uniform(1, 9)) * GB,
+                latency=float(rng.uniform(0, 5e-6)),
+            )
         return g
     if kind == 1:
         return topo.torus2d(3, 4, 20 * GB, 5e-7)
@@ -50,8 +55,13 @@ def _graph(kind: int, rng):
     g = topo.torus2d(3, 3, 20 * GB, 5e-7) if kind == 6 else topo.fat_tree(8, 25 * GB, 1e-6, 4)
     for u, v in list(g.edges()):  # every link its own speed and latency: rates differ
         if rng.random() < 0.5:
-            topo.set_link(g, u, v, bandwidth=float(rng.uniform(2, 30)) * GB,
-                          latency=float(rng.uniform(0, 3e-6)))  # fmt: skip
+            topo.set_link(
+                g,
+                u,
+                v,
+                bandwidth=float(rng.uniform(2, 30)) * GB,
+                latency=float(rng.uniform(0, 3e-6)),
+            )
     return g
 
 
@@ -113,8 +123,7 @@ def _scenario(engine: str, seed: int, kind: int, above_min=None, capped=False, s
     for k in range(int(rng.integers(1, 5))):
         n_actions = int(rng.integers(1, 5))
         scale = rng.choice([0.0, 2e-4, 2e-5])
-        plan = [(float(rng.exponential(scale)) if scale else 0.0, draw())
-                for _ in range(n_actions)]  # fmt: skip
+        plan = [(float(rng.exponential(scale)) if scale else 0.0, draw()) for _ in range(n_actions)]
         env.process(proc(k, plan))
     env.run()
     recs = sorted((r.src, r.dst, r.nbytes, r.start, r.end, r.tag) for r in net.records)
@@ -182,8 +191,10 @@ def test_departed_rows_removed_either_way_match_reference(slide_max):
     them (always): both give the reference engine's times."""
     for seed in range(12):
         for kind in (1, 2, 5, 7):
-            _compare(_scenario("reference", seed, kind),
-                     _scenario("fast", seed, kind, slide_max=slide_max))  # fmt: skip
+            _compare(
+                _scenario("reference", seed, kind),
+                _scenario("fast", seed, kind, slide_max=slide_max),
+            )
 
 
 def test_fuzz_exercises_ring_jobs_and_their_splits():
@@ -206,8 +217,10 @@ def test_solves_above_a_level_match_reference(seed, kind, heavy):
     """Re-solving only the flows above the level a change can reach (on every table size
     here) gives the reference engine's times to 1e-9, and every such solve is within
     round-off of a whole-table solve (check_solves)."""
-    _compare(_scenario("reference", seed, kind, capped=heavy),
-             _scenario("fast", seed, kind, above_min=0, capped=heavy))  # fmt: skip
+    _compare(
+        _scenario("reference", seed, kind, capped=heavy),
+        _scenario("fast", seed, kind, above_min=0, capped=heavy),
+    )
 
 
 def test_fuzz_exercises_solves_above_a_level():

@@ -30,20 +30,24 @@ FAT = {"kind": "fat_tree", "bandwidth": "50 GB/s", "latency": "1 us"}
 
 CASES = {
     "ddp": dict(n=8, parallelism={"mode": "ddp", "bucket_size": 2e6, "first_bucket_size": 1e5}),
-    "ddp-accumulate-recompute": dict(n=4, parallelism={"mode": "ddp", "accumulation_steps": 2,
-                                                       "recompute": "full"}),
+    "ddp-accumulate-recompute": dict(
+        n=4, parallelism={"mode": "ddp", "accumulation_steps": 2, "recompute": "full"}
+    ),
     "dp-3-iterations": dict(n=4, iterations=3, parallelism={"mode": "dp"}),
-    "ddp-heterogeneous": dict(n=4, iterations=2, parallelism={"mode": "ddp"},
-                              heterogeneity={"compute": {1: 1.7, 3: 0.9}}),
+    "ddp-heterogeneous": dict(
+        n=4, iterations=2, parallelism={"mode": "ddp"}, heterogeneity={"compute": {1: 1.7, 3: 0.9}}
+    ),
     "ddp-fat-tree": dict(n=16, topology=FAT, parallelism={"mode": "ddp"}),
     "fsdp": dict(n=4, parallelism={"mode": "fsdp"}),
     "tp": dict(n=4, parallelism={"mode": "tp"}),
     "1f1b": dict(n=4, parallelism={"mode": "1f1b", "microbatches": 4}),
-    "hybrid": dict(n=8, parallelism={"mode": "hybrid", "dp": 4, "inner": "gpipe",
-                                     "microbatches": 2}),
-    "hop": dict(n=4, iterations=3, parallelism={"mode": "hop"},
-                heterogeneity={"compute": {1: 3.0}}),
-}  # fmt: skip
+    "hybrid": dict(
+        n=8, parallelism={"mode": "hybrid", "dp": 4, "inner": "gpipe", "microbatches": 2}
+    ),
+    "hop": dict(
+        n=4, iterations=3, parallelism={"mode": "hop"}, heterogeneity={"compute": {1: 3.0}}
+    ),
+}
 
 
 def _run(case: dict, runs: bool):
@@ -64,8 +68,9 @@ def test_compute_runs_give_the_per_operator_timeline(name):
     pd.testing.assert_frame_equal(fast.memory, ref.memory, check_exact=True)
     assert fast.peak_memory == ref.peak_memory
     # the shared memory curves against one curve per GPU
-    mem, peaks = memory_timeline(fast.timeline, sim.trace, sim.extrapolator, sim.gpus,
-                                 sim.config.memory, share=False)  # fmt: skip
+    mem, peaks = memory_timeline(
+        fast.timeline, sim.trace, sim.extrapolator, sim.gpus, sim.config.memory, share=False
+    )
     pd.testing.assert_frame_equal(fast.memory, mem, check_exact=True)
     assert fast.peak_memory == peaks
 
@@ -77,8 +82,9 @@ def test_ddp_emits_shared_runs_and_few_tasks_per_gpu():
     streams = sim.extrapolator.streams()
     a, b = list(streams[0, "compute"]), list(streams[5, "compute"])
     runs_a = [t for t in a if type(t) is ComputeRun]
-    assert runs_a and all(x is y for x, y in zip(runs_a, [t for t in b if type(t) is ComputeRun],
-                                                  strict=True))  # fmt: skip
+    assert runs_a and all(
+        x is y for x, y in zip(runs_a, [t for t in b if type(t) is ComputeRun], strict=True)
+    )
     assert not any(type(t) is Compute for t in a)
     assert len(a) < sum(len(r) for r in runs_a)
 
@@ -95,8 +101,14 @@ def _runtime(streams, scale=None):
 
 
 def _c(i, d, op_id=None):
-    return Compute(f"op{i}", f"layer{i % 3}", "forward" if i % 2 else "backward", d,
-                   i if op_id is None else op_id, i % 2)  # fmt: skip
+    return Compute(
+        f"op{i}",
+        f"layer{i % 3}",
+        "forward" if i % 2 else "backward",
+        d,
+        i if op_id is None else op_id,
+        i % 2,
+    )
 
 
 def test_runs_end_where_sequential_sums_do():
@@ -105,8 +117,10 @@ def test_runs_end_where_sequential_sums_do():
     ds = [0.1, 0.2, 1e-9, 0.0, 0.3, 1e-17, 0.7, 3.3e-5]
     run = ComputeRun([_c(i, d) for i, d in enumerate(ds)])
     tail = [_c(10 + i, d) for i, d in enumerate(ds[:3])]
-    streams = {(0, "a"): [_c(99, 0.05), Wait("go"), run, *tail, Signal("x")],
-               (1, "a"): [_c(98, 0.013), Signal("go"), Iteration(4), run, run]}  # fmt: skip
+    streams = {
+        (0, "a"): [_c(99, 0.05), Wait("go"), run, *tail, Signal("x")],
+        (1, "a"): [_c(98, 0.013), Signal("go"), Iteration(4), run, run],
+    }
     rt = _runtime(streams, scale={1: 1.3})
     tl = pd.DataFrame(rt.rows, columns=list(COLUMNS))
     t = 0.05  # GPU 0 waits for GPU 1's signal at 0.013 * 1.3 < 0.05: no wait
@@ -129,9 +143,11 @@ def test_runs_end_where_sequential_sums_do():
 def test_columnar_timeline_equals_one_tuple_per_row():
     run = ComputeRun([_c(i, 1e-3 * (i + 1)) for i in range(5)])
     plain = ComputeRun([Compute("x", "", "", 1e-4)])  # op_id None: the column is not ints
-    streams = {(0, "a"): [run, Signal("s"), _c(7, 1e-4), run],
-               (1, "a"): [Wait("s"), run, plain],
-               (1, "b"): [_c(3, 2e-3), Wait("s")]}  # fmt: skip
+    streams = {
+        (0, "a"): [run, Signal("s"), _c(7, 1e-4), run],
+        (1, "a"): [Wait("s"), run, plain],
+        (1, "b"): [_c(3, 2e-3), Wait("s")],
+    }
     rt = _runtime(streams)
     ref = pd.DataFrame(rt.rows, columns=list(COLUMNS))
     got = pd.DataFrame(rt.timeline_columns(), columns=list(COLUMNS))
@@ -252,8 +268,7 @@ def test_memory_curves_do_not_depend_on_the_timeline_row_order():
     comp = r.timeline[r.timeline["kind"] == "compute"]
     assert not comp.duplicated(["gpu", "start", "end"]).any()
     shuffled = r.timeline.sample(frac=1.0, random_state=3).reset_index(drop=True)
-    mem, peaks = memory_timeline(shuffled, sim.trace, sim.extrapolator, sim.gpus,
-                                 sim.config.memory)  # fmt: skip
+    mem, peaks = memory_timeline(shuffled, sim.trace, sim.extrapolator, sim.gpus, sim.config.memory)
     pd.testing.assert_frame_equal(mem, r.memory, check_exact=True)
     assert peaks == r.peak_memory
 
@@ -282,41 +297,97 @@ def test_a_collective_posted_with_another_group_is_refused():
     rt = _runtime(same)
     assert rt.collective_bytes == {"allreduce": 1e6}
     with pytest.raises(SimulationError, match="different groups"):
-        _runtime({(0, "a"): [Collective("allreduce", (0, 1), 1e6, "k")],
-                  (1, "a"): [Collective("allreduce", (1, 0), 1e6, "k")]})  # fmt: skip
+        _runtime(
+            {
+                (0, "a"): [Collective("allreduce", (0, 1), 1e6, "k")],
+                (1, "a"): [Collective("allreduce", (1, 0), 1e6, "k")],
+            }
+        )
 
 
 # -- 3d (dp x tp x pp): stage templates of shared runs against one task per operator -------
 GPT2_CPU = "traces/cpu/gpt2-small-b8.trace.json.gz"  # 2 blocks: Megatron roles, loss, tied
 
 THREED = {
-    "dp2-tp2-pp2-1f1b": dict(n=8, parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2,
-                                               "microbatches": 4}),
-    "interleaved-tp2": dict(n=8, parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2,
-                                              "microbatches": 4, "schedule": "interleaved",
-                                              "virtual_stages": 2}),
+    "dp2-tp2-pp2-1f1b": dict(
+        n=8, parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2, "microbatches": 4}
+    ),
+    "interleaved-tp2": dict(
+        n=8,
+        parallelism={
+            "mode": "3d",
+            "dp": 2,
+            "tp": 2,
+            "pp": 2,
+            "microbatches": 4,
+            "schedule": "interleaved",
+            "virtual_stages": 2,
+        },
+    ),
     "interleaved-mode": dict(n=2, parallelism={"mode": "interleaved", "microbatches": 8}),
-    "gpipe-no-overlap-sp": dict(n=8, parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2,
-                                                  "microbatches": 2, "schedule": "gpipe",
-                                                  "dp_overlap": False,
-                                                  "sequence_parallel": True}),
-    "channel-dp-innermost": dict(n=8, parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2,
-                                                   "microbatches": 2, "tp_style": "channel",
-                                                   "placement": "dp-pp-tp"}),
-    "heterogeneous-2-iterations": dict(n=8, iterations=2, topology=FAT,
-                                       heterogeneity={"compute": {1: 1.7, 6: 0.9}},
-                                       parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2,
-                                                    "microbatches": 2}),
+    "gpipe-no-overlap-sp": dict(
+        n=8,
+        parallelism={
+            "mode": "3d",
+            "dp": 2,
+            "tp": 2,
+            "pp": 2,
+            "microbatches": 2,
+            "schedule": "gpipe",
+            "dp_overlap": False,
+            "sequence_parallel": True,
+        },
+    ),
+    "channel-dp-innermost": dict(
+        n=8,
+        parallelism={
+            "mode": "3d",
+            "dp": 2,
+            "tp": 2,
+            "pp": 2,
+            "microbatches": 2,
+            "tp_style": "channel",
+            "placement": "dp-pp-tp",
+        },
+    ),
+    "heterogeneous-2-iterations": dict(
+        n=8,
+        iterations=2,
+        topology=FAT,
+        heterogeneity={"compute": {1: 1.7, 6: 0.9}},
+        parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2, "microbatches": 2},
+    ),
     "dp-only": dict(n=4, parallelism={"mode": "3d", "dp": 4, "bucket_size": 1e6}),
-    "gpt2-dp2-tp2-pp2-sp": dict(n=8, trace=GPT2_CPU, batch=2,
-                                parallelism={"mode": "3d", "dp": 2, "tp": 2, "pp": 2,
-                                             "microbatches": 2, "sequence_parallel": True}),
-    "gpt2-tp4-interleaved": dict(n=8, trace=GPT2_CPU, batch=2, iterations=2,
-                                 heterogeneity={"compute": {3: 1.25}},
-                                 parallelism={"mode": "3d", "dp": 1, "tp": 2, "pp": 4,
-                                              "microbatches": 4, "schedule": "interleaved",
-                                              "virtual_stages": 2}),
-}  # fmt: skip
+    "gpt2-dp2-tp2-pp2-sp": dict(
+        n=8,
+        trace=GPT2_CPU,
+        batch=2,
+        parallelism={
+            "mode": "3d",
+            "dp": 2,
+            "tp": 2,
+            "pp": 2,
+            "microbatches": 2,
+            "sequence_parallel": True,
+        },
+    ),
+    "gpt2-tp4-interleaved": dict(
+        n=8,
+        trace=GPT2_CPU,
+        batch=2,
+        iterations=2,
+        heterogeneity={"compute": {3: 1.25}},
+        parallelism={
+            "mode": "3d",
+            "dp": 1,
+            "tp": 2,
+            "pp": 4,
+            "microbatches": 4,
+            "schedule": "interleaved",
+            "virtual_stages": 2,
+        },
+    ),
+}
 
 
 def _run_any(case: dict, runs: bool):
@@ -326,8 +397,13 @@ def _run_any(case: dict, runs: bool):
     if path is None:
         return _run(c, runs)
     n, batch = c.pop("n"), c.pop("batch")
-    cfg = {"num_gpus": n, "batch_size": batch * n, "topology": c.pop("topology", RING),
-           "trace": path, **c}  # fmt: skip
+    cfg = {
+        "num_gpus": n,
+        "batch_size": batch * n,
+        "topology": c.pop("topology", RING),
+        "trace": path,
+        **c,
+    }
     s = Simulation(cfg)
     s.extrapolator.compute_runs = runs
     return s, s.run()
@@ -410,16 +486,24 @@ def test_hop_rows_walk_the_tree_paths_as_the_whole_tree_did(name):
 # -- tp: one template of shared runs and collectives for every GPU -------------------------
 TP = {
     "tp4": dict(n=4, parallelism={"mode": "tp"}),
-    "tp-sp-heterogeneous-2-iterations": dict(n=4, iterations=2,
-                                             heterogeneity={"compute": {2: 1.3}},
-                                             parallelism={"mode": "tp",
-                                                          "sequence_parallel": True}),
+    "tp-sp-heterogeneous-2-iterations": dict(
+        n=4,
+        iterations=2,
+        heterogeneity={"compute": {2: 1.3}},
+        parallelism={"mode": "tp", "sequence_parallel": True},
+    ),
     "tp-channel": dict(n=2, parallelism={"mode": "tp", "tp_style": "channel"}),
-    "gpt2-tp2-sp": dict(n=2, trace=GPT2_CPU, batch=2,
-                        parallelism={"mode": "tp", "sequence_parallel": True}),
-    "gpt2-hybrid-tp": dict(n=4, trace=GPT2_CPU, batch=2, iterations=2,
-                           parallelism={"mode": "hybrid", "dp": 2, "inner": "tp"}),
-}  # fmt: skip
+    "gpt2-tp2-sp": dict(
+        n=2, trace=GPT2_CPU, batch=2, parallelism={"mode": "tp", "sequence_parallel": True}
+    ),
+    "gpt2-hybrid-tp": dict(
+        n=4,
+        trace=GPT2_CPU,
+        batch=2,
+        iterations=2,
+        parallelism={"mode": "hybrid", "dp": 2, "inner": "tp"},
+    ),
+}
 
 
 def _run_nested(case: dict, runs: bool):
@@ -447,8 +531,9 @@ def test_tp_template_gives_the_per_operator_timeline(name):
     assert fast.peak_memory == ref.peak_memory
     a, b = (list(sim.extrapolator.streams()[g, "compute"]) for g in sim.gpus[:2])
     runs = [t for t in a if type(t) is ComputeRun]
-    assert runs and all(x is y for x, y in zip(runs, [t for t in b if type(t) is ComputeRun],
-                                               strict=True))  # fmt: skip
+    assert runs and all(
+        x is y for x, y in zip(runs, [t for t in b if type(t) is ComputeRun], strict=True)
+    )
     # the computes left one by one are the optimizer's only
     assert {t.phase for t in a if type(t) is Compute} <= {"optimizer"}
 
@@ -491,8 +576,9 @@ def test_what_is_read_from_the_log_is_what_the_table_gives(name, runs):
     assert r.iteration_ends == table.groupby("iteration")["end"].max().sort_index().tolist()
     r._per_gpu = None
     pd.testing.assert_frame_equal(r.per_gpu(), breakdown, check_exact=True)
-    ref, ref_peaks = memory_curves(table, sim.trace, sim.extrapolator, sim.gpus,
-                                   sim.config.memory, share=False)  # fmt: skip
+    ref, ref_peaks = memory_curves(
+        table, sim.trace, sim.extrapolator, sim.gpus, sim.config.memory, share=False
+    )
     assert peaks == ref_peaks
     for a, b, ta, tb in zip(curves.states, ref.states, curves.times, ref.times, strict=True):
         np.testing.assert_array_equal(ta, tb)
@@ -512,9 +598,11 @@ def test_compute_rows_of_several_streams_come_in_start_order():
     # GPU 1 computes on two streams; the log holds its rows in the order they ended, the
     # memory model reads them by (start, end) as the table path's stable lexsort orders them
     run = ComputeRun([_c(i, 1e-3 * (i + 1)) for i in range(4)])
-    streams = {(0, "a"): [run, Signal("s"), _c(7, 1e-4)],
-               (1, "a"): [_c(5, 3e-3), Wait("s"), run],
-               (1, "b"): [run, _c(3, 2e-4), run]}  # fmt: skip
+    streams = {
+        (0, "a"): [run, Signal("s"), _c(7, 1e-4)],
+        (1, "a"): [_c(5, 3e-3), Wait("s"), run],
+        (1, "b"): [run, _c(3, 2e-4), run],
+    }
     rt = _runtime(streams)
     log = rt.timeline().compute_rows()
     table = _FrameRows(pd.DataFrame(rt.timeline_columns(), columns=list(COLUMNS)))
@@ -534,8 +622,14 @@ def test_compute_rows_signatures_differ_when_any_read_column_does():
     # make them differ; one differing only in what it does not read (name, layer) must not
     row = (0, "a", "compute", "op", "L", "forward", 1.0, 2.0, 0.0, None, 0, 5, 0)
     read = {"phase": 5, "start": 6, "end": 7, "iteration": 10, "op_id": 11, "microbatch": 12}
-    other = {"phase": "backward", "start": 1.5, "end": 2.5, "iteration": 1, "op_id": 6,
-             "microbatch": 1}  # fmt: skip
+    other = {
+        "phase": "backward",
+        "start": 1.5,
+        "end": 2.5,
+        "iteration": 1,
+        "op_id": 6,
+        "microbatch": 1,
+    }
     for col, k in [*read.items(), ("name", 3), ("layer", 4)]:
         changed = list(row)
         changed[0] = 1
@@ -544,8 +638,12 @@ def test_compute_rows_signatures_differ_when_any_read_column_does():
         assert (rows.signature(0) != rows.signature(1)) == (col in read), col
     run = ComputeRun([_c(i, 1e-3) for i in range(3)])
     acc = np.array([0.0, 1e-3, 2e-3, 3e-3])
-    blocks = [Block((0, "a", 0), run, acc), Block((1, "a", 0), run, acc.copy()),
-              Block((2, "a", 0), run, acc + 1e-3), Block((3, "a", 1), run, acc)]  # fmt: skip
+    blocks = [
+        Block((0, "a", 0), run, acc),
+        Block((1, "a", 0), run, acc.copy()),
+        Block((2, "a", 0), run, acc + 1e-3),
+        Block((3, "a", 1), run, acc),
+    ]
     rows = TimelineLog(blocks).compute_rows()
     assert rows.signature(0) == rows.signature(1)  # equal instants, another array
     assert rows.signature(2) != rows.signature(0) != rows.signature(3)  # instants; iteration
@@ -556,11 +654,13 @@ def test_iteration_ends_count_every_row_and_no_empty_block():
     # a compute); a block of no computes has no row, so its instant does not count
     run = ComputeRun([_c(i, 0.25) for i in range(4)])
     empty = ComputeRun([])
-    log = [Block((0, "a", 0), run, np.array([0.0, 0.25, 0.5, 0.75, 1.0])),
-           (0, "b", "comm", "allreduce", "", "", 0.5, 2.0, 8.0, "k", 0, -1, -1),
-           (1, "a", "compute", "op", "", "forward", 2.0, 3.0, 0.0, None, 1, 7, 0),
-           (1, "b", "wait", "wait", "", "", 3.0, 5.0, 0.0, "w", 1, -1, -1),
-           Block((1, "a", 1), empty, np.array([9.0]))]  # fmt: skip
+    log = [
+        Block((0, "a", 0), run, np.array([0.0, 0.25, 0.5, 0.75, 1.0])),
+        (0, "b", "comm", "allreduce", "", "", 0.5, 2.0, 8.0, "k", 0, -1, -1),
+        (1, "a", "compute", "op", "", "forward", 2.0, 3.0, 0.0, None, 1, 7, 0),
+        (1, "b", "wait", "wait", "", "", 3.0, 5.0, 0.0, "w", 1, -1, -1),
+        Block((1, "a", 1), empty, np.array([9.0])),
+    ]
     tl = TimelineLog(log)
     table = pd.DataFrame(tl.columns(), columns=list(COLUMNS))
     assert tl.iteration_ends() == [2.0, 5.0]
@@ -569,8 +669,9 @@ def test_iteration_ends_count_every_row_and_no_empty_block():
 
 
 def test_compute_rows_read_twice_are_the_same():
-    rt = _runtime({(0, "a"): [ComputeRun([_c(i, 1e-3) for i in range(3)]), Signal("s"),
-                              _c(9, 2e-3)]})  # fmt: skip
+    rt = _runtime(
+        {(0, "a"): [ComputeRun([_c(i, 1e-3) for i in range(3)]), Signal("s"), _c(9, 2e-3)]}
+    )
     tl = rt.timeline()
     first, second = tl.compute_rows(), tl.compute_rows()  # the second scans again
     assert first.signature(0) == second.signature(0) and len(first.signature(0)) == 2
@@ -579,8 +680,9 @@ def test_compute_rows_read_twice_are_the_same():
 
 
 @settings(max_examples=200, deadline=None)
-@given(seed=st.integers(0, 2**31), groups=st.integers(1, 7), n=st.integers(0, 60),
-       pad=st.booleans())  # fmt: skip
+@given(
+    seed=st.integers(0, 2**31), groups=st.integers(1, 7), n=st.integers(0, 60), pad=st.booleans()
+)
 def test_grouped_unions_are_each_groups_union(seed, groups, n, pad):
     # every group's union length, all at once, bit for bit as one union_sorted per group
     # (coarse grids: ties, touching and nested intervals; groups with no interval), through
@@ -610,22 +712,32 @@ def test_a_compute_of_no_micro_batch_is_one_micro_batch_in_both_paths():
     # activations as micro-batch 0 would; the table (a float column, NaN for None) and the
     # run's log must both read it so (NaN != NaN once made every row a micro-batch of its own)
     def run(mb):
-        cfg = {"num_gpus": 2, "batch_size": 16, "topology": RING,
-               "parallelism": {"mode": "ddp"}, "communication": {"kind": "textbook"}}  # fmt: skip
+        cfg = {
+            "num_gpus": 2,
+            "batch_size": 16,
+            "topology": RING,
+            "parallelism": {"mode": "ddp"},
+            "communication": {"kind": "textbook"},
+        }
         s = Simulation(cfg, trace=chain_trace(batch=8, layers=4))
         ops = s.trace.operators
         s.extrapolator.streams = lambda **kw: {
-            **{(g, "compute"): [Compute(o.name, o.layer, o.phase, 1e-3, o.id, mb) for o in ops]
-               for g in s.gpus},
-            **{(g, "comm"): [Collective("allreduce", tuple(s.gpus), 1e6, "c0", "x", "backward")]
-               for g in s.gpus},
-        }  # fmt: skip
+            **{
+                (g, "compute"): [Compute(o.name, o.layer, o.phase, 1e-3, o.id, mb) for o in ops]
+                for g in s.gpus
+            },
+            **{
+                (g, "comm"): [Collective("allreduce", tuple(s.gpus), 1e6, "c0", "x", "backward")]
+                for g in s.gpus
+            },
+        }
         return s, s.run()
 
     s, none = run(None)
     _, zero = run(0)
     pd.testing.assert_frame_equal(none.memory, zero.memory, check_exact=True)
-    from_table, peaks = memory_timeline(none.timeline, s.trace, s.extrapolator, s.gpus,
-                                        s.config.memory)  # fmt: skip
+    from_table, peaks = memory_timeline(
+        none.timeline, s.trace, s.extrapolator, s.gpus, s.config.memory
+    )
     pd.testing.assert_frame_equal(from_table, none.memory, check_exact=True)
     assert peaks == none.peak_memory == zero.peak_memory

@@ -104,11 +104,14 @@ def test_1f1b_matches_gpipe_time_with_equal_stages():
     assert o == pytest.approx(g, rel=1e-9)
 
 
-@pytest.mark.parametrize("mode,fwd_ms,bwd_ms,in_flight", [
-    # stage 0 / stage 1 start times (ms) of forwards and backwards, by micro-batch
-    ("1f1b", ([0, 1, 6, 9], [1, 4, 7, 10]), ([4, 7, 10, 13], [2, 5, 8, 11]), 2),
-    ("gpipe", ([0, 1, 2, 3], [1, 2, 3, 4]), ([13, 11, 9, 7], [11, 9, 7, 5]), 4),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "mode,fwd_ms,bwd_ms,in_flight",
+    [
+        # stage 0 / stage 1 start times (ms) of forwards and backwards, by micro-batch
+        ("1f1b", ([0, 1, 6, 9], [1, 4, 7, 10]), ([4, 7, 10, 13], [2, 5, 8, 11]), 2),
+        ("gpipe", ([0, 1, 2, 3], [1, 2, 3, 4]), ([13, 11, 9, 7], [11, 9, 7, 5]), 4),
+    ],
+)
 def test_pipeline_schedules_hand_timeline(mode, fwd_ms, bwd_ms, in_flight):
     # 2 stages of one layer each (forward 1 ms, backward 2 ms per micro-batch), M = 4, free
     # network. 1F1B: stage 0 runs F0 F1 B0 F2 B1 F3 B2 B3, stage 1 F0 B0 F1 B1 ... so B0 of
@@ -154,7 +157,10 @@ def test_tp_unpaired_layer_gathers_its_output():
     # column-parallel with a gathered output: all-gather forward, all-reduce of its input
     # gradient backward
     assert list(zip(comm.phase, comm.name, strict=True)) == [
-        ("forward", "allreduce"), ("forward", "all_gather"), ("backward", "allreduce")]  # fmt: skip
+        ("forward", "allreduce"),
+        ("forward", "all_gather"),
+        ("backward", "allreduce"),
+    ]
 
 
 def test_deadlock_names_stuck_gpu_and_task():
@@ -175,19 +181,35 @@ def _c(key, group=(0, 1), op="allreduce", algorithm="ring"):
     return Collective(op, group, 1e6, key, algorithm=algorithm)
 
 
-@pytest.mark.parametrize("streams,error,match", [
-    ({(0, "a"): [Signal("k"), Signal("k")]}, SimulationError, "signal 'k' fired twice"),
-    ({(0, "a"): ["not a task"]}, SimulationError, "unknown task 'not a task'"),
-    ({(0, "a"): [_c("c", group=(1,))]}, SimulationError, "of group .* it is not in"),
-    ({(0, "a"): [_c("c")], (1, "a"): [_c("c", group=(1, 0))]}, SimulationError, "different groups"),
-    ({(0, "a"): [_c("c")], (0, "b"): [_c("c")]}, SimulationError, "GPU 0 posted .* twice"),
-    ({(0, "a"): [_c("c", algorithm="tree")], (1, "a"): [_c("c", algorithm="tree")]}, ConfigError,
-     "communication.algorithm.*one of ring"),
-    ({(0, "a"): [_c("c", op="gossip")], (1, "a"): [_c("c", op="gossip")]}, ConfigError,
-     "'collective' = 'gossip'"),
-    ({(0, "a"): [Wait("x")], (1, "a"): [_c("c")], (1, "b"): [Send(0, 1.0, "s")]}, DeadlockError,
-     r"signal 'x' \(never fired\)[\s\S]*allreduce 'c' over GPUs \[0, 1\] \(missing GPUs \[0\]\)"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "streams,error,match",
+    [
+        ({(0, "a"): [Signal("k"), Signal("k")]}, SimulationError, "signal 'k' fired twice"),
+        ({(0, "a"): ["not a task"]}, SimulationError, "unknown task 'not a task'"),
+        ({(0, "a"): [_c("c", group=(1,))]}, SimulationError, "of group .* it is not in"),
+        (
+            {(0, "a"): [_c("c")], (1, "a"): [_c("c", group=(1, 0))]},
+            SimulationError,
+            "different groups",
+        ),
+        ({(0, "a"): [_c("c")], (0, "b"): [_c("c")]}, SimulationError, "GPU 0 posted .* twice"),
+        (
+            {(0, "a"): [_c("c", algorithm="tree")], (1, "a"): [_c("c", algorithm="tree")]},
+            ConfigError,
+            "communication.algorithm.*one of ring",
+        ),
+        (
+            {(0, "a"): [_c("c", op="gossip")], (1, "a"): [_c("c", op="gossip")]},
+            ConfigError,
+            "'collective' = 'gossip'",
+        ),
+        (
+            {(0, "a"): [Wait("x")], (1, "a"): [_c("c")], (1, "b"): [Send(0, 1.0, "s")]},
+            DeadlockError,
+            r"signal 'x' \(never fired\)[\s\S]*allreduce 'c' over GPUs \[0, 1\] \(missing GPUs \[0\]\)",
+        ),
+    ],
+)
 def test_runtime_names_what_is_wrong_with_the_streams(streams, error, match):
     env = simpy.Environment()
     net = PacketSwitchNetwork(env, topo.ring(2, GB))
@@ -214,9 +236,16 @@ def test_plan_errors_name_the_field():
 def test_more_bandwidth_never_slows_dp_or_ddp():
     t = chain_trace(batch=32, layers=6)
     for mode in ("dp", "ddp", "tp", "gpipe"):
-        times = [sim(t, 4, mode, {"kind": "ring", "bandwidth": bw, "latency": 1e-6},
-                     **({"microbatches": 2} if mode == "gpipe" else {})).iteration_time
-                 for bw in (1 * GB, 4 * GB, 16 * GB)]  # fmt: skip
+        times = [
+            sim(
+                t,
+                4,
+                mode,
+                {"kind": "ring", "bandwidth": bw, "latency": 1e-6},
+                **({"microbatches": 2} if mode == "gpipe" else {}),
+            ).iteration_time
+            for bw in (1 * GB, 4 * GB, 16 * GB)
+        ]
         assert times == sorted(times, reverse=True)
 
 
@@ -243,8 +272,9 @@ def test_streams_are_lazy_so_memory_does_not_grow_with_gpus_x_trace(mode, n):
 
     t = chain_trace(layers=500, batch=64)
     opts = PipelineOptions(microbatches=4) if mode == "1f1b" else None
-    ex = extrapolator_class(mode)(t, make_model("regression", t), range(n), opts, batch_size=64,
-                                  ring=range(n))  # fmt: skip
+    ex = extrapolator_class(mode)(
+        t, make_model("regression", t), range(n), opts, batch_size=64, ring=range(n)
+    )
     tracemalloc.start()
     try:
         streams = ex.streams()
@@ -256,13 +286,16 @@ def test_streams_are_lazy_so_memory_does_not_grow_with_gpus_x_trace(mode, n):
     assert peak < 500e3
 
 
-@pytest.mark.parametrize("op,steps,chunks", [
-    ("allreduce", lambda n: 2 * (n - 1), lambda n: n),
-    ("reduce_scatter", lambda n: n - 1, lambda n: n),
-    ("all_gather", lambda n: n - 1, lambda n: n),
-    ("broadcast", lambda n: 2 * n - 2, lambda n: n),
-    ("reduce", lambda n: 2 * n - 2, lambda n: n),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "op,steps,chunks",
+    [
+        ("allreduce", lambda n: 2 * (n - 1), lambda n: n),
+        ("reduce_scatter", lambda n: n - 1, lambda n: n),
+        ("all_gather", lambda n: n - 1, lambda n: n),
+        ("broadcast", lambda n: 2 * n - 2, lambda n: n),
+        ("reduce", lambda n: 2 * n - 2, lambda n: n),
+    ],
+)
 @pytest.mark.parametrize("n", [2, 3, 5])
 def test_collectives_closed_forms(op, steps, chunks, n):
     # on a one-way ring every step moves one chunk per link: steps x (S/chunks/B + L)
@@ -320,8 +353,15 @@ def test_a_user_network_plugs_in_by_subclassing():
 
     t = chain_trace(batch=16)
     n = 4
-    r = Simulation({"num_gpus": n, "parallelism": {"mode": "dp"}, "communication": TEXTBOOK,
-                    "network": {"kind": "constant-delay", "delay": "2 ms"}}, trace=t).run()  # fmt: skip
+    r = Simulation(
+        {
+            "num_gpus": n,
+            "parallelism": {"mode": "dp"},
+            "communication": TEXTBOOK,
+            "network": {"kind": "constant-delay", "delay": "2 ms"},
+        },
+        trace=t,
+    ).run()
     compute = r.per_gpu()["compute"].max()
     assert r.iteration_time == pytest.approx(compute + 2 * (n - 1) * 2e-3)
     with pytest.raises(ConfigError, match="network.delay.*a time in seconds"):
@@ -378,8 +418,16 @@ def test_hybrid_with_one_replica_is_the_inner_mode():
 def test_hybrid_dp_over_pipelines_on_a_free_network_is_one_pipeline_on_its_share():
     t = chain_trace(batch=16, layers=4)
     hybrid = sim(t, 4, "hybrid", FAST, dp=2, inner="gpipe", microbatches=2, batch_size=16)
-    one = Simulation({"num_gpus": 2, "batch_size": 8, "topology": FAST, "communication": TEXTBOOK,
-                      "parallelism": {"mode": "gpipe", "microbatches": 2}}, trace=t).run()  # fmt: skip
+    one = Simulation(
+        {
+            "num_gpus": 2,
+            "batch_size": 8,
+            "topology": FAST,
+            "communication": TEXTBOOK,
+            "parallelism": {"mode": "gpipe", "microbatches": 2},
+        },
+        trace=t,
+    ).run()
     assert hybrid.iteration_time == pytest.approx(one.iteration_time, rel=1e-9)
     # each stage position all-reduces what it holds: together, every weight once
     assert hybrid.collective_bytes["allreduce"] == pytest.approx(t.weight_bytes())
@@ -425,6 +473,9 @@ def test_gradient_accumulation_reduces_once_after_the_last_micro_step(mode):
     assert (comms["start"] >= last_step_start).all()
     one = sim(t, 2, mode, top, batch_size=8)  # one step of 4 samples per GPU, for comparison
     fb = comp[comp.phase != "optimizer"]
-    fb1 = one.timeline[(one.timeline.gpu == 0) & (one.timeline.kind == "compute") &
-                       (one.timeline.phase != "optimizer")]  # fmt: skip
+    fb1 = one.timeline[
+        (one.timeline.gpu == 0)
+        & (one.timeline.kind == "compute")
+        & (one.timeline.phase != "optimizer")
+    ]
     assert (fb.end - fb.start).sum() == pytest.approx(2 * (fb1.end - fb1.start).sum(), rel=1e-12)

@@ -23,15 +23,23 @@ from triosim.trace.model import OPERATOR_COLUMNS, TENSOR_COLUMNS, load, save
 TRIED: Counter = Counter()
 # 150 inputs per entry point keeps the whole fuzz run to a few seconds; FUZZ_EXAMPLES=2000
 # (say) searches longer. Every strategy stays as wide as before: fewer draws, same space.
-FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 150)), deadline=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
+FUZZ = settings(
+    max_examples=int(os.environ.get("FUZZ_EXAMPLES", 150)),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
 junk = st.recursive(
-    st.none() | st.booleans() | st.integers(-10**6, 10**6) | st.floats(allow_nan=True)
+    st.none()
+    | st.booleans()
+    | st.integers(-(10**6), 10**6)
+    | st.floats(allow_nan=True)
     | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4)
+    ),
     max_leaves=12,
-)  # fmt: skip
+)
 
 
 def _ok_or_ours(fn):
@@ -46,8 +54,12 @@ def _base_doc(tmp_path):
 
 
 @FUZZ
-@given(table=st.sampled_from(["operators", "tensors"]), row=st.integers(0, 20),
-       col=st.integers(0, 10), value=junk)  # fmt: skip
+@given(
+    table=st.sampled_from(["operators", "tensors"]),
+    row=st.integers(0, 20),
+    col=st.integers(0, 10),
+    value=junk,
+)
 def test_fuzz_trace_values(tmp_path, table, row, col, value):
     TRIED["trace load: corrupted value"] += 1
     doc = _base_doc(tmp_path)
@@ -59,8 +71,13 @@ def test_fuzz_trace_values(tmp_path, table, row, col, value):
 
 
 @FUZZ
-@given(table=st.sampled_from(["operators", "tensors"]), col=st.integers(0, 10),
-       cut=st.integers(0, 4000), version=junk, drop_rows=st.booleans())  # fmt: skip
+@given(
+    table=st.sampled_from(["operators", "tensors"]),
+    col=st.integers(0, 10),
+    cut=st.integers(0, 4000),
+    version=junk,
+    drop_rows=st.booleans(),
+)
 def test_fuzz_trace_structure(tmp_path, table, col, cut, version, drop_rows):
     TRIED["trace load: structure"] += 1
     doc = _base_doc(tmp_path)
@@ -92,33 +109,66 @@ def test_fuzz_triosim_csv(tmp_path, text, tensor_text):
     _ok_or_ours(lambda: import_triosim_csv(tmp_path))
 
 
-config_values = st.fixed_dictionaries({}, optional={
-    "num_gpus": st.integers(-2, 9) | junk,
-    "batch_size": st.integers(-4, 70) | junk,
-    "gpu": st.sampled_from(["H100", "A40", "nope", None]) | junk,
-    "parallelism": st.fixed_dictionaries({}, optional={
-        "mode": st.sampled_from(["single", "dp", "ddp", "tp", "gpipe", "1f1b", "hybrid", "zero"]),
-        "dp": st.integers(-1, 9) | junk,
-        "inner": st.sampled_from(["single", "tp", "gpipe", "1f1b", "hybrid", "x"]),
-        "microbatches": st.integers(-1, 80) | junk,
-        "bucket_size": st.sampled_from(["25 MB", "0 B", -1, "big"]) | junk,
-        "stages": st.lists(st.integers(-1, 9) | st.sampled_from(["layer1", "nope"]), max_size=4),
-    }),
-    "topology": st.fixed_dictionaries({}, optional={
-        "kind": st.sampled_from(["ring", "mesh2d", "fat_tree", "switch", "dgx1", "edges", "torus2d",
-                                 "double_ring", "multi_node", "bogus"]),
-        "bandwidth": st.sampled_from(["10 GB/s", 0, -5, "fast", 1e30]) | junk,
-        "latency": st.sampled_from(["1 us", -1, 0, "soon"]) | junk,
-        "rows": st.integers(-1, 5), "edges": junk,
-    }),
-    "network": st.fixed_dictionaries({}, optional={
-        "kind": st.sampled_from(["packet", "photonic", "warp"]),
-        "setup_time": st.sampled_from(["20 ms", -1, "x"]), "ports": st.integers(-1, 3) | junk,
-    }),
-    "perfmodel": st.fixed_dictionaries({}, optional={
-        "kind": st.sampled_from(["trace", "regression", "roofline", "oracle"]),
-    }),
-})  # fmt: skip
+config_values = st.fixed_dictionaries(
+    {},
+    optional={
+        "num_gpus": st.integers(-2, 9) | junk,
+        "batch_size": st.integers(-4, 70) | junk,
+        "gpu": st.sampled_from(["H100", "A40", "nope", None]) | junk,
+        "parallelism": st.fixed_dictionaries(
+            {},
+            optional={
+                "mode": st.sampled_from(
+                    ["single", "dp", "ddp", "tp", "gpipe", "1f1b", "hybrid", "zero"]
+                ),
+                "dp": st.integers(-1, 9) | junk,
+                "inner": st.sampled_from(["single", "tp", "gpipe", "1f1b", "hybrid", "x"]),
+                "microbatches": st.integers(-1, 80) | junk,
+                "bucket_size": st.sampled_from(["25 MB", "0 B", -1, "big"]) | junk,
+                "stages": st.lists(
+                    st.integers(-1, 9) | st.sampled_from(["layer1", "nope"]), max_size=4
+                ),
+            },
+        ),
+        "topology": st.fixed_dictionaries(
+            {},
+            optional={
+                "kind": st.sampled_from(
+                    [
+                        "ring",
+                        "mesh2d",
+                        "fat_tree",
+                        "switch",
+                        "dgx1",
+                        "edges",
+                        "torus2d",
+                        "double_ring",
+                        "multi_node",
+                        "bogus",
+                    ]
+                ),
+                "bandwidth": st.sampled_from(["10 GB/s", 0, -5, "fast", 1e30]) | junk,
+                "latency": st.sampled_from(["1 us", -1, 0, "soon"]) | junk,
+                "rows": st.integers(-1, 5),
+                "edges": junk,
+            },
+        ),
+        "network": st.fixed_dictionaries(
+            {},
+            optional={
+                "kind": st.sampled_from(["packet", "photonic", "warp"]),
+                "setup_time": st.sampled_from(["20 ms", -1, "x"]),
+                "ports": st.integers(-1, 3) | junk,
+            },
+        ),
+        "perfmodel": st.fixed_dictionaries(
+            {},
+            optional={
+                "kind": st.sampled_from(["trace", "regression", "roofline", "oracle"]),
+            },
+        ),
+    },
+)
 
 
 @FUZZ
@@ -158,14 +208,29 @@ def valid_configs(draw):
         if par["inner"] in ("gpipe", "1f1b"):
             par.update(pipeline)
     kinds = ["ring", "switch"] + ["fully_connected", "double_ring"] * (n > 1)
-    topology = {"kind": draw(st.sampled_from(kinds)),
-                "bandwidth": draw(st.sampled_from([1e9, 65e9])),
-                "latency": draw(st.sampled_from([0, 2e-6]))}  # fmt: skip
-    network = draw(st.sampled_from([{"kind": "packet"}, {"kind": "packet", "routing": "hops"},
-                                    {"kind": "photonic", "setup_time": 1e-3, "ports": 2},
-                                    {"kind": "photonic", "buffer_bytes": 64e6}]))  # fmt: skip
-    return {"num_gpus": n, "batch_size": 16, "parallelism": par, "topology": topology,
-            "network": network, "iterations": draw(st.sampled_from([1, 2]))}  # fmt: skip
+    topology = {
+        "kind": draw(st.sampled_from(kinds)),
+        "bandwidth": draw(st.sampled_from([1e9, 65e9])),
+        "latency": draw(st.sampled_from([0, 2e-6])),
+    }
+    network = draw(
+        st.sampled_from(
+            [
+                {"kind": "packet"},
+                {"kind": "packet", "routing": "hops"},
+                {"kind": "photonic", "setup_time": 1e-3, "ports": 2},
+                {"kind": "photonic", "buffer_bytes": 64e6},
+            ]
+        )
+    )
+    return {
+        "num_gpus": n,
+        "batch_size": 16,
+        "parallelism": par,
+        "topology": topology,
+        "network": network,
+        "iterations": draw(st.sampled_from([1, 2])),
+    }
 
 
 @FUZZ

@@ -12,8 +12,13 @@ RING = {"kind": "ring", "bandwidth": "10 GB/s", "latency": "1 us"}
 
 
 def hop(n=4, k=3, topology=RING, heterogeneity=None, trace=None, **opts):
-    cfg = {"num_gpus": n, "batch_size": 2 * n, "iterations": k, "topology": topology,
-           "parallelism": {"mode": "hop", **opts}}  # fmt: skip
+    cfg = {
+        "num_gpus": n,
+        "batch_size": 2 * n,
+        "iterations": k,
+        "topology": topology,
+        "parallelism": {"mode": "hop", **opts},
+    }
     if heterogeneity:
         cfg["heterogeneity"] = heterogeneity
     return Simulation(cfg, trace=trace or chain_trace(batch=8, layers=2)).run()
@@ -54,13 +59,23 @@ def test_infinite_staleness_never_deadlocks_and_never_waits_for_updates():
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(slow=st.lists(st.floats(1.0, 6.0), min_size=6, max_size=6), b=st.integers(0, 1),
-       s=st.integers(0, 2), gap=st.integers(1, 3))  # fmt: skip
+@given(
+    slow=st.lists(st.floats(1.0, 6.0), min_size=6, max_size=6),
+    b=st.integers(0, 1),
+    s=st.integers(0, 2),
+    gap=st.integers(1, 3),
+)
 def test_token_queues_bound_how_far_a_worker_runs_ahead(slow, b, s, gap):
     k = 6
-    r = hop(n=6, k=k, topology={"kind": "ring_chord", "bandwidth": "10 GB/s"},
-            heterogeneity={"compute": dict(enumerate(slow))}, backup_workers=b, staleness=s,
-            max_gap=gap)  # fmt: skip
+    r = hop(
+        n=6,
+        k=k,
+        topology={"kind": "ring_chord", "bandwidth": "10 GB/s"},
+        heterogeneity={"compute": dict(enumerate(slow))},
+        backup_workers=b,
+        staleness=s,
+        max_gap=gap,
+    )
     tl = r.timeline[(r.timeline.stream == "compute") & (r.timeline.kind == "compute")]
     begin = tl.groupby(["gpu", "iteration"])["start"].min()
     end = tl.groupby(["gpu", "iteration"])["end"].max()
@@ -77,8 +92,10 @@ def test_backup_workers_must_leave_one_update_to_wait_for():
 
 def test_a_backup_worker_lets_the_fast_go_on_without_the_slowest():
     het = {"compute": {3: 5.0}}
-    wait, go_on = hop(n=4, k=6, heterogeneity=het), hop(n=4, k=6, heterogeneity=het,
-                                                         backup_workers=1, max_gap=2)  # fmt: skip
+    wait, go_on = (
+        hop(n=4, k=6, heterogeneity=het),
+        hop(n=4, k=6, heterogeneity=het, backup_workers=1, max_gap=2),
+    )
     tl = go_on.timeline
     fast_b = tl[(tl.gpu == 0) & (tl.kind == "compute")]["end"].max()
     tl = wait.timeline
@@ -99,8 +116,12 @@ def test_a_slow_gpu_slows_data_parallelism_by_its_extra_compute():
 
 
 def test_random_bandwidth_slowdowns_are_reproducible_and_in_range():
-    base = {"num_gpus": 8, "parallelism": {"mode": "dp"}, "topology": {"kind": "ring"},
-            "heterogeneity": {"random": [{"target": "bandwidth", "low": 1, "high": 10}]}}  # fmt: skip
+    base = {
+        "num_gpus": 8,
+        "parallelism": {"mode": "dp"},
+        "topology": {"kind": "ring"},
+        "heterogeneity": {"random": [{"target": "bandwidth", "low": 1, "high": 10}]},
+    }
     t = chain_trace(batch=8)
     a, b = Simulation({**base, "seed": 3}, trace=t), Simulation({**base, "seed": 3}, trace=t)
     bw = [d["bandwidth"] for _, _, d in a.graph.edges(data=True)]

@@ -30,8 +30,10 @@ def go_traces() -> Path | None:
 
 
 GO = go_traces()
-needs_go = pytest.mark.skipif(GO is None, reason="shared/reference/triosim-go-traces absent "
-                              "(set TRIOSIM_SHARED to the shared folder)")  # fmt: skip
+needs_go = pytest.mark.skipif(
+    GO is None,
+    reason="shared/reference/triosim-go-traces absent (set TRIOSIM_SHARED to the shared folder)",
+)
 
 # A small network in the original CSV format, batch 2:
 #   conv1 (3->4, 3x3, bias) -> relu_ -> conv2 (4->4, 3x3) and conv3 (4->4, 1x1) both on the
@@ -61,28 +63,49 @@ TRACE = """OperatorID,OperatorName,Operator_input,Operator_output,Operator_cudat
 18,aten::_foreach_add_,[2; 3; 5; 7; 11; 12; 32; 33; 26; 28; 34; 35],[],7,7,[],[],0,optimizer,0
 """
 _TENSORS = [  # id, shape, elements, bytes each, type, storage
-    (0, "[]", 0, 0, "weight", 0), (1, "[2, 3, 8, 8]", 384, 4, "input", 101),
-    (2, "[4, 3, 3, 3]", 108, 4, "weight", 102), (3, "[4]", 4, 4, "bias", 103),
-    (4, "[2, 4, 8, 8]", 512, 4, "output", 104), (5, "[4, 4, 3, 3]", 144, 4, "weight", 105),
-    (6, "[2, 4, 8, 8]", 512, 4, "output", 106), (7, "[4, 4, 1, 1]", 16, 4, "weight", 107),
-    (8, "[2, 4, 8, 8]", 512, 4, "output", 108), (9, "[2, 4, 4, 4]", 128, 4, "output", 109),
-    (10, "[2, 64]", 128, 4, "input", 109), (11, "[5, 64]", 320, 4, "weight", 111),
-    (12, "[5]", 5, 4, "bias", 112), (13, "[2, 5]", 10, 4, "output", 113),
-    (14, "[2]", 2, 8, "target", 114), (15, "[]", 1, 4, "output", 115),
-    (16, "[]", 1, 4, "output", 116), (17, "[2, 5]", 10, 4, "output", 117),
-    (18, "[2, 5]", 10, 4, "result", 118), (19, "[2, 5]", 10, 4, "output", 119),
-    (20, "[64, 5]", 320, 4, "input", 111), (21, "[2, 64]", 128, 4, "output", 121),
-    (22, "[2, 4, 4, 4]", 128, 4, "grad_output", 122), (23, "[2, 4, 4, 4]", 128, 8, "indices", 123),
-    (24, "[2, 4, 8, 8]", 512, 4, "output", 124), (25, "[2, 4, 8, 8]", 512, 4, "output", 125),
-    (26, "[4, 4, 3, 3]", 144, 4, "output", 126), (27, "[2, 4, 8, 8]", 512, 4, "output", 127),
-    (28, "[4, 4, 1, 1]", 16, 4, "output", 128), (29, "[2, 4, 8, 8]", 512, 4, "input", 129),
-    (30, "[2, 4, 8, 8]", 512, 4, "result", 104), (31, "[2, 4, 8, 8]", 512, 4, "output", 131),
-    (32, "[4, 3, 3, 3]", 108, 4, "output", 132), (33, "[4]", 4, 4, "output", 133),
-    (34, "[5, 64]", 320, 4, "output", 134), (35, "[5]", 5, 4, "output", 135),
-]  # fmt: skip
-TENSOR = "Index,TensorID,TensorShape,TensorNumElement,TensorEachByte,TensorType,TensorStorgeid,gpuid\n" + "".join(
-    f'{i},{t},"{s}",{n},{b},{k},{st},0\n' for i, (t, s, n, b, k, st) in enumerate(_TENSORS)
-)  # fmt: skip
+    (0, "[]", 0, 0, "weight", 0),
+    (1, "[2, 3, 8, 8]", 384, 4, "input", 101),
+    (2, "[4, 3, 3, 3]", 108, 4, "weight", 102),
+    (3, "[4]", 4, 4, "bias", 103),
+    (4, "[2, 4, 8, 8]", 512, 4, "output", 104),
+    (5, "[4, 4, 3, 3]", 144, 4, "weight", 105),
+    (6, "[2, 4, 8, 8]", 512, 4, "output", 106),
+    (7, "[4, 4, 1, 1]", 16, 4, "weight", 107),
+    (8, "[2, 4, 8, 8]", 512, 4, "output", 108),
+    (9, "[2, 4, 4, 4]", 128, 4, "output", 109),
+    (10, "[2, 64]", 128, 4, "input", 109),
+    (11, "[5, 64]", 320, 4, "weight", 111),
+    (12, "[5]", 5, 4, "bias", 112),
+    (13, "[2, 5]", 10, 4, "output", 113),
+    (14, "[2]", 2, 8, "target", 114),
+    (15, "[]", 1, 4, "output", 115),
+    (16, "[]", 1, 4, "output", 116),
+    (17, "[2, 5]", 10, 4, "output", 117),
+    (18, "[2, 5]", 10, 4, "result", 118),
+    (19, "[2, 5]", 10, 4, "output", 119),
+    (20, "[64, 5]", 320, 4, "input", 111),
+    (21, "[2, 64]", 128, 4, "output", 121),
+    (22, "[2, 4, 4, 4]", 128, 4, "grad_output", 122),
+    (23, "[2, 4, 4, 4]", 128, 8, "indices", 123),
+    (24, "[2, 4, 8, 8]", 512, 4, "output", 124),
+    (25, "[2, 4, 8, 8]", 512, 4, "output", 125),
+    (26, "[4, 4, 3, 3]", 144, 4, "output", 126),
+    (27, "[2, 4, 8, 8]", 512, 4, "output", 127),
+    (28, "[4, 4, 1, 1]", 16, 4, "output", 128),
+    (29, "[2, 4, 8, 8]", 512, 4, "input", 129),
+    (30, "[2, 4, 8, 8]", 512, 4, "result", 104),
+    (31, "[2, 4, 8, 8]", 512, 4, "output", 131),
+    (32, "[4, 3, 3, 3]", 108, 4, "output", 132),
+    (33, "[4]", 4, 4, "output", 133),
+    (34, "[5, 64]", 320, 4, "output", 134),
+    (35, "[5]", 5, 4, "output", 135),
+]
+TENSOR = (
+    "Index,TensorID,TensorShape,TensorNumElement,TensorEachByte,TensorType,TensorStorgeid,gpuid\n"
+    + "".join(
+        f'{i},{t},"{s}",{n},{b},{k},{st},0\n' for i, (t, s, n, b, k, st) in enumerate(_TENSORS)
+    )
+)
 
 
 @pytest.fixture
@@ -163,9 +186,11 @@ def test_flop_formulas_match_torch_flop_counter():
 
     torch.manual_seed(0)
     # (torch's weight-gradient formula ignores groups, so the backward is compared ungrouped)
-    for cin, cout, k, stride, groups, need_input_grad in ((3, 8, 3, 1, 1, False),
-                                                          (4, 8, 3, 2, 1, True),
-                                                          (4, 8, 3, 2, 2, True)):  # fmt: skip
+    for cin, cout, k, stride, groups, need_input_grad in (
+        (3, 8, 3, 1, 1, False),
+        (4, 8, 3, 2, 1, True),
+        (4, 8, 3, 2, 2, True),
+    ):
         x = torch.randn(2, cin, 9, 9, requires_grad=need_input_grad)
         conv = torch.nn.Conv2d(cin, cout, k, stride=stride, padding=1, groups=groups)
         y = None
@@ -175,8 +200,9 @@ def test_flop_formulas_match_torch_flop_counter():
             y = conv(x)
 
         got = count(fwd)
-        mine = flops.forward_flops("aten::conv2d", [tuple(x.shape), tuple(conv.weight.shape)],
-                                   [tuple(y.shape)])  # fmt: skip
+        mine = flops.forward_flops(
+            "aten::conv2d", [tuple(x.shape), tuple(conv.weight.shape)], [tuple(y.shape)]
+        )
         assert mine == got
         hand = 2 * 2 * cout * y.shape[2] * y.shape[3] * (cin // groups) * k * k
         assert mine == hand
@@ -196,8 +222,9 @@ def test_flop_formulas_match_torch_flop_counter():
             out = lin(x)
 
         got = count(run)
-        mine = flops.forward_flops("aten::linear", [tuple(x.shape), tuple(lin.weight.shape)],
-                                   [tuple(out.shape)])  # fmt: skip
+        mine = flops.forward_flops(
+            "aten::linear", [tuple(x.shape), tuple(lin.weight.shape)], [tuple(out.shape)]
+        )
         assert mine == got == 2 * 6 * 5 * 64
         back = count(lambda out=out: out.sum().backward())
         assert flops.backward_flops("AddmmBackward0", mine) == back
@@ -255,18 +282,27 @@ def test_imported_trace_round_trips_with_new_columns(small, tmp_path):
 # An operator table written before fwd_id was filled by the importer and before the
 # "math" column existed (format_version 1, the original 8 + 3 columns, or only the 8).
 OLD = {
-    "format": "triosim-trace", "format_version": 1,
+    "format": "triosim-trace",
+    "format_version": 1,
     "metadata": {"batch_size": 4, "gpu": "H100-SXM"},
-    "tensors": {"columns": ["id", "shape", "dtype", "nbytes", "category"],
-                "rows": [[0, [4, 8], "float32", 2e9, "input"], [1, [8, 8], "float32", 1e6, "weight"],
-                         [2, [4, 8], "float32", 2e9, "activation"],
-                         [3, [8, 8], "float32", 1e6, "gradient"]]},
-    "operators": {"columns": ["id", "name", "layer", "phase", "time", "inputs", "outputs", "flops"],
-                  "rows": [[0, "aten::linear", "fc", "forward", 0.002, [0, 1], [2], 1e12],
-                           [1, "AddmmBackward0", "fc", "backward", 0.004, [2, 1], [3], 2e12],
-                           [2, "aten::_foreach_add_", "optimizer", "optimizer", 0.001, [1, 3], [],
-                            None]]},
-}  # fmt: skip
+    "tensors": {
+        "columns": ["id", "shape", "dtype", "nbytes", "category"],
+        "rows": [
+            [0, [4, 8], "float32", 2e9, "input"],
+            [1, [8, 8], "float32", 1e6, "weight"],
+            [2, [4, 8], "float32", 2e9, "activation"],
+            [3, [8, 8], "float32", 1e6, "gradient"],
+        ],
+    },
+    "operators": {
+        "columns": ["id", "name", "layer", "phase", "time", "inputs", "outputs", "flops"],
+        "rows": [
+            [0, "aten::linear", "fc", "forward", 0.002, [0, 1], [2], 1e12],
+            [1, "AddmmBackward0", "fc", "backward", 0.004, [2, 1], [3], 2e12],
+            [2, "aten::_foreach_add_", "optimizer", "optimizer", 0.001, [1, 3], [], None],
+        ],
+    },
+}
 
 
 def test_old_trace_without_new_columns_loads_and_gives_the_same_results(tmp_path):
@@ -311,8 +347,18 @@ def test_go_vgg13_every_backward_op_paired_and_linear_gradients_ready_early():
     # was 494.6 MB (all three linear layers); now only the first conv: (64*3*3*3 + 64) x 4 B
     assert at_end == (64 * 3 * 3 * 3 + 64) * 4
     # forward FLOPs of convolutions and linears: 2 x batch x multiply-adds of VGG-13
-    convs = [(3, 64, 224), (64, 64, 224), (64, 128, 112), (128, 128, 112), (128, 256, 56),
-             (256, 256, 56), (256, 512, 28), (512, 512, 28), (512, 512, 14), (512, 512, 14)]  # fmt: skip
+    convs = [
+        (3, 64, 224),
+        (64, 64, 224),
+        (64, 128, 112),
+        (128, 128, 112),
+        (128, 256, 56),
+        (256, 256, 56),
+        (256, 512, 28),
+        (512, 512, 28),
+        (512, 512, 14),
+        (512, 512, 14),
+    ]
     macs = (
         sum(ci * co * 9 * h * h for ci, co, h in convs) + 25088 * 4096 + 4096 * 4096 + 4096 * 1000
     )

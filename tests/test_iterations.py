@@ -7,8 +7,12 @@ from triosim.simulation.wiring import Simulation
 
 
 def run(k, mode="dp", network=None, n=4, **par):
-    cfg = {"num_gpus": n, "iterations": k, "parallelism": {"mode": mode, **par},
-           "topology": {"kind": "ring", "bandwidth": "10 GB/s", "latency": "1 us"}}  # fmt: skip
+    cfg = {
+        "num_gpus": n,
+        "iterations": k,
+        "parallelism": {"mode": mode, **par},
+        "topology": {"kind": "ring", "bandwidth": "10 GB/s", "latency": "1 us"},
+    }
     if network:
         cfg["network"] = network
     return Simulation(cfg, trace=chain_trace(batch=8)).run()
@@ -25,9 +29,17 @@ def test_photonic_circuits_are_set_up_once():
     assert two.total_time == pytest.approx(2 * one.iteration_time - 20e-3, rel=1e-9)
 
 
-@pytest.mark.parametrize("mode,par", [("dp", {}), ("ddp", {}), ("tp", {}),
-                                      ("gpipe", {"microbatches": 2}), ("1f1b", {"microbatches": 4}),
-                                      ("hybrid", {"dp": 2, "inner": "gpipe", "microbatches": 2})])  # fmt: skip
+@pytest.mark.parametrize(
+    "mode,par",
+    [
+        ("dp", {}),
+        ("ddp", {}),
+        ("tp", {}),
+        ("gpipe", {"microbatches": 2}),
+        ("1f1b", {"microbatches": 4}),
+        ("hybrid", {"dp": 2, "inner": "gpipe", "microbatches": 2}),
+    ],
+)
 def test_a_stateless_network_repeats_the_same_iteration(mode, par):
     one, three = run(1, mode, **par), run(3, mode, **par)
     assert three.iteration_times == pytest.approx([one.iteration_time] * 3, rel=1e-9)

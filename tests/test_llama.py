@@ -15,8 +15,11 @@ from triosim.common.errors import TracerError  # noqa: E402
 
 # Published parameter counts: Llama 3 8B "8.03B", Llama 3 70B "70.6B", Llama 3.2 1B "1.24B"
 # (Meta's model cards), i.e. 8,030,261,248, 70,553,706,496 and 1,235,814,400 from the configs.
-PUBLISHED = {"llama3-8b": (8.03e9, 8_030_261_248), "llama3-70b": (70.6e9, 70_553_706_496),
-             "llama3.2-1b": (1.24e9, 1_235_814_400)}  # fmt: skip
+PUBLISHED = {
+    "llama3-8b": (8.03e9, 8_030_261_248),
+    "llama3-70b": (70.6e9, 70_553_706_496),
+    "llama3.2-1b": (1.24e9, 1_235_814_400),
+}
 
 
 def hand_count(dim, layers, heads, kv_heads, ffn, vocab, tied):
@@ -42,8 +45,17 @@ def small_trace(layers, foreach=True):
     with torch.device("meta"):
         model, make_batch, loss = build("llama3-8b", small=True, seq_len=16, layers=layers)
     opt = torch.optim.AdamW(model.parameters(), foreach=foreach)
-    return collect(model, make_batch, loss, opt, batch_size=2, warmup=1, measure=1,
-                   model_name="llama-small", shapes_only=True)  # fmt: skip
+    return collect(
+        model,
+        make_batch,
+        loss,
+        opt,
+        batch_size=2,
+        warmup=1,
+        measure=1,
+        model_name="llama-small",
+        shapes_only=True,
+    )
 
 
 def describe(t):
@@ -57,11 +69,21 @@ def describe(t):
                 made.setdefault(x, k)
 
     def ts(ids):
-        return tuple((t.tensors[i].shape, t.tensors[i].dtype, t.tensors[i].category,
-                      t.tensors[i].name, made.get(i)) for i in ids)  # fmt: skip
+        return tuple(
+            (
+                t.tensors[i].shape,
+                t.tensors[i].dtype,
+                t.tensors[i].category,
+                t.tensors[i].name,
+                made.get(i),
+            )
+            for i in ids
+        )
 
-    return [(o.name, o.layer, o.phase, o.flops, pos.get(o.fwd_id), ts(o.inputs), ts(o.outputs))
-            for o in t.operators]  # fmt: skip
+    return [
+        (o.name, o.layer, o.phase, o.flops, pos.get(o.fwd_id), ts(o.inputs), ts(o.outputs))
+        for o in t.operators
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +120,12 @@ def test_replication_has_l_over_k_times_the_per_layer_operators_at_the_same_time
         assert b[i] == a[i % 2]
 
     def once(t):  # embedding, head, loss and the foreach optimizer steps: once
-        return Counter(o.name for o in t.operators if not o.layer.startswith("layers.")
-                       and (o.phase != "optimizer" or "_foreach_" in o.name))  # fmt: skip
+        return Counter(
+            o.name
+            for o in t.operators
+            if not o.layer.startswith("layers.")
+            and (o.phase != "optimizer" or "_foreach_" in o.name)
+        )
 
     assert once(rep) == once(timed) and sum(once(rep).values()) > 20
     # the optimizer reads each step counter on the host once per parameter: 3x the layers'
@@ -132,8 +158,13 @@ def test_mixed_precision_as_torchtitan(two_and_six):
     states = [t for t in two.tensors.values() if t.category == "optimizer_state" and t.shape]
     assert states and {t.dtype for t in states} == {"float32"}
     # each weight is cast to bf16 where it is used: a fixed-size buffer, not an activation
-    casts = [o for o in two.operators if o.name == "aten::to" and o.phase == "forward"
-             and two.tensors[o.inputs[0]].category == "weight"]  # fmt: skip
+    casts = [
+        o
+        for o in two.operators
+        if o.name == "aten::to"
+        and o.phase == "forward"
+        and two.tensors[o.inputs[0]].category == "weight"
+    ]
     assert casts and all(two.tensors[o.outputs[0]].category == "buffer" for o in casts)
     assert {two.tensors[o.outputs[0]].name for o in casts} >= {
         "layers.0.attention.wq.weight.bfloat16",

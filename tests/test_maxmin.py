@@ -80,8 +80,12 @@ def solve(solver, paths, caps):
 
 @settings(max_examples=300, deadline=None)
 @given(problems())
-@example(([[0], [0], [0], [0], [0, 3], [0, 3], [1, 3], [1, 4], [1, 3, 4]],
-          [2.0, math.inf, 0.0, 333252844334.0, 333252844333.0]))  # fmt: skip
+@example(
+    (
+        [[0], [0], [0], [0], [0, 3], [0, 3], [1, 3], [1, 4], [1, 3, 4]],
+        [2.0, math.inf, 0.0, 333252844334.0, 333252844333.0],
+    )
+)
 def test_equals_exact_progressive_filling(problem):
     paths, caps = problem
     want = exact_rates(paths, caps)

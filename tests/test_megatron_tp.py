@@ -18,9 +18,16 @@ F32 = 4
 
 def run(trace, n, topology=None, batch_size=None, **par):
     top = topology or {"kind": "ring", "bandwidth": 10 * GB, "latency": 0.0}
-    s = Simulation({"num_gpus": n, "batch_size": batch_size, "topology": top,
-                    "parallelism": {"mode": "tp", **par},
-                    "communication": {"kind": "textbook"}}, trace=trace)  # hand: alpha-beta  # fmt: skip
+    s = Simulation(
+        {
+            "num_gpus": n,
+            "batch_size": batch_size,
+            "topology": top,
+            "parallelism": {"mode": "tp", **par},
+            "communication": {"kind": "textbook"},
+        },
+        trace=trace,
+    )  # hand: alpha-beta
     r = s.run()
     r.extrapolator = s.extrapolator
     return r
@@ -45,15 +52,32 @@ def transformer_trace(L=2, b=4, s=16, h=32, V=64, P=32):
     tensors, ops = {}, []
 
     def T(shape, cat, dtype="float32"):
-        t = Tensor(len(tensors), tuple(shape), dtype,
-                   float(math.prod(shape) * (8 if dtype == "int64" else F32)), cat)  # fmt: skip
+        t = Tensor(
+            len(tensors),
+            tuple(shape),
+            dtype,
+            float(math.prod(shape) * (8 if dtype == "int64" else F32)),
+            cat,
+        )
         tensors[t.id] = t
         return t.id
 
     def op(name, layer, phase, ins, outs, split=False, fwd=None):
         k = TIME_KEY(name)
-        ops.append(Operator(len(ops), name, layer, phase, TIME[k], tuple(ins), tuple(outs),
-                            TIME[k] * 1e12, fwd_id=fwd, tp_split=split))  # fmt: skip
+        ops.append(
+            Operator(
+                len(ops),
+                name,
+                layer,
+                phase,
+                TIME[k],
+                tuple(ins),
+                tuple(outs),
+                TIME[k] * 1e12,
+                fwd_id=fwd,
+                tp_split=split,
+            )
+        )
         return ops[-1].id
 
     def linear_bwd(fid, layer, x, w, dx_shape, head=False):
@@ -61,8 +85,15 @@ def transformer_trace(L=2, b=4, s=16, h=32, V=64, P=32):
         op("ViewBackward0", layer, "backward", [x], [g1], fwd=fid)
         gw = T(tensors[w].shape, "gradient")
         g2 = T((b * s, dx_shape[-1]), "activation")
-        op("MmBackward0" if head else "AddmmBackward0", layer, "backward", [g1, w], [g2, gw],
-           split=True, fwd=fid)  # fmt: skip
+        op(
+            "MmBackward0" if head else "AddmmBackward0",
+            layer,
+            "backward",
+            [g1, w],
+            [g2, gw],
+            split=True,
+            fwd=fid,
+        )
         op("TBackward0", layer, "backward", [gw], [T(tensors[w].shape, "gradient")], fwd=fid)
         dx = T(dx_shape, "activation")
         op("ViewBackward0", layer, "backward", [g2], [dx], fwd=fid)
@@ -94,8 +125,11 @@ def transformer_trace(L=2, b=4, s=16, h=32, V=64, P=32):
                 T((d_out,), "weight"),
                 T((b, s, d_out), "activation"),
             )
-            rec[name] = (op("aten::linear", f"{p}.{name}", "forward", [inp, w, bb], [out], split=True),
-                         inp, w)  # fmt: skip
+            rec[name] = (
+                op("aten::linear", f"{p}.{name}", "forward", [inp, w, bb], [out], split=True),
+                inp,
+                w,
+            )
             return out
 
         x_in = x
@@ -130,8 +164,14 @@ def transformer_trace(L=2, b=4, s=16, h=32, V=64, P=32):
     op("ViewBackward0", "loss", "backward", [g], [g3], fwd=f_resh)
     dz = linear_bwd(f_head, "head", g3, w_tok, (b, s, h), head=True)
     dx = T((b, s, h), "activation")
-    op("NativeLayerNormBackward0", "ln_f", "backward", [dz, w_f], [dx, T((h,), "gradient")],
-       fwd=f_lnf)  # fmt: skip
+    op(
+        "NativeLayerNormBackward0",
+        "ln_f",
+        "backward",
+        [dz, w_f],
+        [dx, T((h,), "gradient")],
+        fwd=f_lnf,
+    )
     for i in reversed(range(L)):
         rec = blocks[i]
         p = f"blocks.{i}"
@@ -149,8 +189,14 @@ def transformer_trace(L=2, b=4, s=16, h=32, V=64, P=32):
         fid, inp, w = rec["attn.proj"]
         dy = linear_bwd(fid, f"{p}.attn.proj", dx1, w, tensors[inp].shape)
         dq = T((b, s, 3 * h), "activation")
-        op("ScaledDotProductAttentionBackward0", f"{p}.attn", "backward", [dy], [dq],
-           fwd=rec["attn"][0])  # fmt: skip
+        op(
+            "ScaledDotProductAttentionBackward0",
+            f"{p}.attn",
+            "backward",
+            [dy],
+            [dq],
+            fwd=rec["attn"][0],
+        )
         fid, inp, w = rec["attn.qkv"]
         da = linear_bwd(fid, f"{p}.attn.qkv", dq, w, tensors[inp].shape)
         fid_ln, _ = rec["ln1"]
@@ -158,28 +204,62 @@ def transformer_trace(L=2, b=4, s=16, h=32, V=64, P=32):
         op("NativeLayerNormBackward0", f"{p}.ln1", "backward", [da], [dx], fwd=fid_ln)
     de = T((s, h), "activation")
     op("AddBackward0", "", "backward", [dx], [de], fwd=f_add0)
-    op("EmbeddingBackward0", "pos", "backward", [de, pos_ids], [T((P, h), "gradient")],
-       split=True, fwd=f_pos)  # fmt: skip
-    op("EmbeddingBackward0", "tok", "backward", [dx, ids], [T((V, h), "gradient")],
-       split=True, fwd=f_tok)  # fmt: skip
+    op(
+        "EmbeddingBackward0",
+        "pos",
+        "backward",
+        [de, pos_ids],
+        [T((P, h), "gradient")],
+        split=True,
+        fwd=f_pos,
+    )
+    op(
+        "EmbeddingBackward0",
+        "tok",
+        "backward",
+        [dx, ids],
+        [T((V, h), "gradient")],
+        split=True,
+        fwd=f_tok,
+    )
     weights = [t for t in tensors.values() if t.category == "weight"]
     op("aten::_foreach_add_", "optimizer", "optimizer", [w.id for w in weights], [])
     del f_arange
     return Trace(ops, tensors, {"batch_size": b}).validate()
 
 
-TIME = {"embedding": 30e-6, "linear": 100e-6, "sdpa": 200e-6, "ln": 20e-6, "add": 10e-6,
-        "gelu": 15e-6, "ce": 40e-6, "reshape": 5e-6, "arange": 5e-6, "bwd_split": 180e-6,
-        "bwd_view": 4e-6, "bwd": 25e-6, "opt": 300e-6}  # fmt: skip
+TIME = {
+    "embedding": 30e-6,
+    "linear": 100e-6,
+    "sdpa": 200e-6,
+    "ln": 20e-6,
+    "add": 10e-6,
+    "gelu": 15e-6,
+    "ce": 40e-6,
+    "reshape": 5e-6,
+    "arange": 5e-6,
+    "bwd_split": 180e-6,
+    "bwd_view": 4e-6,
+    "bwd": 25e-6,
+    "opt": 300e-6,
+}
 
 
 def TIME_KEY(name):
     if name.startswith("aten::"):
         kind = name[6:]
-        return {"embedding": "embedding", "linear": "linear", "layer_norm": "ln", "add": "add",
-                "gelu": "gelu", "cross_entropy_loss": "ce", "reshape": "reshape",
-                "arange": "arange", "scaled_dot_product_attention": "sdpa",
-                "_foreach_add_": "opt"}[kind]  # fmt: skip
+        return {
+            "embedding": "embedding",
+            "linear": "linear",
+            "layer_norm": "ln",
+            "add": "add",
+            "gelu": "gelu",
+            "cross_entropy_loss": "ce",
+            "reshape": "reshape",
+            "arange": "arange",
+            "scaled_dot_product_attention": "sdpa",
+            "_foreach_add_": "opt",
+        }[kind]
     if name in ("AddmmBackward0", "MmBackward0", "EmbeddingBackward0"):
         return "bwd_split"
     if name in ("ViewBackward0", "TBackward0"):
@@ -199,12 +279,16 @@ def test_megatron_collectives_per_layer_on_a_small_transformer(n):
     # forward: the word embedding's output, 2 per block (proj, fc2), the loss's 3 statistics
     assert sorted(fwd.nbytes) == sorted([bsh] + [bsh] * 2 * L + [tokens] * 3)
     assert list(fwd[fwd.nbytes == bsh].layer) == [
-        "tok", *[f"blocks.{i}.{x}" for i in range(L) for x in ("attn.proj", "mlp.fc2")]]  # fmt: skip
+        "tok",
+        *[f"blocks.{i}.{x}" for i in range(L) for x in ("attn.proj", "mlp.fc2")],
+    ]
     assert (fwd[fwd.nbytes == tokens].layer == "loss").all()
     # backward: the head's input gradient, 2 per block (fc1, qkv), once per layer although
     # each linear's backward is four autograd operators; nothing for token ids or positions
     assert list(bwd.layer) == [
-        "head", *[f"blocks.{i}.{x}" for i in reversed(range(L)) for x in ("mlp.fc1", "attn.qkv")]]  # fmt: skip
+        "head",
+        *[f"blocks.{i}.{x}" for i in reversed(range(L)) for x in ("mlp.fc1", "attn.qkv")],
+    ]
     assert (bwd.nbytes == bsh).all()
 
 
@@ -218,9 +302,12 @@ def test_megatron_iteration_time_by_hand():
     # view/t autograd operators of a layer whole; optimizer on the held share of weights
     tm = TIME
     per_block_fwd = 2 * tm["ln"] + 2 * tm["add"] + (4 * tm["linear"] + tm["sdpa"] + tm["gelu"]) / n
-    per_block_bwd = (2 * tm["bwd"] + 2 * tm["bwd"]  # 2 layer norms, 2 adds
-                     + (4 * tm["bwd_split"] + tm["bwd"] + tm["bwd"]) / n  # 4 addmm, sdpa, gelu
-                     + 4 * 3 * tm["bwd_view"])  # fmt: skip
+    per_block_bwd = (
+        2 * tm["bwd"]
+        + 2 * tm["bwd"]  # 2 layer norms, 2 adds
+        + (4 * tm["bwd_split"] + tm["bwd"] + tm["bwd"]) / n  # 4 addmm, sdpa, gelu
+        + 4 * 3 * tm["bwd_view"]
+    )
     fwd = (
         tm["arange"]
         + tm["embedding"] / n
@@ -243,16 +330,27 @@ def test_megatron_iteration_time_by_hand():
         + tm["bwd_split"]
         + tm["bwd_split"] / n
     )  # add, pos, tok
-    weights = {"tok": V * h, "pos": 32 * h, "ln": (2 * L + 1) * 2 * h,
-               "qkv": 3 * h * h + 3 * h, "proj": h * h + h, "fc1": 4 * h * h + 4 * h, "fc2": 4 * h * h + h}  # fmt: skip
+    weights = {
+        "tok": V * h,
+        "pos": 32 * h,
+        "ln": (2 * L + 1) * 2 * h,
+        "qkv": 3 * h * h + 3 * h,
+        "proj": h * h + h,
+        "fc1": 4 * h * h + 4 * h,
+        "fc2": 4 * h * h + h,
+    }
     total = (
         weights["tok"]
         + weights["pos"]
         + weights["ln"]
         + L * sum(weights[k] for k in ("qkv", "proj", "fc1", "fc2"))
     )
-    held = (weights["tok"] / n + weights["pos"] + weights["ln"]
-            + L * ((weights["qkv"] + weights["fc1"]) / n + (h * h + 4 * h * h) / n + 2 * h))  # fmt: skip
+    held = (
+        weights["tok"] / n
+        + weights["pos"]
+        + weights["ln"]
+        + L * ((weights["qkv"] + weights["fc1"]) / n + (h * h + 4 * h * h) / n + 2 * h)
+    )
     compute = fwd + bwd + tm["opt"] * held / total
     bsh, tokens = b * s * h * F32, b * s * F32
     comm_time = (1 + 4 * L + 1) * ring_time("allreduce", bsh, n, bw) + 3 * ring_time(
@@ -271,8 +369,13 @@ def test_megatron_on_the_real_gpt2_trace_moves_4_activations_per_block():
         assert (c.name == "allreduce").all()
         assert sorted(fwd.nbytes) == sorted([tokens] * 3 + [bsh] * (1 + 2 * 2))
         assert sorted(bwd.nbytes) == [bsh] * (1 + 2 * 2)
-        assert set(bwd.layer) == {"head", "blocks.0.attn.qkv", "blocks.0.mlp.fc1",
-                                  "blocks.1.attn.qkv", "blocks.1.mlp.fc1"}  # fmt: skip
+        assert set(bwd.layer) == {
+            "head",
+            "blocks.0.attn.qkv",
+            "blocks.0.mlp.fc1",
+            "blocks.1.attn.qkv",
+            "blocks.1.mlp.fc1",
+        }
         assert not {"tok", "pos"} & set(bwd.layer)  # no gradient of ids or positions
         assert "pos" not in set(fwd.layer)  # position embeddings are replicated
 
@@ -367,7 +470,10 @@ def test_no_collective_for_a_gradient_that_does_not_exist():
     t = chain_trace(layers=4, batch=8)
     c = comm(run(t, 2))
     assert list(zip(c.phase, c.layer, strict=True)) == [
-        ("forward", "layer1"), ("forward", "layer3"), ("backward", "layer2")]  # fmt: skip
+        ("forward", "layer1"),
+        ("forward", "layer3"),
+        ("backward", "layer2"),
+    ]
 
 
 @pytest.mark.skipif(not GO_TRACES.exists(), reason="shared/reference traces absent")
@@ -392,9 +498,16 @@ MODELLED = ROOT / "traces" / "modelled"
 
 
 def _tp_plan(trace_path, n, **extra):
-    cfg = {"trace": str(trace_path), "num_gpus": n, "batch_size": 8, "gpu": "H100-SXM",
-           "perfmodel": {"kind": "calibrated"}, "parallelism": {"mode": "tp"},
-           "topology": {"kind": "switch", "bandwidth": "450 GB/s"}, **extra}  # fmt: skip
+    cfg = {
+        "trace": str(trace_path),
+        "num_gpus": n,
+        "batch_size": 8,
+        "gpu": "H100-SXM",
+        "perfmodel": {"kind": "calibrated"},
+        "parallelism": {"mode": "tp"},
+        "topology": {"kind": "switch", "bandwidth": "450 GB/s"},
+        **extra,
+    }
     return Simulation(cfg).extrapolator
 
 
@@ -418,15 +531,21 @@ def test_tp_follows_a_weight_through_its_casts_on_torchtitan_precision_llama():
     titan = _tp_plan(MODELLED / "h100-sxm" / "llama3-8b-s2048-b8.trace.json.gz", 8)
     megatron = _tp_plan(MODELLED / "h100-sxm" / "llama3-8b-bf16-s2048-b8.trace.json.gz", 8)
     bsh = 8 * 2048 * 4096 * 2
-    want = {("allreduce", bsh, "forward"): 2 * 32 + 1, ("allreduce", bsh, "backward"): 2 * 32 + 1,
-            ("allreduce", 4 * 8 * 2048, "forward"): 3}  # fmt: skip
+    want = {
+        ("allreduce", bsh, "forward"): 2 * 32 + 1,
+        ("allreduce", bsh, "backward"): 2 * 32 + 1,
+        ("allreduce", 4 * 8 * 2048, "forward"): 3,
+    }
     assert _collectives(titan) == want
     assert _collectives(megatron) == want
     assert titan.optimizer_fraction() == pytest.approx(megatron.optimizer_fraction(), rel=1e-12)
     T = titan.trace.tensors
     assert {T[t].category for t in titan.sharded_weights()} == {"weight"}  # the parameters
-    casts = [op for op in titan.ops("forward") if op.name == "aten::to"
-             and T[op.inputs[0]].name == "layers.0.attention.wq.weight"]  # fmt: skip
+    casts = [
+        op
+        for op in titan.ops("forward")
+        if op.name == "aten::to" and T[op.inputs[0]].name == "layers.0.attention.wq.weight"
+    ]
     assert casts and titan.roles[casts[0].id] == "sharded"  # each GPU casts its shard
 
 

@@ -10,8 +10,9 @@ from triosim.trace.model import Tensor
 
 def run(trace, n, mode, batch, **cfg):
     par = {"mode": mode, **cfg.pop("par", {})}
-    return Simulation({"num_gpus": n, "batch_size": batch, "parallelism": par, **cfg},
-                      trace=trace).run()  # fmt: skip
+    return Simulation(
+        {"num_gpus": n, "batch_size": batch, "parallelism": par, **cfg}, trace=trace
+    ).run()
 
 
 def with_adam_states(t):
@@ -137,8 +138,19 @@ def block_trace(blocks=3, a=1e6):
         x = y
     for b, xb, hb, w, fwd in reversed(saved):
         g, gx = tensor("gradient", 4e6), tensor("activation", a)
-        ops.append(Operator(len(ops), "AddmmBackward0", f"block{b}", "backward", 2e-3, (xb, hb, w),
-                            (gx, g), 2e9, fwd_id=fwd))  # fmt: skip
+        ops.append(
+            Operator(
+                len(ops),
+                "AddmmBackward0",
+                f"block{b}",
+                "backward",
+                2e-3,
+                (xb, hb, w),
+                (gx, g),
+                2e9,
+                fwd_id=fwd,
+            )
+        )
     return Trace(ops, tensors, {"batch_size": 8, "gpu": "H100-SXM"}).validate()
 
 

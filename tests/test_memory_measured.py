@@ -18,8 +18,9 @@ MS = 1e-3
 
 
 def run_single(trace):
-    return Simulation({"num_gpus": 1, "batch_size": 8, "parallelism": {"mode": "single"}},
-                      trace=trace).run()  # fmt: skip
+    return Simulation(
+        {"num_gpus": 1, "batch_size": 8, "parallelism": {"mode": "single"}}, trace=trace
+    ).run()
 
 
 def activations_at(result, t):
@@ -47,14 +48,16 @@ def loss_trace(view_storage: bool = False):
     if view_storage:
         out = tensor("activation", A, storage=7)
         ops.append(Operator(len(ops), "aten::reshape", "fc", "forward", MS, (h,), (out,)))
-    l_, s, gh, g = (tensor("activation", 4), tensor("activation", A), tensor("activation", A),
-                    tensor("gradient", 4e6))  # fmt: skip
+    l_, s, gh, g = (
+        tensor("activation", 4),
+        tensor("activation", A),
+        tensor("activation", A),
+        tensor("gradient", 4e6),
+    )
     f = len(ops)
     ops += [
         Operator(f, "aten::cross_entropy_loss", "loss", "forward", MS, (out,), (l_,), 1e6),
-        Operator(
-            f + 1, "NllLossBackward0", "loss", "backward", MS, (s,), (gh,), 1e6, fwd_id=f
-        ),  # fmt: skip
+        Operator(f + 1, "NllLossBackward0", "loss", "backward", MS, (s,), (gh,), 1e6, fwd_id=f),
         Operator(f + 2, "AddmmBackward0", "fc", "backward", MS, (gh, x), (g,), 2e9, fwd_id=0),
     ]
     return Trace(ops, tensors, {"batch_size": 8, "gpu": "H100-SXM"}).validate()
@@ -98,9 +101,15 @@ def test_cpu_peak_memory_matches_the_hand_calculation():
     n, b = 512, 64  # y = x W^T (no bias), loss = sum(y * t), plain SGD: no states
     model = torch.nn.Linear(n, n, bias=False)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    _, _, meta = record(model, lambda bs, dev: (torch.randn(bs, n), torch.randn(bs, n)),
-                        lambda out, t: (out * t).sum(), opt, batch_size=b, warmup=1,
-                        measure=0)  # fmt: skip
+    _, _, meta = record(
+        model,
+        lambda bs, dev: (torch.randn(bs, n), torch.randn(bs, n)),
+        lambda out, t: (out * t).sum(),
+        opt,
+        batch_size=b,
+        warmup=1,
+        measure=0,
+    )
     w, x = 4 * n * n, 4 * b * n
     start = w + 2 * x  # weights, inputs, targets
     assert meta["memory_at_step_start_bytes"] == start
@@ -124,6 +133,8 @@ def test_shipped_cpu_traces_peak_is_predicted_within_5_percent(path):
     t = load(path)
     measured = t.metadata.get("peak_memory_bytes")
     assert measured, "the shipped CPU traces carry their measured peak (re-make them)"
-    r = Simulation({"num_gpus": 1, "batch_size": t.metadata["batch_size"],
-                    "parallelism": {"mode": "single"}}, trace=t).run()  # fmt: skip
+    r = Simulation(
+        {"num_gpus": 1, "batch_size": t.metadata["batch_size"], "parallelism": {"mode": "single"}},
+        trace=t,
+    ).run()
     assert r.peak_memory[0] == pytest.approx(measured, rel=0.05)

@@ -44,10 +44,16 @@ N = int(os.environ.get("FUZZ_EXAMPLES", 150))
 # systems per run (FUZZ_EXAMPLES=150 by default): collectives 10/3 x, three slowdowns each
 # (a cheap closed form per call, the flow simulation on every 10th system); NCCL's own pick
 # 1 x, two slowdowns each; whole iterations 1 x: about 2,100 slowed systems in all
-PROPERTY = settings(max_examples=10 * N // 3, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
-NCCL_PICK = settings(max_examples=N, deadline=None,
-                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])  # fmt: skip
+PROPERTY = settings(
+    max_examples=10 * N // 3,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+NCCL_PICK = settings(
+    max_examples=N,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 ITERATIONS = settings(max_examples=N, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 P2P = ("all_to_all", "sendrecv")
 OPS = ("allreduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "sendrecv")
@@ -80,8 +86,19 @@ def _build(kind: str, n: int, lat: float, nvls: bool):
     return topo.multi_node(n // 2, 2, 450 * GB, 50 * GB, lat, 2 * lat, fabric="switch")
 
 
-KINDS = ("ring", "one_way_ring", "switch", "fully_connected", "mesh", "torus", "dgx1", "pcie",
-         "fat_tree", "rails", "nodes_on_a_switch")  # fmt: skip
+KINDS = (
+    "ring",
+    "one_way_ring",
+    "switch",
+    "fully_connected",
+    "mesh",
+    "torus",
+    "dgx1",
+    "pcie",
+    "fat_tree",
+    "rails",
+    "nodes_on_a_switch",
+)
 
 
 @st.composite
@@ -210,12 +227,16 @@ def test_with_nccls_own_pick_a_slower_link_is_never_faster_than_the_fastest_pair
 
 # -- whole iterations ------------------------------------------------------------------------
 MODES = [
-    {"mode": "dp"}, {"mode": "ddp"}, {"mode": "fsdp"}, {"mode": "tp"},
-    {"mode": "gpipe", "microbatches": 4}, {"mode": "1f1b", "microbatches": 4},
+    {"mode": "dp"},
+    {"mode": "ddp"},
+    {"mode": "fsdp"},
+    {"mode": "tp"},
+    {"mode": "gpipe", "microbatches": 4},
+    {"mode": "1f1b", "microbatches": 4},
     {"mode": "hybrid", "dp": 2, "inner": "gpipe", "microbatches": 2},
     {"mode": "hybrid", "dp": 2, "inner": "tp"},
     {"mode": "3d", "dp": 2, "tp": 2, "pp": 2, "microbatches": 2},
-]  # fmt: skip
+]
 
 
 @ITERATIONS
@@ -236,17 +257,36 @@ def test_a_slower_link_or_gpu_never_makes_an_iteration_faster(data, tmp_path_fac
     if not path.exists():
         save(chain_trace(layers=8), path)
     mode = dict(data.draw(st.sampled_from(MODES)))
-    kind, extra = data.draw(st.sampled_from([("ring", {}), ("switch", {}), ("mesh2d", {}),
-                                             ("fat_tree", {"radix": 4}),
-                                             ("multi_node", {"gpus_per_node": 2})]))  # fmt: skip
+    kind, extra = data.draw(
+        st.sampled_from(
+            [
+                ("ring", {}),
+                ("switch", {}),
+                ("mesh2d", {}),
+                ("fat_tree", {"radix": 4}),
+                ("multi_node", {"gpus_per_node": 2}),
+            ]
+        )
+    )
     n = 8 if mode["mode"] == "3d" else data.draw(st.sampled_from([2, 4, 8]))
     n = max(n, 4) if mode["mode"] == "hybrid" else n
-    comm = data.draw(st.sampled_from([{"kind": "nccl", "options": {"pick": "fastest"}},
-                                      {"kind": "textbook"}]))  # fmt: skip
-    cfg = {"trace": str(path), "num_gpus": n, "batch_size": 8, "parallelism": mode,
-           "topology": {"kind": kind, "bandwidth": data.draw(st.sampled_from(["20 GB/s", "300 GB/s"])),
-                        "latency": "1 us", **extra},
-           "communication": comm, "perfmodel": {"kind": "roofline"}}  # fmt: skip
+    comm = data.draw(
+        st.sampled_from([{"kind": "nccl", "options": {"pick": "fastest"}}, {"kind": "textbook"}])
+    )
+    cfg = {
+        "trace": str(path),
+        "num_gpus": n,
+        "batch_size": 8,
+        "parallelism": mode,
+        "topology": {
+            "kind": kind,
+            "bandwidth": data.draw(st.sampled_from(["20 GB/s", "300 GB/s"])),
+            "latency": "1 us",
+            **extra,
+        },
+        "communication": comm,
+        "perfmodel": {"kind": "roofline"},
+    }
     base = Simulation(cfg)
     if mode["mode"] in ("gpipe", "1f1b"):  # the base plan's cuts, for both runs
         mode["stages"] = list(base.extrapolator.starts[1:])

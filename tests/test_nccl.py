@@ -174,8 +174,9 @@ def test_pipelined_ring_with_one_slow_latency_link():
 def test_both_ring_directions_are_used():
     S = 4 * GiB
     two = simulate(topo.ring(8, 50 * GB), S, gpu="A100-80GB", algorithm="ring")[0]
-    one = simulate(topo.ring(8, 50 * GB, bidirectional=False), S, gpu="A100-80GB",
-                   algorithm="ring")[0]  # fmt: skip
+    one = simulate(
+        topo.ring(8, 50 * GB, bidirectional=False), S, gpu="A100-80GB", algorithm="ring"
+    )[0]
     assert one / two == pytest.approx(2.0, rel=0.02)
 
 
@@ -200,15 +201,20 @@ def test_contention_shares_the_links():
     assert two - lat == pytest.approx(1.6 * (one - lat), rel=1e-6)
 
 
-@pytest.mark.parametrize("build,gpu", [
-    (lambda: h100_node(0.7e-6), "H100"),
-    (lambda: topo.multi_node(2, 8, 450 * GB, 50 * GB, 0.7e-6, 2e-6, nvls=True), "H100"),
-    (lambda: topo.multi_node(3, 4, 300 * GB, 25 * GB, 0.7e-6, 2e-6), "A100-80GB"),
-    (lambda: topo.dgx1(25 * GB, 1e-6), "A100-80GB"),
-    (lambda: topo.fully_connected(6, 50 * GB, 1e-6), "H100"),
-])  # fmt: skip
-@pytest.mark.parametrize("op", ["allreduce", "all_gather", "reduce_scatter", "broadcast",
-                                "reduce", "all_to_all", "sendrecv"])  # fmt: skip
+@pytest.mark.parametrize(
+    "build,gpu",
+    [
+        (lambda: h100_node(0.7e-6), "H100"),
+        (lambda: topo.multi_node(2, 8, 450 * GB, 50 * GB, 0.7e-6, 2e-6, nvls=True), "H100"),
+        (lambda: topo.multi_node(3, 4, 300 * GB, 25 * GB, 0.7e-6, 2e-6), "A100-80GB"),
+        (lambda: topo.dgx1(25 * GB, 1e-6), "A100-80GB"),
+        (lambda: topo.fully_connected(6, 50 * GB, 1e-6), "H100"),
+    ],
+)
+@pytest.mark.parametrize(
+    "op",
+    ["allreduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "sendrecv"],
+)
 def test_simulation_matches_the_plans_free_network_time(build, gpu, op):
     for S in (8, 3 * MiB, GiB):
         t, m, net = simulate(build(), S, op=op, gpu=gpu)
@@ -261,16 +267,21 @@ def test_dp_iteration_with_nccl_is_compute_plus_the_collective():
     from triosim.simulation.wiring import Simulation
 
     t = chain_trace(batch=32)
-    cfg = {"num_gpus": 8, "parallelism": {"mode": "dp"}, "gpu": "H100-SXM",
-           "perfmodel": {"kind": "trace"},
-           "topology": {"kind": "switch", "bandwidth": "450 GB/s", "nvls": True}}  # fmt: skip
+    cfg = {
+        "num_gpus": 8,
+        "parallelism": {"mode": "dp"},
+        "gpu": "H100-SXM",
+        "perfmodel": {"kind": "trace"},
+        "topology": {"kind": "switch", "bandwidth": "450 GB/s", "nvls": True},
+    }
     cfg["batch_size"] = 8 * 32
     s = Simulation(cfg, trace=t)
     r = s.run()
     compute = r.per_gpu()["compute"].max()
     env, net, m = model(h100_node())
-    assert r.iteration_time == pytest.approx(compute + m.predict("allreduce", tuple(range(8)),
-                                                                 t.weight_bytes()), rel=1e-9)  # fmt: skip
+    assert r.iteration_time == pytest.approx(
+        compute + m.predict("allreduce", tuple(range(8)), t.weight_bytes()), rel=1e-9
+    )
 
 
 def test_a_forced_algorithm_the_gpus_lack_is_an_error_as_in_nccl():

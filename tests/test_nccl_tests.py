@@ -76,13 +76,16 @@ def test_size_arguments_as_nccl_tests_reads_them():
     assert T.sizes(1000, 4000, 1, 1000) == [1000, 2000, 3000, 4000]
 
 
-@pytest.mark.parametrize("op,size,n,nbytes,count", [
-    ("all_reduce", 1000, 8, 1000, 250),
-    ("all_gather", 1000, 8, 896, 28),  # per-rank count rounded down to 4 floats (16 B)
-    ("reduce_scatter", 2**20, 16, 2**20, 16384),
-    ("alltoall", 1000, 8, 896, 28),
-    ("broadcast", 1000, 8, 1000, 250),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "op,size,n,nbytes,count",
+    [
+        ("all_reduce", 1000, 8, 1000, 250),
+        ("all_gather", 1000, 8, 896, 28),  # per-rank count rounded down to 4 floats (16 B)
+        ("reduce_scatter", 2**20, 16, 2**20, 16384),
+        ("alltoall", 1000, 8, 896, 28),
+        ("broadcast", 1000, 8, 1000, 250),
+    ],
+)
 def test_byte_counts(op, size, n, nbytes, count):
     assert T.byte_count(op, size, n) == (nbytes, count)
 

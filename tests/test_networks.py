@@ -123,8 +123,9 @@ def test_photonic_lru_teardown_when_ports_run_out():
 
 transfers = st.lists(
     st.tuples(st.integers(0, 5), st.integers(0, 5), st.floats(0, 1e9), st.floats(0, 1e-3)),
-    min_size=1, max_size=12,
-)  # fmt: skip
+    min_size=1,
+    max_size=12,
+)
 
 
 def _timed(env, net, items):
@@ -159,8 +160,9 @@ def test_conservation_and_capacity(items, bw):
     assert net.max_utilisation <= 1 + 1e-9
 
 
-hops = st.lists(st.tuples(st.integers(0, 23), st.floats(0, 1e9), st.floats(0, 1e-3)),
-                min_size=1, max_size=12)  # fmt: skip
+hops = st.lists(
+    st.tuples(st.integers(0, 23), st.floats(0, 1e9), st.floats(0, 1e-3)), min_size=1, max_size=12
+)
 
 
 @settings(max_examples=60, deadline=None)
@@ -202,13 +204,22 @@ def test_max_min_is_not_monotone_per_flow_across_links():
     assert max(fast) < max(slow)
 
 
-@pytest.mark.parametrize("builder,args,n", [
-    (topo.ring, (8, GB), 8), (topo.ring_chord, (8, GB), 8), (topo.double_ring, (8, GB), 8),
-    (topo.fully_connected, (5, GB), 5), (topo.switch_star, (6, GB), 6),
-    (topo.mesh2d, (12, 7, GB), 84), (topo.torus2d, (4, 4, GB), 16), (topo.fat_tree, (64, GB, 0, 16), 64),
-    (topo.pcie_tree, (8, GB), 8), (lambda *a: topo.dgx1(*a), (GB,), 8),
-    (topo.multi_node, (2, 4, 4 * GB, GB), 8),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "builder,args,n",
+    [
+        (topo.ring, (8, GB), 8),
+        (topo.ring_chord, (8, GB), 8),
+        (topo.double_ring, (8, GB), 8),
+        (topo.fully_connected, (5, GB), 5),
+        (topo.switch_star, (6, GB), 6),
+        (topo.mesh2d, (12, 7, GB), 84),
+        (topo.torus2d, (4, 4, GB), 16),
+        (topo.fat_tree, (64, GB, 0, 16), 64),
+        (topo.pcie_tree, (8, GB), 8),
+        (lambda *a: topo.dgx1(*a), (GB,), 8),
+        (topo.multi_node, (2, 4, 4 * GB, GB), 8),
+    ],
+)
 def test_builders_make_connected_graphs(builder, args, n):
     g = builder(*args)
     env = simpy.Environment()
@@ -231,8 +242,12 @@ def test_asymmetric_link():
 
 
 def test_yaml_edge_list():
-    g = topo.from_edges([{"src": 0, "dst": "sw", "bandwidth": "10 GB/s", "latency": "1 us"},
-                         {"src": 1, "dst": "sw", "bandwidth": "5 GB/s"}])  # fmt: skip
+    g = topo.from_edges(
+        [
+            {"src": 0, "dst": "sw", "bandwidth": "10 GB/s", "latency": "1 us"},
+            {"src": 1, "dst": "sw", "bandwidth": "5 GB/s"},
+        ]
+    )
     _, [rec] = run(PacketSwitchNetwork, g, [(0, 1, 5e9)])
     assert rec.end == pytest.approx(1.0 + 1e-6)
 
@@ -259,8 +274,9 @@ def test_photonic_circuit_has_a_lane_per_direction():
     # a <-> b at once on one circuit of 1 GB/s: each direction has its own lane, so both
     # 1 GB transfers end at 1 GB / 1 GB/s = 1 s (one shared lane: 1 s and 2 s)
     g = topo.fully_connected(2, GB)
-    net, recs = run(PhotonicNetwork, g, [(0, 1, 1e9), (1, 0, 1e9)], total_bandwidth=GB, links=1,
-                    setup_time=0.0)  # fmt: skip
+    net, recs = run(
+        PhotonicNetwork, g, [(0, 1, 1e9), (1, 0, 1e9)], total_bandwidth=GB, links=1, setup_time=0.0
+    )
     assert [r.end for r in recs] == pytest.approx([1.0, 1.0])
     assert net.setups == 1
 

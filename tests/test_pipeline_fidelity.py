@@ -17,9 +17,16 @@ FAST = {"kind": "ring", "bandwidth": 1e30, "latency": 0.0}
 
 
 def run(trace, n, mode, topology=None, batch_size=None, one_stream=False, **par):
-    s = Simulation({"num_gpus": n, "batch_size": batch_size, "parallelism": {"mode": mode, **par},
-                    "topology": topology or FAST, "communication": {"kind": "textbook"}},
-                   trace=trace)  # fmt: skip
+    s = Simulation(
+        {
+            "num_gpus": n,
+            "batch_size": batch_size,
+            "parallelism": {"mode": mode, **par},
+            "topology": topology or FAST,
+            "communication": {"kind": "textbook"},
+        },
+        trace=trace,
+    )
     if one_stream:
         s.extrapolator.split_send_streams = False
     r = s.run()
@@ -33,8 +40,10 @@ def brute_force(costs, parts, boundary):
     best = math.inf
     for cuts in itertools.combinations(range(1, n), parts - 1):
         bounds = [0, *cuts, n]
-        worst = max((boundary[a] if a > 0 else 0.0) + sum(costs[a:b])
-                    + (boundary[b] if b < n else 0.0) for a, b in itertools.pairwise(bounds))  # fmt: skip
+        worst = max(
+            (boundary[a] if a > 0 else 0.0) + sum(costs[a:b]) + (boundary[b] if b < n else 0.0)
+            for a, b in itertools.pairwise(bounds)
+        )
         best = min(best, worst)
     return best
 
@@ -42,8 +51,10 @@ def brute_force(costs, parts, boundary):
 def group_costs(costs, starts, boundary):
     n = len(costs)
     bounds = [*starts, n]
-    return [(boundary[a] if a > 0 else 0.0) + sum(costs[a:b]) + (boundary[b] if b < n else 0.0)
-            for a, b in itertools.pairwise(bounds)]  # fmt: skip
+    return [
+        (boundary[a] if a > 0 else 0.0) + sum(costs[a:b]) + (boundary[b] if b < n else 0.0)
+        for a, b in itertools.pairwise(bounds)
+    ]
 
 
 magnitudes = st.one_of(
@@ -72,8 +83,16 @@ def test_cuts_are_always_parts_nonempty_groups_and_optimal(data, costs):
 def test_one_stage_never_gets_an_extra_cut_from_rounding():
     # these eight costs made the former bisection return two groups for one part (its
     # upper bound, numpy's pairwise sum, was below the loop's running sum): IndexError
-    costs = [0.04171753663098261, 38.586494126072004, 6.111744524341742, 6.641418567485056,
-             66.02765449276848, 8.475896722401388e-05, 0.5819025790346892, 0.0007359235998979757]  # fmt: skip
+    costs = [
+        0.04171753663098261,
+        38.586494126072004,
+        6.111744524341742,
+        6.641418567485056,
+        66.02765449276848,
+        8.475896722401388e-05,
+        0.5819025790346892,
+        0.0007359235998979757,
+    ]
     assert balanced_cuts(costs, 1) == [0]
     t = chain_trace(layers=8, t_opt=0)
     for op in t.operators:

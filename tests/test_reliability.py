@@ -30,10 +30,17 @@ def test_same_config_same_numbers_across_processes():
     # set and dict order of strings follows PYTHONHASHSEED: two processes with different
     # seeds (run side by side) and this one must agree to the last bit
     script = "from tests.test_reliability import fingerprint; print(fingerprint())"
-    procs = [subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              env={**os.environ, "PYTHONHASHSEED": seed})
-             for seed in ("1", "2")]  # fmt: skip
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", script],
+            cwd=ROOT,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env={**os.environ, "PYTHONHASHSEED": seed},
+        )
+        for seed in ("1", "2")
+    ]
     here = fingerprint()
     outs = []
     for p in procs:
@@ -45,8 +52,12 @@ def test_same_config_same_numbers_across_processes():
 
 def big_trace(n_ops=200_000):
     tensors = {i: Tensor(i, (8, 64), "float32", 2048.0, "activation") for i in range(1000)}
-    ops = [Operator(i, "aten::add", f"l{i % 50}", "forward", 1e-6, (i % 1000,), ((i + 1) % 1000,), 512.0)
-           for i in range(n_ops)]  # fmt: skip
+    ops = [
+        Operator(
+            i, "aten::add", f"l{i % 50}", "forward", 1e-6, (i % 1000,), ((i + 1) % 1000,), 512.0
+        )
+        for i in range(n_ops)
+    ]
     return Trace(ops, tensors, {"batch_size": 8})
 
 

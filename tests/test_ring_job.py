@@ -77,9 +77,13 @@ def test_simulation_outputs_match_the_reference_engine():
     # DDP over a textbook ring: the timeline, the per-transfer table and the link table
     # of the fast engine (ring jobs) equal the reference engine's
     def run(engine):
-        cfg = {"num_gpus": 4, "parallelism": {"mode": "ddp", "bucket_size": 4e6},
-               "communication": {"kind": "textbook"}, "topology": {"kind": "ring"},
-               "network": {"kind": "packet", "engine": engine}}  # fmt: skip
+        cfg = {
+            "num_gpus": 4,
+            "parallelism": {"mode": "ddp", "bucket_size": 4e6},
+            "communication": {"kind": "textbook"},
+            "topology": {"kind": "ring"},
+            "network": {"kind": "packet", "engine": engine},
+        }
         return Simulation(cfg, trace=chain_trace(batch=8)).run()
 
     ref, fast = run("reference"), run("fast")
@@ -90,9 +94,11 @@ def test_simulation_outputs_match_the_reference_engine():
     assert fast.bytes_delivered == ref.bytes_delivered
 
 
-@given(acc=st.one_of(st.floats(0, 1e15), st.integers(0, 2**40).map(float)),
-       c=st.one_of(st.floats(0, 1e10), st.integers(0, 2**30).map(lambda x: x / 1024)),
-       k=st.integers(0, 3000))  # fmt: skip
+@given(
+    acc=st.one_of(st.floats(0, 1e15), st.integers(0, 2**40).map(float)),
+    c=st.one_of(st.floats(0, 1e10), st.integers(0, 2**30).map(lambda x: x / 1024)),
+    k=st.integers(0, 3000),
+)
 def test_repeat_add_is_the_sequential_sum(acc, c, k):
     total = acc
     for _ in range(k):

@@ -97,8 +97,11 @@ def test_each_operator_uses_its_own_math_peak(chain):
     op = chain.operators[0]
     f, b = op_features(chain, op)
     assert (f, b) == (1e9, 6e6)
-    for math, h100, a100 in (("float16", 989.4e12, 312e12), ("tf32", H100_TF32, A100_TF32),
-                             (None, H100_FP32, A100_FP32)):  # fmt: skip
+    for math, h100, a100 in (
+        ("float16", 989.4e12, 312e12),
+        ("tf32", H100_TF32, A100_TF32),
+        (None, H100_FP32, A100_FP32),
+    ):
         for o in chain.operators:
             o.math = math
         m = Roofline(chain)
@@ -110,20 +113,31 @@ def test_each_operator_uses_its_own_math_peak(chain):
 def test_tracer_math_modes_follow_the_tf32_settings():
     from tracer.linking import set_math
 
-    tensors = {0: Tensor(0, (8, 3, 4, 4), "float32", 1536.0, "input"),
-               1: Tensor(1, (4, 3, 3, 3), "float32", 432.0, "weight"),
-               2: Tensor(2, (8, 6), "float16", 96.0, "activation"),
-               3: Tensor(3, (4, 6), "float16", 48.0, "weight"),
-               4: Tensor(4, (8,), "int64", 64.0, "input")}  # fmt: skip
+    tensors = {
+        0: Tensor(0, (8, 3, 4, 4), "float32", 1536.0, "input"),
+        1: Tensor(1, (4, 3, 3, 3), "float32", 432.0, "weight"),
+        2: Tensor(2, (8, 6), "float16", 96.0, "activation"),
+        3: Tensor(3, (4, 6), "float16", 48.0, "weight"),
+        4: Tensor(4, (8,), "int64", 64.0, "input"),
+    }
 
     def ops():
-        return [Operator(0, "aten::conv2d", "c", "forward", 1.0, (0, 1), ()),
-                Operator(1, "aten::linear", "l", "forward", 1.0, (0,), ()),
-                Operator(2, "autograd::engine::evaluate_function: AddmmBackward0", "l",
-                         "backward", 1.0, (0,), ()),
-                Operator(3, "aten::linear", "h", "forward", 1.0, (2, 3), ()),
-                Operator(4, "aten::relu", "r", "forward", 1.0, (0,), ()),
-                Operator(5, "aten::embedding", "e", "forward", 1.0, (4,), ())]  # fmt: skip
+        return [
+            Operator(0, "aten::conv2d", "c", "forward", 1.0, (0, 1), ()),
+            Operator(1, "aten::linear", "l", "forward", 1.0, (0,), ()),
+            Operator(
+                2,
+                "autograd::engine::evaluate_function: AddmmBackward0",
+                "l",
+                "backward",
+                1.0,
+                (0,),
+                (),
+            ),
+            Operator(3, "aten::linear", "h", "forward", 1.0, (2, 3), ()),
+            Operator(4, "aten::relu", "r", "forward", 1.0, (0,), ()),
+            Operator(5, "aten::embedding", "e", "forward", 1.0, (4,), ()),
+        ]
 
     cases = {  # (cuda, cudnn tf32, matmul tf32) -> conv, linear, linear bwd, fp16 linear, relu
         (True, True, False): ["tf32", "float32", "float32", "float16", "float32", None],
@@ -142,11 +156,18 @@ def test_cpu_trace_records_tf32_settings_and_dtype_math():
     from tracer import collect
 
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(),
-                                torch.nn.Linear(4 * 6 * 6, 2))  # fmt: skip
-    t = collect(model, lambda b, d: (torch.randn(b, 3, 8, 8), torch.randint(0, 2, (b,))),
-                torch.nn.functional.cross_entropy, torch.optim.SGD(model.parameters(), 0.1),
-                batch_size=2, warmup=1, measure=1)  # fmt: skip
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2)
+    )
+    t = collect(
+        model,
+        lambda b, d: (torch.randn(b, 3, 8, 8), torch.randint(0, 2, (b,))),
+        torch.nn.functional.cross_entropy,
+        torch.optim.SGD(model.parameters(), 0.1),
+        batch_size=2,
+        warmup=1,
+        measure=1,
+    )
     md = t.metadata
     assert md["cudnn_allow_tf32"] == torch.backends.cudnn.allow_tf32
     assert md["matmul_allow_tf32"] == torch.backends.cuda.matmul.allow_tf32

@@ -43,8 +43,9 @@ def reference_paths(graph, pairs, mode="latency"):
     nodes = list(graph.nodes)
     ix = {v: i for i, v in enumerate(nodes)}
     w = [link_weight(graph.edges[e], mode) for e in links]
-    m = csr_matrix((w, ([ix[a] for a, _ in links], [ix[b] for _, b in links])),
-                   shape=(len(nodes), len(nodes)))  # fmt: skip
+    m = csr_matrix(
+        (w, ([ix[a] for a, _ in links], [ix[b] for _, b in links])), shape=(len(nodes), len(nodes))
+    )
     into = {v: [k for k, (_, b) in enumerate(links) if b == v] for v in nodes}
     out = []
     for src, dst in pairs:
@@ -79,8 +80,7 @@ def check_truth(graph, pairs, got, mode="latency"):
         assert all(links[k][0] == a for k, a in zip(p, chain, strict=False)), (src, dst)
         assert chain[-1] == dst
         length = sum(link_weight(graph.edges[links[k]], mode) for k in p)
-        best = nx.dijkstra_path_length(graph, src, dst,
-                                       weight=lambda u, v, d: link_weight(d, mode))  # fmt: skip
+        best = nx.dijkstra_path_length(graph, src, dst, weight=lambda u, v, d: link_weight(d, mode))
         assert length == best, (src, dst)
 
 
@@ -271,8 +271,12 @@ def test_all_to_all_on_both_engines_ends_alike(name):
         env = simpy.Environment()
         net = PacketSwitchNetwork(env, g, engine=engine)
         gpus = list(net.gpus)
-        events = net.transfer_group([(a, b, 1e6 + 1e3 * i) for i, (a, b) in
-                                     enumerate((a, b) for a in gpus for b in gpus if a != b)])  # fmt: skip
+        events = net.transfer_group(
+            [
+                (a, b, 1e6 + 1e3 * i)
+                for i, (a, b) in enumerate((a, b) for a in gpus for b in gpus if a != b)
+            ]
+        )
         env.run()
         ends[engine] = [e.value.end for e in events]
     assert ends["fast"] == ends["reference"]
@@ -284,11 +288,13 @@ class _OldNccl(Nccl):
     per hop, per call (the choice among layouts and pairs is the model's own)."""
 
     def _analyse(self, group, s=None, rings=None) -> _Group:
-        s = s or System(self.graph, group, self.routes, self._partition,
-                        self.capacity * self.efficiency)  # fmt: skip
+        s = s or System(
+            self.graph, group, self.routes, self._partition, self.capacity * self.efficiency
+        )
         rings = rings if rings is not None else s.rings()
-        info = _Group(s, None, rings, [1.0 / len(rings)] * len(rings),
-                      [self._both_ways(r) for r in rings])  # fmt: skip
+        info = _Group(
+            s, None, rings, [1.0 / len(rings)] * len(rings), [self._both_ways(r) for r in rings]
+        )
         fresh = super()._analyse(group, s, rings)  # the tuner graphs: compared through plans
         info.graphs = fresh.graphs
         return info
@@ -335,8 +341,9 @@ class _OldNccl(Nccl):
         staged = algo in PIPELINED or op in ("broadcast", "reduce")
         depth = self._depth(info, op, algo) if staged else 0
         raw = self._unit_time(streams) * PROTO_WIRE[proto]
-        return Terms(op, algo, proto, float(nbytes), lat_us, bw, extra, depth, used, streams, raw,
-                     info)  # fmt: skip
+        return Terms(
+            op, algo, proto, float(nbytes), lat_us, bw, extra, depth, used, streams, raw, info
+        )
 
     def _plan(self, op, group, nbytes, root, algorithm) -> Plan:
         from extrapolators.communication.nccl.model import PROTO_WIRE
@@ -347,14 +354,26 @@ class _OldNccl(Nccl):
         out = [(a, b, x * wire) for a, b, x in terms.streams if x * wire > 0]
         out = [(a, b, y, y / bw_time if bw_time > 0 else math.inf) for a, b, y in out]
         path_lat = [float(self.link_latency[self._path(a, b)].sum()) for a, b, *_ in out]
-        return Plan(op, terms.algo, terms.proto, nbytes, out, path_lat, latency, fill, bw_time,
-                    terms.channels)  # fmt: skip
+        return Plan(
+            op,
+            terms.algo,
+            terms.proto,
+            nbytes,
+            out,
+            path_lat,
+            latency,
+            fill,
+            bw_time,
+            terms.channels,
+        )
 
     def _old_extra(self, info, op, algo, proto, streams) -> float:
         s = info.system
         p = P.PROTOS.index(proto)
-        kind_lat = {False: P.HW_LAT[s.intra_hw][algo][p] * 1e-6,
-                    True: P.HW_LAT["net"][algo][p] * 1e-6}  # fmt: skip
+        kind_lat = {
+            False: P.HW_LAT[s.intra_hw][algo][p] * 1e-6,
+            True: P.HW_LAT["net"][algo][p] * 1e-6,
+        }
 
         def excess(a, b):
             links = self._path(a, b)
@@ -389,8 +408,13 @@ def _slow_links(g, seed):
     rng = np.random.default_rng(seed)
     for u, v in list(g.edges()):
         if rng.random() < 0.3:
-            topo.set_link(g, u, v, bandwidth=float(rng.uniform(5, 60)) * GB,
-                          latency=float(rng.choice([0.0, 2e-6, 7e-6])))  # fmt: skip
+            topo.set_link(
+                g,
+                u,
+                v,
+                bandwidth=float(rng.uniform(5, 60)) * GB,
+                latency=float(rng.choice([0.0, 2e-6, 7e-6])),
+            )
     return g
 
 
@@ -400,10 +424,10 @@ def nccl_cases():
         "slow fat tree": lambda: _slow_links(topo.fat_tree(24, 25 * GB, 1e-6, radix=8), 1),
         "multi-node": lambda: topo.multi_node(
             4, 4, 450 * GB, 50 * GB, 1e-6, 2e-6, nvls=True, sharp=True
-        ),  # fmt: skip
+        ),
         "slow multi-node": lambda: _slow_links(
             topo.multi_node(3, 4, 450 * GB, 50 * GB, 1e-6, 8e-6), 2
-        ),  # fmt: skip
+        ),
         "ring": lambda: _slow_links(topo.ring(9, 20 * GB, 3e-6), 3),
         "one-way ring": lambda: topo.ring(6, 20 * GB, 3e-6, bidirectional=False),
         "dgx1": lambda: topo.dgx1(25 * GB, 1e-6),
@@ -426,8 +450,15 @@ def test_nccl_plans_are_those_of_the_per_hop_code(name):
     gpus = list(new.net.gpus)
     groups = [tuple(gpus), tuple(gpus[::2]), tuple(gpus[1:5])]
     for group in groups:
-        for op in ("allreduce", "all_gather", "reduce_scatter", "broadcast", "reduce",
-                   "all_to_all", "sendrecv"):  # fmt: skip
+        for op in (
+            "allreduce",
+            "all_gather",
+            "reduce_scatter",
+            "broadcast",
+            "reduce",
+            "all_to_all",
+            "sendrecv",
+        ):
             for nbytes in (0.0, 4e3, 3e6, 1e9):
                 for algo in (None, "ring", "tree", "nvls", "collnet"):
                     args = (op, group, nbytes, group[-1], algo)
@@ -441,7 +472,9 @@ def test_nccl_plans_are_those_of_the_per_hop_code(name):
                     assert a == b, (group, args)
                     assert [x.hex() for x in a.path_latency] == [x.hex() for x in b.path_latency]
                     assert (a.latency.hex(), a.bandwidth_time.hex()) == (
-                        b.latency.hex(), b.bandwidth_time.hex())  # fmt: skip
+                        b.latency.hex(),
+                        b.bandwidth_time.hex(),
+                    )
 
 
 def test_window_max_is_the_loop_it_replaced():
@@ -494,8 +527,11 @@ _SPREAD_USED: list = []  # whether each comparison above went through a hub's sp
 
 
 def _same_rows(a, b):
-    return all(np.array_equal(x, y) for ra, rb in zip(a, b, strict=True)
-               for x, y in zip(ra, rb, strict=True))  # fmt: skip
+    return all(
+        np.array_equal(x, y)
+        for ra, rb in zip(a, b, strict=True)
+        for x, y in zip(ra, rb, strict=True)
+    )
 
 
 @pytest.mark.parametrize("name", list(builders()))

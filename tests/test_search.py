@@ -11,14 +11,25 @@ from triosim.trace.model import save
 @pytest.fixture
 def base(tmp_path):
     path = save(chain_trace(batch=8, layers=4), tmp_path / "c.trace.json.gz")
-    return {"trace": str(path), "num_gpus": 4, "batch_size": 16,
-            "topology": {"kind": "ring", "bandwidth": "10 GB/s", "latency": "1 us"}}  # fmt: skip
+    return {
+        "trace": str(path),
+        "num_gpus": 4,
+        "batch_size": 16,
+        "topology": {"kind": "ring", "bandwidth": "10 GB/s", "latency": "1 us"},
+    }
 
 
 def test_candidates_cover_every_family():
     labels = [label for label, _ in candidates(4, 16)]
-    for want in ("dp", "ddp", "fsdp zero-3", "tp 4", "gpipe 4 stages x 8 mb",
-                 "dp 2 x tp 2", "dp 2 x 1f1b 2 stages x 4 mb"):  # fmt: skip
+    for want in (
+        "dp",
+        "ddp",
+        "fsdp zero-3",
+        "tp 4",
+        "gpipe 4 stages x 8 mb",
+        "dp 2 x tp 2",
+        "dp 2 x 1f1b 2 stages x 4 mb",
+    ):
         assert want in labels
 
 

@@ -18,8 +18,17 @@ def trace_of(name, shapes_only, batch=2, **kw):
     with torch.device("meta" if shapes_only else "cpu"):
         model, make_batch, loss = build(name, small=True, image_size=32, seq_len=16, **kw)
     opt = torch.optim.Adam(model.parameters(), foreach=False)  # the CPU's default
-    return collect(model, make_batch, loss, opt, batch_size=batch, warmup=1, measure=1,
-                   model_name=name, shapes_only=shapes_only)  # fmt: skip
+    return collect(
+        model,
+        make_batch,
+        loss,
+        opt,
+        batch_size=batch,
+        warmup=1,
+        measure=1,
+        model_name=name,
+        shapes_only=shapes_only,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +37,10 @@ def gpt2_pair():
 
 
 def _tensors(t, ids):
-    return [(t.tensors[i].shape, t.tensors[i].dtype, t.tensors[i].category, t.tensors[i].name)
-            for i in ids]  # fmt: skip
+    return [
+        (t.tensors[i].shape, t.tensors[i].dtype, t.tensors[i].category, t.tensors[i].name)
+        for i in ids
+    ]
 
 
 def test_shape_only_trace_has_the_real_traces_operators_pairing_and_flops(gpt2_pair):
@@ -90,45 +101,83 @@ def test_a_tensor_the_mode_numbered_is_never_named_by_a_reused_tensor_id():
     from tracer.linking import link, prepare_meta_trace
 
     def side(ts, types=None):
-        return {"values": [list(x) for x in ts], "types": types or ["Tensor(float)"] * len(ts),
-                "shapes": [[2, 4] if x[3] == 8 else [] for x in ts]}  # fmt: skip
+        return {
+            "values": [list(x) for x in ts],
+            "types": types or ["Tensor(float)"] * len(ts),
+            "shapes": [[2, 4] if x[3] == 8 else [] for x in ts],
+        }
 
     def node(i, name, parent, ins=(), outs=(), schema="", types=None):
-        return {"id": i, "name": name, "ctrl_deps": parent, "inputs": side(ins, types),
-                "outputs": side(outs), "attrs": [{"name": "op_schema", "value": schema}]}  # fmt: skip
+        return {
+            "id": i,
+            "name": name,
+            "ctrl_deps": parent,
+            "inputs": side(ins, types),
+            "outputs": side(outs),
+            "attrs": [{"name": "op_schema", "value": schema}],
+        }
 
     def t(et_id):
         return [et_id, 7, 0, 8, 4, "meta"]  # meta tensors all have ET storage 7
 
     undefined = [99, 0, 0, 0, 0, ""]  # attn_mask=None, as the autograd-level call records it
-    et = {"schema": "1.1.1-chakra.0.0.4", "nodes": [
-        node(1, "[pytorch|profiler|execution_trace|thread]", 1),
-        node(2, "## mark weight w ##", 1),
-        node(3, "aten::alias", 2, [t(10)], [t(11)], "aten::alias(Tensor(a) self) -> Tensor(a)"),
-        node(4, "## forward ##", 1),
-        node(5, "aten::mul", 4, [t(12), t(10)], [t(13)],
-             "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor"),
-        node(6, "autograd::engine::evaluate_function: OpBackward0", 1),
-        # the saved tensor it reads was made outside any operator, its TensorImpl where the
-        # alias of the weight (freed) was: ET id 11 again
-        node(7, "aten::op_backward", 6, [t(11), undefined], [t(14)],
-             "aten::op_backward(Tensor saved, *, Tensor? mask=None) -> Tensor",
-             ["Tensor(float)", "Tensor(nullptr (uninitialized))"]),
-        node(8, "## optimizer ##", 1),
-        # `step += 1`: the 1 a wrapped number, which the mode gets as a Python int, at ET id
-        # 11 again
-        node(9, "aten::add_", 8, [[20, 601, 0, 1, 4, "cpu"], [11, 602, 0, 1, 8, "cpu"]],
-             [[20, 601, 0, 1, 4, "cpu"]],
-             "aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)",
-             ["Tensor(float)", "Tensor(long int)"]),
-    ]}  # fmt: skip
+    et = {
+        "schema": "1.1.1-chakra.0.0.4",
+        "nodes": [
+            node(1, "[pytorch|profiler|execution_trace|thread]", 1),
+            node(2, "## mark weight w ##", 1),
+            node(3, "aten::alias", 2, [t(10)], [t(11)], "aten::alias(Tensor(a) self) -> Tensor(a)"),
+            node(4, "## forward ##", 1),
+            node(
+                5,
+                "aten::mul",
+                4,
+                [t(12), t(10)],
+                [t(13)],
+                "aten::mul.Tensor(Tensor self, Tensor other) -> Tensor",
+            ),
+            node(6, "autograd::engine::evaluate_function: OpBackward0", 1),
+            # the saved tensor it reads was made outside any operator, its TensorImpl where the
+            # alias of the weight (freed) was: ET id 11 again
+            node(
+                7,
+                "aten::op_backward",
+                6,
+                [t(11), undefined],
+                [t(14)],
+                "aten::op_backward(Tensor saved, *, Tensor? mask=None) -> Tensor",
+                ["Tensor(float)", "Tensor(nullptr (uninitialized))"],
+            ),
+            node(8, "## optimizer ##", 1),
+            # `step += 1`: the 1 a wrapped number, which the mode gets as a Python int, at ET id
+            # 11 again
+            node(
+                9,
+                "aten::add_",
+                8,
+                [[20, 601, 0, 1, 4, "cpu"], [11, 602, 0, 1, 8, "cpu"]],
+                [[20, 601, 0, 1, 4, "cpu"]],
+                "aten::add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)",
+                ["Tensor(float)", "Tensor(long int)"],
+            ),
+        ],
+    }
     # the mode's calls: the numbers of the tensors each read and returned, and the
     # StorageImpl of each (the weight and its alias share one)
-    numbers = [([1], [2], "aten.alias.default"), ([3, 1], [4], "aten.mul.Tensor"),
-               ([5], [6], "aten.op_backward.default"), ([7], [7], "aten.add_.Tensor")]  # fmt: skip
+    numbers = [
+        ([1], [2], "aten.alias.default"),
+        ([3, 1], [4], "aten.mul.Tensor"),
+        ([5], [6], "aten.op_backward.default"),
+        ([7], [7], "aten.add_.Tensor"),
+    ]
     storages = {1: 501, 2: 501, 3: 503, 4: 504, 5: 505, 6: 506, 7: 507}
-    trace = link(prepare_meta_trace(et, numbers, storages), {"traceEvents": []}, gpu=False,
-                 metadata={}, cuda_math=True)  # fmt: skip
+    trace = link(
+        prepare_meta_trace(et, numbers, storages),
+        {"traceEvents": []},
+        gpu=False,
+        metadata={},
+        cuda_math=True,
+    )
     bwd = next(o for o in trace.operators if o.phase == "backward")
     saved = trace.tensors[bwd.inputs[0]]
     weight = next(x for x in trace.tensors.values() if x.category == "weight")
@@ -158,15 +207,24 @@ def test_shape_only_trace_computes_nothing_and_says_so(gpt2_pair):
     m = shapes.metadata
     assert m["shapes_only"] is True and m["device"] == "meta"
     assert m["measured_iteration_time"] is None and "performance model" in m["time_source"]
-    assert m["parameters"] == sum(t.shape[0] * (t.shape[1] if len(t.shape) > 1 else 1)
-                                  for t in shapes.tensors.values() if t.category == "weight")  # fmt: skip
+    assert m["parameters"] == sum(
+        t.shape[0] * (t.shape[1] if len(t.shape) > 1 else 1)
+        for t in shapes.tensors.values()
+        if t.category == "weight"
+    )
 
 
 def small_cnn():
     from torch import nn
 
-    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(inplace=True),
-                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(4 * 4 * 4, 5))  # fmt: skip
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(4 * 4 * 4, 5),
+    )
 
     def make_batch(b, device):
         return torch.randn(b, 3, 8, 8, device=device), torch.randint(0, 5, (b,), device=device)
@@ -180,8 +238,18 @@ def test_shape_only_cnn_matches_and_convolutions_are_tf32():
         with torch.device("meta" if shapes_only else "cpu"):
             model, make_batch, loss = small_cnn()
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-        traces.append(collect(model, make_batch, loss, opt, batch_size=2, warmup=1, measure=1,
-                              shapes_only=shapes_only))  # fmt: skip
+        traces.append(
+            collect(
+                model,
+                make_batch,
+                loss,
+                opt,
+                batch_size=2,
+                warmup=1,
+                measure=1,
+                shapes_only=shapes_only,
+            )
+        )
     real, shapes = traces
     assert [o.name for o in real.operators] == [o.name for o in shapes.operators]
     assert [o.flops for o in real.operators] == [o.flops for o in shapes.operators]
@@ -205,8 +273,14 @@ def test_shape_only_cnn_matches_and_convolutions_are_tf32():
 def test_shape_only_needs_meta_parameters():
     model, make_batch, loss = build("gpt2", small=True, seq_len=8)
     with pytest.raises(TracerError, match="meta device"):
-        collect(model, make_batch, loss, torch.optim.Adam(model.parameters()), batch_size=2,
-                shapes_only=True)  # fmt: skip
+        collect(
+            model,
+            make_batch,
+            loss,
+            torch.optim.Adam(model.parameters()),
+            batch_size=2,
+            shapes_only=True,
+        )
 
 
 # -- modelled times ------------------------------------------------------------------------------
@@ -217,8 +291,22 @@ def test_cli_shape_only_trace_is_timed_by_the_model_and_says_so(tmp_path, capsys
     from triosim.cli.main import main
     from triosim.trace.model import load
 
-    code = main(["trace", "gpt2", "--small", "--seq-len", "16", "--batch-size", "2",
-                 "--shapes-only", "--gpu", "A100-80GB", "--out", str(tmp_path)])  # fmt: skip
+    code = main(
+        [
+            "trace",
+            "gpt2",
+            "--small",
+            "--seq-len",
+            "16",
+            "--batch-size",
+            "2",
+            "--shapes-only",
+            "--gpu",
+            "A100-80GB",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0 and "modelled iteration time" in out
     t = load(tmp_path / "gpt2-small-s16-b2.trace.json.gz")
@@ -240,8 +328,9 @@ def test_cli_shape_only_trace_is_timed_by_the_model_and_says_so(tmp_path, capsys
 def test_cli_shape_only_needs_a_gpu(tmp_path, capsys):
     from triosim.cli.main import main
 
-    code = main(["trace", "gpt2", "--small", "--batch-size", "2", "--shapes-only",
-                 "--out", str(tmp_path)])  # fmt: skip
+    code = main(
+        ["trace", "gpt2", "--small", "--batch-size", "2", "--shapes-only", "--out", str(tmp_path)]
+    )
     assert code == 2 and "--gpu" in capsys.readouterr().err
 
 
@@ -254,9 +343,11 @@ A100_TF32, A100_BW = 156e12, 2039e9  # A100-80GB
 def one_op_trace(name="aten::conv2d", phase="forward", math="tf32", flops=4e12, nbytes=1e9):
     from triosim.trace.model import Operator, Tensor, Trace
 
-    tensors = {0: Tensor(0, (8,), "float32", nbytes * 0.6, "activation"),
-               1: Tensor(1, (8,), "float32", nbytes * 0.1, "weight"),
-               2: Tensor(2, (8,), "float32", nbytes * 0.3, "activation")}  # fmt: skip
+    tensors = {
+        0: Tensor(0, (8,), "float32", nbytes * 0.6, "activation"),
+        1: Tensor(1, (8,), "float32", nbytes * 0.1, "weight"),
+        2: Tensor(2, (8,), "float32", nbytes * 0.3, "activation"),
+    }
     op = Operator(0, name, "conv1", phase, 0.0, (0, 1), (2,), flops, math=math)
     return Trace([op], tensors, {"batch_size": 8, "gpu": "H100-SXM"})
 
@@ -265,8 +356,10 @@ def table(form="sum"):
     from perfmodel.calibrated import Calibration
 
     if form == "sum":
-        p = {"all": {"overhead": 1e-6, "compute": 3.0, "memory": 3.0},
-             "conv": {"overhead": 10e-6, "compute": 2.0, "memory": 1.5}}  # fmt: skip
+        p = {
+            "all": {"overhead": 1e-6, "compute": 3.0, "memory": 3.0},
+            "conv": {"overhead": 10e-6, "compute": 2.0, "memory": 1.5},
+        }
     else:
         p = {"all": {"overhead": 1e-6, "roof": 3.0}, "conv": {"overhead": 10e-6, "roof": 2.0}}
     return Calibration("H100-SXM", form, p, "hand-made")
@@ -299,11 +392,16 @@ def test_calibrated_time_is_overhead_plus_fitted_roofline_terms():
     )
 
 
-@pytest.mark.parametrize("name,phase", [
-    ("aten::view", "forward"), ("aten::t", "forward"), ("aten::item", "optimizer"),
-    ("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", "backward"),
-    ("autograd::engine::evaluate_function: TBackward0", "backward"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "name,phase",
+    [
+        ("aten::view", "forward"),
+        ("aten::t", "forward"),
+        ("aten::item", "optimizer"),
+        ("autograd::engine::evaluate_function: torch::autograd::AccumulateGrad", "backward"),
+        ("autograd::engine::evaluate_function: TBackward0", "backward"),
+    ],
+)
 def test_operators_that_launch_no_kernel_take_no_time(name, phase):
     from perfmodel import CalibratedModel
 
@@ -326,8 +424,19 @@ def test_fit_recovers_the_parameters_the_times_were_made_with():
         tensors[a] = Tensor(a, (1,), "float32", 4 * size, "activation")
         tensors[b] = Tensor(b, (1,), "float32", 4 * size, "activation")
         conv = k % 2 == 0
-        ops.append(Operator(k, "aten::conv2d" if conv else "aten::relu", "l", "forward", 0.0,
-                            (a,), (b,), size * (300 + 7 * k) if conv else size, math="tf32"))  # fmt: skip
+        ops.append(
+            Operator(
+                k,
+                "aten::conv2d" if conv else "aten::relu",
+                "l",
+                "forward",
+                0.0,
+                (a,),
+                (b,),
+                size * (300 + 7 * k) if conv else size,
+                math="tf32",
+            )
+        )
     t = Trace(ops, tensors, {"batch_size": 1})
     g = hardware.gpu("H100-SXM")
     for op in ops:

@@ -11,9 +11,13 @@ FREE = {"kind": "ring", "bandwidth": 1e30, "latency": 0.0}
 
 def run(mode, n=4, topology=RING, **par):
     t = chain_trace(batch=8, layers=4)  # 4 units of 4 MB of weights
-    cfg = {"num_gpus": n, "batch_size": 8 * n, "topology": topology,
-           "parallelism": {"mode": mode, **par},
-           "communication": {"kind": "textbook"}}  # closed forms: the alpha-beta ring  # fmt: skip
+    cfg = {
+        "num_gpus": n,
+        "batch_size": 8 * n,
+        "topology": topology,
+        "parallelism": {"mode": mode, **par},
+        "communication": {"kind": "textbook"},
+    }  # closed forms: the alpha-beta ring
     return Simulation(cfg, trace=t).run(), t
 
 

@@ -42,9 +42,16 @@ def test_ddp_breakdown_matches_the_hand_timeline():
     # [6,8] [8,10] [10,12] [12,14]; the optimizer waits for the last: [14, 14.5].
     # compute 12.5 ms, comm 8 ms of which only [12,14] is not under compute: exposed 2 ms,
     # idle 0 (iteration 14.5 = 12.5 + 2).
-    r = Simulation({"num_gpus": 2, "batch_size": 16, "topology": {"kind": "ring", "bandwidth": 2e9},
-                    "parallelism": {"mode": "ddp", "bucket_size": 4e6},
-                    "communication": {"kind": "textbook"}}, trace=chain_trace(batch=8)).run()  # fmt: skip
+    r = Simulation(
+        {
+            "num_gpus": 2,
+            "batch_size": 16,
+            "topology": {"kind": "ring", "bandwidth": 2e9},
+            "parallelism": {"mode": "ddp", "bucket_size": 4e6},
+            "communication": {"kind": "textbook"},
+        },
+        trace=chain_trace(batch=8),
+    ).run()
     ms = 1e-3
     assert r.iteration_time == pytest.approx(14.5 * ms, rel=1e-12)
     comm = r.timeline[(r.timeline.gpu == 0) & (r.timeline.kind == "comm")]
@@ -70,8 +77,16 @@ def test_ddp_breakdown_matches_the_hand_timeline():
 def test_save_writes_every_output(tmp_path):
     r = Simulation({"num_gpus": 2, "parallelism": {"mode": "dp"}}, trace=chain_trace()).run()
     r.save(tmp_path)
-    for name in ("timeline.csv", "per_gpu.csv", "per_layer.csv", "links.csv", "summary.json",
-                 "chrome_trace.json", "timeline.png", "config.yaml"):  # fmt: skip
+    for name in (
+        "timeline.csv",
+        "per_gpu.csv",
+        "per_layer.csv",
+        "links.csv",
+        "summary.json",
+        "chrome_trace.json",
+        "timeline.png",
+        "config.yaml",
+    ):
         assert (tmp_path / name).stat().st_size > 0
     again = from_dict(__import__("yaml").safe_load((tmp_path / "config.yaml").read_text()))
     assert again.parallelism.mode == "dp" and again.num_gpus == 2
@@ -84,12 +99,18 @@ def test_runs_are_deterministic():
     assert a.timeline.equals(b.timeline)
 
 
-@pytest.mark.parametrize("field,value,match", [
-    ("num_gpus", 0, "num_gpus"), ("parallelism", {"mode": "zz"}, "parallelism.mode"),
-    ("topology", {"bandwidth": "0 GB/s"}, "topology.bandwidth"),
-    ("topology", {"latency": -1}, "topology.latency"), ("colour", "red", "colour"),
-    ("batch_size", -3, "batch_size"), ("parallelism", {"bucket_size": "lots"}, "bucket_size"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "field,value,match",
+    [
+        ("num_gpus", 0, "num_gpus"),
+        ("parallelism", {"mode": "zz"}, "parallelism.mode"),
+        ("topology", {"bandwidth": "0 GB/s"}, "topology.bandwidth"),
+        ("topology", {"latency": -1}, "topology.latency"),
+        ("colour", "red", "colour"),
+        ("batch_size", -3, "batch_size"),
+        ("parallelism", {"bucket_size": "lots"}, "bucket_size"),
+    ],
+)
 def test_config_errors_name_field(field, value, match):
     with pytest.raises(ConfigError, match=match):
         from_dict({"trace": "x", field: value})
@@ -108,8 +129,11 @@ def test_unknown_network_topology_gpu():
 
 
 def test_sweep_keeps_failed_points():
-    base = {"trace": str(ROOT / "traces/cpu/resnet18-b8.trace.json.gz"), "batch_size": 8,
-            "parallelism": {"mode": "dp"}}  # fmt: skip
+    base = {
+        "trace": str(ROOT / "traces/cpu/resnet18-b8.trace.json.gz"),
+        "batch_size": 8,
+        "parallelism": {"mode": "dp"},
+    }
     df = sweep(base, {"num_gpus": [2, 4, 16]}, progress=False)
     assert list(df["num_gpus"]) == [2, 4, 16]
     assert df.loc[2, "error"].startswith("config field 'batch_size'")
@@ -172,22 +196,32 @@ def test_per_link_override_slows_the_all_reduce():
     # it: 2 x 8 ms, 14.4 ms more.
     def allreduce(links):
         top = {"kind": "ring", "bandwidth": "10 GB/s", "links": links}
-        r = Simulation({"num_gpus": 2, "parallelism": {"mode": "dp"}, "topology": top,
-                        "communication": {"kind": "textbook"}}, trace=chain_trace()).run()  # fmt: skip
+        r = Simulation(
+            {
+                "num_gpus": 2,
+                "parallelism": {"mode": "dp"},
+                "topology": top,
+                "communication": {"kind": "textbook"},
+            },
+            trace=chain_trace(),
+        ).run()
         return r.iteration_time - r.per_gpu()["compute"].max()
 
     assert allreduce([]) == pytest.approx(1.6e-3)
     assert allreduce([{"src": 0, "dst": 1, "bandwidth": "1 GB/s"}]) == pytest.approx(16e-3)
 
 
-@pytest.mark.parametrize("n,topology,gpus,links", [
-    (6, {"kind": "mesh2d", "rows": 2}, 6, 2 * (2 * 2 + 3 * 1)),  # 2 x 3 grid, both ways
-    # rows wrap into 3-rings; a 2-long column's wrap-around is the link it already has
-    (6, {"kind": "torus2d", "cols": 3}, 6, 2 * (2 * 3 + 3 * 1)),
-    (8, {"kind": "multi_node", "gpus_per_node": 4}, 8, None),
-    (8, {"kind": "dgx1"}, 8, None),
-    (2, {"kind": "edges", "edges": [{"src": 0, "dst": 1, "bandwidth": "1 GB/s"}]}, 2, 2),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "n,topology,gpus,links",
+    [
+        (6, {"kind": "mesh2d", "rows": 2}, 6, 2 * (2 * 2 + 3 * 1)),  # 2 x 3 grid, both ways
+        # rows wrap into 3-rings; a 2-long column's wrap-around is the link it already has
+        (6, {"kind": "torus2d", "cols": 3}, 6, 2 * (2 * 3 + 3 * 1)),
+        (8, {"kind": "multi_node", "gpus_per_node": 4}, 8, None),
+        (8, {"kind": "dgx1"}, 8, None),
+        (2, {"kind": "edges", "edges": [{"src": 0, "dst": 1, "bandwidth": "1 GB/s"}]}, 2, 2),
+    ],
+)
 def test_topology_kinds_from_config(n, topology, gpus, links):
     dp = {"parallelism": {"mode": "dp"}, "batch_size": 48}  # building checks the mode too
     g = Simulation({"num_gpus": n, "topology": topology, **dp}, trace=chain_trace()).graph
@@ -195,16 +229,19 @@ def test_topology_kinds_from_config(n, topology, gpus, links):
     assert links is None or g.number_of_edges() == links
 
 
-@pytest.mark.parametrize("n,topology,field", [
-    (6, {"kind": "mesh2d", "rows": 4}, "topology.rows"),
-    (6, {"kind": "mesh2d", "rows": 0}, "topology.rows"),
-    (6, {"kind": "torus2d", "radix": 4}, "topology.radix"),
-    (4, {"kind": "dgx1"}, "num_gpus"),
-    (8, {"kind": "multi_node", "gpus_per_node": 3}, "topology.gpus_per_node"),
-    (4, {"kind": "ring", "rows": 2}, "topology.rows"),
-    (4, {"kind": "fat_tree", "radix": 1}, "topology.radix"),
-    (4, {"kind": "ring", "links": [{"src": 0}]}, r"topology.links\[0\]"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "n,topology,field",
+    [
+        (6, {"kind": "mesh2d", "rows": 4}, "topology.rows"),
+        (6, {"kind": "mesh2d", "rows": 0}, "topology.rows"),
+        (6, {"kind": "torus2d", "radix": 4}, "topology.radix"),
+        (4, {"kind": "dgx1"}, "num_gpus"),
+        (8, {"kind": "multi_node", "gpus_per_node": 3}, "topology.gpus_per_node"),
+        (4, {"kind": "ring", "rows": 2}, "topology.rows"),
+        (4, {"kind": "fat_tree", "radix": 1}, "topology.radix"),
+        (4, {"kind": "ring", "links": [{"src": 0}]}, r"topology.links\[0\]"),
+    ],
+)
 def test_topology_config_errors_name_the_field(n, topology, field):
     dp = {"parallelism": {"mode": "dp"}, "batch_size": 48}
     with pytest.raises(ConfigError, match=field):
@@ -215,8 +252,11 @@ def test_a_result_pickles_with_its_transfers_and_memory():
     # transfers and the memory table are built on first use; a pickled result carries them
     import pickle
 
-    cfg = {"num_gpus": 4, "parallelism": {"mode": "ddp"},
-           "topology": {"kind": "ring", "bandwidth": "10 GB/s", "latency": "1 us"}}  # fmt: skip
+    cfg = {
+        "num_gpus": 4,
+        "parallelism": {"mode": "ddp"},
+        "topology": {"kind": "ring", "bandwidth": "10 GB/s", "latency": "1 us"},
+    }
     a = Simulation(cfg, trace=chain_trace()).run()
     b = pickle.loads(pickle.dumps(a))
     want = Simulation(cfg, trace=chain_trace()).run()
@@ -242,8 +282,9 @@ def test_collector_settings_are_restored_after_runs_nested_and_failed():
     assert inside[0] == max(before[0], THRESHOLDS[0])
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
     with pytest.raises(SimulationError):  # a run that fails restores them too
-        Simulation({"num_gpus": 2, "parallelism": {"mode": "dp"}},
-                   trace=chain_trace()).run(progress=_Boom())  # fmt: skip
+        Simulation({"num_gpus": 2, "parallelism": {"mode": "dp"}}, trace=chain_trace()).run(
+            progress=_Boom()
+        )
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 

@@ -45,10 +45,15 @@ parallelism: {{mode: ddp, bucket_size: 64 KiB, first_bucket_size: 16 KiB}}
 topology: {{kind: ring, bandwidth: 400 Gb/s, latency: 1 us}}
 """,
     )
-    python = {"trace": str(GPT2), "num_gpus": 4, "batch_size": 16,
-              "perfmodel": {"kind": "roofline", "source_gpu": "A100-40GB"}, "gpu": "H100-SXM",
-              "parallelism": {"mode": "ddp", "bucket_size": 64 * 1024, "first_bucket_size": 16384},
-              "topology": {"kind": "ring", "bandwidth": 50e9, "latency": 1e-6}}  # fmt: skip
+    python = {
+        "trace": str(GPT2),
+        "num_gpus": 4,
+        "batch_size": 16,
+        "perfmodel": {"kind": "roofline", "source_gpu": "A100-40GB"},
+        "gpu": "H100-SXM",
+        "parallelism": {"mode": "ddp", "bucket_size": 64 * 1024, "first_bucket_size": 16384},
+        "topology": {"kind": "ring", "bandwidth": 50e9, "latency": 1e-6},
+    }
     a, b = Simulation(load_config(cfg)).run(), Simulation(python).run()
     assert len(a.timeline) > 100 and a.timeline.equals(b.timeline)
     sa, sb = a.summary_dict(), b.summary_dict()
@@ -82,20 +87,32 @@ zip:
 """,
     )
     monkeypatch.chdir(tmp_path)
-    code, out, err = triosim(capsys, "sweep", grid.relative_to(tmp_path), "--out", "o",
-                             "--workers", "2")  # fmt: skip
+    code, out, err = triosim(
+        capsys, "sweep", grid.relative_to(tmp_path), "--out", "o", "--workers", "2"
+    )
     assert code == 0, err
     assert "8 points" in out and "local Dask cluster of 2 worker processes" in out
     df = pd.read_parquet(tmp_path / "o" / "sweep.parquet")
     assert len(df) == 8 and df["error"].isna().all(), df["error"].tolist()
     assert df.equals(sw.read_table(tmp_path / "o"))  # the table read back: parquet first
     for row in df.itertuples(index=False):
-        cfg = {"trace": str(GPT2), "perfmodel": {"kind": "trace"}, "num_gpus": row.num_gpus,
-               "batch_size": row.batch_size, "parallelism": {"mode": row[df.columns.get_loc("parallelism.mode")]},
-               "topology": {"kind": "switch", "bandwidth": "50 GB/s"}}  # fmt: skip
+        cfg = {
+            "trace": str(GPT2),
+            "perfmodel": {"kind": "trace"},
+            "num_gpus": row.num_gpus,
+            "batch_size": row.batch_size,
+            "parallelism": {"mode": row[df.columns.get_loc("parallelism.mode")]},
+            "topology": {"kind": "switch", "bandwidth": "50 GB/s"},
+        }
         alone = Simulation(cfg).run().summary_dict()
-        for k in ("iteration_time_ms", "compute_ms_mean", "comm_ms_mean", "exposed_comm_ms_mean",
-                  "idle_ms_mean", "bytes_moved"):  # fmt: skip
+        for k in (
+            "iteration_time_ms",
+            "compute_ms_mean",
+            "comm_ms_mean",
+            "exposed_comm_ms_mean",
+            "idle_ms_mean",
+            "bytes_moved",
+        ):
             assert getattr(row, k) == alone[k], (k, row)
     csv = pd.read_csv(tmp_path / "o" / "sweep.csv")
     assert list(csv.columns) == list(df.columns)
@@ -186,9 +203,12 @@ def test_an_interrupted_sweep_keeps_what_finished_and_resumes(capsys, tmp_path, 
         return real(config)
 
     monkeypatch.setattr(sw, "run_point", interrupted_at_the_third)
-    grid = write(tmp_path / "g.yaml", f"base: {{trace: {GPT2}, perfmodel: {{kind: trace}}, "
-                 "parallelism: {mode: dp}}\n"
-                 "zip: {num_gpus: [1, 2, 4, 8], batch_size: [8, 16, 32, 64]}\n")  # fmt: skip
+    grid = write(
+        tmp_path / "g.yaml",
+        f"base: {{trace: {GPT2}, perfmodel: {{kind: trace}}, "
+        "parallelism: {mode: dp}}\n"
+        "zip: {num_gpus: [1, 2, 4, 8], batch_size: [8, 16, 32, 64]}\n",
+    )
     code, _, err = triosim(capsys, "sweep", grid, "--out", tmp_path / "o", "--workers", "1")
     assert code == 130 and "rerun the same command to resume" in err
     assert list(sw.read_table(tmp_path / "o")["num_gpus"]) == [1, 2]  # no row for the rest
@@ -198,14 +218,20 @@ def test_an_interrupted_sweep_keeps_what_finished_and_resumes(capsys, tmp_path, 
     assert sw.read_table(tmp_path / "o")["iteration_time_ms"].notna().all()
 
 
-@pytest.mark.parametrize("grid,match", [
-    ("grid: {num_gpus: [2, 0]}", "grid point 1 (num_gpus=0): config field 'num_gpus' = 0"),
-    ("grid: {parallelism.mdoe: [dp]}", "parallelism.mdoe"),
-    ("grid: {num_gpus: 4}", "config field 'grid.num_gpus' = 4 is not allowed: a non-empty list"),
-    ("zip: {num_gpus: [2, 4], batch_size: [8]}", "lists of one length"),
-    ("grd: {num_gpus: [2]}", "unknown key 'grd'"),
-    ("", "nothing to vary"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "grid,match",
+    [
+        ("grid: {num_gpus: [2, 0]}", "grid point 1 (num_gpus=0): config field 'num_gpus' = 0"),
+        ("grid: {parallelism.mdoe: [dp]}", "parallelism.mdoe"),
+        (
+            "grid: {num_gpus: 4}",
+            "config field 'grid.num_gpus' = 4 is not allowed: a non-empty list",
+        ),
+        ("zip: {num_gpus: [2, 4], batch_size: [8]}", "lists of one length"),
+        ("grd: {num_gpus: [2]}", "unknown key 'grd'"),
+        ("", "nothing to vary"),
+    ],
+)
 def test_grid_mistakes_are_one_error_line(capsys, tmp_path, grid, match):
     f = write(tmp_path / "g.yaml", f"base: {rel(ROOT / 'examples/dp.yaml', tmp_path)}\n{grid}\n")
     code, _, err = triosim(capsys, "sweep", f, "--out", tmp_path / "o", "--workers", "1")
@@ -214,8 +240,11 @@ def test_grid_mistakes_are_one_error_line(capsys, tmp_path, grid, match):
 
 
 def test_paths_are_absolute_before_a_config_leaves_this_process(tmp_path):
-    f = write(tmp_path / "a" / "g.yaml", f"base: {rel(ROOT / 'examples/dp.yaml', tmp_path / 'a')}\n"
-              f"grid: {{trace: [{rel(GPT2, tmp_path / 'a')}]}}\n")  # fmt: skip
+    f = write(
+        tmp_path / "a" / "g.yaml",
+        f"base: {rel(ROOT / 'examples/dp.yaml', tmp_path / 'a')}\n"
+        f"grid: {{trace: [{rel(GPT2, tmp_path / 'a')}]}}\n",
+    )
     spec = sw.read_grid(f)
     (p,) = sw.points(spec.base, spec.grid, spec.zipped, spec.base_dir, spec.grid_dir)
     assert Path(p.config.trace).is_absolute() and Path(p.config.trace) == GPT2
@@ -238,10 +267,15 @@ def test_a_symmetry_sweep_shows_what_ran_beside_what_was_asked():
     base = {"trace": str(GPT2), "num_gpus": 4, "batch_size": 32}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        df = sw.sweep(base, {"parallelism.mode": ["ddp", "gpipe"], "symmetry": ["off", "auto"]},
-                      progress=False)  # fmt: skip
-    got = {(m, s): r for m, s, r in zip(df["parallelism.mode"], df["symmetry"],
-                                         df["symmetry_ran"], strict=True)}  # fmt: skip
+        df = sw.sweep(
+            base,
+            {"parallelism.mode": ["ddp", "gpipe"], "symmetry": ["off", "auto"]},
+            progress=False,
+        )
+    got = {
+        (m, s): r
+        for m, s, r in zip(df["parallelism.mode"], df["symmetry"], df["symmetry_ran"], strict=True)
+    }
     assert got[("ddp", "auto")] == "auto: 1 representative of 4 GPUs"
     assert got[("gpipe", "auto")] == "off (fell back: mode 'gpipe' declares no symmetry)"
     assert got[("ddp", "off")] == got[("gpipe", "off")] == "off"

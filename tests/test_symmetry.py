@@ -17,8 +17,18 @@ from triosim.simulation.wiring import Simulation, load_any_trace
 RESNET = ROOT / "traces/cpu/resnet18-b8.trace.json.gz"
 GPT2 = ROOT / "traces/modelled/a100-80gb/gpt2-s512-b8.trace.json.gz"
 FAT = {"kind": "fat_tree", "bandwidth": "50 GB/s", "latency": "1 us", "radix": 8}
-NON_TIME = ["gpu", "stream", "iteration", "kind", "name", "layer", "phase", "op_id",
-            "microbatch", "nbytes"]  # fmt: skip
+NON_TIME = [
+    "gpu",
+    "stream",
+    "iteration",
+    "kind",
+    "name",
+    "layer",
+    "phase",
+    "op_id",
+    "microbatch",
+    "nbytes",
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +42,14 @@ def gpt2():
 
 
 def ddp(n, symmetry, **extra):
-    return {"num_gpus": n, "batch_size": 8 * n, "parallelism": {"mode": "ddp"},
-            "topology": {**FAT, "radix": 8 if n <= 32 else 16}, "symmetry": symmetry,
-            **extra}  # fmt: skip
+    return {
+        "num_gpus": n,
+        "batch_size": 8 * n,
+        "parallelism": {"mode": "ddp"},
+        "topology": {**FAT, "radix": 8 if n <= 32 else 16},
+        "symmetry": symmetry,
+        **extra,
+    }
 
 
 ONE_LEAF = {**FAT, "radix": 64}  # 16 GPUs on one leaf switch
@@ -43,9 +58,15 @@ RING = {"kind": "ring", "bandwidth": "50 GB/s", "latency": "1 us"}
 
 def threed(symmetry, dp=4, tp=2, pp=2, **extra):
     par = {"mode": "3d", "dp": dp, "tp": tp, "pp": pp, "microbatches": 2 * pp}
-    return {"num_gpus": dp * tp * pp, "batch_size": 8 * dp, "gpu": "A100-80GB",
-            "parallelism": par, "topology": ONE_LEAF, "symmetry": symmetry,
-            **extra}  # fmt: skip
+    return {
+        "num_gpus": dp * tp * pp,
+        "batch_size": 8 * dp,
+        "gpu": "A100-80GB",
+        "parallelism": par,
+        "topology": ONE_LEAF,
+        "symmetry": symmetry,
+        **extra,
+    }
 
 
 def run(cfg, trace):
@@ -73,8 +94,7 @@ def assert_same_run(a, b):
     for c in NON_TIME:
         assert (ta[c].astype(str).to_numpy() == tb[c].astype(str).to_numpy()).all(), c
     for c in ("start", "end"):
-        np.testing.assert_allclose(ta[c].to_numpy(float), tb[c].to_numpy(float), rtol=1e-9,
-                                   atol=0)  # fmt: skip
+        np.testing.assert_allclose(ta[c].to_numpy(float), tb[c].to_numpy(float), rtol=1e-9, atol=0)
     assert a.iteration_times == pytest.approx(b.iteration_times, rel=1e-9, abs=0)
     assert a.peak_memory.keys() == b.peak_memory.keys()
     for g, p in b.peak_memory.items():
@@ -84,8 +104,9 @@ def assert_same_run(a, b):
     np.testing.assert_allclose(pa.to_numpy(float), pb.to_numpy(float), rtol=1e-9, atol=1e-15)
     ma, mb = a.memory, b.memory
     assert list(ma["gpu"]) == list(mb["gpu"])
-    np.testing.assert_allclose(ma.drop(columns="gpu").to_numpy(float),
-                               mb.drop(columns="gpu").to_numpy(float), rtol=1e-9)  # fmt: skip
+    np.testing.assert_allclose(
+        ma.drop(columns="gpu").to_numpy(float), mb.drop(columns="gpu").to_numpy(float), rtol=1e-9
+    )
     assert a.bytes_delivered == pytest.approx(b.bytes_delivered, rel=1e-12)
     assert a.collective_bytes == pytest.approx(b.collective_bytes, rel=1e-12)
 
@@ -187,8 +208,12 @@ def test_ddp_stays_symmetric_behind_a_slower_link(resnet):
 )
 def test_other_modes_that_declare_classes(mode, par, reps):
     t = chain_trace(layers=8)
-    cfg = {"num_gpus": 8, "batch_size": 16, "parallelism": {"mode": mode, **par},
-           "topology": {"kind": "ring", "bandwidth": 10e9, "latency": 1e-6}}  # fmt: skip
+    cfg = {
+        "num_gpus": 8,
+        "batch_size": 16,
+        "parallelism": {"mode": mode, **par},
+        "topology": {"kind": "ring", "bandwidth": 10e9, "latency": 1e-6},
+    }
     full, _ = run({**cfg, "symmetry": "off"}, t)
     sym, warned = run({**cfg, "symmetry": "auto"}, t)
     assert not warned
@@ -227,11 +252,16 @@ def test_a_slower_gpu_falls_back(gpt2):
 
 def test_a_mode_without_a_declaration_falls_back():
     t = chain_trace(layers=8)
-    cfg = {"num_gpus": 4, "batch_size": 8, "parallelism": {"mode": "1f1b", "microbatches": 4},
-           "topology": {"kind": "ring", "bandwidth": 10e9, "latency": 1e-6}}  # fmt: skip
+    cfg = {
+        "num_gpus": 4,
+        "batch_size": 8,
+        "parallelism": {"mode": "1f1b", "microbatches": 4},
+        "topology": {"kind": "ring", "bandwidth": 10e9, "latency": 1e-6},
+    }
     sym, warned = run({**cfg, "symmetry": "auto"}, t)
-    assert warned == ["symmetry: auto fell back to the full simulation: mode '1f1b' declares "
-                      "no symmetry"]  # fmt: skip
+    assert warned == [
+        "symmetry: auto fell back to the full simulation: mode '1f1b' declares no symmetry"
+    ]
     assert sym.symmetry == "off (fell back: mode '1f1b' declares no symmetry)"
     full, _ = run(cfg, t)
     assert full.symmetry == "off"
@@ -249,8 +279,10 @@ def test_a_wrong_declaration_is_caught_by_the_stream_check(gpt2, monkeypatch):
     from extrapolators.modes.threed import ThreeD
 
     def wrong(self):
-        reps = [[self.grid[d, p, 1 - t if d else t] for p in range(self.pp)
-                 for t in range(self.tp)] for d in range(self.dp)]  # fmt: skip
+        reps = [
+            [self.grid[d, p, 1 - t if d else t] for p in range(self.pp) for t in range(self.tp)]
+            for d in range(self.dp)
+        ]
         return Symmetry.of_replicas(reps)
 
     monkeypatch.setattr(ThreeD, "symmetry", wrong)
@@ -273,8 +305,14 @@ def test_symmetry_option_values():
 def _nccl_on(topology: dict, n: int):
     from triosim.studies.calibration import system
 
-    cfg = from_dict({"trace": str(RESNET), "num_gpus": n, "topology": topology,
-                     "communication": {"kind": "nccl"}})  # fmt: skip
+    cfg = from_dict(
+        {
+            "trace": str(RESNET),
+            "num_gpus": n,
+            "topology": topology,
+            "communication": {"kind": "nccl"},
+        }
+    )
     env, net, model, _ = system(cfg)
     return env, model
 
@@ -305,8 +343,12 @@ def test_run_many_ends_each_group_as_its_own_run(op):
 
 def test_run_many_gives_a_slower_group_its_later_end():
     # group 1's GPU 5 behind a 10x slower link: its end is later, the others' are their own
-    sw = {"kind": "switch", "bandwidth": "50 GB/s", "latency": "1 us",
-          "links": [{"src": 5, "dst": "nvswitch", "bandwidth": "5 GB/s", "both": True}]}  # fmt: skip
+    sw = {
+        "kind": "switch",
+        "bandwidth": "50 GB/s",
+        "latency": "1 us",
+        "links": [{"src": 5, "dst": "nvswitch", "bandwidth": "5 GB/s", "both": True}],
+    }
     groups = [(0, 1, 2, 3), (4, 5, 6, 7)]
     env, model = _nccl_on(sw, 8)
     got = {}

@@ -14,9 +14,16 @@ RING = {"kind": "ring", "bandwidth": 10e9, "latency": 1e-6}  # one where bytes c
 
 
 def sim(trace, n, mode, topology=FAST, batch_size=None, **par):
-    return Simulation({"num_gpus": n, "batch_size": batch_size,
-                       "parallelism": {"mode": mode, **par}, "topology": topology,
-                       "communication": {"kind": "textbook"}}, trace=trace)  # fmt: skip
+    return Simulation(
+        {
+            "num_gpus": n,
+            "batch_size": batch_size,
+            "parallelism": {"mode": mode, **par},
+            "topology": topology,
+            "communication": {"kind": "textbook"},
+        },
+        trace=trace,
+    )
 
 
 def t_iter(*a, **k) -> float:

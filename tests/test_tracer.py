@@ -16,8 +16,16 @@ def tiny(batch=4):
         return torch.randn(b, 8, device=device), torch.randint(0, 4, (b,), device=device)
 
     opt = torch.optim.Adam(model.parameters())
-    return collect(model, make_batch, torch.nn.functional.cross_entropy, opt, batch_size=batch,
-                   warmup=1, measure=2, model_name="tiny")  # fmt: skip
+    return collect(
+        model,
+        make_batch,
+        torch.nn.functional.cross_entropy,
+        opt,
+        batch_size=batch,
+        warmup=1,
+        measure=2,
+        model_name="tiny",
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -87,8 +95,15 @@ def test_model_that_raises():
 
     m = Broken()
     with pytest.raises(TracerError, match="raised while tracing: RuntimeError: boom"):
-        collect(m, lambda b, d: (torch.zeros(b, 2), torch.zeros(b)), torch.nn.functional.mse_loss,
-                torch.optim.SGD(m.parameters(), 0.1), batch_size=2, warmup=1, measure=1)  # fmt: skip
+        collect(
+            m,
+            lambda b, d: (torch.zeros(b, 2), torch.zeros(b)),
+            torch.nn.functional.mse_loss,
+            torch.optim.SGD(m.parameters(), 0.1),
+            batch_size=2,
+            warmup=1,
+            measure=1,
+        )
 
 
 def test_empty_model_and_non_module():
@@ -120,8 +135,23 @@ def test_cli_traces_a_custom_model(tmp_path, monkeypatch, capsys):
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     out = tmp_path / "out"
-    assert main(["trace", "mymodel:build", "--batch-size", "3", "--out", str(out),
-                 "--warmup", "1", "--measure", "1"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "trace",
+                "mymodel:build",
+                "--batch-size",
+                "3",
+                "--out",
+                str(out),
+                "--warmup",
+                "1",
+                "--measure",
+                "1",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert f"wrote {out / 'build-b3.trace.json.gz'}" in printed
     t = load(out / "build-b3.trace.json.gz")
@@ -137,8 +167,16 @@ def test_cli_traces_a_custom_model(tmp_path, monkeypatch, capsys):
 
 # published parameter counts (millions): torchvision's model cards; GPT-2 small 124M;
 # BERT-base 110M includes token-type embeddings and the pooler, which this encoder omits
-PUBLISHED = {"resnet18": 11.69, "resnet50": 25.56, "resnet152": 60.19, "vgg11": 132.86,
-             "vgg16": 138.36, "densenet121": 7.98, "gpt2": 124.44, "bert": 108.9}  # fmt: skip
+PUBLISHED = {
+    "resnet18": 11.69,
+    "resnet50": 25.56,
+    "resnet152": 60.19,
+    "vgg11": 132.86,
+    "vgg16": 138.36,
+    "densenet121": 7.98,
+    "gpt2": 124.44,
+    "bert": 108.9,
+}
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -172,19 +210,36 @@ def test_gpu_time_is_the_union_of_linked_kernels():
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-    et, kineto, meta = record(model, lambda b, d: (torch.randn(b, 8), torch.randint(0, 4, (b,))),
-                              torch.nn.functional.cross_entropy, torch.optim.Adam(model.parameters()),
-                              batch_size=4, warmup=1, measure=1)  # fmt: skip
-    ops = {e["args"]["Record function id"]: e for e in kineto["traceEvents"]
-           if e.get("cat") == "cpu_op" and "Record function id" in e.get("args", {})}  # fmt: skip
+    et, kineto, meta = record(
+        model,
+        lambda b, d: (torch.randn(b, 8), torch.randint(0, 4, (b,))),
+        torch.nn.functional.cross_entropy,
+        torch.optim.Adam(model.parameters()),
+        batch_size=4,
+        warmup=1,
+        measure=1,
+    )
+    ops = {
+        e["args"]["Record function id"]: e
+        for e in kineto["traceEvents"]
+        if e.get("cat") == "cpu_op" and "Record function id" in e.get("args", {})
+    }
     rf = {a["value"]: n for n in et["nodes"] for a in n.get("attrs", []) if a["name"] == "rf_id"}
     addmm = [n for n in et["nodes"] if n["name"] == "aten::addmm"]
     first = next(ops[a["value"]] for a in addmm[0]["attrs"] if a["name"] == "rf_id")
     ext = first["args"]["External id"]
     # two overlapping kernels (union 15 us) and one apart (5 us): 20 us in all
     for ts, dur in ((100.0, 10.0), (105.0, 10.0), (200.0, 5.0)):
-        kineto["traceEvents"].append({"ph": "X", "cat": "kernel", "name": "gemm", "ts": ts, "dur": dur,
-                                      "args": {"External id": ext, "correlation": 1}})  # fmt: skip
+        kineto["traceEvents"].append(
+            {
+                "ph": "X",
+                "cat": "kernel",
+                "name": "gemm",
+                "ts": ts,
+                "dur": dur,
+                "args": {"External id": ext, "correlation": 1},
+            }
+        )
     t = link(et, kineto, gpu=True, metadata=meta)
     lin = [op for op in t.operators if op.name == "aten::linear"]
     assert lin[0].time == pytest.approx(20e-6) and lin[0].kernels == 3
@@ -201,12 +256,20 @@ def test_a_lifted_constant_at_a_reused_pointer_is_new_memory():
     from tracer.linking import alias_storage
 
     def side(ts):
-        return {"values": [list(x) for x in ts], "types": ["Tensor(float)"] * len(ts),
-                "shapes": [[]] * len(ts)}  # fmt: skip
+        return {
+            "values": [list(x) for x in ts],
+            "types": ["Tensor(float)"] * len(ts),
+            "shapes": [[]] * len(ts),
+        }
 
     def node(i, name, schema, ins=(), outs=()):
-        return {"id": i, "name": name, "inputs": side(ins), "outputs": side(outs),
-                "attrs": [{"name": "op_schema", "value": schema}]}  # fmt: skip
+        return {
+            "id": i,
+            "name": name,
+            "inputs": side(ins),
+            "outputs": side(outs),
+            "attrs": [{"name": "op_schema", "value": schema}],
+        }
 
     t = {k: [k, 500, 0, 1, 4, "cpu"] for k in (1, 2, 3, 4)}  # four tensors, one pointer
     nodes = [
@@ -218,7 +281,7 @@ def test_a_lifted_constant_at_a_reused_pointer_is_new_memory():
             "aten::lift_fresh(Tensor(a) self) -> Tensor(a)",
             ins=[t[3]],
             outs=[t[4]],
-        ),  # fmt: skip
+        ),
     ]
     assert alias_storage(nodes)
     storage = {n["inputs"]["values"][0][0]: n["inputs"]["values"][0][1] for n in nodes[1:]}

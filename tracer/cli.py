@@ -8,9 +8,19 @@ import math
 from triosim.common.errors import InputError, TracerError
 
 
-def trace_model(name, batch_size, device="cpu", warmup=3, measure=5, small=False,
-                image_size=224, seq_len=128, shapes_only=False, layers=None,
-                master_weights=False):  # fmt: skip
+def trace_model(
+    name,
+    batch_size,
+    device="cpu",
+    warmup=3,
+    measure=5,
+    small=False,
+    image_size=224,
+    seq_len=128,
+    shapes_only=False,
+    layers=None,
+    master_weights=False,
+):
     """Trace a reference model (or module:function). shapes_only: on meta tensors, nothing
     computed or timed (times 0, for a performance model to fill); layers: trace this many of
     a transformer's identical layers and replicate them to the model's full depth;
@@ -33,31 +43,54 @@ def trace_model(name, batch_size, device="cpu", warmup=3, measure=5, small=False
         except (ImportError, AttributeError) as e:
             raise TracerError(f"cannot load {name!r}: {e}") from None
         if not (isinstance(built, tuple) and len(built) == 3):
-            raise TracerError(f"{name} must return (model, make_batch, loss_fn), got "
-                              f"{type(built).__name__}")  # fmt: skip
+            raise TracerError(
+                f"{name} must return (model, make_batch, loss_fn), got {type(built).__name__}"
+            )
         model, make_batch, loss_fn = built
-        opt = (torch.optim.Adam(model.parameters(), foreach=True if shapes_only else None)
-               if isinstance(model, torch.nn.Module) else None)  # fmt: skip
-        return collect(model, make_batch, loss_fn, opt, batch_size=batch_size, device=device,
-                       warmup=warmup, measure=measure, model_name=fn,
-                       shapes_only=shapes_only)  # fmt: skip
+        opt = (
+            torch.optim.Adam(model.parameters(), foreach=True if shapes_only else None)
+            if isinstance(model, torch.nn.Module)
+            else None
+        )
+        return collect(
+            model,
+            make_batch,
+            loss_fn,
+            opt,
+            batch_size=batch_size,
+            device=device,
+            warmup=warmup,
+            measure=measure,
+            model_name=fn,
+            shapes_only=shapes_only,
+        )
     if name not in MODELS:
-        raise TracerError(f"unknown model {name!r}; reference models: {', '.join(MODELS)}, "
-                          "or module:function returning (model, make_batch, loss_fn)")  # fmt: skip
+        raise TracerError(
+            f"unknown model {name!r}; reference models: {', '.join(MODELS)}, "
+            "or module:function returning (model, make_batch, loss_fn)"
+        )
     total = num_layers(name, small) if name in LAYERED else None
     if layers is not None:
         if name not in LAYERED:
-            raise TracerError(f"--layers: {name} has no identical layers to trace a few of "
-                              f"(transformers: {', '.join(LAYERED)})")  # fmt: skip
+            raise TracerError(
+                f"--layers: {name} has no identical layers to trace a few of "
+                f"(transformers: {', '.join(LAYERED)})"
+            )
         if layers < 1 or total % layers:
-            raise TracerError(f"--layers {layers}: {name} has {total} layers; trace a "
-                              "divisor of it")  # fmt: skip
+            raise TracerError(
+                f"--layers {layers}: {name} has {total} layers; trace a divisor of it"
+            )
     if master_weights and name not in LLAMA:
         raise TracerError("--master-weights is for the Llama models (bfloat16 training)")
     with where:
-        model, make_batch, loss_fn = build(name, small=small, image_size=image_size,
-                                           seq_len=seq_len, layers=layers,
-                                           bf16_params=master_weights)  # fmt: skip
+        model, make_batch, loss_fn = build(
+            name,
+            small=small,
+            image_size=image_size,
+            seq_len=seq_len,
+            layers=layers,
+            bf16_params=master_weights,
+        )
     # on CUDA, PyTorch's optimizers default to foreach kernels; a shape-only trace is for a GPU
     foreach = True if shapes_only else None
     adamw = {"lr": 3e-4, "weight_decay": 0.1, "foreach": foreach}  # torchtitan: AdamW
@@ -72,17 +105,33 @@ def trace_model(name, batch_size, device="cpu", warmup=3, measure=5, small=False
     if name in LAYERED:
         extra["seq_len"] = seq_len
     if master_weights:
-        extra.update(dtype="bfloat16", mixed_precision="bfloat16 parameters, gradients and "
-                     "compute; float32 master weights and AdamW states in the optimizer "
-                     "(Megatron-LM)")  # fmt: skip
+        extra.update(
+            dtype="bfloat16",
+            mixed_precision="bfloat16 parameters, gradients and "
+            "compute; float32 master weights and AdamW states in the optimizer "
+            "(Megatron-LM)",
+        )
     elif name in LLAMA:
-        extra.update(dtype="bfloat16", mixed_precision="bfloat16 compute; float32 parameters "
-                     "(master weights, cast to bfloat16 where used), gradients and AdamW states "
-                     "(torchtitan: FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16), or "
-                     "autocast)")  # fmt: skip
-    t = collect(model, make_batch, loss_fn, opt, batch_size=batch_size, device=device,
-                warmup=warmup, measure=measure, model_name=label, shapes_only=shapes_only,
-                metadata=extra)  # fmt: skip
+        extra.update(
+            dtype="bfloat16",
+            mixed_precision="bfloat16 compute; float32 parameters "
+            "(master weights, cast to bfloat16 where used), gradients and AdamW states "
+            "(torchtitan: FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16), or "
+            "autocast)",
+        )
+    t = collect(
+        model,
+        make_batch,
+        loss_fn,
+        opt,
+        batch_size=batch_size,
+        device=device,
+        warmup=warmup,
+        measure=measure,
+        model_name=label,
+        shapes_only=shapes_only,
+        metadata=extra,
+    )
     if layers is not None and layers != total:
         from tracer.layers import replicate
 
@@ -99,8 +148,11 @@ def trace_file_name(args) -> str:
     if ":" in name:
         label = name.split(":", 1)[1]
     else:
-        label = (name + ("-small" if args.small else "")
-                 + ("-bf16" if getattr(args, "master_weights", False) else ""))  # fmt: skip
+        label = (
+            name
+            + ("-small" if args.small else "")
+            + ("-bf16" if getattr(args, "master_weights", False) else "")
+        )
     if getattr(args, "shapes_only", False) and name in LAYERED:
         label += f"-s{args.seq_len}"
     return f"{label}-b{args.batch_size}.trace.json.gz"
@@ -116,14 +168,20 @@ def run_trace(args, timer=None) -> int:
     shapes_only = getattr(args, "shapes_only", False)
     gpu = getattr(args, "gpu", None)
     if shapes_only and not gpu:
-        raise TracerError("--shapes-only needs --gpu NAME: the GPU whose operator times the "
-                          "performance model predicts")  # fmt: skip
+        raise TracerError(
+            "--shapes-only needs --gpu NAME: the GPU whose operator times the "
+            "performance model predicts"
+        )
     if getattr(args, "calibration", None) and not shapes_only:
-        raise TracerError("--calibration is the table a shape-only trace is modelled with "
-                          "(--shapes-only --gpu NAME); a real trace is timed")  # fmt: skip
+        raise TracerError(
+            "--calibration is the table a shape-only trace is modelled with "
+            "(--shapes-only --gpu NAME); a real trace is timed"
+        )
     if gpu and not shapes_only:
-        raise TracerError("--gpu names the GPU a shape-only trace is modelled for; a real "
-                          "trace is timed on --device")  # fmt: skip
+        raise TracerError(
+            "--gpu names the GPU a shape-only trace is modelled for; a real "
+            "trace is timed on --device"
+        )
     layers = getattr(args, "layers", None)
     # where the trace goes, checked before the (long) tracing: a folder, and a file there
     # that exists only with --force
@@ -132,11 +190,22 @@ def run_trace(args, timer=None) -> int:
         raise InputError(f"--out {out} is a file; name a folder (the trace is written into it)")
     from triosim.common.outputs import check_output_file
 
-    path = check_output_file(out / trace_file_name(args), getattr(args, "force", False),
-                             what="trace file")  # fmt: skip
-    t = trace_model(args.model, args.batch_size, args.device, args.warmup, args.measure,
-                    args.small, args.image_size, args.seq_len, shapes_only, layers,
-                    getattr(args, "master_weights", False))  # fmt: skip
+    path = check_output_file(
+        out / trace_file_name(args), getattr(args, "force", False), what="trace file"
+    )
+    t = trace_model(
+        args.model,
+        args.batch_size,
+        args.device,
+        args.warmup,
+        args.measure,
+        args.small,
+        args.image_size,
+        args.seq_len,
+        shapes_only,
+        layers,
+        getattr(args, "master_weights", False),
+    )
     if shapes_only:
         t = timer(t, gpu, getattr(args, "calibration", None))
     path = save(t, path)
@@ -145,8 +214,10 @@ def run_trace(args, timer=None) -> int:
     total = t.total_time
     if shapes_only:
         m = t.metadata["time_model"]
-        print(f"modelled iteration time {total * 1e3:.3f} ms on {m['gpu']} (sum of operator "
-              f"times from perfmodel '{m['kind']}'; nothing was run or timed)")  # fmt: skip
+        print(
+            f"modelled iteration time {total * 1e3:.3f} ms on {m['gpu']} (sum of operator "
+            f"times from perfmodel '{m['kind']}'; nothing was run or timed)"
+        )
         return 0
     measured = t.metadata["measured_iteration_time"]
     gap = (total - measured) / measured * 100 if measured else math.nan

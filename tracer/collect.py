@@ -117,8 +117,11 @@ def _cpu_peak_memory(model, optimizer, named, batch, step) -> tuple[int, int]:
         events = json.loads(path.read_text())["traceEvents"]
     # the running sum of this session's events: the events' "Total Allocated" is the CPU
     # reporter's counter, which carries over bytes from earlier profiling sessions
-    deltas = [e["args"]["Bytes"] for e in events
-              if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0]  # fmt: skip
+    deltas = [
+        e["args"]["Bytes"]
+        for e in events
+        if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0
+    ]
     return base + int(max(itertools.accumulate(deltas), default=0)), base
 
 
@@ -129,10 +132,21 @@ def _batch_tensors(batch):
     return [(f"batch.{i}", t) for i, t in enumerate(items) if torch.is_tensor(t)]
 
 
-def collect(model, make_batch, loss_fn, optimizer, *, batch_size: int, device: str = "cpu",
-            warmup: int = 3, measure: int = 5, model_name: str | None = None,
-            dtype: str = "float32", shapes_only: bool = False,
-            metadata: dict | None = None) -> Trace:  # fmt: skip
+def collect(
+    model,
+    make_batch,
+    loss_fn,
+    optimizer,
+    *,
+    batch_size: int,
+    device: str = "cpu",
+    warmup: int = 3,
+    measure: int = 5,
+    model_name: str | None = None,
+    dtype: str = "float32",
+    shapes_only: bool = False,
+    metadata: dict | None = None,
+) -> Trace:
     """Trace one iteration of `model` and return a validated Trace.
 
     make_batch(batch_size, device) -> (inputs, target); loss_fn(output, target) -> loss;
@@ -146,10 +160,19 @@ def collect(model, make_batch, loss_fn, optimizer, *, batch_size: int, device: s
     """
     from tracer.linking import link, node_flops
 
-    et_doc, k_doc, meta = record(model, make_batch, loss_fn, optimizer, batch_size=batch_size,
-                                 device=device, warmup=warmup, measure=measure,
-                                 model_name=model_name, dtype=dtype,
-                                 shapes_only=shapes_only)  # fmt: skip
+    et_doc, k_doc, meta = record(
+        model,
+        make_batch,
+        loss_fn,
+        optimizer,
+        batch_size=batch_size,
+        device=device,
+        warmup=warmup,
+        measure=measure,
+        model_name=model_name,
+        dtype=dtype,
+        shapes_only=shapes_only,
+    )
     meta.update(metadata or {})
     if shapes_only:
         from tracer.linking import prepare_meta_trace
@@ -159,8 +182,14 @@ def collect(model, make_batch, loss_fn, optimizer, *, batch_size: int, device: s
             et_doc.pop("triosim_tensor_numbers"),
             et_doc.pop("triosim_tensor_storages", None),
         )
-    trace = link(et_doc, k_doc, gpu=device.startswith("cuda"), metadata=meta,
-                 flops_of=node_flops, cuda_math=True if shapes_only else None)  # fmt: skip
+    trace = link(
+        et_doc,
+        k_doc,
+        gpu=device.startswith("cuda"),
+        metadata=meta,
+        flops_of=node_flops,
+        cuda_math=True if shapes_only else None,
+    )
     if shapes_only:
         for op in trace.operators:
             op.time = 0.0
@@ -230,21 +259,53 @@ def _cpu_attention():
             return None
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
 
-    def sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-             enable_gqa=False):  # fmt: skip
+    def sdpa(
+        query,
+        key,
+        value,
+        attn_mask=None,
+        dropout_p=0.0,
+        is_causal=False,
+        scale=None,
+        enable_gqa=False,
+    ):
         if query.device.type != "meta":
-            return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
-                            enable_gqa=enable_gqa)  # fmt: skip
-        sig = tuple((t.shape, t.stride(), t.dtype) if t is not None else None
-                    for t in (query, key, value, attn_mask)) + (dropout_p, is_causal, scale,
-                                                                enable_gqa)  # fmt: skip
+            return original(
+                query,
+                key,
+                value,
+                attn_mask,
+                dropout_p,
+                is_causal,
+                scale=scale,
+                enable_gqa=enable_gqa,
+            )
+        sig = tuple(
+            (t.shape, t.stride(), t.dtype) if t is not None else None
+            for t in (query, key, value, attn_mask)
+        ) + (dropout_p, is_causal, scale, enable_gqa)
         if sig not in choices:  # asked in the warm-up step, so no profiled step records it
-            choices[sig] = torch._fused_sdp_choice(cpu(query), cpu(key), cpu(value),
-                                                   cpu(attn_mask), dropout_p, is_causal,
-                                                   scale=scale, enable_gqa=enable_gqa)  # fmt: skip
+            choices[sig] = torch._fused_sdp_choice(
+                cpu(query),
+                cpu(key),
+                cpu(value),
+                cpu(attn_mask),
+                dropout_p,
+                is_causal,
+                scale=scale,
+                enable_gqa=enable_gqa,
+            )
         if choices[sig] != _FLASH:
-            return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale,
-                            enable_gqa=enable_gqa)  # fmt: skip
+            return original(
+                query,
+                key,
+                value,
+                attn_mask,
+                dropout_p,
+                is_causal,
+                scale=scale,
+                enable_gqa=enable_gqa,
+            )
         with torch._C._profiler._RecordFunctionFast(
             SDPA, [query, key, value, attn_mask, dropout_p, is_causal]
         ):
@@ -281,9 +342,20 @@ def _schema_tensors(func, args, kwargs):
     return out
 
 
-def record(model, make_batch, loss_fn, optimizer, *, batch_size: int, device: str = "cpu",
-           warmup: int = 3, measure: int = 5, model_name: str | None = None,
-           dtype: str = "float32", shapes_only: bool = False) -> tuple[dict, dict, dict]:  # fmt: skip
+def record(
+    model,
+    make_batch,
+    loss_fn,
+    optimizer,
+    *,
+    batch_size: int,
+    device: str = "cpu",
+    warmup: int = 3,
+    measure: int = 5,
+    model_name: str | None = None,
+    dtype: str = "float32",
+    shapes_only: bool = False,
+) -> tuple[dict, dict, dict]:
     """Run and profile the iterations; return (Execution Trace, Kineto trace, metadata).
 
     make_batch(batch_size, device) -> (inputs, target); loss_fn(output, target) -> loss;
@@ -299,15 +371,19 @@ def record(model, make_batch, loss_fn, optimizer, *, batch_size: int, device: st
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     params = [p for _, p in named]
     if not params:
-        raise TracerError(f"model {model_name or type(model).__name__} has no trainable "
-                          "parameters: nothing to train, so nothing to trace")  # fmt: skip
+        raise TracerError(
+            f"model {model_name or type(model).__name__} has no trainable "
+            "parameters: nothing to train, so nothing to trace"
+        )
     if not isinstance(batch_size, int) or batch_size < 1:
         raise TracerError(f"batch_size must be an integer >= 1, got {batch_size!r}")
     if shapes_only:
         off = sorted({str(p.device) for p in params} - {"meta"})
         if off:
-            raise TracerError(f"a shape-only trace needs the model on the meta device (build it "
-                              f"under `with torch.device('meta'):`); parameters are on {off}")  # fmt: skip
+            raise TracerError(
+                f"a shape-only trace needs the model on the meta device (build it "
+                f"under `with torch.device('meta'):`); parameters are on {off}"
+            )
         device, warmup, measure = "meta", 1, 0
     elif device.startswith("cuda") and not torch.cuda.is_available():
         raise TracerError("device 'cuda' asked for, but torch.cuda.is_available() is False")
@@ -333,9 +409,20 @@ def record(model, make_batch, loss_fn, optimizer, *, batch_size: int, device: st
 
     try:
         with _cpu_attention() if shapes_only else contextlib.nullcontext():
-            et_doc, k_doc, times, memory = _profile(model, make_batch, optimizer, named, batch_size,
-                                            device, warmup, measure, shapes_only, rec, step,
-                                            sync)  # fmt: skip
+            et_doc, k_doc, times, memory = _profile(
+                model,
+                make_batch,
+                optimizer,
+                named,
+                batch_size,
+                device,
+                warmup,
+                measure,
+                shapes_only,
+                rec,
+                step,
+                sync,
+            )
     except TracerError:
         raise
     except Exception as e:  # the user's model, batch or loss raised
@@ -370,25 +457,39 @@ def record(model, make_batch, loss_fn, optimizer, *, batch_size: int, device: st
             if gpu
             else "CPU profiler memory events (profile_memory=True) "
             "plus the tensors alive at the step's start"
-        ),  # fmt: skip
+        ),
         "et_schema": et_doc.get("schema"),
         "time_source": "union of GPU kernel busy time" if gpu else "CPU operator duration",
     }
     if shapes_only:
-        meta.update({
-            "gpu": None,  # set by the performance model that times the operators
-            "shapes_only": True,
-            "measured_iteration_time_stdev": None,
-            "time_source": "none yet: a shape-only trace (meta tensors, nothing computed); "
-                           "times come from a performance model",
-            "math_source": "assumed: CUDA with this process's TF32 settings (PyTorch's "
-                           "defaults: convolutions in TF32, matrix products in float32)",
-        })  # fmt: skip
+        meta.update(
+            {
+                "gpu": None,  # set by the performance model that times the operators
+                "shapes_only": True,
+                "measured_iteration_time_stdev": None,
+                "time_source": "none yet: a shape-only trace (meta tensors, nothing computed); "
+                "times come from a performance model",
+                "math_source": "assumed: CUDA with this process's TF32 settings (PyTorch's "
+                "defaults: convolutions in TF32, matrix products in float32)",
+            }
+        )
     return et_doc, k_doc, meta
 
 
-def _profile(model, make_batch, optimizer, named, batch_size, device, warmup, measure,
-             shapes_only, rec, step, sync):  # fmt: skip
+def _profile(
+    model,
+    make_batch,
+    optimizer,
+    named,
+    batch_size,
+    device,
+    warmup,
+    measure,
+    shapes_only,
+    rec,
+    step,
+    sync,
+):
     """Warm-up and timed iterations, then one profiled: (ET, Kineto trace, times, memory),
     memory = (peak bytes, bytes alive at the step's start), None for shape-only traces."""
     import torch
@@ -424,8 +525,9 @@ def _profile(model, make_batch, optimizer, named, batch_size, device, warmup, me
         # one unrecorded profiler warm-up step first: the first profiled step pays
         # the profiler's start-up costs, which would inflate operator times
         sched = torch.profiler.schedule(wait=0, warmup=1, active=1, repeat=1)
-        with profile(activities=acts, record_shapes=True, execution_trace_observer=et,
-                     schedule=sched) as prof:  # fmt: skip
+        with profile(
+            activities=acts, record_shapes=True, execution_trace_observer=et, schedule=sched
+        ) as prof:
             step(batch)
             sync()
             prof.step()

@@ -44,16 +44,20 @@ def replicate(trace: Trace, prefix: str, traced: int, total: int) -> Trace:
     """A new trace of `total` layers from `trace`, which has layers prefix.0 .. prefix.(traced-1)
     of a model whose layers are identical. `total` must be a multiple of `traced`."""
     if traced < 1 or total < traced or total % traced:
-        raise TracerError(f"cannot replicate {traced} traced layers to {total}: the model's "
-                          "layer count must be a multiple of the traced one")  # fmt: skip
+        raise TracerError(
+            f"cannot replicate {traced} traced layers to {total}: the model's "
+            "layer count must be a multiple of the traced one"
+        )
     copies = total // traced
     ops = trace.operators
     tensors = trace.tensors
     layer_of = {o.id: _index(o.layer, prefix) for o in ops}
     seen_layers = {i for i in layer_of.values() if i is not None}
     if seen_layers != set(range(traced)):
-        raise TracerError(f"the trace's layers under '{prefix}' are {sorted(seen_layers)}; "
-                          f"expected 0..{traced - 1}")  # fmt: skip
+        raise TracerError(
+            f"the trace's layers under '{prefix}' are {sorted(seen_layers)}; "
+            f"expected 0..{traced - 1}"
+        )
     if copies == 1:
         return trace
 
@@ -106,21 +110,45 @@ def replicate(trace: Trace, prefix: str, traced: int, total: int) -> Trace:
     block_bwd = [o for o in ops if o.id in in_block and o.phase == "backward"]
     read_fwd = {t for o in block_fwd for t in o.inputs}
     read_bwd = {t for o in block_bwd for t in o.inputs}
-    fwd_entry = sorted(t for t in read_fwd if t not in owned and batch_scaled(t)
-                       and (t not in producer or producer[t].phase == "forward"))  # fmt: skip
-    bwd_entry = sorted(t for t in read_bwd - read_fwd if t not in owned and batch_scaled(t)
-                       and t in producer and producer[t].phase == "backward")  # fmt: skip
+    fwd_entry = sorted(
+        t
+        for t in read_fwd
+        if t not in owned
+        and batch_scaled(t)
+        and (t not in producer or producer[t].phase == "forward")
+    )
+    bwd_entry = sorted(
+        t
+        for t in read_bwd - read_fwd
+        if t not in owned and batch_scaled(t) and t in producer and producer[t].phase == "backward"
+    )
     outside = [o for o in ops if o.id not in in_block and o.phase != "optimizer"]
-    fwd_exit = sorted({t for o in outside if o.phase == "forward" for t in o.inputs
-                       if t in owned and producer.get(t) and producer[t].phase == "forward"})  # fmt: skip
-    bwd_exit = sorted({t for o in outside if o.phase == "backward" for t in o.inputs
-                       if t in owned and producer.get(t) and producer[t].phase == "backward"})  # fmt: skip
+    fwd_exit = sorted(
+        {
+            t
+            for o in outside
+            if o.phase == "forward"
+            for t in o.inputs
+            if t in owned and producer.get(t) and producer[t].phase == "forward"
+        }
+    )
+    bwd_exit = sorted(
+        {
+            t
+            for o in outside
+            if o.phase == "backward"
+            for t in o.inputs
+            if t in owned and producer.get(t) and producer[t].phase == "backward"
+        }
+    )
 
     def pair(entry, exit_, what):
         if len(entry) != len(exit_):
-            raise TracerError(f"cannot chain copies of '{prefix}': the traced layers read "
-                              f"{len(entry)} {what} tensors from outside and pass on "
-                              f"{len(exit_)}")  # fmt: skip
+            raise TracerError(
+                f"cannot chain copies of '{prefix}': the traced layers read "
+                f"{len(entry)} {what} tensors from outside and pass on "
+                f"{len(exit_)}"
+            )
         by_shape = {}
         for t in exit_:
             by_shape.setdefault((tensors[t].shape, tensors[t].dtype), []).append(t)
@@ -128,8 +156,10 @@ def replicate(trace: Trace, prefix: str, traced: int, total: int) -> Trace:
         for t in entry:
             cands = by_shape.get((tensors[t].shape, tensors[t].dtype), [])
             if len(cands) != 1:
-                raise TracerError(f"cannot chain copies of '{prefix}': {what} tensor "
-                                  f"{tensors[t].shape} has {len(cands)} matching outputs")  # fmt: skip
+                raise TracerError(
+                    f"cannot chain copies of '{prefix}': {what} tensor "
+                    f"{tensors[t].shape} has {len(cands)} matching outputs"
+                )
             out[t] = cands[0]
         return out
 
@@ -143,8 +173,14 @@ def replicate(trace: Trace, prefix: str, traced: int, total: int) -> Trace:
     for c in range(1, copies):
         for t in sorted(owned):
             src = tensors[t]
-            new_tensors[next_tensor] = Tensor(next_tensor, src.shape, src.dtype, src.nbytes,
-                                              src.category, _rename(src.name, prefix, c * traced))  # fmt: skip
+            new_tensors[next_tensor] = Tensor(
+                next_tensor,
+                src.shape,
+                src.dtype,
+                src.nbytes,
+                src.category,
+                _rename(src.name, prefix, c * traced),
+            )
             maps[c][t] = next_tensor
             next_tensor += 1
     for c in range(1, copies):
@@ -169,9 +205,20 @@ def replicate(trace: Trace, prefix: str, traced: int, total: int) -> Trace:
     def copy_op(o, c):
         m = maps[c]
         fwd = op_maps[c].get(o.fwd_id, o.fwd_id) if o.fwd_id is not None else None
-        return Operator(op_maps[c][o.id], o.name, _rename(o.layer, prefix, c * traced),
-                        o.phase, o.time, mapped(o.inputs, m), mapped(o.outputs, m), o.flops,
-                        fwd, o.kernels, o.tp_split, o.math)  # fmt: skip
+        return Operator(
+            op_maps[c][o.id],
+            o.name,
+            _rename(o.layer, prefix, c * traced),
+            o.phase,
+            o.time,
+            mapped(o.inputs, m),
+            mapped(o.outputs, m),
+            o.flops,
+            fwd,
+            o.kernels,
+            o.tp_split,
+            o.math,
+        )
 
     last_fwd = max(i for i, o in enumerate(ops) if o.id in in_block and o.phase == "forward")
     first_bwd = min(i for i, o in enumerate(ops) if o.id in in_block and o.phase == "backward")
@@ -195,16 +242,42 @@ def replicate(trace: Trace, prefix: str, traced: int, total: int) -> Trace:
                 out += [copy_op(b, c) for b in block_bwd]
         if o.id in in_block or o.id in per_param:
             m = maps[0]
-            out.append(Operator(o.id, o.name, o.layer, o.phase, o.time, mapped(o.inputs, m),
-                                mapped(o.outputs, m), o.flops, o.fwd_id, o.kernels, o.tp_split,
-                                o.math))  # fmt: skip
+            out.append(
+                Operator(
+                    o.id,
+                    o.name,
+                    o.layer,
+                    o.phase,
+                    o.time,
+                    mapped(o.inputs, m),
+                    mapped(o.outputs, m),
+                    o.flops,
+                    o.fwd_id,
+                    o.kernels,
+                    o.tp_split,
+                    o.math,
+                )
+            )
         elif o.phase == "optimizer":
             out.append(_extended(o, tensors, new_tensors, owned, maps))
         else:
             fm = {t: head[t] for t in fwd_exit if t in head}
-            out.append(Operator(o.id, o.name, o.layer, o.phase, o.time, mapped(o.inputs, fm),
-                                mapped(o.outputs, fm), o.flops, o.fwd_id, o.kernels,
-                                o.tp_split, o.math))  # fmt: skip
+            out.append(
+                Operator(
+                    o.id,
+                    o.name,
+                    o.layer,
+                    o.phase,
+                    o.time,
+                    mapped(o.inputs, fm),
+                    mapped(o.outputs, fm),
+                    o.flops,
+                    o.fwd_id,
+                    o.kernels,
+                    o.tp_split,
+                    o.math,
+                )
+            )
         if i == last_fwd:
             for c in range(1, copies):
                 out += [copy_op(f, c) for f in block_fwd]
@@ -213,9 +286,13 @@ def replicate(trace: Trace, prefix: str, traced: int, total: int) -> Trace:
                 out += [copy_op(ops[j], c) for j in runs[i]]
     meta = dict(trace.metadata)
     weights = [t for t in new_tensors.values() if t.category == "weight"]
-    meta["layers"] = {"module": prefix, "traced": traced, "total": total,
-                      "how": f"layers {prefix}.0-{traced - 1} traced and replicated "
-                             f"{copies} times (tracer.layers.replicate)"}  # fmt: skip
+    meta["layers"] = {
+        "module": prefix,
+        "traced": traced,
+        "total": total,
+        "how": f"layers {prefix}.0-{traced - 1} traced and replicated "
+        f"{copies} times (tracer.layers.replicate)",
+    }
     if weights and meta.get("parameters"):
         meta["parameters"] = int(sum(math.prod(t.shape) for t in weights))
     return Trace(out, new_tensors, meta).validate()
@@ -246,8 +323,9 @@ def _extended(o: Operator, tensors, new_tensors, owned, maps) -> Operator:
     before = sum(tensors[t].nbytes for t in o.inputs + o.outputs)
     after = sum(new_tensors[t].nbytes for t in ins + outs)
     r = after / before if before else 1.0
-    flops = forward_flops(o.name, [new_tensors[t].shape for t in ins],
-                          [new_tensors[t].shape for t in outs])  # fmt: skip
+    flops = forward_flops(
+        o.name, [new_tensors[t].shape for t in ins], [new_tensors[t].shape for t in outs]
+    )
     if flops is None and o.flops is not None:
         flops = o.flops * r
     return Operator(

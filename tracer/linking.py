@@ -31,14 +31,38 @@ from triosim.trace.model import Operator, Tensor, Trace
 
 SUPPORTED_SCHEMA_MAJOR = "1."
 _BACKWARD = "autograd::engine::evaluate_function"
-_SPLIT = ("aten::conv", "aten::linear", "aten::embedding", "aten::matmul", "aten::addmm",
-          "aten::mm", "aten::bmm", "aten::_convolution", "aten::convolution")  # fmt: skip
-_SPLIT_BWD = ("ConvolutionBackward", "AddmmBackward", "MmBackward", "EmbeddingBackward",
-              "BmmBackward", "LinearBackward")  # fmt: skip
+_SPLIT = (
+    "aten::conv",
+    "aten::linear",
+    "aten::embedding",
+    "aten::matmul",
+    "aten::addmm",
+    "aten::mm",
+    "aten::bmm",
+    "aten::_convolution",
+    "aten::convolution",
+)
+_SPLIT_BWD = (
+    "ConvolutionBackward",
+    "AddmmBackward",
+    "MmBackward",
+    "EmbeddingBackward",
+    "BmmBackward",
+    "LinearBackward",
+)
 
-DTYPES = {"float": "float32", "double": "float64", "c10::Half": "float16", "c10::BFloat16": "bfloat16",
-          "long int": "int64", "int": "int32", "bool": "bool", "unsigned char": "uint8",
-          "signed char": "int8", "short int": "int16"}  # fmt: skip
+DTYPES = {
+    "float": "float32",
+    "double": "float64",
+    "c10::Half": "float16",
+    "c10::BFloat16": "bfloat16",
+    "long int": "int64",
+    "int": "int32",
+    "bool": "bool",
+    "unsigned char": "uint8",
+    "signed char": "int8",
+    "short int": "int16",
+}
 
 
 def _attrs(node) -> dict:
@@ -66,16 +90,25 @@ def _tensor_values(vals, types, shapes):
                     )
 
 
-def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None,
-         cuda_math: bool | None = None) -> Trace:  # fmt: skip
+def link(
+    et: dict,
+    kineto: dict,
+    *,
+    gpu: bool,
+    metadata: dict,
+    flops_of=None,
+    cuda_math: bool | None = None,
+) -> Trace:
     """The triosim Trace of one profiled iteration. gpu: times are the union of each
     operator's GPU kernels (else its CPU duration); cuda_math: math modes as on CUDA
     (default: gpu). flops_of(nodes, i, subtree, children): an operator's FLOPs, or None;
     those it does not know come from triosim.trace.flops's shape formulas."""
     schema = str(et.get("schema", ""))
     if not schema.startswith(SUPPORTED_SCHEMA_MAJOR):
-        raise TracerError(f"Execution Trace schema {schema!r} is not supported (this tracer reads "
-                          f"schema {SUPPORTED_SCHEMA_MAJOR}x)")  # fmt: skip
+        raise TracerError(
+            f"Execution Trace schema {schema!r} is not supported (this tracer reads "
+            f"schema {SUPPORTED_SCHEMA_MAJOR}x)"
+        )
     if not et.get("nodes"):
         raise TracerError("the Execution Trace has no nodes (did the profiled iteration run?)")
     alias_storage(et["nodes"])  # rewrites the ET's storage ids in place
@@ -208,9 +241,15 @@ def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None,
                 cat = "input"
             if cat is None:
                 cat = "activation" if produced_phase != "optimizer" else "optimizer_state"
-            tensors[key] = Tensor(ids[key], tuple(shape) if isinstance(shape, list) else (),
-                                  DTYPES.get(dtype, dtype), float(nbytes), cat, names.get(key),
-                                  storages.setdefault(key[1], len(storages)))  # fmt: skip
+            tensors[key] = Tensor(
+                ids[key],
+                tuple(shape) if isinstance(shape, list) else (),
+                DTYPES.get(dtype, dtype),
+                float(nbytes),
+                cat,
+                names.get(key),
+                storages.setdefault(key[1], len(storages)),
+            )
         return ids[key]
 
     ops = []
@@ -272,9 +311,13 @@ def link(et: dict, kineto: dict, *, gpu: bool, metadata: dict, flops_of=None,
     _fixed_size_outputs(ops, table)
     _gradient_layers(ops, table)
     _shape_flops(ops, table)
-    set_math(ops, table, cuda=gpu if cuda_math is None else cuda_math,
-             cudnn_tf32=metadata.get("cudnn_allow_tf32", True),
-             matmul_tf32=metadata.get("matmul_allow_tf32", False))  # fmt: skip
+    set_math(
+        ops,
+        table,
+        cuda=gpu if cuda_math is None else cuda_math,
+        cudnn_tf32=metadata.get("cudnn_allow_tf32", True),
+        matmul_tf32=metadata.get("matmul_allow_tf32", False),
+    )
     return Trace(ops, table, metadata).validate()
 
 
@@ -295,8 +338,14 @@ def _fixed_size_outputs(ops, tensors) -> None:
             if out.category == "activation":
                 out.category = "buffer"
             # a weight cast for mixed precision: "<parameter>.bfloat16"
-            if (out.category == "buffer" and len(src) == 1 and src[0].name and not out.name
-                    and out.shape == src[0].shape and out.dtype != src[0].dtype):  # fmt: skip
+            if (
+                out.category == "buffer"
+                and len(src) == 1
+                and src[0].name
+                and not out.name
+                and out.shape == src[0].shape
+                and out.dtype != src[0].dtype
+            ):
                 out.name = f"{src[0].name}.{out.dtype}"
 
 
@@ -319,16 +368,20 @@ def _shape_flops(ops, tensors) -> None:
     by_id = {o.id: o for o in ops}
     for op in ops:
         if op.flops is None and op.phase != "backward":
-            op.flops = forward_flops(op.name, [tensors[t].shape for t in op.inputs],
-                                     [tensors[t].shape for t in op.outputs])  # fmt: skip
+            op.flops = forward_flops(
+                op.name,
+                [tensors[t].shape for t in op.inputs],
+                [tensors[t].shape for t in op.outputs],
+            )
     for op in ops:
         if op.flops is not None or op.phase != "backward":
             continue
         f = by_id.get(op.fwd_id)
         if f is not None and f.inputs:
             x = tensors[f.inputs[0]]
-            op.flops = backward_flops(op.name, f.flops, numel(x.shape),
-                                      input_grad=x.category != "input")  # fmt: skip
+            op.flops = backward_flops(
+                op.name, f.flops, numel(x.shape), input_grad=x.category != "input"
+            )
         elif op.outputs:
             op.flops = backward_flops(op.name, None, numel(tensors[op.outputs[0]].shape))
 
@@ -340,8 +393,9 @@ def set_math(ops, tensors, *, cuda: bool, cudnn_tf32: bool = True, matmul_tf32: 
         ts = [tensors[t] for t in op.inputs + op.outputs if tensors[t].dtype in MATH_MODES]
         if ts:
             dtype = max(ts, key=lambda t: t.nbytes).dtype
-            op.math = math_mode(op_class(op.name), dtype, cuda=cuda, cudnn_tf32=cudnn_tf32,
-                                matmul_tf32=matmul_tf32)  # fmt: skip
+            op.math = math_mode(
+                op_class(op.name), dtype, cuda=cuda, cudnn_tf32=cudnn_tf32, matmul_tf32=matmul_tf32
+            )
 
 
 def _sdpa_flops(args, backward: bool) -> float | None:
@@ -392,10 +446,14 @@ def node_flops(nodes, i, subtree, children) -> float | None:
             packet = getattr(torch.ops.aten, name[6:].split(".")[0], None)
         if packet is not None and packet in flop_registry:
             inp, out = nodes[j]["inputs"], nodes[j]["outputs"]
-            args = [s if isinstance(t, str) and t.startswith("Tensor") else
-                    (None if v == "<None>" else v)
-                    for v, t, s in zip(inp["values"], inp.get("types", []), inp.get("shapes", []),
-                                       strict=False)]  # fmt: skip
+            args = [
+                s
+                if isinstance(t, str) and t.startswith("Tensor")
+                else (None if v == "<None>" else v)
+                for v, t, s in zip(
+                    inp["values"], inp.get("types", []), inp.get("shapes", []), strict=False
+                )
+            ]
             out_shapes = out.get("shapes", [])
             out_val = out_shapes[0] if len(out_shapes) == 1 else tuple(out_shapes)
             # formulas differ in how many trailing scalars they take (addmm's beta/alpha
@@ -507,16 +565,22 @@ def prepare_meta_trace(et: dict, numbers: list, storages: dict | None = None) ->
             inner = [c for c in kids.get(n["id"], []) if _is_op(c["name"])]
             if inner and inner[0].get("outputs", {}).get("values"):
                 o = inner[0]["outputs"]
-                n["outputs"] = {k: copy.deepcopy(o[k][:1]) for k in ("values", "shapes", "types",
-                                "strides") if o.get(k)}  # fmt: skip
+                n["outputs"] = {
+                    k: copy.deepcopy(o[k][:1])
+                    for k in ("values", "shapes", "types", "strides")
+                    if o.get(k)
+                }
 
     # -- the mode's calls are, in order, the operators that reached it (and the
     # record_function ranges passing through it); align them with the ET's operators by
     # name: composite operators (aten::linear) never reach the mode, and a few operators
     # (the detach AccumulateGrad makes) reach it without leaving a mode node to count on
-    seq = [(i, by_id[i]["name"]) for i in sorted(by_id)
-           if (not dropped(i) and _is_op(by_id[i]["name"]))
-           or (by_id[i]["name"] == _DISPATCH_MODE and not mode_under_op(i))]  # fmt: skip
+    seq = [
+        (i, by_id[i]["name"])
+        for i in sorted(by_id)
+        if (not dropped(i) and _is_op(by_id[i]["name"]))
+        or (by_id[i]["name"] == _DISPATCH_MODE and not mode_under_op(i))
+    ]
     matcher = difflib.SequenceMatcher(
         None,
         [name if name != _DISPATCH_MODE else "profiler" for _, name in seq],
@@ -635,8 +699,7 @@ def alias_storage(nodes: list) -> bool:
                 k, raw = (x[0], x[1]), x[1]
                 if not raw:
                     continue  # a tensor without storage
-                if (is_input and not fresh and k not in seen and raw in latest
-                        and latest[raw] != k):  # fmt: skip
+                if is_input and not fresh and k not in seen and raw in latest and latest[raw] != k:
                     a, b = find(k), find(latest[raw])
                     if a != b:
                         root[a] = b
@@ -672,13 +735,18 @@ def _unseen_by_mode(side) -> dict:
     schema takes a tensor: `step += 1` is aten::add_.Tensor), which the mode gets back as
     the Python number."""
     out = {}
-    for items, t, s in zip(_tensor_args(side), side.get("types", []), side.get("shapes", []),
-                           strict=False):  # fmt: skip
+    for items, t, s in zip(
+        _tensor_args(side), side.get("types", []), side.get("shapes", []), strict=False
+    ):
         for x in items:
             if not x[1] and not x[5]:
                 out[id(x)] = "undefined"
-            elif (t in ("Tensor(double)", "Tensor(long int)") and s == [] and x[5] == "cpu"
-                  and x[3] == 1):  # fmt: skip
+            elif (
+                t in ("Tensor(double)", "Tensor(long int)")
+                and s == []
+                and x[5] == "cpu"
+                and x[3] == 1
+            ):
                 out[id(x)] = "wrapped"
     return out
 

@@ -28,8 +28,9 @@ class BasicBlock(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.downsample = None
         if stride != 1 or cin != width:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, width, 1, stride, bias=False),
-                                            nn.BatchNorm2d(width))  # fmt: skip
+            self.downsample = nn.Sequential(
+                nn.Conv2d(cin, width, 1, stride, bias=False), nn.BatchNorm2d(width)
+            )
 
     def forward(self, x):
         idt = x if self.downsample is None else self.downsample(x)
@@ -53,8 +54,9 @@ class Bottleneck(nn.Module):
         self.relu = nn.ReLU(inplace=True)
         self.downsample = None
         if stride != 1 or cin != cout:
-            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
-                                            nn.BatchNorm2d(cout))  # fmt: skip
+            self.downsample = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
+            )
 
     def forward(self, x):
         idt = x if self.downsample is None else self.downsample(x)
@@ -114,7 +116,7 @@ VGG_CFG = {
         512,
         512,
         "M",
-    ],  # fmt: skip
+    ],
     "vgg13": [64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"],
     "vgg16": [
         64,
@@ -152,10 +154,14 @@ class VGG(nn.Module):
         self.features = nn.Sequential(*layers)
         self.avgpool = nn.AdaptiveAvgPool2d(7)
         self.classifier = nn.Sequential(
-            nn.Linear(cin * 49, hidden), nn.ReLU(True), nn.Dropout(),
-            nn.Linear(hidden, hidden), nn.ReLU(True), nn.Dropout(),
+            nn.Linear(cin * 49, hidden),
+            nn.ReLU(True),
+            nn.Dropout(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(True),
+            nn.Dropout(),
             nn.Linear(hidden, num_classes),
-        )  # fmt: skip
+        )
 
     def forward(self, x):
         return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
@@ -202,8 +208,12 @@ class Transition(nn.Module):
 class DenseNet(nn.Module):
     def __init__(self, blocks=(6, 12, 24, 16), growth=32, init=64, num_classes=1000):
         super().__init__()
-        mods = [nn.Conv2d(3, init, 7, 2, 3, bias=False), nn.BatchNorm2d(init), nn.ReLU(True),
-                nn.MaxPool2d(3, 2, 1)]  # fmt: skip
+        mods = [
+            nn.Conv2d(3, init, 7, 2, 3, bias=False),
+            nn.BatchNorm2d(init),
+            nn.ReLU(True),
+            nn.MaxPool2d(3, 2, 1),
+        ]
         c = init
         for i, n in enumerate(blocks):
             mods.append(DenseBlock(n, c, growth))
@@ -279,13 +289,16 @@ class Transformer(nn.Module):
 # -- Llama 3 -------------------------------------------------------------------------------------
 # Meta's published configurations (params.json / config.json of each release)
 LLAMA = {
-    "llama3-8b": dict(dim=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=128256,
-                      tied=False),
-    "llama3-70b": dict(dim=8192, layers=80, heads=64, kv_heads=8, ffn=28672, vocab=128256,
-                       tied=False),
-    "llama3.2-1b": dict(dim=2048, layers=16, heads=32, kv_heads=8, ffn=8192, vocab=128256,
-                        tied=True),
-}  # fmt: skip
+    "llama3-8b": dict(
+        dim=4096, layers=32, heads=32, kv_heads=8, ffn=14336, vocab=128256, tied=False
+    ),
+    "llama3-70b": dict(
+        dim=8192, layers=80, heads=64, kv_heads=8, ffn=28672, vocab=128256, tied=False
+    ),
+    "llama3.2-1b": dict(
+        dim=2048, layers=16, heads=32, kv_heads=8, ffn=8192, vocab=128256, tied=True
+    ),
+}
 LLAMA_SMALL = dict(dim=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=256, tied=False)
 ROPE_THETA = 500000.0
 
@@ -368,8 +381,11 @@ class LlamaAttention(nn.Module):
 class SwiGLU(nn.Module):
     def __init__(self, dim, hidden):
         super().__init__()
-        self.w1, self.w2, self.w3 = (LlamaLinear(dim, hidden), LlamaLinear(hidden, dim),
-                                     LlamaLinear(dim, hidden))  # fmt: skip
+        self.w1, self.w2, self.w3 = (
+            LlamaLinear(dim, hidden),
+            LlamaLinear(hidden, dim),
+            LlamaLinear(dim, hidden),
+        )
 
     def forward(self, x):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -429,8 +445,10 @@ class MasterWeightAdamW(torch.optim.Optimizer):
 
     @property
     def state(self):  # parameter -> its master weight and AdamW states
-        return {p: {"master": m, **self.inner.state.get(m, {})}
-                for p, m in zip(self.params, self.masters, strict=True)}  # fmt: skip
+        return {
+            p: {"master": m, **self.inner.state.get(m, {})}
+            for p, m in zip(self.params, self.masters, strict=True)
+        }
 
     @state.setter
     def state(self, value):  # torch.optim.Optimizer.__init__ sets it
@@ -479,8 +497,14 @@ def _lm_loss(out, target):
     return F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1))
 
 
-def build(name: str, small: bool = False, image_size: int = 224, seq_len: int = 128,
-          layers: int | None = None, bf16_params: bool = False):  # fmt: skip
+def build(
+    name: str,
+    small: bool = False,
+    image_size: int = 224,
+    seq_len: int = 128,
+    layers: int | None = None,
+    bf16_params: bool = False,
+):
     """Return (model, make_batch(batch_size, device), loss_fn) for a reference model.
     layers: build this many of a transformer's decoder layers (default: all of them).
     bf16_params (Llama): bfloat16 parameters, to train with MasterWeightAdamW (Megatron-LM's

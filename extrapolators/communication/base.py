@@ -29,8 +29,7 @@ from triosim.common.errors import ConfigError
 from triosim.common.registry import Registry
 from triosim.common.schema import option
 
-OPS = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
-       "sendrecv")  # fmt: skip
+OPS = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "sendrecv")
 
 COMM_MODELS = Registry("communication.kind", "kind", "communication model")
 register = COMM_MODELS.register
@@ -48,8 +47,9 @@ class CommModel:
 
     def __init__(self, env, net, options=None, *, gpu: str | None = None, base_dir="."):
         self.env, self.net = env, net
-        self.options = (schema.check(options, "communication") if options is not None
-                        else self.Options())  # fmt: skip
+        self.options = (
+            schema.check(options, "communication") if options is not None else self.Options()
+        )
         self.gpu, self.base_dir = gpu, base_dir
 
     def run(self, op: str, group, nbytes: float, tag: str = "", root=None, algorithm=None):
@@ -64,8 +64,11 @@ def check_op(op: str) -> str:
 
 @dataclass(frozen=True)
 class TextbookOptions:
-    algorithm: str = option("ring", help="a collective algorithm registered in "
-                            "extrapolators.communication.collectives (all-to-all: direct)")  # fmt: skip
+    algorithm: str = option(
+        "ring",
+        help="a collective algorithm registered in "
+        "extrapolators.communication.collectives (all-to-all: direct)",
+    )
 
 
 @register("textbook")
@@ -76,16 +79,24 @@ class Textbook(CommModel):
 
     @classmethod
     def load_options(cls, data, where, elsewhere, also=()):
-        o = schema.load(cls.Options, data, where, elsewhere=elsewhere,
-                        owner=f"communication kind '{cls.kind}'", also=also)  # fmt: skip
+        o = schema.load(
+            cls.Options,
+            data,
+            where,
+            elsewhere=elsewhere,
+            owner=f"communication kind '{cls.kind}'",
+            also=also,
+        )
         if o.algorithm not in collectives.names():
-            raise ConfigError(f"{where}.algorithm", o.algorithm,
-                              f"one of {', '.join(collectives.names())}")  # fmt: skip
+            raise ConfigError(
+                f"{where}.algorithm", o.algorithm, f"one of {', '.join(collectives.names())}"
+            )
         return o
 
     def run(self, op, group, nbytes, tag="", root=None, algorithm=None):
         check_op(op)
-        name = algorithm or ("direct" if op in ("all_to_all", "sendrecv") else
-                             self.options.algorithm)  # fmt: skip
+        name = algorithm or (
+            "direct" if op in ("all_to_all", "sendrecv") else self.options.algorithm
+        )
         algo = collectives.algorithm(op, name)
         yield from algo(self.env, self.net, tuple(group), nbytes, tag=tag or op, root=root)

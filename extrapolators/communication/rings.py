@@ -230,8 +230,11 @@ class _Loads:
         self.n, self.hops = n, hops
         pairs = [(a, b) for a in group for b in group]
         paths = routes.paths_links(pairs)
-        used = np.unique(np.concatenate([p for p in paths if p is not None and len(p)]
-                                        or [np.zeros(0, np.int64)]))  # fmt: skip
+        used = np.unique(
+            np.concatenate(
+                [p for p in paths if p is not None and len(p)] or [np.zeros(0, np.int64)]
+            )
+        )
         col = {int(x): i for i, x in enumerate(used.tolist())}
         self.rows = np.zeros((n * n, len(used)))
         for k, p in enumerate(paths):
@@ -261,8 +264,9 @@ class _Loads:
         t = self.times(orders)
         a, b = orders, np.roll(orders, -1, axis=1)
         tied = np.flatnonzero(t <= t.min() * (1 + _TIE))
-        key = np.lexsort((tied, hops[a[tied], b[tied]].sum(axis=1),
-                          lat[a[tied], b[tied]].sum(axis=1)))  # fmt: skip
+        key = np.lexsort(
+            (tied, hops[a[tied], b[tied]].sum(axis=1), lat[a[tied], b[tied]].sum(axis=1))
+        )
         return orders[tied[key[0]]].tolist()
 
 

@@ -40,8 +40,14 @@ __all__ = ["COLUMNS", "Runtime"]
 
 
 class Runtime:
-    def __init__(self, env: simpy.Environment, network, comm, compute_scale: dict | None = None,
-                 symmetry=None):  # fmt: skip
+    def __init__(
+        self,
+        env: simpy.Environment,
+        network,
+        comm,
+        compute_scale: dict | None = None,
+        symmetry=None,
+    ):
         self.env = env
         self.network = network
         self.comm = comm  # a CommModel: runs every collective
@@ -141,10 +147,40 @@ class Runtime:
                 yield meet["done"]
                 begin = meet["begin"]
                 if begin > start:
-                    rows.append((gpu, stream, "wait", f"wait {task.op}", task.layer, task.phase,
-                                 start, begin, 0.0, task.key, it, -1, -1))  # fmt: skip
-                rows.append((gpu, stream, "comm", task.op, task.layer, task.phase, begin,
-                             env._now, task.nbytes, task.key, it, -1, -1))  # fmt: skip
+                    rows.append(
+                        (
+                            gpu,
+                            stream,
+                            "wait",
+                            f"wait {task.op}",
+                            task.layer,
+                            task.phase,
+                            start,
+                            begin,
+                            0.0,
+                            task.key,
+                            it,
+                            -1,
+                            -1,
+                        )
+                    )
+                rows.append(
+                    (
+                        gpu,
+                        stream,
+                        "comm",
+                        task.op,
+                        task.layer,
+                        task.phase,
+                        begin,
+                        env._now,
+                        task.nbytes,
+                        task.key,
+                        it,
+                        -1,
+                        -1,
+                    )
+                )
             elif type(task) is Send:
                 if self.symmetry is None:  # a pipeline's sends repeat: prepared once
                     pair = (gpu, task.dst, task.nbytes)
@@ -155,12 +191,42 @@ class Runtime:
                 else:
                     yield self._send_with_images(gpu, task)
                 self.event("p2p:" + task.key).succeed()
-                rows.append((gpu, stream, "comm", f"send to {task.dst}", task.layer, task.phase,
-                             start, env._now, task.nbytes, task.key, it, -1, -1))  # fmt: skip
+                rows.append(
+                    (
+                        gpu,
+                        stream,
+                        "comm",
+                        f"send to {task.dst}",
+                        task.layer,
+                        task.phase,
+                        start,
+                        env._now,
+                        task.nbytes,
+                        task.key,
+                        it,
+                        -1,
+                        -1,
+                    )
+                )
             elif type(task) is Recv:
                 yield self.event("p2p:" + task.key)
-                rows.append((gpu, stream, "wait", f"recv from {task.src}", task.layer, task.phase,
-                             start, env._now, 0.0, task.key, it, -1, -1))  # fmt: skip
+                rows.append(
+                    (
+                        gpu,
+                        stream,
+                        "wait",
+                        f"recv from {task.src}",
+                        task.layer,
+                        task.phase,
+                        start,
+                        env._now,
+                        0.0,
+                        task.key,
+                        it,
+                        -1,
+                        -1,
+                    )
+                )
             elif type(task) is Signal:
                 ev = self.event(task.key)
                 if ev.triggered:
@@ -192,9 +258,23 @@ class Runtime:
                     n = task.count
                     yield simpy.events.Condition(env, lambda _evs, done, n=n: done >= n, events)
                 if env._now > start:
-                    rows.append((gpu, stream, "wait", f"wait {task.count} of {len(events)}",
-                                 task.layer, task.phase, start, env._now, 0.0,
-                                 ",".join(task.keys), it, -1, -1))  # fmt: skip
+                    rows.append(
+                        (
+                            gpu,
+                            stream,
+                            "wait",
+                            f"wait {task.count} of {len(events)}",
+                            task.layer,
+                            task.phase,
+                            start,
+                            env._now,
+                            0.0,
+                            ",".join(task.keys),
+                            it,
+                            -1,
+                            -1,
+                        )
+                    )
             elif type(task) is Iteration:
                 it = task.k
             else:
@@ -220,8 +300,23 @@ class Runtime:
             yield self._at(t)
         t0 = start
         for c, t1 in zip(run, ends, strict=True):
-            self._log.append((gpu, stream, "compute", c.name, c.layer, c.phase,
-                              t0, t1, 0.0, None, it, c.op_id, c.mb))  # fmt: skip
+            self._log.append(
+                (
+                    gpu,
+                    stream,
+                    "compute",
+                    c.name,
+                    c.layer,
+                    c.phase,
+                    t0,
+                    t1,
+                    0.0,
+                    None,
+                    it,
+                    c.op_id,
+                    c.mb,
+                )
+            )
             t0 = t1
 
     def _compute_run(self, who, run, scale):
@@ -230,8 +325,9 @@ class Runtime:
         same sequential sums as `_computes` (numpy's cumsum adds left to right; adding a
         zero duration leaves t as skipping it does), logged as one block."""
         start = self.env.now
-        block = ComputeRun(c for piece in run
-                           for c in ((piece,) if type(piece) is Compute else piece.tasks))  # fmt: skip
+        block = ComputeRun(
+            c for piece in run for c in ((piece,) if type(piece) is Compute else piece.tasks)
+        )
         acc, t = _cumsum(block, start, scale)
         if t != start:
             yield self._at(t)
@@ -262,14 +358,20 @@ class Runtime:
         meet = self._meet.get(task.key)
         if meet is None:
             if gpu not in task.group:
-                raise SimulationError(f"GPU {gpu} posted collective {task.key!r} of group "
-                                      f"{task.group} it is not in")  # fmt: skip
+                raise SimulationError(
+                    f"GPU {gpu} posted collective {task.key!r} of group {task.group} it is not in"
+                )
             if self.symmetry is None:
                 left, images = set(task.group), None
             else:  # the representatives in the group meet; images run with them
                 left, images = self.symmetry.plan(task.group)
-            meet = self._meet[task.key] = {"left": left, "done": self.env.event(),
-                                           "begin": None, "task": task, "images": images}  # fmt: skip
+            meet = self._meet[task.key] = {
+                "left": left,
+                "done": self.env.event(),
+                "begin": None,
+                "task": task,
+                "images": images,
+            }
         elif (meet["task"].group is not task.group and meet["task"].group != task.group) or (
             meet["task"].op != task.op
         ):  # identity first: comparing an N-GPU group per arrival is O(N^2) per collective
@@ -294,8 +396,9 @@ class Runtime:
             for k, group in enumerate(images, start=1):
                 self.open_images += 1
                 self.env.process(self._image_collective(task, group, k, twins))
-        yield from self.comm.run(task.op, task.group, task.nbytes, tag=task.key,
-                                 root=task.root, algorithm=task.algorithm)  # fmt: skip
+        yield from self.comm.run(
+            task.op, task.group, task.nbytes, tag=task.key, root=task.root, algorithm=task.algorithm
+        )
         self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
         if twins is not None:
             twins.rep_done(self.env.now)
@@ -306,11 +409,18 @@ class Runtime:
         """The representatives' collective and its images through `comm.run_many`: one
         transfer group for all copies; each image's end checked against the
         representatives' (as `_image_collective` would, without a process per copy)."""
-        roots = [task.root] + [None if task.root is None else self.symmetry.image(task.root, k)
-                               for k in range(1, len(images) + 1)]  # fmt: skip
-        ends = yield from self.comm.run_many(task.op, [task.group, *images], task.nbytes,
-                                             tag=task.key, roots=roots,
-                                             algorithm=task.algorithm)  # fmt: skip
+        roots = [task.root] + [
+            None if task.root is None else self.symmetry.image(task.root, k)
+            for k in range(1, len(images) + 1)
+        ]
+        ends = yield from self.comm.run_many(
+            task.op,
+            [task.group, *images],
+            task.nbytes,
+            tag=task.key,
+            roots=roots,
+            algorithm=task.algorithm,
+        )
         for _ in range(len(images) + 1):
             self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
         twins = Twins(self, f"collective {task.key!r}")
@@ -322,8 +432,9 @@ class Runtime:
     def _image_collective(self, task: Collective, group, k: int, twins):
         """Copy k's image of a representatives' collective (its tag: the same key)."""
         root = None if task.root is None else self.symmetry.image(task.root, k)
-        yield from self.comm.run(task.op, group, task.nbytes, tag=task.key, root=root,
-                                 algorithm=task.algorithm)  # fmt: skip
+        yield from self.comm.run(
+            task.op, group, task.nbytes, tag=task.key, root=root, algorithm=task.algorithm
+        )
         self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
         twins.image_done(self.env.now)
 

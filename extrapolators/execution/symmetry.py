@@ -85,8 +85,7 @@ class Symmetry:
     def of_replicas(cls, replicas, image_group=None) -> Symmetry:
         """K position-aligned lists of GPUs: replica 0's are the representatives."""
         first = list(replicas[0])
-        return cls({g: tuple(rep[i] for rep in replicas) for i, g in enumerate(first)},
-                   image_group)  # fmt: skip
+        return cls({g: tuple(rep[i] for rep in replicas) for i, g in enumerate(first)}, image_group)
 
     @classmethod
     def one_class(cls, gpus) -> Symmetry:
@@ -150,8 +149,10 @@ class Symmetry:
         else:
             whole = {g for r in members for g in orbits[r]}
             if len(group) != len(whole) or whole != set(group):
-                raise SymmetryBroken(f"the group {_short(group)} mixes classes: neither within "
-                                     "the representatives nor whole classes")  # fmt: skip
+                raise SymmetryBroken(
+                    f"the group {_short(group)} mixes classes: neither within "
+                    "the representatives nor whole classes"
+                )
             images = None
         self._plans[id(group)] = (group, frozenset(members), images)
         return set(members), images
@@ -160,8 +161,7 @@ class Symmetry:
         """The (source, destination) of every image of a send src -> dst."""
         o_dst = self.orbits.get(dst)
         if o_dst is None:
-            raise SymmetryBroken(f"GPU {src!r} sends to GPU {dst!r}, which is not a "
-                                 "representative")  # fmt: skip
+            raise SymmetryBroken(f"GPU {src!r} sends to GPU {dst!r}, which is not a representative")
         o_src = self.orbits[src]
         return [(o_src[k], o_dst[k]) for k in range(1, self.copies)]
 
@@ -184,8 +184,9 @@ class Symmetry:
             for k in ks:
                 g = self.orbits[r][k]
                 if sorted(names.get(g, []), key=str) != sorted(names.get(r, []), key=str):
-                    raise SymmetryBroken(f"GPU {g!r} has streams {names.get(g)} where GPU "
-                                         f"{r!r} has {names.get(r)}")  # fmt: skip
+                    raise SymmetryBroken(
+                        f"GPU {g!r} has streams {names.get(g)} where GPU {r!r} has {names.get(r)}"
+                    )
         for r in self.reps:
             for s in names.get(r, []):
                 ref = list(streams[r, s])
@@ -199,11 +200,14 @@ class Symmetry:
             a = ref[i] if i < len(ref) else None
             why = None if a is not None and self._same_task(a, b, k) else "differs"
             if why:
-                raise SymmetryBroken(f"task {i} of GPU {g!r}'s {stream} stream ({_task(b)}) is "
-                                     f"not GPU {r!r}'s ({_task(a)}) mapped")  # fmt: skip
+                raise SymmetryBroken(
+                    f"task {i} of GPU {g!r}'s {stream} stream ({_task(b)}) is "
+                    f"not GPU {r!r}'s ({_task(a)}) mapped"
+                )
         if i + 1 != len(ref):
-            raise SymmetryBroken(f"GPU {g!r}'s {stream} stream has {i + 1} tasks, GPU "
-                                 f"{r!r}'s {len(ref)}")  # fmt: skip
+            raise SymmetryBroken(
+                f"GPU {g!r}'s {stream} stream has {i + 1} tasks, GPU {r!r}'s {len(ref)}"
+            )
 
     def _same_task(self, a, b, k: int) -> bool:
         t = type(a)
@@ -223,8 +227,12 @@ class Symmetry:
             return a == b
         if t is Collective:
             if (a.op, a.nbytes, a.algorithm, a.layer, a.phase) != (
-                b.op, b.nbytes, b.algorithm, b.layer, b.phase
-            ):  # fmt: skip
+                b.op,
+                b.nbytes,
+                b.algorithm,
+                b.layer,
+                b.phase,
+            ):
                 return False
             if (a.root is None) != (b.root is None) or (
                 a.root is not None and self.orbits.get(a.root, (None,) * (k + 1))[k] != b.root
@@ -235,8 +243,13 @@ class Symmetry:
             return b.group is want or tuple(b.group) == tuple(want)
         if t is Send:
             o = self.orbits.get(a.dst)
-            return (o is not None and o[k] == b.dst and a.nbytes == b.nbytes
-                    and a.layer == b.layer and a.phase == b.phase)  # fmt: skip
+            return (
+                o is not None
+                and o[k] == b.dst
+                and a.nbytes == b.nbytes
+                and a.layer == b.layer
+                and a.phase == b.phase
+            )
         if t is Recv:
             o = self.orbits.get(a.src)
             return o is not None and o[k] == b.src and a.phase == b.phase

@@ -17,8 +17,21 @@ import numpy as np
 
 from extrapolators.execution.tasks import ComputeRun
 
-COLUMNS = ("gpu", "stream", "kind", "name", "layer", "phase", "start", "end", "nbytes", "key",
-           "iteration", "op_id", "microbatch")  # fmt: skip
+COLUMNS = (
+    "gpu",
+    "stream",
+    "kind",
+    "name",
+    "layer",
+    "phase",
+    "start",
+    "end",
+    "nbytes",
+    "key",
+    "iteration",
+    "op_id",
+    "microbatch",
+)
 
 
 class Block(NamedTuple):
@@ -44,8 +57,23 @@ class TimelineLog:
                 gpu, stream, it = entry.who
                 r, acc = entry.run, entry.acc.tolist()
                 for i in range(len(r)):
-                    out.append((gpu, stream, "compute", r.names[i], r.layers[i], r.phases[i],
-                                acc[i], acc[i + 1], 0.0, None, it, r.op_ids[i], r.mbs[i]))  # fmt: skip
+                    out.append(
+                        (
+                            gpu,
+                            stream,
+                            "compute",
+                            r.names[i],
+                            r.layers[i],
+                            r.phases[i],
+                            acc[i],
+                            acc[i + 1],
+                            0.0,
+                            None,
+                            it,
+                            r.op_ids[i],
+                            r.mbs[i],
+                        )
+                    )
             else:
                 out.append(entry)
         return out
@@ -69,9 +97,13 @@ class TimelineLog:
         single = dict(zip(COLUMNS, scols, strict=True))
         out = {}
         # one code per entry, repeated over its rows
-        per_block = {"gpu": [b.who[0] for b in blocks], "stream": [b.who[1] for b in blocks],
-                     "kind": ["compute"] * len(blocks), "key": [None] * len(blocks),
-                     "iteration": [b.who[2] for b in blocks]}  # fmt: skip
+        per_block = {
+            "gpu": [b.who[0] for b in blocks],
+            "stream": [b.who[1] for b in blocks],
+            "kind": ["compute"] * len(blocks),
+            "key": [None] * len(blocks),
+            "iteration": [b.who[2] for b in blocks],
+        }
         for c, values in per_block.items():
             codes = _Codes()
             entry = np.empty(len(log), dtype=np.int32)
@@ -94,12 +126,14 @@ class TimelineLog:
         idx = np.repeat(src - first, lens) + np.arange(int(lens.sum()))
         for c, attr in zip(names, ("names", "layers", "phases", "op_ids", "mbs"), strict=True):
             codes = _Codes()
-            table = np.concatenate([*(codes.codes(getattr(r, attr)) for r in distinct),
-                                    codes.codes(single[c])])  # fmt: skip
+            table = np.concatenate(
+                [*(codes.codes(getattr(r, attr)) for r in distinct), codes.codes(single[c])]
+            )
             out[c] = codes.decode(table, lambda a: a[idx])
         if not blocks:  # single values only: as pandas infers them from the rows
-            out.update(start=list(single["start"]), end=list(single["end"]),
-                       nbytes=list(single["nbytes"]))  # fmt: skip
+            out.update(
+                start=list(single["start"]), end=list(single["end"]), nbytes=list(single["nbytes"])
+            )
         else:
             row_block = np.repeat(is_block, lens)
             accs = np.concatenate([b.acc for b in blocks])  # a block: its rows + 1 instants
@@ -229,8 +263,7 @@ class ComputeRows:
                 its.append(e[10])
                 mb.append(e[12])
                 ph.append(e[5])
-        out = {"op_id": op, "start": st, "end": en, "iteration": its, "microbatch": mb,
-               "phase": ph}  # fmt: skip
+        out = {"op_id": op, "start": st, "end": en, "iteration": its, "microbatch": mb, "phase": ph}
         order = start_order(np.array(st, float), np.array(en, float))
         if order is not None:
             order = order.tolist()

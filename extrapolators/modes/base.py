@@ -33,9 +33,18 @@ class Extrapolator:
     # supports them; False: one Compute per operator (the straightforward path, for tests)
     compute_runs = True
 
-    def __init__(self, trace: Trace, model: OperatorModel, gpus, options=None, *,
-                 batch_size: float | None = None, gpu: str | None = None, ring=None,
-                 graph=None):  # fmt: skip
+    def __init__(
+        self,
+        trace: Trace,
+        model: OperatorModel,
+        gpus,
+        options=None,
+        *,
+        batch_size: float | None = None,
+        gpu: str | None = None,
+        ring=None,
+        graph=None,
+    ):
         self.trace = trace
         self.graph = graph
         self.model = model
@@ -52,8 +61,14 @@ class Extrapolator:
     def load_options(cls, data: dict, where: str, elsewhere: dict, also: tuple = ()):
         """This mode's options from the config section's mode-specific fields (`also`: the
         section's common fields, for messages)."""
-        return schema.load(cls.Options, data, where, elsewhere=elsewhere,
-                           owner=f"parallelism mode '{cls.name}'", also=also)  # fmt: skip
+        return schema.load(
+            cls.Options,
+            data,
+            where,
+            elsewhere=elsewhere,
+            owner=f"parallelism mode '{cls.name}'",
+            also=also,
+        )
 
     def check(self) -> None:
         """Validate the plan against the trace; raise ConfigError naming the field."""
@@ -123,11 +138,15 @@ class Extrapolator:
         if self.batch is None:
             if parts == 1:
                 return None
-            raise ConfigError("batch_size", None,
-                              "a batch size (the trace's metadata has none) to split it")  # fmt: skip
+            raise ConfigError(
+                "batch_size", None, "a batch size (the trace's metadata has none) to split it"
+            )
         if self.batch < parts or self.batch % parts:
-            raise ConfigError("batch_size", self.batch,
-                              f"a multiple of {parts}, to split it evenly over {parts} parts")  # fmt: skip
+            raise ConfigError(
+                "batch_size",
+                self.batch,
+                f"a multiple of {parts}, to split it evenly over {parts} parts",
+            )
         return self.batch / parts
 
     def ops(self, *phases):

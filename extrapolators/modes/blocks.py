@@ -14,8 +14,10 @@ def layer_units(trace, depth: int | None = None) -> tuple[dict, list[str], list[
     weights = {t.id for t in trace.weights()}
     if depth is None:
         depth = 1
-        while depth < 8 and len({_prefix(op, depth) for op in fwd
-                                 if any(t in weights for t in op.inputs)}) < 4:  # fmt: skip
+        while (
+            depth < 8
+            and len({_prefix(op, depth) for op in fwd if any(t in weights for t in op.inputs)}) < 4
+        ):
             depth += 1
     unit_of: dict[int, int] = {}
     names: list[str] = []

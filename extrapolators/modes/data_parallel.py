@@ -34,12 +34,18 @@ class Single(Extrapolator):
 
 @dataclass(frozen=True)
 class DPOptions:
-    accumulation_steps: int = option(1, ge=1, help="gradient accumulation: forward and "
-                                     "backward this many times on batch/N/steps before "
-                                     "the gradients are reduced")  # fmt: skip
+    accumulation_steps: int = option(
+        1,
+        ge=1,
+        help="gradient accumulation: forward and "
+        "backward this many times on batch/N/steps before "
+        "the gradients are reduced",
+    )
     recompute: Literal["none", "full", "selective"] = option(
-        "none", help="activation recomputation: full (every block's forward again before its "
-        "backward) or selective (the attention core, as Megatron-LM)")  # fmt: skip
+        "none",
+        help="activation recomputation: full (every block's forward again before its "
+        "backward) or selective (the attention core, as Megatron-LM)",
+    )
 
 
 class DataParallel(Extrapolator):
@@ -100,8 +106,9 @@ class DataParallel(Extrapolator):
                 yield self.compute(op, target)
             return
         if "_optimizer_run" not in self.__dict__:
-            self._optimizer_run = ComputeRun(self.compute(op, target)
-                                             for op in self.ops("optimizer"))  # fmt: skip
+            self._optimizer_run = ComputeRun(
+                self.compute(op, target) for op in self.ops("optimizer")
+            )
         if len(self._optimizer_run):
             yield self._optimizer_run
 
@@ -135,8 +142,15 @@ class DataParallel(Extrapolator):
 
     def _comm(self, gpu):
         yield Wait(f"{gpu}:grads")
-        yield Collective("allreduce", self.ring, self.grad_bytes(), "dp:allreduce",
-                         layer="gradients", phase="backward", algorithm=self.collective)  # fmt: skip
+        yield Collective(
+            "allreduce",
+            self.ring,
+            self.grad_bytes(),
+            "dp:allreduce",
+            layer="gradients",
+            phase="backward",
+            algorithm=self.collective,
+        )
         yield Signal(f"{gpu}:reduced")
 
 
@@ -148,8 +162,9 @@ class DDPOptions(DPOptions):
         gt=0,
         help="gradient bucket cap (PyTorch's bucket_cap_mb=25: 25 MiB)",
     )
-    first_bucket_size: float = option(2**20, unit="bytes", gt=0,
-                                      help="the first bucket's cap (PyTorch: 1 MiB)")  # fmt: skip
+    first_bucket_size: float = option(
+        2**20, unit="bytes", gt=0, help="the first bucket's cap (PyTorch: 1 MiB)"
+    )
 
 
 class DistributedDataParallel(DataParallel):
@@ -208,6 +223,13 @@ class DistributedDataParallel(DataParallel):
     def _comm(self, gpu):
         for k, (_, size, _) in enumerate(self.buckets()):
             yield Wait(f"{gpu}:bucket{k}")
-            yield Collective("allreduce", self.ring, size, f"ddp:bucket{k}", layer=f"bucket{k}",
-                             phase="backward", algorithm=self.collective)  # fmt: skip
+            yield Collective(
+                "allreduce",
+                self.ring,
+                size,
+                f"ddp:bucket{k}",
+                layer=f"bucket{k}",
+                phase="backward",
+                algorithm=self.collective,
+            )
         yield Signal(f"{gpu}:reduced")

@@ -41,8 +41,9 @@ class HopOptions:
     )
     backup_workers: int = option(0, ge=0, help="in-neighbours' updates a worker may go on without")
     staleness: int = option(0, ge=0, help="how many iterations old an update may be")
-    max_gap: int = option(4, ge=1, help="token queues: iterations a worker may run ahead of "
-                          "an out-neighbour")  # fmt: skip
+    max_gap: int = option(
+        4, ge=1, help="token queues: iterations a worker may run ahead of an out-neighbour"
+    )
 
 
 class Hop(Extrapolator):
@@ -55,29 +56,44 @@ class Hop(Extrapolator):
         o, n = self.options, len(self.gpus)
         if o.graph == "topology":
             if self.graph is None:
-                raise ConfigError("parallelism.graph", "topology",
-                                  "a named graph, when no topology is given")  # fmt: skip
+                raise ConfigError(
+                    "parallelism.graph", "topology", "a named graph, when no topology is given"
+                )
             g = _gpu_graph(self.graph, self.gpus)
         else:
             from networks import topology as topo
 
-            build = {"ring": topo.ring, "ring_chord": topo.ring_chord,
-                     "double_ring": topo.double_ring, "fully_connected": topo.fully_connected}  # fmt: skip
+            build = {
+                "ring": topo.ring,
+                "ring_chord": topo.ring_chord,
+                "double_ring": topo.double_ring,
+                "fully_connected": topo.fully_connected,
+            }
             g = nx.relabel_nodes(build[o.graph](n, 1.0), dict(enumerate(self.gpus)))
-        self.out_nbrs = {w: sorted((v for v in g.successors(w) if v != w), key=self.gpus.index)
-                         for w in self.gpus}  # fmt: skip
-        self.in_nbrs = {w: sorted((v for v in g.predecessors(w) if v != w), key=self.gpus.index)
-                        for w in self.gpus}  # fmt: skip
+        self.out_nbrs = {
+            w: sorted((v for v in g.successors(w) if v != w), key=self.gpus.index)
+            for w in self.gpus
+        }
+        self.in_nbrs = {
+            w: sorted((v for v in g.predecessors(w) if v != w), key=self.gpus.index)
+            for w in self.gpus
+        }
         if n > 1:
             lonely = [w for w in self.gpus if not self.in_nbrs[w]]
             if lonely:
-                raise ConfigError("parallelism.graph", o.graph, f"a graph where every GPU has an "
-                                  f"in-neighbour (GPU {lonely[0]} has none)")  # fmt: skip
+                raise ConfigError(
+                    "parallelism.graph",
+                    o.graph,
+                    f"a graph where every GPU has an in-neighbour (GPU {lonely[0]} has none)",
+                )
             fewest = min(len(v) for v in self.in_nbrs.values())
             if o.backup_workers >= fewest:
-                raise ConfigError("parallelism.backup_workers", o.backup_workers,
-                                  f"fewer than the smallest in-degree ({fewest}): a worker must "
-                                  "wait for at least one update")  # fmt: skip
+                raise ConfigError(
+                    "parallelism.backup_workers",
+                    o.backup_workers,
+                    f"fewer than the smallest in-degree ({fewest}): a worker must "
+                    "wait for at least one update",
+                )
 
     def update_bytes(self) -> float:
         return self.trace.weight_bytes()
@@ -113,8 +129,9 @@ class Hop(Extrapolator):
         for k in range(iterations):
             yield Iteration(k)
             yield Wait(f"hop:grad:{w}:{k}")
-            yield Send(j, self.update_bytes(), f"hop:upd:{w}->{j}:{k}", layer="update",
-                       phase="backward")  # fmt: skip
+            yield Send(
+                j, self.update_bytes(), f"hop:upd:{w}->{j}:{k}", layer="update", phase="backward"
+            )
 
 
 def _gpu_graph(graph, gpus) -> nx.DiGraph:

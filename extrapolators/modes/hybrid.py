@@ -43,8 +43,9 @@ class Hybrid(Extrapolator):
         inner_cls = EXTRAPOLATORS.get(o.inner) if o.inner in EXTRAPOLATORS else None
         if inner_cls is None or not inner_cls.hybrid_inner:
             allowed = [n for n, c in EXTRAPOLATORS.items() if c.hybrid_inner]
-            raise ConfigError(f"{where}.inner", o.inner,
-                              f"a mode that hybrid replicates: {', '.join(allowed)}")  # fmt: skip
+            raise ConfigError(
+                f"{where}.inner", o.inner, f"a mode that hybrid replicates: {', '.join(allowed)}"
+            )
         rest = {k: v for k, v in data.items() if k not in own}
         inner = inner_cls.load_options(rest, where, elsewhere, also=(*also, "dp", "inner"))
         return dataclasses.replace(o, inner_options=inner)
@@ -76,15 +77,28 @@ class Hybrid(Extrapolator):
             group = self.gpus[r * k : (r + 1) * k]
             ring = rings[r]  # keep the topology's ring order
             try:
-                self.replicas.append(inner_cls(self.trace, self.model, group,
-                                               self.options.inner_options, batch_size=batch,
-                                               gpu=self.gpu, ring=ring, graph=self.graph))  # fmt: skip
+                self.replicas.append(
+                    inner_cls(
+                        self.trace,
+                        self.model,
+                        group,
+                        self.options.inner_options,
+                        batch_size=batch,
+                        gpu=self.gpu,
+                        ring=ring,
+                        graph=self.graph,
+                    )
+                )
             except ConfigError as e:
                 if e.field != "num_gpus":
                     raise
                 # the inner mode's degree is a replica's GPUs, num_gpus / dp: say so
-                raise ConfigError("parallelism.dp", dp, f"a split whose replicas of num_gpus "
-                                  f"/ dp = {k} GPUs the inner mode allows: {e.allowed}") from None  # fmt: skip
+                raise ConfigError(
+                    "parallelism.dp",
+                    dp,
+                    f"a split whose replicas of num_gpus "
+                    f"/ dp = {k} GPUs the inner mode allows: {e.allowed}",
+                ) from None
 
     def op_batch(self):
         return self.replicas[0].op_batch()
@@ -147,7 +161,13 @@ class Hybrid(Extrapolator):
         if len(peers) > 1:
             j = self._pos[peers[0]]
             ring = tuple(self._peer_rings[j])
-            yield Collective("allreduce", ring, self.held_weight_bytes(gpu),
-                             f"dp:{j}", layer="gradients",
-                             phase="backward", algorithm=self.collective)  # fmt: skip
+            yield Collective(
+                "allreduce",
+                ring,
+                self.held_weight_bytes(gpu),
+                f"dp:{j}",
+                layer="gradients",
+                phase="backward",
+                algorithm=self.collective,
+            )
         yield Signal(f"{gpu}:dp-reduced")

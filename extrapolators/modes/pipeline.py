@@ -107,8 +107,10 @@ def balanced_cuts(costs, parts: int, boundary=None) -> list[int]:
 @dataclass(frozen=True)
 class PipelineOptions:
     microbatches: int = option(1, ge=1, help="micro-batches the mini-batch is split into")
-    stages: list[int | str] = option(factory=list, help="where stages 2..S begin: layer names "
-                                     "or forward-op positions (default: balanced)")  # fmt: skip
+    stages: list[int | str] = option(
+        factory=list,
+        help="where stages 2..S begin: layer names or forward-op positions (default: balanced)",
+    )
     recompute: Literal["none", "except_last", "all"] = option(
         "none",
         help="activation checkpointing: re-run a stage's forward for a micro-batch just before "
@@ -128,8 +130,9 @@ class GPipe(Extrapolator):
     def check(self):
         m = self.options.microbatches
         if self.batch is not None and m > self.batch:
-            raise ConfigError("parallelism.microbatches", m,
-                              f"at most the batch size ({self.batch})")  # fmt: skip
+            raise ConfigError(
+                "parallelism.microbatches", m, f"at most the batch size ({self.batch})"
+            )
         if self.batch is None and m > 1:
             raise ConfigError("batch_size", None, "a batch size to split into micro-batches")
         self.per_gpu_batch(m)
@@ -199,8 +202,10 @@ class GPipe(Extrapolator):
                 self.bwd_ops[self.stage_of[i]].append(op)
         self.starts = list(starts)
         ends = [*starts[1:], len(fwd)]
-        self.stage_cost = [float(boundary[starts[s]] + cost[stage_of_fwd == s].sum()
-                                 + boundary[ends[s]]) for s in range(S)]  # fmt: skip
+        self.stage_cost = [
+            float(boundary[starts[s]] + cost[stage_of_fwd == s].sum() + boundary[ends[s]])
+            for s in range(S)
+        ]
         # bytes (at the traced batch) crossing each stage boundary s -> s+1 in forward
         self.boundary = [float(self.cut_bytes[starts[b + 1]]) for b in range(S - 1)]
         self._weights_share(fwd, stage_of_fwd)
@@ -240,9 +245,11 @@ class GPipe(Extrapolator):
     def _user_cuts(self, fwd) -> list[int]:
         S, ops = len(self.gpus), self.trace.operators
         if len(self.options.stages) != S - 1:
-            raise ConfigError("parallelism.stages", list(self.options.stages),
-                              f"{S - 1} stage starts (layer names or forward-op positions) for "
-                              f"{S} GPUs")  # fmt: skip
+            raise ConfigError(
+                "parallelism.stages",
+                list(self.options.stages),
+                f"{S - 1} stage starts (layer names or forward-op positions) for {S} GPUs",
+            )
         starts = [0]
         for s in self.options.stages:
             if isinstance(s, int) and not isinstance(s, bool):
@@ -257,8 +264,9 @@ class GPipe(Extrapolator):
                     raise ConfigError("parallelism.stages", s, "a layer name found in the trace")
                 k = hits[0]
             if not (starts[-1] < k < len(fwd)):
-                raise ConfigError("parallelism.stages", s,
-                                  f"increasing forward-op positions in 1..{len(fwd) - 1}")  # fmt: skip
+                raise ConfigError(
+                    "parallelism.stages", s, f"increasing forward-op positions in 1..{len(fwd) - 1}"
+                )
             starts.append(k)
         return starts
 

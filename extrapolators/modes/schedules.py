@@ -32,8 +32,11 @@ def schedule(name: str) -> Callable[[int, int, int, int], list[Step]]:
 
 def _one_chunk(chunks: int, name: str) -> None:
     if chunks != 1:
-        raise ConfigError("parallelism.virtual_stages", chunks,
-                          f"1 with schedule '{name}' (use schedule 'interleaved')")  # fmt: skip
+        raise ConfigError(
+            "parallelism.virtual_stages",
+            chunks,
+            f"1 with schedule '{name}' (use schedule 'interleaved')",
+        )
 
 
 @register_schedule("gpipe")
@@ -75,9 +78,11 @@ def interleaved(s: int, S: int, M: int, v: int) -> list[Step]:
     (S - s - 1) * 2 + (v - 1) * S forward chunk-steps, then one forward / one backward
     chunk-step, then the remaining backwards. Needs M % S == 0."""
     if M % S:
-        raise ConfigError("parallelism.microbatches", M,
-                          f"a multiple of the pipeline depth ({S}) for the interleaved "
-                          "schedule")  # fmt: skip
+        raise ConfigError(
+            "parallelism.microbatches",
+            M,
+            f"a multiple of the pipeline depth ({S}) for the interleaved schedule",
+        )
     total = M * v
     warm = min((S - s - 1) * 2 + (v - 1) * S, total)
     seq: list[Step] = [("F", *_chunk_step(k, S, v, True)) for k in range(warm)]

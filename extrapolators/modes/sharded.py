@@ -32,14 +32,17 @@ from triosim.common.schema import option
 
 @dataclass(frozen=True)
 class ShardedOptions:
-    stage: Literal[1, 2, 3] = option(3, help="ZeRO stage: 1 optimizer states, 2 + gradients, "
-                                     "3 + parameters (FSDP)")  # fmt: skip
-    wrap_depth: int | None = option(None, ge=1, help="layer-name depth of a unit (default: "
-                                    "the smallest giving >= 4 units)")  # fmt: skip
-    reshard_after_forward: bool = option(True, help="FSDP2: free gathered parameters after "
-                                         "forward and gather them again for backward")  # fmt: skip
-    bucket_size: float = option(25 * 2**20, unit="bytes", gt=0,
-                                help="ZeRO-1/2 gradient bucket cap")  # fmt: skip
+    stage: Literal[1, 2, 3] = option(
+        3, help="ZeRO stage: 1 optimizer states, 2 + gradients, 3 + parameters (FSDP)"
+    )
+    wrap_depth: int | None = option(
+        None, ge=1, help="layer-name depth of a unit (default: the smallest giving >= 4 units)"
+    )
+    reshard_after_forward: bool = option(
+        True,
+        help="FSDP2: free gathered parameters after forward and gather them again for backward",
+    )
+    bucket_size: float = option(25 * 2**20, unit="bytes", gt=0, help="ZeRO-1/2 gradient bucket cap")
     recompute: Literal["none", "full", "selective"] = option(
         "none", help="activation recomputation (as for dp): full per unit or selective"
     )
@@ -67,8 +70,11 @@ class Sharded(Extrapolator):
     def state_fractions(self) -> dict:
         """Share of the full weights, gradients and optimizer states each GPU keeps."""
         n, stage = len(self.gpus), self.options.stage
-        return {"weights": 1 / n if stage >= 3 else 1.0, "gradients": 1 / n if stage >= 2 else 1.0,
-                "optimizer_states": 1 / n}  # fmt: skip
+        return {
+            "weights": 1 / n if stage >= 3 else 1.0,
+            "gradients": 1 / n if stage >= 2 else 1.0,
+            "optimizer_states": 1 / n,
+        }
 
     def buffer_bytes(self, gpu) -> float:
         """ZeRO-3: the gathered parameters of the current and the prefetched unit."""
@@ -91,8 +97,9 @@ class Sharded(Extrapolator):
         return out
 
     def _coll(self, op, nbytes, key, layer, phase):
-        return Collective(op, self.ring, nbytes, key, layer=layer, phase=phase,
-                          algorithm=self.collective)  # fmt: skip
+        return Collective(
+            op, self.ring, nbytes, key, layer=layer, phase=phase, algorithm=self.collective
+        )
 
     def _compute(self, g):
         target = self.target(self.per_gpu_batch(len(self.gpus)))

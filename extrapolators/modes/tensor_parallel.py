@@ -102,13 +102,18 @@ class TensorParallel(Extrapolator):
     def check(self):
         o = self.options
         if o.sequence_parallel and o.tp_style != "megatron":
-            raise ConfigError("parallelism.sequence_parallel", True,
-                              "false with tp_style 'channel' (sequence parallelism is "
-                              "Megatron's)")  # fmt: skip
+            raise ConfigError(
+                "parallelism.sequence_parallel",
+                True,
+                "false with tp_style 'channel' (sequence parallelism is Megatron's)",
+            )
         if len(self.gpus) > 1 and not any(self._is_layer(op) for op in self.ops("forward")):
-            raise ConfigError("parallelism.mode", "tp",
-                              "a trace with splittable layers (conv, linear, embedding): none "
-                              "is marked tp_split and reads a weight in this trace")  # fmt: skip
+            raise ConfigError(
+                "parallelism.mode",
+                "tp",
+                "a trace with splittable layers (conv, linear, embedding): none "
+                "is marked tp_split and reads a weight in this trace",
+            )
         self._plan()
         if len(self.gpus) > 1:
             self._check_divisible()
@@ -150,8 +155,11 @@ class TensorParallel(Extrapolator):
         each GPU's shard: they run on 1/N, and so does their backward."""
         roots, split = self.roots, {self.roots[t] for t in self._split_weight_like()}
         for op in fwd:
-            if (op.id not in self.roles and op.outputs
-                    and all(roots.get(t, -1) in split for t in op.outputs)):  # fmt: skip
+            if (
+                op.id not in self.roles
+                and op.outputs
+                and all(roots.get(t, -1) in split for t in op.outputs)
+            ):
                 self.roles[op.id] = "sharded"
 
     def _plan(self):
@@ -167,8 +175,12 @@ class TensorParallel(Extrapolator):
         # the trace, e.g. a flatten the profiler did not record, made them); model inputs,
         # token ids and positions have none
         made = {t for op in fwd for t in op.outputs}
-        self._has_grad = {t for t, x in T.items() if x.category == "weight" or (
-            x.category == "activation" and t not in made and _floating(x.dtype))}  # fmt: skip
+        self._has_grad = {
+            t
+            for t, x in T.items()
+            if x.category == "weight"
+            or (x.category == "activation" and t not in made and _floating(x.dtype))
+        }
         for op in fwd:
             if any(t in self._has_grad for t in op.inputs):
                 self._has_grad.update(t for t in op.outputs if _floating(T[t].dtype))
@@ -210,8 +222,9 @@ class TensorParallel(Extrapolator):
                 continue
             between, end, kind, reached = self._reach(fwd, k, readers, layer)
             inside = set(between) | ({end} if end is not None else set())
-            closed = end is not None and all(r in inside for t in reached
-                                             for r in readers.get(t, ()))  # fmt: skip
+            closed = end is not None and all(
+                r in inside for t in reached for r in readers.get(t, ())
+            )
             if closed and kind == "layer" and end not in embeddings:
                 roles[op.id], roles[fwd[end].id] = "column", "row"
                 for i in between:
@@ -296,8 +309,11 @@ class TensorParallel(Extrapolator):
     # -- bytes ---------------------------------------------------------------------------------
     def activation_bytes(self, tensor_ids) -> float:
         r = batch_ratio(self.trace, Target(batch_size=self.batch))
-        return sum(self.trace.tensors[t].nbytes * r for t in set(tensor_ids)
-                   if self.trace.tensors[t].scales_with_batch)  # fmt: skip
+        return sum(
+            self.trace.tensors[t].nbytes * r
+            for t in set(tensor_ids)
+            if self.trace.tensors[t].scales_with_batch
+        )
 
     def loss_bytes(self) -> float:
         """One fp32 value per token (a row of the head's logits): each of the vocabulary-
@@ -319,8 +335,15 @@ class TensorParallel(Extrapolator):
 
     def _add(self, where, op, kind, nbytes, tag, phase):
         algo = self.collective if f"{kind}:{self.collective}" in collectives.ALGORITHMS else "ring"
-        c = Collective(kind, self.ring, nbytes, f"tp:{op.id}:{tag}", layer=op.layer,
-                       phase=phase, algorithm=algo)  # fmt: skip
+        c = Collective(
+            kind,
+            self.ring,
+            nbytes,
+            f"tp:{op.id}:{tag}",
+            layer=op.layer,
+            phase=phase,
+            algorithm=algo,
+        )
         where.setdefault(op.id, []).append(c)
 
     # -- collectives ---------------------------------------------------------------------------
@@ -338,8 +361,9 @@ class TensorParallel(Extrapolator):
                 groups.setdefault(data[0] if data else ("op", op.id), []).append(op)
         out = {}
         for ops in groups.values():
-            bwd = sorted((b for op in ops for b in self.bwd_of.get(op.id, [])),
-                         key=lambda b: pos[b.id])  # fmt: skip
+            bwd = sorted(
+                (b for op in ops for b in self.bwd_of.get(op.id, [])), key=lambda b: pos[b.id]
+            )
             out[ops[0].id] = (ops, bwd)
         return out
 
@@ -442,9 +466,13 @@ class TensorParallel(Extrapolator):
             dims = {T[w].shape[axis] for w in self._weights(op) if len(T[w].shape) >= 2}
             for d in sorted(dims):
                 if d % n:
-                    raise ConfigError(self.degree_field, n, f"a tensor-parallel degree dividing layer "
-                                      f"{op.layer or op.name}'s {d} {what} units (op {op.id}): "
-                                      f"each GPU takes an equal shard")  # fmt: skip
+                    raise ConfigError(
+                        self.degree_field,
+                        n,
+                        f"a tensor-parallel degree dividing layer "
+                        f"{op.layer or op.name}'s {d} {what} units (op {op.id}): "
+                        f"each GPU takes an equal shard",
+                    )
 
     def _split_weight_like(self) -> set[int]:
         """The weight-like tensors split layers read and shard (a row layer's bias whole)."""
@@ -482,10 +510,14 @@ class TensorParallel(Extrapolator):
                 kv = out // size if out and out % size == 0 else kv
             for what, count in (("attention heads", heads), ("key/value heads", kv)):
                 if count % n:
-                    raise ConfigError(self.degree_field, n, f"a tensor-parallel degree "
-                                      f"dividing the {count} {what} of {op.layer or op.name} "
-                                      f"({heads} query heads, {kv} key/value heads; Megatron "
-                                      f"splits attention by heads)")  # fmt: skip
+                    raise ConfigError(
+                        self.degree_field,
+                        n,
+                        f"a tensor-parallel degree "
+                        f"dividing the {count} {what} of {op.layer or op.name} "
+                        f"({heads} query heads, {kv} key/value heads; Megatron "
+                        f"splits attention by heads)",
+                    )
 
     def _projection(self, t, made, steps: int = 32):
         """The layer a tensor comes from, following each operator's first batch-sized input

@@ -54,16 +54,22 @@ class ThreeDOptions:
     tp: int = option(1, ge=1, help="tensor-parallel degree (GPUs per stage)")
     pp: int = option(0, ge=0, help="pipeline-parallel degree (stages); 0: num_gpus / (dp x tp)")
     microbatches: int = option(1, ge=1, help="micro-batches each replica's batch is split into")
-    schedule: str = option("1f1b", help="pipeline schedule: gpipe, 1f1b, interleaved (or one "
-                           "registered in extrapolators.modes.schedules)")  # fmt: skip
+    schedule: str = option(
+        "1f1b",
+        help="pipeline schedule: gpipe, 1f1b, interleaved (or one "
+        "registered in extrapolators.modes.schedules)",
+    )
     virtual_stages: int = option(1, ge=1, help="model chunks per pipeline stage (interleaved)")
     placement: list[int | str] | str = option(
         "tp-pp-dp",
         help="grid onto GPUs: tp-pp-dp (TP innermost), dp-pp-tp (DP innermost), or the GPU "
         "ids in tp-pp-dp grid order",
     )
-    dp_overlap: bool = option(True, help="bucketed gradient all-reduce overlapping backward "
-                              "(DDP); false: one all-reduce after backward")  # fmt: skip
+    dp_overlap: bool = option(
+        True,
+        help="bucketed gradient all-reduce overlapping backward "
+        "(DDP); false: one all-reduce after backward",
+    )
     bucket_size: float = option(25 * 2**20, unit="bytes", gt=0, help="gradient bucket cap")
     first_bucket_size: float = option(2**20, unit="bytes", gt=0, help="the first bucket's cap")
     tp_style: Literal["megatron", "channel"] = option("megatron", help="as mode tp")
@@ -79,16 +85,21 @@ class ThreeD(Extrapolator):
         o, n = self.options, len(self.gpus)
         dp, tp = o.dp, o.tp
         if n % (dp * tp):
-            raise ConfigError("parallelism.dp", dp, f"dp x tp ({dp} x {tp}) dividing num_gpus "
-                              f"({n})")  # fmt: skip
+            raise ConfigError(
+                "parallelism.dp", dp, f"dp x tp ({dp} x {tp}) dividing num_gpus ({n})"
+            )
         pp = o.pp or n // (dp * tp)
         if dp * tp * pp != n:
-            raise ConfigError("parallelism.pp", o.pp, f"dp x tp x pp = num_gpus ({n}); dp = "
-                              f"{dp}, tp = {tp}")  # fmt: skip
+            raise ConfigError(
+                "parallelism.pp", o.pp, f"dp x tp x pp = num_gpus ({n}); dp = {dp}, tp = {tp}"
+            )
         self.dp, self.tp, self.pp, self.v = dp, tp, pp, o.virtual_stages
         if self.v > 1 and pp < 2:
-            raise ConfigError("parallelism.virtual_stages", self.v, "1 without pipeline stages "
-                              "(pp >= 2 to interleave)")  # fmt: skip
+            raise ConfigError(
+                "parallelism.virtual_stages",
+                self.v,
+                "1 without pipeline stages (pp >= 2 to interleave)",
+            )
         self.grid = self._place()
         self.coord = {g: (d, p, t) for (d, p, t), g in self.grid.items()}
         self.order_of = schedule(o.schedule)
@@ -99,13 +110,24 @@ class ThreeD(Extrapolator):
         C = pp * self.v
         # the pipeline mode cuts the model into C chunks (chunk c on stage c % pp)
         chain = [self.grid[0, c % pp, 0] for c in range(C)]
-        self.pipe = GPipe(self.trace, self.model, chain, PipelineOptions(microbatches=M),
-                          batch_size=rep_batch, gpu=self.gpu, graph=self.graph if pp > 1 and
-                          self.v == 1 else None)  # fmt: skip
+        self.pipe = GPipe(
+            self.trace,
+            self.model,
+            chain,
+            PipelineOptions(microbatches=M),
+            batch_size=rep_batch,
+            gpu=self.gpu,
+            graph=self.graph if pp > 1 and self.v == 1 else None,
+        )
         group0 = [self.grid[0, 0, t] for t in range(tp)]
-        self.tpx = _TensorParallel(self.trace, self.model, group0,
-                                  TPOptions(o.tp_style, o.sequence_parallel),
-                                  batch_size=self.micro, gpu=self.gpu)  # fmt: skip
+        self.tpx = _TensorParallel(
+            self.trace,
+            self.model,
+            group0,
+            TPOptions(o.tp_style, o.sequence_parallel),
+            batch_size=self.micro,
+            gpu=self.gpu,
+        )
         self._held()
         self._buckets = {p: self._make_buckets(p) for p in range(pp)} if o.dp_overlap else {}
 
@@ -115,8 +137,11 @@ class ThreeD(Extrapolator):
         grid = {}
         if isinstance(pl, list):
             if sorted(map(str, pl)) != sorted(map(str, self.gpus)) or len(set(pl)) != len(pl):
-                raise ConfigError("parallelism.placement", pl,
-                                  f"a list of the {len(self.gpus)} GPU ids, each once")  # fmt: skip
+                raise ConfigError(
+                    "parallelism.placement",
+                    pl,
+                    f"a list of the {len(self.gpus)} GPU ids, each once",
+                )
             by_name = {str(g): g for g in self.gpus}
             ids = [by_name[str(x)] for x in pl]
             for d in range(dp):
@@ -134,8 +159,9 @@ class ThreeD(Extrapolator):
                     for t in range(tp):
                         grid[d, p, t] = self.gpus[t * pp * dp + p * dp + d]
         else:
-            raise ConfigError("parallelism.placement", pl,
-                              "tp-pp-dp, dp-pp-tp or a list of GPU ids")  # fmt: skip
+            raise ConfigError(
+                "parallelism.placement", pl, "tp-pp-dp, dp-pp-tp or a list of GPU ids"
+            )
         return grid
 
     def _ring(self, members) -> tuple:
@@ -175,8 +201,10 @@ class ThreeD(Extrapolator):
         position: its TP groups are `_ring` of the mapped members (as `tp_group`), its
         pipeline sends go between the mapped stages, and each DP group (one GPU per replica)
         is a whole class."""
-        replicas = [[self.grid[d, p, t] for p in range(self.pp) for t in range(self.tp)]
-                    for d in range(self.dp)]  # fmt: skip
+        replicas = [
+            [self.grid[d, p, t] for p in range(self.pp) for t in range(self.tp)]
+            for d in range(self.dp)
+        ]
         coord, grid = self.coord, self.grid
 
         def image_group(group, k):
@@ -198,10 +226,15 @@ class ThreeD(Extrapolator):
                     if trace.tensors[t].category == "weight" and t not in seen:
                         seen.add(t)
                         self.chunk_weights[c].append(t)
-        self.wbytes = {t: trace.tensors[t].nbytes / (self.tp if t in split else 1)
-                       for t in seen}  # fmt: skip
-        self.stage_bytes = [sum(self.wbytes[t] for c in range(p, self.pp * self.v, self.pp)
-                                for t in self.chunk_weights[c]) for p in range(self.pp)]  # fmt: skip
+        self.wbytes = {t: trace.tensors[t].nbytes / (self.tp if t in split else 1) for t in seen}
+        self.stage_bytes = [
+            sum(
+                self.wbytes[t]
+                for c in range(p, self.pp * self.v, self.pp)
+                for t in self.chunk_weights[c]
+            )
+            for p in range(self.pp)
+        ]
 
     def held_weight_bytes(self, gpu) -> float:
         return self.stage_bytes[self.coord[gpu][1]]
@@ -382,8 +415,9 @@ class ThreeD(Extrapolator):
                 task = shared[i]
                 if task is None:
                     c = item[1]
-                    task = shared[i] = Collective(c.op, group, c.nbytes, dk + item[2], c.layer,
-                                                  c.phase, c.algorithm, c.root)  # fmt: skip
+                    task = shared[i] = Collective(
+                        c.op, group, c.nbytes, dk + item[2], c.layer, c.phase, c.algorithm, c.root
+                    )
                 yield task
             elif tag == RECV:
                 yield Recv(grid[d, item[1], t], dt + item[2], phase=item[3])
@@ -482,15 +516,27 @@ class ThreeD(Extrapolator):
             for k, (_, size) in enumerate(self._buckets[p]):
                 yield Wait(f"{g}:bucket{k}")
                 if len(peers) > 1:
-                    yield Collective("allreduce", peers, size, f"dp:p{p}t{t}:bucket{k}",
-                                     layer=f"bucket{k}", phase="backward",
-                                     algorithm=self.collective)  # fmt: skip
+                    yield Collective(
+                        "allreduce",
+                        peers,
+                        size,
+                        f"dp:p{p}t{t}:bucket{k}",
+                        layer=f"bucket{k}",
+                        phase="backward",
+                        algorithm=self.collective,
+                    )
         else:
             yield Wait(f"{g}:grads")
             if len(peers) > 1:
-                yield Collective("allreduce", peers, self.stage_bytes[p], f"dp:p{p}t{t}",
-                                 layer="gradients", phase="backward",
-                                 algorithm=self.collective)  # fmt: skip
+                yield Collective(
+                    "allreduce",
+                    peers,
+                    self.stage_bytes[p],
+                    f"dp:p{p}t{t}",
+                    layer="gradients",
+                    phase="backward",
+                    algorithm=self.collective,
+                )
         yield Signal(f"{g}:reduced")
 
 

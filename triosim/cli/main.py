@@ -48,8 +48,10 @@ def _out_folder(out, stem: str, force: bool) -> Path:
         if folder.exists() and not folder.is_dir():
             raise InputError(f"--out {folder} is a file, expected a folder")
         if _taken(folder) and not force:
-            raise InputError(f"--out {folder} already holds files; pass --force to "
-                             "overwrite them, or name another folder")  # fmt: skip
+            raise InputError(
+                f"--out {folder} already holds files; pass --force to "
+                "overwrite them, or name another folder"
+            )
     else:
         folder, n = Path("out") / stem, 1
         while _taken(folder) and not force:
@@ -93,9 +95,11 @@ def _spare_inputs(folder: Path, names, inputs) -> None:
     for name in names:
         for i in inputs:
             if same_file(folder / name, i):
-                raise InputError(f"--out {folder}: its {name} is an input of this run ({i}); "
-                                 "name another folder (an input is never overwritten, not "
-                                 "even with --force)")  # fmt: skip
+                raise InputError(
+                    f"--out {folder}: its {name} is an input of this run ({i}); "
+                    "name another folder (an input is never overwritten, not "
+                    "even with --force)"
+                )
 
 
 def _clear_earlier(folder: Path, own, kind: str) -> None:
@@ -106,8 +110,10 @@ def _clear_earlier(folder: Path, own, kind: str) -> None:
     removed = remove_written(folder, own, kind)
     extra = [n for n in removed if n not in own]  # not rewritten now: worth naming
     if removed:
-        print(f"--force: removed the {len(removed)} file(s) an earlier run wrote in {folder}/"
-              + (f" ({', '.join(extra)} among them)" if extra else ""))  # fmt: skip
+        print(
+            f"--force: removed the {len(removed)} file(s) an earlier run wrote in {folder}/"
+            + (f" ({', '.join(extra)} among them)" if extra else "")
+        )
 
 
 def cmd_simulate(args) -> int:
@@ -125,8 +131,7 @@ def cmd_simulate(args) -> int:
         raise InputError(f"--no-save and --out {args.out}: give one (--no-save writes nothing)")
     out = None if args.no_save else _out_folder(args.out, path.stem, args.force)
     if out is not None:
-        _spare_inputs(out, [*Result.OUTPUTS, *written_before(out, "simulate")],
-                      _inputs(cfg, path))  # fmt: skip
+        _spare_inputs(out, [*Result.OUTPUTS, *written_before(out, "simulate")], _inputs(cfg, path))
     if out is not None and args.out is None and out.name != path.stem:
         print(f"out/{path.stem}/ already holds files: writing to {out}/ instead")
     trace = load_any_trace(cfg.trace_path(), progress=True)
@@ -142,8 +147,10 @@ def cmd_simulate(args) -> int:
         if args.force:  # only now: a failed run leaves the earlier outputs as they were
             _clear_earlier(out, Result.OUTPUTS, "simulate")
         result.save(out)
-        print(f"\noutputs written to {out}/ (timeline.csv, per_gpu.csv, per_layer.csv, links.csv,"
-              " summary.json, chrome_trace.json, timeline.png, memory.csv, memory.png, config.yaml)")  # fmt: skip
+        print(
+            f"\noutputs written to {out}/ (timeline.csv, per_gpu.csv, per_layer.csv, links.csv,"
+            " summary.json, chrome_trace.json, timeline.png, memory.csv, memory.png, config.yaml)"
+        )
     return 0
 
 
@@ -164,17 +171,25 @@ def cmd_info(args) -> int:
     print(f"sum of op times {t.total_time * 1e3:.4f} ms")
     st = trace_stats(t)
     pct = lambda x: "n/a" if x is None else f"{100 * x:.0f}%"  # noqa: E731
-    print(f"pairing       {st['backward_paired']} of {st['backward_operators']} backward operators "
-          f"({pct(st['pairing'])}; AccumulateGrad nodes have no forward op)")  # fmt: skip
-    print(f"FLOPs         {st['operators_with_flops']} of {st['operators']} operators "
-          f"({pct(st['flops_coverage'])}), {st['total_flops'] / 1e9:.3f} GFLOP")  # fmt: skip
+    print(
+        f"pairing       {st['backward_paired']} of {st['backward_operators']} backward operators "
+        f"({pct(st['pairing'])}; AccumulateGrad nodes have no forward op)"
+    )
+    print(
+        f"FLOPs         {st['operators_with_flops']} of {st['operators']} operators "
+        f"({pct(st['flops_coverage'])}), {st['total_flops'] / 1e9:.3f} GFLOP"
+    )
     tm = t.metadata.get("time_model")
     if t.metadata.get("modelled") and isinstance(tm, dict):
-        print(f"times         MODELLED, not measured: perfmodel '{tm.get('kind')}' for "
-              f"{tm.get('gpu')}")  # fmt: skip
+        print(
+            f"times         MODELLED, not measured: perfmodel '{tm.get('kind')}' for "
+            f"{tm.get('gpu')}"
+        )
         if tm.get("calibration"):
-            print(f"calibration   fitted on {tm.get('fitted_on')} ({tm.get('form')} form): "
-                  f"{tm['calibration']}")  # fmt: skip
+            print(
+                f"calibration   fitted on {tm.get('fitted_on')} ({tm.get('form')} form): "
+                f"{tm['calibration']}"
+            )
         if tm.get("assumption"):
             print(f"assumption    {tm['assumption']}")
     lay = t.metadata.get("layers")
@@ -228,8 +243,18 @@ def cmd_search(args) -> int:
     # only with --force
     out = check_output_file(args.out, args.force, inputs=(path,))
     ranked, table, best = search(base, base_dir=str(path.parent), workers=args.workers)
-    cols = [c for c in ("plan", "iteration_time_ms", "peak_memory_gb_max", "samples_per_s",
-                        "tokens_per_s", "mfu") if c in ranked]  # fmt: skip
+    cols = [
+        c
+        for c in (
+            "plan",
+            "iteration_time_ms",
+            "peak_memory_gb_max",
+            "samples_per_s",
+            "tokens_per_s",
+            "mfu",
+        )
+        if c in ranked
+    ]
     if len(ranked):
         print(ranked[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     dropped = table[table["status"] != "ok"]
@@ -239,15 +264,19 @@ def cmd_search(args) -> int:
             + (f" ({r.reason})" if isinstance(getattr(r, "reason", None), str) else "")
         )
     if not (table["status"] != "invalid").any():
-        raise InputError(f"no plan is valid for {path} ({len(table)} tried; each one's reason "
-                         "is listed above): check num_gpus, batch_size and the trace")  # fmt: skip
+        raise InputError(
+            f"no plan is valid for {path} ({len(table)} tried; each one's reason "
+            "is listed above): check num_gpus, batch_size and the trace"
+        )
     if best is None:
         print("error: no candidate fits", file=sys.stderr)
         return 1
     best = {**best, "trace": str((path.parent / best["trace"]).resolve())}
     write_text(out, yaml.safe_dump(best, sort_keys=False))
-    print(f"\nbest: {ranked.loc[0, 'plan']} ({ranked.loc[0, 'iteration_time_ms']:.4f} ms); "
-          f"config written to {out}")  # fmt: skip
+    print(
+        f"\nbest: {ranked.loc[0, 'plan']} ({ranked.loc[0, 'iteration_time_ms']:.4f} ms); "
+        f"config written to {out}"
+    )
     return 0
 
 
@@ -279,8 +308,13 @@ def cmd_trace(args) -> int:
 
 # -- sweep ----------------------------------------------------------------------------------------
 
-SHOWN = ("iteration_time_ms", "compute_ms_mean", "comm_ms_mean", "exposed_comm_ms_mean",
-         "idle_ms_mean")  # fmt: skip
+SHOWN = (
+    "iteration_time_ms",
+    "compute_ms_mean",
+    "comm_ms_mean",
+    "exposed_comm_ms_mean",
+    "idle_ms_mean",
+)
 
 
 def _sweep_folder(out, stem: str, force: bool, pts, retry_failed: bool):
@@ -297,8 +331,10 @@ def _sweep_folder(out, stem: str, force: bool, pts, retry_failed: bool):
         if folder.exists() and not folder.is_dir():
             raise InputError(f"--out {folder} is a file, expected a folder")
         if _taken(folder) and not has_table(folder) and not force:
-            raise InputError(f"--out {folder} already holds files and no sweep table; pass "
-                             "--force to write there anyway, or name another folder")  # fmt: skip
+            raise InputError(
+                f"--out {folder} already holds files and no sweep table; pass "
+                "--force to write there anyway, or name another folder"
+            )
         return _writable(folder), sw.plan(pts, folder, retry_failed, fresh=force)
     n = 1
     while True:
@@ -333,13 +369,12 @@ def cmd_sweep(args) -> int:
     spec = sw.read_grid(path, [_assignment(a) for a in args.set or []])
     sizes = [f"{len(v)} {k}" for k, v in spec.grid.items()]
     if spec.zipped:
-        sizes.append(f"{len(next(iter(spec.zipped.values())))} zipped "
-                     f"({', '.join(spec.zipped)})")  # fmt: skip
+        sizes.append(f"{len(next(iter(spec.zipped.values())))} zipped ({', '.join(spec.zipped)})")
     # the count first: checking a large grid's points takes a while (a bar shows it)
-    print(f"sweep {path}: {sw.count(spec.grid, spec.zipped)} points ({' x '.join(sizes)})",
-          flush=True)  # fmt: skip
-    pts = sw.points(spec.base, spec.grid, spec.zipped, spec.base_dir, spec.grid_dir,
-                    progress=True)  # fmt: skip
+    print(
+        f"sweep {path}: {sw.count(spec.grid, spec.zipped)} points ({' x '.join(sizes)})", flush=True
+    )
+    pts = sw.points(spec.base, spec.grid, spec.zipped, spec.base_dir, spec.grid_dir, progress=True)
     folder, plan = _sweep_folder(args.out, path.stem, args.force, pts, args.retry_failed)
     if args.force:  # start over: no table or figure of an earlier run beside the new ones
         from triosim.common.outputs import written_before
@@ -357,15 +392,22 @@ def cmd_sweep(args) -> int:
             )
             dropped.setdefault(where, set()).update(p.dropped)
     for where, fields in dropped.items():
-        print(f"note: with {where}, the base's {', '.join(sorted(fields))} (fields of another "
-              "part) are left out")  # fmt: skip
+        print(
+            f"note: with {where}, the base's {', '.join(sorted(fields))} (fields of another "
+            "part) are left out"
+        )
     if plan.earlier or plan.retried:
         done = len(plan.earlier) - plan.failed_kept
-        print(f"resuming {folder}/: {done} finished earlier, "
-              + (f"{plan.failed_kept} failed earlier (kept: --retry-failed reruns them), "
-                 if plan.failed_kept else "")
-              + (f"{plan.retried} failed earlier (retried), " if plan.retried else "")
-              + (f"{len(plan.todo)} to run" if plan.todo else "nothing to run"))  # fmt: skip
+        print(
+            f"resuming {folder}/: {done} finished earlier, "
+            + (
+                f"{plan.failed_kept} failed earlier (kept: --retry-failed reruns them), "
+                if plan.failed_kept
+                else ""
+            )
+            + (f"{plan.retried} failed earlier (retried), " if plan.retried else "")
+            + (f"{len(plan.todo)} to run" if plan.todo else "nothing to run")
+        )
     # no more worker processes than points to run (--workers 1000 for 12 points: 12)
     workers = max(1, min(args.workers or os.cpu_count() or 1, len(plan.todo)))
     if plan.todo:
@@ -373,8 +415,11 @@ def cmd_sweep(args) -> int:
     try:
         df = sw.sweep_to(folder, plan, workers, args.scheduler)
     except KeyboardInterrupt:
-        print(f"\ninterrupted: the points finished so far are in {folder}/{sw.TABLE}.csv; "
-              "rerun the same command to resume", file=sys.stderr)  # fmt: skip
+        print(
+            f"\ninterrupted: the points finished so far are in {folder}/{sw.TABLE}.csv; "
+            "rerun the same command to resume",
+            file=sys.stderr,
+        )
         return 130
     params = list(dict.fromkeys(k for p in pts for k in p.params))
     shown = df[["point", *params, *(c for c in SHOWN if c in df)]].copy()
@@ -390,8 +435,11 @@ def cmd_sweep(args) -> int:
     files = " and ".join(str(f) for f in sw.write_table(df, folder))
     print(f"\ntable written to {files} ({len(df)} rows, {len(df.columns)} columns)")
     if bad.any():  # the table is written; the exit status says not every point ran
-        print(f"error: {int(bad.sum())} of {len(df)} points failed (the error_type and error "
-              "columns say why)", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {int(bad.sum())} of {len(df)} points failed (the error_type and error "
+            "columns say why)",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -461,8 +509,9 @@ def cmd_plot(args) -> int:
     target = Path(args.target)
     if target.is_dir() and (target / "summary.json").is_file():
         if args.x or args.y or args.hue:
-            raise InputError("--x, --y and --hue are for a sweep table; a result folder "
-                             "takes --kind")  # fmt: skip
+            raise InputError(
+                "--x, --y and --hue are for a sweep table; a result folder takes --kind"
+            )
         saved = plots.read_result_folder(target)
         png = _png_out(args.out, target / f"plot-{args.kind}.png", args.force)
         plots.plot_result(saved, args.kind, png, max_gpus=args.max_gpus)
@@ -476,8 +525,9 @@ def cmd_plot(args) -> int:
     if target.is_dir() and not any(
         (target / f"{sw.TABLE}.{e}").exists() for e in ("csv", "parquet")
     ):
-        raise InputError(f"{target} holds neither summary.json (a result folder) nor "
-                         f"{sw.TABLE}.csv (a sweep)")  # fmt: skip
+        raise InputError(
+            f"{target} holds neither summary.json (a result folder) nor {sw.TABLE}.csv (a sweep)"
+        )
     if args.kind != "overview":
         raise InputError("--kind is for a result folder; a sweep table takes --x, --y, --hue")
     df = sw.read_table(target)
@@ -561,16 +611,29 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("simulate", help="run the simulation a YAML config describes",
-                       description="Simulate one training iteration as the YAML config says; print "
-                       "a summary (ms) and write timeline, breakdowns, Chrome trace and plot.")  # fmt: skip
+    s = sub.add_parser(
+        "simulate",
+        help="run the simulation a YAML config describes",
+        description="Simulate one training iteration as the YAML config says; print "
+        "a summary (ms) and write timeline, breakdowns, Chrome trace and plot.",
+    )
     s.add_argument("config", help="YAML config (see examples/)")
-    s.add_argument("--out", help="output folder (default: out/<config name>/, or out/<config name>-2/, "
-                   "-3/, ... when that one already holds files)")  # fmt: skip
-    s.add_argument("--force", action="store_true",
-                   help="write into the output folder even if it already holds files")  # fmt: skip
-    s.add_argument("--set", action="append", metavar="FIELD=VALUE",
-                   help="override a config field, e.g. --set num_gpus=8 --set parallelism.mode=dp")  # fmt: skip
+    s.add_argument(
+        "--out",
+        help="output folder (default: out/<config name>/, or out/<config name>-2/, "
+        "-3/, ... when that one already holds files)",
+    )
+    s.add_argument(
+        "--force",
+        action="store_true",
+        help="write into the output folder even if it already holds files",
+    )
+    s.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="override a config field, e.g. --set num_gpus=8 --set parallelism.mode=dp",
+    )
     s.add_argument("--no-save", action="store_true", help="print the summary only")
     s.set_defaults(func=cmd_simulate)
     _with_fields_help(s)
@@ -581,60 +644,96 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("trace", help="a .trace.json(.gz) file or a TrioSim CSV folder")
     i.set_defaults(func=cmd_info)
 
-    im = sub.add_parser("import", help="convert an original TrioSim trace.csv + tensor.csv",
-                        description="Convert the original TrioSim CSV pair into a triosim trace file.")  # fmt: skip
+    im = sub.add_parser(
+        "import",
+        help="convert an original TrioSim trace.csv + tensor.csv",
+        description="Convert the original TrioSim CSV pair into a triosim trace file.",
+    )
     im.add_argument("source", help="folder with trace.csv and tensor.csv (or trace.csv)")
     im.add_argument("out", help="output .trace.json or .trace.json.gz")
-    im.add_argument("--batch-size", type=_positive_int,
-                    help="batch size (default: first input's first dim)")  # fmt: skip
+    im.add_argument(
+        "--batch-size", type=_positive_int, help="batch size (default: first input's first dim)"
+    )
     im.add_argument("--gpu", help="the GPU the trace was taken on (a name from the catalogue)")
     im.add_argument("--force", action="store_true", help="overwrite an existing output file")
     im.set_defaults(func=cmd_import)
 
-    t = sub.add_parser("trace", help="trace one training iteration of a model with PyTorch",
-                       description="Run warm-up and timed iterations, then profile one iteration with "
-                       "PyTorch Profiler + Execution Trace Observer; write a triosim trace.")  # fmt: skip
-    t.add_argument("model", help="a reference model: resnet18, resnet50, resnet152, vgg11, vgg13, "
-                   "vgg16, vgg19, densenet121, gpt2, bert, llama3-8b, llama3-70b, llama3.2-1b, or "
-                   "module:function returning (model, make_batch(batch_size, device), loss_fn)")  # fmt: skip
+    t = sub.add_parser(
+        "trace",
+        help="trace one training iteration of a model with PyTorch",
+        description="Run warm-up and timed iterations, then profile one iteration with "
+        "PyTorch Profiler + Execution Trace Observer; write a triosim trace.",
+    )
+    t.add_argument(
+        "model",
+        help="a reference model: resnet18, resnet50, resnet152, vgg11, vgg13, "
+        "vgg16, vgg19, densenet121, gpt2, bert, llama3-8b, llama3-70b, llama3.2-1b, or "
+        "module:function returning (model, make_batch(batch_size, device), loss_fn)",
+    )
     t.add_argument("--batch-size", type=_positive_int, required=True)
-    t.add_argument("--device", default="cpu", type=_device,
-                   help="cpu, cuda or cuda:N (default: cpu)")  # fmt: skip
-    t.add_argument("--out", required=True, help="output folder (the trace file's name is the "
-                   "model's and the batch's; an existing one is refused without --force)")  # fmt: skip
+    t.add_argument(
+        "--device", default="cpu", type=_device, help="cpu, cuda or cuda:N (default: cpu)"
+    )
+    t.add_argument(
+        "--out",
+        required=True,
+        help="output folder (the trace file's name is the "
+        "model's and the batch's; an existing one is refused without --force)",
+    )
     t.add_argument("--force", action="store_true", help="overwrite the trace file if it exists")
-    t.add_argument("--warmup", type=_nonnegative_int, default=3,
-                   help="warm-up iterations (paper: 30)")  # fmt: skip
-    t.add_argument("--measure", type=_positive_int, default=5,
-                   help="timed iterations (paper: 10)")  # fmt: skip
-    t.add_argument("--seq-len", type=_positive_int, default=128,
-                   help="sequence length for gpt2/bert")  # fmt: skip
+    t.add_argument(
+        "--warmup", type=_nonnegative_int, default=3, help="warm-up iterations (paper: 30)"
+    )
+    t.add_argument("--measure", type=_positive_int, default=5, help="timed iterations (paper: 10)")
+    t.add_argument(
+        "--seq-len", type=_positive_int, default=128, help="sequence length for gpt2/bert"
+    )
     t.add_argument("--small", action="store_true", help="a reduced model size (fast CPU traces)")
     t.add_argument("--image-size", type=_positive_int, default=224, help="image side for CNNs")
-    t.add_argument("--shapes-only", action="store_true",
-                   help="run the model on meta tensors (no memory, no compute) and take each "
-                   "operator's time from the calibrated performance model for --gpu; the trace "
-                   "says its times are modelled")  # fmt: skip
-    t.add_argument("--gpu", help="with --shapes-only: the catalogue GPU to model (H100-SXM, "
-                   "A100-80GB, A40, ...)")  # fmt: skip
-    t.add_argument("--layers", type=_positive_int, metavar="K",
-                   help="transformers: trace K of the identical layers at full width and "
-                   "replicate them to the model's depth (K must divide it)")  # fmt: skip
-    t.add_argument("--calibration", help="with --shapes-only: a calibration table (JSON) "
-                   "instead of the shipped H100 one")  # fmt: skip
-    t.add_argument("--master-weights", action="store_true",
-                   help="Llama: bfloat16 parameters with float32 master weights in the optimizer "
-                   "(Megatron-LM) instead of float32 parameters cast where used (torchtitan)")  # fmt: skip
+    t.add_argument(
+        "--shapes-only",
+        action="store_true",
+        help="run the model on meta tensors (no memory, no compute) and take each "
+        "operator's time from the calibrated performance model for --gpu; the trace "
+        "says its times are modelled",
+    )
+    t.add_argument(
+        "--gpu",
+        help="with --shapes-only: the catalogue GPU to model (H100-SXM, A100-80GB, A40, ...)",
+    )
+    t.add_argument(
+        "--layers",
+        type=_positive_int,
+        metavar="K",
+        help="transformers: trace K of the identical layers at full width and "
+        "replicate them to the model's depth (K must divide it)",
+    )
+    t.add_argument(
+        "--calibration",
+        help="with --shapes-only: a calibration table (JSON) instead of the shipped H100 one",
+    )
+    t.add_argument(
+        "--master-weights",
+        action="store_true",
+        help="Llama: bfloat16 parameters with float32 master weights in the optimizer "
+        "(Megatron-LM) instead of float32 parameters cast where used (torchtitan)",
+    )
     t.set_defaults(func=cmd_trace)
 
-    se = sub.add_parser("search", help="rank every way to spread a trace over the GPUs",
-                        description="Enumerate data, sharded, tensor, pipeline and hybrid plans "
-                        "for the config's trace, GPU count, topology and global batch; drop those "
-                        "that do not fit in memory; simulate and rank the rest; write the best "
-                        "as a config ready to run.")  # fmt: skip
+    se = sub.add_parser(
+        "search",
+        help="rank every way to spread a trace over the GPUs",
+        description="Enumerate data, sharded, tensor, pipeline and hybrid plans "
+        "for the config's trace, GPU count, topology and global batch; drop those "
+        "that do not fit in memory; simulate and rank the rest; write the best "
+        "as a config ready to run.",
+    )
     se.add_argument("config", help="YAML config giving trace, num_gpus, batch_size, topology")
-    se.add_argument("--out", default="best.yaml", help="where the best config goes (checked "
-                    "before the search; never the config)")  # fmt: skip
+    se.add_argument(
+        "--out",
+        default="best.yaml",
+        help="where the best config goes (checked before the search; never the config)",
+    )
     se.add_argument("--force", action="store_true", help="overwrite --out")
     se.add_argument("--workers", type=_positive_int, default=1, help="parallel processes")
     se.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a field")
@@ -644,33 +743,56 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_commands(sub)  # collectives, calibrate
 
-    w = sub.add_parser("sweep", help="run a grid of configs: one table (CSV, Parquet), resumable",
-                       formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Run every point of a grid file and write one table with a "
-                       "row per point: its parameters, its results and, for a failed point, "
-                       "the error. Rerunning into the same folder runs only the points not "
-                       "there yet; failed points are kept as they are unless --retry-failed.",
-                       epilog=SWEEP_EPILOG)  # fmt: skip
+    w = sub.add_parser(
+        "sweep",
+        help="run a grid of configs: one table (CSV, Parquet), resumable",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run every point of a grid file and write one table with a "
+        "row per point: its parameters, its results and, for a failed point, "
+        "the error. Rerunning into the same folder runs only the points not "
+        "there yet; failed points are kept as they are unless --retry-failed.",
+        epilog=SWEEP_EPILOG,
+    )
     w.add_argument("grid", help="grid file (YAML): base, grid and/or zip")
-    w.add_argument("--out", help="output folder (default: out/<grid name>/, resumed when it "
-                   "holds this grid's table, else out/<grid name>-2/, ...)")  # fmt: skip
-    w.add_argument("--workers", type=_positive_int, help="local worker processes (default: "
-                   "one per CPU core, at most one per point); 1 runs in this process")  # fmt: skip
-    w.add_argument("--scheduler", metavar="ADDRESS",
-                   help="run on an existing Dask cluster, e.g. tcp://10.0.0.5:8786")  # fmt: skip
-    w.add_argument("--retry-failed", action="store_true",
-                   help="run the points that failed in an earlier run again")  # fmt: skip
-    w.add_argument("--force", action="store_true",
-                   help="start over: ignore a table already in the output folder")  # fmt: skip
-    w.add_argument("--set", action="append", metavar="FIELD=VALUE",
-                   help="override a field of the base config")  # fmt: skip
+    w.add_argument(
+        "--out",
+        help="output folder (default: out/<grid name>/, resumed when it "
+        "holds this grid's table, else out/<grid name>-2/, ...)",
+    )
+    w.add_argument(
+        "--workers",
+        type=_positive_int,
+        help="local worker processes (default: "
+        "one per CPU core, at most one per point); 1 runs in this process",
+    )
+    w.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="run on an existing Dask cluster, e.g. tcp://10.0.0.5:8786",
+    )
+    w.add_argument(
+        "--retry-failed",
+        action="store_true",
+        help="run the points that failed in an earlier run again",
+    )
+    w.add_argument(
+        "--force",
+        action="store_true",
+        help="start over: ignore a table already in the output folder",
+    )
+    w.add_argument(
+        "--set", action="append", metavar="FIELD=VALUE", help="override a field of the base config"
+    )
     w.set_defaults(func=cmd_sweep)
 
-    c = sub.add_parser("compare", help="runs side by side: configs (run now) or result folders",
-                       description="Compare runs: each a config file (simulated now) or a "
-                       "result folder written by simulate. Prints iteration time, compute, "
-                       "communication, exposed communication, idle, bytes moved and peak memory "
-                       "(when known) side by side, with differences and ratios against the first.")  # fmt: skip
+    c = sub.add_parser(
+        "compare",
+        help="runs side by side: configs (run now) or result folders",
+        description="Compare runs: each a config file (simulated now) or a "
+        "result folder written by simulate. Prints iteration time, compute, "
+        "communication, exposed communication, idle, bytes moved and peak memory "
+        "(when known) side by side, with differences and ratios against the first.",
+    )
     c.add_argument(
         "runs", nargs="+", metavar="RUN", help="a config file or a result folder (two or more)"
     )
@@ -678,25 +800,48 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--force", action="store_true", help="overwrite the --out PNG if it exists")
     c.set_defaults(func=cmd_compare)
 
-    pl = sub.add_parser("plot", help="figures of a result folder or of a sweep table",
-                        description="A result folder (written by simulate): the timeline, the "
-                        "per-GPU breakdown and the per-link utilisation (--kind). A sweep "
-                        "folder or table: --y against --x, one line or bar group per --hue.")  # fmt: skip
-    pl.add_argument("target", metavar="RESULT_DIR|SWEEP_TABLE",
-                    help="a result folder, a sweep folder, or its sweep.csv / sweep.parquet")  # fmt: skip
-    pl.add_argument("--out", help="PNG to write (default: plot-<what>.png in the folder, or "
-                    "plot-<what>-2.png, ... when it exists)")  # fmt: skip
+    pl = sub.add_parser(
+        "plot",
+        help="figures of a result folder or of a sweep table",
+        description="A result folder (written by simulate): the timeline, the "
+        "per-GPU breakdown and the per-link utilisation (--kind). A sweep "
+        "folder or table: --y against --x, one line or bar group per --hue.",
+    )
+    pl.add_argument(
+        "target",
+        metavar="RESULT_DIR|SWEEP_TABLE",
+        help="a result folder, a sweep folder, or its sweep.csv / sweep.parquet",
+    )
+    pl.add_argument(
+        "--out",
+        help="PNG to write (default: plot-<what>.png in the folder, or "
+        "plot-<what>-2.png, ... when it exists)",
+    )
     pl.add_argument("--force", action="store_true", help="overwrite the --out PNG if it exists")
-    pl.add_argument("--kind", default="overview", choices=plots_kinds(),
-                    help="result folder: overview (all three, the default), timeline, "
-                    "breakdown or links")  # fmt: skip
-    pl.add_argument("--max-gpus", type=_positive_int, default=16,
-                    help="result folder: GPUs the timeline shows before it samples (default 16)")  # fmt: skip
-    pl.add_argument("--x", help="sweep: the parameter on the x axis (default: num_gpus if it "
-                    "varies, else the first parameter)")  # fmt: skip
+    pl.add_argument(
+        "--kind",
+        default="overview",
+        choices=plots_kinds(),
+        help="result folder: overview (all three, the default), timeline, breakdown or links",
+    )
+    pl.add_argument(
+        "--max-gpus",
+        type=_positive_int,
+        default=16,
+        help="result folder: GPUs the timeline shows before it samples (default 16)",
+    )
+    pl.add_argument(
+        "--x",
+        help="sweep: the parameter on the x axis (default: num_gpus if it "
+        "varies, else the first parameter)",
+    )
     pl.add_argument("--y", help="sweep: the metric (default: iteration_time_ms)")
-    pl.add_argument("--hue", action="append", help="sweep: a parameter drawn as separate lines "
-                    "(default: every other parameter that varies); repeatable")  # fmt: skip
+    pl.add_argument(
+        "--hue",
+        action="append",
+        help="sweep: a parameter drawn as separate lines "
+        "(default: every other parameter that varies); repeatable",
+    )
     pl.set_defaults(func=cmd_plot)
     return p
 

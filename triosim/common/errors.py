@@ -63,8 +63,10 @@ class DeadlockError(SimulationError):
         self.stuck = stuck
         lines = "\n".join(f"  {who}: waiting on {what}" for who, what in stuck[:20])
         more = f"\n  ... and {len(stuck) - 20} more" if len(stuck) > 20 else ""
-        self.message = (f"simulation stalled with {len(stuck)} stream(s) unfinished "
-                        f"(no events left to run):\n{lines}{more}")  # fmt: skip
+        self.message = (
+            f"simulation stalled with {len(stuck)} stream(s) unfinished "
+            f"(no events left to run):\n{lines}{more}"
+        )
         super().__init__(stuck)
 
 

@@ -31,8 +31,10 @@ def check_output_file(path, force: bool, inputs=(), what: str = "--out") -> Path
     path = Path(path)
     for i in inputs:
         if i is not None and same_file(path, i):
-            raise InputError(f"{what} {path} is the input {i}; name another file (an input "
-                             "is never overwritten, not even with --force)")  # fmt: skip
+            raise InputError(
+                f"{what} {path} is the input {i}; name another file (an input "
+                "is never overwritten, not even with --force)"
+            )
     if path.is_dir():
         raise InputError(f"{what} {path} is a folder; name a file")
     if path.exists() and not force:

@@ -26,8 +26,12 @@ class Registry:
 
         def deco(obj):
             if name in self._parts and self._parts[name] is not obj and not replace:
-                raise ConfigError(self.field, name, f"a name not yet registered for a "
-                                  f"{self.what} (pass replace=True to replace it)")  # fmt: skip
+                raise ConfigError(
+                    self.field,
+                    name,
+                    f"a name not yet registered for a "
+                    f"{self.what} (pass replace=True to replace it)",
+                )
             self._parts[name] = obj
             setattr(obj, self.attribute, name)
             return obj

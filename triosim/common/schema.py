@@ -27,9 +27,21 @@ from triosim.common import units
 from triosim.common.errors import ConfigError
 
 
-def option(default=MISSING, *, help: str = "", unit: str | None = None, ge=None, gt=None,
-           le=None, lt=None, factory=None, flatten: bool = False, path: bool = False,
-           inf: str | None = None, plausible: str | None = None):  # fmt: skip
+def option(
+    default=MISSING,
+    *,
+    help: str = "",
+    unit: str | None = None,
+    ge=None,
+    gt=None,
+    le=None,
+    lt=None,
+    factory=None,
+    flatten: bool = False,
+    path: bool = False,
+    inf: str | None = None,
+    plausible: str | None = None,
+):
     """A dataclass field with what the loader needs: a unit ("bytes", "seconds",
     "bandwidth"), bounds, a help line. `flatten`: a nested options object whose fields
     sit beside this one's in a config (a hybrid's inner mode). `path`: file paths, relative
@@ -41,9 +53,19 @@ def option(default=MISSING, *, help: str = "", unit: str | None = None, ge=None,
     that a value far from any real one warns (units.implausible)."""
     if inf is None and isinstance(default, float) and default == math.inf:
         inf = "no limit"
-    md = {"help": help, "unit": unit, "ge": ge, "gt": gt, "le": le, "lt": lt,
-          "flatten": flatten, "path": path, "inf": inf, "plausible": plausible or unit,
-          "near": default if isinstance(default, (int, float)) else None}  # fmt: skip
+    md = {
+        "help": help,
+        "unit": unit,
+        "ge": ge,
+        "gt": gt,
+        "le": le,
+        "lt": lt,
+        "flatten": flatten,
+        "path": path,
+        "inf": inf,
+        "plausible": plausible or unit,
+        "near": default if isinstance(default, (int, float)) else None,
+    }
     if factory is not None:
         return field(default_factory=factory, metadata=md)
     return field(default=default, metadata=md)
@@ -84,8 +106,9 @@ def load(
             and f.default is MISSING
             and f.default_factory is MISSING
         ):
-            raise ConfigError(_join(where, f.name), None,
-                              f"required: {describe_type(hints[f.name], f.metadata)}")  # fmt: skip
+            raise ConfigError(
+                _join(where, f.name), None, f"required: {describe_type(hints[f.name], f.metadata)}"
+            )
     instance = cls(**values)
     _loaded[id(instance)] = instance
     return instance
@@ -114,8 +137,12 @@ def check(instance, where: str):
 def unknown_field(path, key, value, known, elsewhere=None, owner="") -> ConfigError:
     """The error for a field this part does not have: whose it is, or the closest name."""
     if elsewhere and key in elsewhere:
-        return ConfigError(path, value, f"a field of {elsewhere[key]}, not of {owner or 'this'}"
-                           f" (its fields: {', '.join(known) or 'none'})")  # fmt: skip
+        return ConfigError(
+            path,
+            value,
+            f"a field of {elsewhere[key]}, not of {owner or 'this'}"
+            f" (its fields: {', '.join(known) or 'none'})",
+        )
     close = difflib.get_close_matches(str(key), known + list(elsewhere or ()), n=1, cutoff=0.6)
     hint = f"; did you mean '{close[0]}'?" if close else ""
     whose = f" of {owner}" if owner else ""
@@ -157,8 +184,10 @@ def convert(value, tp, where: str, md=None):
         if not args:
             return dict(value)
         kt, vt = args
-        return {convert(k, kt, f"{where}[{k!r}]"): convert(v, vt, f"{where}[{k!r}]", md)
-                for k, v in value.items()}  # fmt: skip
+        return {
+            convert(k, kt, f"{where}[{k!r}]"): convert(v, vt, f"{where}[{k!r}]", md)
+            for k, v in value.items()
+        }
     if tp is bool:
         if not isinstance(value, bool):
             raise ConfigError(where, value, "true or false")
@@ -190,15 +219,20 @@ def convert(value, tp, where: str, md=None):
             raise ConfigError(where, value, f"{describe_type(tp, md)}; {why}")
         x = _bounded(x, value, where, md, describe_type(tp, md))
         if md.get("plausible") and not _rechecking.get():
-            units.warn_if_implausible(x, value, md["plausible"], where, md.get("unit"),
-                                      md.get("near"))  # fmt: skip
+            units.warn_if_implausible(
+                x, value, md["plausible"], where, md.get("unit"), md.get("near")
+            )
         return x
     raise TypeError(f"schema: unsupported field type {tp!r} at {where}")  # a developer error
 
 
 def _bounded(x, raw, where, md, what):
-    ok = ((md.get("ge") is None or x >= md["ge"]) and (md.get("gt") is None or x > md["gt"])
-          and (md.get("le") is None or x <= md["le"]) and (md.get("lt") is None or x < md["lt"]))  # fmt: skip
+    ok = (
+        (md.get("ge") is None or x >= md["ge"])
+        and (md.get("gt") is None or x > md["gt"])
+        and (md.get("le") is None or x <= md["le"])
+        and (md.get("lt") is None or x < md["lt"])
+    )
     if not ok:
         raise ConfigError(where, raw, what)
     return x
@@ -214,8 +248,11 @@ def describe_type(tp, md=None) -> str:
         return text + (" (or null)" if len(rest) < len(args) else "")
     if origin is typing.Literal:
         return f"one of {', '.join(map(str, args))}"
-    bounds = " and ".join(f"{op} {md[k]:g}" for k, op in (("ge", ">="), ("gt", ">"),
-                          ("le", "<="), ("lt", "<")) if md.get(k) is not None)  # fmt: skip
+    bounds = " and ".join(
+        f"{op} {md[k]:g}"
+        for k, op in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"))
+        if md.get(k) is not None
+    )
     if tp is int:
         return f"an integer {bounds}".strip()
     if tp is float:
@@ -261,12 +298,23 @@ def describe(cls) -> list[tuple[str, str, str]]:
     for f in fields(cls):
         if not f.init or f.metadata.get("flatten"):
             continue
-        default = f.default if f.default is not MISSING else (
-            f.default_factory() if f.default_factory is not MISSING else None)  # fmt: skip
-        shown = (units.format_value(default, f.metadata["unit"])
-                 if f.metadata.get("unit") and default is not None else repr(default))  # fmt: skip
-        rows.append((f.name, f"{describe_type(hints[f.name], f.metadata)}; default {shown}",
-                     f.metadata.get("help", "")))  # fmt: skip
+        default = (
+            f.default
+            if f.default is not MISSING
+            else (f.default_factory() if f.default_factory is not MISSING else None)
+        )
+        shown = (
+            units.format_value(default, f.metadata["unit"])
+            if f.metadata.get("unit") and default is not None
+            else repr(default)
+        )
+        rows.append(
+            (
+                f.name,
+                f"{describe_type(hints[f.name], f.metadata)}; default {shown}",
+                f.metadata.get("help", ""),
+            )
+        )
     return rows
 
 

@@ -15,8 +15,19 @@ import re
 
 from triosim.common.errors import ConfigError
 
-_PREFIX = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
-           "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40}  # fmt: skip
+_PREFIX = {
+    "": 1.0,
+    "k": 1e3,
+    "K": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "Ki": 2.0**10,
+    "Mi": 2.0**20,
+    "Gi": 2.0**30,
+    "Ti": 2.0**40,
+}
 BYTES = {p + "B": v for p, v in _PREFIX.items()}
 BITS = {p + "b": v / 8 for p, v in _PREFIX.items() if "i" not in p}  # in bytes
 SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "ps": 1e-12}
@@ -74,7 +85,7 @@ def _hint(unit: str, kind: str) -> str:
         return f"write '/s': '{unit[:-2]}/s' (B for bytes, b for bits)"
     same = [u for u in KINDS[kind][0] if u.lower() == unit.lower()]
     if same:
-        return f"units are case-sensitive (B byte, b bit, M mega, m milli): did you mean {' or '.join(repr(u) for u in same)}?"  # fmt: skip
+        return f"units are case-sensitive (B byte, b bit, M mega, m milli): did you mean {' or '.join(repr(u) for u in same)}?"
     allowed = ", ".join(u for u in KINDS[kind][0] if u[:2] not in ("KB", "Kb") and u != "µs")
     return f"unknown unit '{unit}' (allowed: {allowed})"
 
@@ -98,9 +109,11 @@ def format_value(x: float, kind: str) -> str:
 
     if not isinstance(x, (int, float)) or isinstance(x, bool) or not _m.isfinite(x) or x == 0:
         return repr(x)
-    scales = {"bytes": [("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3), ("B", 1.0)],
-              "bandwidth": [("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3), ("B/s", 1.0)],
-              "seconds": [("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9), ("ps", 1e-12)]}  # fmt: skip
+    scales = {
+        "bytes": [("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3), ("B", 1.0)],
+        "bandwidth": [("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3), ("B/s", 1.0)],
+        "seconds": [("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9), ("ps", 1e-12)],
+    }
     if kind == "bytes" and x >= 1024 and x % 1024 == 0:  # a binary size: 25 MiB, not 26.2 MB
         for unit, v in (("TiB", 2.0**40), ("GiB", 2.0**30), ("MiB", 2.0**20), ("KiB", 2.0**10)):
             if v <= x < 1024 * v and (x / v) * 1000 == round(x / v * 1000):
@@ -121,17 +134,41 @@ def format_value(x: float, kind: str) -> str:
 #   kind: (lowest, highest, typical, why). `typical` picks the unit a "did you mean" suggests
 #   when the field's default does not (the default, when finite and non-zero, comes first).
 PLAUSIBLE = {
-    "bandwidth": (1e6, 1e14, 50e9, "real links run from 1 Gb/s Ethernet (125 MB/s) to "
-                  "NVLink 5 (900 GB/s per direction), GPU memory to ~8 TB/s"),
-    "seconds": (1e-9, 0.1, 1e-6, "one hop is ~100 ns (NVLink) to ~10 us (Ethernet), a launch "
-                "or pipeline step ~1-10 us, an optical circuit set-up ~10 us to ~25 ms (MEMS)"),
-    "bytes": (1e3, 1e13, 40e9, "buckets, buffers and GPU memories run from kilobytes "
-              "(the smallest buckets) to a few hundred GB (one GPU's memory)"),
-    "factor": (1e-3, 1e3, 1.0, "real mixes of GPUs and links differ by ~2-20x (an A100 "
-               "beside a T4, NVLink beside PCIe); the Hop study draws 1-10x"),
-    "flops": (1e11, 1e17, 1e14, "GPUs peak from ~0.1 TFLOP/s (FP64 on consumer parts) "
-              "to ~10 PFLOP/s (dense FP4 on B200)"),
-}  # fmt: skip
+    "bandwidth": (
+        1e6,
+        1e14,
+        50e9,
+        "real links run from 1 Gb/s Ethernet (125 MB/s) to "
+        "NVLink 5 (900 GB/s per direction), GPU memory to ~8 TB/s",
+    ),
+    "seconds": (
+        1e-9,
+        0.1,
+        1e-6,
+        "one hop is ~100 ns (NVLink) to ~10 us (Ethernet), a launch "
+        "or pipeline step ~1-10 us, an optical circuit set-up ~10 us to ~25 ms (MEMS)",
+    ),
+    "bytes": (
+        1e3,
+        1e13,
+        40e9,
+        "buckets, buffers and GPU memories run from kilobytes "
+        "(the smallest buckets) to a few hundred GB (one GPU's memory)",
+    ),
+    "factor": (
+        1e-3,
+        1e3,
+        1.0,
+        "real mixes of GPUs and links differ by ~2-20x (an A100 "
+        "beside a T4, NVLink beside PCIe); the Hop study draws 1-10x",
+    ),
+    "flops": (
+        1e11,
+        1e17,
+        1e14,
+        "GPUs peak from ~0.1 TFLOP/s (FP64 on consumer parts) to ~10 PFLOP/s (dense FP4 on B200)",
+    ),
+}
 
 # the units a "did you mean" may suggest, per kind (a bare number times one of these)
 _SUGGEST = {
@@ -139,16 +176,22 @@ _SUGGEST = {
     "seconds": ["ms", "us", "ns"],
     "bytes": ["kB", "MB", "GB", "TB", "KiB", "MiB", "GiB"],
 }
-_NAMES = {"bandwidth": "bandwidth", "seconds": "time", "bytes": "size", "factor": "factor",
-          "flops": "FLOP/s"}  # fmt: skip
+_NAMES = {
+    "bandwidth": "bandwidth",
+    "seconds": "time",
+    "bytes": "size",
+    "factor": "factor",
+    "flops": "FLOP/s",
+}
 
 
 class ImplausibleValueWarning(UserWarning):
     """A config value far outside any real value of its quantity (units.PLAUSIBLE)."""
 
 
-def implausible(x: float, raw, kind: str, field: str, unit: str | None = None,
-                near=None) -> str | None:  # fmt: skip
+def implausible(
+    x: float, raw, kind: str, field: str, unit: str | None = None, near=None
+) -> str | None:
     """The warning for a value far from any real value of its kind, or None. `unit`: the
     field's unit kind (what a bare number was read in); `near`: a value a "did you mean"
     aims at (the field's default), else the kind's typical value."""
@@ -177,8 +220,9 @@ def implausible(x: float, raw, kind: str, field: str, unit: str | None = None,
     )
 
 
-def warn_if_implausible(x: float, raw, kind: str, field: str, unit: str | None = None,
-                        near=None) -> None:  # fmt: skip
+def warn_if_implausible(
+    x: float, raw, kind: str, field: str, unit: str | None = None, near=None
+) -> None:
     """Warn (ImplausibleValueWarning: the CLI prints `warning: ...`) when `implausible`."""
     import warnings
 

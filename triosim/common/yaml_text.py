@@ -46,8 +46,11 @@ _UniqueKeys.add_implicit_resolver(
 def _twice(key, first, again) -> str:
     """Say where a key given twice in one mapping is: its two spellings and places."""
     a, b = first.start_mark, again.start_mark
-    at = (f"line {a.line + 1}, columns {a.column + 1} and {b.column + 1}" if a.line == b.line
-          else f"lines {a.line + 1} and {b.line + 1}")  # fmt: skip
+    at = (
+        f"line {a.line + 1}, columns {a.column + 1} and {b.column + 1}"
+        if a.line == b.line
+        else f"lines {a.line + 1} and {b.line + 1}"
+    )
     spelt = [getattr(n, "value", None) for n in (first, again)]
     if isinstance(spelt[0], str) and isinstance(spelt[1], str) and spelt[0] != spelt[1]:
         what = f"keys {spelt[0]!r} and {spelt[1]!r} are the same key ({key!r}) in one mapping"

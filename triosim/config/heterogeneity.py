@@ -28,8 +28,7 @@ from triosim.common.schema import option
 class LinkSlowdown:
     src: int | str = option(help="one end")
     dst: int | str = option(help="the other end")
-    factor: float = option(help="bandwidth divided by this", gt=0, lt=math.inf,
-                           plausible="factor")  # fmt: skip
+    factor: float = option(help="bandwidth divided by this", gt=0, lt=math.inf, plausible="factor")
     both: bool = option(False, help="both directions")
 
 
@@ -45,10 +44,16 @@ class RandomSlowdown:
 
 @dataclass(frozen=True)
 class Heterogeneity:
-    compute: dict[int, float] = option(factory=dict, gt=0, lt=math.inf, plausible="factor",
-                                       help="GPU -> compute slow-down factor")  # fmt: skip
-    bandwidth: dict[int, float] = option(factory=dict, gt=0, lt=math.inf, plausible="factor",
-                                         help="GPU -> slow-down of every link it touches")  # fmt: skip
+    compute: dict[int, float] = option(
+        factory=dict, gt=0, lt=math.inf, plausible="factor", help="GPU -> compute slow-down factor"
+    )
+    bandwidth: dict[int, float] = option(
+        factory=dict,
+        gt=0,
+        lt=math.inf,
+        plausible="factor",
+        help="GPU -> slow-down of every link it touches",
+    )
     links: list[LinkSlowdown] = option(factory=list, help="per-link slow-downs")
     random: list[RandomSlowdown] = option(factory=list, help="random per-GPU slow-downs")
 
@@ -59,8 +64,10 @@ class Heterogeneity:
         """(compute factor per GPU, bandwidth factor per GPU), random draws included."""
         compute = dict.fromkeys(gpus, 1.0)
         bandwidth = dict.fromkeys(gpus, 1.0)
-        for name, given, out in (("compute", self.compute, compute),
-                                 ("bandwidth", self.bandwidth, bandwidth)):  # fmt: skip
+        for name, given, out in (
+            ("compute", self.compute, compute),
+            ("bandwidth", self.bandwidth, bandwidth),
+        ):
             for g, f in given.items():
                 if g not in out:
                     raise ConfigError(f"heterogeneity.{name}[{g!r}]", f, "a GPU of the topology")
@@ -93,7 +100,8 @@ class Heterogeneity:
             pairs = [(link.src, link.dst)] + ([(link.dst, link.src)] if link.both else [])
             for a, b in pairs:
                 if not g.has_edge(a, b):
-                    raise ConfigError(f"heterogeneity.links[{k}]", {"src": a, "dst": b},
-                                      "a link of the topology")  # fmt: skip
+                    raise ConfigError(
+                        f"heterogeneity.links[{k}]", {"src": a, "dst": b}, "a link of the topology"
+                    )
                 g.edges[a, b]["bandwidth"] /= link.factor
         return g

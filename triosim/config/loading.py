@@ -40,8 +40,9 @@ class TopologyConfig:
     kind: str = option("ring", help="a registered topology (ring, switch, mesh2d, ...)")
     bandwidth: float = option(65e9, unit="bandwidth", gt=0, help="every link, per direction")
     latency: float = option(0.0, unit="seconds", ge=0, help="every link")
-    links: list = option(factory=list, help="per-link overrides: [{src, dst, bandwidth, "
-                         "latency, both}]")  # fmt: skip
+    links: list = option(
+        factory=list, help="per-link overrides: [{src, dst, bandwidth, latency, both}]"
+    )
     options: object = option(None, flatten=True)  # the topology's Options
 
 
@@ -53,8 +54,10 @@ class NetworkConfig:
 
 @dataclass
 class CommunicationConfig:
-    kind: str = option("nccl", help="nccl (NCCL's algorithms, protocols and tuner) | "
-                       "textbook (alpha-beta ring steps)")  # fmt: skip
+    kind: str = option(
+        "nccl",
+        help="nccl (NCCL's algorithms, protocols and tuner) | textbook (alpha-beta ring steps)",
+    )
     options: object = option(None, flatten=True)
 
 
@@ -68,20 +71,30 @@ class PerfModelConfig:
 class TopLevel:
     trace: str = option(help="trace file (relative to the config file) or TrioSim CSV folder")
     num_gpus: int = option(1, ge=1, help="GPUs in the system")
-    batch_size: int | None = option(None, gt=0, help="global mini-batch, in samples (default: "
-                                    "the traced one)")  # fmt: skip
+    batch_size: int | None = option(
+        None, gt=0, help="global mini-batch, in samples (default: the traced one)"
+    )
     gpu: str | None = option(None, help="target GPU from the catalogue (default: the traced one)")
     seed: int = option(0, ge=0, help="seed for anything random")
-    iterations: int = option(1, ge=1, help="back-to-back training iterations; results report "
-                             "the first and the steady-state (last) one")  # fmt: skip
+    iterations: int = option(
+        1,
+        ge=1,
+        help="back-to-back training iterations; results report "
+        "the first and the steady-state (last) one",
+    )
     symmetry: Literal["off", "auto"] = option(
-        "off", help="auto: simulate one representative per class of identical GPUs (DDP: one; "
+        "off",
+        help="auto: simulate one representative per class of identical GPUs (DDP: one; "
         "3D: data-parallel replica 0) when the mode declares them and the run shows them "
-        "identical, else the full simulation (with a warning); results are the same")  # fmt: skip
-    heterogeneity: Heterogeneity = option(factory=Heterogeneity, help="slower GPUs and links "
-                                          "(fixed or random), for every mode")  # fmt: skip
-    memory: MemoryOptions = option(factory=MemoryOptions, help="optimizer, precision, reserve "
-                                   "and capacity for the memory model")  # fmt: skip
+        "identical, else the full simulation (with a warning); results are the same",
+    )
+    heterogeneity: Heterogeneity = option(
+        factory=Heterogeneity, help="slower GPUs and links (fixed or random), for every mode"
+    )
+    memory: MemoryOptions = option(
+        factory=MemoryOptions,
+        help="optimizer, precision, reserve and capacity for the memory model",
+    )
 
 
 def _sections():
@@ -146,10 +159,12 @@ class Config:
             return os.path.relpath(self.resolve(p).resolve(), folder)
 
         perf = dataclasses.replace(self.perfmodel, options=_map_paths(self.perfmodel.options, move))
-        comm = dataclasses.replace(self.communication,
-                                   options=_map_paths(self.communication.options, move))  # fmt: skip
-        return dataclasses.replace(self, trace=move(self.trace), perfmodel=perf,
-                                   communication=comm, base_dir=str(folder))  # fmt: skip
+        comm = dataclasses.replace(
+            self.communication, options=_map_paths(self.communication.options, move)
+        )
+        return dataclasses.replace(
+            self, trace=move(self.trace), perfmodel=perf, communication=comm, base_dir=str(folder)
+        )
 
     def save(self, path) -> Path:
         """Write the config so that it re-runs from where it is saved."""
@@ -197,8 +212,11 @@ def _elsewhere(owners, exclude: str) -> dict[str, str]:
     fields `exclude` ("network kind 'packet'", or a section name) itself has."""
     out = {}
     for f, by in owners.items():
-        if any(exclude in (f"{label} '{k}'" if label != "section" else k) for label, kinds in
-               by.items() for k in kinds):  # fmt: skip
+        if any(
+            exclude in (f"{label} '{k}'" if label != "section" else k)
+            for label, kinds in by.items()
+            for k in kinds
+        ):
             continue
         out[f] = " or ".join(
             f"{label} {' or '.join(repr(k) for k in kinds)}" for label, kinds in by.items()
@@ -232,8 +250,14 @@ def _load_section(name, data, sections, owners):
     if hasattr(part, "load_options"):
         opts = part.load_options(rest, name, elsewhere, also=tuple(common_names))
     else:
-        opts = schema.load(getattr(part, "Options", schema.NoOptions), rest, name,
-                           elsewhere=elsewhere, owner=label, also=tuple(common_names))  # fmt: skip
+        opts = schema.load(
+            getattr(part, "Options", schema.NoOptions),
+            rest,
+            name,
+            elsewhere=elsewhere,
+            owner=label,
+            also=tuple(common_names),
+        )
     section.options = opts
     return section
 
@@ -249,8 +273,9 @@ def from_dict(data: dict, base_dir=".") -> Config:
         top_data["symmetry"] = "off"
     elif top_data.get("symmetry") is True:
         raise ConfigError("symmetry", True, "off or auto (YAML reads a bare on/yes as true)")
-    top = schema.load(TopLevel, top_data, "", elsewhere=_elsewhere(owners, "top level"),
-                      owner="the top level")  # fmt: skip
+    top = schema.load(
+        TopLevel, top_data, "", elsewhere=_elsewhere(owners, "top level"), owner="the top level"
+    )
     cfg = Config(**{f.name: getattr(top, f.name) for f in fields(TopLevel)}, base_dir=str(base_dir))
     if cfg.gpu is not None:
         from triosim.hardware import catalogue as hardware
@@ -291,9 +316,12 @@ def _once_each(specs, where: str, both: bool, what: str) -> None:
         for a, b in [(spec.src, spec.dst)] + ([(spec.dst, spec.src)] if two_way else []):
             j = seen.setdefault((type(a), a, type(b), b), k)
             if j != k:
-                raise ConfigError(f"{where}[{k}]", {"src": spec.src, "dst": spec.dst},
-                                  f"one {what} per link: {where}[{j}] already sets {a!r}->{b!r} "
-                                  "(two entries for one link are ambiguous; merge them)")  # fmt: skip
+                raise ConfigError(
+                    f"{where}[{k}]",
+                    {"src": spec.src, "dst": spec.dst},
+                    f"one {what} per link: {where}[{j}] already sets {a!r}->{b!r} "
+                    "(two entries for one link are ambiguous; merge them)",
+                )
 
 
 def set_field(data: dict, dotted: str, value) -> None:

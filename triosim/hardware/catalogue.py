@@ -50,18 +50,35 @@ def _gpu(g: GPU):
 
 # NVIDIA A40 datasheet (2021): FP32 37.4 TF, TF32 74.8 TF, FP16/BF16 tensor 149.7 TF (dense),
 # 48 GB GDDR6, 696 GB/s.
-_gpu(GPU("A40", {"float32": 37.4 * T, "tf32": 74.8 * T, "float16": 149.7 * T,
-                 "bfloat16": 149.7 * T}, 696 * GB, 48 * GB))  # fmt: skip
+_gpu(
+    GPU(
+        "A40",
+        {"float32": 37.4 * T, "tf32": 74.8 * T, "float16": 149.7 * T, "bfloat16": 149.7 * T},
+        696 * GB,
+        48 * GB,
+    )
+)
 # NVIDIA A100 Tensor Core GPU datasheet (2021), SXM: FP64 9.7 TF, FP32 19.5 TF, TF32 156 TF,
 # FP16/BF16 312 TF (dense); 40 GB HBM2 at 1,555 GB/s; 80 GB HBM2e at 2,039 GB/s.
-_A100 = {"float64": 9.7 * T, "float32": 19.5 * T, "tf32": 156 * T, "float16": 312 * T,
-         "bfloat16": 312 * T}  # fmt: skip
+_A100 = {
+    "float64": 9.7 * T,
+    "float32": 19.5 * T,
+    "tf32": 156 * T,
+    "float16": 312 * T,
+    "bfloat16": 312 * T,
+}
 _gpu(GPU("A100-40GB", _A100, 1555 * GB, 40 * GB, ("A100",)))
 _gpu(GPU("A100-80GB", _A100, 2039 * GB, 80 * GB))
 # NVIDIA H100 Tensor Core GPU datasheet, SXM5: FP64 34 TF, FP32 67 TF, TF32 494.7 TF,
 # FP16/BF16 989.4 TF, FP8 1,978.9 TF (dense = half the "with sparsity" figures); 80 GB HBM3, 3.35 TB/s.
-_H100 = {"float64": 34 * T, "float32": 67 * T, "tf32": 494.7 * T, "float16": 989.4 * T,
-         "bfloat16": 989.4 * T, "float8": 1978.9 * T}  # fmt: skip
+_H100 = {
+    "float64": 34 * T,
+    "float32": 67 * T,
+    "tf32": 494.7 * T,
+    "float16": 989.4 * T,
+    "bfloat16": 989.4 * T,
+    "float8": 1978.9 * T,
+}
 _gpu(GPU("H100-SXM", _H100, 3350 * GB, 80 * GB, ("H100", "NVIDIA H100 80GB HBM3")))
 # NVIDIA H200 Tensor Core GPU datasheet, SXM: same compute as H100 SXM; 141 GB HBM3e, 4.8 TB/s.
 _gpu(GPU("H200", _H100, 4800 * GB, 141 * GB, ("H200-SXM", "NVIDIA H200")))

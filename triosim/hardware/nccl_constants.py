@@ -28,7 +28,8 @@ BASE_LAT = {
 }
 
 # hwLat[hw][algo][proto], us per hop: hw 'nvlink' when the algorithm's intra-node graph is
-# NVLink, else 'pcie'; 'net' for inter-node hops
+# NVLink, else 'pcie'; 'net' for inter-node hops. (fmt: skip below: a table of numbers reads
+# better aligned, one hardware and its algorithms a block, as tuning.cc lays it out.)
 HW_LAT = {
     "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4),
                "collnet_direct": (0, 0, 3.7), "collnet_chain": (0, 0, 2.8),
@@ -50,7 +51,8 @@ PER_CH_MAX_RING_LL128_BW = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7,
 PER_CH_MAX_TREE_LL128_BW = ((20.0, 20.0, 20.0), (20.0, 20.0, 20.0), (36.7, 36.7, 29.0))
 PER_CH_MAX_TREE_BW = ((26.5, 18.5, 10.0), (24.0, 23.6, 17.8), (38.7, 41.4, 36.0))
 
-# treeCorrectionFactor[proto][log2(bytes / 64)], 64 B ... 256 MiB
+# treeCorrectionFactor[proto][log2(bytes / 64)], 64 B ... 256 MiB (fmt: skip below: a table of
+# numbers reads better aligned, 20 to a row)
 TREE_CORRECTION = {
     "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0,
            1.0, 1.0, 1.0),

@@ -30,9 +30,23 @@ OPS = {
     "alltoall": ("all_to_all", False, False),
     "sendrecv": ("sendrecv", False, False),
 }
-TYPE_SIZES = {"int8": 1, "uint8": 1, "char": 1, "half": 2, "float16": 2, "bfloat16": 2,
-              "int32": 4, "uint32": 4, "int": 4, "float": 4, "float32": 4, "int64": 8,
-              "uint64": 8, "double": 8, "float64": 8}  # fmt: skip
+TYPE_SIZES = {
+    "int8": 1,
+    "uint8": 1,
+    "char": 1,
+    "half": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "int32": 4,
+    "uint32": 4,
+    "int": 4,
+    "float": 4,
+    "float32": 4,
+    "int64": 8,
+    "uint64": 8,
+    "double": 8,
+    "float64": 8,
+}
 
 _PREFIX = re.compile(r"^\s*(\[\d+,\d+\]<std(?:out|err)>:|\d+:(?=\s)|\[[^\]]*\]\s*:)")
 _RANK = re.compile(r"#\s*Rank\s+(\d+)\b")
@@ -67,8 +81,10 @@ def parse_size(text, what: str = "size") -> int:
     """nccl-tests' -b/-e/-i values: a whole number of bytes with an optional K, M, G or T
     (binary: 1G = 2**30), from 0 to 1T. The one parser of all three (`what` names the
     option in the error)."""
-    allowed = ("a whole number of bytes from 0 to 1T, with an optional K, M, G or T "
-               "(binary: 1G = 2^30), e.g. 8, 64K, 1G")  # fmt: skip
+    allowed = (
+        "a whole number of bytes from 0 to 1T, with an optional K, M, G or T "
+        "(binary: 1G = 2^30), e.g. 8, 64K, 1G"
+    )
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?\d+)?)\s*([kKmMgGtT]?)\s*", str(text))
     if not m:
         raise InputError(f"{what} {text!r}: not a size; expected {allowed}")
@@ -83,24 +99,31 @@ def parse_size(text, what: str = "size") -> int:
 MAX_ROWS = 100_000  # sizes a `triosim collectives` run prints unless --max-rows says more
 
 
-def sizes(minbytes: int, maxbytes: int, factor: int = 2, step: int = 0,
-          max_rows: int | None = None) -> list[int]:  # fmt: skip
+def sizes(
+    minbytes: int, maxbytes: int, factor: int = 2, step: int = 0, max_rows: int | None = None
+) -> list[int]:
     """The sizes nccl-tests runs: from minbytes, multiply by factor (> 1), else add step
     bytes, up to maxbytes. Refused: a range that is empty or never reaches maxbytes, and
     more than `max_rows` sizes (an InputError naming the count)."""
     if minbytes < 0 or maxbytes < minbytes:
-        raise InputError(f"-b {minbytes} -e {maxbytes}: the largest size (-e) must be at least "
-                         "the smallest (-b), and both >= 0")  # fmt: skip
+        raise InputError(
+            f"-b {minbytes} -e {maxbytes}: the largest size (-e) must be at least "
+            "the smallest (-b), and both >= 0"
+        )
     if factor != int(factor) or factor < 1:
         raise InputError(f"-f {factor}: the size factor must be an integer >= 1")
     factor = int(factor)
     if factor == 1 and step <= 0:
-        raise InputError("-f 1 with -i 0: the sizes would never grow; give a factor > 1 "
-                         "(-f 2) or a step in bytes (-i 1M)")  # fmt: skip
+        raise InputError(
+            "-f 1 with -i 0: the sizes would never grow; give a factor > 1 "
+            "(-f 2) or a step in bytes (-i 1M)"
+        )
     if factor > 1 and minbytes == 0 and maxbytes > 0:
-        raise InputError(f"-b 0 with -f {factor}: 0 times a factor stays 0, so the sizes would "
-                         f"never reach -e {maxbytes}; start at -b 1 or more, or step with -f 1 "
-                         "-i BYTES")  # fmt: skip
+        raise InputError(
+            f"-b 0 with -f {factor}: 0 times a factor stays 0, so the sizes would "
+            f"never reach -e {maxbytes}; start at -b 1 or more, or step with -f 1 "
+            "-i BYTES"
+        )
     out, s = [], minbytes
     while s <= maxbytes:
         if max_rows is not None and len(out) >= max_rows:
@@ -109,9 +132,11 @@ def sizes(minbytes: int, maxbytes: int, factor: int = 2, step: int = 0,
             else:
                 count = (maxbytes - minbytes) // step + 1
             how = f"-f {factor}" if factor > 1 else f"-i {step}"
-            raise InputError(f"-b {minbytes} -e {maxbytes} {how} gives {count:,} sizes, more "
-                             f"than {max_rows:,} rows: give a larger step or factor, or "
-                             f"--max-rows {count} to print them all")  # fmt: skip
+            raise InputError(
+                f"-b {minbytes} -e {maxbytes} {how} gives {count:,} sizes, more "
+                f"than {max_rows:,} rows: give a larger step or factor, or "
+                f"--max-rows {count} to print them all"
+            )
         out.append(s)
         if s == 0 and factor > 1:  # -b 0 -e 0: the one size 0
             break
@@ -227,9 +252,25 @@ def parse(text: str, op: str | None = None) -> list[Table]:
 
 def _row(toks: list[str], header: list[str] | None) -> Row | None:
     if header is None:  # guess: the full layout, without root, or size/time/algbw/busbw
-        header = (["size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
-                   "time", "algbw", "busbw", "#wrong"] if len(toks) >= 12 else
-                  ["size", "time", "algbw", "busbw"])  # fmt: skip
+        header = (
+            [
+                "size",
+                "count",
+                "type",
+                "redop",
+                "root",
+                "time",
+                "algbw",
+                "busbw",
+                "#wrong",
+                "time",
+                "algbw",
+                "busbw",
+                "#wrong",
+            ]
+            if len(toks) >= 12
+            else ["size", "time", "algbw", "busbw"]
+        )
         if len(toks) == 12:
             header = [h for h in header if h != "root"]
     cols: dict[str, list[str]] = {}
@@ -245,11 +286,18 @@ def _row(toks: list[str], header: list[str] | None) -> Row | None:
         return None
     count = _number(cols["count"][0]) if "count" in cols else None
     root = _number(cols["root"][0]) if "root" in cols else None
-    return Row(size=size, time=t[0] * 1e-6, algbw=algbw, busbw=busbw,
-               count=int(count) if count is not None else None,
-               dtype=cols.get("type", [None])[0], redop=cols.get("redop", [None])[0],
-               root=int(root) if root is not None else None, wrong=cols.get("wrong", [None])[0],
-               time_inplace=t[1] * 1e-6 if len(t) > 1 and t[1] is not None else None)  # fmt: skip
+    return Row(
+        size=size,
+        time=t[0] * 1e-6,
+        algbw=algbw,
+        busbw=busbw,
+        count=int(count) if count is not None else None,
+        dtype=cols.get("type", [None])[0],
+        redop=cols.get("redop", [None])[0],
+        root=int(root) if root is not None else None,
+        wrong=cols.get("wrong", [None])[0],
+        time_inplace=t[1] * 1e-6 if len(t) > 1 and t[1] is not None else None,
+    )
 
 
 # -- printing as nccl-tests does (src/util.cu) ------------------------------------------------
@@ -276,8 +324,9 @@ def header_lines() -> list[str]:
     ]
 
 
-def row_line(op: str, nbytes: int, count: int, dtype: str, root: int, seconds: float,
-             n: int) -> str:  # fmt: skip
+def row_line(
+    op: str, nbytes: int, count: int, dtype: str, root: int, seconds: float, n: int
+) -> str:
     """One result line: the simulated time for out-of-place and in-place alike."""
     redop = "sum" if OPS[op][1] else "none"
     us = seconds * 1e6

@@ -37,15 +37,24 @@ STATE_FACTOR = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
 @dataclass(frozen=True)
 class MemoryOptions:
     optimizer: Literal["auto", "sgd", "momentum", "adam", "adamw"] = option(
-        "auto", help="optimizer whose states are held (auto: from the trace's optimizer "
-        "states: 2x the weights is Adam, 1x momentum, none SGD)")  # fmt: skip
+        "auto",
+        help="optimizer whose states are held (auto: from the trace's optimizer "
+        "states: 2x the weights is Adam, 1x momentum, none SGD)",
+    )
     precision: Literal["fp32", "mixed"] = option(
-        "fp32", help="fp32, or mixed precision (16-bit weights and gradients, fp32 master "
-        "weights and states)")  # fmt: skip
-    reserve: float = option(2**30, unit="bytes", ge=0, help="memory not available to tensors "
-                            "(CUDA context, allocator fragmentation)")  # fmt: skip
-    capacity: float | None = option(None, unit="bytes", gt=0, help="GPU memory (default: the "
-                                    "target GPU's from the catalogue)")  # fmt: skip
+        "fp32",
+        help="fp32, or mixed precision (16-bit weights and gradients, fp32 master "
+        "weights and states)",
+    )
+    reserve: float = option(
+        2**30,
+        unit="bytes",
+        ge=0,
+        help="memory not available to tensors (CUDA context, allocator fragmentation)",
+    )
+    capacity: float | None = option(
+        None, unit="bytes", gt=0, help="GPU memory (default: the target GPU's from the catalogue)"
+    )
 
 
 def optimizer_kind(trace, options: MemoryOptions) -> str:
@@ -57,15 +66,19 @@ def optimizer_kind(trace, options: MemoryOptions) -> str:
     return "adam" if ratio > 1.5 else ("momentum" if ratio > 0.5 else "sgd")
 
 
-def static_bytes(held_weight_bytes: float, bytes_per_param: float, optimizer: str,
-                 precision: str) -> dict:  # fmt: skip
+def static_bytes(
+    held_weight_bytes: float, bytes_per_param: float, optimizer: str, precision: str
+) -> dict:
     """Weights, gradients and optimizer states for `held_weight_bytes` of the trace's weights."""
     params = held_weight_bytes / bytes_per_param if bytes_per_param else 0.0
     k = STATE_FACTOR[optimizer]
     if precision == "fp32":
         return {"weights": 4 * params, "gradients": 4 * params, "optimizer_states": 4 * k * params}
-    return {"weights": 2 * params, "gradients": 2 * params,
-            "optimizer_states": (4 + 4 * k) * params}  # fmt: skip
+    return {
+        "weights": 2 * params,
+        "gradients": 2 * params,
+        "optimizer_states": (4 + 4 * k) * params,
+    }
 
 
 def _bytes_per_param(trace) -> float:
@@ -87,14 +100,14 @@ def static_per_gpu(trace, extrapolator, gpu, options: MemoryOptions, _kind=None)
     optimizer, bpp = _kind or (optimizer_kind(trace, options), _bytes_per_param(trace))
     shares = extrapolator.state_fractions()
     if shares is None:
-        return static_bytes(extrapolator.held_weight_bytes(gpu), bpp, optimizer,
-                            options.precision)  # fmt: skip
+        return static_bytes(extrapolator.held_weight_bytes(gpu), bpp, optimizer, options.precision)
     full = static_bytes(trace.weight_bytes(), bpp, optimizer, options.precision)
     return {k: v * shares[k] for k, v in full.items()}  # ZeRO: a share of each kind
 
 
-def memory_timeline(timeline: pd.DataFrame, trace, extrapolator, gpus, options: MemoryOptions,
-                    share: bool = True):  # fmt: skip
+def memory_timeline(
+    timeline: pd.DataFrame, trace, extrapolator, gpus, options: MemoryOptions, share: bool = True
+):
     """(DataFrame gpu, time, one column per category and total; peak bytes per GPU).
 
     With `share`, GPUs whose compute rows and static bytes are identical (data-parallel
@@ -149,8 +162,7 @@ class MemoryCurves:
         return df
 
 
-def memory_curves(timeline, trace, extrapolator, gpus, options: MemoryOptions,
-                  share: bool = True):  # fmt: skip
+def memory_curves(timeline, trace, extrapolator, gpus, options: MemoryOptions, share: bool = True):
     """(MemoryCurves, peak bytes per GPU): `memory_timeline` without building the table.
     `timeline`: the table, or the runtime's log (extrapolators.execution.timeline_log.TimelineLog),
     read without building the table (the same rows, hence the same curves)."""
@@ -224,8 +236,9 @@ class _FrameRows:
         self._idx = np.flatnonzero(mask)[order]  # timeline rows, GPU by GPU
         del order, mask
         # whole columns without copies; each GPU gathers its own rows
-        self._col = {c: timeline[c].to_numpy()
-                     for c in ("op_id", "start", "end", "iteration", "microbatch")}  # fmt: skip
+        self._col = {
+            c: timeline[c].to_numpy() for c in ("op_id", "start", "end", "iteration", "microbatch")
+        }
         phase = timeline["phase"]
         if isinstance(phase.dtype, pd.CategoricalDtype):
             self._phase, phases = phase.cat.codes.to_numpy(), phase.cat.categories
@@ -254,8 +267,10 @@ class _FrameRows:
 
     def signature(self, g) -> tuple:
         rows = self._rows(g)
-        return (self._phase[rows].tobytes(),
-                *(np.asarray(self._col[c][rows]).tobytes() for c in self._col))  # fmt: skip
+        return (
+            self._phase[rows].tobytes(),
+            *(np.asarray(self._col[c][rows]).tobytes() for c in self._col),
+        )
 
     def columns(self, g) -> dict:
         rows = self._rows(g)
@@ -342,8 +357,9 @@ def _activations(r, plan, times, cats, values):
     started: dict = {}  # (op id, iteration, micro-batch) -> start
     ends: dict = {}  # (iteration, micro-batch) -> end of its last op
     held: list = []
-    rows = zip(r["op_id"], r["start"], r["end"], r["iteration"], r["microbatch"], r["phase"],
-               strict=True)  # fmt: skip
+    rows = zip(
+        r["op_id"], r["start"], r["end"], r["iteration"], r["microbatch"], r["phase"], strict=True
+    )
     for op_id, start, stop, it, mb, phase in rows:
         started.setdefault((op_id, it, mb), start)
         prev_end = ends.get((it, mb), stop)
@@ -422,10 +438,17 @@ def check_capacity(options: MemoryOptions, gpu_name: str | None) -> None:
     """Refuse a capacity no GPU has (a bare number is bytes: `capacity: 80` is 80 bytes, not
     80 GB) and a reserve that leaves nothing for tensors, before anything runs."""
     if options.capacity is not None and options.capacity < 2**20:
-        raise ConfigError("memory.capacity", options.capacity, "at least 1 MiB (a bare number "
-                          "is bytes; write a unit, e.g. '80 GB')")  # fmt: skip
+        raise ConfigError(
+            "memory.capacity",
+            options.capacity,
+            "at least 1 MiB (a bare number is bytes; write a unit, e.g. '80 GB')",
+        )
     cap = capacity(options, gpu_name)
     if cap is not None and options.reserve >= cap:
-        raise ConfigError("memory.reserve", options.reserve, f"less than the GPU's memory "
-                          f"({cap:.6g} bytes{'' if options.capacity else ', ' + str(gpu_name)}): "
-                          "nothing would be left for tensors")  # fmt: skip
+        raise ConfigError(
+            "memory.reserve",
+            options.reserve,
+            f"less than the GPU's memory "
+            f"({cap:.6g} bytes{'' if options.capacity else ', ' + str(gpu_name)}): "
+            "nothing would be left for tensors",
+        )

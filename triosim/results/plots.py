@@ -58,8 +58,10 @@ def sample_gpus(gpus: list, max_gpus: int = 16) -> tuple[list, str]:
     k = math.ceil((n - 2 * ends) / max(max_gpus - 2 * ends, 1))
     middle = list(range(ends, n - ends, k))[: max_gpus - 2 * ends]
     idx = sorted({*range(ends), *middle, *range(n - ends, n)})
-    note = (f"{len(idx)} of {n} GPUs shown: the first {ends}, the last {ends} and every "
-            f"{_ordinal(k)} in between")  # fmt: skip
+    note = (
+        f"{len(idx)} of {n} GPUs shown: the first {ends}, the last {ends} and every "
+        f"{_ordinal(k)} in between"
+    )
     return [gpus[i] for i in idx], note
 
 
@@ -100,8 +102,9 @@ def timeline_figure(timeline: pd.DataFrame, gpus: list, title: str, ax=None, max
             spans = list(zip(rows["start"] * 1e3, (rows["end"] - rows["start"]) * 1e3, strict=True))
             base = y + 0.9 - (k + 1) * h  # the first stream on top of the band
             # an edge of its own colour keeps a task far shorter than a pixel visible
-            ax.broken_barh(spans, (base, h * 0.9), facecolors=colours, edgecolors=colours,
-                           linewidth=0.6)  # fmt: skip
+            ax.broken_barh(
+                spans, (base, h * 0.9), facecolors=colours, edgecolors=colours, linewidth=0.6
+            )
     ax.set_yticks([y + 0.5 for y in range(len(shown))], [f"GPU {g}" for g in reversed(shown)])
     ax.set_ylim(0, len(shown))
     ax.set_xlabel("simulated time (ms)")
@@ -110,10 +113,19 @@ def timeline_figure(timeline: pd.DataFrame, gpus: list, title: str, ax=None, max
     if other_compute:
         handles.append(Patch(color=OTHER_COMPUTE, label="other compute"))
     handles.append(Patch(color=COMM_COLOUR, label="communication"))
-    ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=len(handles),
-              frameon=False, fontsize="small")  # fmt: skip
-    ax.set_title(f"{title}\n{note}; per GPU: compute stream on top, then communication",
-                 fontsize="medium", pad=22)  # fmt: skip
+    ax.legend(
+        handles=handles,
+        loc="lower left",
+        bbox_to_anchor=(0, 1.0),
+        ncol=len(handles),
+        frameon=False,
+        fontsize="small",
+    )
+    ax.set_title(
+        f"{title}\n{note}; per GPU: compute stream on top, then communication",
+        fontsize="medium",
+        pad=22,
+    )
     if fig is not None:
         fig.tight_layout()
     return ax
@@ -137,15 +149,29 @@ def breakdown_figure(per_gpu: pd.DataFrame, iteration_time: float, title: str, a
     x = np.arange(len(per_gpu))
     ms = per_gpu[["compute", "exposed_comm", "idle", "comm"]].astype(float) * 1e3
     bottom = np.zeros(len(per_gpu))
-    for col, label, colour in (("compute", "compute", "tab:blue"),
-                               ("exposed_comm", "exposed communication", COMM_COLOUR),
-                               ("idle", "idle", "lightgray")):  # fmt: skip
+    for col, label, colour in (
+        ("compute", "compute", "tab:blue"),
+        ("exposed_comm", "exposed communication", COMM_COLOUR),
+        ("idle", "idle", "lightgray"),
+    ):
         ax.bar(x, ms[col], bottom=bottom, label=label, color=colour, width=0.8)
         bottom += ms[col].to_numpy()
-    ax.scatter(x, ms["comm"], marker="_", s=120, color="black", zorder=3,
-               label="communication (total, incl. overlapped)")  # fmt: skip
-    ax.axhline(iteration_time * 1e3, color="black", linestyle=":", linewidth=1,
-               label=f"iteration {iteration_time * 1e3:.3f} ms")  # fmt: skip
+    ax.scatter(
+        x,
+        ms["comm"],
+        marker="_",
+        s=120,
+        color="black",
+        zorder=3,
+        label="communication (total, incl. overlapped)",
+    )
+    ax.axhline(
+        iteration_time * 1e3,
+        color="black",
+        linestyle=":",
+        linewidth=1,
+        label=f"iteration {iteration_time * 1e3:.3f} ms",
+    )
     step = max(1, math.ceil(len(x) / 32))
     ax.set_xticks(x[::step], [str(g) for g in list(per_gpu.index)[::step]])
     ax.set_xlabel("GPU")
@@ -177,8 +203,10 @@ def grid_shape(n: int, rows=None, cols=None) -> tuple[int, int]:
 def _positions(kind: str, gpus: list, rows=None, cols=None) -> dict | None:
     n = len(gpus)
     if kind in CIRCLE_KINDS:
-        return {g: (math.sin(2 * math.pi * i / n), math.cos(2 * math.pi * i / n))
-                for i, g in enumerate(gpus)}  # fmt: skip
+        return {
+            g: (math.sin(2 * math.pi * i / n), math.cos(2 * math.pi * i / n))
+            for i, g in enumerate(gpus)
+        }
     if kind in GRID_KINDS:
         rows, cols = grid_shape(n, rows, cols)
         if rows * cols != n:
@@ -225,8 +253,11 @@ def _busiest_links(ax, links, top=30):
     ax.set_yticks(range(len(d)), labels, fontsize="small" if len(d) <= 20 else "x-small")
     ax.set_xlabel("utilisation (% of the run the link direction is busy)")
     ax.set_ylabel("link direction (src \u2192 dst)")
-    return (f"all {len(d)} link directions" if len(d) == len(links) else
-            f"the {len(d)} busiest of {len(links)} link directions")  # fmt: skip
+    return (
+        f"all {len(d)} link directions"
+        if len(d) == len(links)
+        else f"the {len(d)} busiest of {len(links)} link directions"
+    )
 
 
 def _drawn_links(ax, links, src, dst, pos, kind):
@@ -252,8 +283,9 @@ def _drawn_links(ax, links, src, dst, pos, kind):
         nx_, ny_ = dy / length * offset, -dx / length * offset  # to the right of s -> t
         a = min(0.2 * unit / length, 0.3)  # keep clear of the GPU markers
         b = a if length > 0.5 * unit else 0.0  # (a stub starts at its GPU and runs out)
-        segments.append([(x0 + dx * a + nx_, y0 + dy * a + ny_),
-                         (x1 - dx * b + nx_, y1 - dy * b + ny_)])  # fmt: skip
+        segments.append(
+            [(x0 + dx * a + nx_, y0 + dy * a + ny_), (x1 - dx * b + nx_, y1 - dy * b + ny_)]
+        )
         values.append(u * 100)
     vmax = max(max(values, default=0.0), 1e-9)
     cmap, norm = plt.get_cmap("turbo"), plt.Normalize(0, vmax)
@@ -265,19 +297,36 @@ def _drawn_links(ax, links, src, dst, pos, kind):
     marker = min(20.0, 0.42 * hop)  # diameter, points
     if small:  # arrows: each direction readable on its own
         for (p0, p1), v, curved in zip(segments, values, far, strict=True):
-            ax.annotate("", xy=p1, xytext=p0, annotation_clip=False,
-                        arrowprops={"arrowstyle": "-|>", "lw": min(2.0, max(0.6, 0.045 * hop)),
-                                    "color": cmap(norm(v)), "shrinkA": 0, "shrinkB": 0,
-                                    "mutation_scale": min(11.0, max(4.0, 0.2 * hop)),
-                                    "connectionstyle": f"arc3,rad={0.25 if curved else 0}"})  # fmt: skip
+            ax.annotate(
+                "",
+                xy=p1,
+                xytext=p0,
+                annotation_clip=False,
+                arrowprops={
+                    "arrowstyle": "-|>",
+                    "lw": min(2.0, max(0.6, 0.045 * hop)),
+                    "color": cmap(norm(v)),
+                    "shrinkA": 0,
+                    "shrinkB": 0,
+                    "mutation_scale": min(11.0, max(4.0, 0.2 * hop)),
+                    "connectionstyle": f"arc3,rad={0.25 if curved else 0}",
+                },
+            )
     else:
         lc = LineCollection(
             segments, cmap=cmap, norm=norm, linewidths=min(1.6, max(0.5, 0.05 * hop))
         )
         lc.set_array(np.array(values))
         ax.add_collection(lc)
-    ax.scatter(xy[:, 0], xy[:, 1], s=marker**2, color="white", edgecolors="black",
-               linewidths=0.8 if marker > 6 else 0.4, zorder=3)  # fmt: skip
+    ax.scatter(
+        xy[:, 0],
+        xy[:, 1],
+        s=marker**2,
+        color="white",
+        edgecolors="black",
+        linewidths=0.8 if marker > 6 else 0.4,
+        zorder=3,
+    )
     font = min(7.0, 0.4 * marker)
     if small and font >= 4:
         for g, (x, y) in pos.items():
@@ -291,9 +340,12 @@ def _drawn_links(ax, links, src, dst, pos, kind):
     ax.set_axis_off()
     cb = ax.figure.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax, shrink=0.8)
     cb.set_label("utilisation (% of the run the link direction is busy)")
-    where = ("GPUs on a circle in ring order" if kind in CIRCLE_KINDS else
-             "GPU r*cols+c at row r, column c" + (", wrap-around links as stubs"
-                                                  if kind == "torus2d" else ""))  # fmt: skip
+    where = (
+        "GPUs on a circle in ring order"
+        if kind in CIRCLE_KINDS
+        else "GPU r*cols+c at row r, column c"
+        + (", wrap-around links as stubs" if kind == "torus2d" else "")
+    )
     return f"{where}; each direction of a link drawn to the right of its travel"
 
 
@@ -304,16 +356,18 @@ def plot_links(links, gpus, topology, title, path) -> Path:
 # -- one run, all three ------------------------------------------------------------------------------
 
 
-def plot_overview(timeline, per_gpu, links, gpus, iteration_time, topology, title, path,
-                  max_gpus=16):  # fmt: skip
+def plot_overview(
+    timeline, per_gpu, links, gpus, iteration_time, topology, title, path, max_gpus=16
+):
     """Timeline on top, breakdown and link utilisation below, in one PNG."""
     plt = _pyplot()
     shown, _ = sample_gpus(list(gpus), max_gpus)
     fig = plt.figure(figsize=(15, 5.5 + 0.5 * len(shown)))
     top = 1.6 + 0.5 * len(shown)
     grid = fig.add_gridspec(2, 2, height_ratios=[top, 5.5], width_ratios=[1.1, 1])
-    timeline_figure(timeline, gpus, f"{title}: timeline", ax=fig.add_subplot(grid[0, :]),
-                    max_gpus=max_gpus)  # fmt: skip
+    timeline_figure(
+        timeline, gpus, f"{title}: timeline", ax=fig.add_subplot(grid[0, :]), max_gpus=max_gpus
+    )
     breakdown_figure(per_gpu, iteration_time, "per-GPU breakdown", ax=fig.add_subplot(grid[1, 0]))
     links_figure(links, gpus, topology, "per-link utilisation", ax=fig.add_subplot(grid[1, 1]))
     fig.tight_layout()
@@ -358,8 +412,9 @@ def read_result_folder(folder) -> SavedResult:
         summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
         config = yaml.safe_load((folder / "config.yaml").read_text(encoding="utf-8")) or {}
     except FileNotFoundError as e:
-        raise InputError(f"{folder} has no {Path(e.filename).name}: not a complete result "
-                         "folder") from None  # fmt: skip
+        raise InputError(
+            f"{folder} has no {Path(e.filename).name}: not a complete result folder"
+        ) from None
     except (OSError, ValueError, UnicodeDecodeError, yaml.YAMLError) as e:
         raise InputError(f"{folder}: cannot read its summary or config ({e})") from None
     if not isinstance(summary, dict):
@@ -422,8 +477,17 @@ def plot_result(saved: SavedResult, kind: str, path, max_gpus: int = 16) -> Path
         return plot_breakdown(s.per_gpu, s.iteration_time, s.title, path)
     if kind == "links":
         return plot_links(s.links, s.gpus, s.topology, s.title, path)
-    return plot_overview(s.timeline, s.per_gpu, s.links, s.gpus, s.iteration_time, s.topology,
-                         s.title, path, max_gpus)  # fmt: skip
+    return plot_overview(
+        s.timeline,
+        s.per_gpu,
+        s.links,
+        s.gpus,
+        s.iteration_time,
+        s.topology,
+        s.title,
+        path,
+        max_gpus,
+    )
 
 
 # -- sweeps -------------------------------------------------------------------------------------------
@@ -451,22 +515,35 @@ def plot_sweep(table: pd.DataFrame, x: str, y: str, hue: list[str], path, title:
         markers, styles = "osD^vP*X", ("-", "--", "-.", ":")
         for k, g in enumerate(groups):
             s = d[d["_label"] == g].sort_values(x)
-            ax.plot(s[x], s[y], marker=markers[k % len(markers)], color=colour[g],
-                    linestyle=styles[(k // len(markers)) % len(styles)], label=g or None)  # fmt: skip
+            ax.plot(
+                s[x],
+                s[y],
+                marker=markers[k % len(markers)],
+                color=colour[g],
+                linestyle=styles[(k // len(markers)) % len(styles)],
+                label=g or None,
+            )
         xs = sorted(d[x].unique())
         if len(xs) <= 12:
             ax.set_xticks(xs, [f"{v:g}" for v in xs])
     else:
         cats = list(dict.fromkeys(d[x].astype(str)))
-        present = {c: [g for g in groups if ((d[x].astype(str) == c) & (d["_label"] == g)).any()]
-                   for c in cats}  # fmt: skip
+        present = {
+            c: [g for g in groups if ((d[x].astype(str) == c) & (d["_label"] == g)).any()]
+            for c in cats
+        }
         width = 0.8 / max(max(len(v) for v in present.values()), 1)
         shown = set()
         for i, c in enumerate(cats):
             for k, g in enumerate(present[c]):
                 v = d[(d[x].astype(str) == c) & (d["_label"] == g)][y].mean()
-                ax.bar(i + (k - (len(present[c]) - 1) / 2) * width, v, width * 0.95,
-                       color=colour[g], label=None if g in shown or not g else g)  # fmt: skip
+                ax.bar(
+                    i + (k - (len(present[c]) - 1) / 2) * width,
+                    v,
+                    width * 0.95,
+                    color=colour[g],
+                    label=None if g in shown or not g else g,
+                )
                 shown.add(g)
         ax.set_xticks(range(len(cats)), cats)
     ax.set_xlabel(x)
@@ -474,8 +551,13 @@ def plot_sweep(table: pd.DataFrame, x: str, y: str, hue: list[str], path, title:
     ax.set_ylim(bottom=0)
     if hue:
         head = ", ".join(hue) if len(", ".join(hue)) <= 30 else ",\n".join(hue)
-        ax.legend(title=head, fontsize="small", title_fontsize="small",
-                  loc="upper left", bbox_to_anchor=(1.01, 1.0))  # fmt: skip
+        ax.legend(
+            title=head,
+            fontsize="small",
+            title_fontsize="small",
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1.0),
+        )
     ax.set_title(title, fontsize="medium")
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()

@@ -95,8 +95,20 @@ class Result:
     with the same columns for every network; `config` is the resolved Config.
     """
 
-    def __init__(self, rows, gpus, config, links, transfers, collective_bytes,
-                 bytes_delivered, network_stats, wall_time, trace=None, orbits=None):  # fmt: skip
+    def __init__(
+        self,
+        rows,
+        gpus,
+        config,
+        links,
+        transfers,
+        collective_bytes,
+        bytes_delivered,
+        network_stats,
+        wall_time,
+        trace=None,
+        orbits=None,
+    ):
         # `orbits` (symmetry, extrapolators.execution.symmetry): {representative: (it, its images in
         # copy order)}; `rows` are then the representatives' only. The timeline of an image
         # is its representative's rows with the gpu (and the peer named in "send to" /
@@ -110,8 +122,9 @@ class Result:
         # tens of millions of rows and a quarter of the run), and the iteration times and
         # `per_gpu` are read from the log
         self._log = rows if isinstance(rows, TimelineLog) else None
-        self._own = None if self._log is not None else pd.DataFrame(rows, columns=list(COLUMNS),
-                                                                     copy=False)  # fmt: skip
+        self._own = (
+            None if self._log is not None else pd.DataFrame(rows, columns=list(COLUMNS), copy=False)
+        )
         self._orbits = orbits
         self._timeline = None
         self.symmetry = "off"  # what ran: "off", "auto: ..." or "off (fell back: <why>)"
@@ -285,8 +298,15 @@ class Result:
             c = comp_u[k] if k is not None else 0.0
             m = comm_u[k] if k is not None else 0.0
             both = both_u[k] if k is not None else 0.0
-            out.append({"gpu": g, "compute": c, "comm": m, "exposed_comm": both - c,
-                        "idle": max(self.iteration_time - both, 0.0)})  # fmt: skip
+            out.append(
+                {
+                    "gpu": g,
+                    "compute": c,
+                    "comm": m,
+                    "exposed_comm": both - c,
+                    "idle": max(self.iteration_time - both, 0.0),
+                }
+            )
         return pd.DataFrame(out).set_index("gpu")
 
     def per_layer(self) -> pd.DataFrame:
@@ -299,11 +319,20 @@ class Result:
             (tl["iteration"] == len(self.iteration_times) - 1)
             & tl["kind"].isin(["compute", "comm"])
         ]
-        d = d.assign(duration=d["end"] - d["start"], layer=_renamed(d["layer"], "", "(none)"),
-                     order=d["gpu"].map({g: i for i, g in enumerate(self.gpus)}))  # fmt: skip
+        d = d.assign(
+            duration=d["end"] - d["start"],
+            layer=_renamed(d["layer"], "", "(none)"),
+            order=d["gpu"].map({g: i for i, g in enumerate(self.gpus)}),
+        )
         d = d.sort_values(["order", "start"], kind="stable")
-        table = d.pivot_table(index=["gpu", "layer"], columns="kind", values="duration",
-                              aggfunc="sum", fill_value=0.0, sort=False)  # fmt: skip
+        table = d.pivot_table(
+            index=["gpu", "layer"],
+            columns="kind",
+            values="duration",
+            aggfunc="sum",
+            fill_value=0.0,
+            sort=False,
+        )
         for k in ("compute", "comm"):
             if k not in table:
                 table[k] = 0.0
@@ -410,34 +439,97 @@ class Result:
         for g, s in dict.fromkeys(zip(self.timeline["gpu"], self.timeline["stream"], strict=True)):
             tid_of[g, s] = count[g] = count.get(g, -1) + 1
         for pid, g in enumerate(self.gpus):
-            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
-                           "args": {"name": f"GPU {g}"}})  # fmt: skip
-            events.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0,
-                           "args": {"sort_index": pid}})  # fmt: skip
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "process_name",
+                    "pid": pid,
+                    "tid": 0,
+                    "args": {"name": f"GPU {g}"},
+                }
+            )
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "process_sort_index",
+                    "pid": pid,
+                    "tid": 0,
+                    "args": {"sort_index": pid},
+                }
+            )
         for (g, s), tid in tid_of.items():
-            events.append({"ph": "M", "name": "thread_name", "pid": pid_of[g], "tid": tid,
-                           "args": {"name": f"{s} stream"}})  # fmt: skip
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": pid_of[g],
+                    "tid": tid,
+                    "args": {"name": f"{s} stream"},
+                }
+            )
         for r in tl.itertuples(index=False):
-            events.append({"ph": "X", "name": r.name, "cat": r.kind, "pid": pid_of[r.gpu],
-                           "tid": tid_of[r.gpu, r.stream], "ts": r.start * 1e6,
-                           "dur": (r.end - r.start) * 1e6,
-                           "args": {"layer": r.layer, "phase": r.phase, "nbytes": r.nbytes,
-                                    "iteration": r.iteration}})  # fmt: skip
+            events.append(
+                {
+                    "ph": "X",
+                    "name": r.name,
+                    "cat": r.kind,
+                    "pid": pid_of[r.gpu],
+                    "tid": tid_of[r.gpu, r.stream],
+                    "ts": r.start * 1e6,
+                    "dur": (r.end - r.start) * 1e6,
+                    "args": {
+                        "layer": r.layer,
+                        "phase": r.phase,
+                        "nbytes": r.nbytes,
+                        "iteration": r.iteration,
+                    },
+                }
+            )
         net_pid = len(self.gpus)
-        events.append({"ph": "M", "name": "process_name", "pid": net_pid, "tid": 0,
-                       "args": {"name": "network (transfers per source -> destination)"}})  # fmt: skip
-        events.append({"ph": "M", "name": "process_sort_index", "pid": net_pid, "tid": 0,
-                       "args": {"sort_index": net_pid}})  # fmt: skip
+        events.append(
+            {
+                "ph": "M",
+                "name": "process_name",
+                "pid": net_pid,
+                "tid": 0,
+                "args": {"name": "network (transfers per source -> destination)"},
+            }
+        )
+        events.append(
+            {
+                "ph": "M",
+                "name": "process_sort_index",
+                "pid": net_pid,
+                "tid": 0,
+                "args": {"sort_index": net_pid},
+            }
+        )
         pair_tid: dict = {}
         for r in self._transfer_table().itertuples(index=False):
             tid = pair_tid.get((r.src, r.dst))
             if tid is None:
                 tid = pair_tid[r.src, r.dst] = len(pair_tid)
-                events.append({"ph": "M", "name": "thread_name", "pid": net_pid, "tid": tid,
-                               "args": {"name": f"GPU {r.src} -> GPU {r.dst}"}})  # fmt: skip
-            events.append({"ph": "X", "name": r.tag or "transfer", "cat": "transfer",
-                           "pid": net_pid, "tid": tid, "ts": r.start * 1e6,
-                           "dur": (r.end - r.start) * 1e6, "args": {"nbytes": r.nbytes}})  # fmt: skip
+                events.append(
+                    {
+                        "ph": "M",
+                        "name": "thread_name",
+                        "pid": net_pid,
+                        "tid": tid,
+                        "args": {"name": f"GPU {r.src} -> GPU {r.dst}"},
+                    }
+                )
+            events.append(
+                {
+                    "ph": "X",
+                    "name": r.tag or "transfer",
+                    "cat": "transfer",
+                    "pid": net_pid,
+                    "tid": tid,
+                    "ts": r.start * 1e6,
+                    "dur": (r.end - r.start) * 1e6,
+                    "args": {"nbytes": r.nbytes},
+                }
+            )
         path = Path(path)
         path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
         return path
@@ -452,8 +544,11 @@ class Result:
         if self.config is None:
             return {}
         t = self.config.topology
-        return {"kind": t.kind, "rows": getattr(t.options, "rows", None),
-                "cols": getattr(t.options, "cols", None)}  # fmt: skip
+        return {
+            "kind": t.kind,
+            "rows": getattr(t.options, "rows", None),
+            "cols": getattr(t.options, "cols", None),
+        }
 
     def plot_timeline(self, path, max_gpus: int = 16) -> Path:
         """Per-GPU timeline PNG: every GPU up to `max_gpus`, else a sample the title names."""
@@ -485,12 +580,17 @@ class Result:
 
         peak_gpu = max(self.peak_memory, key=self.peak_memory.get) if self.peak_memory else None
         gpus = list(dict.fromkeys([peak_gpu, *self.gpus[:max_gpus]]))[:max_gpus]
-        fig, axes = plt.subplots(len(gpus), 1, figsize=(9, 1.2 + 1.8 * len(gpus)), sharex=True,
-                                 squeeze=False)  # fmt: skip
+        fig, axes = plt.subplots(
+            len(gpus), 1, figsize=(9, 1.2 + 1.8 * len(gpus)), sharex=True, squeeze=False
+        )
         for ax, g in zip(axes[:, 0], gpus, strict=True):
             d = self.memory[self.memory["gpu"] == g]
-            ax.stackplot(d["time"] * 1e3, *[d[c] / 1e9 for c in CATEGORIES], step="post",
-                         labels=[c.replace("_", " ") for c in CATEGORIES])  # fmt: skip
+            ax.stackplot(
+                d["time"] * 1e3,
+                *[d[c] / 1e9 for c in CATEGORIES],
+                step="post",
+                labels=[c.replace("_", " ") for c in CATEGORIES],
+            )
             if (
                 self.memory_capacity is not None
                 and self.peak_memory.get(g, 0) > 0.5 * self.memory_capacity
@@ -499,8 +599,11 @@ class Result:
             ax.set_ylabel(f"GPU {g}\nGB")
         axes[0, 0].legend(loc="upper left", fontsize=7, ncol=3)
         axes[-1, 0].set_xlabel("time (ms)")
-        axes[0, 0].set_title(f"memory per GPU (peak {max(self.peak_memory.values(), default=0) / 1e9:.3f} GB; "
-                             f"fits: {self._verdict()})", fontsize=9)  # fmt: skip
+        axes[0, 0].set_title(
+            f"memory per GPU (peak {max(self.peak_memory.values(), default=0) / 1e9:.3f} GB; "
+            f"fits: {self._verdict()})",
+            fontsize=9,
+        )
         fig.tight_layout()
         path = Path(path)
         fig.savefig(path, dpi=100)
@@ -508,9 +611,19 @@ class Result:
         return path
 
     # every file `save` may write into a folder (with --force, what an earlier run left goes)
-    OUTPUTS = ("timeline.csv", "per_gpu.csv", "per_layer.csv", "links.csv", "summary.json",
-               "chrome_trace.json", "timeline.png", "memory.csv", "memory.png", "config.yaml",
-               "trace.json.gz")  # fmt: skip
+    OUTPUTS = (
+        "timeline.csv",
+        "per_gpu.csv",
+        "per_layer.csv",
+        "links.csv",
+        "summary.json",
+        "chrome_trace.json",
+        "timeline.png",
+        "memory.csv",
+        "memory.png",
+        "config.yaml",
+        "trace.json.gz",
+    )
 
     def save(self, folder) -> Path:
         """Write every output (CSV, JSON, Chrome trace, PNG, the config) into `folder`, each
@@ -528,9 +641,12 @@ class Result:
                 write(tmp)
             written.append(name)
 
-        tables = {"timeline.csv": (self.timeline, False), "per_gpu.csv": (self.per_gpu(), True),
-                  "per_layer.csv": (self.per_layer(), False),
-                  "links.csv": (self.per_link(), False)}  # fmt: skip
+        tables = {
+            "timeline.csv": (self.timeline, False),
+            "per_gpu.csv": (self.per_gpu(), True),
+            "per_layer.csv": (self.per_layer(), False),
+            "links.csv": (self.per_link(), False),
+        }
         if len(self._memory):
             tables["memory.csv"] = (self.memory, False)
         try:

@@ -37,9 +37,11 @@ def big_run_note(num_gpus: int, iterations: int = 1) -> str | None:
     if num_gpus < BIG_RUN_GPUS:
         return None
     times = f" x {iterations} iterations" if iterations > 1 else ""
-    return (f"note: simulating {num_gpus:,} GPUs{times}: this may take minutes and many GB of "
-            "memory (DDP at 16,384 GPUs: ~5 s and 0.6 GB, growing at least linearly); "
-            "progress is reported on stderr")  # fmt: skip
+    return (
+        f"note: simulating {num_gpus:,} GPUs{times}: this may take minutes and many GB of "
+        "memory (DDP at 16,384 GPUs: ~5 s and 0.6 GB, growing at least linearly); "
+        "progress is reported on stderr"
+    )
 
 
 class RunProgress:
@@ -48,8 +50,15 @@ class RunProgress:
     `enabled`: True a bar, False nothing, None (the default) a bar on a terminal and log
     lines elsewhere."""
 
-    def __init__(self, desc: str = "simulating", delay: float = 2.0, interval: float = 0.25,
-                 enabled: bool | None = None, file=None, log_every: float = 10.0):  # fmt: skip
+    def __init__(
+        self,
+        desc: str = "simulating",
+        delay: float = 2.0,
+        interval: float = 0.25,
+        enabled: bool | None = None,
+        file=None,
+        log_every: float = 10.0,
+    ):
         self.desc, self.delay, self.interval = desc, delay, interval
         self.log_every = log_every
         self.file = file if file is not None else sys.stderr
@@ -122,8 +131,10 @@ class RunProgress:
             what = f": {self._stage}" if self._stage else ""
         else:
             stage = f", {self._stage}" if self._stage else ""
-            what = (f": {int(runtime.tasks_finished)} tasks done, {env.now * 1e3:.3f} ms "
-                    f"simulated{stage}")  # fmt: skip
+            what = (
+                f": {int(runtime.tasks_finished)} tasks done, {env.now * 1e3:.3f} ms "
+                f"simulated{stage}"
+            )
         return f"{self.desc}{what} ({self._elapsed()})"
 
     def _elapsed(self) -> str:

@@ -107,8 +107,9 @@ class Simulation:
         self.config = cfg
         self.gpus = gpu_nodes(self.graph)
         if len(self.gpus) != cfg.num_gpus:
-            raise ConfigError("num_gpus", cfg.num_gpus,
-                              f"the number of GPUs in the topology ({len(self.gpus)})")  # fmt: skip
+            raise ConfigError(
+                "num_gpus", cfg.num_gpus, f"the number of GPUs in the topology ({len(self.gpus)})"
+            )
         het = cfg.heterogeneity
         self.compute_slowdown, bandwidth = het.factors(self.gpus, cfg.seed)
         if het.links or any(f != 1.0 for f in bandwidth.values()):
@@ -117,9 +118,15 @@ class Simulation:
         ring = ring_order(self.graph, self.gpus) if len(self.gpus) > 2 else tuple(self.gpus)
         stage("planning the streams")
         self.extrapolator = mode(
-            self.trace, self.model, self.gpus, par.options, batch_size=cfg.batch_size,
-            gpu=cfg.gpu, ring=ring, graph=self.graph,
-        )  # fmt: skip
+            self.trace,
+            self.model,
+            self.gpus,
+            par.options,
+            batch_size=cfg.batch_size,
+            gpu=cfg.gpu,
+            ring=ring,
+            graph=self.graph,
+        )
 
     def target_gpu(self) -> str | None:
         """The GPU the run is for: the config's, else the one the trace was made on."""
@@ -149,8 +156,11 @@ class Simulation:
                     return result
             if abandoned:  # its environment is cycles of generators: free it before the next
                 gc.collect()
-            warnings.warn(f"symmetry: auto fell back to the full simulation: {reason}",
-                          SymmetryWarning, stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"symmetry: auto fell back to the full simulation: {reason}",
+                SymmetryWarning,
+                stacklevel=2,
+            )
         result = self._run(progress, None, wall)
         result.symmetry = "off" if self.config.symmetry == "off" else f"off (fell back: {reason})"
         return result
@@ -187,8 +197,7 @@ class Simulation:
         env = simpy.Environment()
         net = network_class(cfg.network.kind)(env, self.graph, cfg.network.options)
         c = cfg.communication
-        comm = comm_class(c.kind)(env, net, c.options, gpu=self.target_gpu(),
-                                  base_dir=cfg.base_dir)  # fmt: skip
+        comm = comm_class(c.kind)(env, net, c.options, gpu=self.target_gpu(), base_dir=cfg.base_dir)
         runtime = Runtime(env, net, comm, compute_scale=self.compute_slowdown, symmetry=sym)
         if sym is not None:  # a second set of streams: checking consumes them
             sym.check_streams(self.extrapolator.streams())
@@ -221,8 +230,9 @@ class Simulation:
         if progress is not None:
             progress.stage("memory")
         # with symmetry: the representatives' curves, which the Result copies to their images
-        mem, peaks = memory_curves(log, self.trace, self.extrapolator,
-                                   list(sym.reps) if sym else self.gpus, cfg.memory)  # fmt: skip
+        mem, peaks = memory_curves(
+            log, self.trace, self.extrapolator, list(sym.reps) if sym else self.gpus, cfg.memory
+        )
         gpu_name = cfg.gpu or self.trace.metadata.get("gpu")
         result.set_memory(mem, peaks, capacity(cfg.memory, gpu_name), cfg.memory.reserve)
         return result
@@ -263,8 +273,16 @@ def _check_plan_early(mode, trace, model, cfg: Config) -> None:
     stand-in is only a preview: an error it may owe to being a stand-in (a graph or a GPU
     placement it lacks), or anything other than a ConfigError, is left to the real plan."""
     try:
-        mode(trace, model, range(cfg.num_gpus), cfg.parallelism.options,
-             batch_size=cfg.batch_size, gpu=cfg.gpu, ring=None, graph=None)  # fmt: skip
+        mode(
+            trace,
+            model,
+            range(cfg.num_gpus),
+            cfg.parallelism.options,
+            batch_size=cfg.batch_size,
+            gpu=cfg.gpu,
+            ring=None,
+            graph=None,
+        )
     except ConfigError as e:
         if e.field not in _STAND_IN_FIELDS:
             raise
@@ -277,9 +295,11 @@ def _finite_links(graph):
     by it and rounds; a config's topology is checked by the schema)."""
     for u, v, d in graph.edges(data=True):
         if not math.isfinite(d["bandwidth"]):
-            raise NetworkError(f"link {u!r}->{v!r}: bandwidth must be a finite number of "
-                               f"bytes/s, got {d['bandwidth']!r} (for an ideal link, give a "
-                               "large one such as 1e15)")  # fmt: skip
+            raise NetworkError(
+                f"link {u!r}->{v!r}: bandwidth must be a finite number of "
+                f"bytes/s, got {d['bandwidth']!r} (for an ideal link, give a "
+                "large one such as 1e15)"
+            )
     return graph
 
 
@@ -295,9 +315,13 @@ def _recorded(graph, section):
 def check_conservation(runtime: Runtime, net) -> None:
     """Always-on end-of-run check; a violation is a SimulationError."""
     if runtime.tasks_started != runtime.tasks_finished:
-        raise SimulationError(f"{runtime.tasks_started} tasks started but "
-                              f"{runtime.tasks_finished} finished")  # fmt: skip
-    if net.in_flight or not math.isclose(net.bytes_sent, net.bytes_delivered, rel_tol=1e-9,
-                                         abs_tol=1e-6):  # fmt: skip
-        raise SimulationError(f"bytes sent ({net.bytes_sent}) != bytes delivered "
-                              f"({net.bytes_delivered}); {net.in_flight} transfers in flight")  # fmt: skip
+        raise SimulationError(
+            f"{runtime.tasks_started} tasks started but {runtime.tasks_finished} finished"
+        )
+    if net.in_flight or not math.isclose(
+        net.bytes_sent, net.bytes_delivered, rel_tol=1e-9, abs_tol=1e-6
+    ):
+        raise SimulationError(
+            f"bytes sent ({net.bytes_sent}) != bytes delivered "
+            f"({net.bytes_delivered}); {net.in_flight} transfers in flight"
+        )

@@ -82,12 +82,16 @@ def slowed(cfg: Config, graph):
     if slow:
         fields = (["heterogeneity.compute"] if het.compute else []) + [
             f"heterogeneity.random[{k}] (target: compute)"
-            for k, r in enumerate(het.random) if r.target == "compute"
-        ]  # fmt: skip
-        warnings.warn(f"{' and '.join(fields)}: a slower compute on {len(slow)} GPU(s) does "
-                      "not change a collective's time (compute factors slow compute tasks "
-                      "only, in simulate too), so it is not applied here; bandwidth and link "
-                      "factors are", stacklevel=2)  # fmt: skip
+            for k, r in enumerate(het.random)
+            if r.target == "compute"
+        ]
+        warnings.warn(
+            f"{' and '.join(fields)}: a slower compute on {len(slow)} GPU(s) does "
+            "not change a collective's time (compute factors slow compute tasks "
+            "only, in simulate too), so it is not applied here; bandwidth and link "
+            "factors are",
+            stacklevel=2,
+        )
     if het.links or any(f != 1.0 for f in bandwidth.values()):
         graph = het.apply_to_graph(graph, bandwidth)
     return graph
@@ -147,21 +151,27 @@ def calibrate(cfg: Config, table: nccl_tests.Table, rows=None, graph=None):
     from scipy.optimize import least_squares
 
     if cfg.communication.kind != "nccl":
-        raise ConfigError("communication.kind", cfg.communication.kind,
-                          "nccl (the model triosim calibrate fits)")  # fmt: skip
+        raise ConfigError(
+            "communication.kind", cfg.communication.kind, "nccl (the model triosim calibrate fits)"
+        )
     op = table.op or "all_reduce"
     if op not in nccl_tests.OPS:
         raise ConfigError("--op", op, f"one of {', '.join(nccl_tests.OPS)}")
     # start from NCCL's own figures, whatever calibration the config names
-    opts = dataclasses.replace(cfg.communication.options, calibration=None,
-                               launch_overhead=None, latency_scale=None, bandwidth_scale=None,
-                               pipeline_overhead=None)  # fmt: skip
-    cfg = dataclasses.replace(cfg, communication=dataclasses.replace(cfg.communication,
-                                                                     options=opts))  # fmt: skip
+    opts = dataclasses.replace(
+        cfg.communication.options,
+        calibration=None,
+        launch_overhead=None,
+        latency_scale=None,
+        bandwidth_scale=None,
+        pipeline_overhead=None,
+    )
+    cfg = dataclasses.replace(
+        cfg, communication=dataclasses.replace(cfg.communication, options=opts)
+    )
     _, _, comm, group = system(cfg, graph)
     if table.ranks is not None and table.ranks != len(group):
-        raise ConfigError("num_gpus", len(group),
-                          f"the measurement's rank count ({table.ranks})")  # fmt: skip
+        raise ConfigError("num_gpus", len(group), f"the measurement's rank count ({table.ranks})")
     rows = [r for r in (table.rows if rows is None else rows) if r.time > 0 and r.size > 0]
     if len(rows) < 2:
         raise ConfigError("nccl-tests log", f"{len(rows)} usable rows", "at least 2 rows to fit")
@@ -180,8 +190,9 @@ def calibrate(cfg: Config, table: nccl_tests.Table, rows=None, graph=None):
     x0 = np.clip(x0, lo, hi)
 
     def tuning(x) -> Tuning:
-        return dataclasses.replace(base, **{n: float(v * u) for n, v, u in zip(names, x, unit,
-                                                                            strict=True)})  # fmt: skip
+        return dataclasses.replace(
+            base, **{n: float(v * u) for n, v, u in zip(names, x, unit, strict=True)}
+        )
 
     def residuals(x):
         r = np.log(predict(terms, tuning(x)) / measured)
@@ -191,14 +202,19 @@ def calibrate(cfg: Config, table: nccl_tests.Table, rows=None, graph=None):
         return np.concatenate([r, prior])
 
     # soft-L1: a one-off outlier row (nccl-tests' first size, a 70 us spike) pulls less
-    fit = least_squares(residuals, x0, bounds=(lo, hi), x_scale="jac", loss="soft_l1",
-                        f_scale=0.05)  # fmt: skip
+    fit = least_squares(residuals, x0, bounds=(lo, hi), x_scale="jac", loss="soft_l1", f_scale=0.05)
     fitted = tuning(fit.x)
     before = _median_error(predict(terms, base), measured)
     after = _median_error(predict(terms, fitted), measured)
-    report = {"op": op, "ranks": len(group), "rows": len(rows), "fitted": names,
-              "median_abs_error_before": before, "median_abs_error_after": after,
-              "algorithms": sorted({f"{t.algo}/{t.proto}" for t in terms})}  # fmt: skip
+    report = {
+        "op": op,
+        "ranks": len(group),
+        "rows": len(rows),
+        "fitted": names,
+        "median_abs_error_before": before,
+        "median_abs_error_after": after,
+        "algorithms": sorted({f"{t.algo}/{t.proto}" for t in terms}),
+    }
     return fitted, report
 
 
@@ -214,13 +230,19 @@ def write_calibration(path, tuning: Tuning, report: dict, source: str = "") -> P
     names = report["fitted"]
     data = {
         "tuning": {n: float(getattr(tuning, n)) for n in names},
-        "fit": {"source": source, "model": f"NCCL {nccl_params.NCCL_VERSION} tuning model",
-                **{k: v for k, v in report.items() if k != "fitted"}},
-    }  # fmt: skip
+        "fit": {
+            "source": source,
+            "model": f"NCCL {nccl_params.NCCL_VERSION} tuning model",
+            **{k: v for k, v in report.items() if k != "fitted"},
+        },
+    }
     from triosim.common.outputs import write_text
 
-    return write_text(path, "# written by `triosim calibrate`: the NCCL model's tuning for "
-                      "this system\n" + yaml.safe_dump(data, sort_keys=False))  # fmt: skip
+    return write_text(
+        path,
+        "# written by `triosim calibrate`: the NCCL model's tuning for "
+        "this system\n" + yaml.safe_dump(data, sort_keys=False),
+    )
 
 
 def errors_by_range(sizes, predicted, measured) -> dict:
@@ -231,7 +253,10 @@ def errors_by_range(sizes, predicted, measured) -> dict:
         ("1-64MiB", 2**20, 2**26),
         (">=64MiB", 2**26, math.inf),
     ):
-        e = [abs(p / m - 1) for s, p, m in zip(sizes, predicted, measured, strict=True)
-             if lo <= s < hi]  # fmt: skip
+        e = [
+            abs(p / m - 1)
+            for s, p, m in zip(sizes, predicted, measured, strict=True)
+            if lo <= s < hi
+        ]
         out[name] = float(np.median(e)) if e else None
     return out

@@ -28,8 +28,13 @@ METRICS = (
     ("bytes moved (MB)", "bytes_moved", 1e-6),
     ("peak memory / GPU (GB)", "peak_memory_gb_max", 1.0),  # the memory model's largest peak
 )
-CHART = ("iteration time (ms)", "compute / GPU (ms)", "communication / GPU (ms)",
-         "exposed communication (ms)", "idle / GPU (ms)")  # fmt: skip
+CHART = (
+    "iteration time (ms)",
+    "compute / GPU (ms)",
+    "communication / GPU (ms)",
+    "exposed communication (ms)",
+    "idle / GPU (ms)",
+)
 
 
 @dataclass
@@ -46,8 +51,10 @@ def load(arg, progress: bool = True) -> Run:
     if path.is_dir():
         f = path / "summary.json"
         if not f.is_file():
-            raise InputError(f"{path} is a folder without summary.json: not a saved result "
-                             "(give a result folder written by simulate, or a config file)")  # fmt: skip
+            raise InputError(
+                f"{path} is a folder without summary.json: not a saved result "
+                "(give a result folder written by simulate, or a config file)"
+            )
         try:
             summary = json.loads(f.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError) as e:

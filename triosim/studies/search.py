@@ -35,16 +35,30 @@ def candidates(n: int, batch: int) -> list[tuple[str, dict]]:
         for sched in ("gpipe", "1f1b"):
             m = 2 * k
             if batch % (d * m) == 0:
-                out.append((f"dp {d} x {sched} {k} stages x {m} mb",
-                            {"mode": "hybrid", "dp": d, "inner": sched, "microbatches": m}))  # fmt: skip
+                out.append(
+                    (
+                        f"dp {d} x {sched} {k} stages x {m} mb",
+                        {"mode": "hybrid", "dp": d, "inner": sched, "microbatches": m},
+                    )
+                )
     for dp in _divisors(n):  # 3D grids with all three degrees above 1
         for tp in _divisors(n // dp):
             pp = n // dp // tp
             m = 2 * pp
             if min(dp, tp, pp) > 1 and batch % (dp * m) == 0:
-                out.append((f"3d dp {dp} x tp {tp} x pp {pp} (1f1b, {m} mb)",
-                            {"mode": "3d", "dp": dp, "tp": tp, "pp": pp, "microbatches": m,
-                             "schedule": "1f1b"}))  # fmt: skip
+                out.append(
+                    (
+                        f"3d dp {dp} x tp {tp} x pp {pp} (1f1b, {m} mb)",
+                        {
+                            "mode": "3d",
+                            "dp": dp,
+                            "tp": tp,
+                            "pp": pp,
+                            "microbatches": m,
+                            "schedule": "1f1b",
+                        },
+                    )
+                )
     return out
 
 
@@ -69,8 +83,11 @@ def _evaluate(config: dict, base_dir: str) -> dict:
         usable = cap - cfg.memory.reserve
         need = max(sum(static_per_gpu(sim.trace, ex, g, cfg.memory).values()) for g in sim.gpus)
         if need > usable:  # weights, gradients and optimizer states alone do not fit
-            return {"status": "out of memory (static)", "reason": f"weights, gradients and "
-                    f"optimizer states need {need / 1e9:.2f} GB of {usable / 1e9:.2f}"}  # fmt: skip
+            return {
+                "status": "out of memory (static)",
+                "reason": f"weights, gradients and "
+                f"optimizer states need {need / 1e9:.2f} GB of {usable / 1e9:.2f}",
+            }
     try:
         r = sim.run()
     except TrioSimError as e:
@@ -119,8 +136,9 @@ def search(base: dict, base_dir: str = ".", workers: int = 1, progress: bool = T
             futures = [pool.submit(_evaluate, cfg, base_dir) for _, cfg in points]
             results = [f.result() for f in tqdm(futures, desc="search", disable=not progress)]
     else:
-        results = [_evaluate(cfg, base_dir) for _, cfg in tqdm(points, desc="search",
-                                                              disable=not progress)]  # fmt: skip
+        results = [
+            _evaluate(cfg, base_dir) for _, cfg in tqdm(points, desc="search", disable=not progress)
+        ]
     rows = [{"plan": label, **res} for (label, _), res in zip(points, results, strict=True)]
     table = pd.DataFrame(rows)
     ok = table[table["status"] == "ok"]

@@ -82,11 +82,14 @@ def read_grid(path, sets=()) -> GridSpec:
     data = read_yaml(path)
     unknown = sorted(set(data) - set(GRID_KEYS))
     if unknown:
-        raise InputError(f"grid file {path}: unknown key {unknown[0]!r} (a grid file has "
-                         f"{', '.join(GRID_KEYS)}; config fields go under base:)")  # fmt: skip
+        raise InputError(
+            f"grid file {path}: unknown key {unknown[0]!r} (a grid file has "
+            f"{', '.join(GRID_KEYS)}; config fields go under base:)"
+        )
     if "base" not in data:
-        raise InputError(f"grid file {path}: no base: (a config file's path, or a mapping "
-                         "of config fields)")  # fmt: skip
+        raise InputError(
+            f"grid file {path}: no base: (a config file's path, or a mapping of config fields)"
+        )
     base, base_dir, base_file = data["base"], path.parent, None
     if isinstance(base, str):
         base_file = path.parent / base
@@ -94,8 +97,10 @@ def read_grid(path, sets=()) -> GridSpec:
     elif not isinstance(base, dict):
         raise ConfigError("base", base, "a config file's path or a mapping of config fields")
     if not data.get("grid") and not data.get("zip"):
-        raise InputError(f"grid file {path}: nothing to vary (give grid: and/or zip:, "
-                         "mappings of field -> list of values)")  # fmt: skip
+        raise InputError(
+            f"grid file {path}: nothing to vary (give grid: and/or zip:, "
+            "mappings of field -> list of values)"
+        )
     base = copy.deepcopy(base)
     grid, zipped = _lists(data.get("grid"), "grid"), _lists(data.get("zip"), "zip")
     for key, value in sets:
@@ -110,9 +115,11 @@ def _check_set(key: str, grid: dict, zipped: dict) -> None:
     for name, section in (("grid", grid), ("zip", zipped)):
         for varied in section:
             if key == varied or key.startswith(f"{varied}.") or varied.startswith(f"{key}."):
-                raise InputError(f"--set {key}: the grid file varies {varied} (under "
-                                 f"{name}:), and one would silently override the other; change "
-                                 f"{varied} in the grid file, or drop the --set")  # fmt: skip
+                raise InputError(
+                    f"--set {key}: the grid file varies {varied} (under "
+                    f"{name}:), and one would silently override the other; change "
+                    f"{varied} in the grid file, or drop the --set"
+                )
 
 
 def count(grid: dict, zipped: dict | None = None) -> int:
@@ -157,8 +164,14 @@ def expand(grid: dict, zipped: dict | None = None) -> list[dict]:
     return out
 
 
-def points(base: dict, grid: dict, zipped: dict | None = None, base_dir=".",
-           grid_dir=None, progress: bool = False) -> list[Point]:  # fmt: skip
+def points(
+    base: dict,
+    grid: dict,
+    zipped: dict | None = None,
+    base_dir=".",
+    grid_dir=None,
+    progress: bool = False,
+) -> list[Point]:
     """Validate every point of the grid (a ConfigError names the point and the field) and
     resolve its paths: the base's relative to `base_dir`, the grid's relative to
     `grid_dir` (default: base_dir). `progress`: a bar of points checked (on a terminal)."""
@@ -170,8 +183,15 @@ def points(base: dict, grid: dict, zipped: dict | None = None, base_dir=".",
     grid_dir = Path(grid_dir) if grid_dir is not None else base_dir
     out = []
     todo = expand(grid, zipped)
-    for index, params in enumerate(tqdm(todo, desc="checking points", unit="point",
-                                        disable=None if progress else True, leave=False)):  # fmt: skip
+    for index, params in enumerate(
+        tqdm(
+            todo,
+            desc="checking points",
+            unit="point",
+            disable=None if progress else True,
+            leave=False,
+        )
+    ):
         try:
             cfg, dropped = _config(base, params, base_dir, grid_dir)
         except ConfigError as e:
@@ -182,9 +202,11 @@ def points(base: dict, grid: dict, zipped: dict | None = None, base_dir=".",
 
 
 def _base_wanted(base) -> str:
-    return (f"the base config must be a mapping of config fields (as YAML gives it), got "
-            f"{type(base).__name__} {base!r}; for a config file pass "
-            "triosim.config.loading.read_yaml(path) and base_dir=its folder")  # fmt: skip
+    return (
+        f"the base config must be a mapping of config fields (as YAML gives it), got "
+        f"{type(base).__name__} {base!r}; for a config file pass "
+        "triosim.config.loading.read_yaml(path) and base_dir=its folder"
+    )
 
 
 def _config(base, params, base_dir: Path, grid_dir: Path) -> tuple[Config, tuple]:
@@ -290,8 +312,9 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-def run(todo: list[Point], workers: int = 1, scheduler=None, progress: bool = True,
-        on_row=None) -> dict:  # fmt: skip
+def run(
+    todo: list[Point], workers: int = 1, scheduler=None, progress: bool = True, on_row=None
+) -> dict:
     """Run the points: `scheduler` (an address or a dask.distributed Client) on that
     cluster, else `workers` > 1 on a local Dask cluster of that many processes (local
     processes without Dask), else here. Returns point id -> row; `on_row(point, row)` is
@@ -352,19 +375,28 @@ def _run_dask(todo, workers, scheduler, done) -> None:
         import logging
 
         try:
-            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                   dashboard_address=None, silence_logs=logging.ERROR)  # fmt: skip
+            cluster = LocalCluster(
+                n_workers=workers,
+                threads_per_worker=1,
+                processes=True,
+                dashboard_address=None,
+                silence_logs=logging.ERROR,
+            )
         except Exception as e:  # e.g. a __main__ that worker processes cannot re-import
-            raise InputError(f"could not start a local Dask cluster of {workers} processes "
-                             f"({type(e).__name__}: {e}); run with workers=1 (--workers 1), or "
-                             "on a cluster (--scheduler)") from None  # fmt: skip
+            raise InputError(
+                f"could not start a local Dask cluster of {workers} processes "
+                f"({type(e).__name__}: {e}); run with workers=1 (--workers 1), or "
+                "on a cluster (--scheduler)"
+            ) from None
         client = Client(cluster)
         # like a remote worker, a local one runs elsewhere than here: a path that is only
         # right relative to this folder fails here too, not only on a cluster
         client.run(_leave_cwd)
     try:
-        futures = {client.submit(run_point, p.config, key=f"triosim-point-{p.id}", pure=False): p
-                   for p in todo}  # fmt: skip
+        futures = {
+            client.submit(run_point, p.config, key=f"triosim-point-{p.id}", pure=False): p
+            for p in todo
+        }
         for f in as_completed(list(futures)):
             p = futures[f]
             try:
@@ -414,8 +446,16 @@ def table(pts: list[Point], rows: dict) -> pd.DataFrame:
             for k, v in row.items()
             if (k not in p.params or k == "symmetry") and k not in ("error_type", "error")
         }
-        records.append({"point": p.index, "point_id": p.id, **p.params, **result,
-                        "error_type": row.get("error_type"), "error": row.get("error")})  # fmt: skip
+        records.append(
+            {
+                "point": p.index,
+                "point_id": p.id,
+                **p.params,
+                **result,
+                "error_type": row.get("error_type"),
+                "error": row.get("error"),
+            }
+        )
     df = pd.DataFrame(records)
     if not len(df):
         return df
@@ -452,21 +492,30 @@ def axes(df: pd.DataFrame, x=None, y=None, hue=None) -> tuple[str, str, list, li
     for what, col in [("--x", x), ("--y", y), *(("--hue", h) for h in hue)]:
         if col not in df.columns:
             listed = ", ".join(params) or "none"
-            metrics = ", ".join(c for c in df.columns if c not in (*params, "point", "point_id", *ERRORS)
-                                and pd.api.types.is_numeric_dtype(df[c]))  # fmt: skip
-            raise InputError(f"{what} {col!r} is not a column of the sweep table (parameters: "
-                             f"{listed}; metrics: {metrics})")  # fmt: skip
+            metrics = ", ".join(
+                c
+                for c in df.columns
+                if c not in (*params, "point", "point_id", *ERRORS)
+                and pd.api.types.is_numeric_dtype(df[c])
+            )
+            raise InputError(
+                f"{what} {col!r} is not a column of the sweep table (parameters: "
+                f"{listed}; metrics: {metrics})"
+            )
     if not pd.api.types.is_numeric_dtype(df[y]):
         raise InputError(f"--y {y!r} is not a numeric column of the sweep table")
     for axis, col in (("x", x), ("y", y)):
         if col in hue:
-            raise InputError(f"--hue {col!r} is the {axis} axis itself; name another "
-                             "parameter (or none)")  # fmt: skip
+            raise InputError(
+                f"--hue {col!r} is the {axis} axis itself; name another parameter (or none)"
+            )
     extra = [c for c in varying if c != x and c not in hue]
     tied = [c for c in extra if ok.groupby(ok[x].astype(str))[c].nunique().max() <= 1]
     if tied:  # zipped with x: it varies along x, not as lines of its own
-        notes.append(f"{', '.join(tied)} {'varies' if len(tied) == 1 else 'vary'} with {x} "
-                     f"(one value per {x})")  # fmt: skip
+        notes.append(
+            f"{', '.join(tied)} {'varies' if len(tied) == 1 else 'vary'} with {x} "
+            f"(one value per {x})"
+        )
         extra = [c for c in extra if c not in tied]
     if extra and hue:
         notes.append(f"also split by {', '.join(extra)}, which vary too")
@@ -505,8 +554,10 @@ def read_table(path) -> pd.DataFrame:
         if path.suffix == ".csv":
             with open(path, "rb") as f:  # every table written here ends with a whole line
                 if f.seek(0, 2) and (f.seek(-1, 2), f.read(1))[1] != b"\n":
-                    raise InputError(f"sweep table {path}: truncated (its last line is cut "
-                                     "short); run the sweep again to rewrite it")  # fmt: skip
+                    raise InputError(
+                        f"sweep table {path}: truncated (its last line is cut "
+                        "short); run the sweep again to rewrite it"
+                    )
             return pd.read_csv(path)
     except InputError:
         raise
@@ -535,8 +586,15 @@ def _storable(df: pd.DataFrame) -> pd.DataFrame:
         vals = df[c].dropna()
         kinds = {type(v) for v in vals}
         if len(kinds) > 1 or kinds & {list, dict, tuple}:
-            df[c] = df[c].map(lambda v: v if v is None or (isinstance(v, float) and math.isnan(v))
-                              else v if isinstance(v, str) else json.dumps(v, default=str))  # fmt: skip
+            df[c] = df[c].map(
+                lambda v: (
+                    v
+                    if v is None or (isinstance(v, float) and math.isnan(v))
+                    else v
+                    if isinstance(v, str)
+                    else json.dumps(v, default=str)
+                )
+            )
     return df
 
 
@@ -586,14 +644,19 @@ def plan(pts: list[Point], folder, retry_failed: bool = False, fresh: bool = Fal
         old_ids = old["point_id"].astype(str)
         stray = int((~old_ids.isin(ids)).sum())
         if stray:
-            raise InputError(f"{folder} holds a sweep with {stray} point(s) not in this grid "
-                             "(another grid, or a changed base config or trace path); pass "
-                             "--force to start over there, or name another folder")  # fmt: skip
+            raise InputError(
+                f"{folder} holds a sweep with {stray} point(s) not in this grid "
+                "(another grid, or a changed base config or trace path); pass "
+                "--force to start over there, or name another folder"
+            )
         bad = failed(old)
         param_cols = {k for p in pts for k in p.params}
         for (_, r), is_bad, pid in zip(old.iterrows(), bad, old_ids, strict=True):
-            row = {k: _plain(v) for k, v in r.items() if k not in ("point", "point_id")
-                   and k not in param_cols}  # fmt: skip
+            row = {
+                k: _plain(v)
+                for k, v in r.items()
+                if k not in ("point", "point_id") and k not in param_cols
+            }
             earlier[pid] = (row, bool(is_bad))
     keep, todo, retried, failed_kept = {}, [], 0, 0
     for p in pts:
@@ -615,8 +678,14 @@ def _plain(v):
     return v.item() if hasattr(v, "item") else v
 
 
-def sweep_to(folder, pl: Plan, workers: int = 1, scheduler=None, progress: bool = True,
-             checkpoint_s: float = 1.0) -> pd.DataFrame:  # fmt: skip
+def sweep_to(
+    folder,
+    pl: Plan,
+    workers: int = 1,
+    scheduler=None,
+    progress: bool = True,
+    checkpoint_s: float = 1.0,
+) -> pd.DataFrame:
     """Run a plan's points, writing the table into `folder` as rows come in (at most once
     per `checkpoint_s`) and at the end, even when interrupted."""
     folder = Path(folder)
@@ -638,8 +707,15 @@ def sweep_to(folder, pl: Plan, workers: int = 1, scheduler=None, progress: bool 
     return df
 
 
-def sweep(base: dict, grid: dict, base_dir=".", workers: int = 1, scheduler=None,
-          progress: bool = True, zipped: dict | None = None) -> pd.DataFrame:  # fmt: skip
+def sweep(
+    base: dict,
+    grid: dict,
+    base_dir=".",
+    workers: int = 1,
+    scheduler=None,
+    progress: bool = True,
+    zipped: dict | None = None,
+) -> pd.DataFrame:
     """Run every point of the grid (see the module doc) and return the table."""
     pts = points(base, grid, zipped, base_dir)
     rows = run(pts, workers, scheduler, progress)

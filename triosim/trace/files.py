@@ -29,8 +29,9 @@ def read_text(path, what: str = "file", errors: str = "strict") -> str:
     except OSError as e:
         raise InputError(f"{where}: cannot read it ({e.strerror or e})") from None
     except UnicodeDecodeError as e:
-        raise InputError(f"{where}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at "
-                         f"offset {e.start})") from None  # fmt: skip
+        raise InputError(
+            f"{where}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset {e.start})"
+        ) from None
 
 
 def import_csv(path, batch_size: int | None = None, gpu: str | None = None) -> Trace:

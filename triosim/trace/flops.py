@@ -19,59 +19,177 @@ from __future__ import annotations
 import math
 import re
 
-CONV = frozenset({
-    "conv1d", "conv2d", "conv3d", "convolution", "_convolution", "cudnn_convolution",
-    "mkldnn_convolution", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d",
-})  # fmt: skip
+CONV = frozenset(
+    {
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "convolution",
+        "_convolution",
+        "cudnn_convolution",
+        "mkldnn_convolution",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+    }
+)
 MATMUL = frozenset({"linear", "addmm", "mm", "bmm", "matmul", "baddbmm"})
 CONV_BACKWARD = frozenset({"Convolution", "CudnnConvolution", "MkldnnConvolution"})
 MATMUL_BACKWARD = frozenset({"Addmm", "Mm", "Bmm", "Baddbmm", "Linear"})
 
 # forward: FLOPs per element of the larger of the first input and the first output
 PER_ELEMENT = {
-    "relu": 1, "threshold": 1,  # max(x, 0)
-    "add": 1, "sub": 1, "mul": 1, "div": 1, "neg": 1, "abs": 1, "exp": 1, "log": 1,
-    "sqrt": 1, "rsqrt": 1, "pow": 1, "reciprocal": 1,
-    "hardtanh": 2, "relu6": 2, "leaky_relu": 2, "clamp": 2,
-    "sigmoid": 3, "tanh": 3,  # exp, add, divide
+    "relu": 1,
+    "threshold": 1,  # max(x, 0)
+    "add": 1,
+    "sub": 1,
+    "mul": 1,
+    "div": 1,
+    "neg": 1,
+    "abs": 1,
+    "exp": 1,
+    "log": 1,
+    "sqrt": 1,
+    "rsqrt": 1,
+    "pow": 1,
+    "reciprocal": 1,
+    "hardtanh": 2,
+    "relu6": 2,
+    "leaky_relu": 2,
+    "clamp": 2,
+    "sigmoid": 3,
+    "tanh": 3,  # exp, add, divide
     "silu": 4,  # sigmoid + multiply
     "gelu": 8,  # tanh approximation: cube, 2 multiply-adds, tanh, add, 2 multiplies
-    "dropout": 2, "native_dropout": 2, "feature_dropout": 2,  # compare + scale (RNG not counted)
+    "dropout": 2,
+    "native_dropout": 2,
+    "feature_dropout": 2,  # compare + scale (RNG not counted)
     # training-mode normalisation: sum and sum of squares (3), then x * a + b (2)
-    "batch_norm": 5, "native_batch_norm": 5, "_batch_norm_impl_index": 5,
-    "cudnn_batch_norm": 5, "_native_batch_norm_legit": 5,
-    "layer_norm": 5, "native_layer_norm": 5, "group_norm": 5, "native_group_norm": 5,
+    "batch_norm": 5,
+    "native_batch_norm": 5,
+    "_batch_norm_impl_index": 5,
+    "cudnn_batch_norm": 5,
+    "_native_batch_norm_legit": 5,
+    "layer_norm": 5,
+    "native_layer_norm": 5,
+    "group_norm": 5,
+    "native_group_norm": 5,
     # max, subtract, exp, sum, log/divide: per logit
-    "softmax": 5, "_softmax": 5, "log_softmax": 5, "_log_softmax": 5, "cross_entropy_loss": 5,
-    "nll_loss": 1, "mse_loss": 3,  # subtract, square, sum
-    "mean": 1, "sum": 1, "adaptive_avg_pool2d": 1, "_adaptive_avg_pool2d": 1, "avg_pool2d": 1,
-}  # fmt: skip
+    "softmax": 5,
+    "_softmax": 5,
+    "log_softmax": 5,
+    "_log_softmax": 5,
+    "cross_entropy_loss": 5,
+    "nll_loss": 1,
+    "mse_loss": 3,  # subtract, square, sum
+    "mean": 1,
+    "sum": 1,
+    "adaptive_avg_pool2d": 1,
+    "_adaptive_avg_pool2d": 1,
+    "avg_pool2d": 1,
+}
 # operators that move or create data and compute nothing
-ZERO = frozenset({
-    "ones_like", "zeros_like", "empty_like", "empty", "zeros", "ones", "fill", "zero", "copy",
-    "to", "clone", "contiguous", "view", "reshape", "flatten", "t", "transpose", "permute",
-    "cat", "stack", "slice", "select", "expand", "detach", "alias", "embedding", "index_select",
-    "unsqueeze", "squeeze", "split", "chunk", "_to_copy", "set",
-})  # fmt: skip
+ZERO = frozenset(
+    {
+        "ones_like",
+        "zeros_like",
+        "empty_like",
+        "empty",
+        "zeros",
+        "ones",
+        "fill",
+        "zero",
+        "copy",
+        "to",
+        "clone",
+        "contiguous",
+        "view",
+        "reshape",
+        "flatten",
+        "t",
+        "transpose",
+        "permute",
+        "cat",
+        "stack",
+        "slice",
+        "select",
+        "expand",
+        "detach",
+        "alias",
+        "embedding",
+        "index_select",
+        "unsqueeze",
+        "squeeze",
+        "split",
+        "chunk",
+        "_to_copy",
+        "set",
+    }
+)
 # backward (autograd node name without "Backward<N>"): FLOPs per element of the input gradient
 BACKWARD_PER_ELEMENT = {
-    "Relu": 1, "Threshold": 1, "Hardtanh": 1, "LeakyRelu": 2, "Sigmoid": 2, "Tanh": 2,
-    "Silu": 5, "Gelu": 10, "NativeDropout": 1, "Mul": 1, "Div": 2, "Sub": 1, "Add": 0, "Neg": 1,
+    "Relu": 1,
+    "Threshold": 1,
+    "Hardtanh": 1,
+    "LeakyRelu": 2,
+    "Sigmoid": 2,
+    "Tanh": 2,
+    "Silu": 5,
+    "Gelu": 10,
+    "NativeDropout": 1,
+    "Mul": 1,
+    "Div": 2,
+    "Sub": 1,
+    "Add": 0,
+    "Neg": 1,
     # dy sums (1), dy * x_hat sums (2), x_hat again (2), dx = a * (dy - c1 - x_hat * c2) (4)
-    "CudnnBatchNorm": 9, "NativeBatchNorm": 9, "BatchNorm": 9, "MiopenBatchNorm": 9,
-    "NativeLayerNorm": 9, "NativeGroupNorm": 9,
-    "MaxPool2DWithIndices": 1, "MaxPool3DWithIndices": 1,  # scatter into the input gradient
-    "AdaptiveAvgPool2D": 1, "AvgPool2D": 1, "Mean": 1, "Sum": 0,  # spread the gradient
-    "LogSoftmax": 4, "Softmax": 4, "NllLoss": 1, "MseLoss": 3,
+    "CudnnBatchNorm": 9,
+    "NativeBatchNorm": 9,
+    "BatchNorm": 9,
+    "MiopenBatchNorm": 9,
+    "NativeLayerNorm": 9,
+    "NativeGroupNorm": 9,
+    "MaxPool2DWithIndices": 1,
+    "MaxPool3DWithIndices": 1,  # scatter into the input gradient
+    "AdaptiveAvgPool2D": 1,
+    "AvgPool2D": 1,
+    "Mean": 1,
+    "Sum": 0,  # spread the gradient
+    "LogSoftmax": 4,
+    "Softmax": 4,
+    "NllLoss": 1,
+    "MseLoss": 3,
     # views and copies
-    "T": 0, "View": 0, "Reshape": 0, "ReshapeAlias": 0, "UnsafeView": 0, "Permute": 0,
-    "Transpose": 0, "Expand": 0, "Clone": 0, "Squeeze": 0, "Unsqueeze": 0, "ToCopy": 0,
+    "T": 0,
+    "View": 0,
+    "Reshape": 0,
+    "ReshapeAlias": 0,
+    "UnsafeView": 0,
+    "Permute": 0,
+    "Transpose": 0,
+    "Expand": 0,
+    "Clone": 0,
+    "Squeeze": 0,
+    "Unsqueeze": 0,
+    "ToCopy": 0,
     "AccumulateGrad": 0,
-}  # fmt: skip
+}
 # optimizer: foreach ops, FLOPs per element of one tensor list (lerp: sub, mul, add;
 # addcmul/addcdiv: mul or div, scale by value, add); tensor lists per call
-FOREACH = {"add": 1, "sub": 1, "mul": 1, "div": 1, "sqrt": 1, "neg": 1, "lerp": 3,
-           "addcmul": 3, "addcdiv": 3, "copy": 0, "zero": 0, "maximum": 1}  # fmt: skip
+FOREACH = {
+    "add": 1,
+    "sub": 1,
+    "mul": 1,
+    "div": 1,
+    "sqrt": 1,
+    "neg": 1,
+    "lerp": 3,
+    "addcmul": 3,
+    "addcdiv": 3,
+    "copy": 0,
+    "zero": 0,
+    "maximum": 1,
+}
 FOREACH_LISTS = {"lerp": 2, "addcmul": 3, "addcdiv": 3}
 
 MATH_MODES = ("float64", "float32", "tf32", "float16", "bfloat16", "float8")
@@ -105,8 +223,9 @@ def op_class(name: str) -> str:
     return "conv" if k in CONV else "matmul" if k in MATMUL else "other"
 
 
-def math_mode(cls: str, dtype: str | None, *, cuda: bool, cudnn_tf32: bool = True,
-              matmul_tf32: bool = False) -> str | None:  # fmt: skip
+def math_mode(
+    cls: str, dtype: str | None, *, cuda: bool, cudnn_tf32: bool = True, matmul_tf32: bool = False
+) -> str | None:
     """The math an op ran in: its dtype, except float32 convolutions (when
     torch.backends.cudnn.allow_tf32, PyTorch's default) and float32 matrix products (when
     torch.backends.cuda.matmul.allow_tf32, off by default since PyTorch 1.12) on CUDA,
@@ -202,8 +321,12 @@ def foreach(op: str, inputs) -> float | None:
     return float(FOREACH[op] * sum(numel(s) for s in one))
 
 
-def backward_flops(name: str, fwd_flops: float | None = None, grad_numel: int | None = None,
-                   input_grad: bool = True) -> float | None:  # fmt: skip
+def backward_flops(
+    name: str,
+    fwd_flops: float | None = None,
+    grad_numel: int | None = None,
+    input_grad: bool = True,
+) -> float | None:
     """FLOPs of a backward op. Convolution and matrix products: the input gradient (when the
     forward input needs one: not for the batch itself) plus the weight gradient, each the
     forward's FLOPs. Others: BACKWARD_PER_ELEMENT x the elements of the input gradient."""

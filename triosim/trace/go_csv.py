@@ -23,9 +23,13 @@ from triosim.trace import flops as fl
 from triosim.trace.model import Operator, Tensor, Trace
 
 TRACE_COLUMNS = (
-    "OperatorID", "OperatorName", "Operator_input", "Operator_output",
-    "Operator_cudatimenooverlap", "stage",
-)  # fmt: skip
+    "OperatorID",
+    "OperatorName",
+    "Operator_input",
+    "Operator_output",
+    "Operator_cudatimenooverlap",
+    "stage",
+)
 TENSOR_COLUMNS = ("TensorID", "TensorShape", "TensorNumElement", "TensorEachByte", "TensorType")
 _WEIGHT_TYPES = {"weight", "bias", "bias=None"}
 _BUFFER_TYPES = {"running_mean", "running_var"}
@@ -39,13 +43,24 @@ PYTORCH_DEFAULT_MATH = {"conv": "tf32", "matmul": "float32", "other": "float32"}
 
 # autograd node (backward_kind) -> the forward kinds it can differentiate
 BACKWARD_OF = {
-    "Convolution": fl.CONV, "CudnnConvolution": fl.CONV, "MkldnnConvolution": fl.CONV,
-    "Addmm": {"linear", "addmm", "matmul"}, "Mm": {"linear", "mm", "matmul"},
-    "Bmm": {"bmm", "matmul", "baddbmm"}, "Baddbmm": {"baddbmm"}, "Linear": {"linear"},
-    "T": {"linear", "t"}, "Relu": {"relu", "threshold"}, "Threshold": {"relu", "threshold"},
+    "Convolution": fl.CONV,
+    "CudnnConvolution": fl.CONV,
+    "MkldnnConvolution": fl.CONV,
+    "Addmm": {"linear", "addmm", "matmul"},
+    "Mm": {"linear", "mm", "matmul"},
+    "Bmm": {"bmm", "matmul", "baddbmm"},
+    "Baddbmm": {"baddbmm"},
+    "Linear": {"linear"},
+    "T": {"linear", "t"},
+    "Relu": {"relu", "threshold"},
+    "Threshold": {"relu", "threshold"},
     "Hardtanh": {"hardtanh", "relu6"},
-    "NativeBatchNorm": {"batch_norm", "native_batch_norm", "_batch_norm_impl_index",
-                        "_native_batch_norm_legit"},
+    "NativeBatchNorm": {
+        "batch_norm",
+        "native_batch_norm",
+        "_batch_norm_impl_index",
+        "_native_batch_norm_legit",
+    },
     "CudnnBatchNorm": {"batch_norm", "cudnn_batch_norm", "_batch_norm_impl_index"},
     "MiopenBatchNorm": {"batch_norm", "_batch_norm_impl_index"},
     "NativeLayerNorm": {"layer_norm", "native_layer_norm"},
@@ -53,16 +68,24 @@ BACKWARD_OF = {
     "MaxPool2DWithIndices": {"max_pool2d", "max_pool2d_with_indices"},
     "MaxPool3DWithIndices": {"max_pool3d", "max_pool3d_with_indices"},
     "AdaptiveAvgPool2D": {"adaptive_avg_pool2d", "_adaptive_avg_pool2d"},
-    "AvgPool2D": {"avg_pool2d"}, "Mean": {"mean", "adaptive_avg_pool2d"},
+    "AvgPool2D": {"avg_pool2d"},
+    "Mean": {"mean", "adaptive_avg_pool2d"},
     "NativeDropout": {"dropout", "native_dropout", "feature_dropout"},
     "LogSoftmax": {"log_softmax", "_log_softmax", "cross_entropy_loss"},
     "Softmax": {"softmax", "_softmax"},
-    "NllLoss": {"nll_loss", "cross_entropy_loss"}, "Embedding": {"embedding"},
-}  # fmt: skip
+    "NllLoss": {"nll_loss", "cross_entropy_loss"},
+    "Embedding": {"embedding"},
+}
 
 
-def import_triosim_csv(folder_or_trace, tensor_csv=None, batch_size: int | None = None, *,
-                       gpu: str | None = None, math: dict | None = None) -> Trace:  # fmt: skip
+def import_triosim_csv(
+    folder_or_trace,
+    tensor_csv=None,
+    batch_size: int | None = None,
+    *,
+    gpu: str | None = None,
+    math: dict | None = None,
+) -> Trace:
     """Read trace.csv and tensor.csv (a folder holding both, or the two paths).
 
     gpu: the GPU the trace was taken on (a catalogue name), recorded as metadata["gpu"].
@@ -96,8 +119,12 @@ def import_triosim_csv(folder_or_trace, tensor_csv=None, batch_size: int | None 
     for row, rec in enumerate(op_rows, start=2):
         stage = rec["stage"].strip()
         if stage not in _STAGES:
-            raise TraceError(f"unknown stage {stage!r}; allowed: forward, backward, optimizer",
-                             file=trace_csv, row=row, field="stage")  # fmt: skip
+            raise TraceError(
+                f"unknown stage {stage!r}; allowed: forward, backward, optimizer",
+                file=trace_csv,
+                row=row,
+                field="stage",
+            )
         t_us = _num(rec["Operator_cudatimenooverlap"], trace_csv, row, "Operator_cudatimenooverlap")
         name = rec["OperatorName"].strip()
         op = Operator(
@@ -113,8 +140,12 @@ def import_triosim_csv(folder_or_trace, tensor_csv=None, batch_size: int | None 
         for tid in op.inputs + op.outputs:
             if tid not in info:
                 field = "Operator_input" if tid in op.inputs else "Operator_output"
-                raise TraceError(f"tensor id {tid} is not defined in {tensor_csv.name}",
-                                 file=trace_csv, row=row, field=field)  # fmt: skip
+                raise TraceError(
+                    f"tensor id {tid} is not defined in {tensor_csv.name}",
+                    file=trace_csv,
+                    row=row,
+                    field=field,
+                )
         for tid in op.outputs:
             produced_in.setdefault(tid, op.phase)
         ops.append(op)
@@ -166,10 +197,11 @@ def import_triosim_csv(folder_or_trace, tensor_csv=None, batch_size: int | None 
         "source": f"TrioSim CSV import of {trace_csv}",
         "time_column": "Operator_cudatimenooverlap",
         "math": modes,
-        "math_source": "given to the importer" if math else
-        "assumed: PyTorch defaults on CUDA (cudnn.allow_tf32 = True: convolutions in TF32; "
+        "math_source": "given to the importer"
+        if math
+        else "assumed: PyTorch defaults on CUDA (cudnn.allow_tf32 = True: convolutions in TF32; "
         "cuda.matmul.allow_tf32 = False: matrix products in float32)",
-    }  # fmt: skip
+    }
     if meta_gpu is not None:
         meta["gpu"] = meta_gpu
     if batch_size is None and ops and ops[0].inputs and tensors[ops[0].inputs[0]].shape:
@@ -240,8 +272,11 @@ def _add_flops(ops, by_id, tensors) -> None:
     """FLOPs from the recorded shapes (triosim.trace.flops); a backward op's from its forward op."""
     for op in ops:
         if op.phase != "backward":
-            op.flops = fl.forward_flops(op.name, [tensors[t].shape for t in op.inputs],
-                                        [tensors[t].shape for t in op.outputs])  # fmt: skip
+            op.flops = fl.forward_flops(
+                op.name,
+                [tensors[t].shape for t in op.inputs],
+                [tensors[t].shape for t in op.outputs],
+            )
     for op in ops:
         if op.phase != "backward":
             continue
@@ -249,8 +284,9 @@ def _add_flops(ops, by_id, tensors) -> None:
         if f is not None and f.inputs:
             x = tensors[f.inputs[0]]
             # the batch itself needs no gradient: the first layer computes its weight's only
-            op.flops = fl.backward_flops(op.name, f.flops, fl.numel(x.shape),
-                                         input_grad=x.category != "input")  # fmt: skip
+            op.flops = fl.backward_flops(
+                op.name, f.flops, fl.numel(x.shape), input_grad=x.category != "input"
+            )
         elif op.outputs:
             op.flops = fl.backward_flops(op.name, None, fl.numel(tensors[op.outputs[0]].shape))
 
@@ -312,15 +348,17 @@ def _num(v: str, path, row, field) -> float:
     except (ValueError, TypeError):
         raise TraceError(f"expected a number, got {v!r}", file=path, row=row, field=field) from None
     if not (x >= 0 and x != float("inf")):
-        raise TraceError(f"expected a finite number >= 0, got {v!r}", file=path, row=row,
-                         field=field)  # fmt: skip
+        raise TraceError(
+            f"expected a finite number >= 0, got {v!r}", file=path, row=row, field=field
+        )
     return x
 
 
 def _id_list(v: str, path, row, field) -> list[int]:
     s = (v or "").strip()
     if not (s.startswith("[") and s.endswith("]")):
-        raise TraceError(f"expected a list like [1; 2; 3], got {v!r}", file=path, row=row,
-                         field=field)  # fmt: skip
+        raise TraceError(
+            f"expected a list like [1; 2; 3], got {v!r}", file=path, row=row, field=field
+        )
     body = s[1:-1].strip()
     return [_int(x, path, row, field) for x in body.split(";")] if body else []

@@ -28,9 +28,19 @@ CATEGORIES = ("input", "activation", "weight", "gradient", "optimizer_state", "b
 BATCH_SCALED = frozenset({"input", "activation"})
 
 DTYPE_BYTES = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4,
-    "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "float8": 1, "complex64": 8,
-}  # fmt: skip
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "float8": 1,
+    "complex64": 8,
+}
 
 MAX_OP_TIME = 1e6  # seconds (11 days): a larger operator time is a unit mistake, not a trace
 OPERATOR_COLUMNS = ("id", "name", "layer", "phase", "time", "inputs", "outputs", "flops")
@@ -119,44 +129,75 @@ def validate(trace: Trace, file=None) -> None:
         if t.category not in CATEGORIES:
             raise TraceError(
                 f"unknown category {t.category!r}; allowed: {', '.join(CATEGORIES)}",
-                file=file, row=row, field="category",
-            )  # fmt: skip
+                file=file,
+                row=row,
+                field="category",
+            )
         if not _finite_nonneg(t.nbytes):
-            raise TraceError(f"bytes must be a finite number >= 0, got {t.nbytes!r}",
-                             file=file, row=row, field="nbytes")  # fmt: skip
+            raise TraceError(
+                f"bytes must be a finite number >= 0, got {t.nbytes!r}",
+                file=file,
+                row=row,
+                field="nbytes",
+            )
     seen: set[int] = set()
     for row, op in enumerate(trace.operators):
         if op.id in seen:
             raise TraceError(f"duplicated operator id {op.id}", file=file, row=row, field="id")
         seen.add(op.id)
         if op.phase not in PHASES:
-            raise TraceError(f"unknown phase {op.phase!r}; allowed: {', '.join(PHASES)}",
-                             file=file, row=row, field="phase")  # fmt: skip
+            raise TraceError(
+                f"unknown phase {op.phase!r}; allowed: {', '.join(PHASES)}",
+                file=file,
+                row=row,
+                field="phase",
+            )
         if not _finite_nonneg(op.time) or op.time > MAX_OP_TIME:
-            raise TraceError(f"time must be a number of seconds in [0, {MAX_OP_TIME:g}], got "
-                             f"{op.time!r}", file=file, row=row, field="time")  # fmt: skip
+            raise TraceError(
+                f"time must be a number of seconds in [0, {MAX_OP_TIME:g}], got {op.time!r}",
+                file=file,
+                row=row,
+                field="time",
+            )
         if op.flops is not None and not _finite_nonneg(op.flops):
-            raise TraceError(f"flops must be a finite number >= 0, got {op.flops!r}",
-                             file=file, row=row, field="flops")  # fmt: skip
+            raise TraceError(
+                f"flops must be a finite number >= 0, got {op.flops!r}",
+                file=file,
+                row=row,
+                field="flops",
+            )
         if op.math is not None and op.math not in MATH_MODES:
-            raise TraceError(f"unknown math mode {op.math!r}; allowed: {', '.join(MATH_MODES)}",
-                             file=file, row=row, field="math")  # fmt: skip
+            raise TraceError(
+                f"unknown math mode {op.math!r}; allowed: {', '.join(MATH_MODES)}",
+                file=file,
+                row=row,
+                field="math",
+            )
         for fname in ("inputs", "outputs"):
             for tid in getattr(op, fname):
                 if tid not in trace.tensors:
-                    raise TraceError(f"tensor id {tid} is not defined in the tensor table",
-                                     file=file, row=row, field=fname)  # fmt: skip
+                    raise TraceError(
+                        f"tensor id {tid} is not defined in the tensor table",
+                        file=file,
+                        row=row,
+                        field=fname,
+                    )
     phase_before: dict[int, str] = {}
     for row, op in enumerate(trace.operators):
         if op.fwd_id is not None:
             if op.fwd_id not in seen:
-                raise TraceError(f"fwd_id {op.fwd_id} names no operator", file=file, row=row,
-                                 field="fwd_id")  # fmt: skip
+                raise TraceError(
+                    f"fwd_id {op.fwd_id} names no operator", file=file, row=row, field="fwd_id"
+                )
             # backward -> an earlier forward op only: this rules out cycles
             if op.phase != "backward" or phase_before.get(op.fwd_id) != "forward":
-                raise TraceError(f"fwd_id {op.fwd_id} must pair a backward operator with an "
-                                 "earlier forward operator (a cycle or a wrong pairing)",
-                                 file=file, row=row, field="fwd_id")  # fmt: skip
+                raise TraceError(
+                    f"fwd_id {op.fwd_id} must pair a backward operator with an "
+                    "earlier forward operator (a cycle or a wrong pairing)",
+                    file=file,
+                    row=row,
+                    field="fwd_id",
+                )
         phase_before[op.id] = op.phase
 
 
@@ -165,8 +206,9 @@ def _validate_metadata(md: dict, file) -> None:
     for f in ("batch_size", "seq_len"):
         v = md.get(f)
         if v is not None and not (_finite_nonneg(v) and v >= 1 and float(v).is_integer()):
-            raise TraceError(f"{f} must be a whole number >= 1, got {v!r}", file=file,
-                             field=f"metadata.{f}")  # fmt: skip
+            raise TraceError(
+                f"{f} must be a whole number >= 1, got {v!r}", file=file, field=f"metadata.{f}"
+            )
     for f in ("gpu", "dtype"):
         v = md.get(f)
         if v is not None and not isinstance(v, str):
@@ -264,7 +306,7 @@ def save(trace: Trace, path) -> Path:
                 [t.id, list(t.shape), t.dtype, t.nbytes, t.category, t.name, t.storage]
                 for t in trace.tensors.values()
             ],
-        },  # fmt: skip
+        },
         "operators": {
             "columns": list(OPERATOR_COLUMNS + OPERATOR_OPTIONAL),
             "rows": [
@@ -283,7 +325,7 @@ def save(trace: Trace, path) -> Path:
                     o.math,
                 ]
                 for o in trace.operators
-            ],  # fmt: skip
+            ],
         },
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -310,12 +352,17 @@ def load(path, progress: bool = False) -> Trace:
     except (json.JSONDecodeError, EOFError, OSError, UnicodeDecodeError) as e:
         raise TraceError(f"not a readable trace (truncated or not JSON): {e}", file=path) from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT_NAME:
-        raise TraceError(f"not a triosim trace (expected \"format\": \"{FORMAT_NAME}\")",
-                         file=path, field="format")  # fmt: skip
+        raise TraceError(
+            f'not a triosim trace (expected "format": "{FORMAT_NAME}")', file=path, field="format"
+        )
     version = doc.get("format_version")
     if version != FORMAT_VERSION:
-        raise TraceError(f"format_version {version!r} is not supported; this triosim reads "
-                         f"version {FORMAT_VERSION}", file=path, field="format_version")  # fmt: skip
+        raise TraceError(
+            f"format_version {version!r} is not supported; this triosim reads "
+            f"version {FORMAT_VERSION}",
+            file=path,
+            field="format_version",
+        )
     metadata = doc.get("metadata", {})
     if not isinstance(metadata, dict):
         raise TraceError("metadata must be an object", file=path, field="metadata")
@@ -361,8 +408,9 @@ def load(path, progress: bool = False) -> Trace:
 def _rows(doc, table, required, optional, path, progress) -> Iterable[tuple[int, dict]]:
     tab = doc.get(table)
     if not isinstance(tab, dict) or "columns" not in tab or "rows" not in tab:
-        raise TraceError(f"missing table '{table}' with 'columns' and 'rows'", file=path,
-                         field=table)  # fmt: skip
+        raise TraceError(
+            f"missing table '{table}' with 'columns' and 'rows'", file=path, field=table
+        )
     cols = tab["columns"]
     for c in required:
         if c not in cols:
@@ -372,12 +420,17 @@ def _rows(doc, table, required, optional, path, progress) -> Iterable[tuple[int,
         from tqdm import tqdm
 
         # disable=None: no bar when stderr is not a terminal (CI logs, pipes)
-        rows = tqdm(rows, desc=f"loading {table}", unit="row", leave=False, disable=None,
-                    mininterval=0.5)  # fmt: skip
+        rows = tqdm(
+            rows, desc=f"loading {table}", unit="row", leave=False, disable=None, mininterval=0.5
+        )
     for row, values in enumerate(rows):
         if not isinstance(values, list) or len(values) != len(cols):
-            raise TraceError(f"{table} row has {len(values) if isinstance(values, list) else 0}"
-                             f" values, expected {len(cols)}", file=path, row=row)  # fmt: skip
+            raise TraceError(
+                f"{table} row has {len(values) if isinstance(values, list) else 0}"
+                f" values, expected {len(cols)}",
+                file=path,
+                row=row,
+            )
         yield row, dict(zip(cols, values, strict=True))
 
 

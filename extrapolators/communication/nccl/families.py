@@ -111,8 +111,14 @@ def _exhaustive(model, group, s: System) -> Family:
                     adj[i].add(pos[v])
     shares = layouts.structure(hops, adj, MAX_EXTRA_RINGS)
     cands = shares.layouts
-    feats = layouts.Features(shares, rows, model.capacity[used],
-                             (model.capacity * model.efficiency)[used], pair_lat, pair_net)  # fmt: skip
+    feats = layouts.Features(
+        shares,
+        rows,
+        model.capacity[used],
+        (model.capacity * model.efficiency)[used],
+        pair_lat,
+        pair_net,
+    )
     # the default: least loaded, then least latency and fewest hops on the first ring
     first = shares.first
     nxt = np.roll(first, -1, axis=1)

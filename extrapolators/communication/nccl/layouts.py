@@ -79,8 +79,9 @@ def extra_rings(adj: list, first: list, limit: int) -> list[list[int]]:
                 options = [v for v in left[path[-1]] if v not in seen]
                 if not options:
                     break
-                nxt = min(options, key=lambda v: (sum(1 for w in left[v] if w not in seen),
-                                                  rank[v]))  # fmt: skip
+                nxt = min(
+                    options, key=lambda v: (sum(1 for w in left[v] if w not in seen), rank[v])
+                )
                 path.append(nxt)
                 seen.add(nxt)
             if len(path) == n and path[0] in left[path[-1]]:

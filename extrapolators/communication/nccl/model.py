@@ -49,8 +49,12 @@ from triosim.common.errors import ConfigError
 from triosim.common.schema import option
 from triosim.hardware import nccl_constants as P
 
-ALGO_NAMES = {"ring": ("ring",), "tree": ("tree",), "nvls": ("nvls", "nvls_tree"),
-              "collnet": ("collnet_direct",)}  # fmt: skip
+ALGO_NAMES = {
+    "ring": ("ring",),
+    "tree": ("tree",),
+    "nvls": ("nvls", "nvls_tree"),
+    "collnet": ("collnet_direct",),
+}
 PIPELINED = {"nvls", "nvls_tree", "collnet_direct"}
 P2P_OPS = ("all_to_all", "sendrecv")
 # bytes on the wire per byte of data: LL sends a 4-byte flag with every 4 bytes, LL128 one
@@ -59,8 +63,9 @@ PROTO_WIRE = {"LL": 2.0, "LL128": 128 / 120, "Simple": 1.0}
 # a pipelined schedule's per-chunk cost by protocol, as a share of Simple's (the tuning's
 # pipeline_overhead): NCCL's per-step latency of each protocol on NVLink (hwLat, tuning.cc),
 # LL's flag-per-word steps a sixth of Simple's FIFO handshake
-PROTO_STEP = {p: P.HW_LAT["nvlink"]["ring"][i] / P.HW_LAT["nvlink"]["ring"][2]
-              for i, p in enumerate(P.PROTOS)}  # fmt: skip
+PROTO_STEP = {
+    p: P.HW_LAT["nvlink"]["ring"][i] / P.HW_LAT["nvlink"]["ring"][2] for i, p in enumerate(P.PROTOS)
+}
 
 
 @dataclass(frozen=True)
@@ -86,8 +91,10 @@ TUNING_FIELDS = tuple(f for f in Tuning.__dataclass_fields__)
 @dataclass(frozen=True)
 class NcclOptions:
     algorithm: Literal["auto", "ring", "tree", "nvls", "collnet"] = option(
-        "auto", help="auto: NCCL's tuner picks; or force one (nvls: NVLS on one node, "
-        "NVLS+tree across nodes; collnet: IB SHARP), as NCCL_ALGO does")  # fmt: skip
+        "auto",
+        help="auto: NCCL's tuner picks; or force one (nvls: NVLS on one node, "
+        "NVLS+tree across nodes; collnet: IB SHARP), as NCCL_ALGO does",
+    )
     protocol: Literal["auto", "LL", "LL128", "Simple"] = option(
         "auto", help="auto: NCCL's tuner picks; or force one, as NCCL_PROTO does"
     )
@@ -95,27 +102,46 @@ class NcclOptions:
         "auto", ge=1, le=P.MAX_CHANNELS, help="runtime channels (auto: twice the graph's)"
     )
     launch_overhead: float | None = option(
-        None, unit="seconds", ge=0, help="host launch cost per call beyond NCCL's latency "
-        "(default: the calibration's, else 0: nccl-tests overlaps it)")  # fmt: skip
-    latency_scale: float | None = option(None, gt=0, plausible="factor", help="x NCCL's "
-                                         "latencies (default: the calibration's, else 1)")  # fmt: skip
-    bandwidth_scale: float | None = option(None, gt=0, plausible="factor", help="x NCCL's "
-                                           "bandwidths, every protocol (default: the "
-                                           "calibration's, else 1)")  # fmt: skip
+        None,
+        unit="seconds",
+        ge=0,
+        help="host launch cost per call beyond NCCL's latency "
+        "(default: the calibration's, else 0: nccl-tests overlaps it)",
+    )
+    latency_scale: float | None = option(
+        None,
+        gt=0,
+        plausible="factor",
+        help="x NCCL's latencies (default: the calibration's, else 1)",
+    )
+    bandwidth_scale: float | None = option(
+        None,
+        gt=0,
+        plausible="factor",
+        help="x NCCL's bandwidths, every protocol (default: the calibration's, else 1)",
+    )
     pipeline_overhead: float | None = option(
-        None, unit="seconds", ge=0, help="per-chunk cost of pipelined schedules (default: "
-        "the calibration's, else NCCL's 3.4 us NVLink Simple step)")  # fmt: skip
-    calibration: str | None = option(None, path=True, help="YAML written by `triosim "
-                                     "calibrate` (relative to the config file)")  # fmt: skip
+        None,
+        unit="seconds",
+        ge=0,
+        help="per-chunk cost of pipelined schedules (default: "
+        "the calibration's, else NCCL's 3.4 us NVLink Simple step)",
+    )
+    calibration: str | None = option(
+        None, path=True, help="YAML written by `triosim calibrate` (relative to the config file)"
+    )
     arch: Literal["auto", "sm70", "sm80", "sm90"] = option(
         "auto", help="GPU architecture for NCCL's tables (auto: from the config's GPU)"
     )
-    cpu: Literal["intel", "amd"] = option("intel", help="host CPU (NCCL's multi-node LL caps "
-                                          "and network overhead)")  # fmt: skip
+    cpu: Literal["intel", "amd"] = option(
+        "intel", help="host CPU (NCCL's multi-node LL caps and network overhead)"
+    )
     pick: Literal["nccl", "fastest"] = option(
-        "nccl", help="nccl: the (algorithm, protocol) NCCL's tuner picks by its formula, as "
+        "nccl",
+        help="nccl: the (algorithm, protocol) NCCL's tuner picks by its formula, as "
         "the real library does; fastest: the pair whose whole modelled time is least, "
-        "which a slower link can never make faster (NCCL's pick can: README)")  # fmt: skip
+        "which a slower link can never make faster (NCCL's pick can: README)",
+    )
     nvls: bool = option(True, help="use NVLS where the NVSwitch reduces (NCCL_NVLS_ENABLE)")
     sharp: bool = option(True, help="use SHARP (CollNet) where the fabric reduces")
 
@@ -131,12 +157,18 @@ def load_calibration(path) -> dict:
     data = parse_yaml(text, f"communication.calibration file {path}") or {}
     fitted = data.get("tuning") if isinstance(data, dict) else None
     if not isinstance(fitted, dict):
-        raise ConfigError("communication.calibration", str(path),
-                          "a file written by `triosim calibrate` (with a 'tuning' mapping)")  # fmt: skip
+        raise ConfigError(
+            "communication.calibration",
+            str(path),
+            "a file written by `triosim calibrate` (with a 'tuning' mapping)",
+        )
     bad = sorted(set(fitted) - set(TUNING_FIELDS))
     if bad:
-        raise ConfigError(f"communication.calibration:{bad[0]}", fitted[bad[0]],
-                          f"one of {', '.join(TUNING_FIELDS)}")  # fmt: skip
+        raise ConfigError(
+            f"communication.calibration:{bad[0]}",
+            fitted[bad[0]],
+            f"one of {', '.join(TUNING_FIELDS)}",
+        )
     out = {}
     for k, v in fitted.items():
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
@@ -294,8 +326,14 @@ class Nccl(CommModel):
 
     def _system(self, group) -> System:
         # small groups' orders are searched by the family (`_exhaustive`), not the system
-        return System(self.graph, group, self.routes, self._partition,
-                      self.capacity * self.efficiency, exact=False)  # fmt: skip
+        return System(
+            self.graph,
+            group,
+            self.routes,
+            self._partition,
+            self.capacity * self.efficiency,
+            exact=False,
+        )
 
     def _layout(self, fam: families.Family, k: int) -> _Group:
         """Layout k of a family, analysed (once)."""
@@ -319,15 +357,17 @@ class Nccl(CommModel):
         weights = [1.0 / len(rings)] * len(rings)
         info = _Group(s, None, rings, weights, [self._both_ways(r) for r in rings])
         for ring, two in zip(rings, info.both, strict=True):
-            info.ring_paths.append([self._pair_arrays(_hops(o))[:2]
-                                    for o in ((ring, ring[::-1]) if two else (ring,))])  # fmt: skip
+            info.ring_paths.append(
+                [self._pair_arrays(_hops(o))[:2] for o in ((ring, ring[::-1]) if two else (ring,))]
+            )
         n = s.n
         # the ring graph's bus bandwidth NCCL would find: the ring streams' bottleneck
         # with what NCCL believes each link kind carries
         ring_bw = 0.0
         if n > 1:
-            t = self._unit_time(nccl_streams.ring(rings, weights, info.both, 2 * (n - 1) / n),
-                                effective=True)  # fmt: skip
+            t = self._unit_time(
+                nccl_streams.ring(rings, weights, info.both, 2 * (n - 1) / n), effective=True
+            )
             ring_bw = 2 * (n - 1) / n / t / 1e9 if t > 0 else math.inf
         nvls_bw = 0.0
         if s.nvls and self.options.nvls and self.switch_ends and self.arch >= P.NVLS_MIN_ARCH:
@@ -336,8 +376,15 @@ class Nccl(CommModel):
         net_bw = 0.0
         if s.N > 1:
             succ = self.graph.adj  # out-links in out_edges' order, without a view per GPU
-            nic = min((d["bandwidth"] for g in s.group for d in succ[g].values()
-                       if d.get("kind") == "net"), default=0.0)  # fmt: skip
+            nic = min(
+                (
+                    d["bandwidth"]
+                    for g in s.group
+                    for d in succ[g].values()
+                    if d.get("kind") == "net"
+                ),
+                default=0.0,
+            )
             net_bw = s.rails * nic * P.LINK_EFFICIENCY["net"] / 1e9
         # NCCL's search ends on a whole number of channels at one of its fixed per-channel
         # speeds: a step function of the links' bandwidths whose steps made a slightly
@@ -352,10 +399,19 @@ class Nccl(CommModel):
             # a slower link never gives a small call more bandwidth per channel
             channels = float(s.rails) if s.rails > 1 else max(1.0, ring_bw / 24.0)
         collnet = bool(s.sharp) and self.options.sharp and self.switch_ends and s.nvls is not None
-        info.graphs = tuner.Graphs(n=n, N=s.N, arch=self.arch, intra_hw=s.intra_hw,
-                                   ring_bw=ring_bw, channels=channels, nvls_bw=nvls_bw,
-                                   net_bw=net_bw, rails=s.rails, collnet=collnet,
-                                   cpu=self.options.cpu)  # fmt: skip
+        info.graphs = tuner.Graphs(
+            n=n,
+            N=s.N,
+            arch=self.arch,
+            intra_hw=s.intra_hw,
+            ring_bw=ring_bw,
+            channels=channels,
+            nvls_bw=nvls_bw,
+            net_bw=net_bw,
+            rails=s.rails,
+            collnet=collnet,
+            cpu=self.options.cpu,
+        )
         return info
 
     def _paths(self, pairs) -> list:
@@ -363,8 +419,11 @@ class Nccl(CommModel):
         paths = self.routes.paths_links(pairs)
         for (a, b), links in zip(pairs, paths, strict=True):
             if links is None:
-                raise ConfigError("topology", f"{a!r} -> {b!r}", "a topology with a path "
-                                  "between every two GPUs of a collective")  # fmt: skip
+                raise ConfigError(
+                    "topology",
+                    f"{a!r} -> {b!r}",
+                    "a topology with a path between every two GPUs of a collective",
+                )
         return paths
 
     def _pair_arrays(self, pairs):
@@ -392,8 +451,9 @@ class Nccl(CommModel):
             if len(cache) > len(cols[0]):  # grow by doubling: thousands of TP groups each
                 # add a few pairs, and copying every column each time was quadratic
                 size = max(len(cache), 2 * len(cols[0]), 64)
-                cols = self._pair_cols = tuple(np.concatenate([c, np.zeros(size - len(c), c.dtype)])
-                                               for c in cols)  # fmt: skip
+                cols = self._pair_cols = tuple(
+                    np.concatenate([c, np.zeros(size - len(c), c.dtype)]) for c in cols
+                )
             for c, x in zip(cols, (np.array(lats, float), net, cap, nh), strict=True):
                 c[n0 : n0 + len(new)] = x
         ids = np.fromiter((cache[k] for k in pairs), np.int64, count=len(pairs))
@@ -411,8 +471,9 @@ class Nccl(CommModel):
         """The schedule's streams (src, dst, share of the bytes), built once per group."""
         key = (op, algo, root)
         if key not in info.structures:
-            info.structures[key] = nccl_streams.structure(info.system, info.rings, info.ring_weights,
-                                                     info.both, op, algo, root)  # fmt: skip
+            info.structures[key] = nccl_streams.structure(
+                info.system, info.rings, info.ring_weights, info.both, op, algo, root
+            )
         return info.structures[key]
 
     def _stream_unit(self, info: _Group, key, streams, effective=False) -> float:
@@ -458,8 +519,11 @@ class Nccl(CommModel):
             if t < best_t:
                 best, best_t = (algo, proto), t
         if best is None:
-            raise ConfigError("communication.protocol", self.options.protocol,
-                              f"a protocol NCCL can run {op} with on {info.system.group!r}")  # fmt: skip
+            raise ConfigError(
+                "communication.protocol",
+                self.options.protocol,
+                f"a protocol NCCL can run {op} with on {info.system.group!r}",
+            )
         return best
 
     def _pairs(self, info: _Group, op: str, algorithm=None) -> list:
@@ -474,8 +538,9 @@ class Nccl(CommModel):
             pairs = [p for p in pairs if p[0] in ALGO_NAMES[name]]
             if not pairs and proto and tuner.enabled(info.graphs, op, None):
                 if any(a in ALGO_NAMES[name] for a, _ in tuner.enabled(info.graphs, op)):
-                    raise ConfigError("communication.protocol", proto,
-                                      f"a protocol {name} runs (Simple only)")  # fmt: skip
+                    raise ConfigError(
+                        "communication.protocol", proto, f"a protocol {name} runs (Simple only)"
+                    )
             if not pairs:
                 raise ConfigError("communication.algorithm", name, _missing(name, info.system))
         return pairs
@@ -536,8 +601,9 @@ class Nccl(CommModel):
         staged = algo in PIPELINED or op in ("broadcast", "reduce")
         depth = self._depth(info, op, algo) if staged else 0
         raw = self._stream_unit(info, skey, streams) * PROTO_WIRE[proto]
-        return Terms(op, algo, proto, float(nbytes), lat_us, bw, extra, depth, used, streams, raw,
-                     info)  # fmt: skip
+        return Terms(
+            op, algo, proto, float(nbytes), lat_us, bw, extra, depth, used, streams, raw, info
+        )
 
     def _p2p_terms(self, info: _Group, op, nbytes) -> Terms:
         """Send/receive (all-to-all, sendrecv): Simple protocol on each pair's own path, at
@@ -549,8 +615,7 @@ class Nccl(CommModel):
         lat_us = P.BASE_LAT["ring"][2] + P.HW_LAT[hw]["ring"][2]
         bw = 1 / unit / 1e9 if unit > 0 else math.inf
         raw = self._stream_unit(info, skey, streams)
-        return Terms(op, "p2p", "Simple", float(nbytes), lat_us, bw, 0.0, 0, 0, streams, raw,
-                     info)  # fmt: skip
+        return Terms(op, "p2p", "Simple", float(nbytes), lat_us, bw, 0.0, 0, 0, streams, raw, info)
 
     @staticmethod
     def _skey(op, group, algo, root=None) -> tuple:
@@ -573,8 +638,18 @@ class Nccl(CommModel):
         lat = self._stream_paths(terms.layout, skey, terms.streams)[0]
         kept = np.array([x for *_, x in terms.streams], float) * wire > 0  # as `out` keeps
         path_lat = lat[kept].tolist() if len(lat) else []
-        return Plan(op, terms.algo, terms.proto, nbytes, out, path_lat, latency, fill, bw_time,
-                    terms.channels)  # fmt: skip
+        return Plan(
+            op,
+            terms.algo,
+            terms.proto,
+            nbytes,
+            out,
+            path_lat,
+            latency,
+            fill,
+            bw_time,
+            terms.channels,
+        )
 
     def _depth(self, info: _Group, op, algo) -> int:
         """Stages a chunk passes through one after another."""
@@ -680,11 +755,13 @@ class Nccl(CommModel):
 
 def _missing(name: str, s: System) -> str:
     """What a forced algorithm needs that the group's hardware lacks."""
-    needs = {"nvls": "an NVSwitch that reduces (NVLS: `nvls: true` on the switch or "
-             "multi_node topology, a Hopper GPU) under every node's GPUs, two or more a node",
-             "collnet": "inter-node switches that reduce (IB SHARP: `sharp: true`), NVLS in "
-             "every node and several nodes",
-             "tree": "an all-reduce of two or more GPUs"}  # fmt: skip
+    needs = {
+        "nvls": "an NVSwitch that reduces (NVLS: `nvls: true` on the switch or "
+        "multi_node topology, a Hopper GPU) under every node's GPUs, two or more a node",
+        "collnet": "inter-node switches that reduce (IB SHARP: `sharp: true`), NVLS in "
+        "every node and several nodes",
+        "tree": "an all-reduce of two or more GPUs",
+    }
     return (
         f"an algorithm the {s.n} GPUs {s.group[:8]!r}{'...' if s.n > 8 else ''} can run: "
         f"{name} needs {needs.get(name, name)} (NCCL fails where NCCL_ALGO names none "

@@ -47,8 +47,15 @@ def node_partition(graph) -> dict:
 
 
 class System:
-    def __init__(self, graph, group, routes: Routes | None = None, partition=None, capacity=None,
-                 exact: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        graph,
+        group,
+        routes: Routes | None = None,
+        partition=None,
+        capacity=None,
+        exact: bool = True,
+    ):
         self.graph = graph
         self.group = tuple(group)
         self.n = len(self.group)
@@ -60,23 +67,30 @@ class System:
             by_node.setdefault(part[g], []).append(g)
         # the ring as NCCL's search weighs it: `capacity` per link of `routes.links`, what
         # NCCL believes each link carries (default: the links' bandwidths)
-        self.order, self.alike, self.orders = order_and_alike(graph, self.group, self.routes,
-                                                              capacity, exact)  # fmt: skip
+        self.order, self.alike, self.orders = order_and_alike(
+            graph, self.group, self.routes, capacity, exact
+        )
         # a node's GPUs by the network switch they hang on, so local GPU i of every node
         # is on rail i, then in the group's order; nodes in the group's order. Neither
         # follows the links' bandwidths (the NCCL model times every node order where
         # they are few: extrapolators.communication.nccl.model)
         at = {g: i for i, g in enumerate(self.group)}
-        self.nodes = [sorted(v, key=lambda g: (self._rail_switch(g), at[g]))
-                      for v in by_node.values()]  # fmt: skip
+        self.nodes = [
+            sorted(v, key=lambda g: (self._rail_switch(g), at[g])) for v in by_node.values()
+        ]
         self.N = len(self.nodes)
         self.ppn = max(len(v) for v in self.nodes)
         self.uniform = all(len(v) == self.ppn for v in self.nodes)
         # the kinds of the links touching the group (its GPUs' in- and out-links, not a
         # scan of every link: O(groups x links) with thousands of TP groups)
         pred = graph.pred if graph.is_directed() else graph.adj
-        kinds = {d.get("kind", "nvlink") for g in self.group for adj in (graph.adj, pred)
-                 for d in adj[g].values() if d.get("kind") != "net"}  # fmt: skip
+        kinds = {
+            d.get("kind", "nvlink")
+            for g in self.group
+            for adj in (graph.adj, pred)
+            for d in adj[g].values()
+            if d.get("kind") != "net"
+        }
         self.intra_hw = "pcie" if "pcie" in kinds else "nvlink"
         self.nvls = self._nvls_switches()
         self.sharp = self._sharp_switches()
@@ -90,9 +104,11 @@ class System:
         found = self._switches.get(g)
         if found is None:
             nodes = self.graph.nodes
-            found = self._switches[g] = [(s, d.get("kind") == "net")
-                                         for s, d in self.graph.adj[g].items()
-                                         if nodes[s].get("kind") == "switch"]  # fmt: skip
+            found = self._switches[g] = [
+                (s, d.get("kind") == "net")
+                for s, d in self.graph.adj[g].items()
+                if nodes[s].get("kind") == "switch"
+            ]
         return (s for s, net in found if net == kind_net)
 
     def _rail_switch(self, g) -> str:
@@ -104,8 +120,11 @@ class System:
         for members in self.nodes:
             common = None
             for g in members:
-                sw = {s for s in self._neighbours(g, False)
-                      if self.graph.nodes[s].get("reduce") == "nvls"}  # fmt: skip
+                sw = {
+                    s
+                    for s in self._neighbours(g, False)
+                    if self.graph.nodes[s].get("reduce") == "nvls"
+                }
                 common = sw if common is None else common & sw
             if not common or len(members) < 2:
                 return None
@@ -120,8 +139,11 @@ class System:
         for i in range(self.ppn):
             common = None
             for members in self.nodes:
-                sw = {s for s in self._neighbours(members[i], True)
-                      if self.graph.nodes[s].get("reduce") == "sharp"}  # fmt: skip
+                sw = {
+                    s
+                    for s in self._neighbours(members[i], True)
+                    if self.graph.nodes[s].get("reduce") == "sharp"
+                }
                 common = sw if common is None else common & sw
             if not common:
                 return None
@@ -207,8 +229,10 @@ def _hamiltonian_cycle(g: nx.Graph, prefer: list, tries: int = 8):
             options = [v for v in g.neighbors(path[-1]) if v not in seen] if path[-1] in g else []
             if not options:
                 break
-            nxt = min(options, key=lambda v: (sum(1 for w in g.neighbors(v) if w not in seen),
-                                              nodes.index(v)))  # fmt: skip
+            nxt = min(
+                options,
+                key=lambda v: (sum(1 for w in g.neighbors(v) if w not in seen), nodes.index(v)),
+            )
             path.append(nxt)
             seen.add(nxt)
         if len(path) == len(nodes) and g.has_edge(path[-1], path[0]):

@@ -16,8 +16,13 @@ from dataclasses import dataclass
 
 from triosim.hardware import nccl_constants as P
 
-COLL = {"allreduce": "AllReduce", "all_gather": "AllGather", "reduce_scatter": "ReduceScatter",
-        "broadcast": "Broadcast", "reduce": "Reduce"}  # fmt: skip
+COLL = {
+    "allreduce": "AllReduce",
+    "all_gather": "AllGather",
+    "reduce_scatter": "ReduceScatter",
+    "broadcast": "Broadcast",
+    "reduce": "Reduce",
+}
 
 
 @dataclass(frozen=True)
@@ -142,8 +147,15 @@ def model(g: Graphs, op: str, algo: str, proto: str, ll_cap: bool = True) -> tup
     return lat, bw
 
 
-def time_us(g: Graphs, op: str, algo: str, proto: str, nbytes: float,
-            lat: float | None = None, bw: float | None = None) -> float:  # fmt: skip
+def time_us(
+    g: Graphs,
+    op: str,
+    algo: str,
+    proto: str,
+    nbytes: float,
+    lat: float | None = None,
+    bw: float | None = None,
+) -> float:
     """ncclTopoGetAlgoTime: latency + bytes / bandwidth, with NCCL's two corrections."""
     if lat is None or bw is None:
         lat, bw = model(g, op, algo, proto)
@@ -162,8 +174,13 @@ def tree_correction(op, algo, proto, nbytes) -> float:
 
 def plateau(g: Graphs, op, algo, proto, nbytes) -> float:
     """Multi-node Ring/Simple all-reduce: NCCL's "plateau effect of ring" latency factor."""
-    if (algo == "ring" and proto == "Simple" and g.N > 1 and op == "allreduce"
-            and nbytes / (g.runtime_channels() * g.n) >= 64):  # fmt: skip
+    if (
+        algo == "ring"
+        and proto == "Simple"
+        and g.N > 1
+        and op == "allreduce"
+        and nbytes / (g.runtime_channels() * g.n) >= 64
+    ):
         return P.RING_PLATEAU if g.arch >= 80 else 1.9
     return 1.0
 
@@ -184,8 +201,9 @@ def choose(g: Graphs, op: str, nbytes: float, algos=None, protos=None):
     return best
 
 
-def channels_used(g: Graphs, op: str, algo: str, proto: str, nbytes: float,
-                  runtime: int | None = None) -> tuple[float, float]:  # fmt: skip
+def channels_used(
+    g: Graphs, op: str, algo: str, proto: str, nbytes: float, runtime: int | None = None
+) -> tuple[float, float]:
     """(channels a call of this size runs on, channels available): enqueue.cc drops
     channels while bytes < channels x threads x threshold, so a call runs on the largest
     whole number of channels its bytes fill, at least one (NVLS always uses 16)."""
