@@ -8,16 +8,18 @@ the residual capacities, about 1e-15 relative, checked against whole solves to 1
 networks.packet_checks).
 
 What a caller may rely on (networks.packet_solve calls these for `above_min` dirty flows
-or more): `_solve_above(idx, new, gone_e)` computes, without writing anything but
-counters, the new rates of the flows it re-solves, or None when most of `idx` would need
+or more): `_solve_above(idx, new, gone_e)` computes, changing nothing but counters (and
+restoring the scratch arrays), the new rates of the flows it re-solves, or None when most of `idx` would need
 solving (then the caller solves them all); `_after_above(...)` books them: rates, one
 label for the dirty flows, and the loads of the links that changed, summed from what the
 kept flows took (not in table order: these loads agree with a whole update to round-off;
 every `RELOAD_EVERY` solves they are summed afresh, so the drift stays bounded).
 
-What the host provides: the flow table (networks.packet_table) with its `_occ`, the
-solver's `_load` at the last solve, `_finite`, the scratch `_mark` and `_pos`, labels and
-`_renumber`, `_land_infinite` (networks.packet_solve), `_with_private_links` and `capacity`.
+What the host provides: `capacity`, the flow table (networks.packet_table) with its
+`_occ`; from networks.packet_solve, `_load` as of the last solve, `_finite`, the labels
+(`_labels`, `_llab`, `_capped`), the scratch arrays `_mark` and `_pos` (all False / free
+between uses), `_renumber` and `_land_infinite`; and `check_solves` and
+`_check_against_full` (networks.packet_checks).
 """
 
 from __future__ import annotations

@@ -23,8 +23,10 @@ sums those links' loads (table order, as the reference engine) and the peak util
 whoever changes `_load` sets `_busy` to None.
 
 What the host provides: `capacity`, `links`, `_load`, `_busy`, `max_utilisation`, the
-flow table, `_deliver_fast` (networks.packet_landing) and `_solve_above`,
-`_after_above` and `above_min` (networks.packet_above).
+flow table with its change log (networks.packet_table), `_deliver_fast`
+(networks.packet_landing), `_solve_above`, `_after_above` and `above_min`
+(networks.packet_above), and `check_solves` and `_check_against_full`
+(networks.packet_checks).
 """
 
 from __future__ import annotations
