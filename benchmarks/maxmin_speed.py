@@ -150,21 +150,24 @@ def _incremental(rows, cols, n_flows, cap, repeat):
 
 def capture(kind):
     """Every (rows, cols, n_flows, capacity) the fast engine solves in sim_speed's case."""
-    import networks.packet as packet
     from benchmarks.sim_speed import traffic
+    from networks import packet_above, packet_solve
 
     seen = []
-    solver = packet.max_min_rates
+    solver = max_min_rates
+    modules = (packet_solve, packet_above)  # where the fast engine calls the solver
 
     def spy(rows, cols, n_flows, capacity):
         seen.append((rows.copy(), cols.copy(), n_flows, capacity.copy()))
         return solver(rows, cols, n_flows, capacity)
 
-    packet.max_min_rates = spy
+    for module in modules:
+        module.max_min_rates = spy
     try:
         traffic(kind, "fast")
     finally:
-        packet.max_min_rates = solver
+        for module in modules:
+            module.max_min_rates = solver
     return seen
 
 

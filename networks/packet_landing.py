@@ -1,0 +1,97 @@
+"""Landing: how the packet network's fast engine hands transfers over on arrival (a mixin).
+
+Transfers are kept per group (networks.groups.Group). `_register` gives a group an id,
+under which it stays in `_groups` until its last transfer lands; a flow in the table
+(its `_gid`, `_idx` columns) and a ring job name a transfer by (group id, index).
+
+What a caller may rely on:
+
+* `_deliver_fast(rows)` lands the table's flows `rows` one path latency from now;
+  `_land_later(arrival, delay, gids, idxs)` lands transfers at given times. Either way
+  with one timer per distinct arrival time, the transfers within one landing in the
+  order given (so records and events come in the order the reference engine gives).
+* `_land(gids, idxs)` lands transfers now: sets their arrival times, counts the bytes
+  delivered and the transfers in flight, fires each transfer's event (transfer_group)
+  and, when a group's last transfer lands, its `done` event with its Records
+  (transfer_all), and forgets the group.
+* A subclass that overrides `Network._deliver` (to count deliveries itself) gets one
+  `_deliver` call per transfer, with its record, instead.
+
+What the host provides: `env`, the table's `_lat`, `_gid` and `_idx` columns
+(networks.packet_table), and Network's `bytes_delivered` and `in_flight`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from networks.base import Network
+from networks.groups import Group, Records, at, seq_sum
+
+
+class Landing:
+    def _init_landing(self) -> None:
+        self._groups: dict[int, Group] = {}  # groups with transfers not yet landed
+        self._next_gid = 0
+        # a subclass that counts deliveries itself gets one _deliver call per transfer
+        self._per_record = type(self)._deliver is not Network._deliver
+
+    def _register(self, g: Group) -> int:
+        gid = self._next_gid
+        self._next_gid += 1
+        self._groups[gid] = g
+        return gid
+
+    def _deliver_fast(self, done: np.ndarray) -> None:
+        """Deliver the flows at indices `done`: at once without latency, else one timer per
+        distinct arrival time (the order of delivery within it kept)."""
+        lat, gid, idx = self._lat[done], self._gid[done], self._idx[done]
+        self._land_later(self.env.now + lat, lat, gid, idx)
+
+    def _land_later(self, arrival, delay, gid, idx):
+        """Land transfers (gid, idx) at `arrival` (delay: arrival - now as a timeout sees
+        it; None: schedule at the absolute time)."""
+        now = self.env.now
+        if len(arrival) == 1 or (arrival == arrival[0]).all():
+            runs = [np.arange(len(arrival))]
+        else:  # one run per distinct arrival, in order of first appearance, order kept within
+            _, first, inv = np.unique(arrival, return_index=True, return_inverse=True)
+            perm = np.argsort(inv, kind="stable")
+            runs = np.split(perm, np.cumsum(np.bincount(inv))[:-1])
+            runs = [runs[j] for j in np.argsort(first)]
+        for ks in runs:
+            t = float(arrival[ks[0]])
+            g, i = gid[ks], idx[ks]
+            if t <= now:
+                self._land(g, i)
+            elif delay is not None:
+                self.env.timeout(float(delay[ks[0]])).callbacks.append(
+                    lambda _e, g=g, i=i: self._land(g, i)
+                )
+            else:
+                at(self.env, t, lambda _e, g=g, i=i: self._land(g, i))
+
+    def _land(self, gids, idxs) -> None:
+        """Transfers (group id, index) arrive now."""
+        now = self.env.now
+        if self._per_record:  # a subclass delivers record by record
+            for g, i in zip(gids.tolist(), idxs.tolist(), strict=True):
+                grp = self._groups[g]
+                rec = grp.record(i)
+                self._deliver(rec, grp if grp.events is None else grp.events[i])
+                grp.ends[i] = rec.end
+            return
+        for g in dict.fromkeys(gids.tolist()):
+            grp = self._groups[g]
+            sel = idxs if gids[0] == gids[-1] == g else idxs[gids == g]
+            grp.ends[sel] = now
+            self.bytes_delivered = seq_sum(self.bytes_delivered, grp.nb[sel])
+            self.in_flight -= len(sel)
+            grp.pending -= len(sel)
+            if grp.events is not None:
+                for i in sel.tolist():
+                    grp.events[i].succeed(grp.record(i))
+            if grp.pending == 0:
+                del self._groups[g]
+                if grp.done is not None:
+                    grp.done.succeed(Records(grp))

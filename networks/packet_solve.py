@@ -1,0 +1,374 @@
+"""The packet network's incremental max-min solve: only what changed (a mixin).
+
+When flows start or end, the fast engine re-solves max-min fairness only on the connected
+components of the flow-link graph that changed (`_solve_changed`): components are tracked
+by labels, a new flow alone on its links (a pipeline send) takes its least capacity
+without looking at the table, and loads, utilisation and the done check are updated for
+the changed flows and links only. Max-min rates decompose over components and the solver
+computes each with the same floats alone as within the table, so this changes no bit
+(`check_solves` compares every solve with the whole-table one, networks.packet_checks;
+tests/test_component_solve.py). Big components hand over to networks.packet_above, which
+re-solves only the flows above the level a change can reach.
+
+What a caller may rely on: `_solve_changed()`, called once the table holds the flows of
+this instant (networks.packet_table: its change log says what changed, and is cleared),
+sets `_rate` of every flow to the max-min rates (bit for bit those of a whole-table
+solve, to round-off after a solve above a level), relabels the components it solved
+(`_flab`, `_llab`: every component within one label), delivers the flows whose rate is
+infinite (over infinitely fast links only), and returns the links whose load may have
+changed (None: no flow left). It sets `resolved` (flows it solved), `_stale` (the flows
+whose rate changed, to check for done at this instant; None: all) and `_solved_tail`
+(k >= 0: only the last k flows changed rate; -1: unknown). `_update_loads(links)` then
+sums those links' loads (table order, as the reference engine) and the peak utilisation;
+whoever changes `_load` sets `_busy` to None.
+
+What the host provides: `capacity`, `links`, `_load`, `_busy`, `max_utilisation`, the
+flow table with its change log (networks.packet_table), `_deliver_fast`
+(networks.packet_landing), `_solve_above`, `_after_above` and `above_min`
+(networks.packet_above), and `check_solves` and `_check_against_full`
+(networks.packet_checks).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from networks.maxmin import max_min_rates
+
+
+class ComponentSolve:
+    def _init_solver(self) -> None:
+        n_links = len(self.links)
+        self._finite = np.isfinite(self.capacity)
+        # a link of capacity 0 makes the whole-table utilisation max nan (0 / 0), which
+        # max() then ignores: kept as is, so the counter stays what it always was
+        self._nan_util = bool((self.capacity == 0).any())
+        self._mark = np.zeros(n_links, bool)  # scratch, all False between uses
+        self._pos = np.zeros(n_links, np.int64)  # scratch
+        # component labels (networks joined by shared finite links) of each flow and
+        # link: every component within one label; -1: a new flow, or a link never used
+        self._llab = np.full(n_links, -1, np.int64)
+        self._labels = 0  # labels handed out so far (never reused)
+        self._capped: set[int] = set()  # labels whose flows all ran at their rate cap
+        self.capped_solves = self.capped_skips = self.round_one_solves = 0
+        self._r1_wait = self._r1_backoff = 0  # big sets to solve without _round_one
+        # flows whose rate changed at the last solve (None: all), and how many at the end
+        # of the table were solved alone (-1: not only those)
+        self._stale: np.ndarray | None = None
+        self._solved_tail = -1
+        # solves: of new flows alone on their links, of some components, of the table
+        self.alone_solves = self.component_solves = self.full_solves = 0
+        self.resolved = 0  # flows whose rate the last solve computed
+
+    def _solve_changed(self) -> np.ndarray | None:
+        """Max-min rates of the flows in the connected components (links joined by the
+        flows crossing them; infinite links join nothing, as they never bind) that changed
+        since the last solve: those of departed flows and those joined by new flows. The
+        other flows keep their rates.
+
+        The allocation decomposes over components, and max_min_rates computes each
+        component with the same floats whether alone or with others (each of its steps
+        reads one link's own flows and their links; the sub-table keeps the flows' order,
+        hence each link's order of sums), so the rates are those of a whole-table solve,
+        bit for bit. Components are found by labels (`_relabel`): every component lies
+        within one label, so the flows of the changed labels are a union of components.
+        Flows with an infinite rate are delivered at once. Returns the links whose load
+        may have changed, or None when no flow is left."""
+        seeds = self._seeds[0] if len(self._seeds) == 1 else np.concatenate(self._seeds or [[]])
+        seeds = seeds.astype(np.int64, copy=False)  # links, repeats possible
+        gone = np.concatenate(self._gone) if self._gone else np.zeros(0, np.int64)
+        gone_links = self._gone_links
+        self._seeds, self._gone, self._gone_links = [], [], []
+        new, self._new = self._new, 0
+        self._solved_tail = -1  # flows at the end of the table solved alone, if >= 0
+        alone = self._solve_alone(seeds, new)
+        if alone is not False:
+            return alone
+        gone = gone[gone >= 0]
+        if not new and len(gone) and all(x in self._capped for x in gone.tolist()):
+            # flows left components in which every flow ran at its rate cap: the shares
+            # of their links only grew, so each flow still gets its cap (see _round_one)
+            self.resolved = 0
+            self.capped_skips += 1
+            if self.check_solves:
+                self._check_against_full()
+            self._stale = np.zeros(0, np.int64)
+            return np.unique(seeds)
+        dirty, changed = self._dirty(gone, new)
+        idx = np.flatnonzero(dirty)
+        self.resolved = n = len(idx)
+        if not n:  # the changed links lost their last flows
+            self._stale = idx
+            return np.unique(seeds)
+        if n >= self.above_min:
+            # the departed flows' entries (links, rates, labels), joined once for both
+            gone_e = (
+                tuple(np.concatenate([x[j] for x in gone_links]) for j in range(3))
+                if gone_links
+                else None
+            )
+            above = self._solve_above(idx, new, gone_e)
+            if above is not None:
+                return self._after_above(*above, idx, changed, new, seeds, gone_e)
+        links = self._flat[self._entries(idx)]
+        one = self._try_round_one(idx, links)
+        capped = one is not None and one[1]
+        solved = idx  # the flows whose rates may have changed
+        if one is not None:
+            self.round_one_solves += 1
+            self.capped_solves += capped
+            self._rate[idx] = one[0]
+        elif n == len(self._rem):
+            self.full_solves += 1
+            rows, cols, capacity = self._incidence_fast()
+            self._rate[:] = max_min_rates(rows, cols, n, capacity)
+        else:
+            self.component_solves += 1
+            self._rate[idx] = self._solve_flows(idx)
+        first = self._labels
+        self._relabel(idx, links)
+        if capped:
+            self._capped.update(range(first, self._labels))
+        if self.check_solves:
+            self._check_against_full()
+        mark = self._mark
+        mark[seeds] = True
+        mark[links] = True
+        touched = np.flatnonzero(mark)
+        mark[touched] = False
+        return touched if self._land_infinite(solved) else None
+
+    def _land_infinite(self, solved: np.ndarray) -> bool:
+        """Deliver at once the flows of `solved` whose rate is infinite (over infinitely
+        fast links only), else mark `solved` (new rates) to check again at this instant.
+        False when no flow is left."""
+        inf = np.zeros(len(self._rem), bool)
+        inf[solved] = np.isinf(self._rate[solved])
+        if inf.any():
+            self._deliver_fast(np.flatnonzero(inf))
+            self._keep(~inf, seed=False)
+            return len(self._rem) > 0
+        self._stale = solved
+        return True
+
+    def _solve_alone(self, seeds: np.ndarray, new: int):
+        """The common case of point-to-point traffic, without scanning the table: the
+        `new` flows at the end of the table each alone on their links (so each is a
+        component: its rate is the least capacity on its path, max_min_rates' result for
+        one flow) and the other changed links (`seeds`, repeats allowed: a repeat of a
+        new flow's link only sends this to the general path) without flows. Sets their rates,
+        labels, loads and the peak utilisation; returns no links left to update (None: no
+        flow left), or False when the changed links hold anything else (the general
+        path)."""
+        occ = self._occ
+        if new:
+            nh = self._nh[-new:]
+            tail = self._flat[-int(nh.sum()) :]
+            if (occ[tail] != 1).any() or np.count_nonzero(occ[seeds]) != len(tail):
+                return False
+        elif occ[seeds].any():
+            return False
+        self._load[seeds] = 0.0
+        self._busy = None
+        self.resolved = new
+        n = len(self._rem)
+        self._stale = np.arange(n - new, n)
+        if not new:
+            self._solved_tail = 0
+            return seeds[:0]
+        self.alone_solves += 1
+        caps = self.capacity[tail]
+        rate = np.minimum.reduceat(caps, np.cumsum(nh) - nh) if new > 1 else caps.min(keepdims=True)
+        rate = np.minimum(rate, self._maxr[-new:])
+        self._rate[-new:] = rate
+        labels = np.arange(self._labels, self._labels + new)
+        self._labels += new
+        self._flab[-new:] = labels
+        self._llab[tail] = labels if new == 1 else np.repeat(labels, nh)
+        if self.check_solves:
+            self._check_against_full()
+        sending = np.isfinite(rate)
+        links = tail if sending.all() else tail[np.repeat(sending, nh)]
+        self._load[links] = np.repeat(rate[sending], nh[sending])
+        if not self._nan_util:
+            fin = links[self._finite[links]]
+            if len(fin):
+                util = float((self._load[fin] / self.capacity[fin]).max())
+                self.max_utilisation = max(self.max_utilisation, util)
+        if not sending.all():  # flows over infinitely fast links only: done at once
+            inf = np.zeros(len(self._rem), bool)
+            inf[len(inf) - new :] = ~sending
+            self._deliver_fast(np.flatnonzero(inf))
+            self._keep(~inf, seed=False)
+            self._stale = None
+            if not len(self._rem):
+                return None
+        else:
+            self._solved_tail = new
+        return seeds[:0]
+
+    def _try_round_one(self, idx: np.ndarray, links: np.ndarray):
+        """`_round_one`, except on big sets after it failed on big sets: a failed try costs
+        about a third of a solve there, so after a failure the next big sets skip it,
+        twice as many each time (up to 64), until it succeeds again. Either way the rates
+        are the same; this only chooses the cheaper way."""
+        if len(links) <= 2048:
+            return self._round_one(idx, links)
+        if self._r1_wait:
+            self._r1_wait -= 1
+            return None
+        one = self._round_one(idx, links)
+        self._r1_backoff = 0 if one is not None else min(2 * self._r1_backoff or 1, 64)
+        self._r1_wait = self._r1_backoff
+        return one
+
+    def _round_one(self, idx: np.ndarray, links: np.ndarray):
+        """max_min_rates of the flows `idx` (a union of components; `links`: their
+        entries) when its first round freezes them all, computed without building their
+        incidence: (rates, whether every flow runs at its rate cap), or None when some
+        flow would need another round. The same floats as max_min_rates: each link's share
+        is capacity / flows on it (all of them among these flows; a rate cap is a private
+        link of share cap / 1); a flow's tightest share is the least over its links; a
+        link is locally minimal unless one of its flows has a tighter one (infinite links
+        take no part); a flow freezes at its tightest share if one of its links is."""
+        maxr = self._maxr[idx]
+        nh = self._nh[idx]
+        share = self.capacity[links] / self._occ[links]  # inf on infinite links
+        starts = np.cumsum(nh) - nh
+        tight = np.minimum.reduceat(share, starts) if len(idx) > 1 else share.min(keepdims=True)
+        tight = np.minimum(tight, maxr)
+        if not np.isfinite(tight).all():
+            return None  # a flow over infinite links only (rare): the solver's way
+        fin = self._finite[links]
+        beaten = links[fin & (np.repeat(tight, nh) < share)]  # links not locally minimal
+        mark = self._mark
+        mark[beaten] = True
+        local = fin & ~mark[links]
+        mark[beaten] = False
+        capped = tight == maxr  # the private link is locally minimal
+        if not (np.logical_or.reduceat(local, starts) | capped).all():
+            return None
+        return tight, bool(capped.all())
+
+    def _dirty(self, gone: np.ndarray, new: int) -> tuple[np.ndarray, np.ndarray]:
+        """The flows whose rates may have changed: those sharing a label with a departed
+        flow (`gone`: their labels) or with a flow on a finite link of a new flow, and
+        the `new` flows at the end of the table. A link's label is that of its flows (or
+        a stale one once they left: then at worst a few more flows are re-solved). Also
+        returns the labels that changed."""
+        n = len(self._rem)
+        labels = [gone]
+        if new:
+            tail = self._flat[len(self._flat) - int(self._nh[n - new :].sum()) :]
+            labels.append(self._llab[tail[self._finite[tail]]])
+        changed = np.unique(np.concatenate(labels))
+        changed = changed[changed >= 0]
+        if len(changed) == 1:
+            dirty = self._flab == changed[0]
+        elif len(changed):
+            dirty = np.isin(self._flab, changed)
+        else:
+            dirty = np.zeros(n, bool)
+        dirty[n - new :] = True
+        return dirty, changed
+
+    relabel_entries = 4096  # re-split up to this many entries into components, exactly
+
+    def _relabel(self, idx: np.ndarray, links: np.ndarray) -> None:
+        """New labels for the flows `idx` (a union of components; `links`: their entries)
+        and their finite links: one per component, found by propagating the least flow
+        number over shared links, when they are few; else one label for them all (still
+        holding every component whole; the labels are re-split when a later change
+        re-solves a part small enough)."""
+        k, base = len(idx), self._labels
+        fin = self._finite[links]
+        lab = None
+        if 1 < k and len(links) <= self.relabel_entries:
+            cols = np.repeat(np.arange(k), self._nh[idx])[fin]
+            uniq, inv = self._renumber(links[fin])
+            lab = np.arange(k)
+            for _ in range(64):
+                on_link = np.full(len(uniq), k)
+                np.minimum.at(on_link, inv, lab[cols])
+                nxt = lab.copy()
+                np.minimum.at(nxt, cols, on_link[inv])
+                if np.array_equal(nxt, lab):
+                    break
+                lab = nxt
+            else:
+                lab = None
+        if lab is None:  # one label
+            self._flab[idx] = base
+            self._llab[links[fin]] = base
+            self._labels += 1
+            return
+        roots, flab = np.unique(lab, return_inverse=True)
+        self._flab[idx] = base + flab.reshape(-1)
+        self._llab[uniq] = base + np.searchsorted(roots, on_link)
+        self._labels += len(roots)
+
+    def _renumber(self, links: np.ndarray):
+        """np.unique(links, return_inverse=True): the distinct links in order and each
+        entry's index among them; by marking the links (no sort: 4-5x faster on the tens
+        of thousands of entries of a big component) unless they are few."""
+        if 8 * len(links) < len(self._mark):
+            uniq, rows = np.unique(links, return_inverse=True)
+            return uniq, rows.reshape(-1).astype(np.int64, copy=False)
+        mark, pos = self._mark, self._pos
+        mark[links] = True
+        uniq = np.flatnonzero(mark)
+        mark[uniq] = False
+        pos[uniq] = np.arange(len(uniq))
+        return uniq, pos[links]
+
+    def _solve_flows(self, idx: np.ndarray) -> np.ndarray:
+        """max_min_rates of the flows `idx` (a union of components) alone, over their own
+        links renumbered (which changes no float)."""
+        nh = self._nh[idx]
+        links = self._flat[self._entries(idx)]
+        maxr = self._maxr[idx]
+        capped = np.flatnonzero(maxr < np.inf)
+        if len(idx) == 1 and len(links) <= 8 and len(set(links.tolist())) == len(links):
+            # one flow: every link's share is its capacity, so the rate is the least one
+            caps = self.capacity[links]
+            if len(capped):
+                caps = np.append(caps, maxr[0])
+            caps = caps[np.isfinite(caps)]
+            return np.array([caps.min()]) if len(caps) else np.array([np.inf])
+        uniq, rows = self._renumber(links)
+        capacity = self.capacity[uniq]
+        if len(capped):
+            rows, ext = self._with_private_links(rows, nh, capped, len(uniq))
+            capacity = np.concatenate([capacity, maxr[capped]])
+        else:
+            ext = nh
+        cols = np.repeat(np.arange(len(idx)), ext)
+        return max_min_rates(rows, cols, len(idx), capacity)
+
+    def _update_loads(self, touched: np.ndarray) -> None:
+        """Recompute the load of the links `touched` (the flows on each summed in table
+        order, as link_loads sums them) and the peak utilisation: the other links carry
+        the same flows at the same rates as at the last solve, so their load is unchanged
+        and their utilisation already counted."""
+        n_links, n_entries = len(self.links), len(self._flat)
+        rate_e = np.repeat(self._rate, self._nh)
+        if len(touched) == n_links or (4 * len(touched) > n_entries and n_links < 3 * n_entries):
+            # many links: all of them at once is cheaper (the same sums for the others)
+            self._load = np.bincount(self._flat, weights=rate_e, minlength=n_links)
+        else:
+            on = self._mark
+            on[touched] = True
+            sel = on[self._flat]
+            on[touched] = False
+            pos = self._pos
+            pos[touched] = np.arange(len(touched))
+            self._load[touched] = np.bincount(
+                pos[self._flat[sel]], weights=rate_e[sel], minlength=len(touched)
+            )
+        self._busy = None
+        if self._nan_util:
+            return
+        fin = touched[self._finite[touched]]
+        if len(fin):
+            util = float((self._load[fin] / self.capacity[fin]).max())
+            self.max_utilisation = max(self.max_utilisation, util)
