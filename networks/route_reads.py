@@ -112,7 +112,7 @@ class RouteReads(RouteRows):
         """The distance rows of row keys `keys` (pairs read rows kid[p], destination
         d_idx[p]): a hub's or a switch's full row, or a source's bounded ball (`_ball`, only
         ever its pairs' one row) grown until every destination asked of it is in. Any row
-        exact up to the destination gives the same paths (see the class)."""
+        exact up to the destination gives the same paths (see route_rows)."""
         rows = _Rows(len(self.nodes), len(keys))
         first = kid[:, 0]
         order = np.argsort(first, kind="stable")

@@ -6,8 +6,9 @@ equal-cost candidates (in link order), and the walk takes candidate
 crc32(f"{src!r}|{dst!r}|{node!r}") mod their number (ECMP), until it reaches the source.
 
 What a caller may rely on:
-- `path_links(src, dst)`: the route's link indices, source first (None: no path), cached;
-  the arrays are read-only and may be shared between pairs' answers;
+- `path_links(src, dst)`: the route's link indices, source first (None: no path), cached
+  and handed out as they are kept: a caller must not write into them (a batch's are
+  read-only views of one array);
 - `paths_links(pairs)`: `path_links` of every pair, the same arrays bit for bit, the walks
   of a batch done together, one numpy step per hop;
 - `walk_links(src, dst)`: the straightforward per-pair walk, the reference the batch is
