@@ -149,17 +149,17 @@ def test_batched_routes_are_the_reference_routes(name, mode):
 
 
 def _by_value(walk, want):
-    from networks import routing
+    from networks import route_tuning as tuning
 
-    old = routing.BIG_IN, routing.SHARED_ASKS
+    old = tuning.BIG_IN, tuning.SHARED_ASKS
     try:
         # every node with several in-links; those with three or more; those also asked by
         # two walkers with one row
-        for routing.BIG_IN, routing.SHARED_ASKS in ((1, 1), (2, 1), (1, 2)):
+        for tuning.BIG_IN, tuning.SHARED_ASKS in ((1, 1), (2, 1), (1, 2)):
             got = walk()
             assert [same(x, y) for x, y in zip(got, want, strict=True)] == [True] * len(want)
     finally:
-        routing.BIG_IN, routing.SHARED_ASKS = old
+        tuning.BIG_IN, tuning.SHARED_ASKS = old
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -177,18 +177,18 @@ def test_batched_routes_on_random_graphs(seed, mode):
 
 def test_bounded_rows_and_chunks_give_the_same_routes(monkeypatch):
     # tiny row budgets: one source per chunk, so a chunk boundary falls between every pair
-    import networks.routing as routing
+    from networks import route_tuning as tuning
 
     g = topo.torus2d(5, 5, 20 * GB, 1e-6)
     topo.set_link(g, 0, 1, bandwidth=5 * GB, latency=3e-6)
     pairs = [(a, b) for a in range(25) for b in range(25)]
     want = reference_paths(g, pairs)
-    monkeypatch.setattr(routing, "HUB_ROWS_BYTES", 1)
+    monkeypatch.setattr(tuning, "HUB_ROWS_BYTES", 1)
     got = Routes(g).paths_links(pairs)
     assert all(same(x, y) for x, y in zip(got, want, strict=True))
     # and in-links weighed a few at a time (a slice boundary inside most nodes' in-links)
-    monkeypatch.setattr(routing, "HUB_ROWS_BYTES", 2**28)
-    monkeypatch.setattr(routing, "CANDIDATES", 3)
+    monkeypatch.setattr(tuning, "HUB_ROWS_BYTES", 2**28)
+    monkeypatch.setattr(tuning, "CANDIDATES", 3)
     got = Routes(g).paths_links(pairs)
     assert all(same(x, y) for x, y in zip(got, want, strict=True))
     g = _slow_links(topo.fat_tree(32, 25 * GB, 1e-6, radix=8), 9)
@@ -198,13 +198,13 @@ def test_bounded_rows_and_chunks_give_the_same_routes(monkeypatch):
     assert all(same(x, y) for x, y in zip(got, want, strict=True))
     # GPUs that read their switches' rows (an NVSwitch and a rail leaf each): chunks of
     # one source, and of a few rows (sources whose rows are held share a chunk)
-    monkeypatch.setattr(routing, "CANDIDATES", 2**20)
+    monkeypatch.setattr(tuning, "CANDIDATES", 2**20)
     for fabric in ("rail", "switch"):
         g = topo.multi_node(4, 4, 450 * GB, 50 * GB, 1e-6, 2e-6, fabric=fabric)
         pairs = [(a, b) for a in g.nodes for b in g.nodes]
         want = reference_paths(g, pairs)
         for rows in (0, 3, 5):
-            monkeypatch.setattr(routing, "HUB_ROWS_BYTES", max(1, rows * 8 * len(g.nodes)))
+            monkeypatch.setattr(tuning, "HUB_ROWS_BYTES", max(1, rows * 8 * len(g.nodes)))
             got = Routes(g).paths_links(pairs)
             assert all(same(x, y) for x, y in zip(got, want, strict=True)), (fabric, rows)
             _by_value(lambda g=g, pairs=pairs: Routes(g).paths_links(pairs), want)
@@ -503,7 +503,7 @@ def _hop_rows_both_ways(g, group, mode="latency"):
     """hop_rows from trees bounded to the group, from whole trees (targets=None) with no
     shared hub spread, and with every hub's spread tried (SPREAD_DEGREE -1: any hub)."""
     from extrapolators.communication.rings import hop_rows
-    from networks import routing
+    from networks import route_tuning as tuning
 
     bounded = hop_rows(g, Routes(g, mode), group, group)
     r = Routes(g, mode)
@@ -511,13 +511,13 @@ def _hop_rows_both_ways(g, group, mode="latency"):
     r.trees = lambda sources, targets=None: full_trees(sources)  # the unbounded search
     r.hub_hop_rows = lambda sources, targets: None
     whole = hop_rows(g, r, group, group)
-    old, routing.SPREAD_DEGREE = routing.SPREAD_DEGREE, -1
+    old, tuning.SPREAD_DEGREE = tuning.SPREAD_DEGREE, -1
     try:
         r = Routes(g, mode)
         spread = hop_rows(g, r, group, group)
         used = r.hub_hop_rows(group, group) is not None
     finally:
-        routing.SPREAD_DEGREE = old
+        tuning.SPREAD_DEGREE = old
     assert _same_rows(spread, whole), ("hub spread", group)
     _SPREAD_USED.append(used)
     return bounded, whole
@@ -591,9 +591,9 @@ def _diamond(inv_a: tuple, inv_b: tuple):
 
 def test_hub_spread_declines_when_equal_cost_paths_differ_in_bottleneck(monkeypatch):
     from extrapolators.communication.rings import hop_rows
-    from networks import routing
+    from networks import route_tuning as tuning
 
-    monkeypatch.setattr(routing, "SPREAD_DEGREE", -1)
+    monkeypatch.setattr(tuning, "SPREAD_DEGREE", -1)
     # 100 + 300 = 200 + 200 units: two equal-cost ways, bottlenecks 1/300 and 1/200
     g, bw = _diamond((100, 300), (200, 200))
     assert Routes(g).hub_hop_rows([0], [1]) is None
@@ -614,9 +614,9 @@ def test_spread_declines_when_two_rails_tie_with_other_bottlenecks(monkeypatch):
     """GPUs on two rails whose ways are equally long (100 + 300 = 200 + 200 units of 1/bw)
     but with other bottlenecks: which a tree takes decides the answer, so no spread; with
     the same bottleneck on both rails it answers (hand-worked: 1/300)."""
-    from networks import routing
+    from networks import route_tuning as tuning
 
-    monkeypatch.setattr(routing, "SPREAD_DEGREE", -1)
+    monkeypatch.setattr(tuning, "SPREAD_DEGREE", -1)
 
     def bw(inv):
         return 2**10 * 1e9 / inv
@@ -642,9 +642,9 @@ def test_gpus_under_a_big_switch_share_its_spread():
     """A star bigger than SPREAD_DEGREE: the default threshold takes the spread, and its
     rows are the bounded trees'."""
     from extrapolators.communication.rings import hop_rows
-    from networks import routing
+    from networks import route_tuning as tuning
 
-    g = topo.switch_star(routing.SPREAD_DEGREE + 4, 25 * GB, 1e-6)
+    g = topo.switch_star(tuning.SPREAD_DEGREE + 4, 25 * GB, 1e-6)
     group = list(range(0, 40, 5))
     r = Routes(g)
     assert r.hub_hop_rows(group, group) is not None

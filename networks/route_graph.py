@@ -1,0 +1,181 @@
+"""The topology as the arrays the route search works on: the first layer of
+networks.routing's `Routes`.
+
+`link_weight` packs the routing rule (see networks.routing) into one integer-valued float
+per link: a network link weighs _NET, each ns of latency _LAT (mode 'latency' only), each
+hop 1. scipy's C Dijkstra sums them exactly (every term stays far below 2**53), so a sum
+does not depend on its order and equal-cost paths stay tied.
+
+`RouteGraph(graph, mode)` reads a DiGraph whose edges carry `latency`, `bandwidth` and
+(optional) `kind`, and whose nodes may carry `kind` ('gpu' unless said). It computes no
+distance (route_rows does). What the layers above may rely on, set here once and never
+changed (so the graph must not change after):
+- `graph`, `nodes`, `node_index` (node -> index), `links` (the edges in the graph's order;
+  a link is its index there), `weight` (each link's packed weight), `_csr` (the weighted
+  adjacency matrix), `_u`, `_v` (each link's tail and head index), `_out_deg`;
+- the in-links of each node as CSR, in link order: `_in_link[_in_ptr[v]:_in_ptr[v + 1]]`
+  and their tails `_in_from[...]`; `_in_deg`, and `_in_pos` (a link's place among its
+  head's in-links);
+- lower bounds: `_min_out`, `_min_in` (each node's lightest link out and in), `_direct`
+  ((tail, head) -> weight of that link), `_local` (each node's component joined without
+  network links: a server) and `_net_bound` (the fewest network links between two such
+  components, times the lightest one);
+- GPUs that share rows: `_hub` (a node whose only out-link goes to hub x: node ->
+  (x, weight); empty when the hubs' rows would not fit tuning.HUB_ROWS_BYTES), `_hub_link`,
+  and the same as arrays over nodes `_hub_of` (-1: none), `_hub_w`, `_hub_link_of`;
+  `_via_switches` (GPUs whose out-links, two or more, all go to switches) and `_served`
+  (how many of those each switch serves);
+- lookups by link: `link_ids`, `_link_or_none`, `link_values`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from networks import route_tuning as tuning
+
+# bit budget (sums stay below 2**53): up to 31 network hops, 1 ms of summed latency at 1 ns
+# resolution, then hops
+_NET = float(2**48)
+_LAT = float(2**28)  # per ns
+
+
+def link_weight(d: dict, mode: str = "latency") -> float:
+    net = 1 if d.get("kind") == "net" else 0
+    lat = int(round(d.get("latency", 0.0) * 1e9)) if mode == "latency" else 0
+    return net * _NET + lat * _LAT + 1
+
+
+class RouteGraph:
+    """The graph's links and nodes as numpy arrays, and the lookups by link (see the
+    module: what the layers above read)."""
+
+    def __init__(self, graph, mode: str = "latency"):
+        from scipy.sparse import csr_matrix
+
+        self.graph = graph
+        self.links = list(graph.edges())
+        nodes = list(graph.nodes)
+        self.nodes = nodes
+        self.node_index = {v: i for i, v in enumerate(nodes)}
+        u = np.array([self.node_index[a] for a, _ in self.links], dtype=np.int64)
+        v = np.array([self.node_index[b] for _, b in self.links], dtype=np.int64)
+        self.weight = np.array([link_weight(graph.edges[e], mode) for e in self.links], float)
+        self._csr = csr_matrix((self.weight, (u, v)), shape=(len(nodes), len(nodes)))
+        self._u, self._v = u, v
+        self._pair_keys = self._pair_link = None  # sorted tail * N + head, link of each
+        self._values: dict = {}  # edge attribute -> its value per link
+        # in-links as CSR (node -> link indices in link order, and their tails) for the walk
+        order = np.argsort(v, kind="stable")
+        self._in_ptr = np.searchsorted(v[order], np.arange(len(nodes) + 1))
+        self._in_link, self._in_from = order, u[order]
+        self._in_deg = np.diff(self._in_ptr)
+        self._in_pos = np.empty(len(order), np.int64)  # a link's place among its head's in-links
+        self._in_pos[order] = np.arange(len(order)) - self._in_ptr[v[order]]
+        self._min_out = np.full(len(nodes), np.inf)
+        np.minimum.at(self._min_out, u, self.weight)
+        self._min_in = np.full(len(nodes), np.inf)
+        np.minimum.at(self._min_in, v, self.weight)
+        # nodes joined without network links (a server): a path between two of them that
+        # are not must cross a network link, so it is at least _NET long (a bound that
+        # saves the bounded searches most of their 4x steps to a GPU in another server)
+        from scipy.sparse.csgraph import connected_components
+
+        local = np.array([graph.edges[e].get("kind") != "net" for e in self.links], bool)
+        self._local = connected_components(
+            csr_matrix(
+                (np.ones(int(local.sum())), (u[local], v[local])), shape=(len(nodes), len(nodes))
+            ),
+            directed=False,
+        )[1]
+        self._direct = {
+            (a, b): w for a, b, w in zip(u.tolist(), v.tolist(), self.weight.tolist(), strict=True)
+        }
+        # a node whose only out-link goes to X (a GPU on a leaf switch) is w + X's row away
+        # from everything else: one full row per such X serves all its GPUs, when these rows
+        # fit in tuning.HUB_ROWS_BYTES (a fat tree: one per leaf)
+        out_deg = np.bincount(u, minlength=len(nodes))
+        single = np.flatnonzero(out_deg[u] == 1)  # links that are their tail's only one
+        self._hub = {int(u[k]): (int(v[k]), float(self.weight[k])) for k in single}
+        self._hub_link = {int(u[k]): int(k) for k in single}
+        hubs = {x for x, _ in self._hub.values()}
+        if len(hubs) * len(nodes) * 8 > tuning.HUB_ROWS_BYTES:
+            self._hub, self._hub_link = {}, {}
+        self._hub_of = np.full(len(nodes), -1, np.int64)  # the same as arrays over nodes
+        self._hub_w = np.zeros(len(nodes))
+        self._hub_link_of = np.full(len(nodes), -1, np.int64)
+        for s, (x, w) in self._hub.items():
+            self._hub_of[s], self._hub_w[s], self._hub_link_of[s] = x, w, self._hub_link[s]
+        # a GPU whose out-links all go to switches (an NVSwitch and a NIC's leaf) is, to every
+        # other node, min over those links of (weight + the switch's distance): the switches'
+        # rows are shared by the GPUs on them (a server's 8, a rail's thousands), so a row
+        # costs a minimum of a few shared rows instead of a search of the machine
+        is_switch = np.array([graph.nodes[x].get("kind", "gpu") != "gpu" for x in nodes], bool)
+        bad = np.zeros(len(nodes), bool)
+        np.logical_or.at(bad, u, ~is_switch[v])
+        self._via_switches = (out_deg >= 2) & ~bad & ~is_switch
+        # how many such GPUs each switch serves: the rows kept when they do not all fit are
+        # the most shared ones (a rail's leaf serves thousands, a server's NVSwitch eight)
+        self._served = np.bincount(v[self._via_switches[u]], minlength=len(nodes))
+        self._comp_graph = None  # components joined by network links (`_net_bound`)
+        self._out_deg = out_deg
+
+    def link_ids(self, tails: np.ndarray, heads: np.ndarray) -> np.ndarray:
+        """The index in `links` of each (tail, head) pair of node indices; every pair must
+        be a link (one sorted search for all, not a graph lookup per hop)."""
+        keys, link = self._sorted_pairs()
+        return link[np.searchsorted(keys, np.asarray(tails, np.int64) * len(self.nodes) + heads)]
+
+    def _sorted_pairs(self):
+        """Every link's tail * N + head, sorted, and the link of each."""
+        if self._pair_keys is None:
+            keys = self._u * len(self.nodes) + self._v
+            order = np.argsort(keys, kind="stable")
+            self._pair_keys, self._pair_link = keys[order], order
+        return self._pair_keys, self._pair_link
+
+    def _link_or_none(self, tails: np.ndarray, heads: np.ndarray) -> np.ndarray:
+        """`link_ids` where (tail, head) is a link, -1 where it is not."""
+        keys, link = self._sorted_pairs()
+        if not len(keys) or not len(tails):
+            return np.full(len(tails), -1, np.int64)
+        key = np.asarray(tails, np.int64) * len(self.nodes) + heads
+        k = np.minimum(np.searchsorted(keys, key), len(keys) - 1)
+        return np.where(keys[k] == key, link[k], -1)
+
+    def link_values(self, attr: str) -> np.ndarray:
+        """Each link's `attr` (an edge attribute every link has), in `links` order."""
+        out = self._values.get(attr)
+        if out is None:
+            edges = self.graph.edges
+            out = self._values[attr] = np.array([edges[e][attr] for e in self.links], float)
+        return out
+
+    def _net_bound(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """A lower bound of the distance from a node of component a[i] to one of b[i]
+        (components joined without network links): the fewest network links between
+        them times the lightest network link's weight (other links weigh more than 0)."""
+        if self._comp_graph is None:
+            from scipy.sparse import csr_matrix
+
+            net = np.flatnonzero(
+                np.array([self.graph.edges[e].get("kind") == "net" for e in self.links], bool)
+            )
+            n = int(self._local.max()) + 1 if len(self._local) else 0
+            cu, cv = self._local[self._u[net]], self._local[self._v[net]]
+            self._comp_graph = csr_matrix((np.ones(len(net)), (cu, cv)), shape=(n, n))
+            self._net_w = float(self.weight[net].min()) if len(net) else 0.0
+            self._comp_hops: dict = {}
+        out = np.empty(len(a))
+        for c in np.unique(a).tolist():
+            hops = self._comp_hops.get(c)
+            if hops is None:
+                from scipy.sparse.csgraph import dijkstra
+
+                hops = self._comp_hops[c] = dijkstra(self._comp_graph, indices=c, unweighted=True)
+            on = a == c
+            out[on] = hops[b[on]]
+        bound = np.full(len(out), np.inf)  # no path at all
+        fin = np.isfinite(out)
+        bound[fin] = out[fin] * self._net_w
+        return bound

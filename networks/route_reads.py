@@ -1,0 +1,218 @@
+"""Which distance rows each (source, destination) pair of a batch reads: the layer below
+the walks in networks.routing's `Routes`.
+
+A pair reads K rows at K offsets: its distance to a node is the least over j of
+off[j] + row_j[node] (0 at its own source). A row is keyed ('h', hub) for a hub's full row,
+('w', switch) for a switch's full row, ('s', source) for a source's own bounded ball; pairs
+from one source read the same rows, and GPUs on one hub or one rail share theirs.
+
+What the walks may rely on:
+- `_per_source(s_idx, d_idx)`: (row keys, per distinct source its K row numbers and
+  offsets, each pair's source number, hub and link into the hub), worked out once per
+  source;
+- `_bounded_reads` and `_tight_reads`: each pair's reads cut to those that can be on a
+  shortest path to its destination (`_keep_reads`); the least over the kept reads is the
+  least over all, exactly, wherever the walk back from the destination goes;
+- `_dist_rows(keys, kid, d_idx)`: the rows as a `_Rows`, each exact up to every
+  destination asked of it (`_Rows.at(r, v)`: row r's distance at node v, inf outside a
+  ball).
+What it needs: route_rows.RouteRows (`_full_row`, `_ball`) and route_graph's arrays.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from networks.route_rows import RouteRows
+
+
+class RouteReads(RouteRows):
+    """The rows a batch of pairs reads (see the module); it keeps no state of its own."""
+
+    def _per_source(self, s_idx: np.ndarray, d_idx: np.ndarray):
+        """Per pair, from its source: the distance rows it reads and their offsets (pairs x
+        K arrays: its distance to a node is the least of offset + row there), its hub and
+        its link into the hub (-1: none). Worked out once per distinct source:
+        - a source with one out-link into hub x: x's shared row, offset the link's weight;
+        - a GPU whose out-links all go to switches (an NVSwitch and a NIC's leaf): each
+          switch's row, offset that link's weight (one Bellman step: any path leaves by one
+          of them; the weights are integers whose sums stay below 2**53, so the least is
+          the search's own distance, exactly). The switches' rows are shared by the GPUs on
+          them (a server's eight, a rail's thousands), and no row per GPU is made;
+        - anything else, or such a GPU asked only for GPUs of its own server (its bounded
+          search stays in the server; a full row of the machine per NVSwitch cost 1.5 ms
+          at 16,384 GPUs, and thousands of them do not stay cached): its own bounded ball
+          (`_ball`), offset 0.
+        Rows a source reads fewer than K of are repeated (the least is the same)."""
+        u, inv = np.unique(s_idx, return_inverse=True)
+        far = np.zeros(len(u), bool)  # some destination outside the source's server
+        np.logical_or.at(far, inv, self._local[d_idx] != self._local[s_idx])
+        hub = self._hub_of[u]
+        on_hub = hub >= 0
+        via = np.flatnonzero(self._via_switches[u] & far & ~on_hub)
+        own = ~on_hub
+        own[via] = False
+        hubs, at_hub = np.unique(hub[on_hub], return_inverse=True)
+        keys = [("h", x) for x in hubs.tolist()] + [("s", x) for x in u[own].tolist()]
+        first = np.empty(len(u), np.int64)
+        first[on_hub] = at_hub.reshape(-1)
+        first[own] = len(hubs) + np.arange(int(own.sum()))
+        first_off = np.where(on_hub, self._hub_w[u], 0.0)
+        switch_key: dict = {}  # switch -> its key number
+        csr, reads = self._csr, []
+        for s in u[via].tolist():
+            reads.append(
+                [
+                    (
+                        switch_key.setdefault(int(csr.indices[k]), len(keys) + len(switch_key)),
+                        float(csr.data[k]),
+                    )
+                    for k in range(csr.indptr[s], csr.indptr[s + 1])
+                ]
+            )
+        keys += [("w", x) for x in switch_key]
+        width = max([1] + [len(r) for r in reads])
+        kid = np.repeat(first[:, None], width, axis=1)
+        off = np.repeat(first_off[:, None], width, axis=1)
+        for i, r in zip(via.tolist(), reads, strict=True):
+            r = r + r[:1] * (width - len(r))  # read fewer than K: repeated (the least is the same)
+            kid[i] = [k for k, _ in r]
+            off[i] = [w for _, w in r]
+        return keys, kid, off, inv, hub[inv], self._hub_link_of[u][inv]
+
+    def _bounded_reads(self, keys, reads, offs, d_idx):
+        """Reads (switch rows) that cannot be on a shortest path to the pair's destination
+        dropped before their rows are searched for (replaced by the first kept). Each pair's
+        most-read row (a rail's leaf, shared by the rail's GPUs) is searched first and
+        bounds the distance from above; another read j is dropped when even a lower bound
+        of it, off_j + (network links any path from switch j to the destination crosses)
+        x (the lightest network link), is longer. `_tight_reads` would drop it too, so the
+        paths are the same; an NVSwitch's row of the machine (1.5 ms at 16,384 GPUs) is
+        then searched only where the NVSwitch can be on the way (PXN)."""
+        m, width = reads.shape
+        count = np.bincount(reads.ravel(), minlength=len(keys))
+        first = reads[np.arange(m), np.argmax(count[reads], axis=1)]
+        upper = np.full(m, np.inf)
+        for k in np.unique(first).tolist():
+            kind, x = keys[k]
+            if kind == "s":  # a source's own ball: its pairs read nothing else
+                continue
+            row = self._full_row(x, hub=kind == "h")
+            for j in range(width):
+                on = np.flatnonzero(reads[:, j] == k)
+                upper[on] = np.minimum(upper[on], offs[on, j] + row[d_idx[on]])
+        comp = self._local
+        nodes = np.array([x for _, x in keys], np.int64)
+        lower = np.empty((m, width))
+        for j in range(width):
+            lower[:, j] = offs[:, j] + self._net_bound(comp[nodes[reads[:, j]]], comp[d_idx])
+        return _keep_reads(reads, offs, ~(lower > upper[:, None]))
+
+    def _dist_rows(self, keys, kid, d_idx) -> _Rows:
+        """The distance rows of row keys `keys` (pairs read rows kid[p], destination
+        d_idx[p]): a hub's or a switch's full row, or a source's bounded ball (`_ball`, only
+        ever its pairs' one row) grown until every destination asked of it is in. Any row
+        exact up to the destination gives the same paths (see route_rows)."""
+        rows = _Rows(len(self.nodes), len(keys))
+        first = kid[:, 0]
+        order = np.argsort(first, kind="stable")
+        bounds = np.searchsorted(first[order], np.arange(len(keys) + 1))
+        for r, (kind, x) in enumerate(keys):
+            if kind in ("h", "w"):
+                rows.add_full(r, self._full_row(x, hub=kind == "h"))
+                continue
+            ds = d_idx[order[bounds[r] : bounds[r + 1]]]
+            out = ds[:1]
+            while len(out):  # balls only grow: the last covers every earlier one
+                ball = self._ball(x, int(out[0]))
+                out = ds[~_in_sorted(ball[1], ds)]
+                if len(out) and ball[0] == np.inf:
+                    break  # the rest are unreachable
+            rows.add_ball(r, ball[1], ball[2])
+        rows.close()
+        return rows
+
+    @staticmethod
+    def _tight_reads(rows, row, off, s_idx, d_idx):
+        """Each pair's reads cut to those on a shortest path to its destination (a first
+        hop j with off_j + row_j[d] == the distance; the others replaced by the first such),
+        and columns every pair now repeats dropped. Exact: every node u a walk back from d
+        meets lies on a shortest path whose first hop is such a j, so off_j + row_j[u] is
+        u's distance there, and the least over the kept reads is the least over all. A
+        rail's GPU (an NVSwitch and a leaf) sending to another server reads only its leaf's
+        row."""
+        if row.shape[1] == 1:
+            return row, off
+        vals = np.stack(
+            [off[:, j] + rows.at(row[:, j], d_idx) for j in range(row.shape[1])], axis=1
+        )
+        return _keep_reads(row, off, vals == vals.min(axis=1, keepdims=True))
+
+
+def _keep_reads(reads: np.ndarray, offs: np.ndarray, keep: np.ndarray):
+    """Each pair's reads where `keep` says (the others replaced by its first kept one: the
+    least over them is the same), then the columns every pair now repeats dropped."""
+    m, width = reads.shape
+    sel = np.where(keep, np.arange(width), np.argmax(keep, axis=1)[:, None])
+    reads = reads[np.arange(m)[:, None], sel]
+    offs = offs[np.arange(m)[:, None], sel]
+    cols = [0] + [
+        j
+        for j in range(1, width)
+        if (reads[:, j] != reads[:, 0]).any() or (offs[:, j] != offs[:, 0]).any()
+    ]
+    return reads[:, cols], offs[:, cols]
+
+
+def _in_sorted(sorted_ids: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Whether each of x is in the sorted array."""
+    if not len(sorted_ids):
+        return np.zeros(len(x), bool)
+    k = np.minimum(np.searchsorted(sorted_ids, x), len(sorted_ids) - 1)
+    return sorted_ids[k] == x
+
+
+class _Rows:
+    """The distance rows one walk reads: full rows (hubs', switches') in one matrix, and
+    bounded balls (a source's own search) as sorted (row, node) codes, so a walk of a few
+    GPUs in a big machine does not fill a row of every node per source (a tensor-parallel
+    group's ring in a 16,384-GPU cluster: its balls hold a server each)."""
+
+    def __init__(self, n: int, n_keys: int):
+        self.n = n
+        self.slot = np.full(n_keys, -1, np.int64)  # key -> its row in the matrix, or -1
+        self._full: list = []
+        self._codes: list = []
+        self._vals: list = []
+
+    def add_full(self, r: int, row: np.ndarray) -> None:
+        self.slot[r] = len(self._full)
+        self._full.append(row)
+
+    def add_ball(self, r: int, idx: np.ndarray, dist: np.ndarray) -> None:
+        self._codes.append(r * self.n + idx)
+        self._vals.append(dist)
+
+    def close(self) -> None:
+        self.matrix = np.stack(self._full) if self._full else np.zeros((0, self.n))
+        codes = np.concatenate(self._codes) if self._codes else np.zeros(0, np.int64)
+        vals = np.concatenate(self._vals) if self._vals else np.zeros(0)
+        order = np.argsort(codes, kind="stable")  # keys were added in order: a no-op sort
+        self.codes, self.vals = codes[order], vals[order]
+        self._full = self._codes = self._vals = None
+
+    def at(self, r: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Row r[i]'s distance at node v[i] (inf outside a ball)."""
+        slot = self.slot[r]
+        full = slot >= 0
+        if full.all():
+            return self.matrix[slot, v]
+        out = np.full(len(r), np.inf)
+        if full.any():
+            out[full] = self.matrix[slot[full], v[full]]
+        ball = np.flatnonzero(~full)
+        code = r[ball] * self.n + v[ball]
+        hit = _in_sorted(self.codes, code)
+        k = np.searchsorted(self.codes, code[hit])
+        out[ball[hit]] = self.vals[k]
+        return out

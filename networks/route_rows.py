@@ -1,0 +1,204 @@
+"""Distance rows, computed on demand and shared where they can be: the second layer of
+networks.routing's `Routes`.
+
+Distances are computed per source, bounded: a Dijkstra from the source stops at a limit
+that first covers the destination (the direct link's weight where there is one, else a
+lower bound, raised 4x until the destination is in), and only the nodes it reached are
+kept (`_ball`). Every node on a shortest path to the destination is within the limit, and
+a node beyond it cannot be an equal-cost predecessor, so the paths are those of the
+unbounded rows (the packed weights sum exactly, in any order). Memory is O(nodes near each
+source), not sources x nodes (2 GB at 16,384 GPUs). A GPU whose out-links all go to
+switches takes the minimum of its switches' rows plus the links' weights instead (the same
+integers): in a cluster of servers a search from a GPU to another server covers the whole
+machine, and the switches' rows are shared (`_full_row`, `_reads`, `_via_dist`).
+
+What the layers above may rely on (each row exact wherever it is finite or, for a ball,
+for every node not farther than the destination it was grown to cover):
+- `trees(sources, targets)`: (distances, predecessors) of one shortest-path tree per source;
+- `_ball(s, d)`: (limit, reached nodes in order, their distances), kept per source;
+  `_row(s, d)` the same as a full row (inf beyond);
+- `_full_row(x, hub)`: node x's whole row; a hub's always kept, a switch's while the rows
+  fit tuning.HUB_ROWS_BYTES (the most shared ones kept);
+- `_reads(s, targets)`: the switch rows a GPU behind switches reads, and `_hub_dist`,
+  `_via_dist`: a source's distances as a function of node indices.
+What it needs: the arrays of route_graph.RouteGraph, which it extends.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from networks import route_tuning as tuning
+from networks.route_graph import _NET, RouteGraph
+
+
+class RouteRows(RouteGraph):
+    """Distance rows and shortest-path trees over a RouteGraph (see the module)."""
+
+    def __init__(self, graph, mode: str = "latency"):
+        super().__init__(graph, mode)
+        self._balls: dict = {}  # source index -> (limit, reached node indices, distances)
+        self._hub_rows: dict = {}  # hub index -> its full distance row
+        self._switch_rows: dict = {}  # switch index -> its full distance row
+
+    def trees(self, sources, targets=None):
+        """(distances, predecessors) rows of one shortest-path tree per source. With
+        `targets`, each source's search stops at a limit that covers every target (a
+        lower bound raised 4x until all are in): the same distances and predecessors for
+        every node within it, since nodes are settled in the same order up to the limit
+        and a node's predecessor is settled before it (a tree over a handful of GPUs under
+        one switch no longer searches the whole machine: O(groups x nodes) at 16k)."""
+        from scipy.sparse.csgraph import dijkstra
+
+        src = [self.node_index[s] for s in sources]
+        if targets is None:
+            return dijkstra(self._csr, indices=src, return_predecessors=True)
+        tgt = np.array([self.node_index[t] for t in targets], dtype=np.int64)
+        fars, limits = [tgt[tgt != s] for s in src], []
+        for s, far in zip(src, fars, strict=True):
+            limit = float(np.max(self._min_out[s] + self._min_in[far])) if len(far) else 0.0
+            limits.append(max(limit, 1.0) if np.isfinite(limit) else np.inf)
+        top = max(limits)
+        if len(src) > 1 and np.isfinite(top):  # one search per source, in one call, to
+            # the largest limit: within each source's own limit the same settling order,
+            # hence the same rows there (one call per source was ~10% of an 8-GPU group's plan)
+            d, p = dijkstra(self._csr, indices=src, limit=top, return_predecessors=True)
+            if np.isfinite(d[:, tgt]).all():
+                return d, p
+        dist = np.empty((len(src), len(self.nodes)))
+        pred = np.empty((len(src), len(self.nodes)), dtype=np.int32)
+        for k, s in enumerate(src):
+            far, limit = fars[k], limits[k]
+            for _ in range(12):
+                d, p = dijkstra(self._csr, indices=s, limit=limit, return_predecessors=True)
+                if np.isfinite(d[far]).all() or limit == np.inf:
+                    break
+                limit *= 4
+            else:  # far away, or some target unreachable: the whole tree
+                d, p = dijkstra(self._csr, indices=s, return_predecessors=True)
+            dist[k], pred[k] = d, p
+        return dist, pred
+
+    def _reads(self, s: int, t_idx: np.ndarray, small: bool = False) -> list | None:
+        """(switch, link weight, link, switch's row) of each out-link of source s that can
+        be on a shortest path to some target, the most shared switch first (its row bounds
+        the distances; another is left out where a lower bound, as in route_reads'
+        `_bounded_reads`, is longer for every target); None unless s's out-links all go to
+        switches and, unless `small`, those that can be on the way have more than
+        tuning.SPREAD_DEGREE ports."""
+        big = self._out_deg > (-1 if small else tuning.SPREAD_DEGREE)
+        h = self._hub.get(s)
+        if h:
+            x, w = h
+            return [(x, w, self._hub_link[s], self._full_row(x, hub=True))] if big[x] else None
+        if not self._via_switches[s]:
+            return None
+        csr = self._csr
+        heads = sorted(
+            csr.indices[csr.indptr[s] : csr.indptr[s + 1]].tolist(), key=lambda x: -self._served[x]
+        )
+        links = self.link_ids(np.full(len(heads), s), np.array(heads, np.int64))
+        reads, upper = [], None
+        for x, k in zip(heads, links.tolist(), strict=True):
+            w = float(self.weight[k])
+            if upper is not None:
+                lower = w + self._net_bound(np.full(len(t_idx), self._local[x]), self._local[t_idx])
+                if (lower > upper).all():
+                    continue
+            if not big[x]:  # a small switch may be on the way: the trees cost less
+                return None
+            row = self._full_row(x, hub=False)
+            reads.append((x, w, k, row))
+            upper = w + row[t_idx] if upper is None else np.minimum(upper, w + row[t_idx])
+        return reads
+
+    def _hub_dist(self, s: int):
+        """For a source with one out-link: its distances as a function of node indices."""
+        x, w = self._hub[s]
+        row = self._full_row(x, hub=True)
+
+        def dist(ix):
+            return np.where(ix == s, 0.0, w + row[ix])
+
+        return dist
+
+    def _via_dist(self, s: int, d: int):
+        """For a GPU whose out-links all go to switches: its distances as a function of node
+        indices, the least over the out-links that can be on the way to d (`_reads`) of
+        weight + the switch's shared row (0 at s), as route_reads' `_per_source` reads
+        them. A bounded search of its own to another server covers the machine, and one
+        kept per GPU took 4.8 GB at 16,384 GPUs."""
+        outs = [(w, row) for _, w, _, row in self._reads(s, np.array([d]), small=True)]
+
+        def dist(ix):
+            d = outs[0][0] + outs[0][1][ix]
+            for w, row in outs[1:]:
+                d = np.minimum(d, w + row[ix])
+            return np.where(ix == s, 0.0, d)
+
+        return dist
+
+    def _full_row(self, x: int, hub: bool) -> np.ndarray:
+        """Node x's whole distance row, computed once: a hub's is always kept (their number
+        was budgeted when the routes were built), another switch's while the rows fit."""
+        row = self._hub_rows.get(x)
+        if row is None:
+            row = self._switch_rows.get(x)
+        if row is None:
+            from scipy.sparse.csgraph import dijkstra
+
+            row = dijkstra(self._csr, indices=x)
+            if hub:
+                self._hub_rows[x] = row
+            else:
+                self._keep_switch_row(x, row)
+        return row
+
+    def _keep_switch_row(self, x: int, row: np.ndarray) -> None:
+        """Keep switch x's row while the rows fit tuning.HUB_ROWS_BYTES; when they do not, in
+        place of the least shared one if x serves more GPUs (NCCL asks in cycles over all
+        servers, where least-recently-used would never hit)."""
+        rows = self._switch_rows
+        if (len(rows) + 1) * len(self.nodes) * 8 <= tuning.HUB_ROWS_BYTES:
+            rows[x] = row
+            return
+        if rows:
+            low = min(rows, key=self._served.__getitem__)
+            if self._served[low] < self._served[x]:
+                del rows[low]
+                rows[x] = row
+
+    def _row(self, s: int, d: int) -> np.ndarray:
+        """Distances from node s, exact for every node not farther than d (inf beyond)."""
+        _, idx, dist = self._ball(s, d)
+        row = np.full(len(self.nodes), np.inf)
+        row[idx] = dist
+        return row
+
+    def _ball(self, s: int, d: int) -> tuple:
+        """(limit, reached nodes in order, their distances) of a search from node s bounded
+        to cover d: exact for every node not farther than d. Kept per source, grown 4x."""
+        from scipy.sparse.csgraph import dijkstra
+
+        ball = self._balls.get(s)
+        if ball is not None:
+            limit, idx, dist = ball
+            k = int(np.searchsorted(idx, d))
+            if (k < len(idx) and idx[k] == d) or limit == np.inf:
+                return ball
+            limit *= 4
+        else:
+            limit = self._direct.get((s, d), self._min_out[s] + self._min_in[d])
+            if self._local[s] != self._local[d] and (s, d) not in self._direct:
+                limit = max(limit, _NET)
+            limit = max(limit, 1.0) if np.isfinite(limit) else np.inf
+        for _ in range(12):
+            row = dijkstra(self._csr, indices=s, limit=limit)
+            if np.isfinite(row[d]) or limit == np.inf:
+                break
+            limit *= 4
+        else:  # far away, or unreachable: the whole row
+            row, limit = dijkstra(self._csr, indices=s), np.inf
+        idx = np.flatnonzero(np.isfinite(row))
+        ball = self._balls[s] = (limit, idx, row[idx])
+        return ball
