@@ -158,7 +158,8 @@ def collect(
     performance model to fill (perfmodel.modelled.model_times). Math modes are those of
     CUDA with PyTorch's default TF32 settings.
     """
-    from tracer.linking import link, node_flops
+    from tracer.linking import link
+    from tracer.torch_flops import node_flops
 
     et_doc, k_doc, meta = record(
         model,
@@ -175,7 +176,7 @@ def collect(
     )
     meta.update(metadata or {})
     if shapes_only:
-        from tracer.linking import prepare_meta_trace
+        from tracer.meta_trace import prepare_meta_trace
 
         et_doc = prepare_meta_trace(
             et_doc,
@@ -201,7 +202,7 @@ def _tagging_mode():
     each call's numbers in order. Meta tensors have no data, so the Execution Trace cannot
     tell them apart by storage, and an ET tensor id (a TensorImpl address) is reused once a
     tensor is freed; the linker renames ET tensors with these numbers instead
-    (tracer.linking.prepare_meta_trace). The mode keeps no tensor alive, so autograd behaves
+    (tracer.meta_trace.prepare_meta_trace). The mode keeps no tensor alive, so autograd behaves
     as without it (AccumulateGrad still steals a gradient nobody else holds)."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils.weak import WeakIdKeyDictionary
