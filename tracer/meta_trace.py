@@ -1,7 +1,7 @@
 """A shape-only run's Execution Trace, made to read like a real one (`prepare_meta_trace`).
 
 tracer.collect records a shape-only iteration on meta tensors under a tagging dispatch mode
-(collect._tagging_mode), which numbers every tensor an operator reads or returns. This module
+(tracer.meta_run.tagging_mode), which numbers every tensor an operator reads or returns. This module
 takes that ET and the mode's numbers and returns an ET that tracer.linking.link reads as it
 reads a CPU or GPU run's. The steps, in order: `_Below` (what ran below the mode),
 `_saved_detaches` (autograd's detaches that only the mode causes), `_kept_nodes` (the ET
@@ -22,7 +22,7 @@ from tracer.et_nodes import is_op, tensor_args, tensor_items
 from tracer.et_storage import STORAGE_BASE
 
 _DISPATCH_MODE = "PythonDispatchMode"
-_STAND_INS = {"aten::scaled_dot_product_attention"}  # collect._cpu_attention's range
+_STAND_INS = {"aten::scaled_dot_product_attention"}  # tracer.meta_run.cpu_attention's range
 
 
 def prepare_meta_trace(et: dict, numbers: list, storages: dict | None = None) -> dict:
@@ -139,7 +139,7 @@ def _kept_nodes(nodes: list, by_id: dict, parent: dict, dropped: _Below) -> list
 
 
 def _stand_in_outputs(kept: list[dict]) -> None:
-    """A range standing in for a composite operator (collect._cpu_attention) has its
+    """A range standing in for a composite operator (tracer.meta_run.cpu_attention) has its
     inputs; its output is its operator's first: set (a deep copy of) it, in place."""
     kids: dict[int, list] = defaultdict(list)
     for n in kept:
