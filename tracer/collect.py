@@ -5,8 +5,9 @@ perf_counter with synchronisation on CPU), then one further iteration recorded w
 torch.profiler (record_shapes, kernels on GPU) and the ExecutionTraceObserver.
 Profiled and timed iterations differ, so profiling overhead stays out of the
 measured time. Peak memory: torch.cuda.max_memory_allocated over the profiled iteration on a
-GPU; on CPU one more iteration under the profiler's memory events (`_cpu_peak_memory`). Shape-only (`shapes_only=True`): the same profiled iteration on meta tensors,
-nothing computed or timed. This module never imports SimPy (it runs on machines without it).
+GPU; on CPU one more iteration under the profiler's memory events (`_cpu_peak_memory`).
+Shape-only (`shapes_only=True`): the same profiled iteration on meta tensors, nothing
+computed or timed (tracer.meta_run). This module never imports SimPy (it runs on machines without it).
 
 `record` runs the model: `_trainable` and `_check_on_meta` check it, `_training_step` is the
 iteration (inside the phase ranges the linker reads), `_profile` runs and profiles it, and

@@ -266,9 +266,8 @@ class _Tensors:
             cat = self.marked.get(key)
             held = self.storage_cat.get(key[1])
             if cat is None and held in ("weight", "gradient", "optimizer_state"):
-                cat = (
-                    "buffer"  # a view of a weight/gradient/state: fixed size, not a copy to reduce
-                )
+                # a view of a weight/gradient/state: fixed size, not a copy to reduce
+                cat = "buffer"
             elif cat is None and held == "input":
                 cat = "input"
             if cat is None:
