@@ -98,7 +98,8 @@ def test_a_tensor_the_mode_numbered_is_never_named_by_a_reused_tensor_id():
     (2, 4, 16, 16) "buffer" in the GPT-2 comparison above, which failed about one full-suite
     run in four. Nor is a wrapped number (`step += 1`), made anew for each call, which the
     mode gets as a Python number. Here: a synthetic ET with those address reuses."""
-    from tracer.linking import link, prepare_meta_trace
+    from tracer.linking import link
+    from tracer.meta_trace import prepare_meta_trace
 
     def side(ts, types=None):
         return {

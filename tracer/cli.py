@@ -1,4 +1,11 @@
-"""`triosim trace`: trace a reference model (or module:function) and save the trace."""
+"""`triosim trace`: trace a reference model (or module:function) and save the trace.
+
+`trace_model` builds the model and calls tracer.collect.collect: for a reference model,
+`_check_reference` (the model and its options), `_optimizer` (what it trains with) and
+`_reference_metadata` (what its trace says beyond collect's), then, with --layers,
+tracer.layers.replicate; a module:function goes through `_trace_function`. `run_trace` is the
+command: it checks the options and the output file before the (long) tracing, and saves.
+"""
 
 from __future__ import annotations
 
@@ -29,41 +36,77 @@ def trace_model(
     import torch
 
     from tracer.collect import collect
-    from tracer.models import LAYERED, LLAMA, MODELS, MasterWeightAdamW, build, num_layers
+    from tracer.models import LAYERED, build
 
     torch.manual_seed(0)
     where = torch.device("meta") if shapes_only else torch.device("cpu")
+    run = dict(batch_size=batch_size, device=device, warmup=warmup, measure=measure)
     if ":" in name:  # module:function returning (model, make_batch, loss_fn)
         if layers is not None:
             raise TracerError("--layers works for the reference transformers only")
-        mod, fn = name.split(":", 1)
-        try:
-            with where:
-                built = getattr(importlib.import_module(mod), fn)()
-        except (ImportError, AttributeError) as e:
-            raise TracerError(f"cannot load {name!r}: {e}") from None
-        if not (isinstance(built, tuple) and len(built) == 3):
-            raise TracerError(
-                f"{name} must return (model, make_batch, loss_fn), got {type(built).__name__}"
-            )
-        model, make_batch, loss_fn = built
-        opt = (
-            torch.optim.Adam(model.parameters(), foreach=True if shapes_only else None)
-            if isinstance(model, torch.nn.Module)
-            else None
+        return _trace_function(name, where, shapes_only, run)
+    total = _check_reference(name, small, layers, master_weights)
+    with where:
+        model, make_batch, loss_fn = build(
+            name,
+            small=small,
+            image_size=image_size,
+            seq_len=seq_len,
+            layers=layers,
+            bf16_params=master_weights,
         )
-        return collect(
-            model,
-            make_batch,
-            loss_fn,
-            opt,
-            batch_size=batch_size,
-            device=device,
-            warmup=warmup,
-            measure=measure,
-            model_name=fn,
-            shapes_only=shapes_only,
+    opt = _optimizer(model, name, shapes_only, master_weights)
+    label = name + ("-small" if small else "") + ("-bf16" if master_weights else "")
+    t = collect(
+        model,
+        make_batch,
+        loss_fn,
+        opt,
+        **run,
+        model_name=label,
+        shapes_only=shapes_only,
+        metadata=_reference_metadata(name, seq_len, master_weights),
+    )
+    if layers is not None and layers != total:
+        from tracer.layers import replicate
+
+        t = replicate(t, LAYERED[name], layers, total)
+    return t
+
+
+def _trace_function(name, where, shapes_only, run):
+    """The trace of a module:function's model (the function returns (model, make_batch,
+    loss_fn); built under `where`, the meta or CPU device), trained with Adam; run: collect's
+    batch_size, device, warmup and measure."""
+    import torch
+
+    from tracer.collect import collect
+
+    mod, fn = name.split(":", 1)
+    try:
+        with where:
+            built = getattr(importlib.import_module(mod), fn)()
+    except (ImportError, AttributeError) as e:
+        raise TracerError(f"cannot load {name!r}: {e}") from None
+    if not (isinstance(built, tuple) and len(built) == 3):
+        raise TracerError(
+            f"{name} must return (model, make_batch, loss_fn), got {type(built).__name__}"
         )
+    model, make_batch, loss_fn = built
+    opt = (
+        torch.optim.Adam(model.parameters(), foreach=True if shapes_only else None)
+        if isinstance(model, torch.nn.Module)
+        else None
+    )
+    return collect(model, make_batch, loss_fn, opt, **run, model_name=fn, shapes_only=shapes_only)
+
+
+def _check_reference(name, small, layers, master_weights):
+    """The number of identical layers of reference model `name` (None for a model without
+    them); TracerError for an unknown model, a --layers the model cannot take, or
+    --master-weights on a model that is no Llama."""
+    from tracer.models import LAYERED, LLAMA, MODELS, num_layers
+
     if name not in MODELS:
         raise TracerError(
             f"unknown model {name!r}; reference models: {', '.join(MODELS)}, "
@@ -82,25 +125,31 @@ def trace_model(
             )
     if master_weights and name not in LLAMA:
         raise TracerError("--master-weights is for the Llama models (bfloat16 training)")
-    with where:
-        model, make_batch, loss_fn = build(
-            name,
-            small=small,
-            image_size=image_size,
-            seq_len=seq_len,
-            layers=layers,
-            bf16_params=master_weights,
-        )
+    return total
+
+
+def _optimizer(model, name, shapes_only, master_weights):
+    """The optimizer a reference model trains with: AdamW as torchtitan sets it for the
+    Llama models (with float32 master weights for --master-weights), Adam for the others."""
+    import torch
+
+    from tracer.models import LLAMA, MasterWeightAdamW
+
     # on CUDA, PyTorch's optimizers default to foreach kernels; a shape-only trace is for a GPU
     foreach = True if shapes_only else None
     adamw = {"lr": 3e-4, "weight_decay": 0.1, "foreach": foreach}  # torchtitan: AdamW
     if master_weights:
-        opt = MasterWeightAdamW(model.parameters(), **adamw)
-    elif name in LLAMA:
-        opt = torch.optim.AdamW(model.parameters(), **adamw)
-    else:
-        opt = torch.optim.Adam(model.parameters(), foreach=foreach)
-    label = name + ("-small" if small else "") + ("-bf16" if master_weights else "")
+        return MasterWeightAdamW(model.parameters(), **adamw)
+    if name in LLAMA:
+        return torch.optim.AdamW(model.parameters(), **adamw)
+    return torch.optim.Adam(model.parameters(), foreach=foreach)
+
+
+def _reference_metadata(name, seq_len, master_weights) -> dict:
+    """What a reference model's trace says beyond collect's metadata: the sequence length of
+    a transformer, the dtype and mixed precision of the Llama models."""
+    from tracer.models import LAYERED, LLAMA
+
     extra = {}
     if name in LAYERED:
         extra["seq_len"] = seq_len
@@ -119,24 +168,7 @@ def trace_model(
             "(torchtitan: FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16), or "
             "autocast)",
         )
-    t = collect(
-        model,
-        make_batch,
-        loss_fn,
-        opt,
-        batch_size=batch_size,
-        device=device,
-        warmup=warmup,
-        measure=measure,
-        model_name=label,
-        shapes_only=shapes_only,
-        metadata=extra,
-    )
-    if layers is not None and layers != total:
-        from tracer.layers import replicate
-
-        t = replicate(t, LAYERED[name], layers, total)
-    return t
+    return extra
 
 
 def trace_file_name(args) -> str:

@@ -5,8 +5,14 @@ perf_counter with synchronisation on CPU), then one further iteration recorded w
 torch.profiler (record_shapes, kernels on GPU) and the ExecutionTraceObserver.
 Profiled and timed iterations differ, so profiling overhead stays out of the
 measured time. Peak memory: torch.cuda.max_memory_allocated over the profiled iteration on a
-GPU; on CPU one more iteration under the profiler's memory events (`_cpu_peak_memory`). Shape-only (`shapes_only=True`): the same profiled iteration on meta tensors,
-nothing computed or timed. This module never imports SimPy (it runs on machines without it).
+GPU; on CPU one more iteration under the profiler's memory events (`_cpu_peak_memory`).
+Shape-only (`shapes_only=True`): the same profiled iteration on meta tensors, nothing
+computed or timed (tracer.meta_run). This module never imports SimPy (it runs on machines without it).
+
+`record` runs the model: `_trainable` and `_check_on_meta` check it, `_training_step` is the
+iteration (inside the phase ranges the linker reads), `_profile` runs and profiles it, and
+`_metadata` says what ran. `collect` then links the traces (tracer.linking; a shape-only run's
+ET first through tracer.meta_trace).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tracer.meta_run import cpu_attention, tagging_mode
 from triosim.common.errors import TracerError
 from triosim.trace.model import Trace
 
@@ -158,7 +165,8 @@ def collect(
     performance model to fill (perfmodel.modelled.model_times). Math modes are those of
     CUDA with PyTorch's default TF32 settings.
     """
-    from tracer.linking import link, node_flops
+    from tracer.linking import link
+    from tracer.torch_flops import node_flops
 
     et_doc, k_doc, meta = record(
         model,
@@ -175,7 +183,7 @@ def collect(
     )
     meta.update(metadata or {})
     if shapes_only:
-        from tracer.linking import prepare_meta_trace
+        from tracer.meta_trace import prepare_meta_trace
 
         et_doc = prepare_meta_trace(
             et_doc,
@@ -194,152 +202,6 @@ def collect(
         for op in trace.operators:
             op.time = 0.0
     return trace
-
-
-def _tagging_mode():
-    """A dispatch mode that numbers every tensor an operator reads or returns, and records
-    each call's numbers in order. Meta tensors have no data, so the Execution Trace cannot
-    tell them apart by storage, and an ET tensor id (a TensorImpl address) is reused once a
-    tensor is freed; the linker renames ET tensors with these numbers instead
-    (tracer.linking.prepare_meta_trace). The mode keeps no tensor alive, so autograd behaves
-    as without it (AccumulateGrad still steals a gradient nobody else holds)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils.weak import WeakIdKeyDictionary
-
-    class Tagging(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.serial = WeakIdKeyDictionary()
-            self.calls: list[tuple[list[int], list[int]]] = []
-            self.storages: dict[int, int] = {}
-            self.count = 0
-
-        def number(self, ts):
-            out = []
-            for t in ts:
-                n = self.serial.get(t)
-                if n is None:
-                    self.count += 1
-                    n = self.serial[t] = self.count
-                    # the storage it lives in (views and saved-tensor handles share it)
-                    self.storages[n] = t.untyped_storage()._cdata
-                out.append(n)
-            return out
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            ins = self.number(_schema_tensors(func, args, kwargs))
-            out = func(*args, **kwargs)
-            self.calls.append((ins, self.number(_tensors(out)), str(func)))
-            return out
-
-    return Tagging()
-
-
-# the record_function name that stands in for the composite attention operator
-SDPA = "aten::scaled_dot_product_attention"
-_FLASH = 1  # torch._fused_sdp_choice's number for flash attention (SDPBackend.FLASH_ATTENTION)
-
-
-@contextlib.contextmanager
-def _cpu_attention():
-    """On the meta device, F.scaled_dot_product_attention takes the math path (matrix
-    products and a softmax) where the CPU, and a GPU, run one fused kernel. While tracing
-    shapes, it asks the CPU which kernel it would pick for these shapes and dtypes (on empty
-    CPU tensors) and, for flash attention, calls that kernel itself inside a range named as
-    the composite operator, which the linker turns back into it."""
-    import torch
-    from torch.nn import functional as F
-
-    original = F.scaled_dot_product_attention
-    choices: dict[tuple, int] = {}
-
-    def cpu(t):
-        if t is None:
-            return None
-        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
-
-    def sdpa(
-        query,
-        key,
-        value,
-        attn_mask=None,
-        dropout_p=0.0,
-        is_causal=False,
-        scale=None,
-        enable_gqa=False,
-    ):
-        if query.device.type != "meta":
-            return original(
-                query,
-                key,
-                value,
-                attn_mask,
-                dropout_p,
-                is_causal,
-                scale=scale,
-                enable_gqa=enable_gqa,
-            )
-        sig = tuple(
-            (t.shape, t.stride(), t.dtype) if t is not None else None
-            for t in (query, key, value, attn_mask)
-        ) + (dropout_p, is_causal, scale, enable_gqa)
-        if sig not in choices:  # asked in the warm-up step, so no profiled step records it
-            choices[sig] = torch._fused_sdp_choice(
-                cpu(query),
-                cpu(key),
-                cpu(value),
-                cpu(attn_mask),
-                dropout_p,
-                is_causal,
-                scale=scale,
-                enable_gqa=enable_gqa,
-            )
-        if choices[sig] != _FLASH:
-            return original(
-                query,
-                key,
-                value,
-                attn_mask,
-                dropout_p,
-                is_causal,
-                scale=scale,
-                enable_gqa=enable_gqa,
-            )
-        with torch._C._profiler._RecordFunctionFast(
-            SDPA, [query, key, value, attn_mask, dropout_p, is_causal]
-        ):
-            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-                query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale
-            )[0]
-
-    F.scaled_dot_product_attention = sdpa
-    try:
-        yield
-    finally:
-        F.scaled_dot_product_attention = original
-
-
-def _tensors(x):
-    import torch
-
-    if torch.is_tensor(x):
-        return [x]
-    if isinstance(x, (list, tuple)):
-        return [t for v in x for t in _tensors(v)]
-    return []
-
-
-def _schema_tensors(func, args, kwargs):
-    """The tensors among an operator's arguments in schema order (what the ET records)."""
-    schema = getattr(func, "_schema", None)
-    if schema is None:
-        return _tensors(list(args) + list(kwargs.values()))
-    out = []
-    for i, arg in enumerate(schema.arguments):
-        v = args[i] if i < len(args) else kwargs.get(arg.name)
-        out += _tensors(v)
-    return out
 
 
 def record(
@@ -366,49 +228,23 @@ def record(
         import torch
     except ImportError:
         raise TracerError("tracing needs PyTorch: pip install 'triosim[trace]'") from None
-    if not isinstance(model, torch.nn.Module):
-        raise TracerError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    params = [p for _, p in named]
-    if not params:
-        raise TracerError(
-            f"model {model_name or type(model).__name__} has no trainable "
-            "parameters: nothing to train, so nothing to trace"
-        )
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise TracerError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    named = _trainable(torch, model, model_name, batch_size)
     if shapes_only:
-        off = sorted({str(p.device) for p in params} - {"meta"})
-        if off:
-            raise TracerError(
-                f"a shape-only trace needs the model on the meta device (build it "
-                f"under `with torch.device('meta'):`); parameters are on {off}"
-            )
+        _check_on_meta(named)
         device, warmup, measure = "meta", 1, 0
     elif device.startswith("cuda") and not torch.cuda.is_available():
         raise TracerError("device 'cuda' asked for, but torch.cuda.is_available() is False")
     gpu = device.startswith("cuda")
     rec = _record_fast if shapes_only else _record
     (model if shapes_only else model.to(device)).train()
+    step = _training_step(model, loss_fn, optimizer, rec)
 
     def sync():
         if gpu:
             torch.cuda.synchronize()
 
-    def step(batch):
-        x, y = batch
-        optimizer.zero_grad(set_to_none=True)
-        with rec("## forward ##"):
-            out = model(x)
-            with rec("## module loss ##"):
-                loss = loss_fn(out, y)
-        with rec("## backward ##"):
-            loss.backward()
-        with rec("## optimizer ##"):
-            optimizer.step()
-
     try:
-        with _cpu_attention() if shapes_only else contextlib.nullcontext():
+        with cpu_attention() if shapes_only else contextlib.nullcontext():
             et_doc, k_doc, times, memory = _profile(
                 model,
                 make_batch,
@@ -427,11 +263,96 @@ def record(
         raise
     except Exception as e:  # the user's model, batch or loss raised
         raise TracerError(f"the model raised while tracing: {type(e).__name__}: {e}") from e
+    meta = _metadata(
+        torch,
+        model_name or type(model).__name__,
+        optimizer,
+        [p for _, p in named],
+        batch_size=batch_size,
+        device=device,
+        dtype=dtype,
+        warmup=warmup,
+        measure=measure,
+        times=times,
+        memory=memory,
+        shapes_only=shapes_only,
+        et_schema=et_doc.get("schema"),
+    )
+    if shapes_only:
+        meta.update(_SHAPE_ONLY_METADATA)
+    return et_doc, k_doc, meta
 
-    cudnn_tf32 = bool(torch.backends.cudnn.allow_tf32)
-    matmul_tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
-    meta = {
-        "model": model_name or type(model).__name__,
+
+def _trainable(torch, model, model_name, batch_size) -> list:
+    """The model's trainable (name, parameter) pairs; TracerError unless `model` is a
+    torch.nn.Module with some and batch_size is an integer >= 1."""
+    if not isinstance(model, torch.nn.Module):
+        raise TracerError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    if not named:
+        raise TracerError(
+            f"model {model_name or type(model).__name__} has no trainable "
+            "parameters: nothing to train, so nothing to trace"
+        )
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise TracerError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    return named
+
+
+def _check_on_meta(named) -> None:
+    """TracerError unless every parameter is on the meta device (a shape-only trace)."""
+    off = sorted({str(p.device) for _, p in named} - {"meta"})
+    if off:
+        raise TracerError(
+            f"a shape-only trace needs the model on the meta device (build it "
+            f"under `with torch.device('meta'):`); parameters are on {off}"
+        )
+
+
+def _training_step(model, loss_fn, optimizer, rec):
+    """step(batch): one training iteration on batch = (inputs, target), its phases inside
+    the "## forward ##", "## module loss ##", "## backward ##" and "## optimizer ##" ranges
+    that the linker reads (`rec` opens a range)."""
+
+    def step(batch):
+        x, y = batch
+        optimizer.zero_grad(set_to_none=True)
+        with rec("## forward ##"):
+            out = model(x)
+            with rec("## module loss ##"):
+                loss = loss_fn(out, y)
+        with rec("## backward ##"):
+            loss.backward()
+        with rec("## optimizer ##"):
+            optimizer.step()
+
+    return step
+
+
+def _metadata(
+    torch,
+    model_label,
+    optimizer,
+    params,
+    *,
+    batch_size,
+    device,
+    dtype,
+    warmup,
+    measure,
+    times,
+    memory,
+    shapes_only,
+    et_schema,
+) -> dict:
+    """The trace's metadata from a run: what ran (model, batch, device, dtype, optimizer,
+    parameter count), the math settings PyTorch holds now (read after the run), the
+    measured iteration times and memory (memory = (peak bytes, bytes at the step's start)),
+    and where times and memory come from. A shape-only trace updates it with
+    `_SHAPE_ONLY_METADATA`."""
+    gpu = device.startswith("cuda")
+    return {
+        "model": model_label,
         "batch_size": batch_size,
         "device": device,
         "gpu": torch.cuda.get_device_name() if gpu else "cpu",
@@ -439,8 +360,8 @@ def record(
         "dtype": dtype,
         # the math float32 convolutions and matrix products ran in (TF32 or not): PyTorch's
         # defaults are cudnn.allow_tf32 = True, cuda.matmul.allow_tf32 = False ("highest")
-        "cudnn_allow_tf32": cudnn_tf32,
-        "matmul_allow_tf32": matmul_tf32,
+        "cudnn_allow_tf32": bool(torch.backends.cudnn.allow_tf32),
+        "matmul_allow_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "optimizer": type(optimizer).__name__,
         "parameters": int(sum(p.numel() for p in params)),
@@ -458,22 +379,21 @@ def record(
             else "CPU profiler memory events (profile_memory=True) "
             "plus the tensors alive at the step's start"
         ),
-        "et_schema": et_doc.get("schema"),
+        "et_schema": et_schema,
         "time_source": "union of GPU kernel busy time" if gpu else "CPU operator duration",
     }
-    if shapes_only:
-        meta.update(
-            {
-                "gpu": None,  # set by the performance model that times the operators
-                "shapes_only": True,
-                "measured_iteration_time_stdev": None,
-                "time_source": "none yet: a shape-only trace (meta tensors, nothing computed); "
-                "times come from a performance model",
-                "math_source": "assumed: CUDA with this process's TF32 settings (PyTorch's "
-                "defaults: convolutions in TF32, matrix products in float32)",
-            }
-        )
-    return et_doc, k_doc, meta
+
+
+# what a shape-only trace's metadata says instead: nothing was timed on any GPU
+_SHAPE_ONLY_METADATA = {
+    "gpu": None,  # set by the performance model that times the operators
+    "shapes_only": True,
+    "measured_iteration_time_stdev": None,
+    "time_source": "none yet: a shape-only trace (meta tensors, nothing computed); "
+    "times come from a performance model",
+    "math_source": "assumed: CUDA with this process's TF32 settings (PyTorch's "
+    "defaults: convolutions in TF32, matrix products in float32)",
+}
 
 
 def _profile(
@@ -517,7 +437,7 @@ def _profile(
         torch.cuda.reset_peak_memory_stats()
         start_bytes = int(torch.cuda.memory_allocated())
     handles = _module_markers(model, rec)
-    tags = _tagging_mode() if shapes_only else contextlib.nullcontext()
+    tags = tagging_mode() if shapes_only else contextlib.nullcontext()
     with tempfile.TemporaryDirectory() as tmp:
         et_path, k_path = Path(tmp) / "et.json", Path(tmp) / "kineto.json"
         et = ExecutionTraceObserver().register_callback(str(et_path))

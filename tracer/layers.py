@@ -11,6 +11,11 @@ the head reads the last copy's output. An optimizer operator over tensor lists (
 gets the copies' weights, gradients and states added to its lists, and its FLOPs (and time)
 grow with the bytes of its lists.
 
+The steps: `_check_layers` (the trace has layers 0..k-1, L a multiple of k),
+`tracer.layer_block.find_block` (what the traced layers own and how copies chain),
+`_tensor_maps` and `_operator_maps` (the copies' new ids), `_assemble` (the operators in
+order), `_metadata`. The input trace is not changed; the result shares its Tensor objects.
+
 Pure Python on the trace: no PyTorch needed.
 """
 
@@ -19,16 +24,11 @@ from __future__ import annotations
 import math
 import re
 
+from tracer.layer_block import Block, find_block
+from tracer.layer_block import layer_index as _index
 from triosim.common.errors import TracerError
 from triosim.trace.flops import forward_flops
 from triosim.trace.model import Operator, Tensor, Trace
-
-
-def _index(name: str, prefix: str) -> int | None:
-    """The layer number of a module path or parameter name under `prefix` ("layers.3.x" ->
-    3), or None."""
-    m = re.match(rf"^{re.escape(prefix)}\.(\d+)(?:\.|$)", name or "")
-    return int(m.group(1)) if m else None
 
 
 def _rename(name: str | None, prefix: str, shift: int) -> str | None:
@@ -43,135 +43,49 @@ def _rename(name: str | None, prefix: str, shift: int) -> str | None:
 def replicate(trace: Trace, prefix: str, traced: int, total: int) -> Trace:
     """A new trace of `total` layers from `trace`, which has layers prefix.0 .. prefix.(traced-1)
     of a model whose layers are identical. `total` must be a multiple of `traced`."""
+    layer_of = _check_layers(trace, prefix, traced, total)
+    copies = total // traced
+    if copies == 1:
+        return trace
+    ops = trace.operators
+    block = find_block(ops, trace.tensors, layer_of, prefix)
+    new_tensors, maps = _tensor_maps(trace.tensors, block, copies, prefix, traced)
+    op_maps = _operator_maps(ops, block, copies)
+    out = _assemble(ops, trace.tensors, new_tensors, block, maps, op_maps, prefix, traced)
+    meta = _metadata(trace.metadata, new_tensors, prefix, traced, total)
+    return Trace(out, new_tensors, meta).validate()
+
+
+def _check_layers(trace: Trace, prefix: str, traced: int, total: int) -> dict:
+    """Operator id -> its layer number under `prefix` (None outside); TracerError unless
+    `total` is a multiple of `traced` and the trace has exactly layers 0..traced-1."""
     if traced < 1 or total < traced or total % traced:
         raise TracerError(
             f"cannot replicate {traced} traced layers to {total}: the model's "
             "layer count must be a multiple of the traced one"
         )
-    copies = total // traced
-    ops = trace.operators
-    tensors = trace.tensors
-    layer_of = {o.id: _index(o.layer, prefix) for o in ops}
+    layer_of = {o.id: _index(o.layer, prefix) for o in trace.operators}
     seen_layers = {i for i in layer_of.values() if i is not None}
     if seen_layers != set(range(traced)):
         raise TracerError(
             f"the trace's layers under '{prefix}' are {sorted(seen_layers)}; "
             f"expected 0..{traced - 1}"
         )
-    if copies == 1:
-        return trace
+    return layer_of
 
-    # -- which tensors belong to the traced layers ---------------------------------------------
-    producer: dict[int, Operator] = {}
-    for o in ops:
-        for t in o.outputs:
-            if t not in o.inputs:
-                producer.setdefault(t, o)
-    in_block = {o.id for o in ops if layer_of[o.id] is not None}
-    named_block = {t.id for t in tensors.values() if _index(t.name, prefix) is not None}
-    # a for-loop optimizer's operators on one traced layer's parameters, and the temporaries
-    # they make (sqrt, div of one parameter's state)
-    per_param: set[int] = set()
-    temps: set[int] = set()
-    for o in ops:
-        if o.phase != "optimizer":
-            continue
-        named = [t for t in o.inputs + o.outputs if tensors[t].name]
-        unnamed_in = [t for t in o.inputs if not tensors[t].name and len(tensors[t].shape)]
-        if (named and all(t in named_block for t in named)) or (
-            not named and unnamed_in and all(t in temps for t in unnamed_in)
-        ):
-            per_param.add(o.id)
-            temps.update(t for t in o.outputs if not tensors[t].name)
-        elif o.outputs and len(o.inputs) % len(o.outputs) == 0:
-            # a foreach operator returning a list: its k-th output is its k-th input's
-            for t_in, t_out in zip(o.inputs, o.outputs, strict=False):
-                if (t_in in named_block or t_in in temps) and not tensors[t_out].name:
-                    temps.add(t_out)
-    # and every tensor a traced layer's operator is the first to touch (activations, views
-    # of weights, a backward operator's temporaries)
-    first: dict[int, Operator] = {}
-    for o in ops:
-        for t in o.inputs + o.outputs:
-            first.setdefault(t, o)
-    owned = set(named_block) | temps
-    for t, o in first.items():
-        if (
-            (o.id in in_block or o.id in per_param)
-            and not tensors[t].name
-            and (tensors[t].category != "input")
-        ):
-            owned.add(t)
 
-    def batch_scaled(t):
-        return tensors[t].category in ("activation", "input")
-
-    block_fwd = [o for o in ops if o.id in in_block and o.phase == "forward"]
-    block_bwd = [o for o in ops if o.id in in_block and o.phase == "backward"]
-    read_fwd = {t for o in block_fwd for t in o.inputs}
-    read_bwd = {t for o in block_bwd for t in o.inputs}
-    fwd_entry = sorted(
-        t
-        for t in read_fwd
-        if t not in owned
-        and batch_scaled(t)
-        and (t not in producer or producer[t].phase == "forward")
-    )
-    bwd_entry = sorted(
-        t
-        for t in read_bwd - read_fwd
-        if t not in owned and batch_scaled(t) and t in producer and producer[t].phase == "backward"
-    )
-    outside = [o for o in ops if o.id not in in_block and o.phase != "optimizer"]
-    fwd_exit = sorted(
-        {
-            t
-            for o in outside
-            if o.phase == "forward"
-            for t in o.inputs
-            if t in owned and producer.get(t) and producer[t].phase == "forward"
-        }
-    )
-    bwd_exit = sorted(
-        {
-            t
-            for o in outside
-            if o.phase == "backward"
-            for t in o.inputs
-            if t in owned and producer.get(t) and producer[t].phase == "backward"
-        }
-    )
-
-    def pair(entry, exit_, what):
-        if len(entry) != len(exit_):
-            raise TracerError(
-                f"cannot chain copies of '{prefix}': the traced layers read "
-                f"{len(entry)} {what} tensors from outside and pass on "
-                f"{len(exit_)}"
-            )
-        by_shape = {}
-        for t in exit_:
-            by_shape.setdefault((tensors[t].shape, tensors[t].dtype), []).append(t)
-        out = {}
-        for t in entry:
-            cands = by_shape.get((tensors[t].shape, tensors[t].dtype), [])
-            if len(cands) != 1:
-                raise TracerError(
-                    f"cannot chain copies of '{prefix}': {what} tensor "
-                    f"{tensors[t].shape} has {len(cands)} matching outputs"
-                )
-            out[t] = cands[0]
-        return out
-
-    fwd_pairs = pair(fwd_entry, fwd_exit, "forward")  # entry -> exit
-    bwd_pairs = pair(bwd_entry, bwd_exit, "gradient")
-
-    # -- tensor maps per copy ------------------------------------------------------------------
+def _tensor_maps(
+    tensors: dict[int, Tensor], block: Block, copies: int, prefix: str, traced: int
+) -> tuple[dict[int, Tensor], list[dict[int, int]]]:
+    """(new_tensors, maps): the trace's tensors plus, for each copy c >= 1, a new tensor
+    per owned one (new ids after the largest, in copy then id order; names moved c * traced
+    layers on); maps[c]: tensor id -> the id copy c uses in its place (maps[0] only the
+    backward entries), so copy c reads copy c-1's forward output and copy c+1's gradient."""
     next_tensor = max(tensors) + 1
     new_tensors: dict[int, Tensor] = dict(tensors)
     maps: list[dict[int, int]] = [{} for _ in range(copies)]
     for c in range(1, copies):
-        for t in sorted(owned):
+        for t in sorted(block.owned):
             src = tensors[t]
             new_tensors[next_tensor] = Tensor(
                 next_tensor,
@@ -184,46 +98,50 @@ def replicate(trace: Trace, prefix: str, traced: int, total: int) -> Trace:
             maps[c][t] = next_tensor
             next_tensor += 1
     for c in range(1, copies):
-        for entry, exit_ in fwd_pairs.items():
+        for entry, exit_ in block.fwd_pairs.items():
             maps[c][entry] = maps[c - 1].get(exit_, exit_)
     for c in range(copies - 1):
-        for entry, exit_ in bwd_pairs.items():
+        for entry, exit_ in block.bwd_pairs.items():
             maps[c][entry] = maps[c + 1].get(exit_, exit_)
+    return new_tensors, maps
 
-    def mapped(ids, m):
-        return tuple(m.get(t, t) for t in ids)
 
-    # -- operators -------------------------------------------------------------------------------
+def _operator_maps(ops: list[Operator], block: Block, copies: int) -> list[dict[int, int]]:
+    """op_maps[c] (c >= 1): operator id -> its copy's id, for the block's operators and the
+    per-parameter optimizer ones (new ids after the largest, in copy then trace order)."""
     next_op = max(o.id for o in ops) + 1
     op_maps: list[dict[int, int]] = [{} for _ in range(copies)]
     for c in range(1, copies):
         for o in ops:
-            if o.id in in_block or o.id in per_param:
+            if o.id in block.in_block or o.id in block.per_param:
                 op_maps[c][o.id] = next_op
                 next_op += 1
+    return op_maps
 
-    def copy_op(o, c):
-        m = maps[c]
-        fwd = op_maps[c].get(o.fwd_id, o.fwd_id) if o.fwd_id is not None else None
-        return Operator(
-            op_maps[c][o.id],
-            o.name,
-            _rename(o.layer, prefix, c * traced),
-            o.phase,
-            o.time,
-            mapped(o.inputs, m),
-            mapped(o.outputs, m),
-            o.flops,
-            fwd,
-            o.kernels,
-            o.tp_split,
-            o.math,
-        )
 
-    last_fwd = max(i for i, o in enumerate(ops) if o.id in in_block and o.phase == "forward")
-    first_bwd = min(i for i, o in enumerate(ops) if o.id in in_block and o.phase == "backward")
-    # runs of consecutive per-parameter operators (an optimizer may loop over the parameters
-    # more than once): each run's copies go after it
+def _remapped(o: Operator, m: dict, op_id: int, layer: str, fwd_id) -> Operator:
+    """A new Operator like `o`, with id, layer and fwd_id given and its tensors through `m`
+    (an id not in `m` stays)."""
+    return Operator(
+        op_id,
+        o.name,
+        layer,
+        o.phase,
+        o.time,
+        tuple(m.get(t, t) for t in o.inputs),
+        tuple(m.get(t, t) for t in o.outputs),
+        o.flops,
+        fwd_id,
+        o.kernels,
+        o.tp_split,
+        o.math,
+    )
+
+
+def _per_param_runs(ops: list[Operator], per_param: set[int]) -> dict[int, list[int]]:
+    """Runs of consecutive per-parameter operators (an optimizer may loop over the
+    parameters more than once), by the index of each run's last operator -> the run's
+    indices in `ops`: each run's copies go after it."""
     runs: dict[int, list[int]] = {}
     run: list[int] = []
     for i, o in enumerate(ops):
@@ -234,68 +152,63 @@ def replicate(trace: Trace, prefix: str, traced: int, total: int) -> Trace:
             run = []
     if run:
         runs[run[-1]] = run
+    return runs
+
+
+def _assemble(ops, tensors, new_tensors, block, maps, op_maps, prefix, traced) -> list[Operator]:
+    """The replicated trace's operators: the trace's in order (the traced layers' through
+    maps[0], the others reading the last copy's output where they read the block's, a
+    foreach optimizer operator's lists extended), the backward copies (last first) before
+    the first traced backward operator, the forward copies after the last traced forward
+    one, each run of per-parameter operators' copies after it. Copy ids come from op_maps,
+    tensor ids from maps (`_tensor_maps`, `_operator_maps`)."""
+    copies = len(maps)
+
+    def copy_op(o, c):
+        fwd = op_maps[c].get(o.fwd_id, o.fwd_id) if o.fwd_id is not None else None
+        return _remapped(o, maps[c], op_maps[c][o.id], _rename(o.layer, prefix, c * traced), fwd)
+
+    in_block, per_param = block.in_block, block.per_param
+    last_fwd = max(i for i, o in enumerate(ops) if o.id in in_block and o.phase == "forward")
+    first_bwd = min(i for i, o in enumerate(ops) if o.id in in_block and o.phase == "backward")
+    runs = _per_param_runs(ops, per_param)
     head = maps[copies - 1]  # what the head reads: the last copy's output
+    fm = {t: head[t] for t in block.fwd_exit if t in head}
     out: list[Operator] = []
     for i, o in enumerate(ops):
         if i == first_bwd:
             for c in range(copies - 1, 0, -1):
-                out += [copy_op(b, c) for b in block_bwd]
+                out += [copy_op(b, c) for b in block.block_bwd]
         if o.id in in_block or o.id in per_param:
-            m = maps[0]
-            out.append(
-                Operator(
-                    o.id,
-                    o.name,
-                    o.layer,
-                    o.phase,
-                    o.time,
-                    mapped(o.inputs, m),
-                    mapped(o.outputs, m),
-                    o.flops,
-                    o.fwd_id,
-                    o.kernels,
-                    o.tp_split,
-                    o.math,
-                )
-            )
+            out.append(_remapped(o, maps[0], o.id, o.layer, o.fwd_id))
         elif o.phase == "optimizer":
-            out.append(_extended(o, tensors, new_tensors, owned, maps))
+            out.append(_extended(o, tensors, new_tensors, block.owned, maps))
         else:
-            fm = {t: head[t] for t in fwd_exit if t in head}
-            out.append(
-                Operator(
-                    o.id,
-                    o.name,
-                    o.layer,
-                    o.phase,
-                    o.time,
-                    mapped(o.inputs, fm),
-                    mapped(o.outputs, fm),
-                    o.flops,
-                    o.fwd_id,
-                    o.kernels,
-                    o.tp_split,
-                    o.math,
-                )
-            )
+            out.append(_remapped(o, fm, o.id, o.layer, o.fwd_id))
         if i == last_fwd:
             for c in range(1, copies):
-                out += [copy_op(f, c) for f in block_fwd]
+                out += [copy_op(f, c) for f in block.block_fwd]
         if i in runs:
             for c in range(1, copies):
                 out += [copy_op(ops[j], c) for j in runs[i]]
-    meta = dict(trace.metadata)
+    return out
+
+
+def _metadata(metadata: dict, new_tensors, prefix: str, traced: int, total: int) -> dict:
+    """A copy of the trace's metadata saying how the layers were replicated, with the
+    parameter count of all `total` layers (where the trace counts parameters)."""
+    meta = dict(metadata)
     weights = [t for t in new_tensors.values() if t.category == "weight"]
     meta["layers"] = {
         "module": prefix,
         "traced": traced,
         "total": total,
         "how": f"layers {prefix}.0-{traced - 1} traced and replicated "
-        f"{copies} times (tracer.layers.replicate)",
+        f"{total // traced} times (tracer.layers.replicate)",
     }
     if weights and meta.get("parameters"):
         meta["parameters"] = int(sum(math.prod(t.shape) for t in weights))
-    return Trace(out, new_tensors, meta).validate()
+    return meta
 
 
 def _extended(o: Operator, tensors, new_tensors, owned, maps) -> Operator:
