@@ -310,7 +310,7 @@ def activation_plan(trace, extrapolator) -> dict:
         k = key(t)
         size[k] = max(size.get(k, 0.0), tensors[t].nbytes)
     # a shape-only trace cannot tell a saved tensor from a temporary its meta kernels made
-    # (tracer.linking drops what ran below the dispatch mode): no births moved there
+    # (tracer.meta_trace drops what ran below the dispatch mode): no births moved there
     measured = not trace.metadata.get("shapes_only")
     seen: set = set()
     born: dict = {}  # storage -> forward op id it was made in
