@@ -374,6 +374,46 @@ def plot_overview(
     return _save(fig, path)
 
 
+# -- memory over time ---------------------------------------------------------------------------------
+
+
+def plot_memory(memory, gpus, peak_memory: dict, capacity, verdict: str, path, max_gpus=4) -> Path:
+    """Stacked memory over time (`memory`: Result.memory) for the first `max_gpus` of
+    `gpus`, the peak GPU among them; the usable capacity drawn where a GPU comes near it.
+    Written straight to `path` (Result.save writes it beside and renames)."""
+    plt = _pyplot()
+    from triosim.results.memory import CATEGORIES
+
+    peak_gpu = max(peak_memory, key=peak_memory.get) if peak_memory else None
+    gpus = list(dict.fromkeys([peak_gpu, *gpus[:max_gpus]]))[:max_gpus]
+    fig, axes = plt.subplots(
+        len(gpus), 1, figsize=(9, 1.2 + 1.8 * len(gpus)), sharex=True, squeeze=False
+    )
+    for ax, g in zip(axes[:, 0], gpus, strict=True):
+        d = memory[memory["gpu"] == g]
+        ax.stackplot(
+            d["time"] * 1e3,
+            *[d[c] / 1e9 for c in CATEGORIES],
+            step="post",
+            labels=[c.replace("_", " ") for c in CATEGORIES],
+        )
+        if capacity is not None and peak_memory.get(g, 0) > 0.5 * capacity:
+            ax.axhline(capacity / 1e9, color="red", ls="--", lw=1, label="usable")
+        ax.set_ylabel(f"GPU {g}\nGB")
+    axes[0, 0].legend(loc="upper left", fontsize=7, ncol=3)
+    axes[-1, 0].set_xlabel("time (ms)")
+    axes[0, 0].set_title(
+        f"memory per GPU (peak {max(peak_memory.values(), default=0) / 1e9:.3f} GB; "
+        f"fits: {verdict})",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 # -- a saved result folder -------------------------------------------------------------------------
 
 
