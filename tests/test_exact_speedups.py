@@ -275,7 +275,7 @@ def test_memory_curves_do_not_depend_on_the_timeline_row_order():
 
 def test_vectorised_union_is_the_loop_union():
     from triosim.common.intervals import union_length
-    from triosim.results.result import union_sorted
+    from triosim.results.unions import union_sorted
 
     rng = np.random.default_rng(5)
     for trial in range(300):
@@ -687,7 +687,7 @@ def test_grouped_unions_are_each_groups_union(seed, groups, n, pad):
     # every group's union length, all at once, bit for bit as one union_sorted per group
     # (coarse grids: ties, touching and nested intervals; groups with no interval), through
     # the padded matrix and through the per-group fallback
-    import triosim.results.result as res
+    import triosim.results.unions as res
 
     rng = np.random.default_rng(seed)
     grid = rng.choice([1e-3, 1e-4 / 3, 0.1])

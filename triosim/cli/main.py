@@ -360,9 +360,54 @@ def _sweep_where(workers, scheduler) -> str:
     return f"on {kind} {workers} worker processes"
 
 
-def cmd_sweep(args) -> int:
+def _note_dropped(pts) -> None:
+    """A note per group of points whose selector left base fields out (of another part)."""
+    dropped: dict = {}  # the points' selector values -> base fields left out of them
+    for p in pts:
+        if p.dropped:
+            sections = {f.split(".")[0] for f in p.dropped}
+            where = ", ".join(
+                f"{k}={v}" for k, v in p.params.items() if k.split(".")[0] in sections
+            )
+            dropped.setdefault(where, set()).update(p.dropped)
+    for where, fields in dropped.items():
+        print(
+            f"note: with {where}, the base's {', '.join(sorted(fields))} (fields of another "
+            "part) are left out"
+        )
+
+
+def _say_resuming(folder: Path, plan) -> None:
+    done = len(plan.earlier) - plan.failed_kept
+    print(
+        f"resuming {folder}/: {done} finished earlier, "
+        + (
+            f"{plan.failed_kept} failed earlier (kept: --retry-failed reruns them), "
+            if plan.failed_kept
+            else ""
+        )
+        + (f"{plan.retried} failed earlier (retried), " if plan.retried else "")
+        + (f"{len(plan.todo)} to run" if plan.todo else "nothing to run")
+    )
+
+
+def _print_sweep_table(df, pts, bad) -> None:
+    """Each point's parameters and SHOWN results (and error, cut to 80 characters)."""
     import pandas as pd
 
+    params = list(dict.fromkeys(k for p in pts for k in p.params))
+    shown = df[["point", *params, *(c for c in SHOWN if c in df)]].copy()
+    if bad.any():
+        shown["error"] = [
+            f"{t}: {e}"[:80] if b else ""
+            for t, e, b in zip(df["error_type"], df["error"], bad, strict=True)
+        ]
+    with pd.option_context("display.max_rows", 200, "display.width", 200):
+        print()
+        print(shown.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+
+
+def cmd_sweep(args) -> int:
     from triosim.studies import sweep as sw
 
     path = Path(args.grid)
@@ -383,31 +428,9 @@ def cmd_sweep(args) -> int:
         inputs = [path, spec.base_file, *{p.config.trace_path() for p in pts}]
         _spare_inputs(folder, [*own, *written_before(folder, "sweep")], [i for i in inputs if i])
         _clear_earlier(folder, own, "sweep")
-    dropped: dict = {}  # the points' selector values -> base fields left out of them
-    for p in pts:
-        if p.dropped:
-            sections = {f.split(".")[0] for f in p.dropped}
-            where = ", ".join(
-                f"{k}={v}" for k, v in p.params.items() if k.split(".")[0] in sections
-            )
-            dropped.setdefault(where, set()).update(p.dropped)
-    for where, fields in dropped.items():
-        print(
-            f"note: with {where}, the base's {', '.join(sorted(fields))} (fields of another "
-            "part) are left out"
-        )
+    _note_dropped(pts)
     if plan.earlier or plan.retried:
-        done = len(plan.earlier) - plan.failed_kept
-        print(
-            f"resuming {folder}/: {done} finished earlier, "
-            + (
-                f"{plan.failed_kept} failed earlier (kept: --retry-failed reruns them), "
-                if plan.failed_kept
-                else ""
-            )
-            + (f"{plan.retried} failed earlier (retried), " if plan.retried else "")
-            + (f"{len(plan.todo)} to run" if plan.todo else "nothing to run")
-        )
+        _say_resuming(folder, plan)
     # no more worker processes than points to run (--workers 1000 for 12 points: 12)
     workers = max(1, min(args.workers or os.cpu_count() or 1, len(plan.todo)))
     if plan.todo:
@@ -421,17 +444,8 @@ def cmd_sweep(args) -> int:
             file=sys.stderr,
         )
         return 130
-    params = list(dict.fromkeys(k for p in pts for k in p.params))
-    shown = df[["point", *params, *(c for c in SHOWN if c in df)]].copy()
     bad = sw.failed(df)
-    if bad.any():
-        shown["error"] = [
-            f"{t}: {e}"[:80] if b else ""
-            for t, e, b in zip(df["error_type"], df["error"], bad, strict=True)
-        ]
-    with pd.option_context("display.max_rows", 200, "display.width", 200):
-        print()
-        print(shown.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    _print_sweep_table(df, pts, bad)
     files = " and ".join(str(f) for f in sw.write_table(df, folder))
     print(f"\ntable written to {files} ({len(df)} rows, {len(df.columns)} columns)")
     if bad.any():  # the table is written; the exit status says not every point ran
@@ -601,16 +615,12 @@ def _with_fields_help(parser) -> None:
     parser.format_help = format_help
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="triosim",
-        description="Predict multi-GPU DNN training iteration time from a single-GPU trace.",
-        epilog=EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    sub = p.add_subparsers(dest="command", required=True)
+# -- the commands' arguments ----------------------------------------------------------------------
+# One function per command: it adds the command's parser to `sub` and sets `func`, the
+# cmd_* function that reads its arguments. build_parser calls them in `triosim --help` order.
 
+
+def _simulate_arguments(sub) -> None:
     s = sub.add_parser(
         "simulate",
         help="run the simulation a YAML config describes",
@@ -638,12 +648,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_simulate)
     _with_fields_help(s)
 
+
+def _info_arguments(sub) -> None:
     i = sub.add_parser(
         "info", help="describe a trace", description="Load, validate and describe a trace."
     )
     i.add_argument("trace", help="a .trace.json(.gz) file or a TrioSim CSV folder")
     i.set_defaults(func=cmd_info)
 
+
+def _import_arguments(sub) -> None:
     im = sub.add_parser(
         "import",
         help="convert an original TrioSim trace.csv + tensor.csv",
@@ -658,6 +672,8 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("--force", action="store_true", help="overwrite an existing output file")
     im.set_defaults(func=cmd_import)
 
+
+def _trace_arguments(sub) -> None:
     t = sub.add_parser(
         "trace",
         help="trace one training iteration of a model with PyTorch",
@@ -720,6 +736,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     t.set_defaults(func=cmd_trace)
 
+
+def _search_arguments(sub) -> None:
     se = sub.add_parser(
         "search",
         help="rank every way to spread a trace over the GPUs",
@@ -739,10 +757,8 @@ def build_parser() -> argparse.ArgumentParser:
     se.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a field")
     se.set_defaults(func=cmd_search)
 
-    from triosim.cli.collectives import add_commands
 
-    add_commands(sub)  # collectives, calibrate
-
+def _sweep_arguments(sub) -> None:
     w = sub.add_parser(
         "sweep",
         help="run a grid of configs: one table (CSV, Parquet), resumable",
@@ -785,6 +801,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     w.set_defaults(func=cmd_sweep)
 
+
+def _compare_arguments(sub) -> None:
     c = sub.add_parser(
         "compare",
         help="runs side by side: configs (run now) or result folders",
@@ -800,6 +818,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--force", action="store_true", help="overwrite the --out PNG if it exists")
     c.set_defaults(func=cmd_compare)
 
+
+def _plot_arguments(sub) -> None:
     pl = sub.add_parser(
         "plot",
         help="figures of a result folder or of a sweep table",
@@ -843,6 +863,31 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: every other parameter that varies); repeatable",
     )
     pl.set_defaults(func=cmd_plot)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="triosim",
+        description="Predict multi-GPU DNN training iteration time from a single-GPU trace.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    _simulate_arguments(sub)
+    _info_arguments(sub)
+    _import_arguments(sub)
+    _trace_arguments(sub)
+    _search_arguments(sub)
+
+    from triosim.cli.collectives import add_commands
+
+    add_commands(sub)  # collectives, calibrate
+
+    _sweep_arguments(sub)
+    _compare_arguments(sub)
+    _plot_arguments(sub)
     return p
 
 

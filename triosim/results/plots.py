@@ -261,32 +261,15 @@ def _busiest_links(ax, links, top=30):
 
 
 def _drawn_links(ax, links, src, dst, pos, kind):
+    """Each link direction an arrow (a line past 128 GPUs) on the GPUs' drawing at `pos`,
+    coloured by its utilisation; returns the note for the title."""
     from matplotlib.cm import ScalarMappable
-    from matplotlib.collections import LineCollection
 
     plt = _pyplot()
     xy = np.array(list(pos.values()), dtype=float)
     small = len(pos) <= 128
     unit = 1.0 if kind in GRID_KINDS else 2 * math.sin(math.pi / max(len(pos), 2))  # one hop
-    offset = 0.07 * unit  # the two directions of a link side by side
-    segments, values, far = [], [], []
-    for s, t, u in zip(src, dst, links["utilisation"], strict=True):
-        (x0, y0), (x1, y1) = pos[s], pos[t]
-        dx, dy = x1 - x0, y1 - y0
-        length = math.hypot(dx, dy)
-        if kind == "torus2d" and length > 1.5 * unit:  # a wrap-around link: a stub outwards
-            dx, dy = -np.sign(dx) * 0.45 * unit, -np.sign(dy) * 0.45 * unit
-            x1, y1, length = x0 + dx, y0 + dy, 0.45 * unit
-        if length == 0:
-            continue
-        far.append(length > 1.5 * unit)  # not a neighbour (a photonic circuit): drawn curved
-        nx_, ny_ = dy / length * offset, -dx / length * offset  # to the right of s -> t
-        a = min(0.2 * unit / length, 0.3)  # keep clear of the GPU markers
-        b = a if length > 0.5 * unit else 0.0  # (a stub starts at its GPU and runs out)
-        segments.append(
-            [(x0 + dx * a + nx_, y0 + dy * a + ny_), (x1 - dx * b + nx_, y1 - dy * b + ny_)]
-        )
-        values.append(u * 100)
+    segments, values, far = _link_segments(links, src, dst, pos, kind, unit)
     vmax = max(max(values, default=0.0), 1e-9)
     cmap, norm = plt.get_cmap("turbo"), plt.Normalize(0, vmax)
     # sizes from the room one hop gets on this axes, in points
@@ -295,29 +278,7 @@ def _drawn_links(ax, links, src, dst, pos, kind):
     extent = np.ptp(xy, axis=0) + 1.2 * unit
     hop = 72 * unit * min(w_in / extent[0], h_in / extent[1])
     marker = min(20.0, 0.42 * hop)  # diameter, points
-    if small:  # arrows: each direction readable on its own
-        for (p0, p1), v, curved in zip(segments, values, far, strict=True):
-            ax.annotate(
-                "",
-                xy=p1,
-                xytext=p0,
-                annotation_clip=False,
-                arrowprops={
-                    "arrowstyle": "-|>",
-                    "lw": min(2.0, max(0.6, 0.045 * hop)),
-                    "color": cmap(norm(v)),
-                    "shrinkA": 0,
-                    "shrinkB": 0,
-                    "mutation_scale": min(11.0, max(4.0, 0.2 * hop)),
-                    "connectionstyle": f"arc3,rad={0.25 if curved else 0}",
-                },
-            )
-    else:
-        lc = LineCollection(
-            segments, cmap=cmap, norm=norm, linewidths=min(1.6, max(0.5, 0.05 * hop))
-        )
-        lc.set_array(np.array(values))
-        ax.add_collection(lc)
+    _draw_directions(ax, segments, values, far, small, cmap, norm, hop)
     ax.scatter(
         xy[:, 0],
         xy[:, 1],
@@ -349,6 +310,61 @@ def _drawn_links(ax, links, src, dst, pos, kind):
     return f"{where}; each direction of a link drawn to the right of its travel"
 
 
+def _link_segments(links, src, dst, pos, kind, unit):
+    """Per link direction: its segment (beside the other direction's, clear of the GPU
+    markers), its utilisation in %, and whether it joins GPUs that are not neighbours."""
+    offset = 0.07 * unit  # the two directions of a link side by side
+    segments, values, far = [], [], []
+    for s, t, u in zip(src, dst, links["utilisation"], strict=True):
+        (x0, y0), (x1, y1) = pos[s], pos[t]
+        dx, dy = x1 - x0, y1 - y0
+        length = math.hypot(dx, dy)
+        if kind == "torus2d" and length > 1.5 * unit:  # a wrap-around link: a stub outwards
+            dx, dy = -np.sign(dx) * 0.45 * unit, -np.sign(dy) * 0.45 * unit
+            x1, y1, length = x0 + dx, y0 + dy, 0.45 * unit
+        if length == 0:
+            continue
+        far.append(length > 1.5 * unit)  # not a neighbour (a photonic circuit): drawn curved
+        nx_, ny_ = dy / length * offset, -dx / length * offset  # to the right of s -> t
+        a = min(0.2 * unit / length, 0.3)  # keep clear of the GPU markers
+        b = a if length > 0.5 * unit else 0.0  # (a stub starts at its GPU and runs out)
+        segments.append(
+            [(x0 + dx * a + nx_, y0 + dy * a + ny_), (x1 - dx * b + nx_, y1 - dy * b + ny_)]
+        )
+        values.append(u * 100)
+    return segments, values, far
+
+
+def _draw_directions(ax, segments, values, far, small, cmap, norm, hop):
+    """Arrows when the GPUs are few (each direction readable on its own), else one line
+    collection; `hop` (points) sizes them."""
+    from matplotlib.collections import LineCollection
+
+    if small:
+        for (p0, p1), v, curved in zip(segments, values, far, strict=True):
+            ax.annotate(
+                "",
+                xy=p1,
+                xytext=p0,
+                annotation_clip=False,
+                arrowprops={
+                    "arrowstyle": "-|>",
+                    "lw": min(2.0, max(0.6, 0.045 * hop)),
+                    "color": cmap(norm(v)),
+                    "shrinkA": 0,
+                    "shrinkB": 0,
+                    "mutation_scale": min(11.0, max(4.0, 0.2 * hop)),
+                    "connectionstyle": f"arc3,rad={0.25 if curved else 0}",
+                },
+            )
+    else:
+        lc = LineCollection(
+            segments, cmap=cmap, norm=norm, linewidths=min(1.6, max(0.5, 0.05 * hop))
+        )
+        lc.set_array(np.array(values))
+        ax.add_collection(lc)
+
+
 def plot_links(links, gpus, topology, title, path) -> Path:
     return _save(links_figure(links, gpus, topology, title).figure, path)
 
@@ -372,6 +388,46 @@ def plot_overview(
     links_figure(links, gpus, topology, "per-link utilisation", ax=fig.add_subplot(grid[1, 1]))
     fig.tight_layout()
     return _save(fig, path)
+
+
+# -- memory over time ---------------------------------------------------------------------------------
+
+
+def plot_memory(memory, gpus, peak_memory: dict, capacity, verdict: str, path, max_gpus=4) -> Path:
+    """Stacked memory over time (`memory`: Result.memory) for the first `max_gpus` of
+    `gpus`, the peak GPU among them; the usable capacity drawn where a GPU comes near it.
+    Written straight to `path` (Result.save writes it beside and renames)."""
+    plt = _pyplot()
+    from triosim.results.memory import CATEGORIES
+
+    peak_gpu = max(peak_memory, key=peak_memory.get) if peak_memory else None
+    gpus = list(dict.fromkeys([peak_gpu, *gpus[:max_gpus]]))[:max_gpus]
+    fig, axes = plt.subplots(
+        len(gpus), 1, figsize=(9, 1.2 + 1.8 * len(gpus)), sharex=True, squeeze=False
+    )
+    for ax, g in zip(axes[:, 0], gpus, strict=True):
+        d = memory[memory["gpu"] == g]
+        ax.stackplot(
+            d["time"] * 1e3,
+            *[d[c] / 1e9 for c in CATEGORIES],
+            step="post",
+            labels=[c.replace("_", " ") for c in CATEGORIES],
+        )
+        if capacity is not None and peak_memory.get(g, 0) > 0.5 * capacity:
+            ax.axhline(capacity / 1e9, color="red", ls="--", lw=1, label="usable")
+        ax.set_ylabel(f"GPU {g}\nGB")
+    axes[0, 0].legend(loc="upper left", fontsize=7, ncol=3)
+    axes[-1, 0].set_xlabel("time (ms)")
+    axes[0, 0].set_title(
+        f"memory per GPU (peak {max(peak_memory.values(), default=0) / 1e9:.3f} GB; "
+        f"fits: {verdict})",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 # -- a saved result folder -------------------------------------------------------------------------

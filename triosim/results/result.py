@@ -1,6 +1,17 @@
 """What a run returns: iteration time, timeline and breakdowns as DataFrames, and exports.
 
 Times are seconds and sizes bytes in every DataFrame; `summary()` and the CLI print ms.
+
+`Result` holds the run's record and hands the work on, each piece a plain function of the
+values it is given (none of them imports this module):
+- triosim.results.symmetric: with symmetry, the images' timeline rows from their
+  representatives';
+- triosim.results.tables: the per-GPU and per-layer breakdowns (over
+  triosim.results.unions, the interval arithmetic);
+- triosim.results.report: the summary as text;
+- triosim.results.chrome_trace: the Chrome trace file;
+- triosim.results.plots: the figures.
+`save` stays here: it is the list of what a result folder holds (`OUTPUTS`).
 """
 
 from __future__ import annotations
@@ -9,83 +20,10 @@ import dataclasses
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from extrapolators.execution.timeline_log import COLUMNS, TimelineLog
-
-
-def union_sorted(s: np.ndarray, e: np.ndarray) -> float:
-    """`union_length` of intervals already sorted by start, in numpy: the same merged
-    segments (an interval starting after every earlier end opens one) and the same float
-    sums in the same order (np.cumsum adds left to right), so the same value."""
-    if len(s) == 0:
-        return 0.0
-    reach = np.maximum.accumulate(e)  # the current segment's end, as the loop's cur_e
-    opens = np.flatnonzero(s[1:] > reach[:-1]) + 1
-    starts = s[np.r_[0, opens]]
-    ends = reach[np.r_[opens - 1, len(s) - 1]]
-    total = np.cumsum(ends[:-1] - starts[:-1])[-1] if len(opens) else 0.0
-    return float(total + ends[-1] - starts[-1])
-
-
-PAD_LIMIT = 2**24  # cells of the groups x segments matrix `union_lengths` may build
-
-
-def union_lengths(codes: np.ndarray, s: np.ndarray, e: np.ndarray, n: int) -> np.ndarray:
-    """`union_sorted` of each group's intervals (group codes 0..n-1), all groups at once:
-    the same merged segments (a running max of the ends per group: a max is exact) and the
-    same float sums in the same order (the lengths of a group's segments but its last
-    summed left to right, in a row of a zero-padded matrix: `np.cumsum` along a row adds
-    left to right, and adding zeros after changes nothing; then + end - start of the last,
-    as `union_sorted` does), so the same values."""
-    out = np.zeros(n)
-    if not len(s):
-        return out
-    order = np.lexsort((s, codes))
-    c, s, e = codes[order], s[order], e[order]
-    reach = pd.Series(e).groupby(c, sort=False).cummax().to_numpy()
-    opens = np.ones(len(s), bool)  # a group's first interval, or one after every earlier end
-    opens[1:] = (c[1:] != c[:-1]) | (s[1:] > reach[:-1])
-    first = np.flatnonzero(opens)
-    seg_c, seg_s = c[first], s[first]
-    seg_e = reach[np.r_[first[1:] - 1, len(s) - 1]]
-    # per group: its segments' range, the last one apart
-    lo = np.searchsorted(seg_c, np.arange(n))
-    hi = np.searchsorted(seg_c, np.arange(n), side="right")
-    has = hi > lo
-    last = hi[has] - 1
-    k = hi - lo - 1  # segments before the last
-    width = int(k.max(initial=0))
-    total = np.zeros(n)
-    if width and n * width <= PAD_LIMIT:
-        pad = np.zeros((n, width))  # row: a group; column: its segment's rank in it
-        not_last = np.ones(len(seg_s), bool)
-        not_last[last] = False
-        rank = np.arange(len(seg_s)) - lo[seg_c]
-        pad[seg_c[not_last], rank[not_last]] = (seg_e - seg_s)[not_last]
-        many = k > 0
-        total[many] = np.cumsum(pad[many], axis=1)[np.arange(int(many.sum())), k[many] - 1]
-    elif width:  # a group with very many segments: one cumsum per group
-        for g in np.flatnonzero(k > 0).tolist():
-            total[g] = np.cumsum(seg_e[lo[g] : hi[g] - 1] - seg_s[lo[g] : hi[g] - 1])[-1]
-    out[has] = total[has] + seg_e[last] - seg_s[last]
-    return out
-
-
-def _renamed(col: pd.Series, old, new) -> pd.Series:
-    """`col` with `old` replaced by `new`; a categorical column renames the category."""
-    if isinstance(col.dtype, pd.CategoricalDtype):
-        if old not in col.cat.categories:
-            return col
-        if new in col.cat.categories:
-            return col.astype(object).replace(old, new)
-        return col.cat.rename_categories({old: new})
-    return col.replace(old, new)
-
-
-def _intervals(df):
-    return df["start"].to_numpy(), df["end"].to_numpy()
+from triosim.results import chrome_trace, report, symmetric, tables
 
 
 class Result:
@@ -171,7 +109,7 @@ class Result:
         """One row per task of every GPU (COLUMNS)."""
         if self._timeline is None:
             own = self.own_timeline
-            self._timeline = self._expand_timeline(own) if self._orbits else own
+            self._timeline = symmetric.expand_timeline(own, self._orbits) if self._orbits else own
         return self._timeline
 
     @timeline.setter
@@ -182,52 +120,7 @@ class Result:
 
     def _rep_of(self) -> dict:
         """GPU -> the GPU whose rows stand for it (itself without symmetry)."""
-        if self._orbits is None:
-            return {g: g for g in self.gpus}
-        return {g: r for r, orbit in self._orbits.items() for g in orbit}
-
-    def _expand_timeline(self, df: pd.DataFrame) -> pd.DataFrame:
-        """Copy k of the representatives' rows for every k, gpu mapped; send/recv names
-        name the mapped peer. Columnar: one take of every column, no row objects."""
-        orbits = self._orbits
-        n, copies = len(df), len(next(iter(orbits.values())))
-        if n == 0 or copies == 1:
-            return df
-        codes, uniques = pd.factorize(df["gpu"].to_numpy(), sort=False)
-        uniques = list(uniques)
-        if df["gpu"].dtype.kind in "iu":
-            table = np.array([orbits[r] for r in uniques], dtype=np.int64).T  # (K, reps)
-            gpu = table[:, codes].ravel()
-        else:
-            table = np.empty((copies, len(uniques)), dtype=object)
-            for i, r in enumerate(uniques):
-                for k, g in enumerate(orbits[r]):
-                    table[k, i] = g
-            gpu = pd.Series(table[:, codes].ravel()).infer_objects().to_numpy()
-        out = df.take(np.tile(np.arange(n), copies)).reset_index(drop=True)
-        out["gpu"] = gpu
-        # "send to X" / "recv from X": X is a representative; copy k's peer is its image
-        names = df["name"].astype(object).to_numpy()
-        by_name = {str(r): r for r in orbits}
-        rows, new = [], []
-        for i, name in enumerate(names):
-            if isinstance(name, str) and name.startswith(("send to ", "recv from ")):
-                head, _, peer = name.rpartition(" ")
-                r = by_name.get(peer)
-                if r is not None:
-                    for k in range(1, copies):
-                        rows.append(k * n + i)
-                        new.append(f"{head} {orbits[r][k]}")
-        if rows:
-            col = out["name"]
-            if isinstance(col.dtype, pd.CategoricalDtype):
-                col = col.cat.add_categories(sorted(set(new) - set(col.cat.categories)))
-            col = col.copy()
-            col.iloc[np.array(rows)] = new
-            if isinstance(col.dtype, pd.CategoricalDtype):  # sorted, as the full run's
-                col = col.cat.set_categories(sorted(col.cat.categories))
-            out["name"] = col
-        return out
+        return symmetric.rep_of(self.gpus, self._orbits)
 
     @property
     def memory(self) -> pd.DataFrame:
@@ -269,76 +162,22 @@ class Result:
         return self._per_gpu.copy()
 
     def _breakdown(self) -> pd.DataFrame:
-        """Over the last (steady-state) iteration's tasks."""
-        out = []
-        # with symmetry: the representatives' rows, copied to their images
+        """Over the last (steady-state) iteration's tasks; with symmetry, the
+        representatives' rows stand for their images."""
+        last = len(self.iteration_times) - 1
         if self._log is not None:
-            gpus, start, end, is_comp, is_comm = self._log.busy(len(self.iteration_times) - 1)
-            # (a Series keeps a tuple GPU whole, where numpy would make it a row)
-            codes, uniques = pd.factorize(pd.Series(gpus, dtype=object), sort=False)
+            busy = tables.busy_of_log(self._log, last)
         else:
-            tl = self.own_timeline
-            last = (tl["iteration"] == len(self.iteration_times) - 1).to_numpy(bool)
-            # one sort by (gpu, start) for all GPUs, then a slice per GPU (no pandas per
-            # GPU); the order of equal starts does not change a union's length. Numpy
-            # columns: a pandas row selection would copy every column, strings included
-            codes, uniques = pd.factorize(tl["gpu"].to_numpy()[last], sort=False)
-            start, end = tl["start"].to_numpy(float)[last], tl["end"].to_numpy(float)[last]
-            is_comp = (tl["kind"] == "compute").to_numpy(bool)[last]
-            is_comm = (tl["kind"] == "comm").to_numpy(bool)[last]
-        where = {g: k for k, g in enumerate(uniques)}
-
-        def unions(mask):  # per GPU code: the union of its intervals' lengths
-            return union_lengths(codes[mask], start[mask], end[mask], len(uniques)).tolist()
-
-        comp_u, comm_u, both_u = unions(is_comp), unions(is_comm), unions(is_comp | is_comm)
+            busy = tables.busy_of_timeline(self.own_timeline, last)
         rep_of = self._rep_of() if self._orbits is not None else {}
-        for g in self.gpus:
-            k = where.get(rep_of.get(g, g))
-            c = comp_u[k] if k is not None else 0.0
-            m = comm_u[k] if k is not None else 0.0
-            both = both_u[k] if k is not None else 0.0
-            out.append(
-                {
-                    "gpu": g,
-                    "compute": c,
-                    "comm": m,
-                    "exposed_comm": both - c,
-                    "idle": max(self.iteration_time - both, 0.0),
-                }
-            )
-        return pd.DataFrame(out).set_index("gpu")
+        return tables.per_gpu_table(busy, self.gpus, rep_of, self.iteration_time)
 
     def per_layer(self) -> pd.DataFrame:
         """Per GPU and layer, over the last (steady-state) iteration's tasks: one row per
         (gpu, layer) with columns gpu, layer, compute, comm (seconds of that GPU's tasks of
         the layer; "(none)" for tasks of no layer). GPUs in order, layers in the order the
         GPU first ran them; a pipeline stage's layers appear on its own GPUs only."""
-        tl = self.timeline
-        d = tl[
-            (tl["iteration"] == len(self.iteration_times) - 1)
-            & tl["kind"].isin(["compute", "comm"])
-        ]
-        d = d.assign(
-            duration=d["end"] - d["start"],
-            layer=_renamed(d["layer"], "", "(none)"),
-            order=d["gpu"].map({g: i for i, g in enumerate(self.gpus)}),
-        )
-        d = d.sort_values(["order", "start"], kind="stable")
-        table = d.pivot_table(
-            index=["gpu", "layer"],
-            columns="kind",
-            values="duration",
-            aggfunc="sum",
-            fill_value=0.0,
-            sort=False,
-        )
-        for k in ("compute", "comm"):
-            if k not in table:
-                table[k] = 0.0
-        out = table[["compute", "comm"]].reset_index()
-        out.columns.name = None
-        return out
+        return tables.per_layer_table(self.timeline, self.gpus, len(self.iteration_times) - 1)
 
     def per_link(self) -> pd.DataFrame:
         """Per link direction: src, dst, bandwidth, latency, nbytes, busy_time, utilisation
@@ -389,40 +228,11 @@ class Result:
         }
 
     def summary(self) -> str:
-        s = self.summary_dict()
-        rows = [
-            ("mode", s["mode"]),
-            ("GPUs", s["num_gpus"]),
-            *(
-                [
-                    ("iterations", s["iterations"]),
-                    ("iteration time (steady state)", f"{s['iteration_time_ms']:.4f} ms"),
-                    ("first iteration", f"{s['first_iteration_time_ms']:.4f} ms"),
-                ]
-                if s["iterations"] > 1
-                else [("iteration time", f"{s['iteration_time_ms']:.4f} ms")]
-            ),
-            ("compute / GPU (mean)", f"{s['compute_ms_mean']:.4f} ms"),
-            ("communication / GPU (mean)", f"{s['comm_ms_mean']:.4f} ms"),
-            ("exposed communication (mean)", f"{s['exposed_comm_ms_mean']:.4f} ms"),
-            ("idle / GPU (mean)", f"{s['idle_ms_mean']:.4f} ms"),
-            ("bytes moved", f"{s['bytes_moved'] / 1e6:.3f} MB"),
-            ("peak memory / GPU (max)", f"{s['peak_memory_gb_max']:.3f} GB"),
-            ("fits in memory", self._verdict()),
-            ("simulated in", f"{s['simulation_wall_s']:.3f} s wall"),
-            *([("symmetry", s["symmetry"])] if s["symmetry"] != "off" else []),
-        ]
-        w = max(len(k) for k, _ in rows)
-        return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
+        """The summary as aligned lines (triosim.results.report), as the CLI prints it."""
+        return report.summary_text(self.summary_dict(), self._verdict())
 
     def _verdict(self) -> str:
-        oom = self.out_of_memory()
-        if oom is None:
-            return "unknown (the GPU's capacity is not in the catalogue)"
-        cap = f"{self.memory_capacity / 1e9:.3f} GB usable"
-        if not oom:
-            return f"yes ({cap})"
-        return f"NO: OUT OF MEMORY on {len(oom)} GPU(s), e.g. GPU {oom[0]} ({cap})"
+        return report.verdict(self.out_of_memory(), self.memory_capacity)
 
     # -- exports -------------------------------------------------------------------------------
     def to_chrome_trace(self, path) -> Path:
@@ -431,108 +241,7 @@ class Result:
         thread per source -> destination GPU direction holding its transfers (end to end:
         the links a transfer crossed are not recorded; links.csv has per-link totals).
         Thread ids are integers; each thread is named by a thread_name metadata event."""
-        events = []
-        pid_of = {g: i for i, g in enumerate(self.gpus)}
-        tl = self.timeline[self.timeline["kind"] != "wait"]
-        tid_of: dict = {}  # (gpu, stream) -> integer thread id within the GPU's process
-        count: dict = {}
-        for g, s in dict.fromkeys(zip(self.timeline["gpu"], self.timeline["stream"], strict=True)):
-            tid_of[g, s] = count[g] = count.get(g, -1) + 1
-        for pid, g in enumerate(self.gpus):
-            events.append(
-                {
-                    "ph": "M",
-                    "name": "process_name",
-                    "pid": pid,
-                    "tid": 0,
-                    "args": {"name": f"GPU {g}"},
-                }
-            )
-            events.append(
-                {
-                    "ph": "M",
-                    "name": "process_sort_index",
-                    "pid": pid,
-                    "tid": 0,
-                    "args": {"sort_index": pid},
-                }
-            )
-        for (g, s), tid in tid_of.items():
-            events.append(
-                {
-                    "ph": "M",
-                    "name": "thread_name",
-                    "pid": pid_of[g],
-                    "tid": tid,
-                    "args": {"name": f"{s} stream"},
-                }
-            )
-        for r in tl.itertuples(index=False):
-            events.append(
-                {
-                    "ph": "X",
-                    "name": r.name,
-                    "cat": r.kind,
-                    "pid": pid_of[r.gpu],
-                    "tid": tid_of[r.gpu, r.stream],
-                    "ts": r.start * 1e6,
-                    "dur": (r.end - r.start) * 1e6,
-                    "args": {
-                        "layer": r.layer,
-                        "phase": r.phase,
-                        "nbytes": r.nbytes,
-                        "iteration": r.iteration,
-                    },
-                }
-            )
-        net_pid = len(self.gpus)
-        events.append(
-            {
-                "ph": "M",
-                "name": "process_name",
-                "pid": net_pid,
-                "tid": 0,
-                "args": {"name": "network (transfers per source -> destination)"},
-            }
-        )
-        events.append(
-            {
-                "ph": "M",
-                "name": "process_sort_index",
-                "pid": net_pid,
-                "tid": 0,
-                "args": {"sort_index": net_pid},
-            }
-        )
-        pair_tid: dict = {}
-        for r in self._transfer_table().itertuples(index=False):
-            tid = pair_tid.get((r.src, r.dst))
-            if tid is None:
-                tid = pair_tid[r.src, r.dst] = len(pair_tid)
-                events.append(
-                    {
-                        "ph": "M",
-                        "name": "thread_name",
-                        "pid": net_pid,
-                        "tid": tid,
-                        "args": {"name": f"GPU {r.src} -> GPU {r.dst}"},
-                    }
-                )
-            events.append(
-                {
-                    "ph": "X",
-                    "name": r.tag or "transfer",
-                    "cat": "transfer",
-                    "pid": net_pid,
-                    "tid": tid,
-                    "ts": r.start * 1e6,
-                    "dur": (r.end - r.start) * 1e6,
-                    "args": {"nbytes": r.nbytes},
-                }
-            )
-        path = Path(path)
-        path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
-        return path
+        return chrome_trace.write(self.timeline, self.gpus, self._transfer_table(), path)
 
     # -- figures (triosim.results.plots) ---------------------------------------------------------------
     def _title(self) -> str:
@@ -571,44 +280,17 @@ class Result:
 
     def plot_memory(self, path, max_gpus: int = 4) -> Path:
         """Stacked memory over time for the first `max_gpus` GPUs (the peak GPU among them)."""
-        import matplotlib
+        from triosim.results import plots
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        from triosim.results.memory import CATEGORIES
-
-        peak_gpu = max(self.peak_memory, key=self.peak_memory.get) if self.peak_memory else None
-        gpus = list(dict.fromkeys([peak_gpu, *self.gpus[:max_gpus]]))[:max_gpus]
-        fig, axes = plt.subplots(
-            len(gpus), 1, figsize=(9, 1.2 + 1.8 * len(gpus)), sharex=True, squeeze=False
+        return plots.plot_memory(
+            self.memory,
+            self.gpus,
+            self.peak_memory,
+            self.memory_capacity,
+            self._verdict(),
+            path,
+            max_gpus,
         )
-        for ax, g in zip(axes[:, 0], gpus, strict=True):
-            d = self.memory[self.memory["gpu"] == g]
-            ax.stackplot(
-                d["time"] * 1e3,
-                *[d[c] / 1e9 for c in CATEGORIES],
-                step="post",
-                labels=[c.replace("_", " ") for c in CATEGORIES],
-            )
-            if (
-                self.memory_capacity is not None
-                and self.peak_memory.get(g, 0) > 0.5 * self.memory_capacity
-            ):
-                ax.axhline(self.memory_capacity / 1e9, color="red", ls="--", lw=1, label="usable")
-            ax.set_ylabel(f"GPU {g}\nGB")
-        axes[0, 0].legend(loc="upper left", fontsize=7, ncol=3)
-        axes[-1, 0].set_xlabel("time (ms)")
-        axes[0, 0].set_title(
-            f"memory per GPU (peak {max(self.peak_memory.values(), default=0) / 1e9:.3f} GB; "
-            f"fits: {self._verdict()})",
-            fontsize=9,
-        )
-        fig.tight_layout()
-        path = Path(path)
-        fig.savefig(path, dpi=100)
-        plt.close(fig)
-        return path
 
     # every file `save` may write into a folder (with --force, what an earlier run left goes)
     OUTPUTS = (

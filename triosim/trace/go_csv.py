@@ -9,6 +9,12 @@ The CSV records no forward/backward pairing, FLOPs or math mode; the importer ad
 backward ops are paired with their forward op by name and shared tensors
 (`pair_backward`), FLOPs come from the recorded shapes (triosim.trace.flops), and the math mode
 from PyTorch's defaults on CUDA unless told otherwise.
+
+`import_triosim_csv` runs the steps in order, each a function of what the one before
+gave: the tensor rows (`_tensor_rows`), the operator rows (`_operators`, which refuses a
+tensor id tensor.csv does not define), each tensor's category (`_tensors`), the pairing,
+FLOPs and math modes, and the metadata (`_metadata`). An error names the file, the row
+and the field, the first one met in that order.
 """
 
 from __future__ import annotations
@@ -100,6 +106,28 @@ def import_triosim_csv(
     op_rows = _read(trace_csv, TRACE_COLUMNS)
     tensor_rows = _read(tensor_csv, TENSOR_COLUMNS)
 
+    types, info, storage = _tensor_rows(tensor_rows, tensor_csv)
+    ops, produced_in = _operators(op_rows, trace_csv, info, tensor_csv)
+    tensors = _tensors(ops, types, info, produced_in)
+    # the original trace has no layer names; number the forward ops so per-layer tables work
+    for op in ops:
+        op.layer = f"op{op.id}"
+    by_id = {op.id: op for op in ops}
+    for b, f in pair_backward(ops, tensors, storage).items():
+        by_id[b].fwd_id = f
+        by_id[b].layer = by_id[f].layer
+    _add_flops(ops, by_id, tensors)
+    for op in ops:
+        op.math = _op_math(op, tensors, modes)
+    meta = _metadata(trace_csv, modes, math, meta_gpu, batch_size, ops, tensors)
+    if not ops:
+        raise TraceError("the trace has no operators", file=trace_csv)
+    return Trace(ops, tensors, meta).validate(file=trace_csv)
+
+
+def _tensor_rows(tensor_rows, tensor_csv):
+    """Per tensor id: the types its rows give it (a set), (shape, elements, bytes each)
+    from its last row, and its storage id where the CSV has one."""
     types: dict[int, set[str]] = {}
     info: dict[int, tuple] = {}
     storage: dict[int, int] = {}
@@ -113,7 +141,12 @@ def import_triosim_csv(
         col = next((c for c in _STORAGE_COLUMNS if rec.get(c) not in (None, "")), None)
         if col is not None:
             storage[tid] = _int(rec[col], tensor_csv, row, col)
+    return types, info, storage
 
+
+def _operators(op_rows, trace_csv, info, tensor_csv):
+    """The operators in trace order (no layer yet), and per tensor the phase of the first
+    operator that produced it; every tensor an operator names must be in `info`."""
     ops = []
     produced_in: dict[int, str] = {}
     for row, rec in enumerate(op_rows, start=2):
@@ -149,7 +182,12 @@ def import_triosim_csv(
         for tid in op.outputs:
             produced_in.setdefault(tid, op.phase)
         ops.append(op)
+    return ops, produced_in
 
+
+def _tensors(ops, types, info, produced_in) -> dict:
+    """{id: Tensor}, each given its category from all of its rows' types and from the
+    operators that read and write it (the CSV names no gradient or optimizer state)."""
     first_inputs = set(ops[0].inputs) if ops else set()
     weight_sizes = {info[t][1] for t, k in types.items() if k & _WEIGHT_TYPES}
     # a backward output the size of some weight is that weight's gradient (the CSV has
@@ -183,16 +221,13 @@ def import_triosim_csv(
         tensors[tid] = Tensor(
             tid, shape, _DTYPE_BY_SIZE.get(each, f"{each}B"), float(n * each), cat
         )
-    # the original trace has no layer names; number the forward ops so per-layer tables work
-    for op in ops:
-        op.layer = f"op{op.id}"
-    by_id = {op.id: op for op in ops}
-    for b, f in pair_backward(ops, tensors, storage).items():
-        by_id[b].fwd_id = f
-        by_id[b].layer = by_id[f].layer
-    _add_flops(ops, by_id, tensors)
-    for op in ops:
-        op.math = _op_math(op, tensors, modes)
+    return tensors
+
+
+def _metadata(trace_csv, modes, math, meta_gpu, batch_size, ops, tensors) -> dict:
+    """The trace's metadata: its source, the math modes and where they come from, the GPU
+    (when given) and the batch size (given, else the first operator's first input's first
+    dimension, when there is one)."""
     meta = {
         "source": f"TrioSim CSV import of {trace_csv}",
         "time_column": "Operator_cudatimenooverlap",
@@ -208,9 +243,7 @@ def import_triosim_csv(
         batch_size = tensors[ops[0].inputs[0]].shape[0]
     if batch_size is not None:
         meta["batch_size"] = int(batch_size)
-    if not ops:
-        raise TraceError("the trace has no operators", file=trace_csv)
-    return Trace(ops, tensors, meta).validate(file=trace_csv)
+    return meta
 
 
 def pair_backward(ops, tensors, storage=None) -> dict[int, int]:
