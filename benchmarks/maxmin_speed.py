@@ -151,7 +151,8 @@ def _incremental(rows, cols, n_flows, cap, repeat):
 def capture(kind):
     """Every (rows, cols, n_flows, capacity) the fast engine solves in sim_speed's case."""
     from benchmarks.sim_speed import traffic
-    from networks import packet_above, packet_solve
+    from networks.packet import above as packet_above
+    from networks.packet import solve as packet_solve
 
     seen = []
     solver = max_min_rates

@@ -1,7 +1,7 @@
 """What a network sent, kept per transfer group rather than per transfer.
 
 A collective step of N transfers is one `Group` (arrays of sizes and arrival times), a
-ring collective on free links one `networks.ringjob.RingJob`; per-transfer
+ring collective on free links one `networks.packet.ringjob.RingJob`; per-transfer
 `TransferRecord`s are built only when someone asks for them (`Network.records`,
 `Network.transfers()`), so a million-transfer collective costs no million objects.
 """

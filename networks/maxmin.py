@@ -59,7 +59,7 @@ they hold most flows, the call is a plain full solve. It pays when changes are l
 on a torus) gains nothing over `max_min_rates`.
 
 The packet network's fast engine does not use `MaxMin`: it knows which flows came and went
-at each change, so it keeps component labels of its own (networks.packet_solve,
+at each change, so it keeps component labels of its own (networks.packet.solve,
 `_solve_changed`) and avoids the O(flows) diff by key per call; it relies on the same
 property (a component solved alone gives the same floats as within the whole table).
 """

@@ -294,7 +294,7 @@ def test_fuzz_exercises_rate_capped_components():
 
 def test_fuzz_notices_a_ring_job_without_latency(monkeypatch):
     """A ring job that forgot the path latency (a deliberate bug) fails the comparison."""
-    from networks import ringjob
+    from networks.packet import ringjob
 
     real = ringjob.ring_paths
 
@@ -303,7 +303,7 @@ def test_fuzz_notices_a_ring_job_without_latency(monkeypatch):
         p.lats = tuple(0.0 for _ in p.lats)
         return p
 
-    monkeypatch.setattr("networks.ringjobs.ring_paths", no_latency)
+    monkeypatch.setattr("networks.packet.ringjobs.ring_paths", no_latency)
     with pytest.raises(AssertionError):
         for seed in range(10):
             _compare(_scenario("reference", seed, 0), _scenario("fast", seed, 0))

@@ -149,7 +149,7 @@ def test_batched_routes_are_the_reference_routes(name, mode):
 
 
 def _by_value(walk, want):
-    from networks import route_tuning as tuning
+    from networks.routing import tuning
 
     old = tuning.BIG_IN, tuning.SHARED_ASKS
     try:
@@ -177,7 +177,7 @@ def test_batched_routes_on_random_graphs(seed, mode):
 
 def test_bounded_rows_and_chunks_give_the_same_routes(monkeypatch):
     # tiny row budgets: one source per chunk, so a chunk boundary falls between every pair
-    from networks import route_tuning as tuning
+    from networks.routing import tuning
 
     g = topo.torus2d(5, 5, 20 * GB, 1e-6)
     topo.set_link(g, 0, 1, bandwidth=5 * GB, latency=3e-6)
@@ -503,7 +503,7 @@ def _hop_rows_both_ways(g, group, mode="latency"):
     """hop_rows from trees bounded to the group, from whole trees (targets=None) with no
     shared hub spread, and with every hub's spread tried (SPREAD_DEGREE -1: any hub)."""
     from extrapolators.communication.rings import hop_rows
-    from networks import route_tuning as tuning
+    from networks.routing import tuning
 
     bounded = hop_rows(g, Routes(g, mode), group, group)
     r = Routes(g, mode)
@@ -591,7 +591,7 @@ def _diamond(inv_a: tuple, inv_b: tuple):
 
 def test_hub_spread_declines_when_equal_cost_paths_differ_in_bottleneck(monkeypatch):
     from extrapolators.communication.rings import hop_rows
-    from networks import route_tuning as tuning
+    from networks.routing import tuning
 
     monkeypatch.setattr(tuning, "SPREAD_DEGREE", -1)
     # 100 + 300 = 200 + 200 units: two equal-cost ways, bottlenecks 1/300 and 1/200
@@ -614,7 +614,7 @@ def test_spread_declines_when_two_rails_tie_with_other_bottlenecks(monkeypatch):
     """GPUs on two rails whose ways are equally long (100 + 300 = 200 + 200 units of 1/bw)
     but with other bottlenecks: which a tree takes decides the answer, so no spread; with
     the same bottleneck on both rails it answers (hand-worked: 1/300)."""
-    from networks import route_tuning as tuning
+    from networks.routing import tuning
 
     monkeypatch.setattr(tuning, "SPREAD_DEGREE", -1)
 
@@ -642,7 +642,7 @@ def test_gpus_under_a_big_switch_share_its_spread():
     """A star bigger than SPREAD_DEGREE: the default threshold takes the spread, and its
     rows are the bounded trees'."""
     from extrapolators.communication.rings import hop_rows
-    from networks import route_tuning as tuning
+    from networks.routing import tuning
 
     g = topo.switch_star(tuning.SPREAD_DEGREE + 4, 25 * GB, 1e-6)
     group = list(range(0, 40, 5))

@@ -3,11 +3,11 @@
 Tests set `check_solves` (on the class or an instance): then every solve compares the
 rates with a whole-table max-min solve, every update the loads, the peak utilisation,
 the flows per link and the component labels with a whole-table update; bit for bit
-until a solve above a level (networks.packet_above) booked rates and loads, to
+until a solve above a level (networks.packet.above) booked rates and loads, to
 `ABOVE_CHECK_RTOL` after. A mismatch raises AssertionError. Nothing here runs unless
 asked: the checks cost a whole solve each.
 
-What the host provides: the flow table (networks.packet_table) and `_incidence_fast`,
+What the host provides: the flow table (networks.packet.table) and `_incidence_fast`,
 `links`, `capacity`, `_finite`, `_load`, `_occ`, `_llab`, `max_utilisation` and the
 counter `above_solves`.
 """

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from networks import route_tuning as tuning
-from networks.route_rows import RouteRows
+from networks.routing import tuning
+from networks.routing.rows import RouteRows
 
 
 class RouteSpreads(RouteRows):

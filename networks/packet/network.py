@@ -12,20 +12,20 @@ as one flat array of link ids), caches each (source, destination) route and its 
 keeps one record per transfer group (networks.groups; per-transfer records are built when
 asked for), and delivers the flows that arrive at the same instant with one timer. It also
 runs a ring collective on links nothing else uses as one reserved job
-(networks.ringjobs), split back into flows when other traffic touches them. Both evaluate
+(networks.packet.ringjobs), split back into flows when other traffic touches them. Both evaluate
 the same float expressions in the same order, so the results agree bit for bit on their
 own and to round-off under contention (checked by tests/test_engine_fuzz.py).
 
 `PacketSwitchNetwork` is put together from mixins, one concern each, that share the
 instance's attributes (so the solver's loops read them as directly as before):
 
-* networks.packet_reference: the reference engine;
-* networks.packet_table: the fast engine's flow table (numpy columns) and its change log;
-* networks.packet_solve: the incremental max-min solve over the components that changed;
-* networks.packet_above: within a big component, re-solving the flows above a level only;
-* networks.packet_checks: whole-table checks of those solves (tests turn them on);
-* networks.packet_landing: transfer groups and their landing on arrival;
-* networks.ringjobs: ring collectives as reserved jobs.
+* networks.packet.reference: the reference engine;
+* networks.packet.table: the fast engine's flow table (numpy columns) and its change log;
+* networks.packet.solve: the incremental max-min solve over the components that changed;
+* networks.packet.above: within a big component, re-solving the flows above a level only;
+* networks.packet.checks: whole-table checks of those solves (tests turn them on);
+* networks.packet.landing: transfer groups and their landing on arrival;
+* networks.packet.ringjobs: ring collectives as reserved jobs.
 
 This module holds the rest: the network's links and routes, and the fast engine's clock.
 A start (`_start_fast`) routes the transfers, adds their flows to the table and asks for
@@ -46,16 +46,16 @@ import simpy
 
 from networks.base import Network, register
 from networks.groups import Group, seq_sum
-from networks.packet_above import SolveAbove
-from networks.packet_checks import SolveChecks
-from networks.packet_landing import Landing
-from networks.packet_reference import ReferenceEngine, _Flow
-from networks.packet_solve import ComponentSolve
-from networks.packet_table import FlowTable
-from networks.ringjob import REL_TOL as _REL_TOL
-from networks.ringjob import TIME_TOL as _TIME_TOL
-from networks.ringjob import RingJob
-from networks.ringjobs import RingJobs
+from networks.packet.above import SolveAbove
+from networks.packet.checks import SolveChecks
+from networks.packet.landing import Landing
+from networks.packet.reference import ReferenceEngine, _Flow
+from networks.packet.ringjob import REL_TOL as _REL_TOL
+from networks.packet.ringjob import TIME_TOL as _TIME_TOL
+from networks.packet.ringjob import RingJob
+from networks.packet.ringjobs import RingJobs
+from networks.packet.solve import ComponentSolve
+from networks.packet.table import FlowTable
 from networks.routing import Routes, path_latencies
 from triosim.common.errors import NetworkError
 from triosim.common.schema import option
@@ -127,7 +127,7 @@ class PacketSwitchNetwork(
             self._advance = self._advance_fast
             self._on_timer = self._on_timer_fast
             self._route_cache: dict = {}
-            self._rings: dict = {}  # ring group -> RingPaths (networks.ringjobs)
+            self._rings: dict = {}  # ring group -> RingPaths (networks.packet.ringjobs)
             self._jobs: dict[int, RingJob] = {}  # ring jobs under way
             self._owner = np.full(len(self.links), -1, np.int64)  # job holding each link
             self.ring_jobs = self.ring_splits = 0

@@ -23,8 +23,8 @@ import zlib
 
 import numpy as np
 
-from networks import route_tuning as tuning
-from networks.route_reads import RouteReads
+from networks.routing import tuning
+from networks.routing.reads import RouteReads
 
 
 class RouteWalks(RouteReads):

@@ -5,9 +5,9 @@ pipeline sends coming and going) most changes cannot reach most flows: progressi
 runs as before up to the least rate a change can touch, so only the flows above that level
 are re-solved, over the capacity the others leave (`_solve_above`; exact up to round-off in
 the residual capacities, about 1e-15 relative, checked against whole solves to 1e-11 by
-networks.packet_checks).
+networks.packet.checks).
 
-What a caller may rely on (networks.packet_solve calls these for `above_min` dirty flows
+What a caller may rely on (networks.packet.solve calls these for `above_min` dirty flows
 or more): `_solve_above(idx, new, gone_e)` computes, changing nothing but counters (and
 restoring the scratch arrays), the new rates of the flows it re-solves, or None when most of `idx` would need
 solving (then the caller solves them all); `_after_above(...)` books them: rates, one
@@ -15,11 +15,11 @@ label for the dirty flows, and the loads of the links that changed, summed from 
 kept flows took (not in table order: these loads agree with a whole update to round-off;
 every `RELOAD_EVERY` solves they are summed afresh, so the drift stays bounded).
 
-What the host provides: `capacity`, the flow table (networks.packet_table) with its
-`_occ`; from networks.packet_solve, `_load` as of the last solve, `_finite`, the labels
+What the host provides: `capacity`, the flow table (networks.packet.table) with its
+`_occ`; from networks.packet.solve, `_load` as of the last solve, `_finite`, the labels
 (`_labels`, `_llab`, `_capped`), the scratch arrays `_mark` and `_pos` (all False / free
 between uses), `_renumber` and `_land_infinite`; and `check_solves` and
-`_check_against_full` (networks.packet_checks).
+`_check_against_full` (networks.packet.checks).
 """
 
 from __future__ import annotations

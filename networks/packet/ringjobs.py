@@ -1,7 +1,7 @@
 """Ring collectives as one reservation in the packet network's fast engine (a mixin).
 
 `ring` runs a lock-step ring collective. When the ring's links are exclusive and carry
-nothing else, it becomes one `RingJob`: its step times come from networks.ringjob's
+nothing else, it becomes one `RingJob`: its step times come from networks.packet.ringjob's
 scalar loop, its links are reserved, and one event fires at its end. A transfer that
 touches a reserved link splits the job first: the steps before the current one are done
 (records, link bytes and busy time as the per-step engine counts them), the current step
@@ -17,7 +17,7 @@ import numpy as np
 import simpy
 
 from networks.groups import Group, Records, at, chain, repeat_add, seq_sum
-from networks.ringjob import RingJob, RingPaths, ring_paths, run_step
+from networks.packet.ringjob import RingJob, RingPaths, ring_paths, run_step
 
 _PLAIN = (int, float)
 

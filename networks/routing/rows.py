@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from networks import route_tuning as tuning
-from networks.route_graph import _NET, RouteGraph
+from networks.routing import tuning
+from networks.routing.graph import _NET, RouteGraph
 
 
 class RouteRows(RouteGraph):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from networks.route_rows import RouteRows
+from networks.routing.rows import RouteRows
 
 
 class RouteReads(RouteRows):

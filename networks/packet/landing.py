@@ -18,7 +18,7 @@ What a caller may rely on:
   `_deliver` call per transfer, with its record, instead.
 
 What the host provides: `env`, the table's `_lat`, `_gid` and `_idx` columns
-(networks.packet_table), and Network's `bytes_delivered` and `in_flight`.
+(networks.packet.table), and Network's `bytes_delivered` and `in_flight`.
 """
 
 from __future__ import annotations

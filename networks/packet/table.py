@@ -18,7 +18,7 @@ What a caller may rely on:
 * Adding or removing rows replaces the column attributes (`self._rem` is a new view):
   read them afresh after such a call, never keep one across it. Writing into the rows
   (`self._rate[idx] = ...`) is how the solver sets rates.
-* The change log, read and cleared by the solver (networks.packet_solve): `_seeds` (arrays
+* The change log, read and cleared by the solver (networks.packet.solve): `_seeds` (arrays
   of links whose flows changed, repeats allowed), `_new` (rows at the end added since
   the last solve), `_gone` (labels of the removed flows) and `_gone_links` (their
   entries: link, the flow's rate, its label); `_occ` holds the flows on each link, queued

@@ -23,8 +23,8 @@ import simpy
 
 from networks.groups import TransferRecord
 from networks.maxmin import incidence, link_loads, max_min_rates
-from networks.ringjob import REL_TOL as _REL_TOL
-from networks.ringjob import TIME_TOL as _TIME_TOL
+from networks.packet.ringjob import REL_TOL as _REL_TOL
+from networks.packet.ringjob import TIME_TOL as _TIME_TOL
 
 
 @dataclass(slots=True)

@@ -18,24 +18,24 @@ them exactly (every term stays far below 2**53), and equal-cost paths stay tied
 
 `Routes` is built in layers, a module each, each relying only on the ones below it (none
 imports this module):
-- networks.route_graph: the topology as arrays (links, packed weights, in-links, the GPUs
+- networks.routing.graph: the topology as arrays (links, packed weights, in-links, the GPUs
   that sit behind one hub or only behind switches), and `link_weight`; no distances;
-- networks.route_rows: distance rows, computed on demand and shared where they can be (a
+- networks.routing.rows: distance rows, computed on demand and shared where they can be (a
   source's bounded search, a hub's or a switch's full row), and shortest-path trees;
-- networks.route_spreads: hops and bottlenecks from a big switch's spread, shared by the
+- networks.routing.spreads: hops and bottlenecks from a big switch's spread, shared by the
   GPUs under it (`hub_hop_rows`);
-- networks.route_reads: which rows each (source, destination) pair of a batch reads;
-- networks.route_walks: the walk back from the destinations that picks the links;
-- networks.route_tuning: memory budgets and thresholds, none of which changes a result.
+- networks.routing.reads: which rows each (source, destination) pair of a batch reads;
+- networks.routing.walks: the walk back from the destinations that picks the links;
+- networks.routing.tuning: memory budgets and thresholds, none of which changes a result.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from networks.route_graph import link_weight
-from networks.route_spreads import RouteSpreads
-from networks.route_walks import RouteWalks
+from networks.routing.graph import link_weight
+from networks.routing.spreads import RouteSpreads
+from networks.routing.walks import RouteWalks
 
 __all__ = ["LINK_KINDS", "Routes", "link_weight", "path_latencies"]
 

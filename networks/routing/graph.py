@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from networks import route_tuning as tuning
+from networks.routing import tuning
 
 # bit budget (sums stay below 2**53): up to 31 network hops, 1 ms of summed latency at 1 ns
 # resolution, then hops

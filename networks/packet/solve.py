@@ -6,12 +6,12 @@ by labels, a new flow alone on its links (a pipeline send) takes its least capac
 without looking at the table, and loads, utilisation and the done check are updated for
 the changed flows and links only. Max-min rates decompose over components and the solver
 computes each with the same floats alone as within the table, so this changes no bit
-(`check_solves` compares every solve with the whole-table one, networks.packet_checks;
-tests/test_component_solve.py). Big components hand over to networks.packet_above, which
+(`check_solves` compares every solve with the whole-table one, networks.packet.checks;
+tests/test_component_solve.py). Big components hand over to networks.packet.above, which
 re-solves only the flows above the level a change can reach.
 
 What a caller may rely on: `_solve_changed()`, called once the table holds the flows of
-this instant (networks.packet_table: its change log says what changed, and is cleared),
+this instant (networks.packet.table: its change log says what changed, and is cleared),
 sets `_rate` of every flow to the max-min rates (bit for bit those of a whole-table
 solve, to round-off after a solve above a level), relabels the components it solved
 (`_flab`, `_llab`: every component within one label), delivers the flows whose rate is
@@ -23,10 +23,10 @@ sums those links' loads (table order, as the reference engine) and the peak util
 whoever changes `_load` sets `_busy` to None.
 
 What the host provides: `capacity`, `links`, `_load`, `_busy`, `max_utilisation`, the
-flow table with its change log (networks.packet_table), `_deliver_fast`
-(networks.packet_landing), `_solve_above`, `_after_above` and `above_min`
-(networks.packet_above), and `check_solves` and `_check_against_full`
-(networks.packet_checks).
+flow table with its change log (networks.packet.table), `_deliver_fast`
+(networks.packet.landing), `_solve_above`, `_after_above` and `above_min`
+(networks.packet.above), and `check_solves` and `_check_against_full`
+(networks.packet.checks).
 """
 
 from __future__ import annotations
