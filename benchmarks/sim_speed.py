@@ -165,15 +165,15 @@ def one(case: str, n: int, engine: str, sym: str = "off") -> int:
         "resnet18": lambda: ddp("resnet18-b8.trace.json.gz", n, engine, 8, sym)[0],
         "gpt2": lambda: ddp("gpt2-small-b4.trace.json.gz", n, engine, 4, sym)[0],
         "resnet50": lambda: ddp(RESNET50, n, engine, 128, sym)[0],
-        "hybrid-tp8": lambda: hybrid(n, 8, 1, engine, sym),
+        "hybrid-tp4": lambda: hybrid(n, 4, 1, engine, sym),
         "hybrid-pp4": lambda: hybrid(n, 1, 4, engine, sym),
-        "3d-tp8-pp4": lambda: hybrid(n, 8, 4, engine, sym),
-        "hybrid-tp8-switch": lambda: hybrid(n, 8, 1, engine, sym, switch=True),
+        "3d-tp4-pp4": lambda: hybrid(n, 4, 4, engine, sym),
+        "hybrid-tp4-switch": lambda: hybrid(n, 4, 1, engine, sym, switch=True),
         "hybrid-pp4-switch": lambda: hybrid(n, 1, 4, engine, sym, switch=True),
-        "hybrid-tp8-cluster": lambda: hybrid(n, 8, 1, engine, sym, cluster=True),
+        "hybrid-tp4-cluster": lambda: hybrid(n, 4, 1, engine, sym, cluster=True),
         "hybrid-pp4-cluster": lambda: hybrid(n, 1, 4, engine, sym, cluster=True),
-        "3d-tp8-pp4-switch": lambda: hybrid(n, 8, 4, engine, sym, switch=True),
-        "3d-tp8-pp4-cluster": lambda: hybrid(n, 8, 4, engine, sym, cluster=True),
+        "3d-tp4-pp4-switch": lambda: hybrid(n, 4, 4, engine, sym, switch=True),
+        "3d-tp4-pp4-cluster": lambda: hybrid(n, 4, 4, engine, sym, cluster=True),
     }
     if case not in runs:
         raise SystemExit(f"--one: case must be one of {', '.join(runs)}, not {case!r}")
@@ -200,10 +200,10 @@ def main(argv=None):
         "--one",
         nargs=2,
         metavar=("CASE", "GPUS"),
-        help="run one case (textbook, nccl, resnet18, gpt2, resnet50, hybrid-tp8, "
-        "hybrid-pp4, 3d-tp8-pp4, hybrid-tp8-switch, hybrid-pp4-switch, "
-        "hybrid-tp8-cluster, hybrid-pp4-cluster, 3d-tp8-pp4-switch, "
-        "3d-tp8-pp4-cluster) in this "
+        help="run one case (textbook, nccl, resnet18, gpt2, resnet50, hybrid-tp4, "
+        "hybrid-pp4, 3d-tp4-pp4, hybrid-tp4-switch, hybrid-pp4-switch, "
+        "hybrid-tp4-cluster, hybrid-pp4-cluster, 3d-tp4-pp4-switch, "
+        "3d-tp4-pp4-cluster) in this "
         "process and "
         "print its wall time and the process's peak resident memory",
     )
