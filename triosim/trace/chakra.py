@@ -364,8 +364,13 @@ def _frames(data: bytes, path):
                     file=path,
                 )
         if pos + n > len(data):
+            what = (
+                "not a Chakra stream (or one truncated in its first message)"
+                if not index
+                else "truncated stream"
+            )
             raise TraceError(
-                f"truncated stream: message {index} (at byte {start}) needs {n} bytes, "
+                f"{what}: message {index} (at byte {start}) needs {n} bytes, "
                 f"{len(data) - pos} are left",
                 file=path,
             )
@@ -412,10 +417,9 @@ def read_rank_file(path, rank: int) -> RankFile:
     if first is None:
         raise TraceError("not a Chakra stream: the file is empty", file=path)
     meta = _parse(cls["GlobalMetadata"], first[1], path, "the first message (GlobalMetadata)")
-    if not meta.version:
+    if not first[1]:
         raise TraceError(
-            "not a Chakra stream: the first message is not a GlobalMetadata with a version",
-            file=path,
+            "not a Chakra stream: the first message (GlobalMetadata) is empty", file=path
         )
     nodes = []
     for index, payload in frames:
