@@ -62,7 +62,9 @@ MODES = [
 
 @pytest.fixture(scope="module")
 def trace():
-    return chain_trace(layers=8)
+    # durations that are not whole microseconds: duration_micros alone would not bring
+    # them back
+    return chain_trace(layers=8, t_fwd=1.2345678e-3, t_bwd=2.3456789e-3, t_opt=0.4567891e-3)
 
 
 @pytest.mark.parametrize(("mode", "n", "par"), MODES, ids=lambda v: str(v))
@@ -83,6 +85,17 @@ def test_iterations_come_back_too(tmp_path, trace):
     assert back.iteration_times == want.iteration_times
     assert rows(back) == rows(want)
     assert ex.files[-1].name == "comm_group.json"
+
+
+def test_slower_gpus_are_in_the_exported_durations(tmp_path, trace):
+    # the durations are what each GPU runs (its compute factor applied): an import run on
+    # the same links without the factors is the same run
+    slow = {**config("ddp", 4), "heterogeneity": {"compute": {2: 1.7}, "bandwidth": {1: 3.0}}}
+    ex = export_chakra(slow, tmp_path, trace=trace)
+    back = {**config("chakra", 4, path=str(tmp_path)), "heterogeneity": {"bandwidth": {1: 3.0}}}
+    back = Simulation(back, trace=trace).run()
+    assert back.iteration_time == ex.result.iteration_time
+    assert rows(back) == rows(ex.result)
 
 
 def test_a_config_file_names_the_workload_relative_to_itself(tmp_path, trace):
@@ -404,6 +417,13 @@ def test_a_file_that_is_a_node_without_metadata(exported, trace):
     rest = data[len(et.varint(len(first))) + len(first) :]
     (exported / "workload.1.et").write_bytes(rest)  # the nodes, no GlobalMetadata
     with pytest.raises(TraceError, match="not a Chakra stream"):
+        run(exported, 4, trace)
+
+
+def test_a_protobuf_stream_of_other_messages(exported, trace):
+    # well-formed protobuf, but field 15 of a varint is nothing in Chakra's GlobalMetadata
+    (exported / "workload.0.et").write_bytes(et.frame(bytes([0x78, 0x01])))
+    with pytest.raises(TraceError, match="not a Chakra stream.*fields the Chakra schema"):
         run(exported, 4, trace)
 
 
