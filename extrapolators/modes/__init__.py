@@ -6,6 +6,7 @@ runtime (extrapolators.execution) and asks the communication model for its colle
 """
 
 from extrapolators.modes.base import Extrapolator, gradient_ready
+from extrapolators.modes.chakra import ChakraWorkload
 from extrapolators.modes.data_parallel import DataParallel, DistributedDataParallel, Single
 from extrapolators.modes.hop import Hop
 from extrapolators.modes.hybrid import Hybrid
@@ -28,6 +29,7 @@ for _cls in (
     Sharded,
     ThreeD,
     Interleaved,
+    ChakraWorkload,
 ):
     EXTRAPOLATORS.register(_cls.name)(_cls)
 
@@ -41,6 +43,7 @@ extrapolator_class = EXTRAPOLATORS.get
 
 __all__ = [
     "EXTRAPOLATORS",
+    "ChakraWorkload",
     "DataParallel",
     "DistributedDataParallel",
     "Extrapolator",

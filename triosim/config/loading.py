@@ -162,9 +162,22 @@ class Config:
         comm = dataclasses.replace(
             self.communication, options=_map_paths(self.communication.options, move)
         )
-        return dataclasses.replace(
-            self, trace=move(self.trace), perfmodel=perf, communication=comm, base_dir=str(folder)
+        par = dataclasses.replace(
+            self.parallelism, options=_map_paths(self.parallelism.options, move)
         )
+        return dataclasses.replace(
+            self,
+            trace=move(self.trace),
+            parallelism=par,
+            perfmodel=perf,
+            communication=comm,
+            base_dir=str(folder),
+        )
+
+    def parallelism_options(self):
+        """The mode's options with their paths (a Chakra workload's folder) resolved from
+        the config's folder, as the mode reads them."""
+        return _map_paths(self.parallelism.options, lambda p: str(self.resolve(p)))
 
     def save(self, path) -> Path:
         """Write the config so that it re-runs from where it is saved."""
@@ -182,7 +195,7 @@ def _map_paths(options, fn):
     for f in fields(options):
         if f.metadata.get("path"):
             v = getattr(options, f.name)
-            if v is not None:
+            if v not in (None, ""):  # "": not given (the option's check names it)
                 changes[f.name] = [fn(x) for x in v] if isinstance(v, list) else fn(v)
     return dataclasses.replace(options, **changes) if changes else options
 
