@@ -881,9 +881,11 @@ def build_parser() -> argparse.ArgumentParser:
     _trace_arguments(sub)
     _search_arguments(sub)
 
+    from triosim.cli.chakra import add_parser as add_chakra
     from triosim.cli.collectives import add_commands
 
     add_commands(sub)  # collectives, calibrate
+    add_chakra(sub)  # export-chakra
 
     _sweep_arguments(sub)
     _compare_arguments(sub)
