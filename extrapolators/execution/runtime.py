@@ -90,10 +90,17 @@ class Runtime:
 
     # -- execution ------------------------------------------------------------------------
     def _run(self, who, tasks, after):
+        """One stream's process. Every task of every GPU passes through this loop: it stays
+        one function with each kind of task inline (a generator per task would cost more
+        than most tasks); what is rare or runs the network anyway is a call."""
         env, rows = self.env, self._log  # env._now: `now` without a property call per task
         gpu, stream, it = who
         here = who  # (gpu, stream, the current iteration): a block's `who`
         scale = self.compute_scale.get(gpu, 1.0)
+
+        def log(kind, name, layer, phase, t0, t1, nbytes, key):  # one row of COLUMNS
+            rows.append((gpu, stream, kind, name, layer, phase, t0, t1, nbytes, key, it, -1, -1))
+
         for key in after:
             self._waiting[who] = Wait(key)
             yield self.event(key)
@@ -109,8 +116,7 @@ class Runtime:
             self._waiting[who] = task
             start = env._now
             if type(task) is Compute or type(task) is ComputeRun:
-                # the run of computes that follows, up to the next other task
-                run = [task]
+                run = [task]  # the computes that follow, up to the next other task
                 for nxt in tasks:
                     if type(nxt) is not Compute and type(nxt) is not ComputeRun:
                         pending = nxt
@@ -126,107 +132,25 @@ class Runtime:
                     if here[2] != it:
                         here = (gpu, stream, it)
                     rows.append(Block(here, task, acc))
-                    self.tasks_finished += count - 1
-                    self.tasks_finished += 1
+                    self.tasks_finished += count
                     continue
-                count = plain = 0  # tasks in the run, plain computes among them (a loop:
-                for c in run:  # cheaper than sum() and all() over generators)
-                    if type(c) is Compute:
-                        count += 1
-                        plain += 1
-                    else:
-                        count += len(c.tasks)
-                self.tasks_started += count - 1
-                if plain == len(run):
-                    yield from self._computes((gpu, stream, it), run, scale)
-                else:
-                    yield from self._compute_run((gpu, stream, it), run, scale)
-                self.tasks_finished += count - 1
+                yield from self._computes((gpu, stream, it), run, scale)
             elif type(task) is Collective:
                 meet = self._arrive(gpu, task)  # (a call, not a generator per collective)
                 yield meet["done"]
-                begin = meet["begin"]
+                begin, layer, phase = meet["begin"], task.layer, task.phase
                 if begin > start:
-                    rows.append(
-                        (
-                            gpu,
-                            stream,
-                            "wait",
-                            f"wait {task.op}",
-                            task.layer,
-                            task.phase,
-                            start,
-                            begin,
-                            0.0,
-                            task.key,
-                            it,
-                            -1,
-                            -1,
-                        )
-                    )
-                rows.append(
-                    (
-                        gpu,
-                        stream,
-                        "comm",
-                        task.op,
-                        task.layer,
-                        task.phase,
-                        begin,
-                        env._now,
-                        task.nbytes,
-                        task.key,
-                        it,
-                        -1,
-                        -1,
-                    )
-                )
+                    log("wait", f"wait {task.op}", layer, phase, start, begin, 0.0, task.key)
+                log("comm", task.op, layer, phase, begin, env._now, task.nbytes, task.key)
             elif type(task) is Send:
-                if self.symmetry is None:  # a pipeline's sends repeat: prepared once
-                    pair = (gpu, task.dst, task.nbytes)
-                    batch = self._sends.get(pair)
-                    if batch is None:
-                        batch = self._sends[pair] = self.network.batch([pair])
-                    yield self.network.transfer_all(batch, tag=task.key)
-                else:
-                    yield self._send_with_images(gpu, task)
+                yield self._send(gpu, task)
                 self.event("p2p:" + task.key).succeed()
-                rows.append(
-                    (
-                        gpu,
-                        stream,
-                        "comm",
-                        f"send to {task.dst}",
-                        task.layer,
-                        task.phase,
-                        start,
-                        env._now,
-                        task.nbytes,
-                        task.key,
-                        it,
-                        -1,
-                        -1,
-                    )
-                )
+                name, nbytes = f"send to {task.dst}", task.nbytes
+                log("comm", name, task.layer, task.phase, start, env._now, nbytes, task.key)
             elif type(task) is Recv:
                 yield self.event("p2p:" + task.key)
-                rows.append(
-                    (
-                        gpu,
-                        stream,
-                        "wait",
-                        f"recv from {task.src}",
-                        task.layer,
-                        task.phase,
-                        start,
-                        env._now,
-                        0.0,
-                        task.key,
-                        it,
-                        -1,
-                        -1,
-                    )
-                )
+                name = f"recv from {task.src}"
+                log("wait", name, task.layer, task.phase, start, env._now, 0.0, task.key)
             elif type(task) is Signal:
                 ev = self.event(task.key)
                 if ev.triggered:
@@ -235,46 +159,9 @@ class Runtime:
             elif type(task) is Wait:
                 yield self.event(task.key)
                 if env._now > start:
-                    rows.append(
-                        (
-                            gpu,
-                            stream,
-                            "wait",
-                            "wait",
-                            "",
-                            "",
-                            start,
-                            env._now,
-                            0.0,
-                            task.key,
-                            it,
-                            -1,
-                            -1,
-                        )
-                    )
-            elif type(task) is WaitSome:
-                events = [self.event(k) for k in task.keys]
-                if sum(e.triggered for e in events) < task.count:
-                    n = task.count
-                    yield simpy.events.Condition(env, lambda _evs, done, n=n: done >= n, events)
-                if env._now > start:
-                    rows.append(
-                        (
-                            gpu,
-                            stream,
-                            "wait",
-                            f"wait {task.count} of {len(events)}",
-                            task.layer,
-                            task.phase,
-                            start,
-                            env._now,
-                            0.0,
-                            ",".join(task.keys),
-                            it,
-                            -1,
-                            -1,
-                        )
-                    )
+                    log("wait", "wait", "", "", start, env._now, 0.0, task.key)
+            elif type(task) is WaitSome:  # (rare: a generator is cheap enough)
+                yield from self._wait_some((gpu, stream, it), task, start)
             elif type(task) is Iteration:
                 it = task.k
             else:
@@ -283,9 +170,45 @@ class Runtime:
         self._waiting.pop(who, None)
         self.event(self.done_key(gpu, stream, it)).succeed()
 
+    def _wait_some(self, who, task: WaitSome, start: float):
+        """Until `task.count` of its events have fired; a row if that took time."""
+        env = self.env
+        events = [self.event(k) for k in task.keys]
+        if sum(e.triggered for e in events) < task.count:
+            n = task.count
+            yield simpy.events.Condition(env, lambda _evs, done, n=n: done >= n, events)
+        if env._now > start:
+            gpu, stream, it = who
+            name, keys = f"wait {task.count} of {len(events)}", ",".join(task.keys)
+            self._log.append(
+                (
+                    gpu,
+                    stream,
+                    "wait",
+                    name,
+                    task.layer,
+                    task.phase,
+                    start,
+                    env._now,
+                    0.0,
+                    keys,
+                    it,
+                    -1,
+                    -1,
+                )
+            )
+
     def _computes(self, who, run, scale):
-        """Compute tasks one by one (the straightforward path, kept for streams that do not
-        emit ComputeRuns): one event at the run's end, one row per task."""
+        """A run of several pieces (Computes, ComputeRuns) that `_run` collected; counts
+        them as tasks. Plain computes are timed one by one (the straightforward path, kept
+        for streams that do not emit ComputeRuns): one event at the run's end, one row per
+        task; a mix goes to `_compute_run`."""
+        count, plain = _count(run)
+        self.tasks_started += count - 1
+        if not plain:
+            yield from self._compute_run(who, run, scale)
+            self.tasks_finished += count - 1
+            return
         gpu, stream, it = who
         start = self.env.now
         t, ends = start, []
@@ -318,6 +241,7 @@ class Runtime:
                 )
             )
             t0 = t1
+        self.tasks_finished += count - 1
 
     def _compute_run(self, who, run, scale):
         """Several pieces, ComputeRuns among them (rare: templates emit whole runs; a run
@@ -438,10 +362,18 @@ class Runtime:
         self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
         twins.image_done(self.env.now)
 
-    def _send_with_images(self, gpu, task: Send) -> simpy.Event:
-        """The send and every copy's image of it, started as one group of transfers (one
-        flow-table update instead of one per copy: the same flows at the same instant);
-        returns the representative's event."""
+    def _send(self, gpu, task: Send) -> simpy.Event:
+        """Start `task` from `gpu`; the event fires when it is delivered. Without symmetry
+        a pipeline's sends repeat, so each (src, dst, bytes) is prepared once; with it the
+        send and every copy's image of it start as one group of transfers (one flow-table
+        update instead of one per copy: the same flows at the same instant), and the
+        event is the representative's."""
+        if self.symmetry is None:
+            pair = (gpu, task.dst, task.nbytes)
+            batch = self._sends.get(pair)
+            if batch is None:
+                batch = self._sends[pair] = self.network.batch([pair])
+            return self.network.transfer_all(batch, tag=task.key)
         pairs = self.symmetry.send_images(gpu, task.dst)
         nb = task.nbytes
         group = [(gpu, task.dst, nb), *((a, b, nb) for a, b in pairs)]
@@ -499,6 +431,19 @@ def _cumsum(block: ComputeRun, start: float, scale: float) -> tuple:
     acc[1:] = d
     np.cumsum(acc, out=acc)
     return acc, float(acc[-1])
+
+
+def _count(run) -> tuple[int, bool]:
+    """(tasks in a run of computes, whether all are plain Computes): a loop, cheaper than
+    sum() and all() over generators."""
+    count = plain = 0
+    for c in run:
+        if type(c) is Compute:
+            count += 1
+            plain += 1
+        else:
+            count += len(c.tasks)
+    return count, plain == len(run)
 
 
 def _name(who) -> str:
