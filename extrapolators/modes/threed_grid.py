@@ -21,6 +21,7 @@ class ThreeDGrid:
     """The grid of a 3D plan (module docstring: what it gives, what it needs)."""
 
     def _make_grid(self) -> None:
+        """The degrees (checked: dp x tp x pp = num_gpus), `grid` and `coord`."""
         o, n = self.options, len(self.gpus)
         dp, tp = o.dp, o.tp
         if n % (dp * tp):

@@ -4,7 +4,7 @@
 `TPCollectives` is a part of `TensorParallel` (its mixin). What it provides, once
 `_plan_collectives(fwd)` has run: `before` and `after`, op id -> the Collective tasks to
 run on the compute stream before / after that operator (keyed `tp:<op id>:<what>`, over
-the group `ring`, each once per operator; a 3D grid re-keys and re-groups them), and the
+the group `ring`; a 3D grid re-keys and re-groups them), and the
 byte counts they are made of (`activation_bytes`, `loss_bytes`).
 What it needs: the roles of tp_roles.TPRoles already planned (`roles`, `bwd_of`,
 `orphans`, `loss_op`, `head_op`, `roots`, `_weights`), and of `Extrapolator`: `trace`,

@@ -7,15 +7,15 @@ for what each style does with them).
     the layers' "column", "row", "vocab", "head", "gather" or "channel" (SPLIT: they hold a
     shard of their weights), "replicated" (an embedding every GPU holds whole), and
     "sharded", "loss" or "sequence" (SHARDED: unsplit operators on 1/N of the data); a
-    backward operator has its forward operator's role; an operator with no role runs
-    whole;
+    backward operator has its forward operator's role;
   - `bwd_of`: a layer's op id -> its backward operators, in trace order; `orphans` (and
     their ids, `_orphan_ids`): split backward operators no layer claims;
   - `loss_op`, `head_op` (Megatron's style only): its vocabulary-parallel loss and the
     head that feeds it, or None;
-  - `roots`, `_is_layer`, `_weights`, `_split_weight_like`: which tensors are weights (or
-    made from one, as a cast) and which of them the split layers shard; usable before the
-    plan (`check` asks `_is_layer` first).
+  - `roots`, `_is_layer`, `_weights`: which tensors are weights (or made from one, as a
+    cast), which operators are layers and what they read, usable before the plan
+    (`check` asks `_is_layer` first); `_split_weight_like()`: the ones the split layers
+    shard.
 What it needs of the class it is mixed into: `trace`, `options` (its `tp_style` and
 `sequence_parallel`) and `ops(phase)`, as `Extrapolator` has them.
 """
