@@ -2,8 +2,8 @@
 
 Streams are iterators, pulled one task at a time as the simulation unfolds, so N GPUs
 never hold N copies of the trace. Compute takes its modelled duration; collectives
-meet at a rendezvous and then the communication model (extrapolators.communication.base)
-runs them through the Network; Send/Recv
+meet at a rendezvous (meetings.py) and then the communication model
+(extrapolators.communication.base) runs them through the Network; Send/Recv
 and Signal/Wait connect streams. Consecutive compute tasks of a stream run as one event at
 the end of the run, at the time per-task events would reach (the same sequential float
 sums), so long streams cost one SimPy event per run, not per task. A mode may emit a
@@ -21,6 +21,7 @@ import numpy as np
 import simpy
 from simpy.core import NORMAL
 
+from extrapolators.execution.meetings import Meetings
 from extrapolators.execution.symmetry import SymmetryBroken, Twins
 from extrapolators.execution.tasks import (
     Collective,
@@ -39,7 +40,10 @@ from triosim.common.errors import DeadlockError, SimulationError
 __all__ = ["COLUMNS", "Runtime"]
 
 
-class Runtime:
+class Runtime(Meetings):
+    """Runs the streams (`start`), one SimPy process each (`_run`); collectives meet
+    through meetings.Meetings; the timeline and the deadlock check come from what ran."""
+
     def __init__(
         self,
         env: simpy.Environment,
@@ -275,92 +279,6 @@ class Runtime:
         ev._ok, ev._value = True, None
         heappush(self.env._queue, (t, NORMAL, next(self.env._eid), ev))
         return ev
-
-    def _arrive(self, gpu, task: Collective) -> dict:
-        """Meet the other members; the last to arrive runs the algorithm. Returns the
-        meeting: wait for its "done" event, then "begin" is the collective's start."""
-        meet = self._meet.get(task.key)
-        if meet is None:
-            if gpu not in task.group:
-                raise SimulationError(
-                    f"GPU {gpu} posted collective {task.key!r} of group {task.group} it is not in"
-                )
-            if self.symmetry is None:
-                left, images = set(task.group), None
-            else:  # the representatives in the group meet; images run with them
-                left, images = self.symmetry.plan(task.group)
-            meet = self._meet[task.key] = {
-                "left": left,
-                "done": self.env.event(),
-                "begin": None,
-                "task": task,
-                "images": images,
-            }
-        elif (meet["task"].group is not task.group and meet["task"].group != task.group) or (
-            meet["task"].op != task.op
-        ):  # identity first: comparing an N-GPU group per arrival is O(N^2) per collective
-            raise SimulationError(f"collective {task.key!r} posted with different groups or ops")
-        if gpu not in meet["left"]:
-            raise SimulationError(f"GPU {gpu} posted collective {task.key!r} twice")
-        meet["left"].discard(gpu)
-        if not meet["left"]:
-            meet["begin"] = self.env.now
-            self.env.process(self._run_collective(task, meet["done"], meet["images"]))
-        return meet
-
-    def _run_collective(self, task: Collective, done, images=None):
-        twins = None
-        if images and hasattr(self.comm, "run_many"):  # every copy's at once, one group
-            yield from self._run_with_images(task, images)
-            del self._meet[task.key]
-            done.succeed()
-            return
-        if images:  # the same collective in every copy, started at the same instant
-            twins = Twins(self, f"collective {task.key!r}")
-            for k, group in enumerate(images, start=1):
-                self.open_images += 1
-                self.env.process(self._image_collective(task, group, k, twins))
-        yield from self.comm.run(
-            task.op, task.group, task.nbytes, tag=task.key, root=task.root, algorithm=task.algorithm
-        )
-        self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
-        if twins is not None:
-            twins.rep_done(self.env.now)
-        del self._meet[task.key]
-        done.succeed()
-
-    def _run_with_images(self, task: Collective, images):
-        """The representatives' collective and its images through `comm.run_many`: one
-        transfer group for all copies; each image's end checked against the
-        representatives' (as `_image_collective` would, without a process per copy)."""
-        roots = [task.root] + [
-            None if task.root is None else self.symmetry.image(task.root, k)
-            for k in range(1, len(images) + 1)
-        ]
-        ends = yield from self.comm.run_many(
-            task.op,
-            [task.group, *images],
-            task.nbytes,
-            tag=task.key,
-            roots=roots,
-            algorithm=task.algorithm,
-        )
-        for _ in range(len(images) + 1):
-            self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
-        twins = Twins(self, f"collective {task.key!r}")
-        self.open_images += len(images)
-        for e in ends[1:]:
-            twins.image_done(e)
-        twins.rep_done(ends[0])
-
-    def _image_collective(self, task: Collective, group, k: int, twins):
-        """Copy k's image of a representatives' collective (its tag: the same key)."""
-        root = None if task.root is None else self.symmetry.image(task.root, k)
-        yield from self.comm.run(
-            task.op, group, task.nbytes, tag=task.key, root=root, algorithm=task.algorithm
-        )
-        self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
-        twins.image_done(self.env.now)
 
     def _send(self, gpu, task: Send) -> simpy.Event:
         """Start `task` from `gpu`; the event fires when it is delivered. Without symmetry
