@@ -2,8 +2,8 @@
 
 Streams are iterators, pulled one task at a time as the simulation unfolds, so N GPUs
 never hold N copies of the trace. Compute takes its modelled duration; collectives
-meet at a rendezvous and then the communication model (extrapolators.communication.base)
-runs them through the Network; Send/Recv
+meet at a rendezvous (meetings.py) and then the communication model
+(extrapolators.communication.base) runs them through the Network; Send/Recv
 and Signal/Wait connect streams. Consecutive compute tasks of a stream run as one event at
 the end of the run, at the time per-task events would reach (the same sequential float
 sums), so long streams cost one SimPy event per run, not per task. A mode may emit a
@@ -21,6 +21,7 @@ import numpy as np
 import simpy
 from simpy.core import NORMAL
 
+from extrapolators.execution.meetings import Meetings
 from extrapolators.execution.symmetry import SymmetryBroken, Twins
 from extrapolators.execution.tasks import (
     Collective,
@@ -39,7 +40,10 @@ from triosim.common.errors import DeadlockError, SimulationError
 __all__ = ["COLUMNS", "Runtime"]
 
 
-class Runtime:
+class Runtime(Meetings):
+    """Runs the streams (`start`), one SimPy process each (`_run`); collectives meet
+    through meetings.Meetings; the timeline and the deadlock check come from what ran."""
+
     def __init__(
         self,
         env: simpy.Environment,
@@ -90,10 +94,17 @@ class Runtime:
 
     # -- execution ------------------------------------------------------------------------
     def _run(self, who, tasks, after):
+        """One stream's process. Every task of every GPU passes through this loop: it stays
+        one function with each kind of task inline (a generator per task would cost more
+        than most tasks); what is rare or runs the network anyway is a call."""
         env, rows = self.env, self._log  # env._now: `now` without a property call per task
         gpu, stream, it = who
         here = who  # (gpu, stream, the current iteration): a block's `who`
         scale = self.compute_scale.get(gpu, 1.0)
+
+        def log(kind, name, layer, phase, t0, t1, nbytes, key):  # one row of COLUMNS
+            rows.append((gpu, stream, kind, name, layer, phase, t0, t1, nbytes, key, it, -1, -1))
+
         for key in after:
             self._waiting[who] = Wait(key)
             yield self.event(key)
@@ -109,8 +120,7 @@ class Runtime:
             self._waiting[who] = task
             start = env._now
             if type(task) is Compute or type(task) is ComputeRun:
-                # the run of computes that follows, up to the next other task
-                run = [task]
+                run = [task]  # the computes that follow, up to the next other task
                 for nxt in tasks:
                     if type(nxt) is not Compute and type(nxt) is not ComputeRun:
                         pending = nxt
@@ -126,107 +136,25 @@ class Runtime:
                     if here[2] != it:
                         here = (gpu, stream, it)
                     rows.append(Block(here, task, acc))
-                    self.tasks_finished += count - 1
-                    self.tasks_finished += 1
+                    self.tasks_finished += count
                     continue
-                count = plain = 0  # tasks in the run, plain computes among them (a loop:
-                for c in run:  # cheaper than sum() and all() over generators)
-                    if type(c) is Compute:
-                        count += 1
-                        plain += 1
-                    else:
-                        count += len(c.tasks)
-                self.tasks_started += count - 1
-                if plain == len(run):
-                    yield from self._computes((gpu, stream, it), run, scale)
-                else:
-                    yield from self._compute_run((gpu, stream, it), run, scale)
-                self.tasks_finished += count - 1
+                yield from self._computes((gpu, stream, it), run, scale)
             elif type(task) is Collective:
                 meet = self._arrive(gpu, task)  # (a call, not a generator per collective)
                 yield meet["done"]
-                begin = meet["begin"]
+                begin, layer, phase = meet["begin"], task.layer, task.phase
                 if begin > start:
-                    rows.append(
-                        (
-                            gpu,
-                            stream,
-                            "wait",
-                            f"wait {task.op}",
-                            task.layer,
-                            task.phase,
-                            start,
-                            begin,
-                            0.0,
-                            task.key,
-                            it,
-                            -1,
-                            -1,
-                        )
-                    )
-                rows.append(
-                    (
-                        gpu,
-                        stream,
-                        "comm",
-                        task.op,
-                        task.layer,
-                        task.phase,
-                        begin,
-                        env._now,
-                        task.nbytes,
-                        task.key,
-                        it,
-                        -1,
-                        -1,
-                    )
-                )
+                    log("wait", f"wait {task.op}", layer, phase, start, begin, 0.0, task.key)
+                log("comm", task.op, layer, phase, begin, env._now, task.nbytes, task.key)
             elif type(task) is Send:
-                if self.symmetry is None:  # a pipeline's sends repeat: prepared once
-                    pair = (gpu, task.dst, task.nbytes)
-                    batch = self._sends.get(pair)
-                    if batch is None:
-                        batch = self._sends[pair] = self.network.batch([pair])
-                    yield self.network.transfer_all(batch, tag=task.key)
-                else:
-                    yield self._send_with_images(gpu, task)
+                yield self._send(gpu, task)
                 self.event("p2p:" + task.key).succeed()
-                rows.append(
-                    (
-                        gpu,
-                        stream,
-                        "comm",
-                        f"send to {task.dst}",
-                        task.layer,
-                        task.phase,
-                        start,
-                        env._now,
-                        task.nbytes,
-                        task.key,
-                        it,
-                        -1,
-                        -1,
-                    )
-                )
+                name, nbytes = f"send to {task.dst}", task.nbytes
+                log("comm", name, task.layer, task.phase, start, env._now, nbytes, task.key)
             elif type(task) is Recv:
                 yield self.event("p2p:" + task.key)
-                rows.append(
-                    (
-                        gpu,
-                        stream,
-                        "wait",
-                        f"recv from {task.src}",
-                        task.layer,
-                        task.phase,
-                        start,
-                        env._now,
-                        0.0,
-                        task.key,
-                        it,
-                        -1,
-                        -1,
-                    )
-                )
+                name = f"recv from {task.src}"
+                log("wait", name, task.layer, task.phase, start, env._now, 0.0, task.key)
             elif type(task) is Signal:
                 ev = self.event(task.key)
                 if ev.triggered:
@@ -235,46 +163,9 @@ class Runtime:
             elif type(task) is Wait:
                 yield self.event(task.key)
                 if env._now > start:
-                    rows.append(
-                        (
-                            gpu,
-                            stream,
-                            "wait",
-                            "wait",
-                            "",
-                            "",
-                            start,
-                            env._now,
-                            0.0,
-                            task.key,
-                            it,
-                            -1,
-                            -1,
-                        )
-                    )
-            elif type(task) is WaitSome:
-                events = [self.event(k) for k in task.keys]
-                if sum(e.triggered for e in events) < task.count:
-                    n = task.count
-                    yield simpy.events.Condition(env, lambda _evs, done, n=n: done >= n, events)
-                if env._now > start:
-                    rows.append(
-                        (
-                            gpu,
-                            stream,
-                            "wait",
-                            f"wait {task.count} of {len(events)}",
-                            task.layer,
-                            task.phase,
-                            start,
-                            env._now,
-                            0.0,
-                            ",".join(task.keys),
-                            it,
-                            -1,
-                            -1,
-                        )
-                    )
+                    log("wait", "wait", "", "", start, env._now, 0.0, task.key)
+            elif type(task) is WaitSome:  # (rare: a generator is cheap enough)
+                yield from self._wait_some((gpu, stream, it), task, start)
             elif type(task) is Iteration:
                 it = task.k
             else:
@@ -283,9 +174,45 @@ class Runtime:
         self._waiting.pop(who, None)
         self.event(self.done_key(gpu, stream, it)).succeed()
 
+    def _wait_some(self, who, task: WaitSome, start: float):
+        """Until `task.count` of its events have fired; a row if that took time."""
+        env = self.env
+        events = [self.event(k) for k in task.keys]
+        if sum(e.triggered for e in events) < task.count:
+            n = task.count
+            yield simpy.events.Condition(env, lambda _evs, done, n=n: done >= n, events)
+        if env._now > start:
+            gpu, stream, it = who
+            name, keys = f"wait {task.count} of {len(events)}", ",".join(task.keys)
+            self._log.append(
+                (
+                    gpu,
+                    stream,
+                    "wait",
+                    name,
+                    task.layer,
+                    task.phase,
+                    start,
+                    env._now,
+                    0.0,
+                    keys,
+                    it,
+                    -1,
+                    -1,
+                )
+            )
+
     def _computes(self, who, run, scale):
-        """Compute tasks one by one (the straightforward path, kept for streams that do not
-        emit ComputeRuns): one event at the run's end, one row per task."""
+        """A run of several pieces (Computes, ComputeRuns) that `_run` collected; counts
+        them as tasks. Plain computes are timed one by one (the straightforward path, kept
+        for streams that do not emit ComputeRuns): one event at the run's end, one row per
+        task; a mix goes to `_compute_run`."""
+        count, plain = _count(run)
+        self.tasks_started += count - 1
+        if not plain:
+            yield from self._compute_run(who, run, scale)
+            self.tasks_finished += count - 1
+            return
         gpu, stream, it = who
         start = self.env.now
         t, ends = start, []
@@ -318,6 +245,7 @@ class Runtime:
                 )
             )
             t0 = t1
+        self.tasks_finished += count - 1
 
     def _compute_run(self, who, run, scale):
         """Several pieces, ComputeRuns among them (rare: templates emit whole runs; a run
@@ -352,96 +280,18 @@ class Runtime:
         heappush(self.env._queue, (t, NORMAL, next(self.env._eid), ev))
         return ev
 
-    def _arrive(self, gpu, task: Collective) -> dict:
-        """Meet the other members; the last to arrive runs the algorithm. Returns the
-        meeting: wait for its "done" event, then "begin" is the collective's start."""
-        meet = self._meet.get(task.key)
-        if meet is None:
-            if gpu not in task.group:
-                raise SimulationError(
-                    f"GPU {gpu} posted collective {task.key!r} of group {task.group} it is not in"
-                )
-            if self.symmetry is None:
-                left, images = set(task.group), None
-            else:  # the representatives in the group meet; images run with them
-                left, images = self.symmetry.plan(task.group)
-            meet = self._meet[task.key] = {
-                "left": left,
-                "done": self.env.event(),
-                "begin": None,
-                "task": task,
-                "images": images,
-            }
-        elif (meet["task"].group is not task.group and meet["task"].group != task.group) or (
-            meet["task"].op != task.op
-        ):  # identity first: comparing an N-GPU group per arrival is O(N^2) per collective
-            raise SimulationError(f"collective {task.key!r} posted with different groups or ops")
-        if gpu not in meet["left"]:
-            raise SimulationError(f"GPU {gpu} posted collective {task.key!r} twice")
-        meet["left"].discard(gpu)
-        if not meet["left"]:
-            meet["begin"] = self.env.now
-            self.env.process(self._run_collective(task, meet["done"], meet["images"]))
-        return meet
-
-    def _run_collective(self, task: Collective, done, images=None):
-        twins = None
-        if images and hasattr(self.comm, "run_many"):  # every copy's at once, one group
-            yield from self._run_with_images(task, images)
-            del self._meet[task.key]
-            done.succeed()
-            return
-        if images:  # the same collective in every copy, started at the same instant
-            twins = Twins(self, f"collective {task.key!r}")
-            for k, group in enumerate(images, start=1):
-                self.open_images += 1
-                self.env.process(self._image_collective(task, group, k, twins))
-        yield from self.comm.run(
-            task.op, task.group, task.nbytes, tag=task.key, root=task.root, algorithm=task.algorithm
-        )
-        self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
-        if twins is not None:
-            twins.rep_done(self.env.now)
-        del self._meet[task.key]
-        done.succeed()
-
-    def _run_with_images(self, task: Collective, images):
-        """The representatives' collective and its images through `comm.run_many`: one
-        transfer group for all copies; each image's end checked against the
-        representatives' (as `_image_collective` would, without a process per copy)."""
-        roots = [task.root] + [
-            None if task.root is None else self.symmetry.image(task.root, k)
-            for k in range(1, len(images) + 1)
-        ]
-        ends = yield from self.comm.run_many(
-            task.op,
-            [task.group, *images],
-            task.nbytes,
-            tag=task.key,
-            roots=roots,
-            algorithm=task.algorithm,
-        )
-        for _ in range(len(images) + 1):
-            self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
-        twins = Twins(self, f"collective {task.key!r}")
-        self.open_images += len(images)
-        for e in ends[1:]:
-            twins.image_done(e)
-        twins.rep_done(ends[0])
-
-    def _image_collective(self, task: Collective, group, k: int, twins):
-        """Copy k's image of a representatives' collective (its tag: the same key)."""
-        root = None if task.root is None else self.symmetry.image(task.root, k)
-        yield from self.comm.run(
-            task.op, group, task.nbytes, tag=task.key, root=root, algorithm=task.algorithm
-        )
-        self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
-        twins.image_done(self.env.now)
-
-    def _send_with_images(self, gpu, task: Send) -> simpy.Event:
-        """The send and every copy's image of it, started as one group of transfers (one
-        flow-table update instead of one per copy: the same flows at the same instant);
-        returns the representative's event."""
+    def _send(self, gpu, task: Send) -> simpy.Event:
+        """Start `task` from `gpu`; the event fires when it is delivered. Without symmetry
+        a pipeline's sends repeat, so each (src, dst, bytes) is prepared once; with it the
+        send and every copy's image of it start as one group of transfers (one flow-table
+        update instead of one per copy: the same flows at the same instant), and the
+        event is the representative's."""
+        if self.symmetry is None:
+            pair = (gpu, task.dst, task.nbytes)
+            batch = self._sends.get(pair)
+            if batch is None:
+                batch = self._sends[pair] = self.network.batch([pair])
+            return self.network.transfer_all(batch, tag=task.key)
         pairs = self.symmetry.send_images(gpu, task.dst)
         nb = task.nbytes
         group = [(gpu, task.dst, nb), *((a, b, nb) for a, b in pairs)]
@@ -499,6 +349,19 @@ def _cumsum(block: ComputeRun, start: float, scale: float) -> tuple:
     acc[1:] = d
     np.cumsum(acc, out=acc)
     return acc, float(acc[-1])
+
+
+def _count(run) -> tuple[int, bool]:
+    """(tasks in a run of computes, whether all are plain Computes): a loop, cheaper than
+    sum() and all() over generators."""
+    count = plain = 0
+    for c in run:
+        if type(c) is Compute:
+            count += 1
+            plain += 1
+        else:
+            count += len(c.tasks)
+    return count, plain == len(run)
 
 
 def _name(who) -> str:

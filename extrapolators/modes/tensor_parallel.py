@@ -52,27 +52,26 @@ channel shard).
 Each GPU holds 1/N of the split weights (a row-parallel bias and replicated layers whole),
 so its optimizer step touches (held weight bytes) / (all weight bytes) and its time scales
 by that fraction.
+
+The mode is three modules: tp_roles.py finds each operator's role (how it is split),
+tp_collectives.py the collectives around the operators, and this one checks the plan
+against the degree and turns it into the GPUs' streams.
 """
 
 from __future__ import annotations
 
-import heapq
-import math
 from dataclasses import dataclass
 from typing import Literal
 
-from extrapolators.communication import collectives
 from extrapolators.execution.symmetry import Symmetry
-from extrapolators.execution.tasks import Collective, Compute, ComputeRun
+from extrapolators.execution.tasks import Compute, ComputeRun
 from extrapolators.modes.base import Extrapolator
-from perfmodel import Target
-from perfmodel.base import batch_ratio
+from extrapolators.modes.tp_collectives import TPCollectives
+from extrapolators.modes.tp_roles import SHARDED, SPLIT, TPRoles
 from triosim.common.errors import ConfigError
 from triosim.common.schema import option
 
-LOSS_NAMES = ("cross_entropy", "nll_loss")
-SPLIT = frozenset({"column", "row", "vocab", "head", "gather", "channel"})  # sharded weights
-SHARDED = frozenset({"sharded", "loss", "sequence"})  # unsplit operators on 1/N of the data
+__all__ = ["SHARDED", "SPLIT", "TPOptions", "TensorParallel"]
 
 
 @dataclass(frozen=True)
@@ -89,11 +88,12 @@ class TPOptions:
     )
 
 
-def _floating(dtype: str) -> bool:
-    return dtype.startswith(("float", "bfloat", "complex"))
+class TensorParallel(TPRoles, TPCollectives, Extrapolator):
+    """The mode. Its plan is made of two parts, each in its own module: the roles
+    (tp_roles.TPRoles: how each operator is split) and the collectives around the
+    operators (tp_collectives.TPCollectives); this class checks the plan against the
+    degree and turns it into the GPUs' streams."""
 
-
-class TensorParallel(Extrapolator):
     name = "tp"
     Options = TPOptions
     hybrid_inner = True
@@ -121,338 +121,12 @@ class TensorParallel(Extrapolator):
                 self._check_heads()
 
     # -- the plan ------------------------------------------------------------------------------
-    @property
-    def roots(self) -> dict[int, int]:
-        """Weight-like tensors -> the parameter each comes from: every weight, and what a
-        forward operator makes from one weight-like tensor and nothing that grows with the
-        batch, at its size: the bfloat16 cast of a float32 parameter where it is used
-        (torchtitan's mixed precision), a view, a transpose, a copy. A layer that reads
-        one reads its parameter, so it is split as the parameter's layer would be."""
-        got = self.__dict__.get("_roots")
-        if got is None:
-            T = self.trace.tensors
-            got = {t: t for t, x in T.items() if x.category == "weight"}
-            for op in self.ops("forward"):
-                src = {t for t in op.inputs if t in got}
-                if len(src) != 1 or any(T[t].scales_with_batch for t in op.inputs if t not in got):
-                    continue
-                (w,) = src
-                for t in op.outputs:
-                    if t not in got and math.prod(T[t].shape) == math.prod(T[w].shape):
-                        got[t] = got[w]
-            self._roots = got
-        return got
-
-    def _is_layer(self, op) -> bool:
-        return op.tp_split and any(t in self.roots for t in op.inputs)
-
-    def _weights(self, op) -> list[int]:
-        """The weight-like tensors a layer reads (a parameter, or its cast where used)."""
-        return [t for t in op.inputs if t in self.roots]
-
-    def _copies(self, fwd) -> None:
-        """Forward operators that only copy a split parameter (its cast where used) copy
-        each GPU's shard: they run on 1/N, and so does their backward."""
-        roots, split = self.roots, {self.roots[t] for t in self._split_weight_like()}
-        for op in fwd:
-            if (
-                op.id not in self.roles
-                and op.outputs
-                and all(roots.get(t, -1) in split for t in op.outputs)
-            ):
-                self.roles[op.id] = "sharded"
-
     def _plan(self):
-        """Roles (op id -> role), the backward operators of every layer, and the collectives
-        to run before / after each operator."""
-        T = self.trace.tensors
+        """Roles (op id -> role), the backward operators of every layer (tp_roles), and the
+        collectives to run before / after each operator (tp_collectives)."""
         fwd = self.ops("forward")
-        self.roles: dict[int, str] = {}
-        self.before: dict[int, list[Collective]] = {}
-        self.after: dict[int, list[Collective]] = {}
-        # tensors that have a gradient: weights, floating tensors computed from them, and
-        # floating activations that no operator of the trace makes (an operator missing from
-        # the trace, e.g. a flatten the profiler did not record, made them); model inputs,
-        # token ids and positions have none
-        made = {t for op in fwd for t in op.outputs}
-        self._has_grad = {
-            t
-            for t, x in T.items()
-            if x.category == "weight"
-            or (x.category == "activation" and t not in made and _floating(x.dtype))
-        }
-        for op in fwd:
-            if any(t in self._has_grad for t in op.inputs):
-                self._has_grad.update(t for t in op.outputs if _floating(T[t].dtype))
-        if self.options.tp_style == "channel":
-            for op in fwd:
-                if self._is_layer(op):
-                    self.roles[op.id] = "channel"
-        else:
-            self._megatron_roles(fwd)
-        self._copies(fwd)
-        self._backward_pairs(fwd)
-        if self.options.tp_style == "channel":
-            self._channel_collectives()
-        else:
-            self._megatron_collectives(fwd)
-
-    def _megatron_roles(self, fwd):
-        T, roles = self.trace.tensors, self.roles
-        readers: dict[int, list[int]] = {}
-        for k, op in enumerate(fwd):
-            for t in set(op.inputs):
-                readers.setdefault(t, []).append(k)
-        layer = [self._is_layer(op) for op in fwd]
-        users: dict[int, int] = {}  # parameter -> layers that read it (or its cast)
-        for k, op in enumerate(fwd):
-            if layer[k]:
-                for w in {self.roots[t] for t in self._weights(op)}:
-                    users[w] = users.get(w, 0) + 1
-        embeddings = set()
-        for k, op in enumerate(fwd):
-            if layer[k] and "embedding" in op.name:
-                embeddings.add(k)
-                indexed_by_input = any(T[t].category == "input" for t in op.inputs)
-                tied = any(users[self.roots[w]] > 1 for w in self._weights(op))
-                roles[op.id] = "vocab" if indexed_by_input or tied else "replicated"
-        self.loss_op = self.head_op = None
-        for k, op in enumerate(fwd):
-            if not layer[k] or k in embeddings or op.id in roles:
-                continue
-            between, end, kind, reached = self._reach(fwd, k, readers, layer)
-            inside = set(between) | ({end} if end is not None else set())
-            closed = end is not None and all(
-                r in inside for t in reached for r in readers.get(t, ())
-            )
-            if closed and kind == "layer" and end not in embeddings:
-                roles[op.id], roles[fwd[end].id] = "column", "row"
-                for i in between:
-                    roles[fwd[i].id] = "sharded"
-            elif closed and kind == "loss":
-                roles[op.id] = "head"
-                for i in [*between, end]:
-                    roles[fwd[i].id] = "loss"
-                self.loss_op, self.head_op = fwd[end], op
-            else:
-                roles[op.id] = "gather"
-        if self.options.sequence_parallel:
-            ks = [k for k, op in enumerate(fwd) if roles.get(op.id) in ("vocab", "row")]
-            last = next((k for k, op in enumerate(fwd) if roles.get(op.id) == "head"), len(fwd))
-            for k in range(min(ks, default=len(fwd)) + 1, last):
-                op = fwd[k]
-                if op.id not in roles and not layer[k] and "embedding" not in op.name:
-                    roles[op.id] = "sequence"
-
-    def _reach(self, fwd, k, readers, layer):
-        """Follow layer fwd[k]'s outputs forward through operators that are not layers, in
-        trace order, up to the first layer or loss operator that reads them. Returns (the
-        operators passed, that operator's position or None, 'layer' | 'loss' | None, the
-        tensors reached)."""
-        T = self.trace.tensors
-        keep = ("weight", "gradient", "optimizer_state")
-        reached = {t for t in fwd[k].outputs if T[t].category not in keep}
-        heap = sorted({r for t in reached for r in readers.get(t, ()) if r > k})
-        seen, between = set(heap), []
-        while heap:
-            j = heapq.heappop(heap)
-            op = fwd[j]
-            if layer[j]:
-                return between, j, "layer", reached
-            if any(s in op.name for s in LOSS_NAMES):
-                return between, j, "loss", reached
-            between.append(j)
-            for t in op.outputs:
-                reached.add(t)
-                for r in readers.get(t, ()):
-                    if r > j and r not in seen:
-                        seen.add(r)
-                        heapq.heappush(heap, r)
-        return between, None, None, reached
-
-    def _backward_pairs(self, fwd):
-        """Group backward operators by the layer they differentiate and give every backward
-        operator its forward operator's role."""
-        trace, roles = self.trace, self.roles
-        layer_ids = {op.id for op in fwd if self._is_layer(op)}
-        owners: dict[int, set] = {}  # a weight-like tensor (and its parameter) -> layers
-        for op in fwd:
-            if op.id in layer_ids:
-                for w in self._weights(op):
-                    owners.setdefault(w, set()).add(op.id)
-                    owners.setdefault(self.roots[w], set()).add(op.id)
-        self.bwd_of: dict[int, list] = {}
-        self.orphans = []  # split backward operators no layer claims
-        self._orphan_ids = set()
-        first_layer_bwd = None
-        for op in trace.operators:
-            if op.phase != "backward":
-                continue
-            f = op.fwd_id
-            if f is None and op.tp_split:
-                mine = set().union(*(owners.get(t, set()) for t in op.inputs))
-                f = mine.pop() if len(mine) == 1 else None
-            if f is not None and f in roles:
-                roles[op.id] = roles[f]
-            if f in layer_ids:
-                self.bwd_of.setdefault(f, []).append(op)
-                if first_layer_bwd is None:
-                    first_layer_bwd = op
-            elif op.tp_split:
-                self.orphans.append(op)
-                self._orphan_ids.add(op.id)
-            if self.options.tp_style == "channel" and first_layer_bwd is not None:
-                # after the first layer's backward every gradient is a channel shard
-                if roles.get(op.id) != "channel":
-                    roles[op.id] = "sharded"
-
-    # -- bytes ---------------------------------------------------------------------------------
-    def activation_bytes(self, tensor_ids) -> float:
-        r = batch_ratio(self.trace, Target(batch_size=self.batch))
-        return sum(
-            self.trace.tensors[t].nbytes * r
-            for t in set(tensor_ids)
-            if self.trace.tensors[t].scales_with_batch
-        )
-
-    def loss_bytes(self) -> float:
-        """One fp32 value per token (a row of the head's logits): each of the vocabulary-
-        parallel cross-entropy's all-reduces."""
-        T = self.trace.tensors
-        logits = T[max(self.head_op.outputs, key=lambda t: T[t].nbytes)]
-        tokens = math.prod(logits.shape[:-1]) if len(logits.shape) >= 2 else 1
-        if logits.scales_with_batch:
-            tokens *= batch_ratio(self.trace, Target(batch_size=self.batch))
-        return 4.0 * tokens
-
-    def _in(self, op):
-        """(bytes of the layer's input activations, whether they have a gradient)."""
-        ins = [t for t in op.inputs if self.trace.tensors[t].category != "weight"]
-        return self.activation_bytes(ins), any(t in self._has_grad for t in ins)
-
-    def _out(self, op) -> float:
-        return self.activation_bytes(op.outputs)
-
-    def _add(self, where, op, kind, nbytes, tag, phase):
-        algo = self.collective if f"{kind}:{self.collective}" in collectives.ALGORITHMS else "ring"
-        c = Collective(
-            kind,
-            self.ring,
-            nbytes,
-            f"tp:{op.id}:{tag}",
-            layer=op.layer,
-            phase=phase,
-            algorithm=algo,
-        )
-        where.setdefault(op.id, []).append(c)
-
-    # -- collectives ---------------------------------------------------------------------------
-    def _column_groups(self, fwd) -> dict:
-        """Column-parallel layers by the activation they read: several that read one input
-        (Llama's separate Q, K and V projections; its gate and up projections) take it in
-        once and give its gradient back once, as Megatron's fused QKV and gate/up layers do
-        and as torchtitan's module-level input does (the partial gradients are summed on
-        each GPU before one all-reduce). first layer -> (the layers, their backward ops)."""
-        pos = {op.id: k for k, op in enumerate(self.trace.operators)}
-        groups: dict = {}
-        for op in fwd:
-            if self.roles.get(op.id) in ("column", "head", "gather"):
-                data = [t for t in op.inputs if t not in self.roots]
-                groups.setdefault(data[0] if data else ("op", op.id), []).append(op)
-        out = {}
-        for ops in groups.values():
-            bwd = sorted(
-                (b for op in ops for b in self.bwd_of.get(op.id, [])), key=lambda b: pos[b.id]
-            )
-            out[ops[0].id] = (ops, bwd)
-        return out
-
-    def _megatron_collectives(self, fwd):
-        sp = self.options.sequence_parallel
-        B, A = self.before, self.after
-        pos_embedding = any(r == "replicated" for r in self.roles.values())
-        columns = self._column_groups(fwd)
-        for op in fwd:
-            role = self.roles.get(op.id)
-            if role not in SPLIT:
-                continue
-            bwd = self.bwd_of.get(op.id, [])
-            first, last = (bwd[0], bwd[-1]) if bwd else (None, None)
-            nin, grad = self._in(op)
-            nout = self._out(op)
-            if role in ("column", "head", "gather"):
-                if op.id in columns:  # the first of the layers that read this input
-                    _, both = columns[op.id]
-                    first, last = (both[0], both[-1]) if both else (None, None)
-                    if sp:
-                        self._add(B, op, "all_gather", nin, "gather-input", "forward")
-                        if first is not None:
-                            self._add(B, first, "all_gather", nin, "regather-input", "backward")
-                        if last is not None and grad:
-                            self._add(A, last, "reduce_scatter", nin, "input-grad", "backward")
-                    elif last is not None and grad:
-                        self._add(A, last, "allreduce", nin, "input-grad", "backward")
-                if role == "gather":
-                    self._add(A, op, "all_gather", nout, "gather-output", "forward")
-            elif role == "row":
-                if sp:
-                    self._add(A, op, "reduce_scatter", nout, "output", "forward")
-                    if first is not None:
-                        self._add(B, first, "all_gather", nout, "output-grad", "backward")
-                else:
-                    self._add(A, op, "allreduce", nout, "output", "forward")
-            elif role == "vocab":
-                if sp and not pos_embedding:
-                    self._add(A, op, "reduce_scatter", nout, "output", "forward")
-                else:
-                    self._add(A, op, "allreduce", nout, "output", "forward")
-                if sp and first is not None:
-                    self._add(B, first, "all_gather", nout, "output-grad", "backward")
-        if self.loss_op is not None:
-            for name in ("max-logit", "target-logit", "sum-exp"):
-                self._add(A, self.loss_op, "allreduce", self.loss_bytes(), name, "forward")
-        if sp:
-            self._sequence_grads(fwd)
-        self._orphan_collectives("allreduce")
-
-    def _sequence_grads(self, fwd):
-        """Sequence parallelism: all-reduce the gradients of weights that each GPU saw only a
-        part of the sequence with, before the optimizer (Megatron's layernorm-grads reduce)."""
-        T = self.trace.tensors
-        partial = set()
-        for op in fwd:
-            role = self.roles.get(op.id)
-            if role == "sequence":
-                partial.update(self._weights(op))
-            elif role == "row":
-                partial.update(w for w in self._weights(op) if len(T[w].shape) < 2)
-        nbytes = sum(T[w].nbytes for w in partial)
-        if nbytes:
-            ops = self.trace.operators
-            at = next((op for op in ops if op.phase == "optimizer"), None)
-            if at is not None:
-                self._add(self.before, at, "allreduce", nbytes, "sequence-grads", "backward")
-            else:
-                self._add(self.after, ops[-1], "allreduce", nbytes, "sequence-grads", "backward")
-
-    def _channel_collectives(self):
-        for op in self.ops("forward"):
-            if self.roles.get(op.id) != "channel":
-                continue
-            self._add(self.after, op, "all_gather", self._out(op), "output", "forward")
-            bwd = self.bwd_of.get(op.id, [])
-            nin, grad = self._in(op)
-            if bwd and grad:
-                self._add(self.after, bwd[-1], "reduce_scatter", nin, "input-grad", "backward")
-        self._orphan_collectives("reduce_scatter")
-
-    def _orphan_collectives(self, kind):
-        """A split backward operator that no layer claims (a trace without fwd_id pairing):
-        reduce what it outputs at the batch's scale (its input gradient), as a layer would."""
-        for op in self.orphans:
-            nbytes = self._out(op)
-            if nbytes > 0:
-                self._add(self.after, op, kind, nbytes, "input-grad", "backward")
+        self._plan_roles(fwd)
+        self._plan_collectives(fwd)
 
     # -- weights -------------------------------------------------------------------------------
     def _check_divisible(self):
@@ -473,17 +147,6 @@ class TensorParallel(Extrapolator):
                         f"{op.layer or op.name}'s {d} {what} units (op {op.id}): "
                         f"each GPU takes an equal shard",
                     )
-
-    def _split_weight_like(self) -> set[int]:
-        """The weight-like tensors split layers read and shard (a row layer's bias whole)."""
-        T, out = self.trace.tensors, set()
-        for op in self.ops("forward"):
-            role = self.roles.get(op.id)
-            if role == "row":
-                out.update(w for w in self._weights(op) if len(T[w].shape) >= 2)
-            elif role in SPLIT:
-                out.update(self._weights(op))
-        return out
 
     def _check_heads(self):
         """Megatron splits attention by heads: the degree must divide the query heads and

@@ -1,0 +1,112 @@
+"""Collectives' meetings in the runtime: every member of a collective's group posts it (the
+same key); the last to arrive starts it through the communication model, with, in a
+symmetric run, the same collective of every copy of the representatives (its images).
+
+`Meetings` is a part of `Runtime` (its mixin). What it provides: `_arrive(gpu, task)`, a
+call (not a generator) that returns the meeting, a dict whose "done" event fires when the
+collective has ended and whose "begin" is then the instant it started; errors for a GPU
+outside the group, a second post, or posts that differ in group or operation; and
+`collective_bytes` kept up to date ({op: bytes}, every copy counted).
+What it needs of the class it is mixed into: `env`, `comm` (a CommModel; `run_many` is used
+where it has one), `symmetry` (None, or an extrapolators.execution.symmetry.Symmetry whose
+`plan` and `image` it calls), and the state `Runtime.__init__` makes: `_meet` (key -> the
+meeting in progress: `check_finished` reads who is missing), `collective_bytes` and
+`open_images` (image operations started and not ended, which the Twins it makes count
+down).
+"""
+
+from __future__ import annotations
+
+from extrapolators.execution.symmetry import Twins
+from extrapolators.execution.tasks import Collective
+from triosim.common.errors import SimulationError
+
+
+class Meetings:
+    """The collectives' meetings of a runtime (module docstring: what it gives, needs)."""
+
+    def _arrive(self, gpu, task: Collective) -> dict:
+        """Meet the other members; the last to arrive runs the algorithm. Returns the
+        meeting: wait for its "done" event, then "begin" is the collective's start."""
+        meet = self._meet.get(task.key)
+        if meet is None:
+            if gpu not in task.group:
+                raise SimulationError(
+                    f"GPU {gpu} posted collective {task.key!r} of group {task.group} it is not in"
+                )
+            if self.symmetry is None:
+                left, images = set(task.group), None
+            else:  # the representatives in the group meet; images run with them
+                left, images = self.symmetry.plan(task.group)
+            meet = self._meet[task.key] = {
+                "left": left,
+                "done": self.env.event(),
+                "begin": None,
+                "task": task,
+                "images": images,
+            }
+        elif (meet["task"].group is not task.group and meet["task"].group != task.group) or (
+            meet["task"].op != task.op
+        ):  # identity first: comparing an N-GPU group per arrival is O(N^2) per collective
+            raise SimulationError(f"collective {task.key!r} posted with different groups or ops")
+        if gpu not in meet["left"]:
+            raise SimulationError(f"GPU {gpu} posted collective {task.key!r} twice")
+        meet["left"].discard(gpu)
+        if not meet["left"]:
+            meet["begin"] = self.env.now
+            self.env.process(self._run_collective(task, meet["done"], meet["images"]))
+        return meet
+
+    def _run_collective(self, task: Collective, done, images=None):
+        twins = None
+        if images and hasattr(self.comm, "run_many"):  # every copy's at once, one group
+            yield from self._run_with_images(task, images)
+            del self._meet[task.key]
+            done.succeed()
+            return
+        if images:  # the same collective in every copy, started at the same instant
+            twins = Twins(self, f"collective {task.key!r}")
+            for k, group in enumerate(images, start=1):
+                self.open_images += 1
+                self.env.process(self._image_collective(task, group, k, twins))
+        yield from self.comm.run(
+            task.op, task.group, task.nbytes, tag=task.key, root=task.root, algorithm=task.algorithm
+        )
+        self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
+        if twins is not None:
+            twins.rep_done(self.env.now)
+        del self._meet[task.key]
+        done.succeed()
+
+    def _run_with_images(self, task: Collective, images):
+        """The representatives' collective and its images through `comm.run_many`: one
+        transfer group for all copies; each image's end checked against the
+        representatives' (as `_image_collective` would, without a process per copy)."""
+        roots = [task.root] + [
+            None if task.root is None else self.symmetry.image(task.root, k)
+            for k in range(1, len(images) + 1)
+        ]
+        ends = yield from self.comm.run_many(
+            task.op,
+            [task.group, *images],
+            task.nbytes,
+            tag=task.key,
+            roots=roots,
+            algorithm=task.algorithm,
+        )
+        for _ in range(len(images) + 1):
+            self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
+        twins = Twins(self, f"collective {task.key!r}")
+        self.open_images += len(images)
+        for e in ends[1:]:
+            twins.image_done(e)
+        twins.rep_done(ends[0])
+
+    def _image_collective(self, task: Collective, group, k: int, twins):
+        """Copy k's image of a representatives' collective (its tag: the same key)."""
+        root = None if task.root is None else self.symmetry.image(task.root, k)
+        yield from self.comm.run(
+            task.op, group, task.nbytes, tag=task.key, root=root, algorithm=task.algorithm
+        )
+        self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
+        twins.image_done(self.env.now)
