@@ -111,6 +111,25 @@ def test_a_config_file_names_the_workload_relative_to_itself(tmp_path, trace):
     assert r.iteration_time == Simulation(config("tp", 4), trace=trace).run().iteration_time
 
 
+def test_a_workload_needs_no_trace(tmp_path, trace):
+    """A Chakra workload carries its own times: a config that names no trace runs it, to the
+    same result as with the trace that made it; every other mode still requires one."""
+    import yaml
+
+    from triosim.common.errors import ConfigError
+    from triosim.config.loading import load_config
+
+    ex = export_chakra(config("1f1b", 4, microbatches=2), tmp_path / "et", trace=trace)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config("chakra", 4, path="et")))
+    back = Simulation(load_config(tmp_path / "c.yaml")).run()
+    assert back.iteration_time == ex.result.iteration_time
+    for g in ex.result.gpus:
+        assert rows(back, g) == rows(ex.result, g), f"GPU {g}"
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(config("1f1b", 4, microbatches=2)))
+    with pytest.raises(ConfigError, match="'trace'.*required.*mode 1f1b"):
+        load_config(tmp_path / "d.yaml")
+
+
 # -- the files as a reader written from Chakra's published schema sees them ----------------------
 # Chakra's et_def.proto, written down: GlobalMetadata {1: version (string), 2: attr (message)};
 # Node {1: id, 2: name, 3: type, 4: ctrl_deps (packed), 5: data_deps (packed),

@@ -28,6 +28,7 @@ class Extrapolator:
     Options = schema.NoOptions
     hybrid_inner = False  # can run inside the data-parallel replicas of `hybrid`
     owns_iterations = False  # streams(iterations=K) runs K iterations itself (no barrier)
+    uses_trace = True  # False: the mode's workload carries its own times (a config may omit trace)
     collective: str | None = None  # algorithm its collectives ask for (None: the model's)
     # emit ComputeRuns (computes between two other tasks, shared by all GPUs) where the mode
     # supports them; False: one Compute per operator (the straightforward path, for tests)

@@ -52,6 +52,7 @@ class ChakraWorkload(Extrapolator):
     """The tasks of a Chakra workload; the trace and the performance model are not used."""
 
     name = "chakra"
+    uses_trace = False  # durations come from the workload; a config may omit `trace`
     Options = ChakraOptions
 
     def check(self) -> None:

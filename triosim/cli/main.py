@@ -74,7 +74,7 @@ def _inputs(cfg, *files) -> list[Path]:
     from triosim.config.loading import IN_MEMORY
 
     out = [Path(f) for f in files]
-    if cfg.trace != IN_MEMORY:
+    if cfg.trace and cfg.trace != IN_MEMORY:
         out.append(cfg.trace_path())
     for section in ("parallelism", "topology", "network", "communication", "perfmodel"):
         opts = getattr(cfg, section).options
@@ -134,8 +134,9 @@ def cmd_simulate(args) -> int:
         _spare_inputs(out, [*Result.OUTPUTS, *written_before(out, "simulate")], _inputs(cfg, path))
     if out is not None and args.out is None and out.name != path.stem:
         print(f"out/{path.stem}/ already holds files: writing to {out}/ instead")
-    trace = load_any_trace(cfg.trace_path(), progress=True)
-    from triosim.trace.model import fidelity_warnings
+    from triosim.trace.model import fidelity_warnings, no_trace
+
+    trace = load_any_trace(cfg.trace_path(), progress=True) if cfg.trace else no_trace()
 
     for w in fidelity_warnings(trace):
         print(f"warning: {w}", file=sys.stderr)
@@ -425,7 +426,7 @@ def cmd_sweep(args) -> int:
         from triosim.common.outputs import written_before
 
         own = [f"{sw.TABLE}.csv", f"{sw.TABLE}.parquet"]
-        inputs = [path, spec.base_file, *{p.config.trace_path() for p in pts}]
+        inputs = [path, spec.base_file, *{p.config.trace_path() for p in pts if p.config.trace}]
         _spare_inputs(folder, [*own, *written_before(folder, "sweep")], [i for i in inputs if i])
         _clear_earlier(folder, own, "sweep")
     _note_dropped(pts)

@@ -69,7 +69,11 @@ class PerfModelConfig:
 
 @dataclass
 class TopLevel:
-    trace: str = option(help="trace file (relative to the config file) or TrioSim CSV folder")
+    trace: str = option(
+        "",
+        help="trace file (relative to the config file) or TrioSim CSV folder; required "
+        "except by parallelism.mode chakra, whose workload carries its own times",
+    )
     num_gpus: int = option(1, ge=1, help="GPUs in the system")
     batch_size: int | None = option(
         None, gt=0, help="global mini-batch, in samples (default: the traced one)"
@@ -307,8 +311,23 @@ def from_dict(data: dict, base_dir=".") -> Config:
     if isinstance(edges, list):
         _once_each(edges, "topology.edges", both=True, what="entry")
     _once_each(cfg.heterogeneity.links, "heterogeneity.links", both=False, what="slow-down")
+    _check_trace_given(cfg)
     cfg._as_loaded = cfg.to_dict()  # (what `checked` compares with)
     return cfg
+
+
+def _check_trace_given(cfg: Config) -> None:
+    """Every mode but one times the trace's operators: without a trace it has nothing to run."""
+    from extrapolators.modes import extrapolator_class
+
+    if not cfg.trace and extrapolator_class(cfg.parallelism.mode).uses_trace:
+        raise ConfigError(
+            "trace",
+            None,
+            "required: a trace file (relative to the config file) or TrioSim CSV folder "
+            f"(parallelism.mode {cfg.parallelism.mode} runs the trace's operators; only "
+            "mode chakra runs without one)",
+        )
 
 
 def checked(cfg: Config) -> Config:

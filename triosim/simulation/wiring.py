@@ -27,7 +27,7 @@ from extrapolators.modes import extrapolator_class
 from networks import network_class
 from networks import topology as topo
 from networks.base import gpu_nodes, validate_graph
-from perfmodel import model_class
+from perfmodel import TraceTime, model_class
 from triosim.common import schema
 from triosim.common.errors import ConfigError, DeadlockError, NetworkError, SimulationError
 from triosim.config.loading import IN_MEMORY, Config, checked, from_dict, load_config
@@ -36,7 +36,7 @@ from triosim.results.result import Result
 from triosim.simulation.gc_tuning import fewer_collections
 from triosim.simulation.progress import RunProgress, big_run_note
 from triosim.trace.files import load_any_trace
-from triosim.trace.model import Trace
+from triosim.trace.model import Trace, no_trace
 
 __all__ = ["Simulation", "build_topology", "load_any_trace"]
 
@@ -83,14 +83,19 @@ class Simulation:
         one-line config error is not kept waiting behind a large topology; then the
         topology, the heterogeneity and the plan itself."""
         stage("loading the trace")
+        if trace is None and not cfg.trace:  # mode chakra (checked at load): its own times
+            trace = no_trace()
         self.trace = trace if trace is not None else load_any_trace(cfg.trace_path(), progress)
         check_capacity(cfg.memory, cfg.gpu or self.trace.metadata.get("gpu"))
         stage("building the performance model")
         p = cfg.perfmodel
-        self.model = model_class(p.kind).from_config(
-            self.trace, p.options, lambda path: load_any_trace(cfg.resolve(path))
-        )
-        self.model.check_target(cfg.gpu)
+        if self.trace.metadata.get("no_trace"):  # no operator to time: the replay stands by
+            self.model = TraceTime(self.trace)
+        else:
+            self.model = model_class(p.kind).from_config(
+                self.trace, p.options, lambda path: load_any_trace(cfg.resolve(path))
+            )
+            self.model.check_target(cfg.gpu)
         par = cfg.parallelism
         mode = extrapolator_class(par.mode)
         stage("checking the plan")

@@ -41,7 +41,7 @@ def target_gpu(cfg: Config) -> str | None:
     """The config's GPU, else the one its trace was made on (if the trace loads)."""
     if cfg.gpu:
         return cfg.gpu
-    if cfg.trace == IN_MEMORY:  # a config without a trace (collectives, calibrate)
+    if cfg.trace in (IN_MEMORY, ""):  # a config without a trace (collectives, a workload)
         return None
     try:
         from triosim.trace.files import load_any_trace

@@ -218,6 +218,12 @@ def _validate_metadata(md: dict, file) -> None:
 ACCUMULATE_GRAD = "torch::autograd::AccumulateGrad"  # the end of an autograd node's name
 
 
+def no_trace() -> Trace:
+    """The trace of a run that has none: a workload that carries its own times (parallelism
+    mode chakra) runs no traced operator, so there is nothing to time or to hold."""
+    return Trace(operators=[], tensors={}, metadata={"no_trace": True})
+
+
 def trace_stats(trace: Trace) -> dict:
     """How much of what the extrapolators and models use the trace carries: backward ops
     paired with their forward op (fwd_id; AccumulateGrad nodes, which have none, are not
