@@ -1,6 +1,6 @@
 """The Network interface: move bytes between GPUs inside a simpy.Environment.
 
-A device or an extrapolator only calls `transfer` / `transfer_group` and waits on the
+A parallelism mode's tasks, through the runtime and the communication model, only call `transfer` / `transfer_group` and waits on the
 returned events; it never knows which implementation it talks to. To add a network,
 subclass `Network`, implement `_start_group`, and register it with `register`.
 """

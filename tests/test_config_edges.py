@@ -727,3 +727,14 @@ def test_a_config_changed_from_python_after_loading_is_checked_again():
         Simulation(cfg, trace=chain_trace(batch=8))
     cfg.batch_size = 8
     assert Simulation(cfg, trace=chain_trace(batch=8)).config.topology.bandwidth == 10e9
+
+
+@pytest.mark.parametrize(
+    ("typo", "meant"),
+    [("paralelism", "parallelism"), ("topolgy", "topology"), ("num_gpu", "num_gpus")],
+)
+def test_a_misspelt_section_or_field_is_named_with_what_was_meant(typo, meant):
+    """The top level lists its sections beside its own fields, so a misspelt section gets
+    the same "did you mean" as a misspelt field."""
+    with pytest.raises(ConfigError, match=f"did you mean '{meant}'"):
+        from_dict({"trace": "t.json", typo: {"mode": "dp"} if typo != "num_gpu" else 2})

@@ -1,7 +1,7 @@
 """The communication model: how a collective becomes transfers on the network.
 
 `base.py` holds the contract (`CommModel`) and the registry keyed by the name a config
-gives as `communication.model`; `collectives.py` the textbook algorithms, `rings.py` ring
+gives as `communication.kind`; `collectives.py` the textbook algorithms, `rings.py` ring
 orders, `nccl/` NCCL's own choices (its tuner, system analysis, layouts and streams).
 """
 

@@ -11,7 +11,9 @@ The Runtime hands every collective to one model, named by the config's
 
 A model is a class with an `Options` dataclass (its config fields) and
 `run(op, group, nbytes, tag, root)`, a SimPy generator that returns when the collective
-is done on every GPU. Register a new one with `register(name)`.
+is done on every GPU. Register a new one with `COMM_MODELS.register(name)` (the class
+as a decorator's argument), and import its module from extrapolators/communication/__init__.py
+if it ships with triosim, so that a config can name it.
 
 Ops and what `nbytes` is (nccl-tests' conventions): allreduce, broadcast, reduce:
 the buffer; all_gather: the gathered buffer each GPU ends with; reduce_scatter: the

@@ -1,4 +1,11 @@
-"""The tasks an extrapolator yields for a GPU stream; the runtime executes them in order."""
+"""The tasks an extrapolator yields for a GPU stream; the runtime executes them in order.
+
+`Compute` (an operator for a duration; `ComputeRun` a shared block of them), `Collective`
+(every member posts the same key, it runs once all have), `Send` / `Recv` (point to
+point), `Signal` / `Wait` (an event between streams of one GPU or of several),
+`WaitSome` (m of n events: Hop's backup workers) and `Iteration` (for modes that run their
+iterations themselves). The runtime (runtime.py) runs them.
+"""
 
 from __future__ import annotations
 
@@ -48,7 +55,7 @@ class Collective:
 
     op: str  # extrapolators.communication.base.OPS: allreduce, reduce_scatter, all_gather, ...
     group: tuple
-    nbytes: float  # bytes per GPU (the buffer each member holds; see communication.py)
+    nbytes: float  # bytes per GPU (the buffer each member holds; see communication/base.py)
     key: str
     layer: str = ""
     phase: str = ""

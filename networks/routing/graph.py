@@ -8,7 +8,7 @@ does not depend on its order and equal-cost paths stay tied.
 
 `RouteGraph(graph, mode)` reads a DiGraph whose edges carry `latency`, `bandwidth` and
 (optional) `kind`, and whose nodes may carry `kind` ('gpu' unless said). It computes no
-distance (route_rows does). What the layers above may rely on, set here once and never
+distance (rows does). What the layers above may rely on, set here once and never
 changed (so the graph must not change after):
 - `graph`, `nodes`, `node_index` (node -> index), `links` (the edges in the graph's order;
   a link is its index there), `weight` (each link's packed weight), `_csr` (the weighted

@@ -16,7 +16,7 @@ What the walks may rely on:
 - `_dist_rows(keys, kid, d_idx)`: the rows as a `_Rows`, each exact up to every
   destination asked of it (`_Rows.at(r, v)`: row r's distance at node v, inf outside a
   ball).
-What it needs: route_rows.RouteRows (`_full_row`, `_ball`) and route_graph's arrays.
+What it needs: rows.RouteRows (`_full_row`, `_ball`) and graph's arrays.
 """
 
 from __future__ import annotations
@@ -112,7 +112,7 @@ class RouteReads(RouteRows):
         """The distance rows of row keys `keys` (pairs read rows kid[p], destination
         d_idx[p]): a hub's or a switch's full row, or a source's bounded ball (`_ball`, only
         ever its pairs' one row) grown until every destination asked of it is in. Any row
-        exact up to the destination gives the same paths (see route_rows)."""
+        exact up to the destination gives the same paths (see rows)."""
         rows = _Rows(len(self.nodes), len(keys))
         first = kid[:, 0]
         order = np.argsort(first, kind="stable")

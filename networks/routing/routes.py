@@ -66,13 +66,13 @@ class Routes(RouteWalks, RouteSpreads):
     - `links` (the graph's edges in its order: a link is its index there), `nodes`,
       `node_index`, `weight` (each link's packed weight), `link_ids`, `link_values`;
     - `path_links(src, dst)`, `paths_links(pairs)`, `walk_links(src, dst)`: a route's
-      link indices, source first, or None (route_walks);
+      link indices, source first, or None (walks);
     - `trees(sources, targets)`: (distances, predecessors) of shortest-path trees
-      (route_rows);
+      (rows);
     - `hub_hop_rows(sources, targets)`: (bottleneck, distance, hops) over the targets
-      as those trees give them, or None (route_spreads).
+      as those trees give them, or None (spreads).
     Distances are computed per source and bounded, or read from rows that switches share;
-    memory stays O(nodes near each source), not sources x nodes (route_rows)."""
+    memory stays O(nodes near each source), not sources x nodes (rows)."""
 
     def distances(self, sources) -> None:
         """Kept for callers that announce their sources; rows are computed on demand, per

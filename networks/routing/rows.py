@@ -21,7 +21,7 @@ for every node not farther than the destination it was grown to cover):
   fit tuning.HUB_ROWS_BYTES (the most shared ones kept);
 - `_reads(s, targets)`: the switch rows a GPU behind switches reads, and `_hub_dist`,
   `_via_dist`: a source's distances as a function of node indices.
-What it needs: the arrays of route_graph.RouteGraph, which it extends.
+What it needs: the arrays of graph.RouteGraph, which it extends.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class RouteRows(RouteGraph):
     def _reads(self, s: int, t_idx: np.ndarray, small: bool = False) -> list | None:
         """(switch, link weight, link, switch's row) of each out-link of source s that can
         be on a shortest path to some target, the most shared switch first (its row bounds
-        the distances; another is left out where a lower bound, as in route_reads'
+        the distances; another is left out where a lower bound, as in reads'
         `_bounded_reads`, is longer for every target); None unless s's out-links all go to
         switches and, unless `small`, those that can be on the way have more than
         tuning.SPREAD_DEGREE ports."""
@@ -125,7 +125,7 @@ class RouteRows(RouteGraph):
     def _via_dist(self, s: int, d: int):
         """For a GPU whose out-links all go to switches: its distances as a function of node
         indices, the least over the out-links that can be on the way to d (`_reads`) of
-        weight + the switch's shared row (0 at s), as route_reads' `_per_source` reads
+        weight + the switch's shared row (0 at s), as reads' `_per_source` reads
         them. A bounded search of its own to another server covers the machine, and one
         kept per GPU took 4.8 GB at 16,384 GPUs."""
         outs = [(w, row) for _, w, _, row in self._reads(s, np.array([d]), small=True)]

@@ -9,7 +9,7 @@ the GPUs under it (`_spread`).
 What a caller may rely on: `hub_hop_rows(sources, targets)` gives, per source,
 (bottleneck bandwidth, packed distance, hops) over the targets exactly as a shortest-path
 tree from the source (`trees`) gives them, or None where it does not apply (then the
-caller builds the trees). What it needs: route_rows.RouteRows (its `_reads` and
+caller builds the trees). What it needs: rows.RouteRows (its `_reads` and
 `_full_row`), which it extends.
 """
 

@@ -8,7 +8,7 @@ whatever their values. The tests set them to extremes to take every way through 
 (`tuning.HUB_ROWS_BYTES`, not a copy taken at import), so setting one here takes effect.
 """
 
-# memory for shared rows of switches (see route_rows): a 16,384-GPU rail cluster's 2,056
+# memory for shared rows of switches (see rows): a 16,384-GPU rail cluster's 2,056
 # switch rows over its 18,448 nodes take 303 MB; at 256 MB a few hundred were searched again
 # per walk
 HUB_ROWS_BYTES = 2**29

@@ -13,7 +13,7 @@ What a caller may rely on:
   of a batch done together, one numpy step per hop;
 - `walk_links(src, dst)`: the straightforward per-pair walk, the reference the batch is
   checked against (tests/test_route_speedups.py); not cached.
-What it needs: route_reads.RouteReads (the rows each pair reads) and, below it, the rows
+What it needs: reads.RouteReads (the rows each pair reads) and, below it, the rows
 and the graph's arrays.
 """
 

@@ -291,7 +291,12 @@ def from_dict(data: dict, base_dir=".") -> Config:
     elif top_data.get("symmetry") is True:
         raise ConfigError("symmetry", True, "off or auto (YAML reads a bare on/yes as true)")
     top = schema.load(
-        TopLevel, top_data, "", elsewhere=_elsewhere(owners, "top level"), owner="the top level"
+        TopLevel,
+        top_data,
+        "",
+        elsewhere=_elsewhere(owners, "top level"),
+        owner="the top level",
+        also=tuple(sections),  # a misspelt section gets its "did you mean" too
     )
     cfg = Config(**{f.name: getattr(top, f.name) for f in fields(TopLevel)}, base_dir=str(base_dir))
     if cfg.gpu is not None:

@@ -93,7 +93,7 @@ LINKS["nvlink4"] = Link("nvlink4", 450 * GB, 0.7e-6)  # latency: assumption
 # NVIDIA ConnectX-6 / ConnectX-7: InfiniBand HDR 200 Gb/s, NDR 400 Gb/s per port.
 LINKS["ib-hdr"] = Link("ib-hdr", 25 * GB, 2e-6)  # latency: assumption (switch + NIC)
 LINKS["ib-ndr"] = Link("ib-ndr", 50 * GB, 2e-6)  # latency: assumption
-# The original TrioSim's default GPU-to-GPU link (shared/README.md), for comparisons.
+# The original TrioSim's default GPU-to-GPU link (its sample configuration), for comparisons.
 LINKS["triosim-default"] = Link("triosim-default", 65 * GB, 0.0)
 
 

@@ -1,6 +1,6 @@
 """Import the original TrioSim (Go) CSV pair: trace.csv + tensor.csv.
 
-Format (see shared/README.md): times in microseconds (we use
+Format (the original TrioSim's sample traces): times in microseconds (we use
 Operator_cudatimenooverlap, the sum of kernel time), tensor lists like "[4; 6; 8]",
 sizes in elements. tensor.csv repeats a row per use; the category is decided over
 all of a tensor's rows, since the last row of a weight may call it "input".

@@ -1,7 +1,7 @@
 """A group's candidate layouts for the NCCL model (extrapolators.communication.nccl.model), built and ranked.
 
 `make(model, group, system)` gives the group's Family: for a group of up to
-nccl_layouts.EXACT_LIMIT GPUs whose hops differ (in one node, or across nodes without a NIC
+layouts.EXACT_LIMIT GPUs whose hops differ (in one node, or across nodes without a NIC
 per GPU), every ring order and every prefix of its extra rings, ranked by their features
 (extrapolators.communication.nccl.layouts); across nodes with a NIC per GPU, every order of up to
 MAX_NODE_ORDERS nodes; otherwise the system's rings and their prefixes (in one node) from

@@ -5,7 +5,7 @@ For each collective:
    (latency + bytes / bandwidth over the enabled algorithm x protocol pairs) on the graph
    bandwidths NCCL's search would find on this topology (derived in groups.py from the links'
    bandwidths and kinds, with what NCCL believes each link kind carries:
-   nccl_params.LINK_EFFICIENCY).
+   triosim.hardware.nccl_constants.LINK_EFFICIENCY).
 2. What that costs, moving real bytes: the chosen schedule becomes streams, one network
    flow per (GPU, next GPU) of every ring, chain, tree edge or NVLS/SHARP switch leg (both
    directions of every ring, every rail, every ring of a direct-connect system), each
