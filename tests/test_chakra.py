@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import struct
 from pathlib import Path
 
@@ -484,7 +485,8 @@ def test_a_dependency_cycle(tmp_path, trace):
 @pytest.mark.parametrize(
     ("nodes_of_rank_1", "match"),
     [
-        ([coll(0, size=999)], "to agree.*1\\.04858e\\+06 bytes.*999 bytes"),
+        # exact byte counts (not 1.04858e+06)
+        ([coll(0, size=999)], "to agree.*of 1048576 bytes.*of 999 bytes"),
         ([coll(0, op=7)], "to agree.*allreduce.*reduce_scatter"),
         ([coll(0, pg="1")], "every member.*over ranks \\[0, 1, 2\\].*\\[1\\] do not"),
         ([], "every member.*rank\\(s\\) \\[1\\] do not"),
@@ -529,17 +531,20 @@ def test_export_writes_everything_or_nothing(tmp_path, trace, monkeypatch):
         return real(self, data)
 
     monkeypatch.setattr(Path, "write_bytes", failing)
-    with pytest.raises(OSError):
-        export_chakra(config("ddp", 4), out, trace=trace)
+    with pytest.raises(InputError, match="No space left on device.*nothing was written"):
+        export_chakra(config("ddp", 4), out, trace=trace, force=True)
     monkeypatch.undo()
     assert sorted(p.name for p in out.iterdir()) == ["mine.txt"]  # no file, no partial
-    export_chakra(config("ddp", 4), out, trace=trace)
+    with pytest.raises(InputError, match="already holds files.*pass --force"):
+        export_chakra(config("ddp", 4), out, trace=trace)  # as simulate --out: checked first
+    export_chakra(config("ddp", 4), out, trace=trace, force=True)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     with pytest.raises(InputError, match="pass --force"):
         export_chakra(config("tp", 4), out, trace=trace)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     export_chakra(config("tp", 4), out, trace=trace, force=True)
     assert {p.name for p in out.iterdir()} == set(before)
+    assert (out / "mine.txt").read_text() == "a user's file"
 
 
 def test_a_mode_chakra_cannot_hold_is_refused(tmp_path, trace):
@@ -607,8 +612,161 @@ def test_the_export_command(tmp_path, trace, capsys):
     out = capsys.readouterr().out
     assert "gpipe on 4 GPUs" in out and "--workload-configuration=" in out
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
+        ".triosim-files",  # the manifest: what a later --force may remove
         "comm_group.json",
         *(f"workload.{r}.et" for r in range(4)),
     ]
     with pytest.raises(InputError, match="pass --force"):
         args.func(args)
+
+
+# -- what a new user ran into -------------------------------------------------------------------
+
+
+def _cut_between_messages(path, keep):
+    """The file with its GlobalMetadata and only its first `keep` nodes: a well-formed
+    stream, cut at a message boundary."""
+    msgs = list(_messages(path.read_bytes()))
+    path.write_bytes(b"".join(et.frame(m) for m in msgs[: 1 + keep]))
+    return len(msgs) - 1
+
+
+def test_a_triosim_export_cut_between_messages_is_caught(exported, trace):
+    f = exported / "workload.1.et"
+    total = len(list(_messages(f.read_bytes()))) - 1
+    _cut_between_messages(f, keep=total // 2)
+    with pytest.raises(
+        TraceError,
+        match=rf"workload\.1\.et.*truncated stream.*says {total} nodes.*holds {total // 2}",
+    ):
+        run(exported, 4, trace)
+    # another writer's file carries no count: a cut between its messages cannot be seen
+    meta = et.read_rank_file(exported / "workload.0.et", 0).metadata
+    assert meta[et.A_NODES] == len(list(_messages((exported / "workload.0.et").read_bytes()))) - 1
+
+
+def test_a_folder_where_a_file_goes_is_refused_before_anything_moves(exported, trace):
+    before = {p.name: p.read_bytes() for p in exported.iterdir()}
+    (exported / "workload.2.et").unlink()
+    (exported / "workload.2.et").mkdir()
+    with pytest.raises(InputError, match=r"workload\.2\.et is a folder"):
+        export_chakra(config("tp", 4), exported, trace=trace, force=True)
+    for name in ("workload.0.et", "workload.1.et", "workload.3.et", "comm_group.json"):
+        assert (exported / name).read_bytes() == before[name]
+    assert not [p for p in exported.iterdir() if "partial" in p.name or "earlier" in p.name]
+
+
+def test_a_rename_that_fails_puts_the_earlier_export_back(exported, trace, monkeypatch):
+    before = {p.name: p.read_bytes() for p in exported.iterdir()}
+    real, calls = os.replace, []
+
+    def failing(src, dst):
+        calls.append(dst)
+        if Path(dst).name == "workload.2.et" and ".partial-" in Path(src).name:
+            raise OSError(21, "Is a directory")
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", failing)
+    with pytest.raises(InputError, match=r"cannot write workload\.2\.et.*nothing was written"):
+        export_chakra(config("tp", 4), exported, trace=trace, force=True)
+    monkeypatch.undo()
+    assert calls  # the renames were reached
+    assert {p.name: p.read_bytes() for p in exported.iterdir()} == before  # ddp's, whole
+
+
+def test_force_removes_the_files_an_earlier_export_wrote_and_nothing_else(tmp_path, trace):
+    out = tmp_path / "o"
+    export_chakra(config("ddp", 8), out, trace=trace)
+    (out / "notes.txt").write_text("mine")
+    (out / "w.9.et").write_bytes(b"not triosim's")  # a user's file, not in the manifest
+    ex = export_chakra(config("ddp", 4), out, trace=trace, force=True)
+    assert sorted(ex.removed) == [f"workload.{r}.et" for r in range(4, 8)]
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(
+        [".triosim-files", "comm_group.json", "notes.txt", "w.9.et"]
+        + [f"workload.{r}.et" for r in range(4)]
+    )
+    back = run(out / "workload", 4, trace)
+    assert back.iteration_time == ex.result.iteration_time
+
+
+def test_ranks_of_an_earlier_export_beside_a_later_one(tmp_path, trace):
+    big, small = tmp_path / "big", tmp_path / "small"
+    export_chakra(config("ddp", 8), big, trace=trace)
+    export_chakra(config("ddp", 4), small, trace=trace)
+    with pytest.raises(
+        ConfigError, match=r"holds ranks 0-7 \(.*\); num_gpus is 4: an earlier export"
+    ):
+        run(big, 4, trace)
+    for r in range(4):  # a 4-rank export over an 8-rank one, by hand (no --force)
+        (big / f"workload.{r}.et").write_bytes((small / f"workload.{r}.et").read_bytes())
+    with pytest.raises(ConfigError, match=r"holds ranks 0-7, but workload\.0\.et was exported "):
+        run(big, 8, trace)
+
+
+def test_the_folder_is_checked_before_simulating(tmp_path, trace, monkeypatch):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "unrelated.csv").write_text("a,b\n")
+
+    def no_run(self):
+        raise AssertionError("simulated before the folder was checked")
+
+    monkeypatch.setattr(Simulation, "run", no_run)
+    with pytest.raises(InputError, match="already holds files; pass --force"):
+        export_chakra(config("ddp", 4), out, trace=trace)
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(InputError, match="is a file"):
+        export_chakra(config("ddp", 4), tmp_path / "f", trace=trace)
+    # an input of the run is never written over, not even with --force
+    save(trace, out / "comm_group.json")
+    cfg = {**config("ddp", 4), "trace": str(out / "comm_group.json")}
+    with pytest.raises(InputError, match="comm_group.json is an input of this run"):
+        export_chakra(cfg, out, force=True)
+
+
+def test_a_workload_without_a_trace_has_no_memory_figures(tmp_path, trace):
+    import yaml
+
+    from triosim.config.loading import load_config
+
+    export_chakra(config("ddp", 4), tmp_path / "et", trace=trace)
+    cfg = {**config("chakra", 4, path="et"), "memory": {"capacity": "80 GB"}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
+    r = Simulation(load_config(tmp_path / "c.yaml")).run()
+    s = r.summary()
+    assert "0.000 GB" not in s
+    assert re.search(r"peak memory / GPU \(max\) +n/a\n", s)
+    assert re.search(r"fits in memory +unknown \(a Chakra workload carries no tensors\)", s)
+    d = r.summary_dict()
+    assert d["peak_memory_gb_max"] is None and d["fits_in_memory"] is None
+    assert r.out_of_memory() is None
+    r.save(tmp_path / "res")
+    assert not (tmp_path / "res" / "memory.csv").exists()
+    assert not (tmp_path / "res" / "memory.png").exists()
+    # a trace given beside the workload changes nothing: its operators are not run
+    r2 = run(tmp_path / "et", 4, trace)
+    assert r2.summary_dict()["peak_memory_gb_max"] is None
+
+
+def test_a_batch_size_is_refused(exported, trace):
+    cfg = {**config("chakra", 4, path=str(exported)), "batch_size": 16}
+    with pytest.raises(ConfigError, match="'batch_size' = 16.*fixed at the batch"):
+        Simulation(cfg, trace=trace)
+
+
+def test_info_on_a_chakra_file_says_what_it_is(exported):
+    from triosim.trace.files import load_any_trace
+
+    with pytest.raises(InputError, match=r"workload\.0\.et is a Chakra execution trace.*chakra"):
+        load_any_trace(exported / "workload.0.et")
+
+
+def test_a_workload_folder_that_does_not_exist(tmp_path, trace):
+    with pytest.raises(ConfigError, match=r"nope does not exist"):
+        run(tmp_path / "nope", 4, trace)
+    with pytest.raises(ConfigError, match=r"does not exist \(nor does its folder"):
+        run(tmp_path / "a" / "b", 4, trace)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ConfigError, match=r"empty holds none"):
+        run(tmp_path / "empty", 4, trace)

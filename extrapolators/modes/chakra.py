@@ -58,13 +58,23 @@ class ChakraWorkload(Extrapolator):
     def check(self) -> None:
         if not self.options.path:
             raise ConfigError(et.FIELD, "", "the folder of a Chakra workload")
+        if self.batch_size is not None:
+            raise ConfigError(
+                "batch_size",
+                self.batch_size,
+                "none in mode chakra: the workload's durations are fixed at the batch it was "
+                "made with (export it again at another batch size instead)",
+            )
         self.workload = et.load_workload(self.options.path)
-        if self.workload.num_ranks != len(self.gpus):
+        n = self.workload.num_ranks
+        if n != len(self.gpus):
+            where = f"{self.workload.folder / self.workload.prefix}.<rank>.et"
             raise ConfigError(
                 "num_gpus",
                 len(self.gpus),
-                f"the Chakra workload's number of ranks ({self.workload.num_ranks}, "
-                f"{self.workload.folder / self.workload.prefix}.<rank>.et)",
+                f"the Chakra workload's number of ranks: the folder holds ranks 0-{n - 1} "
+                f"({where}); num_gpus is {len(self.gpus)}"
+                + (": an earlier export's files?" if n > len(self.gpus) else ""),
             )
         self._streams = workload_streams(self.workload, self.gpus)
 
@@ -273,8 +283,8 @@ def _check_meetings(colls: dict, sends: dict, recvs: dict, n: int) -> None:
                     et.FIELD,
                     str(path2.parent),
                     f"members of a collective to agree: collective {key!r} is {op} of "
-                    f"{nbytes:g} bytes over ranks {list(group)} in {path.name} (node {node}) "
-                    f"but {op2} of {nb2:g} bytes over ranks {list(group2)} in {path2.name} "
+                    f"{_exact(nbytes)} bytes over ranks {list(group)} in {path.name} (node {node}) "
+                    f"but {op2} of {_exact(nb2)} bytes over ranks {list(group2)} in {path2.name} "
                     f"(node {node2})",
                 )
         if set(posts) != set(group):
@@ -302,8 +312,8 @@ def _check_meetings(colls: dict, sends: dict, recvs: dict, n: int) -> None:
             raise ConfigError(
                 et.FIELD,
                 str(path.parent),
-                f"a send and its receive to agree: {key!r} sends {nb:g} bytes "
-                f"({path.name} node {node}), receives {got[0]:g} ({got[3][0].name} node "
+                f"a send and its receive to agree: {key!r} sends {_exact(nb)} bytes "
+                f"({path.name} node {node}), receives {_exact(got[0])} ({got[3][0].name} node "
                 f"{got[3][1]})",
             )
     for key, (_nb, src, dst, (path, node)) in recvs.items():
@@ -314,3 +324,8 @@ def _check_meetings(colls: dict, sends: dict, recvs: dict, n: int) -> None:
                 f"a send for every receive: rank {dst}'s receive {key!r} ({path.name} node "
                 f"{node}) has no send from rank {src}",
             )
+
+
+def _exact(nbytes: float) -> str:
+    """A byte count as it is: 1048576, not 1.04858e+06 (and 0.5 where it has a fraction)."""
+    return str(int(nbytes)) if float(nbytes).is_integer() else repr(float(nbytes))

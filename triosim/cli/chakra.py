@@ -29,7 +29,12 @@ def add_parser(subparsers) -> None:
         metavar="FIELD=VALUE",
         help="override a config field, as for simulate (repeatable)",
     )
-    p.add_argument("--force", action="store_true", help="overwrite files of an earlier export")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a folder that holds files: overwrite the files to write, and remove "
+        "those an earlier export wrote there (no other file is touched)",
+    )
     p.set_defaults(func=cmd_export_chakra)
 
 
@@ -43,7 +48,7 @@ def cmd_export_chakra(args) -> int:
     for s in args.set or []:
         set_field(data, *assignment(s))
     cfg = from_dict(data, base_dir=path.parent)
-    ex = export_chakra(cfg, args.out, prefix=args.prefix, force=args.force)
+    ex = export_chakra(cfg, args.out, prefix=args.prefix, force=args.force, inputs=(path,))
     r = ex.result
     print(
         f"{cfg.parallelism.mode} on {len(ex.nodes)} GPUs: iteration time "
@@ -51,6 +56,11 @@ def cmd_export_chakra(args) -> int:
         f"({min(ex.nodes)}-{max(ex.nodes)} per rank)"
     )
     print(f"wrote {len(ex.files) - 1} rank files and comm_group.json to {ex.folder}/")
+    if ex.removed:
+        print(
+            f"--force: removed {len(ex.removed)} file(s) an earlier export wrote there and this "
+            f"one does not ({', '.join(ex.removed[:4])}{', ...' if len(ex.removed) > 4 else ''})"
+        )
     print(
         f"ASTRA-sim: --workload-configuration={ex.prefix} "
         f"--comm-group-configuration={ex.folder / 'comm_group.json'}"

@@ -165,8 +165,14 @@ class MemoryCurves:
 def memory_curves(timeline, trace, extrapolator, gpus, options: MemoryOptions, share: bool = True):
     """(MemoryCurves, peak bytes per GPU): `memory_timeline` without building the table.
     `timeline`: the table, or the runtime's log (extrapolators.execution.timeline_log.TimelineLog),
-    read without building the table (the same rows, hence the same curves)."""
+    read without building the table (the same rows, hence the same curves). A run without
+    a trace (`triosim.trace.model.no_trace()`), or whose mode runs none of the trace's
+    operators (a Chakra workload: `uses_trace` False), has no tensors to hold: (None, None),
+    the memory unknown, not zero."""
     from extrapolators.execution.timeline_log import TimelineLog
+
+    if trace.metadata.get("no_trace") or not getattr(extrapolator, "uses_trace", True):
+        return None, None
     from extrapolators.modes import gradient_ready
 
     ready = gradient_ready(trace)  # weight -> position of the op after which its grad exists

@@ -3,7 +3,9 @@
 What a caller may rely on: `summary_text(s, verdict)` lays out the dict of
 `Result.summary_dict()` as aligned "name  value" lines, times in ms, bytes in MB and GB;
 `verdict(oom, capacity)` is the "fits in memory" answer, from `Result.out_of_memory()`
-(None: the capacity is unknown) and `Result.memory_capacity` (bytes usable by tensors).
+(None: the capacity is unknown) and `Result.memory_capacity` (bytes usable by tensors),
+or `unknown`: why the run has no memory model (`Result.memory_unknown`: no trace).
+A summary's `peak_memory_gb_max` is None then, printed n/a.
 Both are plain functions of what they are given.
 """
 
@@ -28,7 +30,10 @@ def summary_text(s: dict, verdict: str) -> str:
         ("exposed communication (mean)", f"{s['exposed_comm_ms_mean']:.4f} ms"),
         ("idle / GPU (mean)", f"{s['idle_ms_mean']:.4f} ms"),
         ("bytes moved", f"{s['bytes_moved'] / 1e6:.3f} MB"),
-        ("peak memory / GPU (max)", f"{s['peak_memory_gb_max']:.3f} GB"),
+        (
+            "peak memory / GPU (max)",
+            "n/a" if s["peak_memory_gb_max"] is None else f"{s['peak_memory_gb_max']:.3f} GB",
+        ),
         ("fits in memory", verdict),
         ("simulated in", f"{s['simulation_wall_s']:.3f} s wall"),
         *([("symmetry", s["symmetry"])] if s["symmetry"] != "off" else []),
@@ -37,7 +42,9 @@ def summary_text(s: dict, verdict: str) -> str:
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)
 
 
-def verdict(oom: list | None, capacity: float | None) -> str:
+def verdict(oom: list | None, capacity: float | None, unknown: str | None = None) -> str:
+    if unknown:
+        return f"unknown ({unknown})"
     if oom is None:
         return "unknown (the GPU's capacity is not in the catalogue)"
     cap = f"{capacity / 1e9:.3f} GB usable"

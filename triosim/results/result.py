@@ -33,6 +33,8 @@ class Result:
     with the same columns for every network; `config` is the resolved Config.
     """
 
+    memory_unknown: str | None = None  # (results pickled before it existed have none)
+
     def __init__(
         self,
         rows,
@@ -94,6 +96,7 @@ class Result:
         self._memory = pd.DataFrame()  # gpu, time, bytes per category and total
         self.peak_memory: dict = {}  # GPU -> peak bytes
         self.memory_capacity: float | None = None  # bytes usable by tensors (after reserve)
+        self.memory_unknown = None  # why there is no memory model (a run without a trace)
 
     # -- symmetry: the representatives' rows, copied to their images on first use ----------------
     @property
@@ -138,8 +141,14 @@ class Result:
         """Attach the memory model's result (a DataFrame, or triosim.results.memory.MemoryCurves
         to build it from when asked for); `capacity` None: the GPU is not known. With
         symmetry, `memory` (MemoryCurves) and `peaks` are the representatives': each image
-        gets its representative's curve (the same arrays, not a copy)."""
-        if self._orbits is None:
+        gets its representative's curve (the same arrays, not a copy). `memory` None: the
+        run has no memory model (a workload without a trace): no curve, no peak, no verdict."""
+        if memory is None:
+            self._memory, self.peak_memory = pd.DataFrame(), {}
+            self.memory_unknown = "a workload without a trace carries no tensors"
+            if self.config is not None and self.config.parallelism.mode == "chakra":
+                self.memory_unknown = "a Chakra workload carries no tensors"
+        elif self._orbits is None:
             self._memory = memory
             self.peak_memory = dict(peaks)
         else:
@@ -149,8 +158,9 @@ class Result:
         self.memory_capacity = None if capacity is None else capacity - reserve
 
     def out_of_memory(self) -> list | None:
-        """GPUs whose peak exceeds their usable memory; None when the capacity is unknown."""
-        if self.memory_capacity is None:
+        """GPUs whose peak exceeds their usable memory; None when the capacity or the
+        memory (a run without a trace) is unknown."""
+        if self.memory_capacity is None or self.memory_unknown:
             return None
         return [g for g, p in self.peak_memory.items() if p > self.memory_capacity]
 
@@ -217,7 +227,9 @@ class Result:
             "exposed_comm_ms_mean": float(g["exposed_comm"].mean()) * 1e3,
             "idle_ms_mean": float(g["idle"].mean()) * 1e3,
             "bytes_moved": self.bytes_delivered,
-            "peak_memory_gb_max": max(self.peak_memory.values(), default=0.0) / 1e9,
+            "peak_memory_gb_max": None
+            if self.memory_unknown
+            else max(self.peak_memory.values(), default=0.0) / 1e9,
             "memory_capacity_gb": None
             if self.memory_capacity is None
             else self.memory_capacity / 1e9,
@@ -232,7 +244,7 @@ class Result:
         return report.summary_text(self.summary_dict(), self._verdict())
 
     def _verdict(self) -> str:
-        return report.verdict(self.out_of_memory(), self.memory_capacity)
+        return report.verdict(self.out_of_memory(), self.memory_capacity, self.memory_unknown)
 
     # -- exports -------------------------------------------------------------------------------
     def to_chrome_trace(self, path) -> Path:

@@ -11,9 +11,14 @@ topological order, so every dependency is on an earlier node. The `triosim.*` at
 (stream, exact sizes, meeting keys, layers) let `parallelism: {mode: chakra}` bring the
 workload back task for task; other readers ignore them.
 
-The run is simulated first (a workload that does not finish is not written), then every
-file is written beside its name and renamed into place only once all are ready: a failure
-leaves the folder as it was.
+The output folder is checked first, as `triosim simulate --out` checks its own: a file, a
+folder holding files (without --force), a folder that cannot be written, or a file to write
+that is one of the run's inputs or a folder is an InputError before anything is simulated.
+The run is simulated next (a workload that does not finish is not written), then every file
+is written beside its name and renamed into place only once all are ready: a failure leaves
+the folder as it was (files an earlier export left there are moved back). With --force the
+files an earlier export wrote there (the folder's manifest, triosim.common.outputs) and that
+this one does not write again are removed once it is written, never anything else.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ from __future__ import annotations
 import heapq
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from extrapolators.execution.tasks import (
@@ -34,7 +39,14 @@ from extrapolators.execution.tasks import (
     Wait,
 )
 from triosim.common.errors import ConfigError, InputError
-from triosim.common.outputs import partial_name, writable_folder
+from triosim.common.outputs import (
+    MANIFEST,
+    note_written,
+    partial_name,
+    same_file,
+    writable_folder,
+    written_before,
+)
 from triosim.simulation.wiring import Simulation
 from triosim.trace import chakra as et
 
@@ -47,6 +59,7 @@ class Exported:
     files: list  # the rank files, rank order, then comm_group.json
     nodes: list  # node count per rank
     result: object  # the Result of the simulated run
+    removed: list = field(default_factory=list)  # an earlier export's files --force removed
 
     @property
     def prefix(self) -> Path:
@@ -62,9 +75,13 @@ def export_chakra(
     topology=None,
     prefix: str = "workload",
     force: bool = False,
+    inputs=(),
 ) -> Exported:
     """Simulate `config` (a Config, a dict or a YAML path, as for Simulation) and write its
-    workload to the folder `out` as `<prefix>.<rank>.et` and comm_group.json."""
+    workload to the folder `out` as `<prefix>.<rank>.et` and comm_group.json. `inputs`:
+    files the run read (the config file), never written over nor removed."""
+    out = Path(out)
+    _check_folder(out, force)
     sim = Simulation(config, trace=trace, topology=topology)
     if sim.extrapolator.owns_iterations:
         raise ConfigError(
@@ -75,39 +92,110 @@ def export_chakra(
         )
     if not prefix or "/" in prefix or "\\" in prefix:
         raise InputError(f"Chakra file prefix {prefix!r}: give a plain name")
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"--out {out} is a file; name a folder")
     names = [f"{prefix}.{r}.et" for r in range(len(sim.gpus))] + [et.GROUPS_FILE]
-    clash = [n for n in names if (out / n).exists()]
-    if clash and not force:
-        raise InputError(
-            f"--out {out} holds {clash[0]}"
-            + (f" and {len(clash) - 1} more of the files to write" if len(clash) > 1 else "")
-            + "; pass --force to overwrite them"
-        )
+    earlier = [n for n in written_before(out, KIND) if n not in names] if force else []
+    _check_targets(out, names, earlier, [*inputs, *_inputs(sim)])
+    writable_folder(out, "--out")
     ranks, groups = workload_nodes(sim)
     result = sim.run()
     payloads = [et.encode_stream(meta, nodes) for meta, nodes in ranks]
     groups_text = json.dumps({k: list(v) for k, v in groups.items()}, indent=1) + "\n"
-    writable_folder(out, "--out")
     files = [out / n for n in names]
     _write_all(files, [*payloads, groups_text.encode()])
-    return Exported(out, files, [len(nodes) for _, nodes in ranks], result)
+    removed = _remove_earlier(out, names) if force else []
+    note_written(out, names, KIND)
+    return Exported(out, files, [len(nodes) for _, nodes in ranks], result, removed=removed)
+
+
+KIND = "chakra"  # the manifest's kind of folder (triosim.common.outputs)
+
+
+def _remove_earlier(out: Path, names) -> list:
+    """--force, once the new files are in place: the files an earlier export wrote there
+    that this one did not write again (a larger run's ranks, another prefix), and no other;
+    the manifest then lists this export's files only."""
+    earlier = written_before(out, KIND)
+    if not earlier:
+        return []
+    stale = [n for n in earlier if n not in names]
+    removed = [n for n in stale if (out / n).is_file() or (out / n).is_symlink()]
+    for n in removed:
+        (out / n).unlink()
+    (out / MANIFEST).unlink(missing_ok=True)
+    return removed
+
+
+def _check_folder(out: Path, force: bool) -> None:
+    """Before any work, as `simulate --out` does: a folder (or none yet), empty unless
+    --force."""
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out} is a file; name a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise InputError(
+            f"--out {out} already holds files; pass --force to overwrite them (only the "
+            "files an export wrote there are removed), or name another folder"
+        )
+
+
+def _inputs(sim) -> list:
+    """The files the run read that could sit in the output folder: the trace file."""
+    from triosim.config.loading import IN_MEMORY
+
+    c = sim.config
+    return [c.trace_path()] if c.trace and c.trace != IN_MEMORY else []
+
+
+def _check_targets(out: Path, names, earlier, inputs) -> None:
+    """Every file to write, and every earlier file --force removes, checked before the run:
+    none is an input of the run or a folder."""
+    for n in [*names, *earlier]:
+        f = out / n
+        for i in inputs:
+            if i is not None and same_file(f, i):
+                raise InputError(
+                    f"--out {out}: its {n} is an input of this run ({i}); name another "
+                    "folder (an input is never overwritten, not even with --force)"
+                )
+        if f.is_dir() and not f.is_symlink():
+            raise InputError(f"--out {out}: {n} is a folder, where the export writes a file")
 
 
 def _write_all(files, payloads) -> None:
-    """Every file whole or none: each written beside its name, then all renamed."""
+    """Every file whole or none: each written beside its name; the files already there moved
+    aside, all renamed into place, and those moved aside removed. A failure at any step puts
+    the folder back as it was; an OS error is an InputError naming the file."""
     tmps = [partial_name(f) for f in files]
+    asides = [f.with_name(f".{f.name}.earlier-{os.getpid()}") for f in files]
+    moved, placed = [], []
+    step = None
     try:
         for tmp, data in zip(tmps, payloads, strict=True):
+            step = tmp
             tmp.write_bytes(data)
+        for f, aside in zip(files, asides, strict=True):
+            if f.exists() or f.is_symlink():
+                step = f
+                os.replace(f, aside)
+                moved.append((f, aside))
         for tmp, f in zip(tmps, files, strict=True):
+            step = f
             os.replace(tmp, f)
-    except BaseException:
+            placed.append(f)
+    except BaseException as e:
+        for f in placed:
+            f.unlink(missing_ok=True)
+        for f, aside in moved:
+            os.replace(aside, f)
         for tmp in tmps:
             tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            raise InputError(
+                f"--out {files[0].parent}: cannot write {Path(step).name} "
+                f"({e.strerror or e}); nothing was written"
+            ) from None
         raise
+    for _, aside in moved:
+        aside.unlink(missing_ok=True)
 
 
 def _expanded(tasks, scale: float):
@@ -147,8 +235,9 @@ def workload_nodes(sim: Simulation) -> tuple[list, dict]:
     groups: dict = {}  # tuple of ranks -> pg_name
     out = []
     for g in gpus:
-        meta = {"triosim.rank": rank[g], "triosim.ranks": len(gpus)}
-        out.append((meta, _rank_nodes(g, rank, streams.get(g, {}), sent, tags, groups)))
+        nodes = _rank_nodes(g, rank, streams.get(g, {}), sent, tags, groups)
+        meta = {"triosim.rank": rank[g], "triosim.ranks": len(gpus), et.A_NODES: len(nodes)}
+        out.append((meta, nodes))
     return out, {name: grp for grp, name in groups.items()}
 
 

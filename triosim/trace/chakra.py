@@ -436,6 +436,14 @@ def read_rank_file(path, rank: int) -> RankFile:
             )
         )
     rf = RankFile(path, rank, meta.version, {a.name: _attr_value(a) for a in meta.attr}, nodes)
+    want = rf.metadata.get(A_NODES)
+    if type(want) is int and want != len(nodes):
+        # a cut between two messages leaves a well-formed stream: only the count says so
+        raise TraceError(
+            f"truncated stream: the GlobalMetadata says {want} nodes ({A_NODES}), "
+            f"the file holds {len(nodes)}",
+            file=path,
+        )
     check_rank(rf)
     return rf
 
@@ -522,7 +530,12 @@ def rank_files(path) -> tuple[str, dict]:
     elif path.parent.is_dir():
         folder, prefix = path.parent, path.name
     else:
-        raise ConfigError(FIELD, str(path), "a folder of Chakra files or their path prefix")
+        raise ConfigError(
+            FIELD,
+            str(path),
+            f"a folder of Chakra files or their path prefix; {path} does not exist "
+            f"(nor does its folder {path.parent})",
+        )
     found: dict = {}
     for f in sorted(folder.iterdir()):
         m = _RANK_NAME.match(f.name)
@@ -531,11 +544,18 @@ def rank_files(path) -> tuple[str, dict]:
         if prefix is not None and m["prefix"] != prefix:
             continue
         found.setdefault(m["prefix"], {}).setdefault(int(m["rank"]), []).append(f)
+    if not found and prefix is not None:
+        raise ConfigError(
+            FIELD,
+            str(path),
+            f"a folder of Chakra files or their path prefix; {path} does not exist, and "
+            f"{folder} holds no {prefix}.<rank>.et files",
+        )
     if not found:
         raise ConfigError(
             FIELD,
             str(path),
-            "a folder (or prefix) with Chakra files named <prefix>.<rank>.et; none found",
+            f"a folder (or prefix) with Chakra files named <prefix>.<rank>.et; {path} holds none",
         )
     if len(found) > 1:
         raise ConfigError(
@@ -620,6 +640,17 @@ def load_workload(path) -> Workload:
     prefix, files = rank_files(path)
     folder = next(iter(files.values())).parent
     ranks = [read_rank_file(f, r) for r, f in files.items()]
+    for rf in ranks:  # triosim's exports say how many ranks they wrote
+        said = rf.metadata.get("triosim.ranks")
+        if type(said) is int and said != len(ranks):
+            raise ConfigError(
+                FIELD,
+                str(path),
+                f"one export's files; the folder holds ranks 0-{len(ranks) - 1}, but "
+                f"{rf.path.name} was exported with {said} ranks (triosim.ranks): files of "
+                "an earlier export beside a later one? (export again with --force, which "
+                "removes them)",
+            )
     return Workload(folder, prefix, ranks, read_groups(folder, len(ranks)))
 
 
@@ -638,6 +669,9 @@ A_ALGORITHM, A_ROOT = "triosim.algorithm", "triosim.root"
 # a stream's Signal / Wait: zero-time CPU compute nodes to other readers (ASTRA-sim runs them
 # in a nanosecond on the CPU, so they hold neither the GPU's compute nor its communication)
 A_SIGNAL, A_WAIT = "triosim.signal", "triosim.wait"
+# in a rank file's GlobalMetadata: how many nodes follow (a file cut between two messages is
+# still a well-formed stream; this count is how a triosim export's truncation is seen)
+A_NODES = "triosim.nodes"
 
 # triosim's collective ops and Chakra's CollectiveCommType
 OP_TO_COMM = {

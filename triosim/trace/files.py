@@ -48,8 +48,15 @@ def import_csv(path, batch_size: int | None = None, gpu: str | None = None) -> T
 
 
 def load_any_trace(path, progress: bool = False) -> Trace:
-    """A triosim trace file, or a folder holding the original TrioSim trace.csv + tensor.csv."""
+    """A triosim trace file, or a folder holding the original TrioSim trace.csv + tensor.csv;
+    a Chakra file (<prefix>.<rank>.et) is an InputError saying how to run it."""
     path = Path(path)
     if (path.is_dir() and (path / "trace.csv").exists()) or path.suffix == ".csv":
         return import_csv(path)
+    if path.name.endswith((".et", ".et.gz")) and path.is_file():
+        raise InputError(
+            f"{path} is a Chakra execution trace (one rank of a workload, as ASTRA-sim reads "
+            "it), not a triosim trace: simulate the workload with `parallelism: {mode: "
+            f"chakra, path: {path.parent}}}` and num_gpus its number of ranks (no `trace`)"
+        )
     return load(path, progress=progress)
