@@ -20,6 +20,7 @@ EPILOG = """examples:
   triosim info traces/cpu/resnet18-b8.trace.json.gz
   triosim trace resnet18 --batch-size 8 --device cpu --out traces/mine
   triosim import ../triosim-go-traces/vgg13 vgg13.trace.json.gz
+  triosim export-chakra examples/ddp.yaml --out chakra/ddp   a run's per-GPU workload for ASTRA-sim
 """
 
 
