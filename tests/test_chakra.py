@@ -58,6 +58,9 @@ MODES = [
     ("fsdp", 4, {}),
     ("fsdp", 4, {"stage": 2}),
     ("3d", 8, {"dp": 2, "tp": 2, "pp": 2, "microbatches": 2}),
+    ("single", 1, {}),
+    ("hybrid", 4, {"dp": 2, "inner": "gpipe", "microbatches": 2}),
+    ("interleaved", 4, {"pp": 2, "dp": 2, "microbatches": 4}),
 ]
 
 
