@@ -440,7 +440,7 @@ def test_3d_streams_share_each_stages_runs():
 
 def _reference_hop_rows(graph, routes, sources, targets):
     """rings.hop_rows as it was: every node of each source's tree, in distance order."""
-    from extrapolators.communication.rings import _LAT, _NET
+    from extrapolators.communication.rings import NET_WEIGHT, NS_WEIGHT
 
     cap = {(u, v): d["bandwidth"] for u, v, d in graph.edges(data=True)}
     idx = routes.node_index
@@ -457,7 +457,9 @@ def _reference_hop_rows(graph, routes, sources, targets):
                 hops[v] = hops[p] + 1
         d = row[t_idx]
         ok = np.isfinite(d)
-        lat = np.where(ok, np.floor(np.mod(np.where(ok, d, 0), _NET) / _LAT) * 1e-9, np.inf)
+        lat = np.where(
+            ok, np.floor(np.mod(np.where(ok, d, 0), NET_WEIGHT) / NS_WEIGHT) * 1e-9, np.inf
+        )
         b = np.where(ok, bott[t_idx], 0.0)
         b[t_idx == idx[s]] = np.inf
         out.append((b, lat, np.where(ok, hops[t_idx], np.inf)))

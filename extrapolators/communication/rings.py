@@ -23,11 +23,11 @@ from __future__ import annotations
 import numpy as np
 
 from networks.routing import Routes
+from networks.routing.graph import NET_WEIGHT, NS_WEIGHT  # the packing of route weights: hops, ns
 
 DENSE_LIMIT = 256
 EXACT_LIMIT = 8  # every ring searched: (n-1)! orders, 5,040 at 8 GPUs, in one numpy pass
 _TIE = 1e-9  # rings whose time per byte is within this (relative) of the best are tied
-_NET, _LAT = 2**48, 2**28  # networks.routing's packing: network hops, ns of latency
 
 
 def hop_rows(graph, routes: Routes, sources, targets):
@@ -70,7 +70,7 @@ def hop_rows(graph, routes: Routes, sources, targets):
 def _latency(d: np.ndarray) -> np.ndarray:
     """Seconds of summed latency in packed distances (inf where there is no path)."""
     ok = np.isfinite(d)
-    return np.where(ok, np.floor(np.mod(np.where(ok, d, 0), _NET) / _LAT) * 1e-9, np.inf)
+    return np.where(ok, np.floor(np.mod(np.where(ok, d, 0), NET_WEIGHT) / NS_WEIGHT) * 1e-9, np.inf)
 
 
 def _metrics(graph, group, routes):

@@ -2,7 +2,7 @@
 networks.routing's `Routes`.
 
 `link_weight` packs the routing rule (see networks.routing) into one integer-valued float
-per link: a network link weighs _NET, each ns of latency _LAT (mode 'latency' only), each
+per link: a network link weighs NET_WEIGHT, each ns of latency NS_WEIGHT (mode 'latency' only), each
 hop 1. scipy's C Dijkstra sums them exactly (every term stays far below 2**53), so a sum
 does not depend on its order and equal-cost paths stay tied.
 
@@ -36,14 +36,14 @@ from networks.routing import tuning
 
 # bit budget (sums stay below 2**53): up to 31 network hops, 1 ms of summed latency at 1 ns
 # resolution, then hops
-_NET = float(2**48)
-_LAT = float(2**28)  # per ns
+NET_WEIGHT = float(2**48)
+NS_WEIGHT = float(2**28)  # per ns
 
 
 def link_weight(d: dict, mode: str = "latency") -> float:
     net = 1 if d.get("kind") == "net" else 0
     lat = int(round(d.get("latency", 0.0) * 1e9)) if mode == "latency" else 0
-    return net * _NET + lat * _LAT + 1
+    return net * NET_WEIGHT + lat * NS_WEIGHT + 1
 
 
 class RouteGraph:
@@ -77,7 +77,7 @@ class RouteGraph:
         self._min_in = np.full(len(nodes), np.inf)
         np.minimum.at(self._min_in, v, self.weight)
         # nodes joined without network links (a server): a path between two of them that
-        # are not must cross a network link, so it is at least _NET long (a bound that
+        # are not must cross a network link, so it is at least NET_WEIGHT long (a bound that
         # saves the bounded searches most of their 4x steps to a GPU in another server)
         from scipy.sparse.csgraph import connected_components
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from networks.routing import tuning
-from networks.routing.graph import _NET, RouteGraph
+from networks.routing.graph import NET_WEIGHT, RouteGraph
 
 
 class RouteRows(RouteGraph):
@@ -190,7 +190,7 @@ class RouteRows(RouteGraph):
         else:
             limit = self._direct.get((s, d), self._min_out[s] + self._min_in[d])
             if self._local[s] != self._local[d] and (s, d) not in self._direct:
-                limit = max(limit, _NET)
+                limit = max(limit, NET_WEIGHT)
             limit = max(limit, 1.0) if np.isfinite(limit) else np.inf
         for _ in range(12):
             row = dijkstra(self._csr, indices=s, limit=limit)
