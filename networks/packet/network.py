@@ -52,7 +52,6 @@ from networks.packet.landing import Landing
 from networks.packet.reference import ReferenceEngine, _Flow
 from networks.packet.ringjob import REL_TOL as _REL_TOL
 from networks.packet.ringjob import TIME_TOL as _TIME_TOL
-from networks.packet.ringjob import RingJob
 from networks.packet.ringjobs import RingJobs
 from networks.packet.solve import ComponentSolve
 from networks.packet.table import FlowTable
@@ -127,16 +126,13 @@ class PacketSwitchNetwork(
             self._advance = self._advance_fast
             self._on_timer = self._on_timer_fast
             self._route_cache: dict = {}
-            self._rings: dict = {}  # ring group -> RingPaths (networks.packet.ringjobs)
-            self._jobs: dict[int, RingJob] = {}  # ring jobs under way
-            self._owner = np.full(len(self.links), -1, np.int64)  # job holding each link
-            self.ring_jobs = self.ring_splits = 0
             self._busy: np.ndarray | None = np.zeros(0, np.int64)  # links with load > 0
             self._solve_queued = False  # new flows wait for a solve at this instant
             # the instant of the last done check, and the least remaining time found then
             # (when at _tmin_at)
             self._checked = self._tmin_at = None
             self._tmin = np.inf
+            self._init_rings()
             self._init_landing()
             self._init_table()
             self._init_solver()

@@ -7,6 +7,16 @@ touches a reserved link splits the job first: the steps before the current one a
 (records, link bytes and busy time as the per-step engine counts them), the current step
 becomes ordinary flows with the bytes they have left (or arrivals still to come), and the
 remaining steps run through `ring` again once it is over.
+
+What it provides: `ring` (the fast engine's; the reference engine and a subclass that counts
+deliveries itself take Network's per-step ring), `_split(job)` for the flow table when a
+transfer touches a reserved link, the counters `ring_jobs` and `ring_splits`, and its state
+(`_rings`, `_jobs`, `_owner`: the job holding each link, -1 for none), made by
+`_init_rings()`. What the host provides: `env`, `options`, `links`, `capacity`, `_gpu_set`,
+`_route` and `_distances`, the network's counters (`bytes_sent`, `bytes_delivered`,
+`in_flight`, `link_bytes`, `link_busy`, `max_utilisation`, `reallocations`, `_log`), the
+landing's `_register`, `_per_record` and `_land_later`, the engine's `_start_fast`, and the
+flow table's `_add_flows` and `_occ` (a split job's current step becomes flows there).
 """
 
 from __future__ import annotations
@@ -23,6 +33,12 @@ _PLAIN = (int, float)
 
 
 class RingJobs:
+    def _init_rings(self) -> None:
+        self._rings: dict = {}  # ring group -> RingPaths
+        self._jobs: dict[int, RingJob] = {}  # ring jobs under way
+        self._owner = np.full(len(self.links), -1, np.int64)  # job holding each link
+        self.ring_jobs = self.ring_splits = 0
+
     def ring(self, group, chunk: float, steps: int, tag: str = "") -> simpy.Event:
         if self.options.engine == "reference" or self._per_record:
             return super().ring(group, chunk, steps, tag)
