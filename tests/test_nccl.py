@@ -8,7 +8,8 @@ import pytest
 import simpy
 
 from extrapolators.communication.base import Textbook
-from extrapolators.communication.nccl.model import Nccl, NcclOptions, pipeline_fill
+from extrapolators.communication.nccl.model import Nccl, pipeline_fill
+from extrapolators.communication.nccl.options import NcclOptions
 from networks import PacketSwitchNetwork
 from networks import topology as topo
 from triosim.common.errors import ConfigError
@@ -329,7 +330,7 @@ def test_a_forced_protocol_is_enabled_as_nccl_proto_enables_it():
 def test_a_calibration_file_with_a_key_given_twice_is_refused(tmp_path):
     """Calibration files are read as configs are: a key given twice is an error with its
     lines (PyYAML alone keeps the last without a word)."""
-    from extrapolators.communication.nccl.model import load_calibration
+    from extrapolators.communication.nccl.options import load_calibration
     from triosim.common.errors import InputError
 
     p = tmp_path / "calib.yaml"

@@ -20,7 +20,8 @@ from hypothesis import strategies as st
 
 from extrapolators.communication.nccl import streams as nccl_streams
 from extrapolators.communication.nccl.groups import _Group
-from extrapolators.communication.nccl.model import Nccl, NcclOptions, Plan, Terms
+from extrapolators.communication.nccl.model import Nccl, Plan, Terms
+from extrapolators.communication.nccl.options import NcclOptions
 from extrapolators.communication.nccl.streams import hops as _hops
 from extrapolators.communication.nccl.system import System
 from networks import PacketSwitchNetwork

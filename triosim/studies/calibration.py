@@ -19,7 +19,8 @@ import numpy as np
 import simpy
 
 from extrapolators.communication import comm_class
-from extrapolators.communication.nccl.model import Nccl, Tuning
+from extrapolators.communication.nccl.model import Nccl
+from extrapolators.communication.nccl.options import Tuning
 from networks import network_class
 from networks.base import gpu_nodes
 from triosim.common.errors import ConfigError
