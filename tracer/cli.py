@@ -253,7 +253,16 @@ def run_trace(args, timer=None) -> int:
         return 0
     measured = t.metadata["measured_iteration_time"]
     gap = (total - measured) / measured * 100 if measured else math.nan
-    print(f"measured iteration time  {measured * 1e3:.3f} ms (mean of {args.measure})")
+    print(
+        f"measured iteration time  {measured * 1e3:.3f} ms (mean of {args.measure}, "
+        "a plain loop: no hook or marker of the tracer's)"
+    )
+    hooked = t.metadata.get("measured_iteration_time_hooked")
+    if hooked and measured:
+        print(
+            f"with the tracer's markers {hooked * 1e3:.3f} ms "
+            f"({(hooked - measured) / measured * 100:+.1f}%; not the measured time)"
+        )
     print(f"sum of operator times    {total * 1e3:.3f} ms ({gap:+.1f}% vs measured)")
     peak = t.metadata.get("peak_memory_bytes")
     if peak:
