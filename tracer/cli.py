@@ -55,6 +55,10 @@ def trace_model(
             layers=layers,
             bf16_params=master_weights,
         )
+    if not shapes_only:
+        # on the device before the optimizer is made: MasterWeightAdamW's float32 master
+        # copies (and any state made at construction) are made where the model runs
+        model.to(device)
     opt = _optimizer(model, name, shapes_only, master_weights)
     label = name + ("-small" if small else "") + ("-bf16" if master_weights else "")
     t = collect(
