@@ -174,3 +174,40 @@ def test_mixed_precision_as_torchtitan(two_and_six):
         o.name for o in two.operators
     }
     assert two.metadata["optimizer"] == "AdamW"
+
+
+def test_master_weights_are_made_on_the_device_the_model_runs_on(monkeypatch):
+    """trace_model builds the model on CPU; the optimizer must be made after the model is on
+    its device, or MasterWeightAdamW's float32 master copies stay on CPU (on CUDA its step
+    failed: 'attempting to assign a gradient with device type cuda to a tensor with device
+    type cpu'). 'meta' stands in for the GPU; collect is replaced by a spy."""
+    import importlib
+
+    from tracer.cli import trace_model
+
+    seen = {}
+
+    def spy(model, make_batch, loss_fn, opt, **run):
+        seen["params"] = {p.device for p in model.parameters()}
+        seen["masters"] = {m.device for m in opt.masters}
+        seen["optimized"] = {p.device for p in opt.params}
+
+    monkeypatch.setattr(importlib.import_module("tracer.collect"), "collect", spy)
+    trace_model("llama3-8b", 1, device="meta", small=True, seq_len=8, master_weights=True)
+    meta = {torch.device("meta")}
+    assert seen == {"params": meta, "masters": meta, "optimized": meta}
+
+
+def test_layers_replicate_when_the_block_accumulates_its_gradient_in_place():
+    """GPT-2 --small --layers 1 on CPU (and llama3-8b --layers 2 on CUDA, by its ET: an
+    in-place add_ of the fused RMSNorm backward's result into the incoming gradient): the
+    block's input gradient is the buffer it received, added into in place, so the traced
+    layers 'read 1 gradient tensor from outside and pass on 0'. Replication must not depend
+    on it: the copies share that buffer."""
+    from tracer.cli import trace_model
+
+    t = trace_model("gpt2", 2, small=True, seq_len=16, layers=1, warmup=1, measure=1)
+    layers = {o.layer.split(".")[1] for o in t.operators if o.layer.startswith("blocks.")}
+    assert layers == {"0", "1"}
+    per_layer = Counter(o.layer.split(".")[1] for o in t.operators if o.layer.startswith("blocks."))
+    assert per_layer["0"] == per_layer["1"] > 0

@@ -291,3 +291,61 @@ def test_a_lifted_constant_at_a_reused_pointer_is_new_memory():
     )
     assert storage[2] == storage[1]  # a saved tensor's new handle: the same memory
     assert storage[3] != storage[1] and storage[4] == storage[3]  # lifted: its own
+
+
+def test_timed_iterations_run_without_the_tracers_hooks_or_markers(monkeypatch):
+    """measured_iteration_time comes from iterations with no module hook, no marker range
+    and no profiler of the tracer's: a fake clock advances 1 s per forward that runs under
+    any of them and 1 ms per plain forward, so the plain timed mean is exactly 1 ms and the
+    hooked iterations' (measured_iteration_time_hooked) 1 s."""
+    import contextlib
+    import importlib
+    import types
+
+    tc = importlib.import_module("tracer.collect")
+    clock = [0.0]
+    depth = [0]
+    real_record = tc._record
+
+    @contextlib.contextmanager
+    def counted(name):
+        depth[0] += 1
+        try:
+            with real_record(name):
+                yield
+        finally:
+            depth[0] -= 1
+
+    class Spy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(8, 4)
+
+        def forward(self, x):
+            hooked = (
+                depth[0] > 0
+                or any(m._forward_pre_hooks or m._forward_hooks for m in self.modules())
+                or torch.autograd.profiler._is_profiler_enabled
+            )
+            clock[0] += 1.0 if hooked else 1e-3
+            return self.lin(x)
+
+    monkeypatch.setattr(tc, "_record", counted)
+    monkeypatch.setattr(tc, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    torch.manual_seed(0)
+    model = Spy()
+    t = collect(
+        model,
+        lambda b, device: (torch.randn(b, 8), torch.randint(0, 4, (b,))),
+        torch.nn.functional.cross_entropy,
+        torch.optim.Adam(model.parameters()),
+        batch_size=2,
+        warmup=1,
+        measure=3,
+        model_name="spy",
+    )
+    assert t.metadata["measured_iteration_time"] == pytest.approx(1e-3)
+    assert t.metadata["measured_iteration_time_hooked"] == pytest.approx(1.0)
+    assert t.metadata["measured_iterations"] == 3
+    # the profiled iteration still ran under the markers: its forward is in the trace
+    assert any(op.phase == "forward" for op in t.operators)

@@ -1,10 +1,12 @@
 """Collect one training iteration of a PyTorch model as a triosim Trace.
 
 Warm-up iterations, then `measure` timed iterations (CUDA events on a GPU,
-perf_counter with synchronisation on CPU), then one further iteration recorded with
-torch.profiler (record_shapes, kernels on GPU) and the ExecutionTraceObserver.
-Profiled and timed iterations differ, so profiling overhead stays out of the
-measured time. Peak memory: torch.cuda.max_memory_allocated over the profiled iteration on a
+perf_counter with synchronisation on CPU) run as a plain loop, with no module hook, marker
+range or profiler of the tracer's (`measured_iteration_time`); then the module markers go on,
+`measure` more iterations are timed with them (`measured_iteration_time_hooked`, the markers'
+overhead), and one further iteration is recorded with torch.profiler (record_shapes, kernels
+on GPU) and the ExecutionTraceObserver. Profiled and timed iterations differ, so profiling
+and marking overhead stay out of the measured time. Peak memory: torch.cuda.max_memory_allocated over the profiled iteration on a
 GPU; on CPU one more iteration under the profiler's memory events (`_cpu_peak_memory`).
 Shape-only (`shapes_only=True`): the same profiled iteration on meta tensors, nothing
 computed or timed (tracer.meta_run). This module never imports SimPy (it runs on machines without it).
@@ -238,6 +240,8 @@ def record(
     rec = _record_fast if shapes_only else _record
     (model if shapes_only else model.to(device)).train()
     step = _training_step(model, loss_fn, optimizer, rec)
+    # the timed iterations' step: no phase ranges (no marker of the tracer's while timing)
+    plain = _training_step(model, loss_fn, optimizer, lambda name: contextlib.nullcontext())
 
     def sync():
         if gpu:
@@ -257,6 +261,7 @@ def record(
                 shapes_only,
                 rec,
                 step,
+                plain,
                 sync,
             )
     except TracerError:
@@ -347,10 +352,11 @@ def _metadata(
 ) -> dict:
     """The trace's metadata from a run: what ran (model, batch, device, dtype, optimizer,
     parameter count), the math settings PyTorch holds now (read after the run), the
-    measured iteration times and memory (memory = (peak bytes, bytes at the step's start)),
+    measured iteration times (times = (plain, hooked)) and memory (memory = (peak bytes, bytes at the step's start)),
     and where times and memory come from. A shape-only trace updates it with
     `_SHAPE_ONLY_METADATA`."""
     gpu = device.startswith("cuda")
+    plain, hooked = times
     return {
         "model": model_label,
         "batch_size": batch_size,
@@ -365,8 +371,12 @@ def _metadata(
         "float32_matmul_precision": torch.get_float32_matmul_precision(),
         "optimizer": type(optimizer).__name__,
         "parameters": int(sum(p.numel() for p in params)),
-        "measured_iteration_time": statistics.mean(times) if times else None,
-        "measured_iteration_time_stdev": statistics.stdev(times) if len(times) > 1 else 0.0,
+        # from iterations with no hook, marker or profiler of the tracer's (a plain loop)
+        "measured_iteration_time": statistics.mean(plain) if plain else None,
+        "measured_iteration_time_stdev": statistics.stdev(plain) if len(plain) > 1 else 0.0,
+        # as many iterations with the tracer's module markers and phase ranges on (no
+        # profiler): what the markers cost, which the profiled iteration pays too
+        "measured_iteration_time_hooked": statistics.mean(hooked) if hooked else None,
         "measured_iterations": measure,
         "warmup_iterations": warmup,
         "peak_memory_bytes": memory[0],
@@ -389,6 +399,7 @@ _SHAPE_ONLY_METADATA = {
     "gpu": None,  # set by the performance model that times the operators
     "shapes_only": True,
     "measured_iteration_time_stdev": None,
+    "measured_iteration_time_hooked": None,
     "time_source": "none yet: a shape-only trace (meta tensors, nothing computed); "
     "times come from a performance model",
     "math_source": "assumed: CUDA with this process's TF32 settings (PyTorch's "
@@ -408,35 +419,32 @@ def _profile(
     shapes_only,
     rec,
     step,
+    plain,
     sync,
 ):
     """Warm-up and timed iterations, then one profiled: (ET, Kineto trace, times, memory),
-    memory = (peak bytes, bytes alive at the step's start), None for shape-only traces."""
+    times = (plain, hooked) lists of seconds, memory = (peak bytes, bytes alive at the
+    step's start), None for shape-only traces.
+
+    Honest timing: the warm-up and the timed iterations (`plain`: the same step with no
+    phase ranges) run with no module hook, marker range or profiler of the tracer's. Then
+    the module markers go on, `measure` more iterations are timed with them and the phase
+    ranges (`step`; the hooked time, to show the markers' overhead), and the profiled
+    iteration runs under them."""
     import torch
     from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile
 
     gpu = device.startswith("cuda")
     batch = make_batch(batch_size, device)
     for _ in range(max(warmup, 1)):  # at least one: creates the optimizer states
-        step(batch)
+        plain(batch)
     sync()
-    times = []
-    for _ in range(measure):
-        if gpu:
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            step(batch)
-            b.record()
-            sync()
-            times.append(a.elapsed_time(b) * 1e-3)
-        else:
-            t0 = time.perf_counter()
-            step(batch)
-            times.append(time.perf_counter() - t0)
+    times = _timed(plain, batch, measure, gpu, sync)
+    handles = _module_markers(model, rec)
+    hooked = _timed(step, batch, measure, gpu, sync)
     if gpu:
         torch.cuda.reset_peak_memory_stats()
         start_bytes = int(torch.cuda.memory_allocated())
-    handles = _module_markers(model, rec)
     tags = tagging_mode() if shapes_only else contextlib.nullcontext()
     with tempfile.TemporaryDirectory() as tmp:
         et_path, k_path = Path(tmp) / "et.json", Path(tmp) / "kineto.json"
@@ -473,4 +481,25 @@ def _profile(
         memory = (int(torch.cuda.max_memory_allocated()), start_bytes)
     else:
         memory = _cpu_peak_memory(model, optimizer, named, batch, step)
-    return et_doc, k_doc, times, memory
+    return et_doc, k_doc, (times, hooked), memory
+
+
+def _timed(step, batch, n, gpu, sync) -> list[float]:
+    """Seconds of each of `n` iterations of step(batch): CUDA events on a GPU, perf_counter
+    with the iteration run to its end on CPU."""
+    import torch
+
+    times = []
+    for _ in range(n):
+        if gpu:
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            step(batch)
+            b.record()
+            sync()
+            times.append(a.elapsed_time(b) * 1e-3)
+        else:
+            t0 = time.perf_counter()
+            step(batch)
+            times.append(time.perf_counter() - t0)
+    return times

@@ -139,6 +139,10 @@ def _entries(block_fwd, block_bwd, tensors, owned, producer) -> tuple[list[int],
 
     read_fwd = {t for o in block_fwd for t in o.inputs}
     read_bwd = {t for o in block_bwd for t in o.inputs}
+    # a gradient the block accumulates into in place (the autograd engine adds a residual's
+    # two gradients into the incoming buffer when it can; which operators do so depends on
+    # the device and its kernels) passes through every copy: it needs no pairing
+    read_bwd -= {t for o in block_bwd for t in o.outputs if t in o.inputs}
     fwd_entry = sorted(
         t
         for t in read_fwd
