@@ -323,8 +323,24 @@ def test_several_optimizer_steps_without_profiler_steps(tmp_path):
             ],
             "ProfilerStep#5 is not in the Kineto trace",
         ),
+        (  # the same record function ids, other operators: another model's run
+            lambda et, k: [
+                e.update(name=e["name"] + "_other")
+                for e in k["traceEvents"]
+                if e["cat"] == "cpu_op"
+            ],
+            "only 0 of the Execution Trace's 11 operators",
+        ),
     ],
-    ids=["schema", "empty-et", "cpu-only", "other-process", "other-run-ids", "other-step"],
+    ids=[
+        "schema",
+        "empty-et",
+        "cpu-only",
+        "other-process",
+        "other-run-ids",
+        "other-step",
+        "other-run-names",
+    ],
 )
 def test_bad_pairs(tmp_path, change, match):
     et, kineto = make_pair()
