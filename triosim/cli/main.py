@@ -202,10 +202,60 @@ def cmd_info(args) -> int:
     return 0
 
 
+def _import_profile(args) -> int:
+    """`triosim import ET KINETO OUT`: a PyTorch Execution Trace + Kineto JSON pair."""
+    from triosim.hardware import catalogue as hardware
+    from triosim.trace.model import save
+
+    et, kineto, out = Path(args.source), Path(args.out), Path(args.profile_out)
+    for p in (et, kineto):
+        if not p.is_file():
+            raise InputError(f"{p}: no such file (give ET.json[.gz] KINETO.json[.gz] OUT)")
+    if out.resolve() in {et.resolve(), kineto.resolve()}:
+        raise InputError(f"output {out} is one of the inputs; name a new file")
+    if out.is_dir():
+        raise InputError(
+            f"output {out} is a folder; name a file such as {out / 'NAME.trace.json.gz'}"
+        )
+    if out.exists() and not args.force:
+        raise InputError(f"output {out} exists; pass --force to overwrite it")
+    try:
+        gpu = hardware.gpu(args.gpu).name if args.gpu is not None else None
+    except ConfigError as e:
+        raise InputError(f"--gpu {args.gpu!r} is not in the catalogue: {e.allowed}") from None
+    from tracer.profile_import import import_profile
+
+    t = import_profile(
+        et,
+        kineto,
+        batch_size=args.batch_size,
+        gpu=gpu,
+        step=args.step,
+        cudnn_tf32=args.cudnn_tf32,
+        matmul_tf32=args.matmul_tf32,
+    )
+    try:
+        save(t, out)
+    except OSError as e:
+        raise InputError(f"output {out}: cannot write it ({e.strerror or e})") from None
+    gpu_ms = sum(o.time for o in t.operators) * 1e3
+    print(
+        f"imported {len(t.operators)} operators, {len(t.tensors)} tensors "
+        f"({t.metadata['profiled_step'] or 'the whole profile'}, sum of GPU time "
+        f"{gpu_ms:.3f} ms, batch size {t.metadata['batch_size']}) -> {out}"
+    )
+    return 0
+
+
 def cmd_import(args) -> int:
     from triosim.hardware import catalogue as hardware
     from triosim.trace.model import save
 
+    if args.profile_out is not None:
+        return _import_profile(args)
+    for flag in ("step", "cudnn_tf32", "matmul_tf32"):
+        if getattr(args, flag) is not None:
+            raise InputError(f"--{flag.replace('_', '-')} is for an ET + Kineto pair only")
     src, out = Path(args.source), Path(args.out)
     trace_csv = src / "trace.csv" if src.is_dir() else src
     inputs = {p.resolve() for p in (src, trace_csv, trace_csv.with_name("tensor.csv"))}
@@ -662,11 +712,34 @@ def _info_arguments(sub) -> None:
 def _import_arguments(sub) -> None:
     im = sub.add_parser(
         "import",
-        help="convert an original TrioSim trace.csv + tensor.csv",
-        description="Convert the original TrioSim CSV pair into a triosim trace file.",
+        help="convert an original TrioSim CSV pair or a PyTorch ET + Kineto pair",
+        description=(
+            "Convert the original TrioSim CSV pair (import DIR OUT), or a PyTorch Execution "
+            "Trace + Kineto JSON pair recorded with torch.profiler (import ET KINETO OUT; "
+            "plain or gzipped), into a triosim trace file."
+        ),
     )
-    im.add_argument("source", help="folder with trace.csv and tensor.csv (or trace.csv)")
-    im.add_argument("out", help="output .trace.json or .trace.json.gz")
+    im.add_argument(
+        "source", help="folder with trace.csv and tensor.csv (or trace.csv), or the ET JSON"
+    )
+    im.add_argument("out", help="output .trace.json or .trace.json.gz, or the Kineto JSON")
+    im.add_argument("profile_out", nargs="?", help="with an ET + Kineto pair: the output file")
+    im.add_argument(
+        "--step",
+        type=_positive_int,
+        help="ET + Kineto: the ProfilerStep#N to import (default: the last)",
+    )
+    tf32 = "ET + Kineto: whether {} ran float32 in TF32 (default: PyTorch's default, {})"
+    im.add_argument(
+        "--cudnn-tf32",
+        action=argparse.BooleanOptionalAction,
+        help=tf32.format("cuDNN (convolutions)", "on"),
+    )
+    im.add_argument(
+        "--matmul-tf32",
+        action=argparse.BooleanOptionalAction,
+        help=tf32.format("cuBLAS (matrix products)", "off"),
+    )
     im.add_argument(
         "--batch-size", type=_positive_int, help="batch size (default: first input's first dim)"
     )
