@@ -156,8 +156,65 @@ def import_pair(
     torch_flops: bool = True,
     files=(None, None),
 ) -> Trace:
-    """import_profile on the two documents already read (files: their paths, for errors)."""
+    """import_profile on the two documents already read (files: their paths, for errors).
+
+    Steps: `_checked_inputs` (schema, kernels, one run), the ET's tree and the profiled
+    iteration, operators with their kernels' times and inferred tensors, layers, FLOPs and
+    math modes, then `_metadata` (what was inferred and what was assumed)."""
     et_file, k_file = files
+    nodes, events = _checked_inputs(et, kineto, et_file, k_file)
+    try:
+        alias_storage(nodes)  # views share a storage id (rewrites the nodes in place)
+        tree = EtTree(nodes)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise TraceError(f"an Execution Trace node lacks a field ({e})", file=et_file) from None
+    step_name, region = _iteration(tree, events, step, et_file, k_file)
+    top = _top_level(tree, region)
+    if not top:
+        raise TraceError(f"no operators in {step_name or 'the profile'}", file=et_file)
+    times = _KinetoTimes(kineto, tree, top)
+    _check_same_run(tree, top, times, k_file)
+    marked, batch, how_batch = _categories(tree, top, batch_size)
+    tensors = _Tensors(marked, {})
+    flops_of = _torch_flops() if torch_flops else None
+    ops = _operators(tree, top, tensors, times, _forward_of_seq(tree, top), True, flops_of)
+    if not any(o.time > 0 for o in ops):
+        raise TraceError(
+            "no kernel of the Kineto trace belongs to an operator of the Execution Trace: "
+            "the two files are from different runs, or the profile is CPU-only",
+            file=k_file,
+        )
+    table = tensors.table()
+    how_layers = _layers(tree, ops, table)
+    _fixed_size_outputs(ops, table)
+    _shape_flops(ops, table)
+    cudnn = True if cudnn_tf32 is None else cudnn_tf32
+    matmul = False if matmul_tf32 is None else matmul_tf32
+    set_math(ops, table, cuda=True, cudnn_tf32=cudnn, matmul_tf32=matmul)
+    meta = dict(metadata or {})
+    meta.update(
+        {
+            "batch_size": batch,
+            "batch_size_source": how_batch,
+            "gpu": gpu or _kineto_gpu(kineto),
+            "et_schema": str(et.get("schema", "")),
+            "profiled_step": step_name,
+            "layers_source": how_layers,
+            "host": _host_totals(tree, top, times, events, step_name),
+            **_math_metadata(cudnn, matmul, assumed=cudnn_tf32 is None and matmul_tf32 is None),
+        }
+    )
+    meta.setdefault("measured_iteration_time", None)
+    try:
+        return Trace(ops, table, meta).validate()
+    except TraceError as e:
+        raise TraceError(f"the imported trace is not valid: {e}", file=et_file) from None
+
+
+def _checked_inputs(et: dict, kineto: dict, et_file, k_file) -> tuple[list, list]:
+    """The ET's nodes and the Kineto events, once the two are known to be of a schema this
+    reads, to hold GPU kernels, and to come from one process; else a TraceError naming the
+    file."""
     schema = str(et.get("schema", ""))
     if not schema.startswith(SUPPORTED_SCHEMA_MAJOR):
         raise TraceError(
@@ -186,64 +243,25 @@ def import_pair(
             f"{sorted(k_pids, key=str)}) come from different runs",
             file=k_file,
         )
-    try:
-        alias_storage(nodes)  # views share a storage id (rewrites the nodes in place)
-        tree = EtTree(nodes)
-    except (KeyError, TypeError, AttributeError) as e:
-        raise TraceError(f"an Execution Trace node lacks a field ({e})", file=et_file) from None
-    step_name, region = _iteration(tree, events, step, et_file, k_file)
-    top = _top_level(tree, region)
-    if not top:
-        raise TraceError(f"no operators in {step_name or 'the profile'}", file=et_file)
-    times = _KinetoTimes(kineto, tree, top)
-    _check_same_run(tree, top, times, k_file)
-    marked, batch, how_batch = _categories(tree, top, batch_size)
-    tensors = _Tensors(marked, {})
-    flops_of = _torch_flops() if torch_flops else None
-    ops = _operators(tree, top, tensors, times, _forward_of_seq(tree, top), True, flops_of)
-    if not any(o.time > 0 for o in ops):
-        raise TraceError(
-            "no kernel of the Kineto trace belongs to an operator of the Execution Trace: "
-            "the two files are from different runs, or the profile is CPU-only",
-            file=k_file,
-        )
-    table = tensors.table()
-    how_layers = _layers(tree, ops, table)
-    _fixed_size_outputs(ops, table)
-    _shape_flops(ops, table)
-    assumed = cudnn_tf32 is None and matmul_tf32 is None
-    cudnn = True if cudnn_tf32 is None else cudnn_tf32
-    matmul = False if matmul_tf32 is None else matmul_tf32
-    set_math(ops, table, cuda=True, cudnn_tf32=cudnn, matmul_tf32=matmul)
-    meta = dict(metadata or {})
-    meta.update(
-        {
-            "batch_size": batch,
-            "batch_size_source": how_batch,
-            "gpu": gpu or _kineto_gpu(kineto),
-            "device": "cuda",
-            "imported": "PyTorch Execution Trace + Kineto",
-            "et_schema": schema,
-            "profiled_step": step_name,
-            "time_source": "Kineto: union of each operator's GPU kernels (by External id)",
-            "layers_source": how_layers,
-            "categories_source": "inferred from use (tracer/profile_import.py)",
-            "cudnn_allow_tf32": cudnn,
-            "matmul_allow_tf32": matmul,
-            "float32_matmul_precision": "high" if matmul else "highest",
-            "math_source": (
-                "assumed: PyTorch's CUDA defaults (cuDNN TF32 on, matmul TF32 off)"
-                if assumed
-                else "given"
-            ),
-            "host": _host_totals(tree, top, times, events, step_name),
-        }
-    )
-    meta.setdefault("measured_iteration_time", None)
-    try:
-        return Trace(ops, table, meta).validate()
-    except TraceError as e:
-        raise TraceError(f"the imported trace is not valid: {e}", file=et_file) from None
+    return nodes, events
+
+
+def _math_metadata(cudnn: bool, matmul: bool, assumed: bool) -> dict:
+    """What an imported trace says of where it came from and which math it assumed."""
+    return {
+        "device": "cuda",
+        "imported": "PyTorch Execution Trace + Kineto",
+        "time_source": "Kineto: union of each operator's GPU kernels (by External id)",
+        "categories_source": "inferred from use (tracer/profile_import.py)",
+        "cudnn_allow_tf32": cudnn,
+        "matmul_allow_tf32": matmul,
+        "float32_matmul_precision": "high" if matmul else "highest",
+        "math_source": (
+            "assumed: PyTorch's CUDA defaults (cuDNN TF32 on, matmul TF32 off)"
+            if assumed
+            else "given"
+        ),
+    }
 
 
 def _iteration(tree: EtTree, events, step, et_file, k_file):
