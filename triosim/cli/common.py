@@ -1,0 +1,138 @@
+"""What the commands share: `--set` assignments, output folders (never over an input, never
+over files of an earlier run without --force, only those files removed), and argument types."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from triosim.common.errors import InputError
+
+
+def parse_assignment(text: str) -> tuple[str, object]:
+    """`FIELD=VALUE` of a --set, as (field, value)."""
+    from triosim.cli.collectives import assignment as parse
+
+    return parse(text)
+
+
+def apply_set(data: dict, text: str) -> None:
+    """Apply one --set `FIELD=VALUE` to a config mapping."""
+    from triosim.config.loading import set_field
+
+    set_field(data, *parse_assignment(text))
+
+
+def taken(folder: Path) -> bool:
+    return folder.exists() and (not folder.is_dir() or any(folder.iterdir()))
+
+
+def out_folder(out, stem: str, force: bool) -> Path:
+    """Where `simulate` writes: --out (refused if it holds files, unless --force), or
+    out/<stem>/, else the first free out/<stem>-2/, -3/, ... Created and test-written now,
+    before simulating, so that a finished run is never lost to an unwritable folder."""
+    if out is not None:
+        folder = Path(out)
+        if folder.exists() and not folder.is_dir():
+            raise InputError(f"--out {folder} is a file, expected a folder")
+        if taken(folder) and not force:
+            raise InputError(
+                f"--out {folder} already holds files; pass --force to "
+                "overwrite them, or name another folder"
+            )
+    else:
+        folder, n = Path("out") / stem, 1
+        while taken(folder) and not force:
+            n += 1
+            folder = Path("out") / f"{stem}-{n}"
+    return writable(folder)
+
+
+def writable(folder: Path) -> Path:
+    from triosim.common.outputs import writable_folder
+
+    return writable_folder(folder)
+
+
+def run_inputs(cfg, *files) -> list[Path]:
+    """What a run reads: `files` (the config), the trace and every option marked as a path
+    (a calibration file, extra traces)."""
+    import dataclasses
+
+    from triosim.config.loading import IN_MEMORY
+
+    out = [Path(f) for f in files]
+    if cfg.trace and cfg.trace != IN_MEMORY:
+        out.append(cfg.trace_path())
+    for section in ("parallelism", "topology", "network", "communication", "perfmodel"):
+        opts = getattr(cfg, section).options
+        if opts is None or not dataclasses.is_dataclass(opts):
+            continue
+        for f in dataclasses.fields(opts):
+            if f.metadata.get("path"):
+                v = getattr(opts, f.name)
+                out += [cfg.resolve(x) for x in (v if isinstance(v, list) else [v]) if x]
+    return out
+
+
+def spare_inputs(folder: Path, names, inputs) -> None:
+    """Refuse an output folder where one of the files a run writes (or removes, with
+    --force) is one of its inputs: the run would destroy what it read."""
+    from triosim.common.outputs import same_file
+
+    for name in names:
+        for i in inputs:
+            if same_file(folder / name, i):
+                raise InputError(
+                    f"--out {folder}: its {name} is an input of this run ({i}); "
+                    "name another folder (an input is never overwritten, not "
+                    "even with --force)"
+                )
+
+
+def clear_earlier(folder: Path, own, kind: str) -> None:
+    """--force: remove what an earlier run wrote into `folder` (its own files and the
+    manifest's, nothing else), so that no stale output sits beside the new ones."""
+    from triosim.common.outputs import remove_written
+
+    removed = remove_written(folder, own, kind)
+    extra = [n for n in removed if n not in own]  # not rewritten now: worth naming
+    if removed:
+        print(
+            f"--force: removed the {len(removed)} file(s) an earlier run wrote in {folder}/"
+            + (f" ({', '.join(extra)} among them)" if extra else "")
+        )
+
+
+def positive_int(text: str) -> int:
+    from triosim.cli.collectives import positive_int
+
+    return positive_int(text)
+
+
+def nonnegative_int(text: str) -> int:
+    from triosim.cli.collectives import nonnegative_int
+
+    return nonnegative_int(text)
+
+
+def device_name(text: str) -> str:
+    """trace --device: cpu, cuda or cuda:N (what the tracer can time)."""
+    import re
+
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", text):
+        raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
+def with_fields_help(parser) -> None:
+    """`simulate --help` ends with every config field, from the schema itself (built only
+    when help is asked for: listing the parts imports them all)."""
+    plain = parser.format_help
+
+    def format_help():
+        from triosim.config.loading import fields_help
+
+        return plain() + "\n" + fields_help() + "\n"
+
+    parser.format_help = format_help
