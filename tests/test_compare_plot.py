@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import chain_trace
 from tests.conftest import run_cli as triosim
 from triosim.cli.main import main
-from triosim.results import plots
+from triosim.results import figures, link_plots, plots
 from triosim.simulation.progress import RunProgress, run_with_progress
 from triosim.simulation.wiring import Simulation
 from triosim.studies import compare
@@ -218,7 +218,7 @@ def test_timeline_says_which_gpus_it_shows_and_has_a_legend():
         "communication",
     ]
     assert [t.get_text() for t in ax.get_yticklabels()] == [f"GPU {g}" for g in reversed(shown)]
-    plots._pyplot().close(ax.figure)
+    figures.pyplot().close(ax.figure)
 
 
 def test_link_figure_draws_rings_and_grids_and_lists_the_rest():
@@ -227,8 +227,8 @@ def test_link_figure_draws_rings_and_grids_and_lists_the_rest():
             {"num_gpus": n, "batch_size": 8, "parallelism": {"mode": "dp"}, "topology": topology},
             trace=chain_trace(batch=8),
         ).run()
-        ax = plots.links_figure(r.links, r.gpus, r.topology_layout(), "t")
-        plots._pyplot().close(ax.figure)
+        ax = link_plots.links_figure(r.links, r.gpus, r.topology_layout(), "t")
+        figures.pyplot().close(ax.figure)
         return ax, r.links
 
     ax, links = fig(4, {"kind": "ring"})

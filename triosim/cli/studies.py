@@ -230,7 +230,8 @@ def _noted(png: Path, folder: Path, kind: str) -> None:
 
 
 def cmd_plot(args) -> int:
-    from triosim.results import plots
+    from triosim.results import saved as saved_folder
+    from triosim.results import sweep_plots
 
     target = Path(args.target)
     if target.is_dir() and (target / "summary.json").is_file():
@@ -238,9 +239,9 @@ def cmd_plot(args) -> int:
             raise InputError(
                 "--x, --y and --hue are for a sweep table; a result folder takes --kind"
             )
-        saved = plots.read_result_folder(target)
+        saved = saved_folder.read_result_folder(target)
         png = _png_out(args.out, target / f"plot-{args.kind}.png", args.force)
-        plots.plot_result(saved, args.kind, png, max_gpus=args.max_gpus)
+        saved_folder.plot_result(saved, args.kind, png, max_gpus=args.max_gpus)
         _noted(png, target, "simulate")
         print(f"{args.kind} of {target} written to {png}")
         return 0
@@ -261,7 +262,7 @@ def cmd_plot(args) -> int:
     folder = target if target.is_dir() else target.parent
     png = _png_out(args.out, folder / f"plot-{y}-vs-{x}.png", args.force)
     ok = ~sw.failed(df)
-    plots.plot_sweep(df[ok], x, y, hue, png, title=f"sweep {target}: {y} against {x}")
+    sweep_plots.plot_sweep(df[ok], x, y, hue, png, title=f"sweep {target}: {y} against {x}")
     _noted(png, folder, "sweep")
     for n in notes:
         print(f"note: {n}")

@@ -286,9 +286,11 @@ class Result:
     def plot_links(self, path) -> Path:
         """Per-link-direction utilisation (PNG): drawn on the topology for rings, meshes and
         tori, the busiest link directions as bars otherwise."""
-        from triosim.results import plots
+        from triosim.results import link_plots
 
-        return plots.plot_links(self.links, self.gpus, self.topology_layout(), self._title(), path)
+        return link_plots.plot_links(
+            self.links, self.gpus, self.topology_layout(), self._title(), path
+        )
 
     def plot_memory(self, path, max_gpus: int = 4) -> Path:
         """Stacked memory over time for the first `max_gpus` GPUs (the peak GPU among them)."""

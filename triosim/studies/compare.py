@@ -162,11 +162,11 @@ def format_table(runs: list[Run]) -> str:
 
 def plot(runs: list[Run], path) -> Path:
     """Grouped bars of the time metrics (ms), one bar per run."""
-    from triosim.results import plots
+    from triosim.results import sweep_plots
 
     labels = _labels(runs)
     df = table(runs)
     df = df.loc[[m for m in CHART if m in df.index], labels]
     df.index = [m.replace(" (ms)", "") for m in df.index]
     title = "  vs  ".join(labels)
-    return plots.plot_compare(df, labels, path, title if len(title) < 90 else "comparison")
+    return sweep_plots.plot_compare(df, labels, path, title if len(title) < 90 else "comparison")
