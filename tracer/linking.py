@@ -24,6 +24,7 @@ from collections import defaultdict
 
 from tracer.et_nodes import EtTree, is_op, side_values
 from tracer.et_storage import alias_storage
+from tracer.host_times import HostTimes
 from triosim.common.errors import TracerError
 from triosim.common.intervals import union_length
 from triosim.trace.flops import (
@@ -187,8 +188,8 @@ def _top_level(tree: EtTree) -> list[tuple[int, str]]:
 
 class _KinetoTimes:
     """Each top-level operator's time from the Kineto trace: `of(i, gpu)` -> (seconds,
-    kernels). On a GPU, the union of the kernels (and memcpy, memset) that the operator's
-    subtree launched (a kernel's External id is its launching cpu_op's); on CPU, the
+    kernels), and `host.of(i, gpu)` its host columns (tracer.host_times). On a GPU, the
+    union of the kernels (and memcpy, memset) that the operator's subtree launched (a kernel's External id is its launching cpu_op's); on CPU, the
     operator's cpu_op duration (matched by Record function id = the ET's rf_id), and the
     leaves of its subtree as kernels. Assumes `top` lists every top-level operator."""
 
@@ -216,6 +217,7 @@ class _KinetoTimes:
             node = rf_to_node.get(by_ext.get(ext))
             if node is not None and node in top_of:
                 self.op_kernels[top_of[node]].extend(ivs)
+        self.host = HostTimes(kineto, tree, top_of, self.by_rf, by_ext)
 
     def of(self, i: int, gpu: bool) -> tuple[float, int]:
         if gpu:
@@ -315,9 +317,10 @@ def _operators(tree, top, tensors: _Tensors, times, fwd_of_seq, gpu, flops_of) -
         flops = None
         if flops_of is not None:
             flops = flops_of(tree.nodes, i, tree.subtree, tree.children)
-        ops.append(
-            Operator(i, name, layer, ph, t, in_ids, out_ids, flops, fwd_id, max(k, 1), split)
-        )
+        op = Operator(i, name, layer, ph, t, in_ids, out_ids, flops, fwd_id, max(k, 1), split)
+        for f, v in times.host.of(i, gpu).items():
+            setattr(op, f, v)
+        ops.append(op)
     return ops
 
 

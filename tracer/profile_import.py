@@ -37,7 +37,9 @@ sequence number, tensor numbering, FLOPs from shapes, math modes):
   stated in `metadata["math_source"]` as an assumption; `cudnn_tf32` / `matmul_tf32`
   override them.
 
-Host time (each operator's CPU span) is kept only as totals in the metadata.
+Host time: each operator's CPU span, host start, synchronisation and the GPU's idle time
+before its kernels (host wait vs kernel gap) in the trace's host columns
+(tracer.host_times, through the linker's _KinetoTimes); totals in metadata["host"].
 """
 
 from __future__ import annotations
@@ -491,8 +493,8 @@ def _kineto_gpu(kineto: dict) -> str | None:
 
 def _host_totals(tree: EtTree, top, times: _KinetoTimes, events, step_name) -> dict:
     """Host-side totals (seconds): the profiled step's wall span on the host (with the
-    profiler's overhead) and the top-level operators' CPU spans by phase. Not a trace
-    column: per-operator host time is another part of the work."""
+    profiler's overhead) and the top-level operators' CPU spans by phase (per operator: the
+    host columns)."""
     by_phase: dict[str, float] = {}
     for i, ph in top:
         ev = times.by_rf.get(tree.attrs[i].get("rf_id"))

@@ -19,7 +19,9 @@ from triosim.common.errors import TraceError
 from triosim.trace.flops import MATH_MODES, op_class
 
 FORMAT_NAME = "triosim-trace"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# versions load() reads: 1 has no host columns (their values are then unknown, None)
+READABLE_VERSIONS = (1, 2)
 
 PHASES = ("forward", "backward", "optimizer")
 CATEGORIES = ("input", "activation", "weight", "gradient", "optimizer_state", "buffer")
@@ -44,7 +46,15 @@ DTYPE_BYTES = {
 
 MAX_OP_TIME = 1e6  # seconds (11 days): a larger operator time is a unit mistake, not a trace
 OPERATOR_COLUMNS = ("id", "name", "layer", "phase", "time", "inputs", "outputs", "flops")
-OPERATOR_OPTIONAL = ("fwd_id", "kernels", "tp_split", "math")
+OPERATOR_OPTIONAL = ("fwd_id", "kernels", "tp_split", "math") + (
+    "host_time",
+    "host_start",
+    "sync",
+    "gpu_idle",
+    "host_wait",
+)
+# the optional operator columns in seconds (None: unknown)
+HOST_COLUMNS = ("host_time", "host_start", "gpu_idle", "host_wait")
 TENSOR_COLUMNS = ("id", "shape", "dtype", "nbytes", "category")
 TENSOR_OPTIONAL = ("name", "storage")
 
@@ -83,6 +93,12 @@ class Operator:
     kernels: int = 1  # GPU kernels launched (for per-kernel overhead models)
     tp_split: bool = False  # splittable by tensor parallelism (conv, linear, embedding, matmul)
     math: str | None = None  # math mode ("tf32", "float32", ...); None: the trace's dtype
+    # the host side of the profiled iteration (docs/trace-format.md; None: unknown):
+    host_time: float | None = None  # seconds the issuing thread spent in the operator
+    host_start: float | None = None  # its host start, seconds after the first operator's
+    sync: bool = False  # the host waits for the GPU in it (item, a copy to the host, ...)
+    gpu_idle: float | None = None  # GPU idle time just before each of its kernels, seconds
+    host_wait: float | None = None  # the part of gpu_idle before the kernel was launched
 
 
 @dataclass
@@ -173,6 +189,7 @@ def validate(trace: Trace, file=None) -> None:
                 row=row,
                 field="math",
             )
+        _validate_host(op, file, row)
         for fname in ("inputs", "outputs"):
             for tid in getattr(op, fname):
                 if tid not in trace.tensors:
@@ -199,6 +216,31 @@ def validate(trace: Trace, file=None) -> None:
                     field="fwd_id",
                 )
         phase_before[op.id] = op.phase
+
+
+def _validate_host(op: Operator, file, row: int) -> None:
+    """The host columns: None (unknown) or a finite number of seconds >= 0; host_wait
+    within gpu_idle; sync a boolean."""
+    for f in HOST_COLUMNS:
+        v = getattr(op, f)
+        if v is not None and (not _finite_nonneg(v) or v > MAX_OP_TIME):
+            raise TraceError(
+                f"{f} must be null or a number of seconds in [0, {MAX_OP_TIME:g}], got {v!r}",
+                file=file,
+                row=row,
+                field=f,
+            )
+    if op.host_wait is not None and op.gpu_idle is not None and op.host_wait > op.gpu_idle:
+        raise TraceError(
+            f"host_wait {op.host_wait!r} exceeds gpu_idle {op.gpu_idle!r}",
+            file=file,
+            row=row,
+            field="host_wait",
+        )
+    if not isinstance(op.sync, bool):
+        raise TraceError(
+            f"sync must be true or false, got {op.sync!r}", file=file, row=row, field="sync"
+        )
 
 
 def _validate_metadata(md: dict, file) -> None:
@@ -285,6 +327,50 @@ def fidelity_warnings(trace: Trace) -> list[str]:
     return out
 
 
+def host_stats(trace: Trace) -> dict:
+    """The host side of a trace's iteration, from its host columns (docs/trace-format.md),
+    as Holistic Trace Analysis' idle-time breakdown: the GPU's span (first kernel's start to
+    last kernel's end) = the operators' GPU time + the GPU's idle time, and the idle time =
+    host wait (no kernel launched yet: the host is behind) + kernel gap (launched, not yet
+    running: launch latency, queueing). Shares are of the span. Seconds; None where the
+    trace lacks the columns (a trace made before them, or a CPU trace)."""
+    ops = trace.operators
+    fsum = math.fsum
+    gpu = fsum(o.time for o in ops)
+    with_host = [o for o in ops if o.host_time is not None]
+    with_idle = [o for o in ops if o.gpu_idle is not None and o.host_wait is not None]
+    out = {
+        "operators": len(ops),
+        "operators_with_host_time": len(with_host),
+        "sync_operators": sum(o.sync for o in ops),
+        "gpu_time": gpu,
+        "host_time": fsum(o.host_time for o in with_host) if with_host else None,
+        "gpu_idle": None,
+        "host_wait": None,
+        "kernel_gap": None,
+        "gpu_span": None,
+        "idle_share": None,
+        "host_wait_share": None,
+        "kernel_gap_share": None,
+    }
+    if not with_idle:
+        return out
+    idle = fsum(o.gpu_idle for o in with_idle)
+    wait = fsum(o.host_wait for o in with_idle)
+    span = gpu + idle
+    share = (lambda x: x / span) if span > 0 else (lambda x: 0.0)
+    out.update(
+        gpu_idle=idle,
+        host_wait=wait,
+        kernel_gap=idle - wait,
+        gpu_span=span,
+        idle_share=share(idle),
+        host_wait_share=share(wait),
+        kernel_gap_share=share(idle - wait),
+    )
+    return out
+
+
 def _finite_nonneg(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
 
@@ -329,6 +415,11 @@ def save(trace: Trace, path) -> Path:
                     o.kernels,
                     o.tp_split,
                     o.math,
+                    o.host_time,
+                    o.host_start,
+                    o.sync,
+                    o.gpu_idle,
+                    o.host_wait,
                 ]
                 for o in trace.operators
             ],
@@ -362,10 +453,10 @@ def load(path, progress: bool = False) -> Trace:
             f'not a triosim trace (expected "format": "{FORMAT_NAME}")', file=path, field="format"
         )
     version = doc.get("format_version")
-    if version != FORMAT_VERSION:
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
         raise TraceError(
             f"format_version {version!r} is not supported; this triosim reads "
-            f"version {FORMAT_VERSION}",
+            f"versions {', '.join(map(str, READABLE_VERSIONS))}",
             file=path,
             field="format_version",
         )
@@ -404,6 +495,8 @@ def load(path, progress: bool = False) -> Trace:
                 kernels=_optional_kernels(rec, path, row),
                 tp_split=_optional_bool(rec, "tp_split", path, row),
                 math=_optional_str(rec, "math", path, row),
+                sync=_optional_bool(rec, "sync", path, row),
+                **{f: _optional_num(rec, f, path, row) for f in HOST_COLUMNS},
             )
         )
     if not ops:
@@ -481,6 +574,10 @@ def _optional_bool(rec, f, path, row) -> bool:
     if not isinstance(v, bool):
         raise TraceError(f"expected true or false, got {v!r}", file=path, row=row, field=f)
     return v
+
+
+def _optional_num(rec, f, path, row) -> float | None:
+    return None if rec.get(f) is None else _num(rec, f, path, row)
 
 
 def _optional_int(rec, f, path, row) -> int | None:
