@@ -207,3 +207,20 @@ def test_each_sync_source_alone_marks_the_operator(tmp_path, keep):
     a, b = write(tmp_path / "s.et.json", et), write(tmp_path / "s.kineto.json", kineto)
     t = import_profile(a, b, batch_size=2, torch_flops=False)
     assert [o.id for o in t.operators if o.sync] == ([6] if keep else [])
+
+
+def test_info_prints_the_host_breakdown_or_says_it_is_unknown(capsys):
+    """`triosim info` shows host_stats where the trace has host columns, 'unknown' where not."""
+    from triosim.cli.main import main
+    from triosim.trace.files import load_any_trace
+    from triosim.trace.model import host_stats
+
+    path = "traces/h100/imported/densenet121-b64.trace.json.gz"
+    h = host_stats(load_any_trace(path))
+    assert main(["info", path]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("host "))
+    assert f"host wait {100 * h['host_wait_share']:.1f} %" in line
+    assert f"GPU {h['gpu_time'] * 1e3:.2f} ms" in line
+    assert main(["info", "traces/cpu/resnet18-b8.trace.json.gz"]) == 0
+    out = capsys.readouterr().out
+    assert "host          unknown (a trace without host columns)" in out

@@ -63,10 +63,27 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def _host_line(h: dict) -> str:
+    """What `info` says of the host (trace.model.host_stats): the idle-time breakdown where
+    the trace has it, the host time alone where only that, else unknown."""
+    ms = lambda x: f"{x * 1e3:.2f} ms"  # noqa: E731
+    if h["host_wait_share"] is not None:
+        return (
+            f"{ms(h['host_time'])} over {h['operators_with_host_time']} operators "
+            f"({h['sync_operators']} synchronising); GPU span {ms(h['gpu_span'])} = GPU "
+            f"{ms(h['gpu_time'])} + idle {ms(h['gpu_idle'])} ({100 * h['idle_share']:.1f} %): "
+            f"host wait {100 * h['host_wait_share']:.1f} %, kernel gap "
+            f"{100 * h['kernel_gap_share']:.1f} % (the profiled iteration, profiler included)"
+        )
+    if h["host_time"] is not None:
+        return f"{ms(h['host_time'])} over {h['operators_with_host_time']} operators"
+    return "unknown (a trace without host columns)"
+
+
 def cmd_info(args) -> int:
     from collections import Counter
 
-    from triosim.trace.model import fidelity_warnings, trace_stats
+    from triosim.trace.model import fidelity_warnings, host_stats, trace_stats
 
     t = load_any_trace(args.trace, progress=True)
     phases = Counter(o.phase for o in t.operators)
@@ -104,6 +121,7 @@ def cmd_info(args) -> int:
     lay = t.metadata.get("layers")
     if isinstance(lay, dict):
         print(f"layers        {lay.get('total')} ({lay.get('how')})")
+    print(f"host          {_host_line(host_stats(t))}")
     for w in fidelity_warnings(t):
         print(f"warning: {w}")
     return 0
