@@ -134,6 +134,15 @@ def test_a_workload_needs_no_trace(tmp_path, trace):
         load_config(tmp_path / "d.yaml")
 
 
+def test_a_named_trace_and_gpu_do_not_build_an_unused_performance_model(tmp_path, trace):
+    """mode chakra times nothing: a trace the config names anyway, with a target GPU it was
+    not taken on, is no reason to fit (or refuse) a performance model."""
+    ex = export_chakra(config("ddp", 4), tmp_path, trace=trace)
+    cfg = {**config("chakra", 4, path=str(tmp_path)), "gpu": "A100-80GB"}  # traced on H100
+    back = Simulation(cfg, trace=trace).run()
+    assert back.iteration_time == ex.result.iteration_time
+
+
 # -- the files as a reader written from Chakra's published schema sees them ----------------------
 # Chakra's et_def.proto, written down: GlobalMetadata {1: version (string), 2: attr (message)};
 # Node {1: id, 2: name, 3: type, 4: ctrl_deps (packed), 5: data_deps (packed),

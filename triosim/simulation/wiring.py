@@ -89,15 +89,15 @@ class Simulation:
         check_capacity(cfg.memory, cfg.gpu or self.trace.metadata.get("gpu"))
         stage("building the performance model")
         p = cfg.perfmodel
-        if self.trace.metadata.get("no_trace"):  # no operator to time: the replay stands by
+        par = cfg.parallelism
+        mode = extrapolator_class(par.mode)
+        if not mode.uses_trace:  # the workload carries its times: no operator to time
             self.model = TraceTime(self.trace)
         else:
             self.model = model_class(p.kind).from_config(
                 self.trace, p.options, lambda path: load_any_trace(cfg.resolve(path))
             )
             self.model.check_target(cfg.gpu)
-        par = cfg.parallelism
-        mode = extrapolator_class(par.mode)
         stage("checking the plan")
         _check_plan_early(mode, self.trace, self.model, cfg)
         note = big_run_note(cfg.num_gpus, cfg.iterations) if progress else None
