@@ -1,29 +1,83 @@
-"""Single-GPU batch scaling on real GPU traces (the paper's Figure 6 experiment).
+"""Each real GPU trace predicting the other measured batch sizes of its model, one GPU.
 
-For each model under traces/<gpu-name>/ (every folder but cpu/ and modelled/, whose times
-are not measured on a GPU), predict the batch-256
-iteration time from the batch-128 trace (transformers: 32 from 16) with the regression
-model and compare with the measured time; prints a table and the mean absolute
-percentage error. The paper reports 1.10% (A40) and 3.25% (A100).
+For every pair of real H100 traces of one model at two batch sizes (traces/h100: ResNet-50
+b64/b128, VGG-16 b64/b128, GPT-2 b8/b16), the trace of one batch predicts the plain measured
+time of the other (`../shared/gpu/timings.json`; without that folder the table says so and
+stops): mode single, `batch_size` the other batch, each operator model that scales
+operators (regression, roofline, calibrated), with the host model on (its default for GPU
+traces: perfmodel/host.py) and off. The host's time does not change with the batch (the
+same operators launch the same kernels); the GPU time comes from the operator model.
+Prints a Markdown table and, per model and host setting, the mean and worst |error|.
 Run: python benchmarks/single_gpu_batch_scaling.py
 """
 
 from __future__ import annotations
 
+import json
+import statistics
+import sys
 from pathlib import Path
 
-from batch_scaling import rows, table
+from triosim.simulation.wiring import Simulation
+from triosim.trace.model import load
 
 ROOT = Path(__file__).resolve().parents[1]
+TIMINGS = ROOT.parent / "shared" / "gpu" / "timings.json"
+PAIRS = {"resnet50": (64, 128), "vgg16": (64, 128), "gpt2": (8, 16)}
+MODELS = ("regression", "roofline", "calibrated")
+
+
+def trace_file(model: str, batch: int) -> Path:
+    seq = "-s512" if model == "gpt2" else ""
+    return ROOT / "traces" / "h100" / f"{model}{seq}-b{batch}.trace.json.gz"
+
+
+def predictions(measured: dict):
+    """(model, traced batch, target batch, perfmodel, host, predicted ms, measured ms)."""
+    for model, batches in PAIRS.items():
+        for b in batches:
+            trace = load(trace_file(model, b))
+            for other in batches:
+                if other == b:
+                    continue
+                for kind in MODELS:
+                    for host in ("auto", "off"):
+                        cfg = {
+                            "num_gpus": 1,
+                            "batch_size": other,
+                            "perfmodel": {"kind": kind},
+                            "host": {"model": host},
+                        }
+                        sim = Simulation(cfg, trace=trace).run().iteration_time * 1e3
+                        yield model, b, other, kind, host, sim, measured[(model, other)]
+
+
+def main() -> int:
+    if not TIMINGS.exists():
+        print(f"no plain timings: {TIMINGS} is absent (the shared GPU measurements)")
+        return 0
+    doc = json.loads(TIMINGS.read_text())
+    measured = {(r["model"], r["batch"]): r["mean_ms"] for r in doc["h100"]["timing"]}
+    rows = list(predictions(measured))
+    print(
+        "| model | traced batch | predicted batch | perfmodel | host model | predicted ms "
+        "| measured ms | error % |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for model, b, other, kind, host, sim, meas in rows:
+        on = "on" if host == "auto" else "off"
+        err = (sim - meas) / meas * 100
+        print(f"| {model} | {b} | {other} | {kind} | {on} | {sim:.2f} | {meas:.2f} | {err:+.1f} |")
+    print()
+    print("| perfmodel | host model | mean abs error % | worst abs error % |")
+    print("|---|---|---|---|")
+    for kind in MODELS:
+        for host in ("auto", "off"):
+            errs = [abs(s - m) / m * 100 for _, _, _, k, h, s, m in rows if (k, h) == (kind, host)]
+            on = "on" if host == "auto" else "off"
+            print(f"| {kind} | {on} | {statistics.mean(errs):.1f} | {max(errs):.1f} |")
+    return 0
+
 
 if __name__ == "__main__":
-    gpu_dirs = [
-        d
-        for d in sorted((ROOT / "traces").iterdir())
-        if d.is_dir() and d.name not in ("cpu", "modelled")
-    ]
-    if not gpu_dirs:
-        print("no GPU traces under traces/ (they come from the GPU machine; see traces/README.md)")
-    for d in gpu_dirs:
-        print(f"== {d.name}")
-        table(rows(d, pairs={(128, 256), (16, 32)}))
+    sys.exit(main())

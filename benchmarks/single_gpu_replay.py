@@ -5,8 +5,10 @@ GPUs): the plain measured time (no profiler, no hooks: ../shared/gpu/timings.jso
 folder is present beside the repository; otherwise the column is empty and this says so),
 the trace's own measured_iteration_time (taken, for these traces, with the tracer's phase
 ranges on), the sum of operator GPU times, the one-GPU simulation (mode single, perfmodel
-trace) and its error against the plain time. The share the sum misses is the GPU's idle
-time (the host not issuing kernels fast enough). Prints a Markdown table.
+trace) without and with the host model (perfmodel/host.py, its defaults: op_cost fitted on
+ResNet-152 b64, kernel_gap on ResNet-50 b128, both marked; the rest are predictions) and
+its error against the plain time. The share the sum misses is the GPU's idle time (the
+host not issuing kernels fast enough). Prints a Markdown table.
 Run: python benchmarks/single_gpu_replay.py
 """
 
@@ -20,6 +22,11 @@ from triosim.trace.model import load
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMINGS = ROOT.parent / "shared" / "gpu" / "timings.json"
+# the traces the host model's defaults were fitted on (perfmodel/host.py)
+FITTED = {
+    ("h100", "resnet152", 64): " (op_cost fitted)",
+    ("h100", "resnet50", 128): " (kernel_gap fitted)",
+}
 
 
 def plain_times() -> dict | None:
@@ -43,6 +50,8 @@ def rows():
             model = m["model"]
             batch = m["batch_size"]
             sim = Simulation({"num_gpus": 1}, trace=t).run().iteration_time * 1e3
+            off = {"num_gpus": 1, "host": {"model": "off"}}
+            no_host = Simulation(off, trace=t).run().iteration_time * 1e3
             measured = (plain or {}).get((gpu, model, batch))
             yield {
                 "gpu": gpu,
@@ -52,6 +61,8 @@ def rows():
                 "traced": m["measured_iteration_time"] * 1e3,
                 "sum": t.total_time * 1e3,
                 "sim": sim,
+                "no_host": no_host,
+                "fitted": FITTED.get((gpu, model, batch), ""),
             }
 
 
@@ -64,14 +75,16 @@ if __name__ == "__main__":
         print(f"no {TIMINGS} (plain timings): the plain and error columns are empty")
     print(
         "| GPU | model | batch | plain measured ms | trace's measured ms | sum of GPU time ms "
-        "| share the sum misses % | 1-GPU simulation ms | error % |"
+        "| share the sum misses % | 1-GPU, no host model ms | error % "
+        "| 1-GPU, host model ms | error % |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows():
         p = r["plain"]
         ps = f"{p:.2f}" if p else "-"
         miss = f"{(p - r['sum']) / p * 100:.1f}" if p else "-"
         print(
-            f"| {r['gpu']} | {r['model']} | {r['batch']} | {ps} | {r['traced']:.2f} "
-            f"| {r['sum']:.2f} | {miss} | {r['sim']:.2f} | {pct(r['sim'], p)} |"
+            f"| {r['gpu']} | {r['model']}{r['fitted']} | {r['batch']} | {ps} | {r['traced']:.2f} "
+            f"| {r['sum']:.2f} | {miss} | {r['no_host']:.2f} | {pct(r['no_host'], p)} "
+            f"| {r['sim']:.2f} | {pct(r['sim'], p)} |"
         )

@@ -14,6 +14,8 @@ with kernels linked by External id, written as files as torch.profiler writes th
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 import gzip
 import json
 import os
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from perfmodel.host import HostOptions
 from tests.conftest import run_cli as triosim
 from tracer.profile_import import import_profile
 from triosim.common.errors import TraceError
@@ -427,6 +430,17 @@ PAIRS = shared_pairs()
 RUNS = json.loads((PAIRS / "README.json").read_text())["runs"] if PAIRS else []
 
 
+@functools.cache
+def pairs_op_cost() -> float:
+    """The host cost of the machine that recorded the pairs, fitted on DenseNet-121 b32
+    (host-bound), as benchmarks/host_fit.py does; the other pairs are predictions."""
+    from triosim.studies.host_fit import fit_op_cost
+
+    (run,) = [r for r in RUNS if r["tag"] == "densenet121-b32"]
+    trace = load(ROOT / "traces" / "h100" / "imported" / "densenet121-b32.trace.json.gz")
+    return fit_op_cost(trace, run["wall_ms_mean"] * 1e-3)
+
+
 @pytest.mark.skipif(PAIRS is None, reason="shared/gpu/et_pairs absent (set TRIOSIM_SHARED)")
 @pytest.mark.parametrize("run", RUNS, ids=[r["tag"] for r in RUNS])
 def test_shared_pair_imports_and_replays(run):
@@ -454,15 +468,21 @@ def test_shared_pair_imports_and_replays(run):
             "perfmodel": {"kind": "trace"},
         }
     )
-    sim = Simulation(cfg, trace=t).run().iteration_time
+    off = dataclasses.replace(cfg, host=HostOptions(model="off"))
     gpu = sum(o.time for o in t.operators)
+    assert Simulation(off, trace=t).run().iteration_time == pytest.approx(gpu, rel=1e-9)
+    # with the host model (on for GPU traces), this machine's CPU cost fitted on one pair
+    cfg = dataclasses.replace(cfg, host=HostOptions(op_cost=pairs_op_cost()))
+    sim = Simulation(cfg, trace=t).run().iteration_time
     plain = run["wall_ms_mean"] * 1e-3
     print(
         f"{tag}: {len(t.operators)} operators, GPU {gpu * 1e3:.2f} ms, replay "
         f"{sim * 1e3:.2f} ms, plain {plain * 1e3:.2f} ms ({(sim / plain - 1) * 100:+.1f} %)"
     )
-    assert sim == pytest.approx(gpu, rel=1e-9)  # one GPU, no host model: kernels back to back
-    # no host model yet: the kernels alone fall short of the plain wall time, by up to
-    # two thirds for the host-bound DenseNet-121 b32 (28.7 vs 82.8 ms)
-    assert 0.3 * plain < gpu < plain
+    if tag == "densenet121-b64":
+        # measured faster than b32 (78.9 vs 82.8 ms: same host work, more GPU work; its
+        # min 71.5 ms): the noise of a host-bound loop. The replay may not be below b32's.
+        assert 1.0 * plain < sim < 1.07 * plain
+    else:
+        assert sim == pytest.approx(plain, rel=0.03)
     assert sum(o.time for o in load(shipped).operators) == pytest.approx(gpu, rel=1e-9)

@@ -51,8 +51,13 @@ class Runtime(Meetings):
         comm,
         compute_scale: dict | None = None,
         symmetry=None,
+        host=None,
     ):
         self.env = env
+        # perfmodel.host.HostModel (launch_latency, comm_cost) or None: each GPU's host
+        # issues its operators in order, `_clock[gpu]` the instant it finished the last
+        self.host = host
+        self._clock: dict = {}
         self.network = network
         self.comm = comm  # a CommModel: runs every collective
         self.compute_scale = compute_scale or {}  # GPU -> slow-down of its compute
@@ -108,6 +113,9 @@ class Runtime(Meetings):
         for key in after:
             self._waiting[who] = Wait(key)
             yield self.event(key)
+        host = self.host
+        if host is not None:  # an iteration starts with its host in step with its GPU
+            self._clock[gpu] = max(self._clock.get(gpu, 0.0), env._now)
         pending = None  # a task pulled while collecting a run of computes
         while True:
             if pending is None:
@@ -130,16 +138,21 @@ class Runtime(Meetings):
                     # generator per block; the same sums, events and rows as _compute_run)
                     count = len(task.tasks)
                     self.tasks_started += count - 1
-                    acc, t = self._timed(task, start, scale)
+                    if host is not None and task.hosts is not None:
+                        acc, starts, t = self._hosted(gpu, task, start, scale)
+                    else:
+                        (acc, t), starts = self._timed(task, start, scale), None
                     if t != start:
                         yield self._at(t)
                     if here[2] != it:
                         here = (gpu, stream, it)
-                    rows.append(Block(here, task, acc))
+                    rows.append(Block(here, task, acc, starts))
                     self.tasks_finished += count
                     continue
                 yield from self._computes((gpu, stream, it), run, scale)
             elif type(task) is Collective:
+                if host is not None:  # its launch costs the host (it does not wait for it)
+                    self._clock[gpu] = self._clock.get(gpu, 0.0) + host.comm_cost
                 meet = self._arrive(gpu, task)  # (a call, not a generator per collective)
                 yield meet["done"]
                 begin, layer, phase = meet["begin"], task.layer, task.phase
@@ -147,6 +160,8 @@ class Runtime(Meetings):
                     log("wait", f"wait {task.op}", layer, phase, start, begin, 0.0, task.key)
                 log("comm", task.op, layer, phase, begin, env._now, task.nbytes, task.key)
             elif type(task) is Send:
+                if host is not None:
+                    self._clock[gpu] = self._clock.get(gpu, 0.0) + host.comm_cost
                 yield self._send(gpu, task)
                 self.event("p2p:" + task.key).succeed()
                 name, nbytes = f"send to {task.dst}", task.nbytes
@@ -209,6 +224,8 @@ class Runtime(Meetings):
         task; a mix goes to `_compute_run`."""
         count, plain = _count(run)
         self.tasks_started += count - 1
+        if self.host is not None and any(c.host for c in run if type(c) is Compute):
+            plain = False  # timed with its host by _compute_run
         if not plain:
             yield from self._compute_run(who, run, scale)
             self.tasks_finished += count - 1
@@ -256,10 +273,13 @@ class Runtime(Meetings):
         block = ComputeRun(
             c for piece in run for c in ((piece,) if type(piece) is Compute else piece.tasks)
         )
-        acc, t = _cumsum(block, start, scale)
+        if self.host is not None and block.hosts is not None:
+            acc, starts, t = self._hosted(who[0], block, start, scale)
+        else:
+            (acc, t), starts = _cumsum(block, start, scale), None
         if t != start:
             yield self._at(t)
-        self._log.append(Block(who, block, acc))
+        self._log.append(Block(who, block, acc, starts))
 
     def _timed(self, block: ComputeRun, start: float, scale: float) -> tuple:
         """(instants, end) of `block` run from `start`. GPUs in lock step run a shared
@@ -271,6 +291,31 @@ class Runtime(Meetings):
         acc, t = _cumsum(block, start, scale)
         self._last_acc[id(block)] = (block, start, scale, acc, t)
         return acc, t
+
+    def _hosted(self, gpu, block: ComputeRun, start: float, scale: float) -> tuple:
+        """(ends, starts, end) of `block` on a stream free from `start` whose GPU's host
+        issues its tasks from `_clock[gpu]` on (perfmodel.host): a task starts when the
+        stream is free and the host has issued it plus the launch latency; the host waits
+        at a sync task for its end. `starts` is None where the tasks run back to back (the
+        Block then needs none). Lock-step GPUs reuse the last result, as `_timed` does."""
+        clock = self._clock.get(gpu, 0.0)
+        key = (id(block), start, scale, clock)
+        last = self._last_acc.get(key[0])
+        if last is not None and last[0] is block and last[1] == key:
+            acc, starts, t, self._clock[gpu] = last[2]
+            return acc, starts, t
+        d = block.durations * scale if scale != 1.0 else block.durations
+        if len(d) and d.min() < 0:
+            raise ValueError(f"Negative delay {d[d < 0][0]}")  # as simpy's timeout
+        acc, starts, clock = host_schedule(
+            d, block.hosts, block.syncs, start, clock, self.host.launch_latency
+        )
+        t = float(acc[-1])
+        if np.array_equal(starts, acc[:-1]):
+            starts = None
+        self._last_acc[key[0]] = (block, key, (acc, starts, t, clock))
+        self._clock[gpu] = clock
+        return acc, starts, t
 
     def _at(self, t: float) -> simpy.Event:
         """An event that fires at absolute time `t` (> now): what a chain of timeouts would
@@ -349,6 +394,37 @@ def _cumsum(block: ComputeRun, start: float, scale: float) -> tuple:
     acc[1:] = d
     np.cumsum(acc, out=acc)
     return acc, float(acc[-1])
+
+
+def host_schedule(d, h, syncs, start: float, clock: float, latency: float) -> tuple:
+    """The max-plus schedule of one stream's tasks (GPU durations `d`) issued by a host
+    (seconds `h` each) from `clock`: task k is issued at issue_k = clock + h_0 + ... + h_k,
+    starts at max(end_{k-1}, issue_k + latency) (end_{-1} = `start`, the stream free) and
+    ends d_k later; at a position in `syncs` the host waits for that task's end.
+    Returns (acc: `start` then every end, starts, the host's clock after the last issue).
+    Vectorised: with D the running sum of d, end_k - D_k = max(end_{k-1} - D_{k-1},
+    issue_k + latency - D_{k-1}), a running maximum."""
+    n = len(d)
+    acc = np.empty(n + 1)
+    acc[0] = start
+    starts = np.empty(n)
+    t, a = start, 0
+    for b in [*(s + 1 for s in syncs), n]:
+        if b <= a:
+            continue
+        seg_d = d[a:b]
+        issue = clock + np.cumsum(h[a:b])
+        dsum = np.cumsum(seg_d)
+        before = dsum - seg_d
+        e = np.maximum.accumulate(np.maximum(issue + latency - before, t))
+        acc[a + 1 : b + 1] = dsum + e
+        starts[a:b] = before + e
+        t = float(acc[b])
+        clock = float(issue[-1])
+        if b - 1 in syncs:  # (syncs is short: the few item/copy-to-host tasks)
+            clock = max(clock, t)
+        a = b
+    return acc, starts, clock
 
 
 def _count(run) -> tuple[int, bool]:

@@ -21,15 +21,29 @@ class Compute:
     duration: float  # seconds, from the performance model
     op_id: int | None = None
     mb: int = 0  # micro-batch (pipelines): the activations of each are separate tensors
+    host: float = 0.0  # seconds the GPU's host spends issuing it (perfmodel.host; 0: no host)
+    sync: bool = False  # the host waits for its GPU work to end (item, a copy to the host)
 
 
 class ComputeRun:
     """Consecutive Compute tasks as one task, built once and shared by every GPU whose
     stream has them: the runtime times them with one event and logs them as one block, so
     a run costs O(1) Python per GPU instead of O(operators). Column lists are kept for the
-    timeline; `durations` (seconds) for the sequential sums."""
+    timeline; `durations` (seconds) for the sequential sums; `hosts` (seconds to issue
+    each) and `syncs` (positions where the host waits for the GPU) when any task has a host
+    time, else None (the runtime's host-free path)."""
 
-    __slots__ = ("tasks", "durations", "names", "layers", "phases", "op_ids", "mbs")
+    __slots__ = (
+        "tasks",
+        "durations",
+        "names",
+        "layers",
+        "phases",
+        "op_ids",
+        "mbs",
+        "hosts",
+        "syncs",
+    )
 
     def __init__(self, tasks):
         import numpy as np
@@ -41,6 +55,11 @@ class ComputeRun:
         self.phases = [c.phase for c in self.tasks]
         self.op_ids = [c.op_id for c in self.tasks]
         self.mbs = [c.mb for c in self.tasks]
+        hosts = [c.host for c in self.tasks]
+        self.hosts = np.array(hosts, dtype=float) if any(hosts) else None
+        self.syncs = (
+            [i for i, c in enumerate(self.tasks) if c.sync] if self.hosts is not None else []
+        )
 
     def __len__(self) -> int:
         return len(self.tasks)

@@ -35,11 +35,17 @@ COLUMNS = (
 
 
 class Block(NamedTuple):
-    """The rows of one ComputeRun on one stream: task i ran from acc[i] to acc[i + 1]."""
+    """The rows of one ComputeRun on one stream: task i ran from acc[i] to acc[i + 1], or,
+    where its GPU's host issued a task late (perfmodel.host), from starts[i] to acc[i + 1]
+    (the stream idled from acc[i] to starts[i])."""
 
     who: tuple  # (gpu, stream, iteration)
     run: ComputeRun
     acc: np.ndarray
+    starts: np.ndarray | None = None  # None: back to back (starts = acc[:-1])
+
+    def start_list(self) -> list:
+        return self.acc[:-1].tolist() if self.starts is None else self.starts.tolist()
 
 
 class TimelineLog:
@@ -55,7 +61,7 @@ class TimelineLog:
         for entry in self._log:
             if type(entry) is Block:
                 gpu, stream, it = entry.who
-                r, acc = entry.run, entry.acc.tolist()
+                r, acc, st = entry.run, entry.acc.tolist(), entry.start_list()
                 for i in range(len(r)):
                     out.append(
                         (
@@ -65,7 +71,7 @@ class TimelineLog:
                             r.names[i],
                             r.layers[i],
                             r.phases[i],
-                            acc[i],
+                            st[i],
                             acc[i + 1],
                             0.0,
                             None,
@@ -145,6 +151,9 @@ class TimelineLog:
                 col[row_block] = accs[rows_of]
                 col[~row_block] = np.array(single[c], dtype=float)
                 out[c] = col
+            if any(b.starts is not None for b in blocks):  # tasks a host issued late
+                late = [b.acc[:-1] if b.starts is None else b.starts for b in blocks]
+                out["start"][row_block] = np.concatenate(late)
             nb = np.zeros(len(row_block))
             nb[~row_block] = np.array(single["nbytes"], dtype=float)
             out["nbytes"] = nb
@@ -168,6 +177,8 @@ class TimelineLog:
                     b = raw.get(id(acc))  # ranks in lock step share one array: its bytes once
                     if b is None:
                         b = raw[id(acc)] = acc.tobytes()
+                        if e.starts is not None:
+                            b += e.starts.tobytes()
                     key = (id(e.run), it, b)
                 else:
                     it, t = e[10], e[7]
@@ -217,6 +228,13 @@ class TimelineLog:
             if type(e) is Block:
                 if e.who[2] != iteration or len(e.acc) < 2:
                     continue
+                if e.starts is not None:  # the stream idled between some rows
+                    n = len(e.starts)
+                    gpus += [e.who[0]] * n
+                    start += e.starts.tolist()
+                    end += e.acc[1:].tolist()
+                    comp += [True] * n
+                    continue
                 gpus.append(e.who[0])
                 start.append(float(e.acc[0]))
                 end.append(float(e.acc[-1]))
@@ -253,7 +271,7 @@ class ComputeRows:
                 op += r.op_ids
                 mb += r.mbs
                 ph += r.phases
-                st += acc[:-1]
+                st += e.start_list()
                 en += acc[1:]
                 its += [e.who[2]] * len(r)
             else:

@@ -20,7 +20,8 @@ class Extrapolator:
     `options` is one of those or None for the defaults. `batch_size` is the global
     mini-batch (None: the traced one), `gpu` the target GPU (None: the traced one),
     `ring` the GPUs in ring order, `graph` the
-    topology (None when unknown) for plans that weigh link speeds. Collectives leave the algorithm to
+    topology (None when unknown) for plans that weigh link speeds, `host` the host model
+    (perfmodel.host; None: no host) that gives each Compute its host time and kernel gaps. Collectives leave the algorithm to
     the communication model (`collective = None`); a mode may name one to force it.
     """
 
@@ -45,8 +46,10 @@ class Extrapolator:
         gpu: str | None = None,
         ring=None,
         graph=None,
+        host=None,
     ):
         self.trace = trace
+        self.host = host  # perfmodel.host.HostModel: what each operator costs its host
         self.graph = graph
         self.model = model
         self.options = schema.check(options, "parallelism") if options else self.Options()
@@ -105,7 +108,12 @@ class Extrapolator:
         t = table.get(key)
         if t is None:
             t = table[key] = self.model.time(op, target) * scale
-        return Compute(op.name, op.layer, phase or op.phase, t, op.id, mb)
+            if self.host is not None:  # its kernels' gaps are GPU time too
+                t = table[key] = t + self.host.gap(op, t)
+        if self.host is None:
+            return Compute(op.name, op.layer, phase or op.phase, t, op.id, mb)
+        h = self.host  # the same launches at any batch, TP degree or micro-batch
+        return Compute(op.name, op.layer, phase or op.phase, t, op.id, mb, h.issue(op), h.sync(op))
 
     def forward_backward(self, policy: str = "none", depth: int | None = None):
         """[(op, recomputed)]: the forward and backward ops in trace order, with the forward

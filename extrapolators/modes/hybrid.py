@@ -87,6 +87,7 @@ class Hybrid(Extrapolator):
                         gpu=self.gpu,
                         ring=ring,
                         graph=self.graph,
+                        host=self.host,
                     )
                 )
             except ConfigError as e:

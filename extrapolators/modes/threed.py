@@ -107,6 +107,7 @@ class ThreeD(ThreeDGrid, StageBuckets, ThreeDStreams, Extrapolator):
             batch_size=rep_batch,
             gpu=self.gpu,
             graph=self.graph if pp > 1 and self.v == 1 else None,
+            host=self.host,
         )
         group0 = [self.grid[0, 0, t] for t in range(self.tp)]
         self.tpx = _TensorParallel(
@@ -116,6 +117,7 @@ class ThreeD(ThreeDGrid, StageBuckets, ThreeDStreams, Extrapolator):
             TPOptions(o.tp_style, o.sequence_parallel),
             batch_size=self.micro,
             gpu=self.gpu,
+            host=self.host,
         )
         self._held()
         self._buckets = {p: self._make_buckets(p) for p in range(pp)} if o.dp_overlap else {}

@@ -19,6 +19,7 @@ from typing import Literal
 
 import yaml
 
+from perfmodel.host import HostOptions
 from triosim.common import schema
 from triosim.common.errors import ConfigError
 from triosim.common.schema import option
@@ -99,6 +100,11 @@ class TopLevel:
         factory=MemoryOptions,
         help="optimizer, precision, reserve and capacity for the memory model",
     )
+    host: HostOptions = option(
+        factory=HostOptions,
+        help="the CPU that issues each GPU's operators (perfmodel/host.py): on for GPU "
+        "traces, its costs, off",
+    )
 
 
 def _sections():
@@ -130,6 +136,7 @@ class Config:
     symmetry: str = "off"
     heterogeneity: Heterogeneity = field(default_factory=Heterogeneity)
     memory: MemoryOptions = field(default_factory=MemoryOptions)
+    host: HostOptions = field(default_factory=HostOptions)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
@@ -149,6 +156,7 @@ class Config:
         d = {f.name: getattr(self, f.name) for f in fields(TopLevel)}
         d["heterogeneity"] = schema.dump(self.heterogeneity)
         d["memory"] = schema.dump(self.memory)
+        d["host"] = schema.dump(self.host)
         for name in ("parallelism", "topology", "network", "communication", "perfmodel"):
             d[name] = schema.dump(getattr(self, name))
         return d
@@ -290,6 +298,9 @@ def from_dict(data: dict, base_dir=".") -> Config:
         top_data["symmetry"] = "off"
     elif top_data.get("symmetry") is True:
         raise ConfigError("symmetry", True, "off or auto (YAML reads a bare on/yes as true)")
+    host = top_data.get("host")
+    if isinstance(host, dict) and isinstance(host.get("model"), bool):  # YAML 1.1: on/off
+        top_data["host"] = {**host, "model": "on" if host["model"] else "off"}
     top = schema.load(
         TopLevel,
         top_data,

@@ -68,6 +68,7 @@ class Result:
         self._orbits = orbits
         self._timeline = None
         self.symmetry = "off"  # what ran: "off", "auto: ..." or "off (fell back: <why>)"
+        self.host = "off"  # the host model (perfmodel.host): "on (its costs)" or "off (why)"
         self.symmetry_skew = 0.0  # largest relative gap between an image's end and its rep's
         self.gpus = list(gpus)
         self.config = config
@@ -237,6 +238,7 @@ class Result:
             "collective_bytes": self.collective_bytes,
             "simulation_wall_s": self.wall_time,
             "symmetry": self.symmetry,
+            "host": self.host,
         }
 
     def summary(self) -> str:

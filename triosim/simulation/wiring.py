@@ -28,6 +28,7 @@ from networks import network_class
 from networks import topology as topo
 from networks.base import gpu_nodes, validate_graph
 from perfmodel import TraceTime, model_class
+from perfmodel.host import HostModel
 from triosim.common import schema
 from triosim.common.errors import ConfigError, DeadlockError, NetworkError, SimulationError
 from triosim.config.loading import IN_MEMORY, Config, checked, from_dict, load_config
@@ -91,6 +92,7 @@ class Simulation:
         p = cfg.perfmodel
         par = cfg.parallelism
         mode = extrapolator_class(par.mode)
+        self.host = None  # perfmodel.host.HostModel where the host model is on
         if not mode.uses_trace:  # the workload carries its times: no operator to time
             self.model = TraceTime(self.trace)
         else:
@@ -98,6 +100,7 @@ class Simulation:
                 self.trace, p.options, lambda path: load_any_trace(cfg.resolve(path))
             )
             self.model.check_target(cfg.gpu)
+            self.host = HostModel.for_trace(self.trace, cfg.host)
         stage("checking the plan")
         _check_plan_early(mode, self.trace, self.model, cfg)
         note = big_run_note(cfg.num_gpus, cfg.iterations) if progress else None
@@ -131,6 +134,7 @@ class Simulation:
             gpu=cfg.gpu,
             ring=ring,
             graph=self.graph,
+            host=self.host,
         )
 
     def target_gpu(self) -> str | None:
@@ -203,7 +207,9 @@ class Simulation:
         net = network_class(cfg.network.kind)(env, self.graph, cfg.network.options)
         c = cfg.communication
         comm = comm_class(c.kind)(env, net, c.options, gpu=self.target_gpu(), base_dir=cfg.base_dir)
-        runtime = Runtime(env, net, comm, compute_scale=self.compute_slowdown, symmetry=sym)
+        runtime = Runtime(
+            env, net, comm, compute_scale=self.compute_slowdown, symmetry=sym, host=self.host
+        )
         if sym is not None:  # a second set of streams: checking consumes them
             sym.check_streams(self.extrapolator.streams())
         self._start_iterations(runtime, cfg.iterations, sym)
@@ -231,6 +237,12 @@ class Simulation:
             orbits=None if sym is None else sym.orbits,
         )
         result.symmetry_skew = runtime.symmetry_skew
+        if self.host is not None:
+            result.host = self.host.describe()
+        elif not extrapolator_class(cfg.parallelism.mode).uses_trace:
+            result.host = "off (the workload carries its own times)"
+        else:
+            result.host = HostModel.off_reason(self.trace, cfg.host)
         del runtime, comm, net, env  # the event queue (the log lives on in the result)
         if progress is not None:
             progress.stage("memory")

@@ -1,0 +1,155 @@
+"""Where the host model's numbers come from (perfmodel/host.py), from the real GPU data.
+
+1. `kernel_gap` and `launch_latency`, measured (not fitted to any iteration time) from the
+   imported H100 profiles (traces/h100/imported, host columns): the GPU's idle time that is
+   not host wait, per kernel, in the GPU-bound profiles (the gap between queued kernels) and
+   in the host-bound ones (launched, then started: the launch latency).
+2. `op_cost`, fitted per host machine on one host-bound trace (triosim/studies/host_fit.py)
+   and used to predict every other real trace of that machine (one-GPU replay, mode single,
+   perfmodel trace) against its plain measured time: the tracer's traces (`timings.json`
+   machine) fitted on ResNet-152 b64 and, the other way, on DenseNet-121 b64; the profiled
+   pairs' machine (`et_pairs/README.json`) fitted on DenseNet-121 b32.
+3. Why the trace's own host column is not the default source: the same fit with `source:
+   trace` (the profiled host spans x a fitted `trace_scale`) on DenseNet-121 b32 predicts
+   the pairs.
+Needs ../shared/gpu (says so and stops without it). Prints Markdown tables.
+Run: python benchmarks/host_fit.py
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+
+from perfmodel.host import HostOptions
+from triosim.studies.host_fit import fit_kernel_gap, fit_op_cost, replay_time
+from triosim.trace.model import load
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared" / "gpu"
+
+
+def measured_gaps():
+    """(median gap per kernel in GPU-bound profiles, median in host-bound ones), seconds."""
+    bound, free = [], []
+    for path in sorted((ROOT / "traces" / "h100" / "imported").glob("*.trace.json.gz")):
+        ops = load(path).operators
+        kernels = sum(o.kernels for o in ops if o.time > 0)
+        wait = sum(o.host_wait or 0.0 for o in ops)
+        gap = sum((o.gpu_idle or 0.0) - (o.host_wait or 0.0) for o in ops) / kernels
+        (bound if wait > 0.1 * sum(o.time for o in ops) else free).append((path.name, gap))
+    return free, bound
+
+
+def tracer_traces() -> dict:
+    doc = json.loads((SHARED / "timings.json").read_text())
+    out = {}
+    for gpu in ("h100", "h200"):
+        plain = {(r["model"], r["batch"]): r["mean_ms"] * 1e-3 for r in doc[gpu]["timing"]}
+        for path in sorted((ROOT / "traces" / gpu).glob("*.trace.json.gz")):
+            t = load(path)
+            key = (t.metadata["model"], t.batch_size)
+            out[f"{gpu} {key[0]} b{key[1]}"] = (t, plain[key])
+    return out
+
+
+def pair_traces() -> dict:
+    doc = json.loads((SHARED / "et_pairs" / "README.json").read_text())
+    wall = {r["tag"]: r["wall_ms_mean"] * 1e-3 for r in doc["runs"]}
+    folder = ROOT / "traces" / "h100" / "imported"
+    return {tag: (load(folder / f"{tag}.trace.json.gz"), w) for tag, w in wall.items()}
+
+
+def predict(traces: dict, fit_on: str, host: HostOptions) -> list:
+    rows = []
+    for name, (t, plain) in traces.items():
+        sim = replay_time(t, host)
+        rows.append((name, plain, t.total_time, sim, name in fit_on))
+    return rows
+
+
+def table(title: str, rows: list) -> None:
+    print(f"\n{title}\n")
+    print("| trace | plain measured ms | sum of GPU time ms | simulated ms | error % |")
+    print("|---|---|---|---|---|")
+    errs = []
+    for name, plain, gpu_sum, sim, fitted in rows:
+        err = (sim - plain) / plain * 100
+        if not fitted:
+            errs.append(abs(err))
+        note = " (fitted on)" if fitted else ""
+        print(
+            f"| {name}{note} | {plain * 1e3:.2f} | {gpu_sum * 1e3:.2f} | {sim * 1e3:.2f} "
+            f"| {err:+.1f} |"
+        )
+    print(
+        f"\nheld out: {len(errs)} traces, mean |error| {statistics.mean(errs):.1f} %, "
+        f"worst {max(errs):.1f} %"
+    )
+
+
+def main() -> int:
+    if not SHARED.exists():
+        print(f"no real GPU data: {SHARED} is absent")
+        return 0
+    free, bound = measured_gaps()
+    print("| imported profile | GPU-bound | idle not waiting for the host, per kernel, us |")
+    print("|---|---|---|")
+    for name, gap in free + bound:
+        print(
+            f"| {name.split('.')[0]} | {'yes' if (name, gap) in free else 'no'} | {gap * 1e6:.2f} |"
+        )
+    print(
+        f"\nkernel gap: median of the GPU-bound {statistics.median(g for _, g in free) * 1e6:.2f} us;"
+        f" launch latency: the host-bound {', '.join(f'{g * 1e6:.1f}' for _, g in bound)} us"
+    )
+
+    tracer = tracer_traces()
+    gap_on = "h100 resnet50 b128"  # GPU-bound: its time decides the gap, not the host
+    t, plain = tracer[gap_on]
+    gap = fit_kernel_gap(t, plain)
+    print(f"\nkernel gap fitted on {gap_on} (plain {plain * 1e3:.2f} ms): {gap * 1e6:.3f} us")
+    for fit_on in ("h100 resnet152 b64", "h100 densenet121 b64"):
+        t, plain = tracer[fit_on]
+        cost = fit_op_cost(t, plain, HostOptions(kernel_gap=gap))
+        rows = predict(
+            tracer, (fit_on, gap_on), HostOptions(model="on", op_cost=cost, kernel_gap=gap)
+        )
+        table(
+            f"Tracer traces (timings.json machine), op_cost {cost * 1e6:.2f} us fitted on "
+            f"{fit_on}, kernel gap on {gap_on}:",
+            rows,
+        )
+
+    pairs = pair_traces()
+    fit_on = "densenet121-b32"
+    t, plain = pairs[fit_on]
+    cost = fit_op_cost(t, plain)
+    table(
+        f"Imported profiles (et_pairs machine), op_cost {cost * 1e6:.2f} us fitted on {fit_on}:",
+        predict(pairs, fit_on, HostOptions(model="on", op_cost=cost)),
+    )
+
+    # the profiled host spans as the source: one scale fitted on the same trace
+    lo, hi = 0.0, 1.0
+    base = HostOptions(model="on", source="trace")
+    while hi - lo > 1e-6:
+        mid = (lo + hi) / 2
+        if replay_time(t, dataclasses.replace(base, trace_scale=mid)) < plain:
+            lo = mid
+        else:
+            hi = mid
+    opts = dataclasses.replace(base, trace_scale=(lo + hi) / 2)
+    table(
+        f"Imported profiles, source: trace (profiled host spans x {opts.trace_scale:.3f}, "
+        f"fitted on {fit_on}):",
+        predict(pairs, fit_on, opts),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""The host that issues a GPU's operators: how long the CPU takes to issue each one, and
+what the GPU loses between kernels.
+
+A training step's Python thread (and PyTorch's autograd thread in the backward) issues the
+operators in order, asynchronously: each costs the host some time (the dispatcher, the
+kernel launches), then its kernels queue on the stream. A GPU that finishes its queue
+before the host issues the next operator idles: a model of many small operators is
+host-bound, and cutting the work per GPU (a smaller batch, a TP shard, a micro-batch)
+shrinks the kernels, not the host's work. The runtime (extrapolators.execution.runtime)
+runs the schedule; this module says what each operator costs the host and the GPU:
+
+- host time of an operator (`source: launches`, the default): `op_cost x (1 + kernels)`,
+  one dispatch and one launch per kernel, each `op_cost` seconds. It does not depend on the
+  batch or the TP degree: the same operators launch the same kernels.
+  `source: trace`: the trace's own `host_time` column x `trace_scale` (for host columns a
+  user trusts; the profiled ones are slowed by the profiler, see below).
+- the GPU's gap per kernel (`kernel_gap`): consecutive queued kernels do not start back to
+  back; each of an operator's kernels adds it to the operator's GPU time.
+- `launch_latency`: from the end of the operator's issue to its first kernel's start on an
+  idle GPU.
+- an operator marked `sync` (item, a copy to the host) blocks the host until its GPU work
+  ends.
+
+Where the numbers come from (`python benchmarks/host_fit.py` prints them; README "Host"):
+`op_cost` 12.7 us is fitted on the one host-bound real trace with a steady plain time
+(traces/h100 ResNet-152 b64: 80.50 +- 0.47 ms): the value at which its one-GPU replay takes
+that long. `kernel_gap` 1.07 us is fitted the same way on a GPU-bound one (ResNet-50 b128,
+71.49 ms), whose time the host does not decide. The other 12 real traces of that machine
+are predictions. `launch_latency` 8 us is measured: in the host-bound imported profiles
+(traces/h100/imported) the GPU idled 6.8 to 11.2 us per kernel after the launch call began
+(median 8.0). The host is the CPU's, not the GPU's: the machine that recorded the profiles
+needed 15.3 us per operator and launch (fitted on its DenseNet-121 b32). Two measurements the
+profiles give are not used, because the profiler inflates them: their kernel-to-kernel gap
+(1.6 us per kernel, where a plain ResNet-152 b64 leaves room for at most 0.83) and their host
+spans (the trace's host_time column: 2 to 4 times the plain loop's, and 35 % apart between
+two profiles of the same DenseNet-121); `source: trace` uses the latter for host columns a
+user trusts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from triosim.common.errors import ConfigError
+from triosim.common.schema import option
+from triosim.trace.model import Operator, Trace
+
+# measured and fitted values: see the module docstring
+OP_COST = 12.7e-6
+LAUNCH_LATENCY = 8.0e-6
+KERNEL_GAP = 1.07e-6
+
+
+@dataclass
+class HostOptions:
+    """The config's `host` section."""
+
+    model: Literal["auto", "on", "off"] = option(
+        "auto",
+        help="auto: on for traces of a GPU (recorded on CUDA, imported from a GPU profile or "
+        "modelled for a GPU), off for CPU and synthetic traces",
+    )
+    source: Literal["launches", "trace"] = option(
+        "launches",
+        help="launches: op_cost per operator and per kernel launch; trace: the trace's "
+        "host_time column x trace_scale",
+    )
+    op_cost: float = option(
+        OP_COST,
+        unit="seconds",
+        ge=0,
+        help="host time per operator dispatch and per kernel launch (a CPU property; "
+        "fit yours with benchmarks/host_fit.py)",
+    )
+    launch_latency: float = option(
+        LAUNCH_LATENCY, unit="seconds", ge=0, help="from an issue to the kernel's start"
+    )
+    kernel_gap: float = option(
+        KERNEL_GAP, unit="seconds", ge=0, help="GPU time lost per kernel between kernels"
+    )
+    trace_scale: float = option(1.0, gt=0, help="factor on the trace's host_time (source: trace)")
+
+
+def runs_on_gpu(trace: Trace) -> bool:
+    """Whether the trace's operators ran on (or were modelled for) a GPU, so that a host
+    issued them: what `model: auto` turns the host model on for."""
+    md = trace.metadata
+    device = str(md.get("device") or "").lower()
+    if device.startswith("cuda"):
+        return True
+    gpu = str(md.get("gpu") or "").lower()
+    return bool(md.get("modelled")) and gpu not in ("", "cpu")
+
+
+class HostModel:
+    """`issue(op)`: seconds the host spends issuing `op`; `gap(op)`: GPU seconds its kernels
+    lose between them (added to its GPU time); `launch_latency` and `sync(op)` for the
+    runtime. Built only where the host model is on (`for_trace`)."""
+
+    def __init__(self, trace: Trace, options: HostOptions | None = None):
+        self.options = o = options or HostOptions()
+        self.launch_latency = o.launch_latency
+        self.comm_cost = o.op_cost  # a collective or a send: one NCCL kernel launch
+        if o.source == "trace":
+            missing = sum(op.host_time is None for op in trace.operators)
+            if missing:
+                raise ConfigError(
+                    "host.source",
+                    "trace",
+                    f"a trace with host times ({missing} of {len(trace.operators)} operators "
+                    "have none: a format-1 trace, or a CPU profile); use source: launches",
+                )
+
+    @classmethod
+    def for_trace(cls, trace: Trace, options: HostOptions | None) -> HostModel | None:
+        """The model when the options turn it on for this trace, else None."""
+        o = options or HostOptions()
+        if o.model == "off" or (o.model == "auto" and not runs_on_gpu(trace)):
+            return None
+        return cls(trace, o)
+
+    def issue(self, op: Operator) -> float:
+        o = self.options
+        if o.source == "trace":
+            return op.host_time * o.trace_scale
+        return o.op_cost * (1 + op.kernels)
+
+    def gap(self, op: Operator, gpu_time: float) -> float:
+        """The kernels' gaps, for an operator that runs on the GPU (gpu_time > 0)."""
+        return self.options.kernel_gap * op.kernels if gpu_time > 0 else 0.0
+
+    def describe(self) -> str:
+        o = self.options
+        cost = (
+            f"op_cost {o.op_cost * 1e6:.3g} us per operator and launch"
+            if o.source == "launches"
+            else f"the trace's host_time x {o.trace_scale:g}"
+        )
+        return (
+            f"on ({cost}, launch latency {o.launch_latency * 1e6:.3g} us, kernel gap "
+            f"{o.kernel_gap * 1e6:.3g} us)"
+        )
+
+    @staticmethod
+    def off_reason(trace: Trace, options: HostOptions | None) -> str:
+        """Why the model is off for this trace (for the summary)."""
+        if (options or HostOptions()).model == "off":
+            return "off (host.model: off)"
+        return "off (not a GPU trace: host.model auto)"
+
+    @staticmethod
+    def sync(op: Operator) -> bool:
+        return bool(op.sync)

@@ -1,0 +1,300 @@
+"""The host model (perfmodel/host.py, the runtime's host schedule): each GPU's host issues
+its operators in order, each costing host time; a kernel starts when its stream is free
+and the host has issued it plus the launch latency; a sync operator blocks the host."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+from conftest import chain_trace
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from extrapolators.execution.runtime import host_schedule
+from perfmodel.host import HostOptions
+from triosim.common.errors import ConfigError
+from triosim.simulation.wiring import Simulation
+from triosim.studies.host_fit import fit_kernel_gap, fit_op_cost
+from triosim.trace.model import Operator, Tensor, Trace
+
+US = 1e-6
+
+
+def tiny_trace(times_us, syncs=(), device="cuda") -> Trace:
+    """One forward op per entry (one kernel each), in order; `syncs`: positions marked sync."""
+    tensors = {0: Tensor(0, (8, 8), "float32", 256.0, "input")}
+    ops = [
+        Operator(i, f"op{i}", f"l{i}", "forward", t * US, (0,), (), None, sync=i in syncs)
+        for i, t in enumerate(times_us)
+    ]
+    md = {"batch_size": 8, "gpu": "H100-SXM", "device": device}
+    return Trace(ops, tensors, md).validate()
+
+
+def run(trace, **host):
+    cfg = {"num_gpus": 1, "perfmodel": {"kind": "trace"}, "host": host}
+    return Simulation(cfg, trace=trace).run()
+
+
+def test_hand_computed_host_bound_schedule_with_a_sync():
+    # host per op = op_cost x (1 + 1 kernel) = 20 us; launch latency 5 us; no kernel gap.
+    # A (10 us): issued 20, starts max(0, 25) = 25, ends 35
+    # B (50 us): issued 40, starts max(35, 45) = 45, ends 95      (the GPU now ahead)
+    # C (10 us, sync): issued 60, starts max(95, 65) = 95, ends 105; the host waits to 105
+    # D (10 us): issued 105 + 20 = 125, starts max(105, 130) = 130, ends 140
+    r = run(
+        tiny_trace([10, 50, 10, 10], syncs={2}),
+        op_cost=10 * US,
+        launch_latency=5 * US,
+        kernel_gap=0.0,
+    )
+    tl = r.timeline.sort_values("start")
+    got = [
+        (round(s / US, 6), round(e / US, 6)) for s, e in zip(tl["start"], tl["end"], strict=True)
+    ]
+    assert got == [(25, 35), (45, 95), (95, 105), (130, 140)]
+    assert r.iteration_time == pytest.approx(140 * US, abs=1e-12)
+
+
+def test_without_the_sync_the_host_runs_ahead():
+    # as above but C does not block: D issued at 80, starts max(105, 85) = 105, ends 115
+    r = run(tiny_trace([10, 50, 10, 10]), op_cost=10 * US, launch_latency=5 * US, kernel_gap=0.0)
+    assert r.iteration_time == pytest.approx(115 * US, abs=1e-12)
+
+
+def test_kernel_gap_adds_per_kernel_gpu_time():
+    # GPU-bound (host 2 us per op): 5 ops of 100 us, 2 kernels each, gap 1 us per kernel.
+    # Op 0 issued at 2 us, starts 2 + 3 = 5; then back to back: 5 x (100 + 2) = 510 -> 515
+    trace = tiny_trace([100] * 5)
+    trace = Trace(
+        [dataclasses.replace(o, kernels=2) for o in trace.operators],
+        trace.tensors,
+        trace.metadata,
+    ).validate()
+    r = run(trace, op_cost=US / 1.5, launch_latency=3 * US, kernel_gap=1 * US)
+    assert r.iteration_time == pytest.approx(515 * US, abs=1e-12)
+
+
+def test_off_and_cpu_traces_keep_the_sum_of_operator_times():
+    t = tiny_trace([10, 50, 10, 10])
+    assert run(t, model="off").iteration_time == pytest.approx(80 * US, abs=1e-15)
+    cpu = tiny_trace([10, 50, 10, 10], device="cpu")  # auto: a CPU trace has no separate host
+    assert run(cpu).iteration_time == pytest.approx(80 * US, abs=1e-15)
+    assert run(
+        cpu, model="on", op_cost=10 * US, launch_latency=5 * US, kernel_gap=0.0
+    ).iteration_time == pytest.approx(115 * US, abs=1e-12)
+
+
+def _reference(d, h, syncs, start, clock, latency):
+    """The schedule one task at a time, as the docstring states it."""
+    t, ends, starts = start, [start], []
+    for k in range(len(d)):
+        clock += h[k]
+        s = max(t, clock + latency)
+        t = s + d[k]
+        starts.append(s)
+        ends.append(t)
+        if k in syncs:
+            clock = max(clock, t)
+    return ends, starts, clock
+
+
+times = st.floats(0, 1e-3, allow_nan=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(times, times, st.booleans()), min_size=1, max_size=40),
+    times,
+    times,
+    times,
+)
+def test_vectorised_schedule_equals_the_task_by_task_one(tasks, start, clock, latency):
+    d = np.array([x[0] for x in tasks])
+    h = np.array([x[1] for x in tasks])
+    syncs = [i for i, x in enumerate(tasks) if x[2]]
+    acc, starts, end_clock = host_schedule(d, h, syncs, start, clock, latency)
+    ends, ref_starts, ref_clock = _reference(d, h, set(syncs), start, clock, latency)
+    assert np.allclose(acc, ends, rtol=1e-12, atol=1e-15)
+    assert np.allclose(starts, ref_starts, rtol=1e-12, atol=1e-15)
+    assert math.isclose(end_clock, ref_clock, rel_tol=1e-12, abs_tol=1e-15)
+    # never faster than the GPU work alone, nor than the host's issue of the last task
+    assert acc[-1] >= start + d.sum() - 1e-12
+    assert acc[-1] >= clock + h.sum() + latency + d[-1] - 1e-12
+
+
+def _computes(sim):
+    from extrapolators.execution.tasks import Compute, ComputeRun
+
+    out = []
+    for tasks in sim.extrapolator.streams().values():
+        for t in tasks:
+            if type(t) is Compute:
+                out.append(t)
+            elif type(t) is ComputeRun:
+                out.extend(t.tasks)
+    return out
+
+
+def gpu_chain():
+    t = chain_trace(layers=4, batch=8)
+    t.metadata["device"] = "cuda"
+    return t
+
+
+@pytest.mark.parametrize(
+    "par,extra",
+    [
+        ({"mode": "dp"}, {"batch_size": 8}),
+        ({"mode": "tp"}, {}),
+    ],
+)
+def test_host_time_stays_gpu_time_scales(par, extra):
+    """Under a batch change (data parallel: 4 per GPU of a traced 8) and under TP
+    (shards of the split layers), every operator keeps its host time (the same launches)
+    while its GPU time follows the work."""
+    base = Simulation(
+        {"num_gpus": 1, "perfmodel": {"kind": "regression"}, "host": {"model": "on"}},
+        trace=gpu_chain(),
+    )
+    cfg = {
+        "num_gpus": 2,
+        "parallelism": par,
+        "perfmodel": {"kind": "regression"},
+        "host": {"model": "on"},
+        **extra,
+    }
+    other = Simulation(cfg, trace=gpu_chain())
+    one = {(c.op_id, c.phase): c for c in _computes(base)}
+    two = [c for c in _computes(other) if (c.op_id, c.phase) in one]
+    assert two
+    cost = HostOptions().op_cost
+    for c in two:
+        assert c.host == one[(c.op_id, c.phase)].host == pytest.approx(cost * 2)  # 1 kernel
+    split = [c for c in two if c.phase != "optimizer"]
+    gap = HostOptions().kernel_gap
+    for c in split:  # the chain's layers are FLOP-exact: half the work, half the time
+        assert c.duration - gap == pytest.approx((one[(c.op_id, c.phase)].duration - gap) / 2)
+
+
+MODES = [
+    {"mode": "dp"},
+    {"mode": "ddp"},
+    {"mode": "tp"},
+    {"mode": "gpipe", "microbatches": 2},
+    {"mode": "1f1b", "microbatches": 2},
+    {"mode": "fsdp", "stage": 3},
+    {"mode": "hop"},
+    {"mode": "3d", "tp": 2, "pp": 1},
+    {"mode": "3d", "dp": 2, "tp": 1, "pp": 2, "microbatches": 2},
+    {"mode": "hybrid", "dp": 2, "inner": "tp"},
+    {"mode": "hybrid", "dp": 2, "inner": "gpipe", "microbatches": 2},
+]
+
+
+@pytest.mark.parametrize("par", MODES, ids=lambda p: p["mode"])
+def test_every_mode_runs_with_a_host_and_is_never_faster(par):
+    """Adding host costs delays operations, never advances one (the schedule is max-plus),
+    so every mode's iteration takes at least as long with the host as without it; and the
+    host costs show up (a host-bound chain: 0.5 ms per operator against 1-2 ms of GPU)."""
+    n = 4 if par.get("dp") else 2  # (hybrid and 3D with data parallelism: 2 replicas of 2)
+    common = {
+        "num_gpus": n,
+        "batch_size": 8,
+        "parallelism": par,
+        "perfmodel": {"kind": "regression"},
+    }
+    off = Simulation({**common, "host": {"model": "off"}}, trace=gpu_chain()).run()
+    on = Simulation(
+        {**common, "host": {"model": "on", "op_cost": 250 * US}}, trace=gpu_chain()
+    ).run()
+    assert on.iteration_time > off.iteration_time
+
+
+def test_symmetric_run_equals_the_full_one_with_a_host():
+    common = {
+        "num_gpus": 4,
+        "batch_size": 8,
+        "parallelism": {"mode": "ddp"},
+        "perfmodel": {"kind": "regression"},
+        "host": {"model": "on", "op_cost": 50 * US},
+    }
+    full = Simulation({**common, "symmetry": "off"}, trace=gpu_chain()).run()
+    sym = Simulation({**common, "symmetry": "auto"}, trace=gpu_chain()).run()
+    assert sym.symmetry.startswith("on") or "representative" in sym.symmetry
+    assert sym.iteration_time == full.iteration_time
+
+
+def test_bad_host_options_are_named():
+    t = tiny_trace([10])
+    with pytest.raises(ConfigError, match="host.model"):
+        run(t, model="maybe")
+    with pytest.raises(ConfigError, match="host.op_cost"):
+        run(t, op_cost=-1)
+    with pytest.raises(ConfigError, match="host.source"):
+        run(t, source="trace")  # no host_time column
+    with pytest.raises(ConfigError, match="host.frobnicate"):
+        run(t, frobnicate=1)
+
+
+def test_fits_recover_known_costs():
+    """A trace simulated with known costs; the fits find them again (bisection on the
+    same simulation, so to its tolerance)."""
+    host_bound = tiny_trace([5] * 30)
+    truth = HostOptions(model="on", op_cost=7 * US, launch_latency=2 * US, kernel_gap=0.0)
+    from triosim.studies.host_fit import replay_time
+
+    measured = replay_time(host_bound, truth)
+    assert fit_op_cost(host_bound, measured, truth) == pytest.approx(7 * US, rel=1e-3)
+    gpu_bound = tiny_trace([500] * 30)
+    truth = dataclasses.replace(truth, op_cost=1 * US, kernel_gap=3 * US)
+    measured = replay_time(gpu_bound, truth)
+    assert fit_kernel_gap(gpu_bound, measured, truth) == pytest.approx(3 * US, rel=1e-3)
+    with pytest.raises(ConfigError, match="GPU work alone"):
+        fit_op_cost(host_bound, 1e-9)
+    with pytest.raises(ConfigError, match="GPU-bound"):
+        fit_op_cost(gpu_bound, replay_time(gpu_bound, dataclasses.replace(truth, op_cost=0.0)))
+
+
+def test_a_send_costs_its_host_one_launch():
+    """GPU 0 sends (NCCL's launch: comm_cost 30 us of host time), then runs a 10 us
+    operator whose issue costs 5 us: issued at 30 + 5 = 35 us, it runs 35 to 45 (the
+    1-byte send is long done). Without the launch's cost it would run from 5 us."""
+    from types import SimpleNamespace
+
+    import simpy
+
+    from extrapolators.communication.base import Textbook
+    from extrapolators.execution import Runtime
+    from extrapolators.execution.tasks import Compute, Recv, Send
+    from networks import PacketSwitchNetwork
+    from networks import topology as topo
+
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, topo.ring(2, 1e12))
+    host = SimpleNamespace(launch_latency=0.0, comm_cost=30 * US)
+    rt = Runtime(env, net, Textbook(env, net), host=host)
+    rt.start(0, "compute", [Send(1, 1.0, "k"), Compute("a", "l", "forward", 10 * US, 0, 0, 5 * US)])
+    rt.start(1, "compute", [Recv(0, "k")])
+    env.run()
+    rt.check_finished()
+    (row,) = [r for r in rt.rows if r[2] == "compute"]
+    assert (row[6], row[7]) == pytest.approx((35 * US, 45 * US), abs=1e-12)
+
+
+def test_yaml_on_and_off_and_the_summary_line():
+    import yaml
+
+    from triosim.config.loading import from_dict
+
+    for text, want in (("off", "off"), ("on", "on"), ("auto", "auto")):
+        data = yaml.safe_load(f"trace: x.json\nhost:\n  model: {text}\n")
+        assert from_dict(data).host.model == want
+    t = tiny_trace([10, 50, 10, 10])
+    assert run(t).host.startswith("on (op_cost 12.7 us")
+    assert run(t, model="off").host == "off (host.model: off)"
+    assert "host model" in run(t).summary()
+    assert run(tiny_trace([10], device="cpu")).host.startswith("off (not a GPU trace")

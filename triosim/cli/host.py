@@ -1,0 +1,47 @@
+"""`triosim fit-host TRACE --measured TIME`: the host model's CPU cost for your machine.
+
+    triosim fit-host traces/h100/resnet152-b64.trace.json.gz --measured 80.50ms
+fits `host.op_cost` (seconds per operator dispatch and kernel launch) so that the one-GPU
+replay of TRACE takes the measured plain iteration time, and prints the config lines that
+use it. `--kernel-gap` fits the GPU's gap per kernel instead, on a GPU-bound trace.
+"""
+
+from __future__ import annotations
+
+
+def add_parser(subparsers) -> None:
+    """Add `fit-host` to triosim's sub-commands."""
+    p = subparsers.add_parser(
+        "fit-host",
+        help="fit the host model's CPU cost (host.op_cost) to a measured iteration",
+        description="Fit host.op_cost (or, with --kernel-gap, host.kernel_gap) so that the "
+        "one-GPU replay of TRACE (its own operator times) takes the measured plain "
+        "iteration time (no profiler: e.g. CUDA events or perf_counter + synchronize around "
+        "a training step). Fit op_cost on a host-bound trace (many small operators) and "
+        "kernel_gap on a GPU-bound one.",
+    )
+    p.add_argument("trace", help="a trace recorded on the GPU machine (file or CSV folder)")
+    p.add_argument(
+        "--measured", required=True, help="the plain iteration time, with a unit (80.5ms)"
+    )
+    p.add_argument(
+        "--kernel-gap", action="store_true", help="fit host.kernel_gap instead of op_cost"
+    )
+    p.set_defaults(func=cmd_fit_host)
+
+
+def cmd_fit_host(args) -> int:
+    from triosim.common.units import parse_seconds
+    from triosim.studies.host_fit import fit_kernel_gap, fit_op_cost
+    from triosim.trace.files import load_any_trace
+
+    measured = parse_seconds(args.measured, "measured")
+    trace = load_any_trace(args.trace)
+    field, fit = ("kernel_gap", fit_kernel_gap) if args.kernel_gap else ("op_cost", fit_op_cost)
+    value = fit(trace, measured)
+    print(
+        f"host.{field} = {value * 1e6:.3f} us: the one-GPU replay of {args.trace} then "
+        f"takes {measured * 1e3:.3f} ms"
+    )
+    print(f"config:\nhost:\n  {field}: {value * 1e6:.3f} us")
+    return 0

@@ -1,0 +1,84 @@
+"""Fit the host model's costs to measured iterations: what `triosim fit-host` prints.
+
+The host's time per operator dispatch and kernel launch (`host.op_cost`, perfmodel/host.py)
+is a property of the CPU that runs the training loop, not of the GPU: two H100 machines
+needed 12.7 and 15.3 us. The GPU's gap per kernel (`host.kernel_gap`) is the device's and
+the driver's. Each is fitted on the one-GPU simulation (mode single, the trace's own
+operator times) of one trace whose time it decides, by bisection (the simulated time does
+not decrease as either grows):
+
+- `fit_op_cost(trace, measured)` on a host-bound trace (many small operators: DenseNet,
+  ResNet-152 at a small batch). A trace whose time with a free host is within 0.5 % of the
+  measurement is GPU-bound and pins down no cost: an error says so.
+- `fit_kernel_gap(trace, measured)` on a GPU-bound one (its host issues ahead of the GPU).
+
+A measurement below the trace's time with a free host (and no gap) fits nothing: the GPU
+work alone takes longer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from perfmodel.host import HostOptions
+from triosim.common.errors import ConfigError
+from triosim.simulation.wiring import Simulation
+from triosim.trace.model import Trace
+
+
+def replay_time(trace: Trace, host: HostOptions) -> float:
+    """Seconds of the one-GPU simulation of `trace` with `host`."""
+    cfg = {"num_gpus": 1, "perfmodel": {"kind": "trace"}, "host": dataclasses.asdict(host)}
+    return Simulation(cfg, trace=trace).run().iteration_time
+
+
+def _fit(trace, measured, host, field, upper, tol, bound) -> float:
+    if not measured > 0:
+        raise ConfigError("measured", measured, "a positive iteration time in seconds")
+    base = dataclasses.replace(host or HostOptions(), model="on", source="launches")
+
+    def at(x: float) -> float:
+        return replay_time(trace, dataclasses.replace(base, **{field: x}))
+
+    lo, hi = 0.0, upper
+    floor = at(lo)
+    if floor > measured:
+        raise ConfigError(
+            "measured",
+            measured,
+            f"at least the trace's time with {field} 0 ({floor:.6g} s): the GPU work alone "
+            f"takes that long, so no {field} fits",
+        )
+    if bound == "host" and measured - floor < 5e-3 * measured:
+        raise ConfigError(
+            "measured",
+            measured,
+            f"the time of a host-bound trace: this one takes {floor:.6g} s with a free host, "
+            "within 0.5 % of the measurement (GPU-bound), so its time says little about the "
+            "host; fit on a model of many small operators (DenseNet, ResNet-152)",
+        )
+    if at(hi) < measured:
+        raise ConfigError(
+            "measured",
+            measured,
+            f"at most the replay with {field} {upper:g} s ({at(hi):.6g} s): is the "
+            "measurement of this trace's model and batch?",
+        )
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        if at(mid) < measured:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def fit_op_cost(trace: Trace, measured: float, host: HostOptions | None = None) -> float:
+    """The `op_cost` (seconds) at which the replay of `trace` takes `measured` seconds; the
+    other host options as given."""
+    return _fit(trace, measured, host, "op_cost", 1e-3, 1e-9, "host")
+
+
+def fit_kernel_gap(trace: Trace, measured: float, host: HostOptions | None = None) -> float:
+    """The `kernel_gap` (seconds) at which the replay of `trace` takes `measured` seconds."""
+    return _fit(trace, measured, host, "kernel_gap", 1e-4, 1e-10, "gpu")
