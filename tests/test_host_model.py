@@ -298,3 +298,22 @@ def test_yaml_on_and_off_and_the_summary_line():
     assert run(t, model="off").host == "off (host.model: off)"
     assert "host model" in run(t).summary()
     assert run(tiny_trace([10], device="cpu")).host.startswith("off (not a GPU trace")
+
+
+def test_info_prints_the_host_models_replay(tmp_path, capsys):
+    """Defaults (op_cost 12.7, latency 8, gap 1.07 us), ops of 10, 50, 10, 10 us, one kernel:
+    host 4 x 25.4 = 101.6 us. A issued 25.4, runs 33.4-44.47; B issued 50.8, runs
+    58.8-109.87; C issued 76.2, runs 109.87-120.94; D issued 101.6, runs 120.94-132.01:
+    132.01 us, kernels busy 80 / 132.01 = 60.6 %."""
+    from conftest import run_cli
+
+    from triosim.trace.model import save
+
+    path = save(tiny_trace([10, 50, 10, 10]), tmp_path / "t.trace.json.gz")
+    code, out, _ = run_cli(capsys, "info", path)
+    assert code == 0
+    (line,) = [x for x in out.splitlines() if x.startswith("host model")]
+    assert "host 0.1016 ms" in line and "replay 0.1320 ms" in line and "busy 60.6 %" in line
+    assert "(host-bound)" in line
+    cpu = save(tiny_trace([10], device="cpu"), tmp_path / "c.trace.json.gz")
+    assert "host model" not in run_cli(capsys, "info", cpu)[1]

@@ -63,6 +63,27 @@ def cmd_simulate(args) -> int:
     return 0
 
 
+def _host_model_line(t) -> str | None:
+    """What the simulator's host model (on by default for this trace, perfmodel/host.py)
+    makes of one GPU: its host time per iteration and the one-GPU replay against the sum of
+    operator times (the share the GPU then idles); None where the model is off."""
+    from perfmodel.host import HostModel
+    from triosim.simulation.wiring import Simulation
+
+    host = HostModel.for_trace(t, None)
+    if host is None or not t.operators:
+        return None
+    issue = sum(host.issue(o) for o in t.operators)
+    replay = Simulation({"num_gpus": 1, "perfmodel": {"kind": "trace"}}, trace=t).run()
+    it = replay.iteration_time
+    busy = t.total_time / it if it else 1.0
+    return (
+        f"host {issue * 1e3:.4f} ms per iteration (defaults: host.op_cost x launches); "
+        f"one-GPU replay {it * 1e3:.4f} ms, kernels busy {100 * busy:.1f} % of it"
+        + (" (host-bound)" if issue > t.total_time else "")
+    )
+
+
 def _host_line(h: dict) -> str:
     """What `info` says of the host (trace.model.host_stats): the idle-time breakdown where
     the trace has it, the host time alone where only that, else unknown."""
@@ -122,6 +143,9 @@ def cmd_info(args) -> int:
     if isinstance(lay, dict):
         print(f"layers        {lay.get('total')} ({lay.get('how')})")
     print(f"host          {_host_line(host_stats(t))}")
+    model_line = _host_model_line(t)
+    if model_line:
+        print(f"host model    {model_line}")
     for w in fidelity_warnings(t):
         print(f"warning: {w}")
     return 0
