@@ -68,19 +68,21 @@ def _host_model_line(t) -> str | None:
     makes of one GPU: its host time per iteration and the one-GPU replay against the sum of
     operator times (the share the GPU then idles); None where the model is off."""
     from perfmodel.host import HostModel
-    from triosim.simulation.wiring import Simulation
 
     host = HostModel.for_trace(t, None)
     if host is None or not t.operators:
         return None
     issue = sum(host.issue(o) for o in t.operators)
+    head = f"host {issue * 1e3:.4f} ms per iteration (defaults: host.op_cost x launches)"
+    try:  # (the tracer's GPU machine may have no SimPy: the host time alone there)
+        from triosim.simulation.wiring import Simulation
+    except ImportError:
+        return head
     replay = Simulation({"num_gpus": 1, "perfmodel": {"kind": "trace"}}, trace=t).run()
     it = replay.iteration_time
     busy = t.total_time / it if it else 1.0
-    return (
-        f"host {issue * 1e3:.4f} ms per iteration (defaults: host.op_cost x launches); "
-        f"one-GPU replay {it * 1e3:.4f} ms, kernels busy {100 * busy:.1f} % of it"
-        + (" (host-bound)" if issue > t.total_time else "")
+    return f"{head}; one-GPU replay {it * 1e3:.4f} ms, kernels busy {100 * busy:.1f} % of it" + (
+        " (host-bound)" if issue > t.total_time else ""
     )
 
 
