@@ -317,3 +317,19 @@ def test_info_prints_the_host_models_replay(tmp_path, capsys):
     assert "(host-bound)" in line
     cpu = save(tiny_trace([10], device="cpu"), tmp_path / "c.trace.json.gz")
     assert "host model" not in run_cli(capsys, "info", cpu)[1]
+
+
+def test_info_without_simpy_prints_the_host_time_alone(tmp_path, capsys, monkeypatch):
+    import sys
+
+    from conftest import run_cli
+
+    from triosim.trace.model import save
+
+    path = save(tiny_trace([10, 50, 10, 10]), tmp_path / "t.trace.json.gz")
+    monkeypatch.setitem(sys.modules, "triosim.simulation.wiring", None)  # as without SimPy
+    code, out, _ = run_cli(capsys, "info", path)
+    (line,) = [x for x in out.splitlines() if x.startswith("host model")]
+    assert code == 0 and line.endswith(
+        "host 0.1016 ms per iteration (defaults: host.op_cost x launches)"
+    )
