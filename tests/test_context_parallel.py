@@ -1,4 +1,4 @@
-"""Context parallelism (`mode: cp`): ring attention timed by hand on 2 GPUs,
+"""Context parallelism (`mode: cp`): ring attention and Ulysses timed by hand on 2 GPUs,
 the degree checks, and conservation on random layouts.
 
 The ring's hand calculation follows TransformerEngine's AttnFuncWithCPAndKVP2P
@@ -6,7 +6,9 @@ The ring's hand calculation follows TransformerEngine's AttnFuncWithCPAndKVP2P
 Megatron-LM's `--cp-comm-type p2p` runs): forward, c steps, each a 1/c share of the
 attention, the key/value block sent on during the step (c-1 sends); backward, c steps the
 other way round, messages of the block (step 0), block + partial gradient (steps 1..c-2),
-the gradient alone (step c-1, received after the last step).
+the gradient alone (step c-1, received after the last step). Ulysses: DeepSpeed-Ulysses
+(Jacobs et al. 2023) as TE's AttnFuncWithCPAndQKVOA2A: all-to-alls of q, k, v, the whole
+attention on 1/c of the heads, an all-to-all of the output; backward the reverse.
 """
 
 import math
@@ -230,6 +232,29 @@ def test_activations_per_gpu_are_one_cp_th():
     assert peak == pytest.approx(peak_one / 4, rel=1e-9)
 
 
+# -- Ulysses on 2 GPUs, by hand ------------------------------------------------------------------
+def test_two_rank_ulysses_timeline_by_hand():
+    """cp_comm a2a: 4 all-to-alls around each attention (q, k, v before, the output after;
+    backward the output gradient before, dq, dk, dv after), each of one GPU's tensor
+    (half the tokens, all heads), half of which crosses the link; the attention whole at
+    the GPU's token share (1/2)."""
+    lat, bw = 1e-6, 20 * GB
+    t = attention_trace()
+    r = simulate(t, 2, bw, lat, cp=2, cp_comm="a2a")
+    q = 2 * 8 * 4096 * 128 * 4 / 2  # one GPU's q (or k, v, y)
+    a2a = lat + (q / 2) / bw
+    w_bytes = 3 * 1024 * 1024 * 4
+    want = (
+        F0 / 2 + 4 * a2a + A / 2 + F2 / 2 + B2 / 2 + 4 * a2a + AB / 2 + B0 / 2
+        + w_bytes / bw + 2 * lat + OPT
+    )  # fmt: skip
+    for g in (0, 1):
+        c = rows(r, g, "comm", "all_to_all")
+        assert c.nbytes.tolist() == [q] * 8
+        assert (c.end - c.start).tolist() == pytest.approx([a2a] * 8, rel=1e-9)
+    assert r.iteration_time == pytest.approx(want, rel=1e-9)
+
+
 # -- the degree checks ---------------------------------------------------------------------------
 def test_degree_checks_name_the_field():
     t = attention_trace(s=96)
@@ -238,7 +263,13 @@ def test_degree_checks_name_the_field():
     t = attention_trace(s=12)
     with pytest.raises(ConfigError, match=r"'parallelism.cp' = 4 .*8 sequence chunks.*12 tokens"):
         simulate(t, 4, GB, cp=4)
-    t = attention_trace(H=8, s=64, kv_heads=2)
+    assert simulate(t, 4, 100 * GB, cp=4, cp_comm="a2a").iteration_time  # 12 % 4 == 0
+    t = attention_trace(H=6, s=64)
+    with pytest.raises(ConfigError, match=r"'parallelism.cp' = 4 .*6 attention heads"):
+        simulate(t, 4, GB, cp=4, cp_comm="a2a")
+    t = attention_trace(H=8, s=64, kv_heads=2)  # grouped-query attention: 2 key/value heads
+    with pytest.raises(ConfigError, match=r"'parallelism.cp' = 4 .*2 key/value heads.*8 query"):
+        simulate(t, 4, GB, cp=4, cp_comm="a2a")
     assert simulate(t, 4, 100 * GB, cp=4).iteration_time  # the ring sends 2 heads' blocks
 
 
@@ -249,11 +280,18 @@ def test_a_trace_without_fused_attention_is_refused():
         simulate(chain_trace(), 2, GB, cp=2)
 
 
-def test_gqa_ring_sends_the_key_value_heads_only():
+def test_gqa_sends_the_key_value_heads_only():
+    """Llama-style grouped-query attention (k and v projected at 2 of 8 heads, repeated
+    before the attention): the ring passes blocks of 2 heads; Ulysses' all-to-alls of k and
+    v (and of their gradients) carry 2 heads, those of q and the output 8."""
     t = attention_trace(H=8, s=64, kv_heads=2)
     r = simulate(t, 2, 100 * GB, cp=2)
-    kv = 2 * (2 * 8 * 64 * 128 * 4) / 2 * 2 / 8  # k and v, half the tokens, 2 of 8 heads
+    q = 2 * 8 * 64 * 128 * 4 / 2  # one GPU's query: half the tokens
+    kv = 2 * q * 2 / 8  # k and v at 2 of 8 heads
     assert rows(r, 0, "comm", "send to").nbytes.tolist() == [kv] * 3
+    r = simulate(t, 2, 100 * GB, cp=2, cp_comm="a2a")
+    k = q * 2 / 8
+    assert rows(r, 0, "comm", "all_to_all").nbytes.tolist() == [q, k, k, q, q, q, k, k]
 
 
 # -- random layouts: conservation and invariants ---------------------------------------------------
@@ -261,7 +299,7 @@ def test_gqa_ring_sends_the_key_value_heads_only():
 @given(
     n=st.sampled_from([2, 4, 8]),
     cp_log=st.integers(0, 3),
-    comm=st.sampled_from(["p2p"]),
+    comm=st.sampled_from(["p2p", "a2a"]),
     acc=st.integers(1, 2),
     layers=st.integers(1, 2),
     bw=st.floats(5, 500),

@@ -5,7 +5,8 @@ As Megatron-LM does it (`--context-parallel-size`, `--cp-comm-type`): every oper
 the attention works on the GPU's own tokens, so it runs at the GPU's token share, batch /
 dp / cp sequences' worth (operators are token-wise; the performance model scales them by
 that batch, and the memory model the activations); the attention attends over the whole
-sequence through the group, as cp_attention.py says (`cp_comm: p2p`, ring attention). The weights are replicated over all GPUs, so the gradients are
+sequence through the group, as cp_attention.py says (`cp_comm: p2p`, ring attention, or
+`a2a`, DeepSpeed-Ulysses). The weights are replicated over all GPUs, so the gradients are
 all-reduced over all of them (Megatron's data-parallel group with context parallelism), in
 DDP's buckets during the backward pass: the mode is DDP (its bucket and accumulation
 fields) with the attention done across the group.
@@ -23,7 +24,7 @@ from typing import Literal
 
 from extrapolators.execution.tasks import ComputeRun, Signal
 from extrapolators.modes.attention import attention_heads
-from extrapolators.modes.cp_attention import ring_compute, ring_sends
+from extrapolators.modes.cp_attention import ring_compute, ring_sends, ulysses
 from extrapolators.modes.data_parallel import DDPOptions, DistributedDataParallel
 from extrapolators.modes.tp_roles import reads_weight, weight_roots
 from triosim.common.errors import ConfigError
@@ -38,10 +39,11 @@ class CPOptions(DDPOptions):
         help="context-parallel degree: GPUs sharing one sequence, 1/cp of its tokens each "
         "(0: num_gpus); num_gpus / cp groups are data-parallel replicas",
     )
-    cp_comm: Literal["p2p"] = option(
+    cp_comm: Literal["p2p", "a2a"] = option(
         "p2p",
         help="p2p: ring attention, key/value blocks passed around the group overlapped "
-        "with blockwise attention (Megatron-LM's default)",
+        "with blockwise attention (Megatron-LM's default); a2a: all-to-all of the heads "
+        "(DeepSpeed-Ulysses)",
     )
 
 
@@ -96,6 +98,16 @@ class ContextParallel(DistributedDataParallel):
                     f"a degree whose {chunks} sequence chunks divide the {a.seq} tokens of "
                     f"{where}" + (f": {why}" if why else ""),
                 )
+            if comm == "a2a":
+                for what, count in (("attention heads", a.heads), ("key/value heads", a.kv_heads)):
+                    if count % c:
+                        raise ConfigError(
+                            "parallelism.cp",
+                            c,
+                            f"a degree dividing the {count} {what} of {where} ({a.heads} "
+                            f"query heads, {a.kv_heads} key/value heads; cp_comm 'a2a' "
+                            f"gives each GPU 1/cp of the heads)",
+                        )
             self._attention[a.op.id] = a
         for op in self.ops("backward"):
             if op.fwd_id in self._attention:
@@ -121,6 +133,15 @@ class ContextParallel(DistributedDataParallel):
         """One GPU's key and value block of attention `a` (at its key/value heads)."""
         T, (k, v) = self.trace.tensors, a.op.inputs[1:3]
         return (T[k].nbytes + T[v].nbytes) * self._ratio() * a.kv_heads / T[k].shape[1]
+
+    def _a2a_sizes(self, a) -> tuple[list, list]:
+        """Per-GPU bytes of q, k, v and of the output (Ulysses' all-to-alls)."""
+        T, r = self.trace.tensors, self._ratio()
+        q, k, v = (T[t] for t in a.op.inputs[:3])
+        kv = a.kv_heads / k.shape[1]
+        qkv = [q.nbytes * r, k.nbytes * r * kv, v.nbytes * r * kv]
+        out = T[a.op.outputs[0]].nbytes * r if a.op.outputs else qkv[0]
+        return qkv, [out]
 
     # -- streams -------------------------------------------------------------------------------
     def _gpu_streams(self, gpu):
@@ -179,9 +200,14 @@ class ContextParallel(DistributedDataParallel):
 
     def _attend(self, gpu, op, step, mb):
         """One attention operator's tasks on `gpu`'s compute stream."""
-        _, group = self.group_of[gpu]
+        a, (_, group) = self._attention[op.id], self.group_of[gpu]
         tag, forward = self._tag(gpu, op, step, mb), op.phase == "forward"
-        yield from ring_compute(gpu, group, step, tag, forward)
+        if self.options.cp_comm == "p2p":
+            yield from ring_compute(gpu, group, step, tag, forward)
+            return
+        qkv, out = self._a2a_sizes(a)
+        before, after = (qkv, out) if forward else (out, qkv)
+        yield from ulysses(group, step, before, after, tag, self.collective)
 
     def _sends(self, gpu):
         """The ring attention's sends of `gpu`, in the order its compute stream reaches them."""

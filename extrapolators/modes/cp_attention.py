@@ -1,6 +1,6 @@
 """One attention operator across a context-parallel group: the tasks each GPU runs.
 
-Every GPU of a group of c holds 1/c of the sequence's tokens. Attending over the
+Every GPU of a group of c holds 1/c of the sequence's tokens. Two ways to attend over the
 whole sequence (Megatron-LM's `--cp-comm-type`, run by TransformerEngine's
 `transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py`):
 
@@ -23,13 +23,21 @@ receive together, `batch_isend_irecv`: NCCL's point-to-point pairs them), and a 
 compute waits for its block: that is the overlap of transfer and blockwise compute.
 Not modelled: the per-step output and log-sum-exp corrections (element-wise, small).
 
+`a2a`, DeepSpeed-Ulysses (Jacobs et al. 2023; TE's AttnFuncWithCPAndQKVOA2A). Before the
+attention an all-to-all over the group turns each of q, k, v from (1/c of the tokens, all
+heads) into (all tokens, 1/c of the heads); the attention runs whole on its heads (the
+same FLOPs: the operator's time at the GPU's token share, once); an all-to-all turns the
+output back. Backward: the output gradient's all-to-all, then those of dq, dk, dv. Each
+all-to-all is one tensor, as TE issues them (`flash_attn_a2a_communicate`), and blocks the
+compute stream. Grouped-query attention's keys and values go with their own heads.
+
 Tensor bytes are per GPU: the trace's tensor times the GPU's token share of the trace
 (`ratio`), keys and values at their key/value heads (the trace may hold them repeated).
 """
 
 from __future__ import annotations
 
-from extrapolators.execution.tasks import Recv, Send, Signal, Wait
+from extrapolators.execution.tasks import Collective, Recv, Send, Signal, Wait
 
 
 def ring_compute(gpu, group, step, tag, forward: bool):
@@ -60,3 +68,17 @@ def ring_sends(gpu, group, kv_bytes, tag, forward: bool, layer="", phase=""):
         yield Wait(f"{gpu}:{tag}:at{s}")
         yield Wait(f"{dst}:{tag}:at{s}")
         yield Send(dst, nbytes, f"{tag}:{s + 1}:{gpu}>{dst}", layer, phase)
+
+
+def ulysses(group, task, before, after, tag, algorithm=None):
+    """The compute stream's tasks of one Ulysses attention: an all-to-all of each size in
+    `before` (bytes per GPU), the attention `task`, one of each size in `after`."""
+    for k, nbytes in enumerate(before):
+        yield _a2a(group, nbytes, f"{tag}:in{k}", task, algorithm)
+    yield task
+    for k, nbytes in enumerate(after):
+        yield _a2a(group, nbytes, f"{tag}:out{k}", task, algorithm)
+
+
+def _a2a(group, nbytes, key, task, algorithm):
+    return Collective("all_to_all", group, nbytes, key, task.layer, task.phase, algorithm=algorithm)
