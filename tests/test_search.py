@@ -29,8 +29,38 @@ def test_candidates_cover_every_family():
         "gpipe 4 stages x 8 mb",
         "dp 2 x tp 2",
         "dp 2 x 1f1b 2 stages x 4 mb",
+        "cp 4 (ring)",
+        "dp 2 x cp 2 (all-to-all)",
     ):
         assert want in labels
+
+
+def test_the_search_finds_context_parallelism_where_nothing_else_splits_the_batch(tmp_path):
+    """One sequence on 4 GPUs: no data-parallel plan splits a batch of 1 (dp 2 x cp 2
+    neither), so the plans that run include cp 4 both ways, each as fast as its separate
+    run; a trace without fused attention skips them with the reason."""
+    from tests.test_context_parallel import attention_trace
+
+    path = save(attention_trace(b=1, s=256, H=8, d=64), tmp_path / "a.trace.json.gz")
+    cfg = {
+        "trace": str(path),
+        "num_gpus": 4,
+        "batch_size": 1,
+        "topology": {"kind": "switch", "bandwidth": "100 GB/s", "latency": "1 us"},
+    }
+    ranked, table, best = search(cfg, progress=False)
+    cp = {p for p in ranked["plan"] if "cp" in p}
+    assert cp == {"cp 4 (ring)", "cp 4 (all-to-all)"}
+    assert "batch_size" in table.set_index("plan").loc["dp 2 x cp 2 (ring)", "reason"]
+    assert not {"ddp", "dp"} & set(ranked["plan"])  # a batch of 1 does not split
+    row = ranked.set_index("plan").loc["cp 4 (ring)"]
+    par = {"mode": "cp", "cp": 4, "cp_comm": "p2p"}
+    alone = Simulation({**cfg, "parallelism": par}).run().iteration_time
+    assert row["iteration_time_ms"] == pytest.approx(alone * 1e3, rel=1e-12)
+    chain = save(chain_trace(batch=8), tmp_path / "c.trace.json.gz")
+    _, table, _ = search({**cfg, "trace": str(chain), "batch_size": 8}, progress=False)
+    why = table.set_index("plan").loc["cp 4 (ring)", "reason"]
+    assert "scaled_dot_product" in why
 
 
 def test_the_best_is_the_fastest_of_the_separate_runs(base):

@@ -24,3 +24,4 @@ trace llama3.2-1b --seq-len 2048 --batch-size 1 --layers 2 --gpu A100-80GB --out
 trace llama3-8b --seq-len 2048 --batch-size 8 --layers 2 --gpu H100-SXM --out traces/modelled/h100-sxm
 trace llama3-8b --seq-len 2048 --batch-size 8 --layers 2 --gpu H100-SXM --master-weights --out traces/modelled/h100-sxm
 trace resnet50 --batch-size 128 --gpu H100-SXM --out traces/modelled/h100-sxm
+trace llama3-8b --seq-len 131072 --batch-size 1 --layers 2 --gpu H100-SXM --out traces/modelled/h100-sxm

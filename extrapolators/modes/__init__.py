@@ -7,6 +7,7 @@ runtime (extrapolators.execution) and asks the communication model for its colle
 
 from extrapolators.modes.base import Extrapolator, gradient_ready
 from extrapolators.modes.chakra import ChakraWorkload
+from extrapolators.modes.context_parallel import ContextParallel
 from extrapolators.modes.data_parallel import DataParallel, DistributedDataParallel, Single
 from extrapolators.modes.hop import Hop
 from extrapolators.modes.hybrid import Hybrid
@@ -30,6 +31,7 @@ for _cls in (
     ThreeD,
     Interleaved,
     ChakraWorkload,
+    ContextParallel,
 ):
     EXTRAPOLATORS.register(_cls.name)(_cls)
 
@@ -44,6 +46,7 @@ extrapolator_class = EXTRAPOLATORS.get
 __all__ = [
     "EXTRAPOLATORS",
     "ChakraWorkload",
+    "ContextParallel",
     "DataParallel",
     "DistributedDataParallel",
     "Extrapolator",

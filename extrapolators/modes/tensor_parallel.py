@@ -65,6 +65,7 @@ from typing import Literal
 
 from extrapolators.execution.symmetry import Symmetry
 from extrapolators.execution.tasks import Compute, ComputeRun
+from extrapolators.modes.attention import attention_heads
 from extrapolators.modes.base import Extrapolator
 from extrapolators.modes.tp_collectives import TPCollectives
 from extrapolators.modes.tp_roles import SHARDED, SPLIT, TPRoles
@@ -151,52 +152,20 @@ class TensorParallel(TPRoles, TPCollectives, Extrapolator):
     def _check_heads(self):
         """Megatron splits attention by heads: the degree must divide the query heads and
         the key/value heads (grouped-query attention's groups; Megatron-LM's
-        num_attention_heads % tp and num_query_groups % tp). Heads come from the attention
-        operator's query, (batch, heads, sequence, head size); key/value heads from the
-        projection the key comes from (its outputs / head size), or the query's where one
-        projection makes both (GPT-2's fused QKV)."""
-        n, T = len(self.gpus), self.trace.tensors
-        fwd = self.ops("forward")
-        made = {t: op for op in fwd for t in op.outputs}
-        for op in fwd:
-            if "attention" not in op.name or len(op.inputs) < 3:
-                continue
-            q, k = T[op.inputs[0]], T[op.inputs[1]]
-            if len(q.shape) != 4 or len(k.shape) != 4 or not q.shape[-1]:
-                continue
-            heads, size = q.shape[1], q.shape[-1]
-            from_q = self._projection(op.inputs[0], made)
-            from_k = self._projection(op.inputs[1], made)
-            kv = k.shape[1]
-            if from_k is not None and from_k is not from_q:
-                out = T[from_k.outputs[0]].shape[-1] if from_k.outputs else 0
-                kv = out // size if out and out % size == 0 else kv
-            for what, count in (("attention heads", heads), ("key/value heads", kv)):
+        num_attention_heads % tp and num_query_groups % tp), as attention.attention_heads
+        reads them from the trace."""
+        n = len(self.gpus)
+        for a in attention_heads(self.trace, self.ops("forward"), self._is_layer):
+            for what, count in (("attention heads", a.heads), ("key/value heads", a.kv_heads)):
                 if count % n:
                     raise ConfigError(
                         self.degree_field,
                         n,
                         f"a tensor-parallel degree "
-                        f"dividing the {count} {what} of {op.layer or op.name} "
-                        f"({heads} query heads, {kv} key/value heads; Megatron "
+                        f"dividing the {count} {what} of {a.op.layer or a.op.name} "
+                        f"({a.heads} query heads, {a.kv_heads} key/value heads; Megatron "
                         f"splits attention by heads)",
                     )
-
-    def _projection(self, t, made, steps: int = 32):
-        """The layer a tensor comes from, following each operator's first batch-sized input
-        (views, transposes, the rotary embedding, `type_as`, the repeat of key/value
-        heads), or None."""
-        T = self.trace.tensors
-        for _ in range(steps):
-            op = made.get(t)
-            if op is None:
-                return None
-            if self._is_layer(op):
-                return op
-            t = next((x for x in op.inputs if T[x].scales_with_batch), None)
-            if t is None:
-                return None
-        return None
 
     def sharded_weights(self) -> set[int]:
         """Weight tensors (parameters) each GPU holds 1/N of."""

@@ -30,6 +30,28 @@ SPLIT = frozenset({"column", "row", "vocab", "head", "gather", "channel"})  # sh
 SHARDED = frozenset({"sharded", "loss", "sequence"})  # unsplit operators on 1/N of the data
 
 
+def weight_roots(trace, fwd) -> dict[int, int]:
+    """Weight-like tensors -> the parameter each comes from (`TPRoles.roots` says which):
+    every weight, and what a forward operator of `fwd` makes from one weight-like tensor
+    and nothing that grows with the batch, at its size."""
+    T = trace.tensors
+    got = {t: t for t, x in T.items() if x.category == "weight"}
+    for op in fwd:
+        src = {t for t in op.inputs if t in got}
+        if len(src) != 1 or any(T[t].scales_with_batch for t in op.inputs if t not in got):
+            continue
+        (w,) = src
+        for t in op.outputs:
+            if t not in got and math.prod(T[t].shape) == math.prod(T[w].shape):
+                got[t] = got[w]
+    return got
+
+
+def reads_weight(op, roots) -> bool:
+    """A layer: a splittable operator reading a weight-like tensor (one of `roots`)."""
+    return op.tp_split and any(t in roots for t in op.inputs)
+
+
 class TPRoles:
     """The roles of a tensor-parallel plan (module docstring: what it gives, what it needs)."""
 
@@ -55,21 +77,11 @@ class TPRoles:
         one reads its parameter, so it is split as the parameter's layer would be."""
         got = self.__dict__.get("_roots")
         if got is None:
-            T = self.trace.tensors
-            got = {t: t for t, x in T.items() if x.category == "weight"}
-            for op in self.ops("forward"):
-                src = {t for t in op.inputs if t in got}
-                if len(src) != 1 or any(T[t].scales_with_batch for t in op.inputs if t not in got):
-                    continue
-                (w,) = src
-                for t in op.outputs:
-                    if t not in got and math.prod(T[t].shape) == math.prod(T[w].shape):
-                        got[t] = got[w]
-            self._roots = got
+            got = self._roots = weight_roots(self.trace, self.ops("forward"))
         return got
 
     def _is_layer(self, op) -> bool:
-        return op.tp_split and any(t in self.roots for t in op.inputs)
+        return reads_weight(op, self.roots)
 
     def _weights(self, op) -> list[int]:
         """The weight-like tensors a layer reads (a parameter, or its cast where used)."""

@@ -3,7 +3,9 @@ simulated, ranked, and the best written as a config ready to run.
 
 Candidates: dp, ddp, fsdp (ZeRO 1-3), tp, gpipe and 1f1b (micro-batch counts N, 2N, 4N
 that divide the batch), hybrid data-parallel replicas of tp, gpipe or 1f1b for every
-divisor of N, and 3D grids (dp x tp x pp, all above 1) with a 1F1B pipeline. A candidate whose plan the trace does not allow (a TP degree that does not
+divisor of N, 3D grids (dp x tp x pp, all above 1) with a 1F1B pipeline, and context
+parallelism (cp: ring attention and all-to-all) for every degree above 1 dividing N, the
+other GPUs data-parallel replicas. A candidate whose plan the trace does not allow (a TP degree that does not
 divide a layer, a batch that does not split) is skipped with its reason; one whose weights,
 gradients and optimizer states alone exceed the GPU's memory is dropped before simulating;
 one whose simulated peak does not fit is dropped from the ranking (listed, not returned).
@@ -41,6 +43,11 @@ def candidates(n: int, batch: int) -> list[tuple[str, dict]]:
                         {"mode": "hybrid", "dp": d, "inner": sched, "microbatches": m},
                     )
                 )
+    for c in _divisors(n)[1:]:  # context parallelism, the rest data-parallel
+        d = n // c
+        for comm, how in (("p2p", "ring"), ("a2a", "all-to-all")):
+            label = f"cp {c} ({how})" if d == 1 else f"dp {d} x cp {c} ({how})"
+            out.append((label, {"mode": "cp", "cp": c, "cp_comm": comm}))
     for dp in _divisors(n):  # 3D grids with all three degrees above 1
         for tp in _divisors(n // dp):
             pp = n // dp // tp

@@ -1,0 +1,229 @@
+"""Context parallelism (`mode: cp`): groups of `cp` GPUs share each sequence, every GPU
+holding 1/cp of its tokens, and `num_gpus / cp` such groups are data-parallel replicas.
+
+As Megatron-LM does it (`--context-parallel-size`, `--cp-comm-type`): every operator but
+the attention works on the GPU's own tokens, so it runs at the GPU's token share, batch /
+dp / cp sequences' worth (operators are token-wise; the performance model scales them by
+that batch, and the memory model the activations); the attention attends over the whole
+sequence through the group, as cp_attention.py says (`cp_comm: p2p`, ring attention, or
+`a2a`, DeepSpeed-Ulysses). The weights are replicated over all GPUs, so the gradients are
+all-reduced over all of them (Megatron's data-parallel group with context parallelism), in
+DDP's buckets during the backward pass: the mode is DDP (its bucket and accumulation
+fields) with the attention done across the group.
+
+Groups are consecutive GPU ids (Megatron puts CP just outside TP, inside DP), each in the
+topology's ring order; a ring attention's neighbours are the ones next to each other in it.
+The attention operators are the trace's fused ones (scaled_dot_product_attention, read by
+attention.attention_heads) and the backward operators paired with them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from extrapolators.execution.tasks import ComputeRun, Signal
+from extrapolators.modes.attention import attention_heads
+from extrapolators.modes.cp_attention import ring_compute, ring_sends, ulysses
+from extrapolators.modes.data_parallel import DDPOptions, DistributedDataParallel
+from extrapolators.modes.tp_roles import reads_weight, weight_roots
+from triosim.common.errors import ConfigError
+from triosim.common.schema import option
+
+
+@dataclass(frozen=True)
+class CPOptions(DDPOptions):
+    cp: int = option(
+        0,
+        ge=0,
+        help="context-parallel degree: GPUs sharing one sequence, 1/cp of its tokens each "
+        "(0: num_gpus); num_gpus / cp groups are data-parallel replicas",
+    )
+    cp_comm: Literal["p2p", "a2a"] = option(
+        "p2p",
+        help="p2p: ring attention, key/value blocks passed around the group overlapped "
+        "with blockwise attention (Megatron-LM's default); a2a: all-to-all of the heads "
+        "(DeepSpeed-Ulysses)",
+    )
+
+
+class ContextParallel(DistributedDataParallel):
+    """The mode (module docstring)."""
+
+    name = "cp"
+    Options = CPOptions
+
+    def check(self):
+        n, o = len(self.gpus), self.options
+        self.cp = o.cp or n
+        if n % self.cp:
+            raise ConfigError("parallelism.cp", o.cp, f"a degree dividing num_gpus ({n})")
+        self.dp = n // self.cp
+        super().check()  # the batch split, recomputation, DDP's buckets
+        self._groups()
+        self._attention = {}  # forward or backward op id -> its forward op's Heads
+        if self.cp > 1:
+            self._plan_attention()
+
+    def _groups(self):
+        k, pos = self.cp, {g: i for i, g in enumerate(self.gpus)}
+        groups = [[] for _ in range(self.dp)]
+        for g in self.ring:  # each group in the topology's ring order
+            if g in pos:
+                groups[pos[g] // k].append(g)
+        self.groups = [tuple(g) for g in groups]
+        self.group_of = {g: (d, grp) for d, grp in enumerate(self.groups) for g in grp}
+
+    def _plan_attention(self):
+        fwd = self.ops("forward")
+        roots = weight_roots(self.trace, fwd)
+        found = attention_heads(self.trace, fwd, lambda op: reads_weight(op, roots))
+        if not found:
+            raise ConfigError(
+                "parallelism.mode",
+                "cp",
+                "a trace whose attention is one operator reading 4-D query, key and value "
+                "(scaled_dot_product_attention): context parallelism splits it over the "
+                "sequence, and this trace has none",
+            )
+        c, comm = self.cp, self.options.cp_comm
+        for a in found:
+            where = a.op.layer or a.op.name
+            chunks = 2 * c if comm == "p2p" else c
+            if a.seq % chunks:
+                why = "two chunks per GPU (causal load balancing)" if comm == "p2p" else ""
+                raise ConfigError(
+                    "parallelism.cp",
+                    c,
+                    f"a degree whose {chunks} sequence chunks divide the {a.seq} tokens of "
+                    f"{where}" + (f": {why}" if why else ""),
+                )
+            if comm == "a2a":
+                for what, count in (("attention heads", a.heads), ("key/value heads", a.kv_heads)):
+                    if count % c:
+                        raise ConfigError(
+                            "parallelism.cp",
+                            c,
+                            f"a degree dividing the {count} {what} of {where} ({a.heads} "
+                            f"query heads, {a.kv_heads} key/value heads; cp_comm 'a2a' "
+                            f"gives each GPU 1/cp of the heads)",
+                        )
+            self._attention[a.op.id] = a
+        for op in self.ops("backward"):
+            if op.fwd_id in self._attention:
+                self._attention[op.id] = self._attention[op.fwd_id]
+
+    # -- sizes ---------------------------------------------------------------------------------
+    def op_batch(self):
+        b = self.per_gpu_batch(self.dp * self.options.accumulation_steps)
+        if b is None and self.cp > 1:
+            raise ConfigError(
+                "batch_size", None, "a batch size (the trace's metadata has none) to split it"
+            )
+        return b if b is None else b / self.cp  # the GPU's tokens, in sequences' worth
+
+    def symmetry(self):
+        return None  # (ring neighbours differ per GPU: every GPU is simulated)
+
+    def _ratio(self) -> float:
+        """The GPU's share of the trace's batch-sized tensors (its tokens)."""
+        return self.op_batch() / self.trace.batch_size
+
+    def kv_bytes(self, a) -> float:
+        """One GPU's key and value block of attention `a` (at its key/value heads)."""
+        T, (k, v) = self.trace.tensors, a.op.inputs[1:3]
+        return (T[k].nbytes + T[v].nbytes) * self._ratio() * a.kv_heads / T[k].shape[1]
+
+    def _a2a_sizes(self, a) -> tuple[list, list]:
+        """Per-GPU bytes of q, k, v and of the output (Ulysses' all-to-alls)."""
+        T, r = self.trace.tensors, self._ratio()
+        q, k, v = (T[t] for t in a.op.inputs[:3])
+        kv = a.kv_heads / k.shape[1]
+        qkv = [q.nbytes * r, k.nbytes * r * kv, v.nbytes * r * kv]
+        out = T[a.op.outputs[0]].nbytes * r if a.op.outputs else qkv[0]
+        return qkv, [out]
+
+    # -- streams -------------------------------------------------------------------------------
+    def _gpu_streams(self, gpu):
+        s = super()._gpu_streams(gpu)
+        if self.cp > 1 and self.options.cp_comm == "p2p":
+            s[(gpu, "cp")] = self._sends(gpu)
+        return s
+
+    def _micro_steps(self, gpu=None):
+        target = self.target(self.op_batch())
+        steps = self.options.accumulation_steps
+        for s in range(steps):
+            last = s == steps - 1
+            if self.cp == 1:  # DDP exactly
+                yield from self._step(target, s, gpu if last else None)
+                continue
+            for item in self._template(target, s, last):
+                if type(item) is int:
+                    yield Signal(f"{gpu}:bucket{item}")
+                elif type(item) is tuple:
+                    yield from self._attend(gpu, *item)
+                else:
+                    yield item
+
+    def _template(self, target, mb, signals: bool) -> list:
+        """One step's tasks shared by every GPU: ComputeRuns, bucket numbers (signals) and
+        (op, step Compute, micro-batch) for each attention operator."""
+        cache = self.__dict__.setdefault("_cp_templates", {})
+        key = (target, mb, signals)
+        if key in cache:
+            return cache[key]
+        items, run = [], []
+        for op, again in self._fb:
+            phase = "recompute" if again else None
+            if op.id in self._attention:
+                if run:
+                    items.append(ComputeRun(run))
+                    run = []
+                scale = 1 / self.cp if self.options.cp_comm == "p2p" else 1.0
+                items.append((op, self.compute(op, target, scale, mb, phase), mb))
+            else:
+                run.append(self.compute(op, target, mb=mb, phase=phase))
+            ks = self._buckets_after.get(op.id, ()) if signals and not again else ()
+            if ks:
+                if run:
+                    items.append(ComputeRun(run))
+                    run = []
+                items += ks
+        if run:
+            items.append(ComputeRun(run))
+        cache[key] = items
+        return items
+
+    def _tag(self, gpu, op, step, mb) -> str:
+        return f"cp{self.group_of[gpu][0]}:{mb}:{op.id}:{step.phase}"
+
+    def _attend(self, gpu, op, step, mb):
+        """One attention operator's tasks on `gpu`'s compute stream."""
+        a, (_, group) = self._attention[op.id], self.group_of[gpu]
+        tag, forward = self._tag(gpu, op, step, mb), op.phase == "forward"
+        if self.options.cp_comm == "p2p":
+            yield from ring_compute(gpu, group, step, tag, forward)
+            return
+        qkv, out = self._a2a_sizes(a)
+        before, after = (qkv, out) if forward else (out, qkv)
+        yield from ulysses(group, step, before, after, tag, self.collective)
+
+    def _sends(self, gpu):
+        """The ring attention's sends of `gpu`, in the order its compute stream reaches them."""
+        _, group = self.group_of[gpu]
+        target = self.target(self.op_batch())
+        for mb in range(self.options.accumulation_steps):
+            for item in self._template(target, mb, mb == self.options.accumulation_steps - 1):
+                if type(item) is tuple:
+                    op, step, _ = item
+                    a = self._attention[op.id]
+                    yield from ring_sends(
+                        gpu,
+                        group,
+                        self.kv_bytes(a),
+                        self._tag(gpu, op, step, mb),
+                        op.phase == "forward",
+                        step.layer,
+                        step.phase,
+                    )
