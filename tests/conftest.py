@@ -155,3 +155,21 @@ from hypothesis import settings as _settings  # noqa: E402
 _settings.register_profile("ci", derandomize=True, database=None)
 if os.environ.get("CI"):
     _settings.load_profile("ci")
+
+
+@pytest.fixture
+def scratch_registries():
+    """Parts a test registers (a user's network, mode, model) are gone after it, so that
+    no other test sees them (the schema's field lists and messages read the registries)."""
+    from extrapolators.communication import COMM_MODELS
+    from extrapolators.modes import EXTRAPOLATORS
+    from networks import NETWORKS
+    from networks.topology import TOPOLOGIES
+    from perfmodel import MODELS
+
+    registries = (COMM_MODELS, EXTRAPOLATORS, NETWORKS, TOPOLOGIES, MODELS)
+    saved = [dict(r._parts) for r in registries]
+    yield
+    for r, parts in zip(registries, saved, strict=True):
+        r._parts.clear()
+        r._parts.update(parts)

@@ -330,7 +330,7 @@ def test_all_to_all_on_fully_connected():
     assert net.bytes_delivered == pytest.approx(n * (n - 1) * size / n)
 
 
-def test_a_user_network_plugs_in_by_subclassing():
+def test_a_user_network_plugs_in_by_subclassing(scratch_registries):
     # the paper's "Send and Deliver" point: a new network is one subclass, nothing else changes
     from dataclasses import dataclass
 
@@ -368,7 +368,7 @@ def test_a_user_network_plugs_in_by_subclassing():
         Simulation({"num_gpus": n, "network": {"kind": "constant-delay", "delay": "2 GB"}}, trace=t)
 
 
-def test_a_user_parallelism_mode_plugs_in():
+def test_a_user_parallelism_mode_plugs_in(scratch_registries):
     from extrapolators.modes import DataParallel, register
 
     @register
