@@ -8,6 +8,7 @@ runtime (extrapolators.execution) and asks the communication model for its colle
 from extrapolators.modes.base import Extrapolator, gradient_ready
 from extrapolators.modes.chakra import ChakraWorkload
 from extrapolators.modes.data_parallel import DataParallel, DistributedDataParallel, Single
+from extrapolators.modes.expert_parallel import ExpertParallel
 from extrapolators.modes.hop import Hop
 from extrapolators.modes.hybrid import Hybrid
 from extrapolators.modes.pipeline import GPipe, OneFOneB
@@ -30,6 +31,7 @@ for _cls in (
     ThreeD,
     Interleaved,
     ChakraWorkload,
+    ExpertParallel,
 ):
     EXTRAPOLATORS.register(_cls.name)(_cls)
 
@@ -46,6 +48,7 @@ __all__ = [
     "ChakraWorkload",
     "DataParallel",
     "DistributedDataParallel",
+    "ExpertParallel",
     "Extrapolator",
     "GPipe",
     "Hop",
