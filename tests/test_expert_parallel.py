@@ -93,10 +93,10 @@ def moe_trace(layers=1, experts=2, top_k=1, tokens=T, batch=2, capacity=None, de
     return Trace(ops, tensors, {"batch_size": batch, "gpu": "H100-SXM", "moe": moe}).validate()
 
 
-def run(n=2, trace=None, comm="textbook", latency=L, **parallelism):
+def run(n=2, trace=None, comm="textbook", latency=L, batch=None, **parallelism):
     cfg = {
         "num_gpus": n,
-        "batch_size": 2 * n,  # the traced batch on every GPU: times as traced
+        "batch_size": batch or 2 * n,  # the traced batch on every GPU: times as traced
         "parallelism": {"mode": "ep", **parallelism},
         "topology": {"kind": "fully_connected", "bandwidth": B, "latency": latency},
         "communication": {"kind": comm},
@@ -346,3 +346,47 @@ def test_a_traced_moe_model_runs_with_expert_parallelism():
         "ep:experts0-allreduce",
         "ep:experts1-allreduce",
     }
+
+
+def test_accumulation_repeats_forward_backward_and_reduces_once():
+    """2 accumulation steps of the traced batch (global batch 2 GPUs x 2 steps x 1): the
+    2-GPU layer's forward and backward with their four all-to-alls twice, then one
+    all-reduce and the optimizer, by hand."""
+    sim, r = run(2, moe_trace(batch=1), batch=4, accumulation_steps=2)
+    assert sim.extrapolator.op_batch() == 1
+    a2a = T * TB / 2 / B + L
+    allreduce = DENSE / B + 2 * L
+    share = (DENSE + EXPERT / 2) / (DENSE + EXPERT)
+    t = TIMES
+    step = t["router"] + t["experts"] + t["experts_bwd"] + t["router_bwd"] + 4 * a2a
+    assert r.iteration_time == pytest.approx(2 * step + allreduce + t["optimizer"] * share)
+    assert len(a2a_rows(r, 0)) == 8
+    keys = {k for k in r.timeline["key"].dropna().astype(str) if "allreduce" in k}
+    assert keys == {"ep:dense-allreduce"}
+
+
+def test_expert_gemms_read_one_gpus_share_of_the_weights():
+    """With a model that scales operators (roofline, efficiency fitted per operator name on
+    the trace), an expert operator on EP rank j is timed on E/ep experts' weights at its
+    tokens: the synthetic experts' operators are memory-bound (1 FLOP), so their time is
+    the traced time x (their bytes with the weights and gradients halved) / (their
+    traced bytes). The router keeps its traced time."""
+    tr = moe_trace()
+    cfg = {
+        "num_gpus": 2,
+        "batch_size": 4,
+        "parallelism": {"mode": "ep"},
+        "topology": {"kind": "fully_connected", "bandwidth": B, "latency": L},
+        "perfmodel": {"kind": "roofline"},
+    }
+    r = Simulation(cfg, trace=tr).run()
+    tl = r.timeline
+    g0 = tl[(tl["gpu"] == 0) & (tl["kind"] == "compute")]
+    d = dict(zip(g0["name"].astype(str), g0["end"] - g0["start"], strict=True))
+    act = T * TB  # the routed tokens in, the expert output out (forward)
+    fwd = TIMES["experts"] * (EXPERT / 2 + 2 * act) / (EXPERT + 2 * act)
+    # backward: reads the tokens and the weight, writes the tokens' and the weight's gradient
+    bwd = TIMES["experts_bwd"] * (2 * EXPERT / 2 + 2 * act) / (2 * EXPERT + 2 * act)
+    assert d["aten::bmm"] == pytest.approx(fwd, rel=1e-9)
+    assert d["aten::bmmBackward"] == pytest.approx(bwd, rel=1e-9)
+    assert d["aten::linear"] == pytest.approx(TIMES["router"], rel=1e-9)

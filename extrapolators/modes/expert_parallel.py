@@ -16,12 +16,15 @@ replicas. Per MoE layer and GPU, on the compute stream (the tokens' path blocks 
 
 Bytes: EP rank i sends rank j 1/ep of the tokens kept by j's experts, hidden x the
 dispatched dtype's size each (moe_loads.dispatch_sizes); with uniform loads and no
-dropping, tokens x hidden x dtype x (ep - 1) / ep leave each GPU per all-to-all. The
-experts' operators run at the performance model's time for the GPU's batch, scaled by the
-tokens its experts get over the tokens the trace's grouped GEMMs processed (E x the
-traced capacity, at this batch): 1 with uniform loads and dropless routing, more on the
-GPU of a busy expert; an expert operator that touches no token (a weight's cast, its
-gradient's accumulation) by 1/ep (the GPU's share of the experts). After the backward
+dropping, tokens x hidden x dtype x (ep - 1) / ep leave each GPU per all-to-all. An expert
+operator's time is the performance model's on a view of the trace holding E/ep experts
+(their weights, casts and gradients at 1/ep of the bytes) at the batch that gives the
+tokens the GPU's experts keep (its scale: those tokens over the E x capacity slots the
+trace's grouped GEMMs processed at this batch; 1 with uniform loads and dropless routing):
+the GEMMs keep their FLOPs per token but read 1/ep of the weights, so fine-grained experts
+with few tokens each, weight-bound on one GPU, come out compute-bound. With the replay
+model (`perfmodel.kind: trace`) the traced time is scaled by the token share instead (1/ep
+for an expert operator that touches no token). After the backward
 pass, on the comm stream, the dense gradients are all-reduced over all GPUs and each
 GPU's expert gradients over its experts' dp replicas (GPUs with the same EP rank); the
 optimizer step runs on what the GPU holds (its time x held / all weight bytes).
@@ -29,23 +32,28 @@ optimizer step runs on what the GPU holds (its time x held / all weight bytes).
 What the trace must say (metadata `moe`, docs/trace-format.md): the experts' module
 (`expert_module`: operators whose layer ends with it, weights named under it), the number
 of experts, top-k, hidden size, the traced tokens and capacity, the dispatched dtype,
-the router's capacity factor. Not modelled: expert tensor parallelism, pipeline or FSDP
+the router's capacity factor. With `accumulation_steps` k, forward and backward (and their
+all-to-alls) run k times on batch / num_gpus / k before the gradients are reduced. Not
+modelled: expert tensor parallelism, pipeline or FSDP
 with EP, overlap of the all-to-alls with compute, the gradient all-reduces overlapped
 with the backward pass (they run after it, as mode `dp`).
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
-from extrapolators.execution.tasks import Collective, ComputeRun, Signal, Wait
+from extrapolators.execution.tasks import Collective, Compute, ComputeRun, Signal, Wait
 from extrapolators.modes import moe_loads
 from extrapolators.modes.base import Extrapolator
 from perfmodel.base import Target, batch_ratio, scales_with_batch
+from perfmodel.replay import TraceTime
 from triosim.common.errors import ConfigError
 from triosim.common.schema import option
-from triosim.trace.model import DTYPE_BYTES
+from triosim.trace.model import DTYPE_BYTES, Trace
 
 MOE_FIELDS = ("expert_module", "num_experts", "top_k", "hidden", "tokens", "capacity")
 
@@ -70,6 +78,12 @@ class EPOptions:
     seed: int = option(0, ge=0, help="load: skew: the seed of the experts' random order")
     expert_loads: list[float] | None = option(
         None, help="load: given: each expert's relative share of the routed tokens"
+    )
+    accumulation_steps: int = option(
+        1,
+        ge=1,
+        help="gradient accumulation: forward and backward (with their all-to-alls) this "
+        "many times on batch / num_gpus / steps before the gradients are reduced",
     )
     capacity_factor: float | None = option(
         None,
@@ -157,7 +171,7 @@ class ExpertParallel(Extrapolator):
                 self.after.setdefault(b, []).append((layer, *last))
 
     def op_batch(self):
-        return self.per_gpu_batch(len(self.gpus))
+        return self.per_gpu_batch(len(self.gpus) * self.options.accumulation_steps)
 
     def held_weight_bytes(self, gpu) -> float:
         return self.dense_bytes + self.expert_bytes / self.ep
@@ -179,12 +193,52 @@ class ExpertParallel(Extrapolator):
             tuple(self.gpus[j :: self.ep]),
         )
 
-    def _template(self, j: int) -> list:
-        """EP rank j's forward and backward: ComputeRuns (or Computes) and, between them,
-        (layer, kind, sizes) for each all-to-all; built once per rank, shared by its GPUs."""
+    def _expert_time(self, op, j: int) -> float:
+        """Seconds expert operator `op` takes on EP rank j: the performance model's time on
+        a view of the trace holding one GPU's experts (their weights, casts and gradients
+        at 1/ep of their bytes), at the batch that gives the tokens rank j's experts keep,
+        so a grouped GEMM of fewer experts with more tokens each is timed as such (its
+        weights read once for more tokens); an operator that touches no token at this
+        GPU's batch. The replay model (`trace`: the traced setting only) scales the traced
+        time instead: by the tokens' share, or 1/ep."""
+        key = (j, op.id)
+        cache = self.__dict__.setdefault("_expert_times", {})
+        if key in cache:
+            return cache[key]
+        tokens = scales_with_batch(self.trace, op)
+        if isinstance(self.model, TraceTime):
+            t = self.model.time(op, self.target(self.op_batch()))
+            t *= self.expert_scale[j] if tokens else 1.0 / self.ep
+        else:
+            batch = self.op_batch() or self.trace.batch_size
+            batch = batch * self.expert_scale[j] if tokens else batch
+            t = self._sharded_model().time(op, self.target(batch))
+        cache[key] = t
+        return t
+
+    def _sharded_model(self):
+        """The performance model on a view of the trace where each tensor the experts'
+        operators touch that does not scale with the batch has 1/ep of its bytes."""
+        m = self.__dict__.get("_sharded")
+        if m is None:
+            tensors = dict(self.trace.tensors)
+            for o in self.trace.operators:
+                if o.id in self.expert_ops:
+                    for tid in o.inputs + o.outputs:
+                        t = self.trace.tensors[tid]
+                        if not t.scales_with_batch:
+                            tensors[tid] = dataclasses.replace(t, nbytes=t.nbytes / self.ep)
+            m = self._sharded = copy.copy(self.model)
+            m.trace = Trace(self.trace.operators, tensors, self.trace.metadata)
+        return m
+
+    def _template(self, j: int, mb: int) -> list:
+        """EP rank j's forward and backward of micro-batch mb: ComputeRuns (or Computes)
+        and, between them, (layer, kind, sizes) for each all-to-all; built once per rank
+        and micro-batch, shared by the rank's GPUs."""
         cache = self.__dict__.setdefault("_templates", {})
-        if j in cache:
-            return cache[j]
+        if (j, mb) in cache:
+            return cache[j, mb]
         target = self.target(self.op_batch())
         items, run = [], []
 
@@ -197,16 +251,17 @@ class ExpertParallel(Extrapolator):
             for a2a in self.before.get(op.id, ()) if self.ep > 1 else ():
                 flush()
                 items.append(a2a)
-            scale = 1.0
             if op.id in self.expert_ops:
-                tokens = scales_with_batch(self.trace, op)
-                scale = self.expert_scale[j] if tokens else 1.0 / self.ep
-            run.append(self.compute(op, target, scale))
+                run.append(
+                    Compute(op.name, op.layer, op.phase, self._expert_time(op, j), op.id, mb)
+                )
+            else:
+                run.append(self.compute(op, target, mb=mb))
             for a2a in self.after.get(op.id, ()) if self.ep > 1 else ():
                 flush()
                 items.append(a2a)
         flush()
-        cache[j] = items
+        cache[j, mb] = items
         return items
 
     def streams(self):
@@ -218,21 +273,22 @@ class ExpertParallel(Extrapolator):
 
     def _compute(self, gpu):
         d, j, group, _ = self.groups(gpu)
-        for item in self._template(j):
-            if type(item) is tuple:
-                layer, kind, sizes = item
-                phase = "forward" if kind in ("dispatch", "combine") else "backward"
-                yield Collective(
-                    "all_to_all",
-                    group,
-                    sum(sizes[j]),
-                    f"ep{d}:{layer}:{kind}",
-                    layer=layer,
-                    phase=phase,
-                    sizes=sizes,
-                )
-            else:
-                yield item
+        for mb in range(self.options.accumulation_steps):
+            for item in self._template(j, mb):
+                if type(item) is tuple:
+                    layer, kind, sizes = item
+                    phase = "forward" if kind in ("dispatch", "combine") else "backward"
+                    yield Collective(
+                        "all_to_all",
+                        group,
+                        sum(sizes[j]),
+                        f"ep{d}:mb{mb}:{layer}:{kind}",
+                        layer=layer,
+                        phase=phase,
+                        sizes=sizes,
+                    )
+                else:
+                    yield item
         yield Signal(f"{gpu}:grads")
         yield Wait(f"{gpu}:reduced")
         target = self.target(self.op_batch())
