@@ -131,3 +131,13 @@ def test_capacity_factor_is_for_moe_models_only():
     t = trace_model("mixtral-8x7b", 2, small=True, seq_len=8, shapes_only=True, capacity_factor=2)
     assert t.metadata["moe"]["capacity"] == capacity(16, 8, 2, 2) == 8
     assert t.metadata["moe"]["dropless"] is False
+
+
+def test_latent_attention_runs_one_fused_attention_operator():
+    t = trace_model("deepseek-v3", 1, small=True, seq_len=8, shapes_only=True)
+    att = [o for o in t.operators if o.layer == "layers.0.attention"]
+    fwd = [o.name for o in att if o.phase == "forward"]
+    assert fwd.count("aten::scaled_dot_product_attention") == 1
+    # PyTorch's unfused fallback (query and value head sizes differ) differentiates its
+    # matrix products one by one, holding the whole score matrix: none here
+    assert not [o.name for o in att if o.phase == "backward" and "Bmm" in o.name]

@@ -177,9 +177,13 @@ class MLAttention(nn.Module):
         k_rope = rotary(k_rope.unsqueeze(2), cos, sin).expand(b, t, h, rope)
         q = torch.cat([q_nope, q_rope], dim=-1)
         k = torch.cat([k_nope, k_rope], dim=-1)
+        # values padded to the query/key head size, so that one fused attention kernel
+        # runs (FlashAttention-based MLA kernels do the same; with unequal sizes PyTorch
+        # falls back to unfused matrix products holding the whole score matrix)
+        v = F.pad(v, (0, nope + rope - self.v))
         y = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
-        )
+        )[..., : self.v]
         return self.wo(y.transpose(1, 2).reshape(b, t, h * self.v))
 
 
