@@ -390,3 +390,47 @@ def test_expert_gemms_read_one_gpus_share_of_the_weights():
     assert d["aten::bmm"] == pytest.approx(fwd, rel=1e-9)
     assert d["aten::bmmBackward"] == pytest.approx(bwd, rel=1e-9)
     assert d["aten::linear"] == pytest.approx(TIMES["router"], rel=1e-9)
+
+
+def test_overlapped_reduction_at_ep_1_is_ddp_with_a_bucket_per_weight():
+    """ep 1 with dp_overlap and buckets of one weight each: every weight's gradient
+    all-reduced over all GPUs as soon as it is ready, in the same order as mode ddp with
+    the same buckets: the same iteration, to the last bit of the sums."""
+    tiny = {"bucket_size": 1.0, "first_bucket_size": 1.0}
+    tr = moe_trace(layers=2, experts=4)
+    sim, r = run(4, tr, ep=1, dp_overlap=True, **tiny)
+    assert [k for _, _, k in sim.extrapolator.buckets].count("expert") == 2
+    cfg = {
+        "num_gpus": 4,
+        "batch_size": 8,
+        "parallelism": {"mode": "ddp", **tiny},
+        "topology": {"kind": "fully_connected", "bandwidth": B, "latency": L},
+        "communication": {"kind": "textbook"},
+        "perfmodel": {"kind": "trace"},
+    }
+    ddp = Simulation(cfg, trace=moe_trace(layers=2, experts=4)).run()
+    assert r.iteration_time == pytest.approx(ddp.iteration_time, rel=1e-12)
+
+
+def test_overlapped_reduction_starts_when_a_bucket_is_ready():
+    """2 MoE layers on 2 GPUs (ep 2, dp 2 on 4 GPUs): the dense bucket of layer 1's router
+    is all-reduced right after that router's backward, before layer 0's backward ends, and
+    each expert bucket over its 2 replicas; bytes as the two kinds' totals."""
+    tr = moe_trace(layers=2, experts=2)
+    sim, r = run(4, tr, ep=2, dp_overlap=True, bucket_size=1.0, first_bucket_size=1.0)
+    ex = sim.extrapolator
+    assert sum(b for _, b, k in ex.buckets if k == "dense") == pytest.approx(DENSE)
+    assert sum(b for _, b, k in ex.buckets if k == "expert") == pytest.approx(EXPERT / 2)
+    tl = r.timeline
+    g0 = tl[tl["gpu"] == 0]
+    router1 = g0[
+        (g0["name"] == "aten::linearBackward") & (g0["layer"] == "layers.1.feed_forward.router")
+    ]
+    first = g0[(g0["kind"] == "comm") & g0["key"].astype(str).str.startswith("ep:dense-bucket")]
+    assert first["start"].min() == pytest.approx(float(router1["end"].iloc[0]))
+    last_bwd = g0[(g0["kind"] == "compute") & (g0["phase"] == "backward")]["end"].max()
+    assert first["start"].min() < last_bwd
+    expert = g0[(g0["kind"] == "comm") & g0["key"].astype(str).str.startswith("ep:experts0-bucket")]
+    assert len(expert) == 2 and (expert["nbytes"] == EXPERT / 2 / 2).all()
+    _, after = run(4, tr, ep=2)
+    assert r.iteration_time < after.iteration_time

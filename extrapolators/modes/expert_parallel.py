@@ -35,8 +35,9 @@ of experts, top-k, hidden size, the traced tokens and capacity, the dispatched d
 the router's capacity factor. With `accumulation_steps` k, forward and backward (and their
 all-to-alls) run k times on batch / num_gpus / k before the gradients are reduced. Not
 modelled: expert tensor parallelism, pipeline or FSDP
-with EP, overlap of the all-to-alls with compute, the gradient all-reduces overlapped
-with the backward pass (they run after it, as mode `dp`).
+with EP, overlap of the all-to-alls with compute. With `dp_overlap` the gradients are
+reduced in buckets as the backward pass makes them (ep_buckets: dense and expert apart),
+on the comm stream, overlapping the rest of the backward pass.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from extrapolators.execution.tasks import Collective, Compute, ComputeRun, Signal, Wait
-from extrapolators.modes import moe_loads
+from extrapolators.modes import ep_buckets, moe_loads
 from extrapolators.modes.base import Extrapolator
 from perfmodel.base import Target, batch_ratio, scales_with_batch
 from perfmodel.replay import TraceTime
@@ -84,6 +85,18 @@ class EPOptions:
         ge=1,
         help="gradient accumulation: forward and backward (with their all-to-alls) this "
         "many times on batch / num_gpus / steps before the gradients are reduced",
+    )
+    dp_overlap: bool = option(
+        False,
+        help="reduce the gradients in buckets as the backward pass makes them (DDP's, "
+        "Megatron-LM's --overlap-grad-reduce), dense and expert ones apart; false: all "
+        "after the backward pass",
+    )
+    bucket_size: float = option(
+        25 * 2**20, unit="bytes", gt=0, help="dp_overlap: gradient bucket cap (25 MiB)"
+    )
+    first_bucket_size: float = option(
+        2**20, unit="bytes", gt=0, help="dp_overlap: the first bucket's cap of each kind"
     )
     capacity_factor: float | None = option(
         None,
@@ -154,8 +167,20 @@ class ExpertParallel(Extrapolator):
                 "metadata moe.expert_module",
                 f"a module some operators' layer ends with ({self.moe['expert_module']!r})",
             )
-        ex = sum(t.nbytes for t in self.trace.weights() if expert(t.name))
+        self.expert_weights = {t.id for t in self.trace.weights() if expert(t.name)}
+        ex = sum(self.trace.tensors[w].nbytes for w in self.expert_weights)
         self.expert_bytes, self.dense_bytes = ex, self.trace.weight_bytes() - ex
+        o = self.options
+        self.buckets = []  # (ready position, bytes, kind), with dp_overlap
+        self.signals_after: dict = {}  # op id -> buckets its gradient completes
+        if o.dp_overlap:
+            self.buckets = ep_buckets.buckets(
+                self.trace, self.expert_weights, self.ep, o.first_bucket_size, o.bucket_size
+            )
+            ops = self.trace.operators
+            for k, (pos, _, _) in enumerate(self.buckets):
+                if ops[pos].phase != "optimizer":
+                    self.signals_after.setdefault(ops[pos].id, []).append(k)
         self.before: dict = {}  # op id -> [(layer, kind, sizes)] of all-to-alls before it
         self.after: dict = {}
         for phase, first, last in (
@@ -257,6 +282,10 @@ class ExpertParallel(Extrapolator):
                 )
             else:
                 run.append(self.compute(op, target, mb=mb))
+            last_step = mb == self.options.accumulation_steps - 1
+            for k in self.signals_after.get(op.id, ()) if last_step else ():
+                flush()
+                items.append(("signal", k))
             for a2a in self.after.get(op.id, ()) if self.ep > 1 else ():
                 flush()
                 items.append(a2a)
@@ -275,7 +304,9 @@ class ExpertParallel(Extrapolator):
         d, j, group, _ = self.groups(gpu)
         for mb in range(self.options.accumulation_steps):
             for item in self._template(j, mb):
-                if type(item) is tuple:
+                if type(item) is tuple and len(item) == 2:  # a gradient bucket is ready
+                    yield Signal(f"{gpu}:epb{item[1]}")
+                elif type(item) is tuple:
                     layer, kind, sizes = item
                     phase = "forward" if kind in ("dispatch", "combine") else "backward"
                     yield Collective(
@@ -289,7 +320,13 @@ class ExpertParallel(Extrapolator):
                     )
                 else:
                     yield item
-        yield Signal(f"{gpu}:grads")
+        if self.options.dp_overlap:  # buckets no backward operator completes
+            ops = self.trace.operators
+            for k, (pos, _, _) in enumerate(self.buckets):
+                if ops[pos].phase == "optimizer":
+                    yield Signal(f"{gpu}:epb{k}")
+        else:
+            yield Signal(f"{gpu}:grads")
         yield Wait(f"{gpu}:reduced")
         target = self.target(self.op_batch())
         total = self.trace.weight_bytes()
@@ -302,6 +339,9 @@ class ExpertParallel(Extrapolator):
 
     def _comm(self, gpu):
         _, j, _, replicas = self.groups(gpu)
+        if self.options.dp_overlap:
+            yield from self._bucket_comm(gpu, j, replicas)
+            return
         yield Wait(f"{gpu}:grads")
         if len(self.gpus) > 1 and self.dense_bytes > 0:
             yield Collective(
@@ -322,3 +362,25 @@ class ExpertParallel(Extrapolator):
                 phase="backward",
             )
         yield Signal(f"{gpu}:reduced")
+
+    def _bucket_comm(self, gpu, j, replicas):
+        """dp_overlap: each bucket's all-reduce as soon as it is ready, in ready order:
+        dense ones over all GPUs, expert ones over this GPU's experts' replicas."""
+        for k, (_, size, kind) in enumerate(self.buckets):
+            yield Wait(f"{gpu}:epb{k}")
+            group = self.ring if kind == "dense" else replicas
+            if len(group) > 1:
+                name = "ep:dense" if kind == "dense" else f"ep:experts{j}"
+                yield Collective(
+                    "allreduce",
+                    group,
+                    size,
+                    f"{name}-bucket{k}",
+                    layer=f"{kind} bucket{k}",
+                    phase="backward",
+                )
+        yield Signal(f"{gpu}:reduced")
+
+    def buffer_bytes(self, gpu) -> float:
+        # dp_overlap: the gradients copied into flat bucket buffers, as DDP's
+        return sum(size for _, size, _ in self.buckets)
