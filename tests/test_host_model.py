@@ -333,3 +333,33 @@ def test_info_without_simpy_prints_the_host_time_alone(tmp_path, capsys, monkeyp
     assert code == 0 and line.endswith(
         "host 0.1016 ms per iteration (defaults: host.op_cost x launches)"
     )
+
+
+@pytest.mark.parametrize(
+    "trace,par,n,batch",
+    [
+        ("mixtral-8x7b-s4096-b1", {"mode": "ep", "ep": 2}, 2, 2),
+        ("llama3-8b-s2048-b8", {"mode": "cp", "cp": 2}, 2, 8),
+    ],
+    ids=["ep", "cp"],
+)
+def test_modes_that_time_operators_themselves_give_them_a_host(trace, par, n, batch):
+    """Expert parallelism times its experts' operators itself, context parallelism its
+    attention steps: with the host model on, every compute task has a host time (each
+    operator's launches), and the iteration is longer than without it."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / f"traces/modelled/h100-sxm/{trace}.trace.json.gz"
+    cfg = {
+        "trace": str(path),
+        "num_gpus": n,
+        "batch_size": batch,
+        "gpu": "H100-SXM",
+        "perfmodel": {"kind": "calibrated"},
+        "parallelism": par,
+    }
+    on = Simulation({**cfg, "host": {"model": "on"}})
+    tasks = _computes(on)
+    assert tasks and all(c.host > 0 for c in tasks)
+    off = Simulation({**cfg, "host": {"model": "off"}})
+    assert on.run().iteration_time > off.run().iteration_time

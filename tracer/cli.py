@@ -27,12 +27,15 @@ def trace_model(
     shapes_only=False,
     layers=None,
     master_weights=False,
+    capacity_factor=None,
 ):
     """Trace a reference model (or module:function). shapes_only: on meta tensors, nothing
     computed or timed (times 0, for a performance model to fill); layers: trace this many of
     a transformer's identical layers and replicate them to the model's full depth;
     master_weights (Llama): bfloat16 parameters with float32 master weights in the optimizer
-    (Megatron-LM), instead of float32 parameters cast to bfloat16 where used (torchtitan)."""
+    (Megatron-LM), instead of float32 parameters cast to bfloat16 where used (torchtitan);
+    capacity_factor (MoE models): token-dropping routing at this capacity factor (None:
+    dropless, traced at the balanced load)."""
     import torch
 
     from tracer.collect import collect
@@ -45,7 +48,7 @@ def trace_model(
         if layers is not None:
             raise TracerError("--layers works for the reference transformers only")
         return _trace_function(name, where, shapes_only, run)
-    total = _check_reference(name, small, layers, master_weights)
+    total = _check_reference(name, small, layers, master_weights, capacity_factor)
     with where:
         model, make_batch, loss_fn = build(
             name,
@@ -54,6 +57,7 @@ def trace_model(
             seq_len=seq_len,
             layers=layers,
             bf16_params=master_weights,
+            capacity_factor=capacity_factor,
         )
     if not shapes_only:
         # on the device before the optimizer is made: MasterWeightAdamW's float32 master
@@ -69,7 +73,9 @@ def trace_model(
         **run,
         model_name=label,
         shapes_only=shapes_only,
-        metadata=_reference_metadata(name, seq_len, master_weights),
+        metadata=_reference_metadata(
+            name, seq_len, master_weights, small, batch_size, capacity_factor
+        ),
     )
     if layers is not None and layers != total:
         from tracer.layers import replicate
@@ -105,11 +111,18 @@ def _trace_function(name, where, shapes_only, run):
     return collect(model, make_batch, loss_fn, opt, **run, model_name=fn, shapes_only=shapes_only)
 
 
-def _check_reference(name, small, layers, master_weights):
+def _check_reference(name, small, layers, master_weights, capacity_factor=None):
     """The number of identical layers of reference model `name` (None for a model without
-    them); TracerError for an unknown model, a --layers the model cannot take, or
-    --master-weights on a model that is no Llama."""
-    from tracer.models import LAYERED, LLAMA, MODELS, num_layers
+    them); TracerError for an unknown model, a --layers the model cannot take,
+    --master-weights on a model that is no Llama, or a --capacity-factor on a model without
+    experts (or not above 0)."""
+    from tracer.models import LAYERED, LLAMA, MODELS, MOE_NAMES, num_layers
+
+    if capacity_factor is not None and (name not in MOE_NAMES or not capacity_factor > 0):
+        raise TracerError(
+            f"--capacity-factor {capacity_factor}: a number above 0 for the "
+            f"mixture-of-experts models ({', '.join(MOE_NAMES)})"
+        )
 
     if name not in MODELS:
         raise TracerError(
@@ -137,24 +150,31 @@ def _optimizer(model, name, shapes_only, master_weights):
     Llama models (with float32 master weights for --master-weights), Adam for the others."""
     import torch
 
-    from tracer.models import LLAMA, MasterWeightAdamW
+    from tracer.models import LLAMA, MOE_NAMES, MasterWeightAdamW
 
     # on CUDA, PyTorch's optimizers default to foreach kernels; a shape-only trace is for a GPU
     foreach = True if shapes_only else None
     adamw = {"lr": 3e-4, "weight_decay": 0.1, "foreach": foreach}  # torchtitan: AdamW
     if master_weights:
         return MasterWeightAdamW(model.parameters(), **adamw)
-    if name in LLAMA:
+    if name in LLAMA or name in MOE_NAMES:
         return torch.optim.AdamW(model.parameters(), **adamw)
     return torch.optim.Adam(model.parameters(), foreach=foreach)
 
 
-def _reference_metadata(name, seq_len, master_weights) -> dict:
+def _reference_metadata(
+    name, seq_len, master_weights, small=False, batch_size=1, capacity_factor=None
+) -> dict:
     """What a reference model's trace says beyond collect's metadata: the sequence length of
-    a transformer, the dtype and mixed precision of the Llama models."""
-    from tracer.models import LAYERED, LLAMA
+    a transformer, the dtype and mixed precision of the Llama and MoE models, an MoE
+    model's `moe` (tracer.moe.moe_metadata)."""
+    from tracer.models import LAYERED, LLAMA, MOE_NAMES
 
     extra = {}
+    if name in MOE_NAMES:
+        from tracer.moe import moe_metadata
+
+        extra["moe"] = moe_metadata(name, small, batch_size, seq_len, capacity_factor)
     if name in LAYERED:
         extra["seq_len"] = seq_len
     if master_weights:
@@ -164,7 +184,7 @@ def _reference_metadata(name, seq_len, master_weights) -> dict:
             "compute; float32 master weights and AdamW states in the optimizer "
             "(Megatron-LM)",
         )
-    elif name in LLAMA:
+    elif name in LLAMA or name in MOE_NAMES:
         extra.update(
             dtype="bfloat16",
             mixed_precision="bfloat16 compute; float32 parameters "
@@ -191,6 +211,8 @@ def trace_file_name(args) -> str:
         )
     if getattr(args, "shapes_only", False) and name in LAYERED:
         label += f"-s{args.seq_len}"
+    if getattr(args, "capacity_factor", None) is not None:
+        label += f"-cf{args.capacity_factor:g}"
     return f"{label}-b{args.batch_size}.trace.json.gz"
 
 
@@ -241,6 +263,7 @@ def run_trace(args, timer=None) -> int:
         shapes_only,
         layers,
         getattr(args, "master_weights", False),
+        getattr(args, "capacity_factor", None),
     )
     if shapes_only:
         t = timer(t, gpu, getattr(args, "calibration", None))

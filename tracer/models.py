@@ -2,7 +2,8 @@
 
 Defaults follow the published architectures (ResNet: He et al. 2016; VGG: Simonyan &
 Zisserman 2015; DenseNet-121: Huang et al. 2017; GPT-2 small: 12 x 768, 12 heads;
-BERT-base: 12 x 768, 12 heads; Llama 3: Meta's published configurations, below).
+BERT-base: 12 x 768, 12 heads; Llama 3: Meta's published configurations, below; the
+mixture-of-experts models Mixtral 8x7B and DeepSeek-V3: tracer.moe, with their sources).
 `small=True` shrinks width/depth for fast CPU tests. Each entry of MODELS returns (model,
 make_batch, loss_fn). Transformers take `layers=k` to build k of their identical decoder
 layers (for tracing k and replicating them, tracer.layers).
@@ -504,11 +505,14 @@ def build(
     seq_len: int = 128,
     layers: int | None = None,
     bf16_params: bool = False,
+    capacity_factor: float | None = None,
 ):
     """Return (model, make_batch(batch_size, device), loss_fn) for a reference model.
     layers: build this many of a transformer's decoder layers (default: all of them).
     bf16_params (Llama): bfloat16 parameters, to train with MasterWeightAdamW (Megatron-LM's
-    scheme) instead of float32 parameters cast where used (torchtitan's)."""
+    scheme) instead of float32 parameters cast where used (torchtitan's).
+    capacity_factor (MoE models): token-dropping routing with this capacity factor; None:
+    dropless (traced at the balanced load, tracer.moe)."""
     if layers is not None and name not in LAYERED:
         raise KeyError(f"{name} has no identical layers to trace a few of")
     classes = 10 if small else 1000
@@ -541,6 +545,14 @@ def build(
             model.to(torch.bfloat16)
             model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()
         return model, _token_batch(seq_len, cfg["vocab"]), _llama_loss
+    if name in MOE_NAMES:
+        from tracer.moe import MoETransformer, moe_config
+
+        cfg = moe_config(name, small)
+        if layers is not None:
+            cfg["layers"] = layers
+        model = MoETransformer(cfg, capacity_factor, max_len=max(seq_len, 4096), small=small)
+        return model, _token_batch(seq_len, cfg["vocab"]), _llama_loss
     raise KeyError(name)
 
 
@@ -548,11 +560,22 @@ def num_layers(name: str, small: bool = False) -> int:
     """How many identical decoder layers a transformer has."""
     if name in LLAMA:
         return llama_config(name, small)["layers"]
+    if name in MOE_NAMES:
+        from tracer.moe import moe_config
+
+        return moe_config(name, small)["layers"]
     return 2 if small else 12
 
 
-# model -> the module list of its identical layers
-LAYERED = {"gpt2": "blocks", "bert": "blocks", **{n: "layers" for n in LLAMA}}
+# the mixture-of-experts models (tracer.moe)
+MOE_NAMES = ("mixtral-8x7b", "deepseek-v3")
+# model -> the module list of its identical layers (an MoE model's: its MoE layers)
+LAYERED = {
+    "gpt2": "blocks",
+    "bert": "blocks",
+    **{n: "layers" for n in LLAMA},
+    **{n: "layers" for n in MOE_NAMES},
+}
 
 
 MODELS = (
@@ -567,4 +590,5 @@ MODELS = (
     "gpt2",
     "bert",
     *LLAMA,
+    *MOE_NAMES,
 )

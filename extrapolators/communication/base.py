@@ -19,6 +19,10 @@ Ops and what `nbytes` is (nccl-tests' conventions): allreduce, broadcast, reduce
 the buffer; all_gather: the gathered buffer each GPU ends with; reduce_scatter: the
 buffer each GPU starts with; all_to_all: one GPU's whole buffer (nbytes / N to each
 peer); sendrecv: what each GPU sends to the next one (and receives from the previous).
+An all-to-all of uneven sizes (expert parallelism's token dispatch, NCCL's grouped
+send/receive pairs) passes `sizes`: bytes from each member to each, rows senders and
+columns receivers in group order (the diagonal stays on its GPU); its `nbytes` is then
+only what the caller records.
 """
 
 from __future__ import annotations
@@ -54,7 +58,11 @@ class CommModel:
         )
         self.gpu, self.base_dir = gpu, base_dir
 
-    def run(self, op: str, group, nbytes: float, tag: str = "", root=None, algorithm=None):
+    def run(
+        self, op: str, group, nbytes: float, tag: str = "", root=None, algorithm=None, sizes=None
+    ):
+        """A SimPy generator that ends when the collective has ended on every GPU; `sizes`
+        (all_to_all only): the per-pair bytes of an uneven all-to-all (module docstring)."""
         raise NotImplementedError
 
 
@@ -95,8 +103,13 @@ class Textbook(CommModel):
             )
         return o
 
-    def run(self, op, group, nbytes, tag="", root=None, algorithm=None):
+    def run(self, op, group, nbytes, tag="", root=None, algorithm=None, sizes=None):
         check_op(op)
+        if sizes is not None:
+            yield from collectives.direct_all_to_allv(
+                self.env, self.net, tuple(group), sizes, tag=tag or op
+            )
+            return
         name = algorithm or (
             "direct" if op in ("all_to_all", "sendrecv") else self.options.algorithm
         )

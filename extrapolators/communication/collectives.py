@@ -112,6 +112,29 @@ def direct_all_to_all(env, net, group, nbytes, tag="all_to_all", root=None):
     yield from _step(env, net, pairs, tag)
 
 
+def check_sizes(group, sizes) -> None:
+    """An uneven all-to-all's sizes: an N x N table of finite bytes >= 0 (ConfigError)."""
+    n = len(group)
+    ok = len(sizes) == n and all(len(row) == n for row in sizes)
+    if not ok or not all(0 <= x < float("inf") for row in sizes for x in row):
+        raise ConfigError(
+            "all_to_all sizes", sizes, f"a {n} x {n} table of finite bytes >= 0 (sender, receiver)"
+        )
+
+
+def direct_all_to_allv(env, net, group, sizes, tag="all_to_all"):
+    """An all-to-all of uneven sizes: every GPU sends sizes[i][j] bytes to GPU j, all at
+    once (the diagonal stays on its GPU)."""
+    check_sizes(group, sizes)
+    pairs = [
+        (a, b, sizes[i][j])
+        for i, a in enumerate(group)
+        for j, b in enumerate(group)
+        if i != j and sizes[i][j] > 0
+    ]
+    yield from _step(env, net, pairs, tag)
+
+
 @register("sendrecv", "direct")
 def direct_sendrecv(env, net, group, nbytes, tag="sendrecv", root=None):
     """nccl-tests' sendrecv: every GPU sends nbytes to the next one, all at once."""

@@ -49,6 +49,8 @@ class Meetings:
             meet["task"].op != task.op
         ):  # identity first: comparing an N-GPU group per arrival is O(N^2) per collective
             raise SimulationError(f"collective {task.key!r} posted with different groups or ops")
+        elif meet["task"].sizes is not task.sizes and meet["task"].sizes != task.sizes:
+            raise SimulationError(f"all-to-all {task.key!r} posted with different sizes")
         if gpu not in meet["left"]:
             raise SimulationError(f"GPU {gpu} posted collective {task.key!r} twice")
         meet["left"].discard(gpu)
@@ -59,6 +61,18 @@ class Meetings:
 
     def _run_collective(self, task: Collective, done, images=None):
         twins = None
+        if task.sizes is not None:  # an all-to-all of uneven sizes (no images: its
+            # mode declares no symmetry)
+            yield from self.comm.run(
+                task.op, task.group, task.nbytes, tag=task.key, sizes=task.sizes
+            )
+            n = len(task.group)
+            self.collective_bytes[task.op] = (
+                self.collective_bytes.get(task.op, 0.0) + sum(map(sum, task.sizes)) / n
+            )
+            del self._meet[task.key]
+            done.succeed()
+            return
         if images and hasattr(self.comm, "run_many"):  # every copy's at once, one group
             yield from self._run_with_images(task, images)
             del self._meet[task.key]

@@ -80,6 +80,10 @@ class Collective:
     phase: str = ""
     algorithm: str | None = None  # None: the communication model chooses
     root: object = None
+    # all_to_all only: bytes from each member to each (rows: senders, columns: receivers,
+    # both in group order; the diagonal stays on its GPU), the same tuple for every member;
+    # None: nbytes / N to each (the uniform all-to-all)
+    sizes: tuple | None = None
 
 
 @dataclass(slots=True)

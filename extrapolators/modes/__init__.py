@@ -9,6 +9,7 @@ from extrapolators.modes.base import Extrapolator, gradient_ready
 from extrapolators.modes.chakra import ChakraWorkload
 from extrapolators.modes.context_parallel import ContextParallel
 from extrapolators.modes.data_parallel import DataParallel, DistributedDataParallel, Single
+from extrapolators.modes.expert_parallel import ExpertParallel
 from extrapolators.modes.hop import Hop
 from extrapolators.modes.hybrid import Hybrid
 from extrapolators.modes.pipeline import GPipe, OneFOneB
@@ -32,6 +33,7 @@ for _cls in (
     Interleaved,
     ChakraWorkload,
     ContextParallel,
+    ExpertParallel,
 ):
     EXTRAPOLATORS.register(_cls.name)(_cls)
 
@@ -49,6 +51,7 @@ __all__ = [
     "ContextParallel",
     "DataParallel",
     "DistributedDataParallel",
+    "ExpertParallel",
     "Extrapolator",
     "GPipe",
     "Hop",

@@ -115,6 +115,18 @@ class Extrapolator:
         h = self.host  # the same launches at any batch, TP degree or micro-batch
         return Compute(op.name, op.layer, phase or op.phase, t, op.id, mb, h.issue(op), h.sync(op))
 
+    def timed(self, op, t: float, mb: int = 0, phase=None):
+        """The task for `op` taking `t` GPU seconds that a mode timed itself (`compute` asks
+        the performance model), with its host's issue time and kernel gaps as `compute`
+        adds them where the host model is on."""
+        from extrapolators.execution.tasks import Compute
+
+        h = self.host
+        if h is None:
+            return Compute(op.name, op.layer, phase or op.phase, t, op.id, mb)
+        t += h.gap(op, t)
+        return Compute(op.name, op.layer, phase or op.phase, t, op.id, mb, h.issue(op), h.sync(op))
+
     def forward_backward(self, policy: str = "none", depth: int | None = None):
         """[(op, recomputed)]: the forward and backward ops in trace order, with the forward
         ops a recomputation policy re-runs inserted before their unit's backward (units:

@@ -451,6 +451,13 @@ def trace_arguments(sub) -> None:
         help="Llama: bfloat16 parameters with float32 master weights in the optimizer "
         "(Megatron-LM) instead of float32 parameters cast where used (torchtitan)",
     )
+    t.add_argument(
+        "--capacity-factor",
+        type=float,
+        metavar="F",
+        help="MoE models: token-dropping routing, each expert taking F x its balanced "
+        "share of tokens (default: dropless, traced at the balanced load)",
+    )
     t.set_defaults(func=cmd_trace)
 
 

@@ -327,8 +327,49 @@ class Nccl(GroupAnalysis, CommModel):
 
     KEEP_BATCH = 4096  # streams up to which a plan keeps its prepared batch
 
-    def run(self, op, group, nbytes, tag="", root=None, algorithm=None):
-        p = self.plan(op, group, nbytes, root, algorithm)
+    def plan_uneven(self, group, sizes) -> Plan:
+        """An all-to-all of uneven sizes, as NCCL runs one (grouped send/receive pairs on
+        the p2p path, Simple protocol): each pair's stream at the rate the even
+        all-to-all's streams get (NCCL's p2p bandwidth is per pair, not per buffer, so
+        the rate does not depend on the size), the even one's latency; the call ends
+        when its largest pair has arrived."""
+        from extrapolators.communication.collectives import check_sizes
+
+        group = tuple(group)
+        check_sizes(group, sizes)
+        key = ("all_to_all", group, sizes)
+        cached = self._plans.get(key)
+        if cached is not None:
+            return cached
+        n = len(group)
+        ref = self.plan("all_to_all", group, float(n))  # 1 byte to each peer
+        rate = {(a, b): r for a, b, _, r in ref.streams}
+        lat = dict(zip(((a, b) for a, b, *_ in ref.streams), ref.path_latency, strict=True))
+        streams, path_lat, longest = [], [], 0.0
+        for i, a in enumerate(group):
+            for j, b in enumerate(group):
+                y = sizes[i][j]
+                if i == j or y <= 0 or (a, b) not in rate:
+                    continue
+                streams.append((a, b, y, rate[a, b]))
+                path_lat.append(lat[a, b])
+                longest = max(longest, y / rate[a, b])
+        mean = sum(map(sum, sizes)) / n
+        p = Plan(
+            "all_to_all", ref.algo, ref.proto, mean, streams, path_lat, ref.latency, 0.0, longest
+        )
+        if len(self._plans) < 100_000:
+            self._plans[key] = p
+        return p
+
+    def run(self, op, group, nbytes, tag="", root=None, algorithm=None, sizes=None):
+        if sizes is not None:
+            check_op(op)
+            if op != "all_to_all":
+                raise ConfigError("collective", op, "all_to_all, for per-pair sizes")
+            p = self.plan_uneven(group, sizes)
+        else:
+            p = self.plan(op, group, nbytes, root, algorithm)
         k = (op, p.algo, p.proto)
         self.choices[k] = self.choices.get(k, 0) + 1
         rest = p.latency + p.fill

@@ -1,0 +1,33 @@
+"""Gradient buckets of expert parallelism (mode `ep` with `dp_overlap`): the dense weights'
+gradients and the experts' in separate buckets, since they are reduced over different
+groups (all GPUs; an expert's replicas), each filled in the order the backward pass makes
+them, as PyTorch DDP's (and Megatron-LM's distributed data parallel) buckets are.
+
+`buckets(trace, expert_weights, ep, first, cap)` -> [(ready position, bytes, kind)] in the
+order they are ready (kind "dense" or "expert"; expert bytes are one GPU's share, 1/ep):
+each kind's weights sorted by the position of the operator after which their gradient
+exists (extrapolators.modes.base.gradient_ready; ties: the later weight first, as DDP),
+cut when a bucket reaches `first` bytes (the first of its kind) or `cap` (the others).
+"""
+
+from __future__ import annotations
+
+from extrapolators.modes.base import gradient_ready
+
+
+def buckets(trace, expert_weights: set, ep: int, first: float, cap: float) -> list:
+    ready = gradient_ready(trace)
+    out = []
+    for kind in ("dense", "expert"):
+        share = 1.0 / ep if kind == "expert" else 1.0
+        mine = [w for w in ready if (w in expert_weights) == (kind == "expert")]
+        size, last, made = 0.0, -1, 0
+        for w in sorted(mine, key=lambda w: (ready[w], -w)):
+            size += trace.tensors[w].nbytes * share
+            last = max(last, ready[w])
+            if size >= (first if not made else cap):
+                out.append((last, size, kind))
+                size, last, made = 0.0, -1, made + 1
+        if size > 0:
+            out.append((last, size, kind))
+    return sorted(out, key=lambda b: b[0])
