@@ -38,6 +38,7 @@ from extrapolators.communication import comm_class
 from networks import PacketSwitchNetwork
 from networks import topology as topo
 from tests.test_fuzz import TRIED
+from triosim.hardware import nccl_constants as P
 
 GB = 1e9
 N = int(os.environ.get("FUZZ_EXAMPLES", 150))
@@ -180,8 +181,14 @@ def _check(base: dict, slow: dict, f: float | None, floor: dict | None = None, l
         tol = 0.05 if k[0] in loose else 1e-9
         assert slow[k] >= lowest * (1 - tol) - 1e-12, (k, t, slow[k])
         TRIED["monotone: collectives faster by contention"] += slow[k] < lowest * (1 - 1e-9) - 1e-12
-        if f is not None:  # one factor f on every slowed link: at most f times slower
-            assert slow[k] <= t * f * (1 + 1e-9) + 1e-15, (k, t, slow[k], f)
+        if f is not None:  # one factor f on every slowed link: at most f times slower,
+            # but for NCCL's multi-node Ring/Simple all-reduce: slower links give NCCL fewer
+            # channels, and fewer channels can cross the "plateau" threshold (bytes per
+            # channel per GPU >= 64), which multiplies the latency by 1.4 on the sm80+
+            # GPUs drawn here (tuner.plateau; a 1 kB all-reduce over 5 nodes: 2 -> 1.5
+            # channels, x 1.4), as NCCL does
+            most = f * (P.RING_PLATEAU if k[0] == "allreduce" else 1.0)
+            assert slow[k] <= t * most * (1 + 1e-9) + 1e-15, (k, t, slow[k], f)
 
 
 MODELS = [{"pick": "fastest"}, {"kind": "textbook"}] + [
