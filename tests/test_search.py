@@ -1,11 +1,15 @@
 """triosim search: candidates, memory filter, ranking equal to separate runs."""
 
+from pathlib import Path
+
 import pytest
 
 from tests.conftest import chain_trace
 from triosim.simulation.wiring import Simulation
 from triosim.studies.search import candidates, search
 from triosim.trace.model import save
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture
@@ -84,3 +88,34 @@ def test_the_search_never_returns_a_plan_that_does_not_fit(base):
     assert len(ranked) and "dp" not in set(ranked["plan"]) and "ddp" not in set(ranked["plan"])
     assert (ranked["peak_memory_gb_max"] * 1e9 <= 20e6).all()
     assert table["status"].str.startswith("out of memory").sum() >= 2
+
+
+def test_search_tries_expert_parallelism_on_an_moe_trace():
+    """ep for every degree above 1 dividing N (both gradient schedules), the rest data
+    parallel; an ep candidate evaluates as its own run does; a dense trace refuses it with
+    the reason (no MoE layer)."""
+    from triosim.simulation.wiring import Simulation
+    from triosim.studies.search import _evaluate, candidates
+
+    plans = dict(candidates(4, 8))
+    assert plans["dp 2 x ep 2"] == {"mode": "ep", "ep": 2, "dp_overlap": False}
+    assert plans["ep 4 (overlapped reduction)"] == {"mode": "ep", "ep": 4, "dp_overlap": True}
+    assert not any(label.startswith("ep 3") or "x ep 3" in label for label in plans)
+    moe = str(ROOT / "traces/modelled/h100-sxm/mixtral-8x7b-s4096-b1.trace.json.gz")
+    cfg = {
+        "trace": moe,
+        "num_gpus": 2,
+        "batch_size": 2,
+        "gpu": "H100-SXM",
+        "perfmodel": {"kind": "calibrated"},
+        "memory": {"capacity": "10 TB"},
+        "parallelism": {"mode": "ep", "ep": 2, "dp_overlap": False},
+    }
+    row = _evaluate(cfg, ".")
+    assert row["status"] == "ok"
+    assert row["iteration_time_ms"] == Simulation(cfg).run().iteration_time * 1e3
+    dense = {**cfg, "trace": str(ROOT / "traces/cpu/resnet18-b8.trace.json.gz"), "batch_size": 8}
+    dense.pop("gpu")
+    dense.pop("perfmodel")
+    row = _evaluate(dense, ".")
+    assert row["status"] == "invalid" and "parallelism" in row["reason"]

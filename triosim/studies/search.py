@@ -4,8 +4,9 @@ simulated, ranked, and the best written as a config ready to run.
 Candidates: dp, ddp, fsdp (ZeRO 1-3), tp, gpipe and 1f1b (micro-batch counts N, 2N, 4N
 that divide the batch), hybrid data-parallel replicas of tp, gpipe or 1f1b for every
 divisor of N, 3D grids (dp x tp x pp, all above 1) with a 1F1B pipeline, and context
-parallelism (cp: ring attention and all-to-all) for every degree above 1 dividing N, the
-other GPUs data-parallel replicas. A candidate whose plan the trace does not allow (a TP degree that does not
+parallelism (cp: ring attention and all-to-all) and expert parallelism (ep, an MoE trace's
+experts; gradients reduced after the backward pass or overlapped with it) for every degree
+above 1 dividing N, the other GPUs data-parallel replicas. A candidate whose plan the trace does not allow (a TP degree that does not
 divide a layer, a batch that does not split) is skipped with its reason; one whose weights,
 gradients and optimizer states alone exceed the GPU's memory is dropped before simulating;
 one whose simulated peak does not fit is dropped from the ranking (listed, not returned).
@@ -48,6 +49,13 @@ def candidates(n: int, batch: int) -> list[tuple[str, dict]]:
         for comm, how in (("p2p", "ring"), ("a2a", "all-to-all")):
             label = f"cp {c} ({how})" if d == 1 else f"dp {d} x cp {c} ({how})"
             out.append((label, {"mode": "cp", "cp": c, "cp_comm": comm}))
+    for e in _divisors(n)[1:]:  # expert parallelism (an MoE trace), the rest data-parallel
+        d = n // e
+        for overlap in (False, True):
+            label = (f"ep {e}" if d == 1 else f"dp {d} x ep {e}") + (
+                " (overlapped reduction)" if overlap else ""
+            )
+            out.append((label, {"mode": "ep", "ep": e, "dp_overlap": overlap}))
     for dp in _divisors(n):  # 3D grids with all three degrees above 1
         for tp in _divisors(n // dp):
             pp = n // dp // tp
