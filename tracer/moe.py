@@ -34,7 +34,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from tracer.models import (
+from tracer.llama import (
     LlamaAttention,
     LlamaLinear,
     MixedPrecision,
