@@ -2,6 +2,7 @@
 
 from perfmodel.base import MODELS, OperatorModel, Target, model_class, op_features, register
 from perfmodel.calibrated import CalibratedModel, Calibration
+from perfmodel.learned import LearnedModel
 from perfmodel.regression import LinearRegressionModel
 from perfmodel.replay import TraceTime
 from perfmodel.roofline import Roofline
@@ -16,6 +17,7 @@ __all__ = [
     "MODELS",
     "CalibratedModel",
     "Calibration",
+    "LearnedModel",
     "LinearRegressionModel",
     "OperatorModel",
     "Roofline",

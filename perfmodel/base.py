@@ -53,10 +53,28 @@ def op_features(trace: Trace, op: Operator, target: Target = Target()) -> tuple[
     return flops / shard, nbytes
 
 
-def is_traced_setting(trace: Trace, target: Target) -> bool:
-    same_gpu = target.gpu is None or target.gpu == trace.metadata.get("gpu")
+def is_traced_setting(trace: Trace, target: Target, gpu: str | None = None) -> bool:
+    """Whether `target` is the setting the trace was taken at: its GPU (`gpu`, else the
+    trace's; a catalogue alias counts as the same GPU), its batch size, no TP sharding."""
+    traced = gpu or trace.metadata.get("gpu")
+    same_gpu = target.gpu is None or target.gpu == traced or _same_gpu(target.gpu, traced or "")
     same_batch = target.batch_size is None or target.batch_size == trace.batch_size
     return same_gpu and same_batch and target.tp == 1
+
+
+def has_measured_times(trace: Trace) -> bool:
+    """Whether the operators' times were measured (a real trace), not modelled (a shape-only
+    trace, or one timed by a performance model)."""
+    m = trace.metadata
+    return not (m.get("modelled") or m.get("shapes_only"))
+
+
+def identity_time(trace: Trace, op: Operator, target: Target, gpu: str | None = None):
+    """The operator's measured time where a fitted model must give it back (a real trace, on
+    its own GPU, at its own batch, unsharded); None elsewhere."""
+    if has_measured_times(trace) and is_traced_setting(trace, target, gpu):
+        return op.time
+    return None
 
 
 class OperatorModel:

@@ -34,268 +34,19 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfmodel.base import OperatorModel, Target, batch_ratio, register, scales_with_batch
+from perfmodel.base import OperatorModel, Target, identity_time, register
+
+# kinds and features live in perfmodel.kinds and perfmodel.features (re-exported here)
+from perfmodel.features import PASSES, op_bytes, op_flops, roofs  # noqa: F401
+from perfmodel.kinds import COMPUTE_FAMILIES, kind_chain, launches_no_kernel, op_kind  # noqa: F401
 from triosim.common.errors import ConfigError
 from triosim.common.schema import option
 from triosim.hardware import catalogue as hardware
-from triosim.trace import flops as fl
 from triosim.trace.model import Operator, Trace
 
 CALIBRATION_DIR = Path(__file__).resolve().parent / "calibration"
 DEFAULT_GPU = "H100-SXM"
 FORMS = ("max", "sum")
-
-# operators that launch no GPU kernel
-NO_KERNEL = frozenset(
-    {
-        "view",
-        "_unsafe_view",
-        "reshape_alias",
-        "_reshape_alias",
-        "t",
-        "transpose",
-        "permute",
-        "expand",
-        "expand_as",
-        "unsqueeze",
-        "squeeze",
-        "slice",
-        "select",
-        "split",
-        "split_with_sizes",
-        "chunk",
-        "unbind",
-        "as_strided",
-        "flatten",
-        "unflatten",
-        "alias",
-        "detach",
-        "view_as",
-        "empty",
-        "empty_like",
-        "empty_strided",
-        "lift_fresh",
-        "item",
-        "_local_scalar_dense",
-        "numpy_T",
-        "narrow",
-    }
-)
-NO_KERNEL_BACKWARD = frozenset(
-    {
-        "T",
-        "View",
-        "UnsafeView",
-        "Permute",
-        "Transpose",
-        "Unsqueeze",
-        "Squeeze",
-        "Alias",
-        "Detach",
-        "AccumulateGrad",
-        "ReshapeAlias",
-        "Clone",
-        "Unflatten",
-        "Flatten",
-    }
-)
-NORM = ("norm",)
-POOL = ("pool",)
-LOSS = frozenset(
-    {
-        "cross_entropy_loss",
-        "log_softmax",
-        "_log_softmax",
-        "softmax",
-        "_softmax",
-        "nll_loss",
-        "nll_loss_forward",
-        "mse_loss",
-    }
-)
-LOSS_BACKWARD = frozenset({"LogSoftmax", "Softmax", "NllLoss", "MseLoss", "SafeSoftmax"})
-COPY = frozenset(
-    {
-        "to",
-        "_to_copy",
-        "clone",
-        "contiguous",
-        "copy",
-        "cat",
-        "stack",
-        "reshape",
-        "index_select",
-        "gather",
-        "repeat",
-        "repeat_interleave",
-        "ones_like",
-        "zeros_like",
-        "zero",
-        "fill",
-        "arange",
-        "ones",
-        "zeros",
-        "full",
-    }
-)
-ATTENTION = ("attention",)
-EMBEDDING = frozenset({"embedding"})
-COMPUTE_FAMILIES = frozenset(
-    {"conv", "conv_bwd", "matmul", "matmul_bwd", "attention", "attention_bwd"}
-)
-
-
-# -- kinds -------------------------------------------------------------------------------------
-
-
-def op_kind(op: Operator) -> tuple[str, str]:
-    """(family, name) of an operator: ("conv", "conv2d"), ("conv_bwd", "Convolution"),
-    ("optimizer", "_foreach_addcdiv"), ...; family "none" for an operator with no kernel."""
-    if op.phase == "backward":
-        b = fl.backward_kind(op.name) or op.name.split(":")[-1].strip()
-        if b in NO_KERNEL_BACKWARD:
-            return "none", b
-        low = b.lower()
-        if b in fl.CONV_BACKWARD:
-            fam = "conv_bwd"
-        elif b in fl.MATMUL_BACKWARD:
-            fam = "matmul_bwd"
-        elif "attention" in low:
-            fam = "attention_bwd"
-        elif "norm" in low:
-            fam = "norm_bwd"
-        elif "pool" in low or b == "Mean":
-            fam = "pool_bwd"
-        elif b in LOSS_BACKWARD:
-            fam = "loss_bwd"
-        elif b == "Embedding":
-            fam = "embedding_bwd"
-        elif b in ("ToCopy", "Cat", "Split", "Slice", "Select", "Expand", "Repeat", "Index"):
-            fam = "copy_bwd"
-        else:
-            fam = "elementwise_bwd"
-        return fam, b
-    k = fl.kind(op.name)
-    if k in NO_KERNEL:
-        return "none", k
-    if op.phase == "optimizer":
-        return "optimizer", k
-    if k in fl.CONV:
-        return "conv", k
-    if k in fl.MATMUL:
-        return "matmul", k
-    if any(s in k for s in ATTENTION):
-        return "attention", k
-    if any(s in k for s in NORM):
-        return "norm", k
-    if any(s in k for s in POOL):
-        return "pool", k
-    if k in LOSS:
-        return "loss", k
-    if k in EMBEDDING:
-        return "embedding", k
-    if k in COPY:
-        return "copy", k
-    return "elementwise", k
-
-
-def kind_chain(family: str, name: str) -> list[str]:
-    """The keys of a kind from the most to the least specific: name, family, class, all."""
-    cls = "compute" if family in COMPUTE_FAMILIES else "memory"
-    return [f"{family}/{name}", family, cls, "all"]
-
-
-def launches_no_kernel(trace: Trace, op: Operator, family: str) -> bool:
-    if family == "none":
-        return True
-    if op.phase == "backward" and not op.outputs:  # passes its gradient on (AddBackward)
-        return True
-    # the optimizer's step counters: host-side scalars unless the optimizer is capturable
-    if op.phase == "optimizer":
-        ts = [trace.tensors[t] for t in op.inputs + op.outputs]
-        if ts and all(len(t.shape) == 0 for t in ts):
-            return True
-    return False
-
-
-# -- features ----------------------------------------------------------------------------------
-
-
-def _scale(trace: Trace, t, r: float, shard: int) -> float:
-    return t.nbytes * (r if t.scales_with_batch else 1.0 / shard)
-
-
-def op_bytes(trace: Trace, op: Operator, target: Target = Target()) -> float:
-    """Bytes an operator moves at the target: its distinct inputs plus its distinct outputs
-    (an in-place operator's tensor read and written); a backward operator's are its forward
-    operator's; an embedding reads only the rows it gathers (its output's size)."""
-    r = batch_ratio(trace, target)
-    shard = target.tp if op.tp_split else 1
-    src = op
-    if op.phase == "backward" and op.fwd_id is not None:
-        src = trace.op(op.fwd_id)
-    family, _ = op_kind(src)
-    ins = [trace.tensors[t] for t in dict.fromkeys(src.inputs)]
-    outs = [trace.tensors[t] for t in dict.fromkeys(src.outputs)]
-    if family == "embedding":  # a gather: indices in, rows out (read and written)
-        ins = [t for t in ins if t.category not in ("weight", "buffer")]
-        moved = sum(_scale(trace, t, r, shard) for t in ins) + 2 * sum(
-            _scale(trace, t, r, shard) for t in outs
-        )
-        if op is not src:  # its backward also writes the whole gradient table
-            moved += sum(
-                _scale(trace, trace.tensors[t], r, shard)
-                for t in dict.fromkeys(src.inputs)
-                if trace.tensors[t].category == "weight"
-            )
-        return moved
-    read = sum(_scale(trace, t, r, shard) for t in ins)
-    written = sum(_scale(trace, t, r, shard) for t in outs)
-    if not outs and _in_place(src.name):
-        # an in-place operator whose trace lists no outputs (a foreach optimizer step)
-        # writes its first tensor list back: read / the number of distinct lists it reads
-        written = read / _LISTS.get(fl.kind(src.name).removeprefix("_foreach_"), 1)
-    return (read + written) * PASSES.get(op_kind(op)[0], 1.0)
-
-
-# lists of distinct tensors an in-place foreach operator reads (addcmul's two tensors are one
-# list, the gradients, read twice)
-_LISTS = {"lerp": 2, "addcmul": 2, "addcdiv": 3}
-# passes over its tensors a kernel makes beyond reading its inputs and writing its outputs
-# once (a backward operator's bytes are its forward operator's): normalisation reads its
-# input twice (statistics, then normalising); its backward reads the output gradient and the
-# input twice and writes the input gradient (5 passes against the forward's 2); a memory-bound
-# backward reads the output gradient and a saved tensor and writes the input gradient (3
-# against 2)
-PASSES = {
-    "norm": 1.5,
-    "norm_bwd": 2.5,
-    "elementwise_bwd": 1.5,
-    "pool_bwd": 1.5,
-    "loss_bwd": 1.5,
-    "copy_bwd": 1.0,
-}
-
-
-def _in_place(name: str) -> bool:
-    k = name.split("::")[-1].split(".")[0].strip()
-    return k.endswith("_") and not k.endswith("__")
-
-
-def op_flops(trace: Trace, op: Operator, target: Target = Target()) -> float:
-    flops = op.flops or 0.0
-    if flops and scales_with_batch(trace, op):
-        flops *= batch_ratio(trace, target)
-    return flops / (target.tp if op.tp_split else 1)
-
-
-def roofs(
-    trace: Trace, op: Operator, gpu: hardware.GPU, target: Target = Target(), dtype: str = "float32"
-) -> tuple[float, float]:
-    """(compute seconds, memory seconds) of an operator at the target on `gpu`."""
-    peak = gpu.flops_for(op.math or trace.metadata.get("dtype") or dtype)
-    return op_flops(trace, op, target) / peak, op_bytes(trace, op, target) / gpu.memory_bandwidth
-
 
 # -- the table ----------------------------------------------------------------------------------
 
@@ -557,18 +308,23 @@ class CalibratedOptions:
         "perfmodel.calibrate`), absolute or relative to the "
         "working directory (default: the shipped H100 table)",
     )
+    identity: bool = option(
+        True, help="on the traced GPU at the traced batch, a real trace's measured times"
+    )
 
 
 @register("calibrated")
 class CalibratedModel(OperatorModel):
     """Operator times from a calibration table for any catalogue GPU: the target GPU, else
     the GPU the trace names. The trace's own times are not used (a shape-only trace has
-    none)."""
+    none), but on the traced GPU at the traced batch (unsharded) a real trace's operators
+    take their measured times (identity; `identity=False` turns it off)."""
 
     Options = CalibratedOptions
 
-    def __init__(self, trace: Trace, calibration=None):
+    def __init__(self, trace: Trace, calibration=None, identity: bool = True):
         super().__init__(trace)
+        self.identity = bool(identity)
         if isinstance(calibration, Calibration):
             self.calibration = calibration
         elif calibration:
@@ -592,4 +348,8 @@ class CalibratedModel(OperatorModel):
         self._gpu(gpu)
 
     def time(self, op, target: Target = Target()) -> float:
+        if self.identity:
+            same = identity_time(self.trace, op, target)
+            if same is not None:
+                return same
         return predict(self.calibration, self.trace, op, self._gpu(target.gpu), target)

@@ -21,13 +21,14 @@ def model_times(trace: Trace, gpu: str, kind: str = "calibrated", **options) -> 
     for op, t in zip(trace.operators, times, strict=True):
         op.time = t
     info = {"kind": kind, "gpu": g.name}
-    cal = getattr(model, "calibration", None)
+    cal = getattr(model, "calibration", None) or getattr(model, "table", None)
     if cal is not None:
         info.update({"calibration": cal.source, "fitted_on": cal.gpu, "form": cal.form})
         if cal.gpu != g.name:
             info["assumption"] = (
-                f"fitted on {cal.gpu}; {g.name}'s catalogue peaks and "
-                "bandwidth with the same efficiencies and overheads"
+                f"fitted on {cal.gpu}; {g.name}'s catalogue peaks and bandwidth, with the "
+                f"same fixed overheads and the same fraction of its roof per operator shape "
+                f"as on {cal.gpu}"
             )
     trace.metadata.update(
         {

@@ -288,7 +288,7 @@ def test_shape_only_needs_meta_parameters():
 
 
 def test_cli_shape_only_trace_is_timed_by_the_model_and_says_so(tmp_path, capsys):
-    from perfmodel import CalibratedModel, Target
+    from perfmodel import LearnedModel, Target
     from triosim.cli.main import main
     from triosim.trace.model import load
 
@@ -313,16 +313,16 @@ def test_cli_shape_only_trace_is_timed_by_the_model_and_says_so(tmp_path, capsys
     t = load(tmp_path / "gpt2-small-s16-b2.trace.json.gz")
     m = t.metadata
     assert m["modelled"] is True and m["gpu"] == "A100-80GB" and m["shapes_only"] is True
-    assert m["time_model"]["kind"] == "calibrated" and m["time_model"]["fitted_on"] == "H100-SXM"
+    assert m["time_model"]["kind"] == "learned" and m["time_model"]["fitted_on"] == "H100-SXM"
     assert "A100-80GB" in m["time_model"]["assumption"] and "H100" in m["time_model"]["calibration"]
     assert m["measured_iteration_time"] is None
-    model = CalibratedModel(t)
+    model = LearnedModel(t)
     want = [model.time(o, Target(gpu="A100-80GB")) for o in t.operators]
     assert [o.time for o in t.operators] == want  # the times are the model's, exactly
     assert sum(want) == pytest.approx(m["modelled_iteration_time"], rel=1e-12) and sum(want) > 0
     assert main(["info", str(tmp_path / "gpt2-small-s16-b2.trace.json.gz")]) == 0
     info = capsys.readouterr().out
-    assert "MODELLED, not measured: perfmodel 'calibrated' for A100-80GB" in info
+    assert "MODELLED, not measured: perfmodel 'learned' for A100-80GB" in info
     assert "fitted on H100-SXM" in info and "assumption" in info
 
 
@@ -350,7 +350,8 @@ def one_op_trace(name="aten::conv2d", phase="forward", math="tf32", flops=4e12, 
         2: Tensor(2, (8,), "float32", nbytes * 0.3, "activation"),
     }
     op = Operator(0, name, "conv1", phase, 0.0, (0, 1), (2,), flops, math=math)
-    return Trace([op], tensors, {"batch_size": 8, "gpu": "H100-SXM"})
+    # untimed, as a shape-only trace is (a real trace on its GPU would get its own times)
+    return Trace([op], tensors, {"batch_size": 8, "gpu": "H100-SXM", "shapes_only": True})
 
 
 def table(form="sum"):

@@ -28,10 +28,12 @@ def trace_model(
     layers=None,
     master_weights=False,
     capacity_factor=None,
+    replicate=True,
 ):
     """Trace a reference model (or module:function). shapes_only: on meta tensors, nothing
     computed or timed (times 0, for a performance model to fill); layers: trace this many of
-    a transformer's identical layers and replicate them to the model's full depth;
+    a transformer's identical layers and replicate them to the model's full depth (with
+    replicate=False: a model of only those layers, as a profile of a cut-down model has);
     master_weights (Llama): bfloat16 parameters with float32 master weights in the optimizer
     (Megatron-LM), instead of float32 parameters cast to bfloat16 where used (torchtitan);
     capacity_factor (MoE models): token-dropping routing at this capacity factor (None:
@@ -77,7 +79,7 @@ def trace_model(
             name, seq_len, master_weights, small, batch_size, capacity_factor
         ),
     )
-    if layers is not None and layers != total:
+    if replicate and layers is not None and layers != total:
         from tracer.layers import replicate
 
         t = replicate(t, LAYERED[name], layers, total)

@@ -304,7 +304,9 @@ def cmd_trace(args) -> int:
     def timer(trace, gpu, calibration):
         from perfmodel.modelled import model_times
 
-        return model_times(trace, gpu, "calibrated", calibration=calibration)
+        if calibration is not None:  # a calibration table: the calibrated model
+            return model_times(trace, gpu, "calibrated", calibration=calibration)
+        return model_times(trace, gpu, "learned")
 
     return run_trace(args, timer)
 
@@ -427,7 +429,8 @@ def trace_arguments(sub) -> None:
         "--shapes-only",
         action="store_true",
         help="run the model on meta tensors (no memory, no compute) and take each "
-        "operator's time from the calibrated performance model for --gpu; the trace "
+        "operator's time from the learned performance model (perfmodel 'learned', fitted "
+        "on the shipped real H100 traces) for --gpu; the trace "
         "says its times are modelled",
     )
     t.add_argument(
@@ -443,7 +446,8 @@ def trace_arguments(sub) -> None:
     )
     t.add_argument(
         "--calibration",
-        help="with --shapes-only: a calibration table (JSON) instead of the shipped H100 one",
+        help="with --shapes-only: time with perfmodel 'calibrated' and this calibration "
+        "table (JSON) instead of the learned model",
     )
     t.add_argument(
         "--master-weights",

@@ -18,11 +18,23 @@ GB = 1e9
 
 @dataclass(frozen=True)
 class GPU:
+    """A GPU's spec-sheet figures. `peak_flops`: per math mode, the dense peak of the units a
+    matrix product or convolution in that mode runs on (tensor cores for tf32, float16,
+    bfloat16, float8; the CUDA cores for float32, which PyTorch runs there with TF32 off).
+    `vector_flops`: per dtype, the CUDA cores' peak (element-wise work, normalisation,
+    reductions: no tensor cores). `sms`, `boost_clock` (Hz) and `l2_bytes` are recorded for
+    comparisons between GPUs (what differs between two GPUs and what does not); the time
+    models use the peaks and the bandwidth."""
+
     name: str
-    peak_flops: dict[str, float]  # dtype -> dense FLOP/s (tensor cores where they apply)
+    peak_flops: dict[str, float]  # math mode -> dense FLOP/s of the units that run it
     memory_bandwidth: float  # bytes/s
     memory_capacity: float  # bytes
     aliases: tuple[str, ...] = field(default=())
+    vector_flops: dict[str, float] = field(default_factory=dict)  # dtype -> CUDA-core FLOP/s
+    sms: int | None = None
+    boost_clock: float | None = None  # Hz
+    l2_bytes: float | None = None
 
     def flops_for(self, dtype: str = "float32") -> float:
         try:
@@ -31,6 +43,14 @@ class GPU:
             raise ConfigError(
                 "dtype", dtype, f"one of {sorted(self.peak_flops)} for {self.name}"
             ) from None
+
+    def vector_flops_for(self, dtype: str = "float32") -> float:
+        """The CUDA cores' peak for `dtype` (tf32 is a tensor-core mode: its element-wise
+        work runs in float32); the float32 peak where the sheet gives none for `dtype`."""
+        d = "float32" if dtype == "tf32" else dtype
+        if d in self.vector_flops:
+            return self.vector_flops[d]
+        return self.vector_flops.get("float32") or self.flops_for("float32")
 
 
 @dataclass(frozen=True)
@@ -49,17 +69,24 @@ def _gpu(g: GPU):
 
 
 # NVIDIA A40 datasheet (2021): FP32 37.4 TF, TF32 74.8 TF, FP16/BF16 tensor 149.7 TF (dense),
-# 48 GB GDDR6, 696 GB/s.
+# 48 GB GDDR6, 696 GB/s. NVIDIA Ampere GA102 whitepaper (v2.1): 84 SMs, boost 1,740 MHz,
+# 6 MB L2; non-tensor FP16/BF16 at the FP32 rate (37.4 TF).
 _gpu(
     GPU(
         "A40",
         {"float32": 37.4 * T, "tf32": 74.8 * T, "float16": 149.7 * T, "bfloat16": 149.7 * T},
         696 * GB,
         48 * GB,
+        vector_flops={"float32": 37.4 * T, "float16": 37.4 * T, "bfloat16": 37.4 * T},
+        sms=84,
+        boost_clock=1740e6,
+        l2_bytes=6 * 2**20,
     )
 )
 # NVIDIA A100 Tensor Core GPU datasheet (2021), SXM: FP64 9.7 TF, FP32 19.5 TF, TF32 156 TF,
-# FP16/BF16 312 TF (dense); 40 GB HBM2 at 1,555 GB/s; 80 GB HBM2e at 2,039 GB/s.
+# FP16/BF16 312 TF (dense); 40 GB HBM2 at 1,555 GB/s; 80 GB HBM2e at 2,039 GB/s. NVIDIA A100
+# Tensor Core GPU Architecture whitepaper (2020), table 1: 108 SMs, boost 1,410 MHz, 40 MB L2;
+# non-tensor FP16 78 TF, BF16 39 TF, FP64 9.7 TF.
 _A100 = {
     "float64": 9.7 * T,
     "float32": 19.5 * T,
@@ -67,10 +94,15 @@ _A100 = {
     "float16": 312 * T,
     "bfloat16": 312 * T,
 }
-_gpu(GPU("A100-40GB", _A100, 1555 * GB, 40 * GB, ("A100",)))
-_gpu(GPU("A100-80GB", _A100, 2039 * GB, 80 * GB))
+_A100_VECTOR = {"float64": 9.7 * T, "float32": 19.5 * T, "float16": 78 * T, "bfloat16": 39 * T}
+_A100_CHIP = dict(vector_flops=_A100_VECTOR, sms=108, boost_clock=1410e6, l2_bytes=40 * 2**20)
+_gpu(GPU("A100-40GB", _A100, 1555 * GB, 40 * GB, ("A100",), **_A100_CHIP))
+_gpu(GPU("A100-80GB", _A100, 2039 * GB, 80 * GB, **_A100_CHIP))
 # NVIDIA H100 Tensor Core GPU datasheet, SXM5: FP64 34 TF, FP32 67 TF, TF32 494.7 TF,
 # FP16/BF16 989.4 TF, FP8 1,978.9 TF (dense = half the "with sparsity" figures); 80 GB HBM3, 3.35 TB/s.
+# NVIDIA H100 Tensor Core GPU Architecture whitepaper (v1.04), table 3 (SXM5): 132 SMs, boost
+# 1,980 MHz for the figures above (FP32: 132 x 128 x 2 x 1.98 GHz = 66.9 TF), 50 MB L2;
+# non-tensor FP16/BF16 133.8 TF, FP64 33.5 TF (34 on the datasheet).
 _H100 = {
     "float64": 34 * T,
     "float32": 67 * T,
@@ -79,9 +111,13 @@ _H100 = {
     "bfloat16": 989.4 * T,
     "float8": 1978.9 * T,
 }
-_gpu(GPU("H100-SXM", _H100, 3350 * GB, 80 * GB, ("H100", "NVIDIA H100 80GB HBM3")))
-# NVIDIA H200 Tensor Core GPU datasheet, SXM: same compute as H100 SXM; 141 GB HBM3e, 4.8 TB/s.
-_gpu(GPU("H200", _H100, 4800 * GB, 141 * GB, ("H200-SXM", "NVIDIA H200")))
+_H100_VECTOR = {"float64": 34 * T, "float32": 67 * T, "float16": 133.8 * T, "bfloat16": 133.8 * T}
+_H100_CHIP = dict(vector_flops=_H100_VECTOR, sms=132, boost_clock=1980e6, l2_bytes=50 * 2**20)
+_gpu(GPU("H100-SXM", _H100, 3350 * GB, 80 * GB, ("H100", "NVIDIA H100 80GB HBM3"), **_H100_CHIP))
+# NVIDIA H200 Tensor Core GPU datasheet, SXM: the same FP64/FP32/TF32/FP16/BF16/FP8 figures as
+# the H100 SXM (the same GH100 chip: 132 SMs, the same clocks and 50 MB L2, which the measured
+# H200 confirms: torch reports 132 SMs); 141 GB HBM3e at 4.8 TB/s: only the memory differs.
+_gpu(GPU("H200", _H100, 4800 * GB, 141 * GB, ("H200-SXM", "NVIDIA H200"), **_H100_CHIP))
 
 # PCI-SIG: PCIe 4.0 x16 is 16 GT/s x 16 lanes, ~32 GB/s per direction; PCIe 5.0 doubles it.
 LINKS["pcie4"] = Link("pcie4", 32 * GB, 1e-6)  # latency: assumption, ~1 us per hop
