@@ -255,6 +255,8 @@ class ExpertParallel(Extrapolator):
                             tensors[tid] = dataclasses.replace(t, nbytes=t.nbytes / self.ep)
             m = self._sharded = copy.copy(self.model)
             m.trace = Trace(self.trace.operators, tensors, self.trace.metadata)
+            if getattr(m, "identity", False):  # the view is not the traced run: its
+                m.identity = False  # operators touch 1/ep of the weights, so no replay
         return m
 
     def _template(self, j: int, mb: int) -> list:
