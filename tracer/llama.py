@@ -65,6 +65,16 @@ def _rotate_half(x):
     return torch.cat((-b, a), dim=-1)
 
 
+def add_rope_tables(module: nn.Module, max_len: int, head_dim: int, theta: float) -> None:
+    """The rotary embedding's cos and sin tables, (max_len, 1, head_dim), as non-persistent
+    buffers `rope_cos` and `rope_sin` of `module` (they follow it to its device)."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+    freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
+    freqs = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+    module.register_buffer("rope_cos", freqs.cos(), persistent=False)
+    module.register_buffer("rope_sin", freqs.sin(), persistent=False)
+
+
 def rotary(x, cos, sin):
     """Rotary position embedding (Su et al. 2021), in float32 as torchtitan computes it."""
     xf = x.float()
@@ -140,12 +150,7 @@ class Llama(MixedPrecision):
         self.output = LlamaLinear(dim, vocab)
         if tied:
             self.output.weight = self.tok_embeddings.weight
-        hd = dim // heads
-        inv = 1.0 / ROPE_THETA ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd)
-        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
-        freqs = torch.cat((freqs, freqs), dim=-1)[:, None, :]  # (max_len, 1, head_dim)
-        self.register_buffer("rope_cos", freqs.cos(), persistent=False)
-        self.register_buffer("rope_sin", freqs.sin(), persistent=False)
+        add_rope_tables(self, max_len, dim // heads, ROPE_THETA)
 
     def forward(self, idx):
         t = idx.shape[1]

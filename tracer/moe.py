@@ -40,6 +40,7 @@ from tracer.llama import (
     MixedPrecision,
     RMSNorm,
     SwiGLU,
+    add_rope_tables,
     rotary,
 )
 
@@ -233,11 +234,7 @@ class MoETransformer(MixedPrecision):
         self.norm = RMSNorm(dim)
         self.output = LlamaLinear(dim, cfg["vocab"])
         hd = mla["rope"] if cfg["attention"] == "mla" else dim // heads
-        inv = 1.0 / cfg["rope_theta"] ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd)
-        freqs = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
-        freqs = torch.cat((freqs, freqs), dim=-1)[:, None, :]
-        self.register_buffer("rope_cos", freqs.cos(), persistent=False)
-        self.register_buffer("rope_sin", freqs.sin(), persistent=False)
+        add_rope_tables(self, max_len, hd, cfg["rope_theta"])
 
     def forward(self, idx):
         t = idx.shape[1]
