@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from perfmodel.host import HostOptions
-from triosim.studies.host_fit import fit_kernel_gap, fit_op_cost, replay_time
+from triosim.studies.host_fit import fit_kernel_gap, fit_op_cost, fit_option, replay_time
 from triosim.trace.model import load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def pair_traces() -> dict:
     return {tag: (load(folder / f"{tag}.trace.json.gz"), w) for tag, w in wall.items()}
 
 
-def predict(traces: dict, fit_on: str, host: HostOptions) -> list:
+def predict(traces: dict, fit_on: tuple, host: HostOptions) -> list:
     rows = []
     for name, (t, plain) in traces.items():
         sim = replay_time(t, host)
@@ -130,23 +130,18 @@ def main() -> int:
     cost = fit_op_cost(t, plain)
     table(
         f"Imported profiles (et_pairs machine), op_cost {cost * 1e6:.2f} us fitted on {fit_on}:",
-        predict(pairs, fit_on, HostOptions(model="on", op_cost=cost)),
+        predict(pairs, (fit_on,), HostOptions(model="on", op_cost=cost)),
     )
 
     # the profiled host spans as the source: one scale fitted on the same trace
-    lo, hi = 0.0, 1.0
     base = HostOptions(model="on", source="trace")
-    while hi - lo > 1e-6:
-        mid = (lo + hi) / 2
-        if replay_time(t, dataclasses.replace(base, trace_scale=mid)) < plain:
-            lo = mid
-        else:
-            hi = mid
-    opts = dataclasses.replace(base, trace_scale=(lo + hi) / 2)
+    # (trace_scale > 0: the bisection starts just above it)
+    scale = fit_option(t, plain, "trace_scale", base, 1.0, 1e-6, host_bound=True, lower=1e-9)
+    opts = dataclasses.replace(base, trace_scale=scale)
     table(
         f"Imported profiles, source: trace (profiled host spans x {opts.trace_scale:.3f}, "
         f"fitted on {fit_on}):",
-        predict(pairs, fit_on, opts),
+        predict(pairs, (fit_on,), opts),
     )
     return 0
 

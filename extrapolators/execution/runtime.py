@@ -304,9 +304,7 @@ class Runtime(Meetings):
         if last is not None and last[0] is block and last[1] == key:
             acc, starts, t, self._clock[gpu] = last[2]
             return acc, starts, t
-        d = block.durations * scale if scale != 1.0 else block.durations
-        if len(d) and d.min() < 0:
-            raise ValueError(f"Negative delay {d[d < 0][0]}")  # as simpy's timeout
+        d = _durations(block, scale)
         acc, starts, clock = host_schedule(
             d, block.hosts, block.syncs, start, clock, self.host.launch_latency
         )
@@ -386,14 +384,20 @@ class Runtime(Meetings):
 
 def _cumsum(block: ComputeRun, start: float, scale: float) -> tuple:
     """The instants a block's tasks end at, from `start` (acc[0]), and its end."""
-    d = block.durations * scale if scale != 1.0 else block.durations
-    if len(d) and d.min() < 0:
-        raise ValueError(f"Negative delay {d[d < 0][0]}")  # as simpy's timeout
+    d = _durations(block, scale)
     acc = np.empty(len(d) + 1)
     acc[0] = start
     acc[1:] = d
     np.cumsum(acc, out=acc)
     return acc, float(acc[-1])
+
+
+def _durations(block: ComputeRun, scale: float) -> np.ndarray:
+    """A block's durations on a GPU computing `scale` times slower, checked."""
+    d = block.durations * scale if scale != 1.0 else block.durations
+    if len(d) and d.min() < 0:
+        raise ValueError(f"Negative delay {d[d < 0][0]}")  # as simpy's timeout
+    return d
 
 
 def host_schedule(d, h, syncs, start: float, clock: float, latency: float) -> tuple:

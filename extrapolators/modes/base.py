@@ -21,8 +21,8 @@ class Extrapolator:
     mini-batch (None: the traced one), `gpu` the target GPU (None: the traced one),
     `ring` the GPUs in ring order, `graph` the
     topology (None when unknown) for plans that weigh link speeds, `host` the host model
-    (perfmodel.host; None: no host) that gives each Compute its host time and kernel gaps. Collectives leave the algorithm to
-    the communication model (`collective = None`); a mode may name one to force it.
+    (perfmodel.host; None: no host) that gives each Compute its host time and kernel gaps.
+    Collectives leave the algorithm to the communication model (`collective = None`); a mode may name one to force it.
     """
 
     name = "abstract"
@@ -94,8 +94,6 @@ class Extrapolator:
 
     def compute(self, op, target: Target, scale: float = 1.0, mb: int = 0, phase=None):
         """The task for `op` at `target`; `phase` overrides the trace's ("recompute")."""
-        from extrapolators.execution.tasks import Compute
-
         # the per-target table is looked up by identity first: hashing a Target per task
         # was most of the cost of emitting DDP's streams
         last = getattr(self, "_last_target", None)
@@ -108,17 +106,12 @@ class Extrapolator:
         t = table.get(key)
         if t is None:
             t = table[key] = self.model.time(op, target) * scale
-            if self.host is not None:  # its kernels' gaps are GPU time too
-                t = table[key] = t + self.host.gap(op, t)
-        if self.host is None:
-            return Compute(op.name, op.layer, phase or op.phase, t, op.id, mb)
-        h = self.host  # the same launches at any batch, TP degree or micro-batch
-        return Compute(op.name, op.layer, phase or op.phase, t, op.id, mb, h.issue(op), h.sync(op))
+        return self.timed(op, t, mb, phase)
 
     def timed(self, op, t: float, mb: int = 0, phase=None):
-        """The task for `op` taking `t` GPU seconds that a mode timed itself (`compute` asks
-        the performance model), with its host's issue time and kernel gaps as `compute`
-        adds them where the host model is on."""
+        """The task for `op` taking `t` GPU seconds (from `compute`, or a mode that timed
+        it itself); where the host model is on, its kernels' gaps added to its GPU time and
+        its host's issue time (the same launches at any batch, TP degree or micro-batch)."""
         from extrapolators.execution.tasks import Compute
 
         h = self.host

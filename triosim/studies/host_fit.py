@@ -32,24 +32,29 @@ def replay_time(trace: Trace, host: HostOptions) -> float:
     return Simulation(cfg, trace=trace).run().iteration_time
 
 
-def _fit(trace, measured, host, field, upper, tol, bound) -> float:
+def fit_option(
+    trace, measured, field, host, upper, tol, host_bound: bool, lower: float = 0.0
+) -> float:
+    """The value of host option `field` in [lower, upper] (to `tol`) at which the replay of
+    `trace` with `host` (model on; its other options as given) takes `measured` seconds;
+    `host_bound`: refuse a trace whose time at `lower` is within 0.5 % of it."""
     if not measured > 0:
         raise ConfigError("measured", measured, "a positive iteration time in seconds")
-    base = dataclasses.replace(host or HostOptions(), model="on", source="launches")
+    base = dataclasses.replace(host or HostOptions(), model="on")
 
     def at(x: float) -> float:
         return replay_time(trace, dataclasses.replace(base, **{field: x}))
 
-    lo, hi = 0.0, upper
+    lo, hi = lower, upper
     floor = at(lo)
     if floor > measured:
         raise ConfigError(
             "measured",
             measured,
-            f"at least the trace's time with {field} 0 ({floor:.6g} s): the GPU work alone "
+            f"at least the trace's time with {field} {lower:g} ({floor:.6g} s): the GPU work alone "
             f"takes that long, so no {field} fits",
         )
-    if bound == "host" and measured - floor < 5e-3 * measured:
+    if host_bound and measured - floor < 5e-3 * measured:
         raise ConfigError(
             "measured",
             measured,
@@ -76,9 +81,11 @@ def _fit(trace, measured, host, field, upper, tol, bound) -> float:
 def fit_op_cost(trace: Trace, measured: float, host: HostOptions | None = None) -> float:
     """The `op_cost` (seconds) at which the replay of `trace` takes `measured` seconds; the
     other host options as given."""
-    return _fit(trace, measured, host, "op_cost", 1e-3, 1e-9, "host")
+    launches = dataclasses.replace(host or HostOptions(), source="launches")
+    return fit_option(trace, measured, "op_cost", launches, 1e-3, 1e-9, host_bound=True)
 
 
 def fit_kernel_gap(trace: Trace, measured: float, host: HostOptions | None = None) -> float:
     """The `kernel_gap` (seconds) at which the replay of `trace` takes `measured` seconds."""
-    return _fit(trace, measured, host, "kernel_gap", 1e-4, 1e-10, "gpu")
+    launches = dataclasses.replace(host or HostOptions(), source="launches")
+    return fit_option(trace, measured, "kernel_gap", launches, 1e-4, 1e-10, host_bound=False)
