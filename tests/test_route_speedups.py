@@ -212,6 +212,39 @@ def test_bounded_rows_and_chunks_give_the_same_routes(monkeypatch):
             _by_value(lambda g=g, pairs=pairs: Routes(g).paths_links(pairs), want)
 
 
+def test_hub_rows_that_do_not_fit_are_searched_again(monkeypatch):
+    """Leaves whose rows exceed the budget still serve their GPUs (each serves many): the
+    rows that do not fit are searched again when asked, never kept under another key, and
+    the paths are the reference's (at 131,072 GPUs on a fat tree, 512 leaves' rows are
+    540 MB: without hubs every GPU kept a ball of the machine)."""
+    from networks.routing import tuning
+
+    g = _slow_links(topo.fat_tree(32, 25 * GB, 1e-6, radix=8), 9)
+    leaf = next(iter(g.successors(31)))  # one leaf serves more: rows get replaced
+    for extra in (32, 33):
+        g.add_node(extra, kind="gpu")
+        topo.add_link(g, extra, leaf, 25 * GB, 1e-6, kind="net")
+    pairs = [(a, b) for a in range(34) for b in range(34)]
+    want = reference_paths(g, pairs)
+    n_nodes = len(g.nodes)
+    monkeypatch.setattr(tuning, "HUB_SHARED", 4)  # 4 GPUs per leaf here (6 on one)
+    for rows in (0, 1, 3):
+        monkeypatch.setattr(tuning, "HUB_ROWS_BYTES", max(1, rows * 8 * n_nodes))
+        r = Routes(g)
+        assert r._hub, "the leaves serve 4 GPUs each: hubs stay on"
+        got = r.paths_links(pairs)
+        assert all(same(x, y) for x, y in zip(got, want, strict=True)), rows
+        assert len(r._hub_rows) <= rows
+        # one pair at a time, through the rows that were (or were not) kept
+        assert all(same(r.walk_links(*pairs[i]), want[i]) for i in range(0, len(pairs), 37))
+    # few GPUs per hub: off, as before (each source searches its own ball)
+    monkeypatch.setattr(tuning, "HUB_SHARED", 10**6)
+    monkeypatch.setattr(tuning, "HUB_ROWS_BYTES", 1)
+    r = Routes(g)
+    assert not r._hub
+    assert all(same(x, y) for x, y in zip(r.paths_links(pairs), want, strict=True))
+
+
 def _dual_rail(n: int = 6):
     """Every GPU on two leaf switches by equal network links (dual-rail NICs)."""
     g = nx.DiGraph()

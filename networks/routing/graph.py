@@ -21,8 +21,9 @@ changed (so the graph must not change after):
   network links: a server) and `_net_bound` (the fewest network links between two such
   components, times the lightest one);
 - GPUs that share rows: `_hub` (a node whose only out-link goes to hub x: node ->
-  (x, weight); empty when the hubs' rows would not fit tuning.HUB_ROWS_BYTES), `_hub_link`,
-  and the same as arrays over nodes `_hub_of` (-1: none), `_hub_w`, `_hub_link_of`;
+  (x, weight); empty when the hubs' rows would not fit tuning.HUB_ROWS_BYTES and each hub
+  serves few nodes), `_hub_link`, `_hub_served` (nodes per hub), and the same as arrays
+  over nodes `_hub_of` (-1: none), `_hub_w`, `_hub_link_of`;
   `_via_switches` (GPUs whose out-links, two or more, all go to switches) and `_served`
   (how many of those each switch serves);
 - lookups by link: `link_ids`, `_link_or_none`, `link_values`.
@@ -92,14 +93,24 @@ class RouteGraph:
             (a, b): w for a, b, w in zip(u.tolist(), v.tolist(), self.weight.tolist(), strict=True)
         }
         # a node whose only out-link goes to X (a GPU on a leaf switch) is w + X's row away
-        # from everything else: one full row per such X serves all its GPUs, when these rows
-        # fit in tuning.HUB_ROWS_BYTES (a fat tree: one per leaf)
+        # from everything else: one full row per such X serves all its GPUs (a fat tree:
+        # one per leaf), when these rows fit in tuning.HUB_ROWS_BYTES or each serves enough
+        # nodes (tuning.HUB_SHARED) to be worth a search of the machine; rows that do not
+        # fit are searched again when asked (rows.`_full_row`). Without hubs every source
+        # keeps a ball of its own: at 131,072 GPUs on a fat tree (512 leaves' rows, 540 MB)
+        # those covered the machine, 20 GB and growing
         out_deg = np.bincount(u, minlength=len(nodes))
         single = np.flatnonzero(out_deg[u] == 1)  # links that are their tail's only one
         self._hub = {int(u[k]): (int(v[k]), float(self.weight[k])) for k in single}
         self._hub_link = {int(u[k]): int(k) for k in single}
-        hubs = {x for x, _ in self._hub.values()}
-        if len(hubs) * len(nodes) * 8 > tuning.HUB_ROWS_BYTES:
+        self._hub_served = np.bincount(
+            np.array([x for x, _ in self._hub.values()], np.int64), minlength=len(nodes)
+        )
+        hubs = int((self._hub_served > 0).sum())
+        if (
+            hubs * len(nodes) * 8 > tuning.HUB_ROWS_BYTES
+            and len(self._hub) < tuning.HUB_SHARED * hubs
+        ):
             self._hub, self._hub_link = {}, {}
         self._hub_of = np.full(len(nodes), -1, np.int64)  # the same as arrays over nodes
         self._hub_w = np.zeros(len(nodes))

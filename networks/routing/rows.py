@@ -17,8 +17,8 @@ for every node not farther than the destination it was grown to cover):
 - `trees(sources, targets)`: (distances, predecessors) of one shortest-path tree per source;
 - `_ball(s, d)`: (limit, reached nodes in order, their distances), kept per source;
   `_row(s, d)` the same as a full row (inf beyond);
-- `_full_row(x, hub)`: node x's whole row; a hub's always kept, a switch's while the rows
-  fit tuning.HUB_ROWS_BYTES (the most shared ones kept);
+- `_full_row(x, hub)`: node x's whole row; hubs' and switches' each kept while their
+  rows fit tuning.HUB_ROWS_BYTES (the most shared ones kept);
 - `_reads(s, targets)`: the switch rows a GPU behind switches reads, and `_hub_dist`,
   `_via_dist`: a source's distances as a function of node indices.
 What it needs: the arrays of graph.RouteGraph, which it extends.
@@ -139,8 +139,8 @@ class RouteRows(RouteGraph):
         return dist
 
     def _full_row(self, x: int, hub: bool) -> np.ndarray:
-        """Node x's whole distance row, computed once: a hub's is always kept (their number
-        was budgeted when the routes were built), another switch's while the rows fit."""
+        """Node x's whole distance row: kept (hubs' and other switches' apart) while the
+        rows fit tuning.HUB_ROWS_BYTES, the most shared first; else searched again."""
         row = self._hub_rows.get(x)
         if row is None:
             row = self._switch_rows.get(x)
@@ -149,22 +149,22 @@ class RouteRows(RouteGraph):
 
             row = dijkstra(self._csr, indices=x)
             if hub:
-                self._hub_rows[x] = row
+                self._keep_row(self._hub_rows, x, row, self._hub_served)
             else:
-                self._keep_switch_row(x, row)
+                self._keep_row(self._switch_rows, x, row, self._served)
         return row
 
-    def _keep_switch_row(self, x: int, row: np.ndarray) -> None:
-        """Keep switch x's row while the rows fit tuning.HUB_ROWS_BYTES; when they do not, in
-        place of the least shared one if x serves more GPUs (NCCL asks in cycles over all
-        servers, where least-recently-used would never hit)."""
-        rows = self._switch_rows
+    def _keep_row(self, rows: dict, x: int, row: np.ndarray, served: np.ndarray) -> None:
+        """Keep switch x's row in `rows` while they fit tuning.HUB_ROWS_BYTES; when they do
+        not, in place of the least shared one if x serves more nodes (NCCL asks in cycles
+        over all servers, where least-recently-used would never hit; with ties the rows
+        first kept stay, and only the rest are searched again)."""
         if (len(rows) + 1) * len(self.nodes) * 8 <= tuning.HUB_ROWS_BYTES:
             rows[x] = row
             return
         if rows:
-            low = min(rows, key=self._served.__getitem__)
-            if self._served[low] < self._served[x]:
+            low = min(rows, key=served.__getitem__)
+            if served[low] < served[x]:
                 del rows[low]
                 rows[x] = row
 

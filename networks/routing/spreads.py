@@ -87,7 +87,7 @@ class RouteSpreads(RouteRows):
         when deeper than tuning.SPREAD_LEVELS. Kept while they fit tuning.HUB_ROWS_BYTES."""
         if x in self._spreads:
             return self._spreads[x]
-        d = self._full_row(x, hub=x in self._hub_rows)
+        d = self._full_row(x, hub=bool(self._hub_served[x]))
         u, v, bw = self._u, self._v, self.link_values("bandwidth")
         tight = np.flatnonzero(np.isfinite(d[u]) & (d[u] + self.weight == d[v]))
         level = np.full(len(self.nodes), -1, np.int64)

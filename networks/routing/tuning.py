@@ -12,6 +12,9 @@ whatever their values. The tests set them to extremes to take every way through 
 # switch rows over its 18,448 nodes take 303 MB; at 256 MB a few hundred were searched again
 # per walk
 HUB_ROWS_BYTES = 2**29
+# hubs (switches that are their GPUs' only way out) each serving at least this many nodes on
+# average share their rows even when the rows do not all fit in HUB_ROWS_BYTES
+HUB_SHARED = 16
 CANDIDATES = 2**20  # in-links weighed at once when paths are walked in a batch
 # a hub with more out-links than this serves its GPUs' hop metrics from one shared spread
 # (a search from a GPU under a big switch relaxes every link of it: O(N) per GPU on a star)
