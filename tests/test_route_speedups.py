@@ -245,6 +245,40 @@ def test_hub_rows_that_do_not_fit_are_searched_again(monkeypatch):
     assert all(same(x, y) for x, y in zip(r.paths_links(pairs), want, strict=True))
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_rows_through_the_core_equal_a_search_of_the_whole_graph(seed):
+    """A full row searched over the core (pendant GPUs, one link out and one in with one
+    neighbour, filled in from it) is the whole graph's search, bit for bit: random graphs
+    with pendant GPUs hung on their nodes by links slower one way than the other (an
+    out-link's weight used for the in-link would differ), a pair of GPUs joined only to
+    each other (neither pendant), and the builders."""
+    from scipy.sparse.csgraph import dijkstra
+
+    rng = np.random.default_rng(seed)
+    g = random_graph(seed)
+    hosts = list(g.nodes)
+    for i in range(int(rng.integers(1, 6))):
+        p = f"p{i}"
+        g.add_node(p, kind="gpu")
+        at = hosts[int(rng.integers(len(hosts)))]
+        topo.add_link(g, p, at, 25 * GB, float(rng.choice([0.0, 1e-6])))
+        topo.add_link(g, at, p, float(rng.choice([10, 25])) * GB, float(rng.choice([0.0, 3e-6])))
+    g.add_node("q0", kind="gpu")
+    g.add_node("q1", kind="gpu")
+    topo.add_link(g, "q0", "q1", 10 * GB, 1e-6)
+    graphs = [g] + ([] if seed else list(builders().values()))
+    pendants = 0
+    for h in graphs:
+        for mode in ("latency", "hops"):
+            r = Routes(h, mode)
+            if h is g:
+                assert not {"q0", "q1"} & {r.nodes[k] for k in r._pend}
+            pendants += len(r._pend)
+            for x in range(len(r.nodes)):
+                assert np.array_equal(r._search_row(x), dijkstra(r._csr, indices=x)), (h, x)
+    assert pendants > 0  # the core path was taken
+
+
 def _dual_rail(n: int = 6):
     """Every GPU on two leaf switches by equal network links (dual-rail NICs)."""
     g = nx.DiGraph()

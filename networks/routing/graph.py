@@ -130,6 +130,33 @@ class RouteGraph:
         self._served = np.bincount(v[self._via_switches[u]], minlength=len(nodes))
         self._comp_graph = None  # components joined by network links (`_net_bound`)
         self._out_deg = out_deg
+        self._pendants(u, v, out_deg)
+
+    def _pendants(self, u, v, out_deg) -> None:
+        """Pendant nodes: one link out and one in, both with the same neighbour that is not
+        itself pendant (a GPU on a leaf switch). No shortest path passes through one (it
+        would leave by the link it came in on), so distances between the other nodes (the
+        core) are the core graph's, and a pendant is its neighbour's distance plus its
+        in-link's weight: integers, so the same float as a search of the whole graph
+        (rows.`_full_row`: 1,280 core nodes, not 132,352, at 131,072 GPUs on a fat tree).
+        `_core` (node -> index in the core, -1 for a pendant), `_core_csr`, `_pend`,
+        `_pend_from`, `_pend_w`."""
+        n = len(self.nodes)
+        head = np.full(n, -1, np.int64)
+        one_out = out_deg[u] == 1
+        head[u[one_out]] = v[one_out]
+        tail = np.full(n, -1, np.int64)
+        one_in = np.flatnonzero(self._in_deg == 1)
+        tail[one_in] = self._in_from[self._in_ptr[one_in]]
+        pend = (head >= 0) & (head == tail)
+        pend &= ~pend[np.maximum(tail, 0)]
+        self._pend = np.flatnonzero(pend)
+        self._pend_from = tail[self._pend]
+        self._pend_w = self.weight[self._in_link[self._in_ptr[self._pend]]]
+        core = np.flatnonzero(~pend)
+        self._core = np.full(n, -1, np.int64)
+        self._core[core] = np.arange(len(core))
+        self._core_csr = self._csr[core][:, core] if len(self._pend) else None
 
     def link_ids(self, tails: np.ndarray, heads: np.ndarray) -> np.ndarray:
         """The index in `links` of each (tail, head) pair of node indices; every pair must

@@ -145,13 +145,26 @@ class RouteRows(RouteGraph):
         if row is None:
             row = self._switch_rows.get(x)
         if row is None:
-            from scipy.sparse.csgraph import dijkstra
-
-            row = dijkstra(self._csr, indices=x)
+            row = self._search_row(x)
             if hub:
                 self._keep_row(self._hub_rows, x, row, self._hub_served)
             else:
                 self._keep_row(self._switch_rows, x, row, self._served)
+        return row
+
+    def _search_row(self, x: int) -> np.ndarray:
+        """Node x's distances to every node: a search of the core (graph.`_pendants`), the
+        pendants their neighbour's distance plus their in-link's weight; or of the whole
+        graph where there is no pendant or x is one."""
+        from scipy.sparse.csgraph import dijkstra
+
+        c = self._core[x]
+        if self._core_csr is None or c < 0:
+            return dijkstra(self._csr, indices=x)
+        core = dijkstra(self._core_csr, indices=int(c))
+        row = np.empty(len(self.nodes))
+        row[self._core >= 0] = core
+        row[self._pend] = core[self._core[self._pend_from]] + self._pend_w
         return row
 
     def _keep_row(self, rows: dict, x: int, row: np.ndarray, served: np.ndarray) -> None:
