@@ -111,8 +111,9 @@ class PacketSwitchNetwork(
         self.routing = self.options.routing
         self.links = list(self.graph.edges())
         self._link_index = {e: i for i, e in enumerate(self.links)}
-        self.capacity = np.array([self.graph.edges[e]["bandwidth"] for e in self.links], float)
-        self.latency = np.array([self.graph.edges[e].get("latency", 0.0) for e in self.links])
+        data = [d for *_, d in self.graph.edges(data=True)]  # in `links` order
+        self.capacity = np.array([d["bandwidth"] for d in data], float)
+        self.latency = np.array([d.get("latency", 0.0) for d in data])
         self.link_bytes = np.zeros(len(self.links))
         self.link_busy = np.zeros(len(self.links))
         self.max_utilisation = 0.0  # highest load/capacity seen on any link (<= 1)

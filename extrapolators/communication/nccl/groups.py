@@ -57,9 +57,10 @@ class GroupAnalysis:
         self.graph = graph
         self.routes = getattr(net, "routes", None) or Routes(graph)
         self.links = self.routes.links
-        self.capacity = np.array([graph.edges[e]["bandwidth"] for e in self.links], float)
-        self.link_latency = np.array([graph.edges[e].get("latency", 0.0) for e in self.links])
-        kinds = [graph.edges[e].get("kind", "nvlink") for e in self.links]
+        data = self.routes.link_data
+        self.capacity = np.array([d["bandwidth"] for d in data], float)
+        self.link_latency = np.array([d.get("latency", 0.0) for d in data])
+        kinds = [d.get("kind", "nvlink") for d in data]
         self.link_kind = np.array(kinds)
         self.efficiency = np.array([P.LINK_EFFICIENCY[k] for k in kinds])
         self.switch_ends = bool(getattr(net, "reducing_endpoints", False))
