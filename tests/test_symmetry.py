@@ -362,3 +362,46 @@ def test_run_many_gives_a_slower_group_its_later_end():
     env0.process(m0.run("allreduce", groups[0], 8e6))
     env0.run()
     assert got["ends"][0] == env0.now and got["ends"][1] > 2 * got["ends"][0]
+
+
+@pytest.mark.parametrize("kept", [0, 32])
+def test_run_many_again_ends_as_the_groups_own_runs(kept, monkeypatch):
+    # the same groups run three times, at two sizes and with and without roots: with the
+    # calls' plans and streams kept (32) or not (0) every group ends where a run of its
+    # own, the same calls one after another, ends (a kept call matched on anything less
+    # than its groups, size and roots would reuse another's streams)
+    from extrapolators.communication.nccl.model import Nccl
+
+    monkeypatch.setattr(Nccl, "MANY_KEPT", kept)
+    groups = [(0, 1, 2, 3), (4, 5, 6, 7)]
+    calls = [("allreduce", 8e6, None), ("allreduce", 16e6, None), ("broadcast", 8e6, 0)]
+    calls += [("broadcast", 8e6, 3)]
+    calls += calls
+    sw = {"kind": "switch", "bandwidth": "50 GB/s", "latency": "1 us"}
+    alone = []
+    for g in groups:
+        env, model = _nccl_on(sw, 8)
+
+        def one(g=g, model=model, env=env):
+            ends = []
+            for op, size, root in calls:
+                yield from model.run(op, g, size, root=None if root is None else g[root])
+                ends.append(env.now)
+            return ends
+
+        p = env.process(one())
+        env.run()
+        alone.append(p.value)
+    env, model = _nccl_on(sw, 8)
+
+    def many():
+        out = []
+        for op, size, root in calls:
+            roots = None if root is None else [g[root] for g in groups]
+            out.append((yield from model.run_many(op, groups, size, roots=roots)))
+        return out
+
+    p = env.process(many())
+    env.run()
+    assert [list(e) for e in zip(*p.value, strict=True)] == alone
+    assert len(model._many) == (0 if kept == 0 else 4)

@@ -267,11 +267,16 @@ class GroupAnalysis:
     def _unit_time(self, streams, effective=False) -> float:
         """Seconds per byte of the operation for the streams on the free network: the most
         loaded link's load / capacity (x what NCCL believes the link carries)."""
-        load = np.zeros(len(self.links))
         paths = self._paths([(a, b) for a, b, _ in streams])
-        if paths:  # one unbuffered add in stream order: the same sums as one per stream
-            nh = [len(x) for x in paths]
-            np.add.at(load, np.concatenate(paths), np.repeat([x for *_, x in streams], nh))
-        cap = self.capacity * (self.efficiency if effective else 1.0)
+        if not paths:
+            return 0.0
+        # only the links the streams cross (a zeroed array of every link per group was
+        # most of a 131,072-GPU run's NCCL analysis); one unbuffered add in stream order:
+        # the same sums as one per stream
+        nh = [len(x) for x in paths]
+        used, at = np.unique(np.concatenate(paths), return_inverse=True)
+        load = np.zeros(len(used))
+        np.add.at(load, at.reshape(-1), np.repeat([x for *_, x in streams], nh))
+        cap = self.capacity[used] * (self.efficiency[used] if effective else 1.0)
         with np.errstate(divide="ignore", invalid="ignore"):
             return float(np.max(np.where(load > 0, load / cap, 0.0), initial=0.0))
