@@ -110,11 +110,7 @@ class Meetings:
         )
         for _ in range(len(images) + 1):
             self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
-        twins = Twins(self, f"collective {task.key!r}")
-        self.open_images += len(images)
-        for e in ends[1:]:
-            twins.image_done(e)
-        twins.rep_done(ends[0])
+        Twins(self, f"collective {task.key!r}").check_all(ends[0], ends[1:])
 
     def _image_collective(self, task: Collective, group, k: int, twins):
         """Copy k's image of a representatives' collective (its tag: the same key)."""

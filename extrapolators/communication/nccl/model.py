@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -400,29 +401,26 @@ class Nccl(GroupAnalysis, CommModel):
         NCCL's latency); returns at the first group's end when every group's transfers
         arrived at that group's instant (the symmetric case), else at once."""
         roots = roots if roots is not None else [None] * len(groups)
-        plans, batch = self._many_plans(op, groups, nbytes, roots, algorithm)
-        for p in plans:
-            k = (op, p.algo, p.proto)
-            self.choices[k] = self.choices.get(k, 0) + 1
+        plans, batch, m = self._many_plans(op, groups, nbytes, roots, algorithm)
+        for k, count in m.choices:
+            self.choices[k] = self.choices.get(k, 0) + count
         start = self.env.now
-        arrive: list = []
+        # per group, as `run` does it: its transfers' last arrival (`last`, when its
+        # transfer_all would have fired), then what is left of NCCL's latency after its
+        # last byte left (`rest`); the same float operations, element by element
+        last = np.full(len(plans), start)
+        rest = m.rest.copy()
         if batch:
             records = yield self.net.transfer_all(batch, tag=tag or op)
-            arrive = records.ends() if hasattr(records, "ends") else [r.end for r in records]
-        ends, lasts, rests, at = [], [], [], 0
-        for p in plans:
-            rest, last = p.latency + p.fill, start
-            if p.streams:
-                mine = arrive[at : at + len(p.streams)]
-                at += len(p.streams)
-                last = max(mine)  # when `run`'s transfer_all would have fired
-                sent = max(e - pl for e, pl in zip(mine, p.path_latency, strict=True))
-                rest -= last - sent
-            ends.append(last + rest if rest > 0 else last)
-            lasts.append(last)
-            rests.append(rest)
-        if self.env.now == lasts[0] and rests[0] > 0:
-            yield self.env.timeout(rests[0])  # as `run`: the same sum, so the same instant
+            arrive = np.asarray(
+                records.ends() if hasattr(records, "ends") else [r.end for r in records], float
+            )
+            last[m.has] = np.maximum.reduceat(arrive, m.first)
+            sent = np.maximum.reduceat(arrive - m.path_lat, m.first)
+            rest[m.has] -= last[m.has] - sent
+        ends = np.where(rest > 0, last + rest, last).tolist()
+        if self.env.now == last[0] and rest[0] > 0:
+            yield self.env.timeout(float(rest[0]))  # as `run`: the same sum, the same instant
         elif self.env.now < ends[0]:  # another group's transfers arrived later: at ends[0]
             yield at_instant(self.env, ends[0], lambda _e: None)
         return ends
@@ -439,14 +437,26 @@ class Nccl(GroupAnalysis, CommModel):
         key = (op, float(nbytes), algorithm, tuple(roots), tuple(map(id, groups)))
         hit = self._many.get(key)
         if hit is not None and all(a is b for a, b in zip(hit[0], groups, strict=True)):
-            return hit[1], hit[2]
+            return hit[1:]
         self.prepare(groups)
         plans = [self.plan(op, g, nbytes, r, algorithm) for g, r in zip(groups, roots, strict=True)]
         streams = [x for p in plans for x in p.streams]
         batch = self.net.batch(streams) if streams else []
+        counts = np.array([len(p.streams) for p in plans], np.int64)
+        choices: dict = {}
+        for p in plans:
+            k = (op, p.algo, p.proto)
+            choices[k] = choices.get(k, 0) + 1
+        m = SimpleNamespace(
+            choices=list(choices.items()),
+            rest=np.array([p.latency + p.fill for p in plans], float),
+            has=counts > 0,  # groups with streams, and where each one's begin in the batch
+            first=(np.cumsum(counts) - counts)[counts > 0],
+            path_lat=np.array([x for p in plans for x in p.path_latency], float),
+        )
         if len(self._many) < self.MANY_KEPT:  # the groups held: their ids stay theirs
-            self._many[key] = (list(groups), plans, batch)
-        return plans, batch
+            self._many[key] = (list(groups), plans, batch, m)
+        return plans, batch, m
 
 
 def _missing(name: str, s: System) -> str:
