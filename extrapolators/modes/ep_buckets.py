@@ -8,6 +8,8 @@ order they are ready (kind "dense" or "expert"; expert bytes are one GPU's share
 each kind's weights sorted by the position of the operator after which their gradient
 exists (extrapolators.modes.base.gradient_ready; ties: the later weight first, as DDP),
 cut when a bucket reaches `first` bytes (the first of its kind) or `cap` (the others).
+`share_of(w)`, where given, is the share of weight w a GPU holds instead (with tensor and
+expert-tensor parallelism: a TP-split dense weight's 1/tp, an expert's 1/(ep x etp)).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 from extrapolators.modes.base import gradient_ready
 
 
-def buckets(trace, expert_weights: set, ep: int, first: float, cap: float) -> list:
+def buckets(trace, expert_weights: set, ep: int, first: float, cap: float, share_of=None) -> list:
     ready = gradient_ready(trace)
     out = []
     for kind in ("dense", "expert"):
@@ -23,7 +25,7 @@ def buckets(trace, expert_weights: set, ep: int, first: float, cap: float) -> li
         mine = [w for w in ready if (w in expert_weights) == (kind == "expert")]
         size, last, made = 0.0, -1, 0
         for w in sorted(mine, key=lambda w: (ready[w], -w)):
-            size += trace.tensors[w].nbytes * share
+            size += trace.tensors[w].nbytes * (share if share_of is None else share_of(w))
             last = max(last, ready[w])
             if size >= (first if not made else cap):
                 out.append((last, size, kind))

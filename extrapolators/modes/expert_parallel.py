@@ -48,8 +48,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from extrapolators.execution.tasks import Collective, ComputeRun, Signal, Wait
-from extrapolators.modes import ep_buckets, moe_loads
+from extrapolators.modes import ep_buckets, ep_grid, moe_loads
 from extrapolators.modes.base import Extrapolator
+from extrapolators.modes.tp_roles import SHARDED, SPLIT
 from perfmodel.base import Target, batch_ratio, scales_with_batch
 from perfmodel.replay import TraceTime
 from triosim.common.errors import ConfigError
@@ -98,6 +99,31 @@ class EPOptions:
     first_bucket_size: float = option(
         2**20, unit="bytes", gt=0, help="dp_overlap: the first bucket's cap of each kind"
     )
+    tp: int = option(
+        1,
+        ge=1,
+        help="tensor-parallel degree of the dense layers (attention, shared experts, "
+        "embedding, head: Megatron's column/row split, sequence parallel); num_gpus / tp "
+        "data-parallel replicas of them",
+    )
+    etp: int = option(
+        1,
+        ge=1,
+        help="expert-tensor-parallel degree: each expert's weights split over etp GPUs "
+        "(Megatron-Core's expert_tensor_parallel_size; 1, its recommended MoE setting); ep "
+        "x etp divides num_gpus",
+    )
+    sequence_parallel: bool = option(
+        True,
+        help="tp > 1: Megatron's sequence parallelism (Megatron-Core requires it for MoE "
+        "with TP; false is refused there)",
+    )
+    distributed_optimizer: bool = option(
+        False,
+        help="Megatron's distributed optimizer (ZeRO-1): gradients reduce-scattered over "
+        "each weight's data-parallel group, the optimizer on that shard, the updated "
+        "parameters all-gathered after the step",
+    )
     capacity_factor: float | None = option(
         None,
         gt=0,
@@ -127,30 +153,46 @@ class ExpertParallel(Extrapolator):
             raise ConfigError("trace", "metadata moe", f"the fields {', '.join(missing)}")
         self.moe = moe
         n, o = len(self.gpus), self.options
-        self.ep = ep = o.ep or n
         experts = int(moe["num_experts"])
-        if n % ep or experts % ep:
+        ffn = moe.get("expert_ffn") if o.etp > 1 else None
+        self.grid = ep_grid.make_grid(n, o.tp, o.ep, o.etp, experts, ffn)
+        self.ep, self.tp, self.etp = self.grid.ep, o.tp, o.etp
+        if o.tp > 1 and not o.sequence_parallel:
             raise ConfigError(
-                "parallelism.ep", ep, f"a divisor of num_gpus ({n}) and of the {experts} experts"
+                "parallelism.sequence_parallel",
+                False,
+                f"true with tp {o.tp} (Megatron-Core: 'When using MoE and tensor "
+                f"parallelism, sequence parallelism must be used')",
             )
         if not 1 <= int(moe["top_k"]) <= experts:
             raise ConfigError("trace", "metadata moe.top_k", f"1 to the {experts} experts")
-        self.dp = n // ep
+        self.dp = self.grid.edp  # each expert's replicas
         ratio = batch_ratio(self.trace, Target(batch_size=self.op_batch()))
         cf = o.capacity_factor if o.capacity_factor is not None else moe.get("capacity_factor")
         shares = moe_loads.expert_shares(
             experts, int(moe["top_k"]), o.load, o.skew, o.seed, o.expert_loads
         )
-        tokens = float(moe["tokens"]) * ratio  # per GPU
-        kept = moe_loads.kept_tokens(shares, tokens, int(moe["top_k"]), ep, cf)
+        tokens = float(moe["tokens"]) * ratio  # per GPU (tp > 1: its 1/tp of the sequence)
+        kept = moe_loads.kept_tokens(shares, tokens, int(moe["top_k"]), self.ep, cf)
         traced = experts * float(moe["capacity"]) * ratio  # the trace's slots at this batch
         self.shares, self.kept = shares, kept
-        self.gpu_tokens = moe_loads.per_gpu(kept, ep)
+        self.gpu_tokens = moe_loads.per_gpu(kept, self.ep)
         self.expert_scale = [x / traced for x in self.gpu_tokens]
         token_bytes = float(moe["hidden"]) * DTYPE_BYTES[moe.get("dispatch_dtype", "bfloat16")]
-        self.sizes = moe_loads.dispatch_sizes(kept, ep, token_bytes)
+        self.sizes = moe_loads.dispatch_sizes(kept, self.ep, token_bytes)
         self.back = moe_loads.transpose(self.sizes)
+        # expert TP: what each EP rank's GPUs all-gather after the dispatch (and reduce-
+        # scatter before the combine): the tokens all etp ranks received, etp x its own
+        self.etp_bytes = [self.etp * sum(col) for col in zip(*self.sizes, strict=True)]
         self._split_trace()
+        self.tpx = self._dense_tp() if self.tp > 1 else None
+        split = self.tpx.sharded_weights() if self.tpx else set()
+        split_bytes = sum(self.trace.tensors[w].nbytes for w in split)
+        self.split_weights = split
+        self.dense_held = self.dense_bytes - split_bytes + split_bytes / self.tp
+        self.expert_held = self.expert_bytes / (self.ep * self.etp)
+        if o.dp_overlap:
+            self._make_buckets()
 
     def _split_trace(self):
         """Which operators and weights are the routed experts', and where each MoE layer's
@@ -170,17 +212,8 @@ class ExpertParallel(Extrapolator):
         self.expert_weights = {t.id for t in self.trace.weights() if expert(t.name)}
         ex = sum(self.trace.tensors[w].nbytes for w in self.expert_weights)
         self.expert_bytes, self.dense_bytes = ex, self.trace.weight_bytes() - ex
-        o = self.options
         self.buckets = []  # (ready position, bytes, kind), with dp_overlap
         self.signals_after: dict = {}  # op id -> buckets its gradient completes
-        if o.dp_overlap:
-            self.buckets = ep_buckets.buckets(
-                self.trace, self.expert_weights, self.ep, o.first_bucket_size, o.bucket_size
-            )
-            ops = self.trace.operators
-            for k, (pos, _, _) in enumerate(self.buckets):
-                if ops[pos].phase != "optimizer":
-                    self.signals_after.setdefault(ops[pos].id, []).append(k)
         self.before: dict = {}  # op id -> [(layer, kind, sizes)] of all-to-alls before it
         self.after: dict = {}
         for phase, first, last in (
@@ -195,28 +228,99 @@ class ExpertParallel(Extrapolator):
                 self.before.setdefault(a, []).append((layer, *first))
                 self.after.setdefault(b, []).append((layer, *last))
 
+    def _make_buckets(self):
+        """dp_overlap: the gradient buckets, each weight at the share a GPU holds (an
+        expert's 1/(ep x etp), a TP-split dense weight's 1/tp), and which backward
+        operator completes each."""
+        o, share = self.options, None
+        if self.tp > 1 or self.etp > 1:
+            ex, split, experts = 1.0 / (self.ep * self.etp), self.split_weights, self.expert_weights
+
+            def share(w):
+                if w in experts:
+                    return ex
+                return 1.0 / self.tp if w in split else 1.0
+
+        self.buckets = ep_buckets.buckets(
+            self.trace, self.expert_weights, self.ep, o.first_bucket_size, o.bucket_size, share
+        )
+        ops = self.trace.operators
+        for k, (pos, _, _) in enumerate(self.buckets):
+            if ops[pos].phase != "optimizer":
+                self.signals_after.setdefault(ops[pos].id, []).append(k)
+
+    def _dense_tp(self):
+        """The dense layers' TP plan (ep_tp.DenseTensorParallel) on one TP group's GPUs, at
+        a replica's micro-batch; its collectives are re-grouped per GPU (`_tp_task`)."""
+        from extrapolators.modes.ep_tp import DenseTensorParallel, moe_block_ops
+        from extrapolators.modes.tensor_parallel import TPOptions
+
+        o = self.options
+        self.micro = self.per_gpu_batch(self.grid.dp * o.accumulation_steps)
+        return DenseTensorParallel(
+            self.trace,
+            self.model,
+            self.gpus[: self.tp],
+            TPOptions("megatron", True),
+            batch_size=self.micro,
+            gpu=self.gpu,
+            host=self.host,
+            moe_ops=moe_block_ops(self.trace, self.moe),
+            expert_ops=self.expert_ops,
+        )
+
     def op_batch(self):
-        return self.per_gpu_batch(len(self.gpus) * self.options.accumulation_steps)
+        """The batch whose tokens a GPU routes: batch / num_gpus / steps (tp > 1: a
+        replica's micro-batch / tp, its share of the sequence; possibly fractional)."""
+        o = self.options
+        if o.tp == 1:
+            return self.per_gpu_batch(len(self.gpus) * o.accumulation_steps)
+        return self.per_gpu_batch(len(self.gpus) // o.tp * o.accumulation_steps) / o.tp
 
     def held_weight_bytes(self, gpu) -> float:
-        return self.dense_bytes + self.expert_bytes / self.ep
+        return self.dense_held + self.expert_held
+
+    def state_fractions(self) -> dict | None:
+        """distributed_optimizer: the optimizer states of 1/dp of the dense weights a GPU
+        holds and 1/edp of its experts' (Megatron's distributed optimizer shards them over
+        each parameter's data-parallel group); weights and gradients whole."""
+        if not self.options.distributed_optimizer:
+            return None
+        total = self.trace.weight_bytes()
+        held = self.held_weight_bytes(None) / total
+        states = (self.dense_held / self.grid.dp + self.expert_held / self.grid.edp) / total
+        return {"weights": held, "gradients": held, "optimizer_states": states}
 
     def activation_ratio(self, op) -> float:
-        r = super().activation_ratio(op)
         if op.id in self.expert_ops:  # sized at the busiest GPU's tokens (one plan for all)
-            return r * max(self.expert_scale)
-        return r
+            return super().activation_ratio(op) * max(self.expert_scale)
+        if self.tpx is not None:
+            return self.tpx.activation_ratio(op)
+        return super().activation_ratio(op)
 
     def groups(self, gpu) -> tuple[int, int, tuple, tuple]:
-        """(dp index, EP rank, EP group, expert data-parallel group) of `gpu`."""
+        """(expert-DP rank, EP rank, EP group, expert data-parallel group) of `gpu`
+        (ep_grid: Megatron-Core's expert groups)."""
         i = self.gpus.index(gpu)
-        d, j = divmod(i, self.ep)
+        _, j, d = self.grid.expert(i)
         return (
             d,
             j,
-            tuple(self.gpus[d * self.ep : (d + 1) * self.ep]),
-            tuple(self.gpus[j :: self.ep]),
+            tuple(self.gpus[k] for k in self.grid.ep_group(i)),
+            tuple(self.gpus[k] for k in self.grid.edp_group(i)),
         )
+
+    def _ring_order(self, members) -> tuple:
+        """`members` in the topology's ring order."""
+        s = set(members)
+        return tuple(g for g in self.ring if g in s)
+
+    def dense_group(self, gpu) -> tuple:
+        """The GPUs holding the same dense weights as `gpu` (all of them at tp 1)."""
+        if self.tp == 1:
+            return self.ring
+        i = self.gpus.index(gpu)
+        return self._ring_order(self.gpus[k] for k in self.grid.dp_group(i))
 
     def _expert_time(self, op, j: int) -> float:
         """Seconds expert operator `op` takes on EP rank j: the performance model's time on
@@ -233,7 +337,7 @@ class ExpertParallel(Extrapolator):
         tokens = scales_with_batch(self.trace, op)
         if isinstance(self.model, TraceTime):
             t = self.model.time(op, self.target(self.op_batch()))
-            t *= self.expert_scale[j] if tokens else 1.0 / self.ep
+            t *= self.expert_scale[j] if tokens else 1.0 / (self.ep * self.etp)
         else:
             batch = self.op_batch() or self.trace.batch_size
             batch = batch * self.expert_scale[j] if tokens else batch
@@ -251,8 +355,9 @@ class ExpertParallel(Extrapolator):
                 if o.id in self.expert_ops:
                     for tid in o.inputs + o.outputs:
                         t = self.trace.tensors[tid]
-                        if not t.scales_with_batch:
-                            tensors[tid] = dataclasses.replace(t, nbytes=t.nbytes / self.ep)
+                        if not t.scales_with_batch:  # one GPU's shard of the experts
+                            n = t.nbytes / (self.ep * self.etp)
+                            tensors[tid] = dataclasses.replace(t, nbytes=n)
             m = self._sharded = copy.copy(self.model)
             m.trace = Trace(self.trace.operators, tensors, self.trace.metadata)
             if getattr(m, "identity", False):  # the view is not the traced run: its
@@ -261,34 +366,69 @@ class ExpertParallel(Extrapolator):
 
     def _template(self, j: int, mb: int) -> list:
         """EP rank j's forward and backward of micro-batch mb: ComputeRuns (or Computes)
-        and, between them, (layer, kind, sizes) for each all-to-all; built once per rank
-        and micro-batch, shared by the rank's GPUs."""
+        and, between them, (layer, kind, sizes) for each all-to-all, ("signal", k) for a
+        ready gradient bucket, ("etp", op, bytes, layer, tag, phase) for an expert-TP
+        collective and ("tp", Collective, key) for a dense TP collective; built once per
+        rank and micro-batch, shared by the rank's GPUs."""
         cache = self.__dict__.setdefault("_templates", {})
         if (j, mb) in cache:
             return cache[j, mb]
         target = self.target(self.op_batch())
         items, run = [], []
+        tpx = self.tpx
+        if tpx is not None:
+            split, whole = self.target(self.micro, tp=self.tp), self.target(self.micro)
 
         def flush():
             if run:
                 items.extend([ComputeRun(run)] if self.compute_runs else run)
                 run.clear()
 
-        for op in self.ops("forward", "backward"):
-            for a2a in self.before.get(op.id, ()) if self.ep > 1 else ():
+        def tp_colls(colls, prefix):
+            for c in colls:
                 flush()
-                items.append(a2a)
+                items.append(("tp", c, f"{prefix}/{c.key}"))
+
+        def etp(layer, kind, phase):
+            if self.etp > 1:  # Megatron's AG after the dispatch, RS before the combine
+                op = "all_gather" if kind in ("dispatch", "combine-grad") else "reduce_scatter"
+                items.append(("etp", op, self.etp_bytes[j], layer, f"{kind}-{op}", phase))
+
+        last_step = mb == self.options.accumulation_steps - 1
+        for op in self.ops("forward", "backward"):
+            if tpx is not None:
+                tp_colls(tpx.before.get(op.id, ()), f"mb{mb}")
+            for a2a in self.before.get(op.id, ()) if self.ep > 1 or self.etp > 1 else ():
+                flush()
+                if self.ep > 1:
+                    items.append(a2a)
+                etp(a2a[0], a2a[1], op.phase)
             if op.id in self.expert_ops:
                 run.append(self.timed(op, self._expert_time(op, j), mb))
-            else:
+            elif tpx is None:
                 run.append(self.compute(op, target, mb=mb))
-            last_step = mb == self.options.accumulation_steps - 1
+            else:  # as in mode tp: the plan's role says how the operator is split
+                role = tpx.roles.get(op.id)
+                if role in SHARDED:
+                    scale = 1.0 if op.tp_split else 1.0 / self.tp
+                    run.append(self.compute(op, split, scale, mb=mb))
+                elif op.tp_split and (role in SPLIT or op.id in tpx._orphan_ids):
+                    run.append(self.compute(op, split, mb=mb))
+                else:
+                    run.append(self.compute(op, whole, mb=mb))
+            if tpx is not None:
+                tp_colls(tpx.after.get(op.id, ()), f"mb{mb}")
             for k in self.signals_after.get(op.id, ()) if last_step else ():
                 flush()
                 items.append(("signal", k))
-            for a2a in self.after.get(op.id, ()) if self.ep > 1 else ():
+            for a2a in self.after.get(op.id, ()) if self.ep > 1 or self.etp > 1 else ():
                 flush()
-                items.append(a2a)
+                etp(a2a[0], a2a[1], op.phase)
+                if self.ep > 1:
+                    items.append(a2a)
+        if tpx is not None and last_step:  # sequence-parallel weights' gradients (TP group)
+            for op in self.ops("optimizer"):
+                tp_colls(tpx.before.get(op.id, ()), "grads")
         flush()
         cache[j, mb] = items
         return items
@@ -302,24 +442,48 @@ class ExpertParallel(Extrapolator):
 
     def _compute(self, gpu):
         d, j, group, _ = self.groups(gpu)
+        i = self.gpus.index(gpu)
+        t_e = self.grid.expert(i)[0]
+        ep_key = f"ep{d}" if self.etp == 1 else f"ep{d}.{t_e}"
+        etp_group = tuple(self.gpus[k] for k in self.grid.etp_group(i))
+        etp_key = f"etp{i // self.etp}"
+        if self.tpx is not None:
+            tp_group = self._ring_order(self.gpus[k] for k in self.grid.tp_group(i))
+            tp_key = f"r{self.grid.dense(i)[1]}"
         for mb in range(self.options.accumulation_steps):
             for item in self._template(j, mb):
-                if type(item) is tuple and len(item) == 2:  # a gradient bucket is ready
+                if type(item) is not tuple:
+                    yield item
+                elif item[0] == "signal":  # a gradient bucket is ready
                     yield Signal(f"{gpu}:epb{item[1]}")
-                elif type(item) is tuple:
+                elif item[0] == "tp":
+                    c = item[1]
+                    yield Collective(
+                        c.op,
+                        tp_group,
+                        c.nbytes,
+                        f"{tp_key}:{item[2]}",
+                        c.layer,
+                        c.phase,
+                        c.algorithm,
+                    )
+                elif item[0] == "etp":
+                    _, op, nbytes, layer, tag, phase = item
+                    yield Collective(
+                        op, etp_group, nbytes, f"{etp_key}:mb{mb}:{layer}:{tag}", layer, phase
+                    )
+                else:
                     layer, kind, sizes = item
                     phase = "forward" if kind in ("dispatch", "combine") else "backward"
                     yield Collective(
                         "all_to_all",
                         group,
                         sum(sizes[j]),
-                        f"ep{d}:mb{mb}:{layer}:{kind}",
+                        f"{ep_key}:mb{mb}:{layer}:{kind}",
                         layer=layer,
                         phase=phase,
                         sizes=sizes,
                     )
-                else:
-                    yield item
         if self.options.dp_overlap:  # buckets no backward operator completes
             ops = self.trace.operators
             for k, (pos, _, _) in enumerate(self.buckets):
@@ -329,54 +493,91 @@ class ExpertParallel(Extrapolator):
             yield Signal(f"{gpu}:grads")
         yield Wait(f"{gpu}:reduced")
         target = self.target(self.op_batch())
-        total = self.trace.weight_bytes()
-        share = self.held_weight_bytes(gpu) / total if total else 1.0
+        share = self._optimizer_share()
         opt = [self.compute(op, target, share) for op in self.ops("optimizer")]
         if opt and self.compute_runs:
             yield ComputeRun(opt)
         elif opt:
             yield from opt
+        if self.options.distributed_optimizer:
+            yield Signal(f"{gpu}:stepped")
+            yield Wait(f"{gpu}:params")
+
+    def _optimizer_share(self) -> float:
+        """The optimizer's time x the weights it steps / all weight bytes: what the GPU
+        holds; with the distributed optimizer its 1/dp of the dense and 1/edp of the
+        experts' (the optimizer step touches only the shard it owns)."""
+        total = self.trace.weight_bytes()
+        if not total:
+            return 1.0
+        if self.options.distributed_optimizer:
+            return (self.dense_held / self.grid.dp + self.expert_held / self.grid.edp) / total
+        return self.held_weight_bytes(None) / total
+
+    def _reduction(self, gpu):
+        """(kind, dense group, its key's name, expert replicas, theirs) of `gpu`'s gradient
+        reduction: all-reduce, or reduce-scatter with the distributed optimizer."""
+        i = self.gpus.index(gpu)
+        _, j, _, replicas = self.groups(gpu)
+        kind = "reduce_scatter" if self.options.distributed_optimizer else "allreduce"
+        dense = "ep:dense" if self.tp == 1 else f"ep:dense{self.grid.dense(i)[0]}"
+        expert = f"ep:experts{j}" if self.etp == 1 else f"ep:experts{j}.{self.grid.expert(i)[0]}"
+        return kind, self.dense_group(gpu), dense, replicas, expert
 
     def _comm(self, gpu):
-        _, j, _, replicas = self.groups(gpu)
+        kind, dense_group, dense, replicas, expert = self._reduction(gpu)
         if self.options.dp_overlap:
-            yield from self._bucket_comm(gpu, j, replicas)
-            return
-        yield Wait(f"{gpu}:grads")
-        if len(self.gpus) > 1 and self.dense_bytes > 0:
-            yield Collective(
-                "allreduce",
-                self.ring,
-                self.dense_bytes,
-                "ep:dense-allreduce",
-                layer="gradients",
-                phase="backward",
-            )
-        if len(replicas) > 1 and self.expert_bytes > 0:
-            yield Collective(
-                "allreduce",
-                replicas,
-                self.expert_bytes / self.ep,
-                f"ep:experts{j}-allreduce",
-                layer="expert gradients",
-                phase="backward",
-            )
-        yield Signal(f"{gpu}:reduced")
-
-    def _bucket_comm(self, gpu, j, replicas):
-        """dp_overlap: each bucket's all-reduce as soon as it is ready, in ready order:
-        dense ones over all GPUs, expert ones over this GPU's experts' replicas."""
-        for k, (_, size, kind) in enumerate(self.buckets):
-            yield Wait(f"{gpu}:epb{k}")
-            group = self.ring if kind == "dense" else replicas
-            if len(group) > 1:
-                name = "ep:dense" if kind == "dense" else f"ep:experts{j}"
+            yield from self._bucket_comm(gpu)
+        else:
+            yield Wait(f"{gpu}:grads")
+            if len(dense_group) > 1 and self.dense_held > 0:
                 yield Collective(
-                    "allreduce",
+                    kind,
+                    dense_group,
+                    self.dense_held,
+                    f"{dense}-{kind}",
+                    layer="gradients",
+                    phase="backward",
+                )
+            if len(replicas) > 1 and self.expert_held > 0:
+                yield Collective(
+                    kind,
+                    replicas,
+                    self.expert_held,
+                    f"{expert}-{kind}",
+                    layer="expert gradients",
+                    phase="backward",
+                )
+            yield Signal(f"{gpu}:reduced")
+        if self.options.distributed_optimizer:  # the updated shards back to every replica
+            yield Wait(f"{gpu}:stepped")
+            for group, nbytes, name in (
+                (dense_group, self.dense_held, dense),
+                (replicas, self.expert_held, expert),
+            ):
+                if len(group) > 1 and nbytes > 0:
+                    yield Collective(
+                        "all_gather", group, nbytes, f"{name}-params", "parameters", "optimizer"
+                    )
+            yield Signal(f"{gpu}:params")
+
+    def _bucket_comm(self, gpu):
+        """dp_overlap: each bucket's all-reduce (reduce-scatter with the distributed
+        optimizer) as soon as it is ready, in ready order: dense ones over the GPU's dense
+        data-parallel group, expert ones over its experts' replicas."""
+        kind, dense_group, dense, replicas, expert = self._reduction(gpu)
+        op = "allreduce" if kind == "allreduce" else kind
+        for k, (_, size, what) in enumerate(self.buckets):
+            yield Wait(f"{gpu}:epb{k}")
+            group = dense_group if what == "dense" else replicas
+            if len(group) > 1:
+                name = dense if what == "dense" else expert
+                yield Collective(
+                    op,
                     group,
                     size,
                     f"{name}-bucket{k}",
-                    layer=f"{kind} bucket{k}",
+                    layer=f"{what} bucket{k}",
                     phase="backward",
                 )
         yield Signal(f"{gpu}:reduced")
