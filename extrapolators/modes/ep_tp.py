@@ -60,14 +60,9 @@ class DenseTensorParallel(TensorParallel):
     def _is_layer(self, op) -> bool:
         return op.id not in self.moe_ops and super()._is_layer(op)
 
-    def _megatron_roles(self, fwd):
-        super()._megatron_roles(fwd)
-        for i in self.routed_ops:  # mode ep times and places them
-            self.roles.pop(i, None)
-
     def _plan_roles(self, fwd) -> None:
         super()._plan_roles(fwd)
-        for i in self.routed_ops:  # their backward operators took their forward's role
+        for i in self.routed_ops:  # mode ep times and places them (both phases)
             self.roles.pop(i, None)
         self.orphans = [o for o in self.orphans if o.id not in self.moe_ops]
         self._orphan_ids -= self.moe_ops
