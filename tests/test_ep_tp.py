@@ -338,3 +338,25 @@ def test_traced_mixtral_with_tp_splits_attention_not_experts():
     assert a2a["nbytes"].to_numpy() == pytest.approx(
         moe["tokens"] / 2 * moe["top_k"] * moe["hidden"] * 2
     )
+
+
+def test_overlapped_parameter_gather_exposes_only_the_first_bucket():
+    """--overlap-param-gather: the dense shards (router + wq/2 + wo/2, one bucket) are
+    gathered before wq's forward, the experts' (EXPERT/2) while the attention and router
+    run, done before the experts need them; so the iteration is the non-overlapped one
+    less the expert gather's time (by hand), and GPU 0's first operator starts when the
+    dense gather ends. Without the distributed optimizer the option is refused."""
+    par = dict(tp=2, ep=2, distributed_optimizer=True, bucket_size=1e12)
+    _, plain = run(4, **par)
+    _, over = run(4, overlap_param_gather=True, **par)
+    dense, expert = ROUTER + WQ / 2 + WO / 2, EXPERT / 2
+    assert over.iteration_time == pytest.approx(
+        plain.iteration_time - ring("ag", expert, 2), rel=1e-9
+    )
+    tl = over.timeline
+    g0 = tl[tl.gpu == 0]
+    gathers = g0[g0["key"].astype(str).str.contains("-params")].sort_values("start")
+    assert list(gathers["nbytes"]) == [dense, expert]
+    assert g0[g0.kind == "compute"]["start"].min() == pytest.approx(ring("ag", dense, 2))
+    with pytest.raises(ConfigError, match=r"parallelism\.overlap_param_gather"):
+        run(4, tp=2, ep=2, overlap_param_gather=True)

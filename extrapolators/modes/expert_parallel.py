@@ -1,43 +1,83 @@
-"""Expert parallelism with data parallelism (`mode: ep`), as Megatron-LM's EP and
-DeepSpeed-MoE run it.
+"""Expert parallelism (`mode: ep`) with data parallelism, tensor parallelism of the dense
+layers, expert tensor parallelism and the distributed optimizer, as Megatron-Core runs an
+MoE model (and DeepSpeed-MoE its EP x DP).
 
-`num_gpus` = dp x ep. Every GPU runs the dense part of the model (attention, router,
-shared experts, embedding, head) on batch / num_gpus, as data parallelism; the routed
-experts of each MoE layer are spread over the `ep` GPUs of an EP group (consecutive GPU
-ids: one node's, as Megatron-LM places them), E / ep on each, so each expert has dp
-replicas. Per MoE layer and GPU, on the compute stream (the tokens' path blocks it):
+The GPUs (ep_grid.py: Megatron-Core's parallel_state groups, order tp-cp-ep-dp-pp): the
+dense layers (attention, router, shared experts, embedding, head) are tensor-parallel over
+`tp` consecutive GPUs (ep_tp.py: Megatron's column/row split, sequence parallel, which
+Megatron-Core requires for MoE with TP) with dp = num_gpus / tp replicas; the routed
+experts of each MoE layer are spread over the `ep` GPUs of an EP group, E / ep on each,
+each expert's weights split over `etp` GPUs (expert_tensor_parallel_size; default 1, the
+"MoE parallel folding" setting Megatron-Core's MoE README recommends: TP for attention,
+TP 1 for the experts), with edp = num_gpus / (ep x etp) replicas. EP is carved out of the
+dp x tp GPUs: with etp 1 an EP group is ep consecutive GPUs (one node's), spanning TP
+ranks. At tp = etp = 1 this is EP x DP: num_gpus = dp x ep.
+
+Per MoE layer and GPU, on the compute stream (the tokens' path blocks it), as Megatron-
+Core's all-to-all token dispatcher (token_dispatcher.py: permute -> A2A(EP) -> AG(ETP);
+RS(ETP) -> A2A(EP) -> unpermute; its local tokens are S/TP x B):
 
 - forward: the dispatch all-to-all before the layer's routed experts (each token's hidden
-  state to the GPU of each expert it was routed to), the experts' operators, the combine
-  all-to-all after them (the outputs back);
-- backward: the combine's gradient (the outputs' gradients to the experts' GPUs) before
-  the experts' backward operators, the dispatch's gradient (the inputs' gradients back)
-  after them.
+  state to the GPU of each expert it was routed to), with etp > 1 an all-gather of what
+  the expert-TP group's GPUs received, the experts' operators, with etp > 1 a reduce-
+  scatter of their outputs, the combine all-to-all (the outputs back);
+- backward: the combine's gradient (the outputs' gradients to the experts' GPUs; with
+  etp > 1 then all-gathered) before the experts' backward operators, the dispatch's
+  gradient (reduce-scattered first) after them.
 
-Bytes: EP rank i sends rank j 1/ep of the tokens kept by j's experts, hidden x the
-dispatched dtype's size each (moe_loads.dispatch_sizes); with uniform loads and no
-dropping, tokens x hidden x dtype x (ep - 1) / ep leave each GPU per all-to-all. An expert
-operator's time is the performance model's on a view of the trace holding E/ep experts
-(their weights, casts and gradients at 1/ep of the bytes) at the batch that gives the
-tokens the GPU's experts keep (its scale: those tokens over the E x capacity slots the
-trace's grouped GEMMs processed at this batch; 1 with uniform loads and dropless routing):
-the GEMMs keep their FLOPs per token but read 1/ep of the weights, so fine-grained experts
-with few tokens each, weight-bound on one GPU, come out compute-bound. With the replay
-model (`perfmodel.kind: trace`) the traced time is scaled by the token share instead (1/ep
-for an expert operator that touches no token). After the backward
-pass, on the comm stream, the dense gradients are all-reduced over all GPUs and each
-GPU's expert gradients over its experts' dp replicas (GPUs with the same EP rank); the
-optimizer step runs on what the GPU holds (its time x held / all weight bytes).
+Bytes by hand, per GPU and MoE layer, uniform loads, dropless, a replica's micro-batch of
+S tokens (sequence x micro-batch), hidden H, top-k, dispatched dtype of d bytes:
+  - a GPU holds S / tp tokens (sequence parallel) and routes each to k experts: its
+    all-to-all buffer is S / tp x k x H x d, of which (ep - 1) / ep leaves it, 4 times
+    (dispatch, combine, and both in backward). Mixtral 8x7B (S 4096, H 4096, k 2, bf16):
+    67.1 MB at tp 1, 33.6 MB at tp 2;
+  - etp > 1: the expert-TP all-gather's buffer is etp x the tokens the GPU received (etp x
+    S / tp x k x H x d), (etp - 1) / etp of it arriving, and the reduce-scatter the same,
+    twice each (forward and backward); the experts then run etp x S / tp x k tokens at
+    1/etp of their width: the FLOPs of etp 1;
+  - the dense layers' TP collectives are mode tp's with sequence parallelism (per
+    attention block S x H x 2 bytes: forward all-gather of the column layers' input and
+    reduce-scatter of the row layer's output; backward all-gather of the row layer's
+    output gradient, of the column layers' input again, reduce-scatter of its gradient),
+    and the router's and norms' gradients all-reduced over the TP group at the end;
+  - gradients: each GPU's dense share (the TP-split weights / tp, the rest whole) over
+    its dp replicas (GPUs with its TP rank), its experts' (E / ep experts / etp) over its
+    edp replicas (GPUs with its expert-TP and EP ranks): all-reduced, or with
+    `distributed_optimizer` (Megatron's, ZeRO-1) reduce-scattered and, after the step
+    on the 1/dp (1/edp) shard, the parameters all-gathered over the same groups: each
+    GPU moves (g - 1) / g x bytes twice, one all-reduce's worth.
+
+EP rank i sends rank j 1/ep of the tokens kept by j's experts (moe_loads.dispatch_sizes),
+so uneven loads give uneven all-to-alls. An expert operator's time is the performance
+model's on a view of the trace holding one GPU's experts (weights, casts, gradients at
+1/(ep x etp) of the bytes) at the batch giving the tokens the GPU's experts keep (its
+scale: those tokens over the E x capacity slots the trace's grouped GEMMs processed at
+this batch; 1 with uniform loads and dropless routing): the GEMMs keep their FLOPs per
+token but read 1/(ep x etp) of the weights, so fine-grained experts with few tokens each,
+weight-bound on one GPU, come out compute-bound. With etp > 1 an expert GEMM is timed at
+the GPU's own token count at full width (the FLOPs and weight bytes of etp x the tokens
+at 1/etp of the width; its gathered input, etp x larger, is read once: not counted). With
+the replay model (`perfmodel.kind: trace`) the traced time is scaled by the token share
+instead (1/(ep x etp) for an expert operator that touches no token). After the backward
+pass (or, with `dp_overlap`, in buckets as the backward pass makes them: ep_buckets,
+dense and expert apart), on the comm stream, the gradients are reduced as above; the
+optimizer step runs on what the GPU holds (its time x held / all weight bytes; with the
+distributed optimizer x its shard).
+
+Memory per GPU: weights and gradients of what it holds (dense / tp where split, experts
+/ (ep x etp)); optimizer states of the same, or with the distributed optimizer 1/dp of
+the dense and 1/edp of the experts'; activations of the dense layers as mode tp's (1/tp
+where split or sequence-parallel), the experts' at the busiest GPU's tokens.
 
 What the trace must say (metadata `moe`, docs/trace-format.md): the experts' module
-(`expert_module`: operators whose layer ends with it, weights named under it), the number
-of experts, top-k, hidden size, the traced tokens and capacity, the dispatched dtype,
-the router's capacity factor. With `accumulation_steps` k, forward and backward (and their
-all-to-alls) run k times on batch / num_gpus / k before the gradients are reduced. Not
-modelled: expert tensor parallelism, pipeline or FSDP
-with EP, overlap of the all-to-alls with compute. With `dp_overlap` the gradients are
-reduced in buckets as the backward pass makes them (ep_buckets: dense and expert apart),
-on the comm stream, overlapping the rest of the backward pass.
+(`expert_module`: operators whose layer ends with it, weights named under it; its parent
+is the MoE layer), the number of experts, top-k, hidden size, the traced tokens and
+capacity, the dispatched dtype, the router's capacity factor, `expert_ffn` for etp > 1.
+With `accumulation_steps` k, forward and backward (and their all-to-alls) run k times on
+a replica's batch / k before the gradients are reduced. Not modelled: pipeline
+parallelism or FSDP (ZeRO-3) with EP, overlap of the all-to-alls with compute (DeepSeek's
+DualPipe, Megatron's --overlap-moe-expert-parallel-comm), of the parameter all-gather
+with the next forward pass (--overlap-param-gather), TP communication overlap.
 """
 
 from __future__ import annotations
@@ -124,6 +164,12 @@ class EPOptions:
         "each weight's data-parallel group, the optimizer on that shard, the updated "
         "parameters all-gathered after the step",
     )
+    overlap_param_gather: bool = option(
+        False,
+        help="distributed_optimizer: the parameter all-gathers overlap the forward pass "
+        "(Megatron's --overlap-param-gather: each bucket gathered before the first "
+        "operator that reads it); false: all after the optimizer step",
+    )
     capacity_factor: float | None = option(
         None,
         gt=0,
@@ -164,6 +210,13 @@ class ExpertParallel(Extrapolator):
                 f"true with tp {o.tp} (Megatron-Core: 'When using MoE and tensor "
                 f"parallelism, sequence parallelism must be used')",
             )
+        if o.overlap_param_gather and not o.distributed_optimizer:
+            raise ConfigError(
+                "parallelism.overlap_param_gather",
+                True,
+                "false without distributed_optimizer (only the distributed optimizer "
+                "all-gathers parameters)",
+            )
         if not 1 <= int(moe["top_k"]) <= experts:
             raise ConfigError("trace", "metadata moe.top_k", f"1 to the {experts} experts")
         self.dp = self.grid.edp  # each expert's replicas
@@ -193,6 +246,15 @@ class ExpertParallel(Extrapolator):
         self.expert_held = self.expert_bytes / (self.ep * self.etp)
         if o.dp_overlap:
             self._make_buckets()
+        self.param_gathers, self.gather_before = [], {}
+        if o.overlap_param_gather:
+            self.param_gathers = ep_buckets.param_buckets(
+                self.trace, self.expert_weights, o.bucket_size, self._share_of()
+            )
+            ops = self.trace.operators
+            for k, (pos, _, _) in enumerate(self.param_gathers):
+                if pos < len(ops):
+                    self.gather_before.setdefault(ops[pos].id, []).append(k)
 
     def _split_trace(self):
         """Which operators and weights are the routed experts', and where each MoE layer's
@@ -232,15 +294,8 @@ class ExpertParallel(Extrapolator):
         """dp_overlap: the gradient buckets, each weight at the share a GPU holds (an
         expert's 1/(ep x etp), a TP-split dense weight's 1/tp), and which backward
         operator completes each."""
-        o, share = self.options, None
-        if self.tp > 1 or self.etp > 1:
-            ex, split, experts = 1.0 / (self.ep * self.etp), self.split_weights, self.expert_weights
-
-            def share(w):
-                if w in experts:
-                    return ex
-                return 1.0 / self.tp if w in split else 1.0
-
+        o = self.options
+        share = self._share_of() if self.tp > 1 or self.etp > 1 else None
         self.buckets = ep_buckets.buckets(
             self.trace, self.expert_weights, self.ep, o.first_bucket_size, o.bucket_size, share
         )
@@ -248,6 +303,19 @@ class ExpertParallel(Extrapolator):
         for k, (pos, _, _) in enumerate(self.buckets):
             if ops[pos].phase != "optimizer":
                 self.signals_after.setdefault(ops[pos].id, []).append(k)
+
+    def _share_of(self):
+        """w -> the share of weight w a GPU holds: an expert's 1/(ep x etp), a TP-split
+        dense weight's 1/tp, any other whole."""
+        ex, tp = 1.0 / (self.ep * self.etp), self.tp
+        split, experts = self.split_weights, self.expert_weights
+
+        def share(w):
+            if w in experts:
+                return ex
+            return 1.0 / tp if w in split else 1.0
+
+        return share
 
     def _dense_tp(self):
         """The dense layers' TP plan (ep_tp.DenseTensorParallel) on one TP group's GPUs, at
@@ -396,6 +464,9 @@ class ExpertParallel(Extrapolator):
 
         last_step = mb == self.options.accumulation_steps - 1
         for op in self.ops("forward", "backward"):
+            for k in self.gather_before.get(op.id, ()) if mb == 0 else ():
+                flush()  # its weights' updated shards are gathered (overlap_param_gather)
+                items.append(("params", k))
             if tpx is not None:
                 tp_colls(tpx.before.get(op.id, ()), f"mb{mb}")
             for a2a in self.before.get(op.id, ()) if self.ep > 1 or self.etp > 1 else ():
@@ -456,6 +527,8 @@ class ExpertParallel(Extrapolator):
                     yield item
                 elif item[0] == "signal":  # a gradient bucket is ready
                     yield Signal(f"{gpu}:epb{item[1]}")
+                elif item[0] == "params":
+                    yield Wait(f"{gpu}:pg{item[1]}")
                 elif item[0] == "tp":
                     c = item[1]
                     yield Collective(
@@ -499,7 +572,7 @@ class ExpertParallel(Extrapolator):
             yield ComputeRun(opt)
         elif opt:
             yield from opt
-        if self.options.distributed_optimizer:
+        if self.options.distributed_optimizer and not self.options.overlap_param_gather:
             yield Signal(f"{gpu}:stepped")
             yield Wait(f"{gpu}:params")
 
@@ -526,6 +599,16 @@ class ExpertParallel(Extrapolator):
 
     def _comm(self, gpu):
         kind, dense_group, dense, replicas, expert = self._reduction(gpu)
+        for k, (_, nbytes, what) in enumerate(self.param_gathers):
+            # overlap_param_gather: the last step's updated shards, gathered in the order
+            # the forward pass reads them (the steady state of Megatron's overlap)
+            group = dense_group if what == "dense" else replicas
+            if len(group) > 1:
+                name = dense if what == "dense" else expert
+                yield Collective(
+                    "all_gather", group, nbytes, f"{name}-params{k}", "parameters", "forward"
+                )
+            yield Signal(f"{gpu}:pg{k}")
         if self.options.dp_overlap:
             yield from self._bucket_comm(gpu)
         else:
@@ -549,7 +632,8 @@ class ExpertParallel(Extrapolator):
                     phase="backward",
                 )
             yield Signal(f"{gpu}:reduced")
-        if self.options.distributed_optimizer:  # the updated shards back to every replica
+        if self.options.distributed_optimizer and not self.options.overlap_param_gather:
+            # the updated shards back to every replica, after the step
             yield Wait(f"{gpu}:stepped")
             for group, nbytes, name in (
                 (dense_group, self.dense_held, dense),
@@ -583,5 +667,9 @@ class ExpertParallel(Extrapolator):
         yield Signal(f"{gpu}:reduced")
 
     def buffer_bytes(self, gpu) -> float:
-        # dp_overlap: the gradients copied into flat bucket buffers, as DDP's
+        # dp_overlap: the gradients copied into flat bucket buffers, as DDP's; Megatron's
+        # distributed optimizer reduces in the gradient buffer itself (each parameter's
+        # main_grad is a view of its bucket): no copy
+        if self.options.distributed_optimizer:
+            return 0.0
         return sum(size for _, size, _ in self.buckets)
