@@ -345,7 +345,7 @@ def test_overlapped_parameter_gather_exposes_only_the_first_bucket():
     gathered before wq's forward, the experts' (EXPERT/2) while the attention and router
     run, done before the experts need them; so the iteration is the non-overlapped one
     less the expert gather's time (by hand), and GPU 0's first operator starts when the
-    dense gather ends. Without the distributed optimizer the option is refused."""
+    dense gather and wq's input all-gather end. Without the distributed optimizer the option is refused."""
     par = dict(tp=2, ep=2, distributed_optimizer=True, bucket_size=1e12)
     _, plain = run(4, **par)
     _, over = run(4, overlap_param_gather=True, **par)
@@ -357,6 +357,8 @@ def test_overlapped_parameter_gather_exposes_only_the_first_bucket():
     g0 = tl[tl.gpu == 0]
     gathers = g0[g0["key"].astype(str).str.contains("-params")].sort_values("start")
     assert list(gathers["nbytes"]) == [dense, expert]
-    assert g0[g0.kind == "compute"]["start"].min() == pytest.approx(ring("ag", dense, 2))
+    # then wq's input all-gathered over the TP group (sequence parallel), then wq
+    first = ring("ag", dense, 2) + ring("all_gather", T * TB, 2)
+    assert g0[g0.kind == "compute"]["start"].min() == pytest.approx(first)
     with pytest.raises(ConfigError, match=r"parallelism\.overlap_param_gather"):
         run(4, tp=2, ep=2, overlap_param_gather=True)
