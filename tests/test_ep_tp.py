@@ -232,9 +232,11 @@ def test_tp_1_is_mode_ep():
     edp=st.sampled_from([1, 2]),
     top_k=st.sampled_from([1, 2]),
     zero=st.booleans(),
+    skew=st.sampled_from([0.0, 1.5]),
 )
-def test_conservation_on_random_layouts(tp, ep, etp, edp, top_k, zero):
-    """Random tp / ep / etp layouts (n = etp x ep x edp, tp dividing n): every operator of
+def test_conservation_on_random_layouts(tp, ep, etp, edp, top_k, zero, skew):
+    """Random tp / ep / etp layouts (n = etp x ep x edp, tp dividing n), uniform or skewed
+    loads: every operator of
     the trace runs once on every GPU; every routed token is dispatched once (the all-to-
     alls' sizes sum to the tokens of its EP group x top_k x H x 2, the groups together all
     GPUs' tokens); the bytes on the links are the collectives' textbook bytes, each
@@ -245,7 +247,10 @@ def test_conservation_on_random_layouts(tp, ep, etp, edp, top_k, zero):
         return
     experts = 4
     tr = trace(experts=experts, top_k=top_k, ffn=512)
-    sim, r = run(n, tr, batch=2 * n // tp, tp=tp, ep=ep, etp=etp, distributed_optimizer=zero)
+    load = {"load": "skew", "skew": skew, "seed": 1} if skew else {}
+    sim, r = run(
+        n, tr, batch=2 * n // tp, tp=tp, ep=ep, etp=etp, distributed_optimizer=zero, **load
+    )
     ex = sim.extrapolator
     tl = r.timeline
     fb = [o.id for o in tr.operators if o.phase != "optimizer"]
@@ -362,3 +367,18 @@ def test_overlapped_parameter_gather_exposes_only_the_first_bucket():
     assert g0[g0.kind == "compute"]["start"].min() == pytest.approx(first)
     with pytest.raises(ConfigError, match=r"parallelism\.overlap_param_gather"):
         run(4, tp=2, ep=2, overlap_param_gather=True)
+
+
+def test_overlapped_buckets_hold_the_gpus_share():
+    """dp_overlap with tp 2: a bucket per weight (1-byte caps), each the share a GPU holds:
+    the router whole, wq and wo half (column and row split), the experts 1/ep; reduced over
+    the dense group {0, 2} and the expert replicas {0, 2}."""
+    sim, r = run(4, tp=2, ep=2, dp_overlap=True, bucket_size=1.0, first_bucket_size=1.0)
+    sizes = sorted((kind, size) for _, size, kind in sim.extrapolator.buckets)
+    assert sizes == sorted(
+        [("dense", ROUTER), ("dense", WQ / 2), ("dense", WO / 2), ("expert", EXPERT / 2)]
+    )
+    tl = r.timeline
+    rows = tl[(tl.kind == "comm") & tl["key"].astype(str).str.contains("-bucket")]
+    assert set(rows[rows["key"].str.startswith("ep:dense0")]["gpu"]) == {0, 2}
+    assert set(rows[rows["key"].str.startswith("ep:experts0")]["gpu"]) == {0, 2}
