@@ -231,12 +231,12 @@ def test_tp_1_is_mode_ep():
     etp=st.sampled_from([1, 2]),
     edp=st.sampled_from([1, 2]),
     top_k=st.sampled_from([1, 2]),
-    zero=st.booleans(),
+    zero=st.sampled_from(["none", "distributed_optimizer", "fsdp"]),
     skew=st.sampled_from([0.0, 1.5]),
 )
 def test_conservation_on_random_layouts(tp, ep, etp, edp, top_k, zero, skew):
     """Random tp / ep / etp layouts (n = etp x ep x edp, tp dividing n), uniform or skewed
-    loads: every operator of
+    loads, gradients all-reduced, ZeRO-1 or FSDP: every operator of
     the trace runs once on every GPU; every routed token is dispatched once (the all-to-
     alls' sizes sum to the tokens of its EP group x top_k x H x 2, the groups together all
     GPUs' tokens); the bytes on the links are the collectives' textbook bytes, each
@@ -248,9 +248,9 @@ def test_conservation_on_random_layouts(tp, ep, etp, edp, top_k, zero, skew):
     experts = 4
     tr = trace(experts=experts, top_k=top_k, ffn=512)
     load = {"load": "skew", "skew": skew, "seed": 1} if skew else {}
-    sim, r = run(
-        n, tr, batch=2 * n // tp, tp=tp, ep=ep, etp=etp, distributed_optimizer=zero, **load
-    )
+    if zero != "none":
+        load[zero] = True
+    sim, r = run(n, tr, batch=2 * n // tp, tp=tp, ep=ep, etp=etp, **load)
     ex = sim.extrapolator
     tl = r.timeline
     fb = [o.id for o in tr.operators if o.phase != "optimizer"]
@@ -382,3 +382,34 @@ def test_overlapped_buckets_hold_the_gpus_share():
     rows = tl[(tl.kind == "comm") & tl["key"].astype(str).str.contains("-bucket")]
     assert set(rows[rows["key"].str.startswith("ep:dense0")]["gpu"]) == {0, 2}
     assert set(rows[rows["key"].str.startswith("ep:experts0")]["gpu"]) == {0, 2}
+
+
+def test_fsdp_gathers_each_unit_twice_and_reduce_scatters_it_once():
+    """ZeRO-3 with tp 2 x ep 2 on 4 GPUs: the units are the four layers (wq, wo, router,
+    experts); GPU 0 all-gathers each unit's held bytes (wq/2, wo/2 and the router over its
+    dense replicas {0, 2}, the experts' EXPERT/2 over its expert replicas {0, 2}) before
+    the unit's forward and again before its backward, and reduce-scatters them once after
+    the unit's backward; it keeps 1/2 of each (weights, gradients, AdamW's 12 bytes a
+    parameter: 6x); every expert operator starts after the experts' gather ends; with the
+    distributed optimizer the option is refused."""
+    sim, r = run(4, tp=2, ep=2, fsdp=True)
+    tl = r.timeline
+    g0 = tl[(tl.gpu == 0) & (tl.kind == "comm")]
+    units = [WQ / 2, WO / 2, ROUTER, EXPERT / 2]
+    gathers = g0[g0["key"].str.contains("-fsdp:")].sort_values("start")
+    assert list(gathers["nbytes"]) == units + units[::-1]
+    assert set(tl[tl["key"] == "ep:experts0-fsdp:mb0:forward:u3"]["gpu"]) == {0, 2}
+    assert set(tl[tl["key"] == "ep:dense0-fsdp:mb0:forward:u0"]["gpu"]) == {0, 2}
+    scatters = g0[g0["key"].str.contains("-fsdp-grads:")]
+    assert sorted(scatters["nbytes"]) == sorted(units)
+    assert set(scatters["name"]) == {"reduce_scatter"}
+    keep = (ROUTER + WQ / 2 + WO / 2) / 2 + (EXPERT / 2) / 2
+    mem = r.memory[r.memory["gpu"] == 0]
+    assert mem["weights"].max() == pytest.approx(keep)
+    assert mem["gradients"].max() == pytest.approx(keep)
+    assert mem["optimizer_states"].max() == pytest.approx(6 * keep)
+    ex_gather = gathers[gathers["key"] == "ep:experts0-fsdp:mb0:forward:u3"]["end"].iloc[0]
+    c0 = tl[(tl.gpu == 0) & (tl.kind == "compute")]
+    assert c0[c0["layer"].str.endswith("experts")]["start"].min() >= ex_gather - 1e-12
+    with pytest.raises(ConfigError, match=r"parallelism\.fsdp"):
+        run(4, tp=2, ep=2, fsdp=True, distributed_optimizer=True)

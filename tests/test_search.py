@@ -133,6 +133,7 @@ def test_search_tries_expert_parallelism_with_tp_and_the_distributed_optimizer()
     assert plans["ep 2 x tp 2 x etp 2"]["etp"] == 2
     assert "ep 4 x tp 2 x etp 2" not in plans  # ep x etp = 8 does not divide 4 GPUs
     assert plans["ep 4 (distributed optimizer)"]["distributed_optimizer"] is True
+    assert plans["dp 2 x ep 2 (fsdp)"] == {"mode": "ep", "ep": 2, "fsdp": True}
     moe = str(ROOT / "traces/modelled/h100-sxm/mixtral-8x7b-s4096-b1.trace.json.gz")
     cfg = {
         "trace": moe,

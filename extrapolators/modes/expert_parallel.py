@@ -74,8 +74,10 @@ What the trace must say (metadata `moe`, docs/trace-format.md): the experts' mod
 is the MoE layer), the number of experts, top-k, hidden size, the traced tokens and
 capacity, the dispatched dtype, the router's capacity factor, `expert_ffn` for etp > 1.
 With `accumulation_steps` k, forward and backward (and their all-to-alls) run k times on
-a replica's batch / k before the gradients are reduced. Not modelled: pipeline
-parallelism or FSDP (ZeRO-3) with EP, overlap of the all-to-alls with compute (DeepSeek's
+a replica's batch / k before the gradients are reduced. With `fsdp` (ZeRO-3, ep_fsdp.py)
+each GPU keeps 1/dp of its dense and 1/edp of its experts' weights, gradients and
+optimizer states, gathering each unit's parameters before its forward and backward and
+reduce-scattering its gradients after. Not modelled: pipeline parallelism with EP, overlap of the all-to-alls with compute (DeepSeek's
 DualPipe, Megatron's --overlap-moe-expert-parallel-comm), of the parameter all-gather
 with the next forward pass (--overlap-param-gather), TP communication overlap.
 """
@@ -90,6 +92,7 @@ from typing import Literal
 from extrapolators.execution.tasks import Collective, ComputeRun, Signal, Wait
 from extrapolators.modes import ep_buckets, ep_grid, moe_loads
 from extrapolators.modes.base import Extrapolator
+from extrapolators.modes.ep_fsdp import EPFsdp
 from extrapolators.modes.tp_roles import SHARDED, SPLIT
 from perfmodel.base import Target, batch_ratio, scales_with_batch
 from perfmodel.replay import TraceTime
@@ -170,6 +173,12 @@ class EPOptions:
         "(Megatron's --overlap-param-gather: each bucket gathered before the first "
         "operator that reads it); false: all after the optimizer step",
     )
+    fsdp: bool = option(
+        False,
+        help="ZeRO-3 / FSDP: each GPU keeps 1/dp of its dense and 1/edp of its experts' "
+        "weights, gradients and optimizer states; each unit's parameters all-gathered "
+        "before its forward and backward, its gradients reduce-scattered (ep_fsdp.py)",
+    )
     capacity_factor: float | None = option(
         None,
         gt=0,
@@ -179,7 +188,7 @@ class EPOptions:
     )
 
 
-class ExpertParallel(Extrapolator):
+class ExpertParallel(EPFsdp, Extrapolator):
     """Expert parallelism x data parallelism (module docstring)."""
 
     name = "ep"
@@ -217,6 +226,13 @@ class ExpertParallel(Extrapolator):
                 "false without distributed_optimizer (only the distributed optimizer "
                 "all-gathers parameters)",
             )
+        if o.fsdp and (o.distributed_optimizer or o.dp_overlap):
+            raise ConfigError(
+                "parallelism.fsdp",
+                True,
+                "false with distributed_optimizer or dp_overlap (FSDP shards the "
+                "parameters and reduce-scatters each unit's gradients itself)",
+            )
         if not 1 <= int(moe["top_k"]) <= experts:
             raise ConfigError("trace", "metadata moe.top_k", f"1 to the {experts} experts")
         self.dp = self.grid.edp  # each expert's replicas
@@ -246,6 +262,9 @@ class ExpertParallel(Extrapolator):
         self.expert_held = self.expert_bytes / (self.ep * self.etp)
         if o.dp_overlap:
             self._make_buckets()
+        self.fsdp_first, self.fsdp_last_bwd = {}, {}
+        if o.fsdp:
+            self._plan_fsdp()
         self.param_gathers, self.gather_before = [], {}
         if o.overlap_param_gather:
             self.param_gathers = ep_buckets.param_buckets(
@@ -352,6 +371,9 @@ class ExpertParallel(Extrapolator):
         """distributed_optimizer: the optimizer states of 1/dp of the dense weights a GPU
         holds and 1/edp of its experts' (Megatron's distributed optimizer shards them over
         each parameter's data-parallel group); weights and gradients whole."""
+        if self.options.fsdp:  # ZeRO-3: a shard of everything
+            f = self.fsdp_fraction()
+            return {"weights": f, "gradients": f, "optimizer_states": f}
         if not self.options.distributed_optimizer:
             return None
         total = self.trace.weight_bytes()
@@ -464,6 +486,9 @@ class ExpertParallel(Extrapolator):
 
         last_step = mb == self.options.accumulation_steps - 1
         for op in self.ops("forward", "backward"):
+            for phase, u in self.fsdp_first.get(op.id, ()):
+                flush()  # fsdp: the unit's parameters are gathered
+                items.append(("fsdp", phase, u))
             for k in self.gather_before.get(op.id, ()) if mb == 0 else ():
                 flush()  # its weights' updated shards are gathered (overlap_param_gather)
                 items.append(("params", k))
@@ -489,6 +514,9 @@ class ExpertParallel(Extrapolator):
                     run.append(self.compute(op, whole, mb=mb))
             if tpx is not None:
                 tp_colls(tpx.after.get(op.id, ()), f"mb{mb}")
+            for u in self.fsdp_last_bwd.get(op.id, ()) if last_step else ():
+                flush()
+                items.append(("fsdp_grads", u))
             for k in self.signals_after.get(op.id, ()) if last_step else ():
                 flush()
                 items.append(("signal", k))
@@ -509,6 +537,8 @@ class ExpertParallel(Extrapolator):
         for g in self.gpus:
             out[(g, "compute")] = self._compute(g)
             out[(g, "comm")] = self._comm(g)
+            if self.options.fsdp:
+                out[(g, "gather")] = self._fsdp_gather(g)
         return out
 
     def _compute(self, gpu):
@@ -525,6 +555,24 @@ class ExpertParallel(Extrapolator):
             for item in self._template(j, mb):
                 if type(item) is not tuple:
                     yield item
+                elif len(item) == 3 and type(item[2]) is tuple:
+                    layer, kind, sizes = item
+                    phase = "forward" if kind in ("dispatch", "combine") else "backward"
+                    yield Collective(
+                        "all_to_all",
+                        group,
+                        sum(sizes[j]),
+                        f"{ep_key}:mb{mb}:{layer}:{kind}",
+                        layer=layer,
+                        phase=phase,
+                        sizes=sizes,
+                    )
+                elif item[0] == "fsdp":
+                    at = f"{mb}:{item[1]}:{item[2]}"
+                    yield Wait(f"{gpu}:fsdp-gathered:{at}")
+                    yield Signal(f"{gpu}:fsdp-started:{at}")
+                elif item[0] == "fsdp_grads":
+                    yield Signal(f"{gpu}:fsdp-grads:{item[1]}")
                 elif item[0] == "signal":  # a gradient bucket is ready
                     yield Signal(f"{gpu}:epb{item[1]}")
                 elif item[0] == "params":
@@ -540,24 +588,16 @@ class ExpertParallel(Extrapolator):
                         c.phase,
                         c.algorithm,
                     )
-                elif item[0] == "etp":
+                else:  # etp
                     _, op, nbytes, layer, tag, phase = item
                     yield Collective(
                         op, etp_group, nbytes, f"{etp_key}:mb{mb}:{layer}:{tag}", layer, phase
                     )
-                else:
-                    layer, kind, sizes = item
-                    phase = "forward" if kind in ("dispatch", "combine") else "backward"
-                    yield Collective(
-                        "all_to_all",
-                        group,
-                        sum(sizes[j]),
-                        f"{ep_key}:mb{mb}:{layer}:{kind}",
-                        layer=layer,
-                        phase=phase,
-                        sizes=sizes,
-                    )
-        if self.options.dp_overlap:  # buckets no backward operator completes
+        if self.options.fsdp:  # units no backward operator completes
+            for u in self.fsdp_reduce_order:
+                if not any(u in us for us in self.fsdp_last_bwd.values()):
+                    yield Signal(f"{gpu}:fsdp-grads:{u}")
+        elif self.options.dp_overlap:  # buckets no backward operator completes
             ops = self.trace.operators
             for k, (pos, _, _) in enumerate(self.buckets):
                 if ops[pos].phase == "optimizer":
@@ -583,7 +623,7 @@ class ExpertParallel(Extrapolator):
         total = self.trace.weight_bytes()
         if not total:
             return 1.0
-        if self.options.distributed_optimizer:
+        if self.options.distributed_optimizer or self.options.fsdp:
             return (self.dense_held / self.grid.dp + self.expert_held / self.grid.edp) / total
         return self.held_weight_bytes(None) / total
 
@@ -598,6 +638,9 @@ class ExpertParallel(Extrapolator):
         return kind, self.dense_group(gpu), dense, replicas, expert
 
     def _comm(self, gpu):
+        if self.options.fsdp:
+            yield from self._fsdp_reduce(gpu)
+            return
         kind, dense_group, dense, replicas, expert = self._reduction(gpu)
         for k, (_, nbytes, what) in enumerate(self.param_gathers):
             # overlap_param_gather: the last step's updated shards, gathered in the order
@@ -670,6 +713,8 @@ class ExpertParallel(Extrapolator):
         # dp_overlap: the gradients copied into flat bucket buffers, as DDP's; Megatron's
         # distributed optimizer reduces in the gradient buffer itself (each parameter's
         # main_grad is a view of its bucket): no copy
+        if self.options.fsdp:
+            return self.fsdp_buffer()
         if self.options.distributed_optimizer:
             return 0.0
         return sum(size for _, size, _ in self.buckets)

@@ -6,7 +6,7 @@ that divide the batch), hybrid data-parallel replicas of tp, gpipe or 1f1b for e
 divisor of N, 3D grids (dp x tp x pp, all above 1) with a 1F1B pipeline, and context
 parallelism (cp: ring attention and all-to-all) and expert parallelism (ep, an MoE trace's
 experts; gradients reduced after the backward pass or overlapped with it, or by the
-distributed optimizer) for every degree above 1 dividing N, the other GPUs data-parallel
+distributed optimizer, or fully sharded) for every degree above 1 dividing N, the other GPUs data-parallel
 replicas; and ep with the dense layers tensor-parallel over every tp above 1 dividing N
 (experts not split, etp 1, and split over etp = tp where ep x tp divides N). A candidate whose plan the trace does not allow (a TP degree that does not
 divide a layer, a batch that does not split) is skipped with its reason; one whose weights,
@@ -66,6 +66,7 @@ def candidates(n: int, batch: int) -> list[tuple[str, dict]]:
                 {"mode": "ep", "ep": e, "dp_overlap": True, "distributed_optimizer": True},
             )
         )
+        out.append((f"{label} (fsdp)", {"mode": "ep", "ep": e, "fsdp": True}))
         for t in _divisors(n)[1:]:  # the dense layers tensor-parallel (sequence parallel)
             # expert TP = tp as well, where it fits (Megatron: etp x ep divides the GPUs)
             for etp in (1, t) if n % (e * t) == 0 else (1,):
