@@ -5,8 +5,8 @@ models") and FSDP2 run it.
 Each GPU keeps 1/dp of the dense weights it holds (its TP shard) and 1/edp of its
 experts' (ep_grid: dp = num_gpus / tp dense replicas, edp = num_gpus / (ep x etp) expert
 replicas), with their gradients and optimizer states. The model is cut into units
-(blocks.layer_units: consecutive forward operators sharing a layer-name prefix, FSDP2's
-`fully_shard` per block); per micro-batch, on a "gather" stream, a unit's parameters are
+(blocks.layer_units: consecutive forward operators sharing a layer-name prefix of
+`wrap_depth` parts, FSDP2's `fully_shard` per block); per micro-batch, on a "gather" stream, a unit's parameters are
 all-gathered before its forward (dense bytes over the GPU's dense data-parallel group,
 expert bytes over its experts' replicas), one unit ahead of the compute (prefetch: the next
 gather is issued when the compute starts the unit before), and again before its backward
@@ -34,7 +34,7 @@ class EPFsdp:
     """ZeRO-3 of mode `ep` (module docstring)."""
 
     def _plan_fsdp(self) -> None:
-        self.unit_of, self.unit_names, held = layer_units(self.trace, None)
+        self.unit_of, self.unit_names, held = layer_units(self.trace, self.options.wrap_depth)
         share, T, ex = self._share_of(), self.trace.tensors, self.expert_weights
         self.unit_bytes = [
             (

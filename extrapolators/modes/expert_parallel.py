@@ -179,6 +179,12 @@ class EPOptions:
         "weights, gradients and optimizer states; each unit's parameters all-gathered "
         "before its forward and backward, its gradients reduce-scattered (ep_fsdp.py)",
     )
+    wrap_depth: int | None = option(
+        None,
+        ge=1,
+        help="fsdp: layer-name depth of a unit (as mode fsdp; default: the smallest giving "
+        ">= 4 units; torchtitan's per-block wrapping of layers.N is 2)",
+    )
     capacity_factor: float | None = option(
         None,
         gt=0,
