@@ -195,7 +195,8 @@ class EPOptions:
 
 
 class ExpertParallel(EPFsdp, Extrapolator):
-    """Expert parallelism x data parallelism (module docstring)."""
+    """Expert parallelism with data, tensor and expert-tensor parallelism, the
+    distributed optimizer or FSDP (module docstring)."""
 
     name = "ep"
     Options = EPOptions
@@ -218,27 +219,7 @@ class ExpertParallel(EPFsdp, Extrapolator):
         ffn = moe.get("expert_ffn") if o.etp > 1 else None
         self.grid = ep_grid.make_grid(n, o.tp, o.ep, o.etp, experts, ffn)
         self.ep, self.tp, self.etp = self.grid.ep, o.tp, o.etp
-        if o.tp > 1 and not o.sequence_parallel:
-            raise ConfigError(
-                "parallelism.sequence_parallel",
-                False,
-                f"true with tp {o.tp} (Megatron-Core: 'When using MoE and tensor "
-                f"parallelism, sequence parallelism must be used')",
-            )
-        if o.overlap_param_gather and not o.distributed_optimizer:
-            raise ConfigError(
-                "parallelism.overlap_param_gather",
-                True,
-                "false without distributed_optimizer (only the distributed optimizer "
-                "all-gathers parameters)",
-            )
-        if o.fsdp and (o.distributed_optimizer or o.dp_overlap):
-            raise ConfigError(
-                "parallelism.fsdp",
-                True,
-                "false with distributed_optimizer or dp_overlap (FSDP shards the "
-                "parameters and reduce-scatters each unit's gradients itself)",
-            )
+        self._check_options()
         if not 1 <= int(moe["top_k"]) <= experts:
             raise ConfigError("trace", "metadata moe.top_k", f"1 to the {experts} experts")
         self.dp = self.grid.edp  # each expert's replicas
@@ -280,6 +261,31 @@ class ExpertParallel(EPFsdp, Extrapolator):
             for k, (pos, _, _) in enumerate(self.param_gathers):
                 if pos < len(ops):
                     self.gather_before.setdefault(ops[pos].id, []).append(k)
+
+    def _check_options(self):
+        """Combinations Megatron-Core (or the mode) refuses, each naming its field."""
+        o = self.options
+        if o.tp > 1 and not o.sequence_parallel:
+            raise ConfigError(
+                "parallelism.sequence_parallel",
+                False,
+                f"true with tp {o.tp} (Megatron-Core: 'When using MoE and tensor "
+                f"parallelism, sequence parallelism must be used')",
+            )
+        if o.overlap_param_gather and not o.distributed_optimizer:
+            raise ConfigError(
+                "parallelism.overlap_param_gather",
+                True,
+                "false without distributed_optimizer (only the distributed optimizer "
+                "all-gathers parameters)",
+            )
+        if o.fsdp and (o.distributed_optimizer or o.dp_overlap):
+            raise ConfigError(
+                "parallelism.fsdp",
+                True,
+                "false with distributed_optimizer or dp_overlap (FSDP shards the "
+                "parameters and reduce-scatters each unit's gradients itself)",
+            )
 
     def _split_trace(self):
         """Which operators and weights are the routed experts', and where each MoE layer's
