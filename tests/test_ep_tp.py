@@ -413,3 +413,13 @@ def test_fsdp_gathers_each_unit_twice_and_reduce_scatters_it_once():
     assert c0[c0["layer"].str.endswith("experts")]["start"].min() >= ex_gather - 1e-12
     with pytest.raises(ConfigError, match=r"parallelism\.fsdp"):
         run(4, tp=2, ep=2, fsdp=True, distributed_optimizer=True)
+
+
+def test_tp_needs_the_moe_layers_module():
+    """With tp > 1 the experts' module must sit under its MoE layer's (the router is told
+    from the attention by that module): a bare `experts` is refused, naming the field."""
+    tr = trace()
+    tr.metadata["moe"] = {**tr.metadata["moe"], "expert_module": "experts"}
+    run(4, tr, ep=2)  # tp 1 does not need it
+    with pytest.raises(ConfigError, match=r"metadata moe\.expert_module"):
+        run(4, tr, tp=2, ep=2)

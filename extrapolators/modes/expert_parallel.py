@@ -355,6 +355,13 @@ class ExpertParallel(EPFsdp, Extrapolator):
         from extrapolators.modes.tensor_parallel import TPOptions
 
         o = self.options
+        if "." not in self.moe["expert_module"]:
+            raise ConfigError(
+                "trace",
+                "metadata moe.expert_module",
+                "a module under its MoE layer's (`feed_forward.experts`) with tp > 1: the "
+                "MoE layer's module tells the router (not split) from the attention",
+            )
         self.micro = self.per_gpu_batch(self.grid.dp * o.accumulation_steps)
         return DenseTensorParallel(
             self.trace,
