@@ -16,14 +16,24 @@ compares the throughput with the published figure. Published (kept here as data)
   PP 16 (DualPipe, all-to-all overlapped with compute), EP 64 over 8 nodes, ZeRO-1 DP, FP8
   GEMMs, sequence 4096, batch 15360 sequences (7.5 per GPU per step).
 
-What differs (so the rows bound what the model leaves out, they do not validate it): mode
-`ep` has no pipeline, so each GPU holds a whole replica of the dense layers and its share
-of every expert (neither run fits in 80 GB here: the rows say so), its all-to-alls are
-not overlapped with compute (its gradient all-reduces are, dp_overlap, in buckets during
-the last backward pass), its GEMMs are bf16 (DeepSeek's FP8
-ones run ~2x faster), its operator times come from the calibrated model fitted on two
-CNN traces (no measured H100 MoE trace exists here), and the H800 is modelled as an H100
-(the same SXM compute and memory) with NVLink at 200 GB/s per direction.
+Which published settings the rows use (issue 33): both published runs use Megatron's
+distributed optimizer / ZeRO-1 (Mixtral: the MoE README's example script passes
+--use-distributed-optimizer --overlap-grad-reduce --overlap-param-gather; DeepSeek-V3:
+"ZeRO-1 data parallelism"), so mode `ep` runs with `distributed_optimizer` (gradients
+reduce-scattered in buckets during the backward pass, the optimizer on each GPU's shard,
+the parameters all-gathered: during the forward pass for Mixtral, `overlap_param_gather`,
+after the step for DeepSeek-V3, whose report does not say), where these rows used to
+all-reduce the gradients and replicate the optimizer states (0.76 and 0.43 of published).
+Both published runs have TP 1 (`tp: 1`; Mixtral's reference mapping: TP 1, EP 8, PP 4,
+VP 8) and EP as here.
+
+What still differs (so the rows bound what the model leaves out, they do not validate
+it): mode `ep` has no pipeline, so each GPU holds a whole replica of the dense layers and
+its share of every expert (neither run fits in 80 GB here: the rows say so), its
+all-to-alls are not overlapped with compute, its GEMMs are bf16 (DeepSeek's FP8 ones run
+~2x faster), its operator times come from the calibrated model fitted on two CNN traces
+(no measured H100 MoE trace exists here), and the H800 is modelled as an H100 (the same
+SXM compute and memory) with NVLink at 200 GB/s per direction.
 
 TFLOPS per GPU = the trace's forward and backward FLOPs (per micro-batch, as its
 operators count them: GEMMs at the balanced expert load, attention included) x
@@ -49,6 +59,9 @@ RUNS = [
         gpus=64,
         ep=8,
         steps=4,  # global batch 256 over 64 GPUs, micro-batch 1
+        # published (the README's example script): TP 1, --use-distributed-optimizer
+        # --overlap-grad-reduce --overlap-param-gather
+        parallelism={"tp": 1, "distributed_optimizer": True, "overlap_param_gather": True},
         nvlink=450e9,
         published="468 TFLOPS/GPU (Megatron-Core v0.9, EP 8 x PP 4, GBS 256)",
         metric="tflops",
@@ -60,6 +73,7 @@ RUNS = [
         gpus=64,
         ep=64,
         steps=8,  # ~7.5 sequences per GPU per step in the published run
+        parallelism={"distributed_optimizer": True},  # published: ZeRO-1 data parallelism
         nvlink=200e9,
         published="1543 tokens/s/GPU (tech report: 180K H800 h per 1T tokens; FP8, PP 16)",
         metric="tokens",
@@ -79,12 +93,14 @@ def simulate(run: dict):
         "batch_size": run["gpus"] * run["steps"],
         "gpu": "H100-SXM",
         "perfmodel": {"kind": "calibrated"},
-        # both published runs reduce gradients during the backward pass
+        # both published runs reduce gradients during the backward pass, with the
+        # distributed optimizer (ZeRO-1): reduce-scatter, step on the shard, all-gather
         "parallelism": {
             "mode": "ep",
             "ep": run["ep"],
             "accumulation_steps": run["steps"],
             "dp_overlap": True,
+            **run.get("parallelism", {}),
         },
         "topology": {
             "kind": "multi_node",
@@ -110,6 +126,7 @@ def row(run: dict) -> dict:
     g0 = tl[tl["gpu"] == 0]
     a2a = g0[(g0["kind"] == "comm") & (g0["name"] == "all_to_all")]
     reduce_ = g0[(g0["kind"] == "comm") & g0["key"].astype(str).str.contains("bucket")]
+    gather = g0[(g0["kind"] == "comm") & g0["key"].astype(str).str.contains("-params")]
     predicted = {
         "tflops": flops * run["steps"] / it / 1e12,
         "tokens": seq * run["steps"] / it,
@@ -118,7 +135,9 @@ def row(run: dict) -> dict:
         "run": run["name"],
         "iteration ms": it * 1e3,
         "all-to-all ms": float((a2a["end"] - a2a["start"]).sum()) * 1e3,
-        "grad all-reduce ms (overlapped)": float((reduce_["end"] - reduce_["start"]).sum()) * 1e3,
+        "grad reduce-scatter ms (overlapped)": float((reduce_["end"] - reduce_["start"]).sum())
+        * 1e3,
+        "param all-gather ms": float((gather["end"] - gather["start"]).sum()) * 1e3,
         "TFLOPS/GPU": predicted["tflops"],
         "tokens/s/GPU": predicted["tokens"],
         "published": run["published"],

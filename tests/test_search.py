@@ -119,3 +119,31 @@ def test_search_tries_expert_parallelism_on_an_moe_trace():
     dense.pop("perfmodel")
     row = _evaluate(dense, ".")
     assert row["status"] == "invalid" and "parallelism" in row["reason"]
+
+
+def test_search_tries_expert_parallelism_with_tp_and_the_distributed_optimizer():
+    """ep x tp for every tp above 1 dividing N (etp 1, and etp = tp where ep x tp divides
+    N), ep with the distributed optimizer; an ep x tp candidate evaluates as its own run;
+    an expert-TP degree whose ep x etp does not divide N is never proposed."""
+    from triosim.simulation.wiring import Simulation
+    from triosim.studies.search import _evaluate, candidates
+
+    plans = dict(candidates(4, 8))
+    assert plans["ep 2 x tp 2"] == {"mode": "ep", "ep": 2, "tp": 2, "etp": 1, "dp_overlap": True}
+    assert plans["ep 2 x tp 2 x etp 2"]["etp"] == 2
+    assert "ep 4 x tp 2 x etp 2" not in plans  # ep x etp = 8 does not divide 4 GPUs
+    assert plans["ep 4 (distributed optimizer)"]["distributed_optimizer"] is True
+    assert plans["dp 2 x ep 2 (fsdp)"] == {"mode": "ep", "ep": 2, "fsdp": True}
+    moe = str(ROOT / "traces/modelled/h100-sxm/mixtral-8x7b-s4096-b1.trace.json.gz")
+    cfg = {
+        "trace": moe,
+        "num_gpus": 2,
+        "batch_size": 2,
+        "gpu": "H100-SXM",
+        "perfmodel": {"kind": "calibrated"},
+        "memory": {"capacity": "10 TB"},
+        "parallelism": dict(candidates(2, 2))["ep 2 x tp 2"],
+    }
+    row = _evaluate(cfg, ".")
+    assert row["status"] == "ok"
+    assert row["iteration_time_ms"] == Simulation(cfg).run().iteration_time * 1e3

@@ -1,43 +1,85 @@
-"""Expert parallelism with data parallelism (`mode: ep`), as Megatron-LM's EP and
-DeepSpeed-MoE run it.
+"""Expert parallelism (`mode: ep`) with data parallelism, tensor parallelism of the dense
+layers, expert tensor parallelism and the distributed optimizer, as Megatron-Core runs an
+MoE model (and DeepSpeed-MoE its EP x DP).
 
-`num_gpus` = dp x ep. Every GPU runs the dense part of the model (attention, router,
-shared experts, embedding, head) on batch / num_gpus, as data parallelism; the routed
-experts of each MoE layer are spread over the `ep` GPUs of an EP group (consecutive GPU
-ids: one node's, as Megatron-LM places them), E / ep on each, so each expert has dp
-replicas. Per MoE layer and GPU, on the compute stream (the tokens' path blocks it):
+The GPUs (ep_grid.py: Megatron-Core's parallel_state groups, order tp-cp-ep-dp-pp): the
+dense layers (attention, router, shared experts, embedding, head) are tensor-parallel over
+`tp` consecutive GPUs (ep_tp.py: Megatron's column/row split, sequence parallel, which
+Megatron-Core requires for MoE with TP) with dp = num_gpus / tp replicas; the routed
+experts of each MoE layer are spread over the `ep` GPUs of an EP group, E / ep on each,
+each expert's weights split over `etp` GPUs (expert_tensor_parallel_size; default 1, the
+"MoE parallel folding" setting Megatron-Core's MoE README recommends: TP for attention,
+TP 1 for the experts), with edp = num_gpus / (ep x etp) replicas. EP is carved out of the
+dp x tp GPUs: with etp 1 an EP group is ep consecutive GPUs (one node's), spanning TP
+ranks. At tp = etp = 1 this is EP x DP: num_gpus = dp x ep.
+
+Per MoE layer and GPU, on the compute stream (the tokens' path blocks it), as Megatron-
+Core's all-to-all token dispatcher (token_dispatcher.py: permute -> A2A(EP) -> AG(ETP);
+RS(ETP) -> A2A(EP) -> unpermute; its local tokens are S/TP x B):
 
 - forward: the dispatch all-to-all before the layer's routed experts (each token's hidden
-  state to the GPU of each expert it was routed to), the experts' operators, the combine
-  all-to-all after them (the outputs back);
-- backward: the combine's gradient (the outputs' gradients to the experts' GPUs) before
-  the experts' backward operators, the dispatch's gradient (the inputs' gradients back)
-  after them.
+  state to the GPU of each expert it was routed to), with etp > 1 an all-gather of what
+  the expert-TP group's GPUs received, the experts' operators, with etp > 1 a reduce-
+  scatter of their outputs, the combine all-to-all (the outputs back);
+- backward: the combine's gradient (the outputs' gradients to the experts' GPUs; with
+  etp > 1 then all-gathered) before the experts' backward operators, the dispatch's
+  gradient (reduce-scattered first) after them.
 
-Bytes: EP rank i sends rank j 1/ep of the tokens kept by j's experts, hidden x the
-dispatched dtype's size each (moe_loads.dispatch_sizes); with uniform loads and no
-dropping, tokens x hidden x dtype x (ep - 1) / ep leave each GPU per all-to-all. An expert
-operator's time is the performance model's on a view of the trace holding E/ep experts
-(their weights, casts and gradients at 1/ep of the bytes) at the batch that gives the
-tokens the GPU's experts keep (its scale: those tokens over the E x capacity slots the
-trace's grouped GEMMs processed at this batch; 1 with uniform loads and dropless routing):
-the GEMMs keep their FLOPs per token but read 1/ep of the weights, so fine-grained experts
-with few tokens each, weight-bound on one GPU, come out compute-bound. With the replay
-model (`perfmodel.kind: trace`) the traced time is scaled by the token share instead (1/ep
-for an expert operator that touches no token). After the backward
-pass, on the comm stream, the dense gradients are all-reduced over all GPUs and each
-GPU's expert gradients over its experts' dp replicas (GPUs with the same EP rank); the
-optimizer step runs on what the GPU holds (its time x held / all weight bytes).
+Bytes by hand, per GPU and MoE layer, uniform loads, dropless, a replica's micro-batch of
+S tokens (sequence x micro-batch), hidden H, top-k, dispatched dtype of d bytes:
+  - a GPU holds S / tp tokens (sequence parallel) and routes each to k experts: its
+    all-to-all buffer is S / tp x k x H x d, of which (ep - 1) / ep leaves it, 4 times
+    (dispatch, combine, and both in backward). Mixtral 8x7B (S 4096, H 4096, k 2, bf16):
+    67.1 MB at tp 1, 33.6 MB at tp 2;
+  - etp > 1: the expert-TP all-gather's buffer is etp x the tokens the GPU received (etp x
+    S / tp x k x H x d), (etp - 1) / etp of it arriving, and the reduce-scatter the same,
+    twice each (forward and backward); the experts then run etp x S / tp x k tokens at
+    1/etp of their width: the FLOPs of etp 1;
+  - the dense layers' TP collectives are mode tp's with sequence parallelism (per
+    attention block S x H x 2 bytes: forward all-gather of the column layers' input and
+    reduce-scatter of the row layer's output; backward all-gather of the row layer's
+    output gradient, of the column layers' input again, reduce-scatter of its gradient),
+    and the router's and norms' gradients all-reduced over the TP group at the end;
+  - gradients: each GPU's dense share (the TP-split weights / tp, the rest whole) over
+    its dp replicas (GPUs with its TP rank), its experts' (E / ep experts / etp) over its
+    edp replicas (GPUs with its expert-TP and EP ranks): all-reduced, or with
+    `distributed_optimizer` (Megatron's, ZeRO-1) reduce-scattered and, after the step
+    on the 1/dp (1/edp) shard, the parameters all-gathered over the same groups: each
+    GPU moves (g - 1) / g x bytes twice, one all-reduce's worth.
+
+EP rank i sends rank j 1/ep of the tokens kept by j's experts (moe_loads.dispatch_sizes),
+so uneven loads give uneven all-to-alls. An expert operator's time is the performance
+model's on a view of the trace holding one GPU's experts (weights, casts, gradients at
+1/(ep x etp) of the bytes) at the batch giving the tokens the GPU's experts keep (its
+scale: those tokens over the E x capacity slots the trace's grouped GEMMs processed at
+this batch; 1 with uniform loads and dropless routing): the GEMMs keep their FLOPs per
+token but read 1/(ep x etp) of the weights, so fine-grained experts with few tokens each,
+weight-bound on one GPU, come out compute-bound. With etp > 1 an expert GEMM is timed at
+the GPU's own token count at full width (the FLOPs and weight bytes of etp x the tokens
+at 1/etp of the width; its gathered input, etp x larger, is read once: not counted). With
+the replay model (`perfmodel.kind: trace`) the traced time is scaled by the token share
+instead (1/(ep x etp) for an expert operator that touches no token). After the backward
+pass (or, with `dp_overlap`, in buckets as the backward pass makes them: ep_buckets,
+dense and expert apart), on the comm stream, the gradients are reduced as above; the
+optimizer step runs on what the GPU holds (its time x held / all weight bytes; with the
+distributed optimizer x its shard).
+
+Memory per GPU: weights and gradients of what it holds (dense / tp where split, experts
+/ (ep x etp)); optimizer states of the same, or with the distributed optimizer 1/dp of
+the dense and 1/edp of the experts'; activations of the dense layers as mode tp's (1/tp
+where split or sequence-parallel), the experts' at the busiest GPU's tokens.
 
 What the trace must say (metadata `moe`, docs/trace-format.md): the experts' module
-(`expert_module`: operators whose layer ends with it, weights named under it), the number
-of experts, top-k, hidden size, the traced tokens and capacity, the dispatched dtype,
-the router's capacity factor. With `accumulation_steps` k, forward and backward (and their
-all-to-alls) run k times on batch / num_gpus / k before the gradients are reduced. Not
-modelled: expert tensor parallelism, pipeline or FSDP
-with EP, overlap of the all-to-alls with compute. With `dp_overlap` the gradients are
-reduced in buckets as the backward pass makes them (ep_buckets: dense and expert apart),
-on the comm stream, overlapping the rest of the backward pass.
+(`expert_module`: operators whose layer ends with it, weights named under it; its parent
+is the MoE layer), the number of experts, top-k, hidden size, the traced tokens and
+capacity, the dispatched dtype, the router's capacity factor, `expert_ffn` for etp > 1.
+With `accumulation_steps` k, forward and backward (and their all-to-alls) run k times on
+a replica's batch / k before the gradients are reduced. With `fsdp` (ZeRO-3, ep_fsdp.py)
+each GPU keeps 1/dp of its dense and 1/edp of its experts' weights, gradients and
+optimizer states, gathering each unit's parameters before its forward and backward and
+reduce-scattering its gradients after. Not modelled: pipeline parallelism with EP, overlap of the all-to-alls with compute (DeepSeek's
+DualPipe, Megatron's --overlap-moe-expert-parallel-comm), of the parameter all-gather
+with the next forward pass (--overlap-param-gather), TP communication overlap.
 """
 
 from __future__ import annotations
@@ -48,8 +90,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from extrapolators.execution.tasks import Collective, ComputeRun, Signal, Wait
-from extrapolators.modes import ep_buckets, moe_loads
+from extrapolators.modes import ep_buckets, ep_grid, moe_loads
 from extrapolators.modes.base import Extrapolator
+from extrapolators.modes.ep_fsdp import EPFsdp
+from extrapolators.modes.tp_roles import SHARDED, SPLIT
 from perfmodel.base import Target, batch_ratio, scales_with_batch
 from perfmodel.replay import TraceTime
 from triosim.common.errors import ConfigError
@@ -98,6 +142,49 @@ class EPOptions:
     first_bucket_size: float = option(
         2**20, unit="bytes", gt=0, help="dp_overlap: the first bucket's cap of each kind"
     )
+    tp: int = option(
+        1,
+        ge=1,
+        help="tensor-parallel degree of the dense layers (attention, shared experts, "
+        "embedding, head: Megatron's column/row split, sequence parallel); num_gpus / tp "
+        "data-parallel replicas of them",
+    )
+    etp: int = option(
+        1,
+        ge=1,
+        help="expert-tensor-parallel degree: each expert's weights split over etp GPUs "
+        "(Megatron-Core's expert_tensor_parallel_size; 1, its recommended MoE setting); ep "
+        "x etp divides num_gpus",
+    )
+    sequence_parallel: bool = option(
+        True,
+        help="tp > 1: Megatron's sequence parallelism (Megatron-Core requires it for MoE "
+        "with TP; false is refused there)",
+    )
+    distributed_optimizer: bool = option(
+        False,
+        help="Megatron's distributed optimizer (ZeRO-1): gradients reduce-scattered over "
+        "each weight's data-parallel group, the optimizer on that shard, the updated "
+        "parameters all-gathered after the step",
+    )
+    overlap_param_gather: bool = option(
+        False,
+        help="distributed_optimizer: the parameter all-gathers overlap the forward pass "
+        "(Megatron's --overlap-param-gather: each bucket gathered before the first "
+        "operator that reads it); false: all after the optimizer step",
+    )
+    fsdp: bool = option(
+        False,
+        help="ZeRO-3 / FSDP: each GPU keeps 1/dp of its dense and 1/edp of its experts' "
+        "weights, gradients and optimizer states; each unit's parameters all-gathered "
+        "before its forward and backward, its gradients reduce-scattered (ep_fsdp.py)",
+    )
+    wrap_depth: int | None = option(
+        None,
+        ge=1,
+        help="fsdp: layer-name depth of a unit (as mode fsdp; default: the smallest giving "
+        ">= 4 units; torchtitan's per-block wrapping of layers.N is 2)",
+    )
     capacity_factor: float | None = option(
         None,
         gt=0,
@@ -107,8 +194,9 @@ class EPOptions:
     )
 
 
-class ExpertParallel(Extrapolator):
-    """Expert parallelism x data parallelism (module docstring)."""
+class ExpertParallel(EPFsdp, Extrapolator):
+    """Expert parallelism with data, tensor and expert-tensor parallelism, the
+    distributed optimizer or FSDP (module docstring)."""
 
     name = "ep"
     Options = EPOptions
@@ -127,30 +215,77 @@ class ExpertParallel(Extrapolator):
             raise ConfigError("trace", "metadata moe", f"the fields {', '.join(missing)}")
         self.moe = moe
         n, o = len(self.gpus), self.options
-        self.ep = ep = o.ep or n
         experts = int(moe["num_experts"])
-        if n % ep or experts % ep:
-            raise ConfigError(
-                "parallelism.ep", ep, f"a divisor of num_gpus ({n}) and of the {experts} experts"
-            )
+        ffn = moe.get("expert_ffn") if o.etp > 1 else None
+        self.grid = ep_grid.make_grid(n, o.tp, o.ep, o.etp, experts, ffn)
+        self.ep, self.tp, self.etp = self.grid.ep, o.tp, o.etp
+        self._check_options()
         if not 1 <= int(moe["top_k"]) <= experts:
             raise ConfigError("trace", "metadata moe.top_k", f"1 to the {experts} experts")
-        self.dp = n // ep
+        self.dp = self.grid.edp  # each expert's replicas
         ratio = batch_ratio(self.trace, Target(batch_size=self.op_batch()))
         cf = o.capacity_factor if o.capacity_factor is not None else moe.get("capacity_factor")
         shares = moe_loads.expert_shares(
             experts, int(moe["top_k"]), o.load, o.skew, o.seed, o.expert_loads
         )
-        tokens = float(moe["tokens"]) * ratio  # per GPU
-        kept = moe_loads.kept_tokens(shares, tokens, int(moe["top_k"]), ep, cf)
+        tokens = float(moe["tokens"]) * ratio  # per GPU (tp > 1: its 1/tp of the sequence)
+        kept = moe_loads.kept_tokens(shares, tokens, int(moe["top_k"]), self.ep, cf)
         traced = experts * float(moe["capacity"]) * ratio  # the trace's slots at this batch
         self.shares, self.kept = shares, kept
-        self.gpu_tokens = moe_loads.per_gpu(kept, ep)
+        self.gpu_tokens = moe_loads.per_gpu(kept, self.ep)
         self.expert_scale = [x / traced for x in self.gpu_tokens]
         token_bytes = float(moe["hidden"]) * DTYPE_BYTES[moe.get("dispatch_dtype", "bfloat16")]
-        self.sizes = moe_loads.dispatch_sizes(kept, ep, token_bytes)
+        self.sizes = moe_loads.dispatch_sizes(kept, self.ep, token_bytes)
         self.back = moe_loads.transpose(self.sizes)
+        # expert TP: what each EP rank's GPUs all-gather after the dispatch (and reduce-
+        # scatter before the combine): the tokens all etp ranks received, etp x its own
+        self.etp_bytes = [self.etp * sum(col) for col in zip(*self.sizes, strict=True)]
         self._split_trace()
+        self.tpx = self._dense_tp() if self.tp > 1 else None
+        split = self.tpx.sharded_weights() if self.tpx else set()
+        split_bytes = sum(self.trace.tensors[w].nbytes for w in split)
+        self.split_weights = split
+        self.dense_held = self.dense_bytes - split_bytes + split_bytes / self.tp
+        self.expert_held = self.expert_bytes / (self.ep * self.etp)
+        if o.dp_overlap:
+            self._make_buckets()
+        self.fsdp_first, self.fsdp_last_bwd = {}, {}
+        if o.fsdp:
+            self._plan_fsdp()
+        self.param_gathers, self.gather_before = [], {}
+        if o.overlap_param_gather:
+            self.param_gathers = ep_buckets.param_buckets(
+                self.trace, self.expert_weights, o.bucket_size, self._share_of()
+            )
+            ops = self.trace.operators
+            for k, (pos, _, _) in enumerate(self.param_gathers):
+                if pos < len(ops):
+                    self.gather_before.setdefault(ops[pos].id, []).append(k)
+
+    def _check_options(self):
+        """Combinations Megatron-Core (or the mode) refuses, each naming its field."""
+        o = self.options
+        if o.tp > 1 and not o.sequence_parallel:
+            raise ConfigError(
+                "parallelism.sequence_parallel",
+                False,
+                f"true with tp {o.tp} (Megatron-Core: 'When using MoE and tensor "
+                f"parallelism, sequence parallelism must be used')",
+            )
+        if o.overlap_param_gather and not o.distributed_optimizer:
+            raise ConfigError(
+                "parallelism.overlap_param_gather",
+                True,
+                "false without distributed_optimizer (only the distributed optimizer "
+                "all-gathers parameters)",
+            )
+        if o.fsdp and (o.distributed_optimizer or o.dp_overlap):
+            raise ConfigError(
+                "parallelism.fsdp",
+                True,
+                "false with distributed_optimizer or dp_overlap (FSDP shards the "
+                "parameters and reduce-scatters each unit's gradients itself)",
+            )
 
     def _split_trace(self):
         """Which operators and weights are the routed experts', and where each MoE layer's
@@ -170,17 +305,8 @@ class ExpertParallel(Extrapolator):
         self.expert_weights = {t.id for t in self.trace.weights() if expert(t.name)}
         ex = sum(self.trace.tensors[w].nbytes for w in self.expert_weights)
         self.expert_bytes, self.dense_bytes = ex, self.trace.weight_bytes() - ex
-        o = self.options
         self.buckets = []  # (ready position, bytes, kind), with dp_overlap
         self.signals_after: dict = {}  # op id -> buckets its gradient completes
-        if o.dp_overlap:
-            self.buckets = ep_buckets.buckets(
-                self.trace, self.expert_weights, self.ep, o.first_bucket_size, o.bucket_size
-            )
-            ops = self.trace.operators
-            for k, (pos, _, _) in enumerate(self.buckets):
-                if ops[pos].phase != "optimizer":
-                    self.signals_after.setdefault(ops[pos].id, []).append(k)
         self.before: dict = {}  # op id -> [(layer, kind, sizes)] of all-to-alls before it
         self.after: dict = {}
         for phase, first, last in (
@@ -195,28 +321,115 @@ class ExpertParallel(Extrapolator):
                 self.before.setdefault(a, []).append((layer, *first))
                 self.after.setdefault(b, []).append((layer, *last))
 
+    def _make_buckets(self):
+        """dp_overlap: the gradient buckets, each weight at the share a GPU holds (an
+        expert's 1/(ep x etp), a TP-split dense weight's 1/tp), and which backward
+        operator completes each."""
+        o = self.options
+        share = self._share_of() if self.tp > 1 or self.etp > 1 else None
+        self.buckets = ep_buckets.buckets(
+            self.trace, self.expert_weights, self.ep, o.first_bucket_size, o.bucket_size, share
+        )
+        ops = self.trace.operators
+        for k, (pos, _, _) in enumerate(self.buckets):
+            if ops[pos].phase != "optimizer":
+                self.signals_after.setdefault(ops[pos].id, []).append(k)
+
+    def _share_of(self):
+        """w -> the share of weight w a GPU holds: an expert's 1/(ep x etp), a TP-split
+        dense weight's 1/tp, any other whole."""
+        ex, tp = 1.0 / (self.ep * self.etp), self.tp
+        split, experts = self.split_weights, self.expert_weights
+
+        def share(w):
+            if w in experts:
+                return ex
+            return 1.0 / tp if w in split else 1.0
+
+        return share
+
+    def _dense_tp(self):
+        """The dense layers' TP plan (ep_tp.DenseTensorParallel) on one TP group's GPUs, at
+        a replica's micro-batch; its collectives are re-grouped per GPU (`_tp_task`)."""
+        from extrapolators.modes.ep_tp import DenseTensorParallel, moe_block_ops
+        from extrapolators.modes.tensor_parallel import TPOptions
+
+        o = self.options
+        if "." not in self.moe["expert_module"]:
+            raise ConfigError(
+                "trace",
+                "metadata moe.expert_module",
+                "a module under its MoE layer's (`feed_forward.experts`) with tp > 1: the "
+                "MoE layer's module tells the router (not split) from the attention",
+            )
+        self.micro = self.per_gpu_batch(self.grid.dp * o.accumulation_steps)
+        return DenseTensorParallel(
+            self.trace,
+            self.model,
+            self.gpus[: self.tp],
+            TPOptions("megatron", True),
+            batch_size=self.micro,
+            gpu=self.gpu,
+            host=self.host,
+            moe_ops=moe_block_ops(self.trace, self.moe),
+            expert_ops=self.expert_ops,
+        )
+
     def op_batch(self):
-        return self.per_gpu_batch(len(self.gpus) * self.options.accumulation_steps)
+        """The batch whose tokens a GPU routes: batch / num_gpus / steps (tp > 1: a
+        replica's micro-batch / tp, its share of the sequence; possibly fractional)."""
+        o = self.options
+        if o.tp == 1:
+            return self.per_gpu_batch(len(self.gpus) * o.accumulation_steps)
+        return self.per_gpu_batch(len(self.gpus) // o.tp * o.accumulation_steps) / o.tp
 
     def held_weight_bytes(self, gpu) -> float:
-        return self.dense_bytes + self.expert_bytes / self.ep
+        return self.dense_held + self.expert_held
+
+    def state_fractions(self) -> dict | None:
+        """distributed_optimizer: the optimizer states of 1/dp of the dense weights a GPU
+        holds and 1/edp of its experts' (Megatron's distributed optimizer shards them over
+        each parameter's data-parallel group); weights and gradients whole."""
+        if self.options.fsdp:  # ZeRO-3: a shard of everything
+            f = self.fsdp_fraction()
+            return {"weights": f, "gradients": f, "optimizer_states": f}
+        if not self.options.distributed_optimizer:
+            return None
+        total = self.trace.weight_bytes()
+        held = self.held_weight_bytes(None) / total
+        states = (self.dense_held / self.grid.dp + self.expert_held / self.grid.edp) / total
+        return {"weights": held, "gradients": held, "optimizer_states": states}
 
     def activation_ratio(self, op) -> float:
-        r = super().activation_ratio(op)
         if op.id in self.expert_ops:  # sized at the busiest GPU's tokens (one plan for all)
-            return r * max(self.expert_scale)
-        return r
+            return super().activation_ratio(op) * max(self.expert_scale)
+        if self.tpx is not None:
+            return self.tpx.activation_ratio(op)
+        return super().activation_ratio(op)
 
     def groups(self, gpu) -> tuple[int, int, tuple, tuple]:
-        """(dp index, EP rank, EP group, expert data-parallel group) of `gpu`."""
+        """(expert-DP rank, EP rank, EP group, expert data-parallel group) of `gpu`
+        (ep_grid: Megatron-Core's expert groups)."""
         i = self.gpus.index(gpu)
-        d, j = divmod(i, self.ep)
+        _, j, d = self.grid.expert(i)
         return (
             d,
             j,
-            tuple(self.gpus[d * self.ep : (d + 1) * self.ep]),
-            tuple(self.gpus[j :: self.ep]),
+            tuple(self.gpus[k] for k in self.grid.ep_group(i)),
+            tuple(self.gpus[k] for k in self.grid.edp_group(i)),
         )
+
+    def _ring_order(self, members) -> tuple:
+        """`members` in the topology's ring order."""
+        s = set(members)
+        return tuple(g for g in self.ring if g in s)
+
+    def dense_group(self, gpu) -> tuple:
+        """The GPUs holding the same dense weights as `gpu` (all of them at tp 1)."""
+        if self.tp == 1:
+            return self.ring
+        i = self.gpus.index(gpu)
+        return self._ring_order(self.gpus[k] for k in self.grid.dp_group(i))
 
     def _expert_time(self, op, j: int) -> float:
         """Seconds expert operator `op` takes on EP rank j: the performance model's time on
@@ -233,7 +446,7 @@ class ExpertParallel(Extrapolator):
         tokens = scales_with_batch(self.trace, op)
         if isinstance(self.model, TraceTime):
             t = self.model.time(op, self.target(self.op_batch()))
-            t *= self.expert_scale[j] if tokens else 1.0 / self.ep
+            t *= self.expert_scale[j] if tokens else 1.0 / (self.ep * self.etp)
         else:
             batch = self.op_batch() or self.trace.batch_size
             batch = batch * self.expert_scale[j] if tokens else batch
@@ -251,8 +464,9 @@ class ExpertParallel(Extrapolator):
                 if o.id in self.expert_ops:
                     for tid in o.inputs + o.outputs:
                         t = self.trace.tensors[tid]
-                        if not t.scales_with_batch:
-                            tensors[tid] = dataclasses.replace(t, nbytes=t.nbytes / self.ep)
+                        if not t.scales_with_batch:  # one GPU's shard of the experts
+                            n = t.nbytes / (self.ep * self.etp)
+                            tensors[tid] = dataclasses.replace(t, nbytes=n)
             m = self._sharded = copy.copy(self.model)
             m.trace = Trace(self.trace.operators, tensors, self.trace.metadata)
             if getattr(m, "identity", False):  # the view is not the traced run: its
@@ -261,34 +475,78 @@ class ExpertParallel(Extrapolator):
 
     def _template(self, j: int, mb: int) -> list:
         """EP rank j's forward and backward of micro-batch mb: ComputeRuns (or Computes)
-        and, between them, (layer, kind, sizes) for each all-to-all; built once per rank
-        and micro-batch, shared by the rank's GPUs."""
+        and, between them, (layer, kind, sizes) for each all-to-all, ("signal", k) for a
+        ready gradient bucket, ("etp", op, bytes, layer, tag, phase) for an expert-TP
+        collective and ("tp", Collective, key) for a dense TP collective; built once per
+        rank and micro-batch, shared by the rank's GPUs."""
         cache = self.__dict__.setdefault("_templates", {})
         if (j, mb) in cache:
             return cache[j, mb]
         target = self.target(self.op_batch())
         items, run = [], []
+        tpx = self.tpx
+        if tpx is not None:
+            split, whole = self.target(self.micro, tp=self.tp), self.target(self.micro)
 
         def flush():
             if run:
                 items.extend([ComputeRun(run)] if self.compute_runs else run)
                 run.clear()
 
-        for op in self.ops("forward", "backward"):
-            for a2a in self.before.get(op.id, ()) if self.ep > 1 else ():
+        def tp_colls(colls, prefix):
+            for c in colls:
                 flush()
-                items.append(a2a)
+                items.append(("tp", c, f"{prefix}/{c.key}"))
+
+        def etp(layer, kind, phase):
+            if self.etp > 1:  # Megatron's AG after the dispatch, RS before the combine
+                op = "all_gather" if kind in ("dispatch", "combine-grad") else "reduce_scatter"
+                items.append(("etp", op, self.etp_bytes[j], layer, f"{kind}-{op}", phase))
+
+        last_step = mb == self.options.accumulation_steps - 1
+        for op in self.ops("forward", "backward"):
+            for phase, u in self.fsdp_first.get(op.id, ()):
+                flush()  # fsdp: the unit's parameters are gathered
+                items.append(("fsdp", phase, u))
+            for k in self.gather_before.get(op.id, ()) if mb == 0 else ():
+                flush()  # its weights' updated shards are gathered (overlap_param_gather)
+                items.append(("params", k))
+            if tpx is not None:
+                tp_colls(tpx.before.get(op.id, ()), f"mb{mb}")
+            for a2a in self.before.get(op.id, ()) if self.ep > 1 or self.etp > 1 else ():
+                flush()
+                if self.ep > 1:
+                    items.append(a2a)
+                etp(a2a[0], a2a[1], op.phase)
             if op.id in self.expert_ops:
                 run.append(self.timed(op, self._expert_time(op, j), mb))
-            else:
+            elif tpx is None:
                 run.append(self.compute(op, target, mb=mb))
-            last_step = mb == self.options.accumulation_steps - 1
+            else:  # as in mode tp: the plan's role says how the operator is split
+                role = tpx.roles.get(op.id)
+                if role in SHARDED:
+                    scale = 1.0 if op.tp_split else 1.0 / self.tp
+                    run.append(self.compute(op, split, scale, mb=mb))
+                elif op.tp_split and (role in SPLIT or op.id in tpx._orphan_ids):
+                    run.append(self.compute(op, split, mb=mb))
+                else:
+                    run.append(self.compute(op, whole, mb=mb))
+            if tpx is not None:
+                tp_colls(tpx.after.get(op.id, ()), f"mb{mb}")
+            for u in self.fsdp_last_bwd.get(op.id, ()) if last_step else ():
+                flush()
+                items.append(("fsdp_grads", u))
             for k in self.signals_after.get(op.id, ()) if last_step else ():
                 flush()
                 items.append(("signal", k))
-            for a2a in self.after.get(op.id, ()) if self.ep > 1 else ():
+            for a2a in self.after.get(op.id, ()) if self.ep > 1 or self.etp > 1 else ():
                 flush()
-                items.append(a2a)
+                etp(a2a[0], a2a[1], op.phase)
+                if self.ep > 1:
+                    items.append(a2a)
+        if tpx is not None and last_step:  # sequence-parallel weights' gradients (TP group)
+            for op in self.ops("optimizer"):
+                tp_colls(tpx.before.get(op.id, ()), "grads")
         flush()
         cache[j, mb] = items
         return items
@@ -298,29 +556,67 @@ class ExpertParallel(Extrapolator):
         for g in self.gpus:
             out[(g, "compute")] = self._compute(g)
             out[(g, "comm")] = self._comm(g)
+            if self.options.fsdp:
+                out[(g, "gather")] = self._fsdp_gather(g)
         return out
 
     def _compute(self, gpu):
         d, j, group, _ = self.groups(gpu)
+        i = self.gpus.index(gpu)
+        t_e = self.grid.expert(i)[0]
+        ep_key = f"ep{d}" if self.etp == 1 else f"ep{d}.{t_e}"
+        etp_group = tuple(self.gpus[k] for k in self.grid.etp_group(i))
+        etp_key = f"etp{i // self.etp}"
+        if self.tpx is not None:
+            tp_group = self._ring_order(self.gpus[k] for k in self.grid.tp_group(i))
+            tp_key = f"r{self.grid.dense(i)[1]}"
         for mb in range(self.options.accumulation_steps):
             for item in self._template(j, mb):
-                if type(item) is tuple and len(item) == 2:  # a gradient bucket is ready
-                    yield Signal(f"{gpu}:epb{item[1]}")
-                elif type(item) is tuple:
+                if type(item) is not tuple:
+                    yield item
+                elif len(item) == 3 and type(item[2]) is tuple:
                     layer, kind, sizes = item
                     phase = "forward" if kind in ("dispatch", "combine") else "backward"
                     yield Collective(
                         "all_to_all",
                         group,
                         sum(sizes[j]),
-                        f"ep{d}:mb{mb}:{layer}:{kind}",
+                        f"{ep_key}:mb{mb}:{layer}:{kind}",
                         layer=layer,
                         phase=phase,
                         sizes=sizes,
                     )
-                else:
-                    yield item
-        if self.options.dp_overlap:  # buckets no backward operator completes
+                elif item[0] == "fsdp":
+                    at = f"{mb}:{item[1]}:{item[2]}"
+                    yield Wait(f"{gpu}:fsdp-gathered:{at}")
+                    yield Signal(f"{gpu}:fsdp-started:{at}")
+                elif item[0] == "fsdp_grads":
+                    yield Signal(f"{gpu}:fsdp-grads:{item[1]}")
+                elif item[0] == "signal":  # a gradient bucket is ready
+                    yield Signal(f"{gpu}:epb{item[1]}")
+                elif item[0] == "params":
+                    yield Wait(f"{gpu}:pg{item[1]}")
+                elif item[0] == "tp":
+                    c = item[1]
+                    yield Collective(
+                        c.op,
+                        tp_group,
+                        c.nbytes,
+                        f"{tp_key}:{item[2]}",
+                        c.layer,
+                        c.phase,
+                        c.algorithm,
+                    )
+                else:  # etp
+                    _, op, nbytes, layer, tag, phase = item
+                    yield Collective(
+                        op, etp_group, nbytes, f"{etp_key}:mb{mb}:{layer}:{tag}", layer, phase
+                    )
+        if self.options.fsdp:  # units no backward operator completes
+            for u in self.fsdp_reduce_order:
+                if not any(u in us for us in self.fsdp_last_bwd.values()):
+                    yield Signal(f"{gpu}:fsdp-grads:{u}")
+        elif self.options.dp_overlap:  # buckets no backward operator completes
             ops = self.trace.operators
             for k, (pos, _, _) in enumerate(self.buckets):
                 if ops[pos].phase == "optimizer":
@@ -329,58 +625,115 @@ class ExpertParallel(Extrapolator):
             yield Signal(f"{gpu}:grads")
         yield Wait(f"{gpu}:reduced")
         target = self.target(self.op_batch())
-        total = self.trace.weight_bytes()
-        share = self.held_weight_bytes(gpu) / total if total else 1.0
+        share = self._optimizer_share()
         opt = [self.compute(op, target, share) for op in self.ops("optimizer")]
         if opt and self.compute_runs:
             yield ComputeRun(opt)
         elif opt:
             yield from opt
+        if self.options.distributed_optimizer and not self.options.overlap_param_gather:
+            yield Signal(f"{gpu}:stepped")
+            yield Wait(f"{gpu}:params")
+
+    def _optimizer_share(self) -> float:
+        """The optimizer's time x the weights it steps / all weight bytes: what the GPU
+        holds; with the distributed optimizer its 1/dp of the dense and 1/edp of the
+        experts' (the optimizer step touches only the shard it owns)."""
+        total = self.trace.weight_bytes()
+        if not total:
+            return 1.0
+        if self.options.distributed_optimizer or self.options.fsdp:
+            return (self.dense_held / self.grid.dp + self.expert_held / self.grid.edp) / total
+        return self.held_weight_bytes(None) / total
+
+    def _reduction(self, gpu):
+        """(kind, dense group, its key's name, expert replicas, theirs) of `gpu`'s gradient
+        reduction: all-reduce, or reduce-scatter with the distributed optimizer."""
+        i = self.gpus.index(gpu)
+        _, j, _, replicas = self.groups(gpu)
+        kind = "reduce_scatter" if self.options.distributed_optimizer else "allreduce"
+        dense = "ep:dense" if self.tp == 1 else f"ep:dense{self.grid.dense(i)[0]}"
+        expert = f"ep:experts{j}" if self.etp == 1 else f"ep:experts{j}.{self.grid.expert(i)[0]}"
+        return kind, self.dense_group(gpu), dense, replicas, expert
 
     def _comm(self, gpu):
-        _, j, _, replicas = self.groups(gpu)
-        if self.options.dp_overlap:
-            yield from self._bucket_comm(gpu, j, replicas)
+        if self.options.fsdp:
+            yield from self._fsdp_reduce(gpu)
             return
-        yield Wait(f"{gpu}:grads")
-        if len(self.gpus) > 1 and self.dense_bytes > 0:
-            yield Collective(
-                "allreduce",
-                self.ring,
-                self.dense_bytes,
-                "ep:dense-allreduce",
-                layer="gradients",
-                phase="backward",
-            )
-        if len(replicas) > 1 and self.expert_bytes > 0:
-            yield Collective(
-                "allreduce",
-                replicas,
-                self.expert_bytes / self.ep,
-                f"ep:experts{j}-allreduce",
-                layer="expert gradients",
-                phase="backward",
-            )
-        yield Signal(f"{gpu}:reduced")
-
-    def _bucket_comm(self, gpu, j, replicas):
-        """dp_overlap: each bucket's all-reduce as soon as it is ready, in ready order:
-        dense ones over all GPUs, expert ones over this GPU's experts' replicas."""
-        for k, (_, size, kind) in enumerate(self.buckets):
-            yield Wait(f"{gpu}:epb{k}")
-            group = self.ring if kind == "dense" else replicas
+        kind, dense_group, dense, replicas, expert = self._reduction(gpu)
+        for k, (_, nbytes, what) in enumerate(self.param_gathers):
+            # overlap_param_gather: the last step's updated shards, gathered in the order
+            # the forward pass reads them (the steady state of Megatron's overlap)
+            group = dense_group if what == "dense" else replicas
             if len(group) > 1:
-                name = "ep:dense" if kind == "dense" else f"ep:experts{j}"
+                name = dense if what == "dense" else expert
                 yield Collective(
-                    "allreduce",
+                    "all_gather", group, nbytes, f"{name}-params{k}", "parameters", "forward"
+                )
+            yield Signal(f"{gpu}:pg{k}")
+        if self.options.dp_overlap:
+            yield from self._bucket_comm(gpu)
+        else:
+            yield Wait(f"{gpu}:grads")
+            if len(dense_group) > 1 and self.dense_held > 0:
+                yield Collective(
+                    kind,
+                    dense_group,
+                    self.dense_held,
+                    f"{dense}-{kind}",
+                    layer="gradients",
+                    phase="backward",
+                )
+            if len(replicas) > 1 and self.expert_held > 0:
+                yield Collective(
+                    kind,
+                    replicas,
+                    self.expert_held,
+                    f"{expert}-{kind}",
+                    layer="expert gradients",
+                    phase="backward",
+                )
+            yield Signal(f"{gpu}:reduced")
+        if self.options.distributed_optimizer and not self.options.overlap_param_gather:
+            # the updated shards back to every replica, after the step
+            yield Wait(f"{gpu}:stepped")
+            for group, nbytes, name in (
+                (dense_group, self.dense_held, dense),
+                (replicas, self.expert_held, expert),
+            ):
+                if len(group) > 1 and nbytes > 0:
+                    yield Collective(
+                        "all_gather", group, nbytes, f"{name}-params", "parameters", "optimizer"
+                    )
+            yield Signal(f"{gpu}:params")
+
+    def _bucket_comm(self, gpu):
+        """dp_overlap: each bucket's all-reduce (reduce-scatter with the distributed
+        optimizer) as soon as it is ready, in ready order: dense ones over the GPU's dense
+        data-parallel group, expert ones over its experts' replicas."""
+        kind, dense_group, dense, replicas, expert = self._reduction(gpu)
+        op = "allreduce" if kind == "allreduce" else kind
+        for k, (_, size, what) in enumerate(self.buckets):
+            yield Wait(f"{gpu}:epb{k}")
+            group = dense_group if what == "dense" else replicas
+            if len(group) > 1:
+                name = dense if what == "dense" else expert
+                yield Collective(
+                    op,
                     group,
                     size,
                     f"{name}-bucket{k}",
-                    layer=f"{kind} bucket{k}",
+                    layer=f"{what} bucket{k}",
                     phase="backward",
                 )
         yield Signal(f"{gpu}:reduced")
 
     def buffer_bytes(self, gpu) -> float:
-        # dp_overlap: the gradients copied into flat bucket buffers, as DDP's
+        # dp_overlap: the gradients copied into flat bucket buffers, as DDP's; Megatron's
+        # distributed optimizer reduces in the gradient buffer itself (each parameter's
+        # main_grad is a view of its bucket): no copy
+        if self.options.fsdp:
+            return self.fsdp_buffer()
+        if self.options.distributed_optimizer:
+            return 0.0
         return sum(size for _, size, _ in self.buckets)

@@ -5,8 +5,10 @@ Candidates: dp, ddp, fsdp (ZeRO 1-3), tp, gpipe and 1f1b (micro-batch counts N, 
 that divide the batch), hybrid data-parallel replicas of tp, gpipe or 1f1b for every
 divisor of N, 3D grids (dp x tp x pp, all above 1) with a 1F1B pipeline, and context
 parallelism (cp: ring attention and all-to-all) and expert parallelism (ep, an MoE trace's
-experts; gradients reduced after the backward pass or overlapped with it) for every degree
-above 1 dividing N, the other GPUs data-parallel replicas. A candidate whose plan the trace does not allow (a TP degree that does not
+experts; gradients reduced after the backward pass or overlapped with it, or by the
+distributed optimizer, or fully sharded) for every degree above 1 dividing N, the other GPUs data-parallel
+replicas; and ep with the dense layers tensor-parallel over every tp above 1 dividing N
+(experts not split, etp 1, and split over etp = tp where ep x tp divides N). A candidate whose plan the trace does not allow (a TP degree that does not
 divide a layer, a batch that does not split) is skipped with its reason; one whose weights,
 gradients and optimizer states alone exceed the GPU's memory is dropped before simulating;
 one whose simulated peak does not fit is dropped from the ranking (listed, not returned).
@@ -56,6 +58,24 @@ def candidates(n: int, batch: int) -> list[tuple[str, dict]]:
                 " (overlapped reduction)" if overlap else ""
             )
             out.append((label, {"mode": "ep", "ep": e, "dp_overlap": overlap}))
+        # Megatron-Core's published MoE setting: the distributed optimizer (ZeRO-1)
+        label = f"ep {e}" if d == 1 else f"dp {d} x ep {e}"
+        out.append(
+            (
+                f"{label} (distributed optimizer)",
+                {"mode": "ep", "ep": e, "dp_overlap": True, "distributed_optimizer": True},
+            )
+        )
+        out.append((f"{label} (fsdp)", {"mode": "ep", "ep": e, "fsdp": True}))
+        for t in _divisors(n)[1:]:  # the dense layers tensor-parallel (sequence parallel)
+            # expert TP = tp as well, where it fits (Megatron: etp x ep divides the GPUs)
+            for etp in (1, t) if n % (e * t) == 0 else (1,):
+                out.append(
+                    (
+                        f"ep {e} x tp {t}" + (f" x etp {etp}" if etp > 1 else ""),
+                        {"mode": "ep", "ep": e, "tp": t, "etp": etp, "dp_overlap": True},
+                    )
+                )
     for dp in _divisors(n):  # 3D grids with all three degrees above 1
         for tp in _divisors(n // dp):
             pp = n // dp // tp

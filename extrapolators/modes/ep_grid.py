@@ -1,0 +1,116 @@
+"""Expert parallelism's process grid: which GPUs form each group, as Megatron-Core lays
+them out, and the degree checks.
+
+Megatron-Core (megatron/core/parallel_state.py, initialize_model_parallel) builds two rank
+generators over the same world, both in the order "tp-cp-ep-dp-pp" (the first name
+varies fastest); here cp = pp = 1:
+
+- the dense layers' (attention, router, shared experts, embedding, head): tensor-parallel
+  rank t = i % tp, data-parallel rank d = i // tp; a TP group is tp consecutive GPUs, a
+  dense data-parallel group the dp = n / tp GPUs with the same t;
+- the routed experts': expert-TP rank i % etp, EP rank (i // etp) % ep, expert-DP rank
+  i // (etp x ep), with expert_data_parallel_size = world / (etp x ep) ("EP is carved out
+  of the DP x TP ranks": the same GPUs regrouped, not a new axis). An EP group is the ep
+  GPUs sharing the expert-TP and expert-DP ranks (stride etp), an expert-TP group etp
+  consecutive GPUs, an expert-DP group (an expert's replicas) the edp GPUs sharing the
+  expert-TP and EP ranks.
+
+Megatron's checks, each a ConfigError naming the field, its degree and the counts: tp
+divides the GPUs (world % (tp x pp x cp)); etp x ep divides the GPUs (world % (etp x ep x
+pp), "not divisible by expert_tensor_model_pipeline_parallel size"); ep divides the experts
+(num_moe_experts % expert_model_parallel_size); etp divides each expert's FFN width (the
+expert linear layers' output and input features). With tp = etp = 1 the groups are mode
+`ep`'s: EP groups of ep consecutive GPUs, an expert's replicas every ep-th GPU, the dense
+data-parallel group all GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from triosim.common.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class EPGrid:
+    """n GPUs (by index 0..n-1) as tp x dp for the dense layers and etp x ep x edp for the
+    experts (module docstring); groups are tuples of GPU indices in rank order."""
+
+    n: int
+    tp: int = 1
+    ep: int = 1
+    etp: int = 1
+
+    @property
+    def dp(self) -> int:
+        """Dense data-parallel degree: the replicas of a TP-split dense weight."""
+        return self.n // self.tp
+
+    @property
+    def edp(self) -> int:
+        """Expert data-parallel degree: the replicas of an expert's (etp-split) weights."""
+        return self.n // (self.ep * self.etp)
+
+    def dense(self, i: int) -> tuple[int, int]:
+        """(TP rank, dense DP rank) of GPU i."""
+        return i % self.tp, i // self.tp
+
+    def expert(self, i: int) -> tuple[int, int, int]:
+        """(expert-TP rank, EP rank, expert-DP rank) of GPU i."""
+        return i % self.etp, (i // self.etp) % self.ep, i // (self.etp * self.ep)
+
+    def tp_group(self, i: int) -> tuple:
+        d = i // self.tp
+        return tuple(range(d * self.tp, (d + 1) * self.tp))
+
+    def dp_group(self, i: int) -> tuple:
+        return tuple(range(i % self.tp, self.n, self.tp))
+
+    def ep_group(self, i: int) -> tuple:
+        t, _, d = self.expert(i)
+        base = d * self.etp * self.ep + t
+        return tuple(base + e * self.etp for e in range(self.ep))
+
+    def etp_group(self, i: int) -> tuple:
+        start = i - i % self.etp
+        return tuple(range(start, start + self.etp))
+
+    def edp_group(self, i: int) -> tuple:
+        t, e, _ = self.expert(i)
+        step = self.etp * self.ep
+        return tuple(range(e * self.etp + t, self.n, step))
+
+
+def make_grid(n: int, tp: int, ep: int, etp: int, experts: int, expert_ffn=None) -> EPGrid:
+    """The grid, after Megatron-Core's checks (module docstring); ep 0: n / etp."""
+    if n % tp:
+        raise ConfigError(
+            "parallelism.tp",
+            tp,
+            f"a tensor-parallel degree dividing num_gpus ({n}): the dense layers' TP groups "
+            f"take tp GPUs each",
+        )
+    if n % etp:
+        raise ConfigError(
+            "parallelism.etp", etp, f"an expert-tensor-parallel degree dividing num_gpus ({n})"
+        )
+    ep = ep or n // etp
+    if n % (ep * etp):
+        raise ConfigError(
+            "parallelism.ep",
+            ep,
+            f"ep x etp ({ep} x {etp}) dividing num_gpus ({n}) (Megatron-Core: the world size "
+            f"divisible by expert-TP x EP)",
+        )
+    if experts % ep:
+        raise ConfigError(
+            "parallelism.ep", ep, f"a divisor of num_gpus ({n}) and of the {experts} experts"
+        )
+    if expert_ffn is not None and int(expert_ffn) % etp:
+        raise ConfigError(
+            "parallelism.etp",
+            etp,
+            f"an expert-tensor-parallel degree dividing each expert's FFN width "
+            f"({int(expert_ffn)}): each GPU takes an equal shard of every expert",
+        )
+    return EPGrid(n, tp, ep, etp)

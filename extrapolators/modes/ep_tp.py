@@ -1,0 +1,68 @@
+"""Tensor parallelism of the dense layers inside expert parallelism (mode `ep` with
+`tp` > 1), as Megatron-Core runs an MoE model: attention, shared experts, embedding and
+head split by Megatron's rules (tensor_parallel.py: column/row pairs, vocabulary-parallel
+embedding and loss, head-count checks), sequence parallel (Megatron-Core refuses MoE with
+TP > 1 without it: "When using MoE and tensor parallelism, sequence parallelism must be
+used"), and the MoE layers left out of the plan:
+
+- the router is not split (Megatron's TopKRouter holds its whole weight on every rank) and
+  runs, as everything between the attention's row layer and the next column layer, on
+  the GPU's 1/tp of the sequence; its weight's gradient, like a LayerNorm's, is all-reduced
+  over the TP group at the end of the backward pass (Megatron sets `sequence_parallel` on
+  the router weight);
+- the routed experts are mode `ep`'s (their tokens, all-to-alls and expert-TP group):
+  no TP role, no TP collective, their weights not among the TP-split ones.
+
+`moe_block_ops(trace, moe)` names the MoE layers' operators (every operator whose layer is
+an MoE layer's module or under it, except the shared experts'); `DenseTensorParallel` is
+the TP plan with them left out.
+"""
+
+from __future__ import annotations
+
+from extrapolators.modes.tensor_parallel import TensorParallel
+
+
+def moe_block_ops(trace, moe: dict) -> set:
+    """Ids of the operators (all phases) of the MoE layers outside the shared experts: the
+    router, the dispatch and combine, the routed experts. An MoE layer's module is what an
+    expert operator's layer has before `moe.expert_module` (`layers.3.feed_forward`)."""
+    mod = moe["expert_module"]
+    parent = mod.rsplit(".", 1)[0] + "." if "." in mod else ""  # `feed_forward.`
+    shared = moe.get("shared_module", "shared_experts")
+    blocks = set()
+    for op in trace.operators:
+        name = "." + (op.layer or "") + "."
+        k = name.find("." + mod + ".")
+        if k >= 0:
+            blocks.add(name[: k + 1] + parent)  # `.layers.3.feed_forward.`
+    out = set()
+    for op in trace.operators:
+        name = "." + (op.layer or "") + "."
+        for b in blocks:
+            if name.startswith(b) and not name.startswith(b + shared + "."):
+                out.add(op.id)
+                break
+    return out
+
+
+class DenseTensorParallel(TensorParallel):
+    """Mode tp's Megatron plan on the dense layers, the MoE layers' operators (`moe_ops`,
+    before the plan is made) left out: not layers, no role for the routed experts' (so
+    their weights are neither split nor reduced over the TP group), no orphan collective."""
+
+    degree_field = "parallelism.tp"
+
+    def __init__(self, *args, moe_ops=frozenset(), expert_ops=frozenset(), **kw):
+        self.moe_ops, self.routed_ops = frozenset(moe_ops), frozenset(expert_ops)
+        super().__init__(*args, **kw)
+
+    def _is_layer(self, op) -> bool:
+        return op.id not in self.moe_ops and super()._is_layer(op)
+
+    def _plan_roles(self, fwd) -> None:
+        super()._plan_roles(fwd)
+        for i in self.routed_ops:  # mode ep times and places them (both phases)
+            self.roles.pop(i, None)
+        self.orphans = [o for o in self.orphans if o.id not in self.moe_ops]
+        self._orphan_ids -= self.moe_ops
