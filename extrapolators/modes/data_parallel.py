@@ -194,12 +194,16 @@ class DistributedDataParallel(DataParallel):
         """[(ready position, bytes, number of tensors)] in the order they are reduced."""
         return self._buckets
 
+    def _weight_grad_bytes(self, w) -> float:
+        """The bytes of weight `w`'s gradient a GPU reduces (a sharding mode: its shard)."""
+        return self.trace.tensors[w].nbytes
+
     def _make_buckets(self):
         ready = gradient_ready(self.trace)
         weights = sorted(ready, key=lambda w: (ready[w], -w))
         out, size, count, last = [], 0.0, 0, -1
         for w in weights:
-            size += self.trace.tensors[w].nbytes
+            size += self._weight_grad_bytes(w)
             count += 1
             last = max(last, ready[w])
             o = self.options
