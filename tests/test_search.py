@@ -35,6 +35,9 @@ def test_candidates_cover_every_family():
         "dp 2 x 1f1b 2 stages x 4 mb",
         "cp 4 (ring)",
         "dp 2 x cp 2 (all-to-all)",
+        "cp 4 (ring, distributed optimizer)",
+        "tp 2 x cp 2 (ring, SP, distributed optimizer)",
+        "tp 2 x cp 2 (all-to-all, SP, distributed optimizer)",
     ):
         assert want in labels
 
@@ -54,8 +57,14 @@ def test_the_search_finds_context_parallelism_where_nothing_else_splits_the_batc
     }
     ranked, table, best = search(cfg, progress=False)
     cp = {p for p in ranked["plan"] if "cp" in p}
-    assert cp == {"cp 4 (ring)", "cp 4 (all-to-all)"}
+    with_tp = {f"tp 2 x cp 2 ({how}, SP, distributed optimizer)" for how in ("ring", "all-to-all")}
+    assert cp == {"cp 4 (ring)", "cp 4 (all-to-all)", "cp 4 (ring, distributed optimizer)"} | with_tp
     assert "batch_size" in table.set_index("plan").loc["dp 2 x cp 2 (ring)", "reason"]
+    for label in with_tp:  # each as its separate run
+        par = dict(candidates(4, 1))[label]
+        alone = Simulation({**cfg, "parallelism": par}).run().iteration_time
+        got = ranked.set_index("plan").loc[label, "iteration_time_ms"]
+        assert got == pytest.approx(alone * 1e3, rel=1e-12)
     assert not {"ddp", "dp"} & set(ranked["plan"])  # a batch of 1 does not split
     row = ranked.set_index("plan").loc["cp 4 (ring)"]
     par = {"mode": "cp", "cp": 4, "cp_comm": "p2p"}

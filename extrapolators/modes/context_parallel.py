@@ -150,12 +150,15 @@ class ContextParallel(CPTensorParallel, DistributedDataParallel):
         return super().activation_ratio(op) if self.tp == 1 else self.tpx.activation_ratio(op)
 
     def state_fractions(self) -> dict | None:
-        """The distributed optimizer: optimizer states 1 / (dp x cp) of the held shard."""
+        """The distributed optimizer: optimizer states 1 / (dp x cp) of the held shard. Its
+        gradients live in Megatron's contiguous gradient buffer, allocated once for the
+        whole run (each parameter's main_grad is a view of it): `buffer_bytes`, the
+        buckets' bytes, holds them all iteration, so no gradient tensor comes and goes."""
         if not self.options.distributed_optimizer:
             return None
         held = self._held_fraction()
         share = held / (self.dp * self.cp)
-        return {"weights": held, "gradients": held, "optimizer_states": share}
+        return {"weights": held, "gradients": 0.0, "optimizer_states": share}
 
     def symmetry(self):
         return None  # (ring neighbours differ per GPU: every GPU is simulated)
