@@ -58,7 +58,9 @@ def test_the_search_finds_context_parallelism_where_nothing_else_splits_the_batc
     ranked, table, best = search(cfg, progress=False)
     cp = {p for p in ranked["plan"] if "cp" in p}
     with_tp = {f"tp 2 x cp 2 ({how}, SP, distributed optimizer)" for how in ("ring", "all-to-all")}
-    assert cp == {"cp 4 (ring)", "cp 4 (all-to-all)", "cp 4 (ring, distributed optimizer)"} | with_tp
+    assert (
+        cp == {"cp 4 (ring)", "cp 4 (all-to-all)", "cp 4 (ring, distributed optimizer)"} | with_tp
+    )
     assert "batch_size" in table.set_index("plan").loc["dp 2 x cp 2 (ring)", "reason"]
     for label in with_tp:  # each as its separate run
         par = dict(candidates(4, 1))[label]
