@@ -271,6 +271,14 @@ def test_memory_per_gpu_with_the_distributed_optimizer_by_hand(distopt):
     # (the distributed optimizer's gradients are views of it: none come and go beside it)
     assert m.buffers.min() == pytest.approx(4 * P, rel=1e-12)
     assert m.gradients.max() == pytest.approx(0.0 if distopt else 4 * P, rel=1e-12, abs=1e-6)
+    # activations: the GPU's tokens (4 sequences / dp 2 / cp 2 = 1 of the trace's 4: 1/4),
+    # and 1/tp more where TP shards them (the QKV's outputs, the attention, its view)
+    ex, ops = r.extrapolator, t.operators
+    want = {"aten::linear": [1 / 8, 1 / 4], "aten::scaled_dot_product_attention": [1 / 8]}
+    want.update({"aten::view": [1 / 8], "aten::mse_loss": [1 / 4]})
+    for name, ratios in want.items():
+        got = [ex.activation_ratio(o) for o in ops if o.name == name and o.phase == "forward"]
+        assert got == pytest.approx(ratios, rel=1e-12), name
     if distopt:  # its gradient buckets reduce-scattered, its parameters all-gathered after
         rs = rows(r, 0, "comm", "reduce_scatter")
         ag = rows(r, 0, "comm", "all_gather")
