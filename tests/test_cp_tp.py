@@ -187,6 +187,20 @@ def test_two_rank_ulysses_with_tp_2_timeline_by_hand():
     assert r.iteration_time == pytest.approx(want, rel=1e-9)
 
 
+def test_recomputation_runs_the_tp_collectives_of_the_recomputed_forward_again():
+    """recompute full (a unit per layer here): the output projection's forward runs again
+    before its backward, and so does its all-reduce (Megatron's recomputation reruns the
+    forward with its collectives), keyed apart and marked recompute; the ring attention's
+    forward is recomputed with its sends as in mode cp."""
+    r = simulate(block_trace(), 4, 100 * GB, 1e-6, cp=2, tp=2, recompute="full")
+    ar = rows(r, 0, "comm", "allreduce")
+    out = ar[ar.key.astype(str).str.contains("output")]
+    assert out.phase.tolist() == ["forward", "recompute"]
+    assert out.nbytes.tolist() == [1024 * 512 * 4] * 2
+    att = rows(r, 0, "compute", "scaled_dot_product")
+    assert att.phase.tolist() == ["forward"] * 2 + ["recompute"] * 2
+
+
 # -- the equivalences ----------------------------------------------------------------------------
 def test_tp_1_is_mode_cp_as_before():
     """`tp: 1` (the default) takes mode cp's own path: the same timeline as without it."""
@@ -297,24 +311,29 @@ def test_memory_per_gpu_with_the_distributed_optimizer_by_hand(distopt):
     cp_log=st.integers(0, 3),
     comm=st.sampled_from(["p2p", "a2a"]),
     distopt=st.booleans(),
+    acc=st.integers(1, 2),
     bw=st.floats(5, 500),
 )
-def test_random_tp_cp_dp_layouts_conserve_compute_and_bytes(n, tp_log, cp_log, comm, distopt, bw):
+def test_random_tp_cp_dp_layouts_conserve_compute_and_bytes(
+    n, tp_log, cp_log, comm, distopt, acc, bw
+):
     """Any tp x cp x dp layout on a switch: each GPU computes 1/num_gpus of every operator
     TP splits or shards (its tokens' share of its heads), 1/(dp x cp) of the loss (whole on
     the TP group), the optimizer on its TP shard (1/(dp x cp) of it with the distributed
     optimizer); the ring sends 3 (cp - 1) blocks of the GPU's k, v at heads / tp; Ulysses 8
     all-to-alls of its q at heads / tp; TP does 2 all-reduces of its tokens' activation;
     the gradients of its shard are reduced over its dp x cp GPUs (all-reduce, or
-    reduce-scatter + all-gather). Groups follow Megatron's order."""
+    reduce-scatter + all-gather). With accumulation each micro-batch moves 1/acc of it,
+    acc times. Groups follow Megatron's order."""
     tp = min(2**tp_log, n)
     cp = min(2**cp_log, n // tp)
     dp = n // (tp * cp)
     bw *= GB
     H, s, d = 8, 256, 64
-    b = 2 * dp
+    b = 2 * dp * acc
     t = block_trace(b=b, H=H, s=s, d=d)
     par = {"cp": cp, "tp": tp, "cp_comm": comm, "distributed_optimizer": distopt}
+    par["accumulation_steps"] = acc
     r = simulate(t, n, bw, 1e-6, **par, **ONE_GPU_BUCKET)
     split = F0 + A + F1 + B1 + AB + B0
     opt = OPT / tp / (dp * cp if distopt else 1)
@@ -322,7 +341,7 @@ def test_random_tp_cp_dp_layouts_conserve_compute_and_bytes(n, tp_log, cp_log, c
     assert r.per_gpu()["compute"].tolist() == pytest.approx([compute] * n, rel=1e-9)
     assert r.iteration_time >= compute * (1 - 1e-12)
     ex = r.extrapolator
-    tokens = b * s / (dp * cp)  # one GPU's tokens
+    tokens = b * s / (dp * cp * acc)  # one GPU's tokens per micro-batch
     q = tokens * (H // tp) * d * 4  # its q (or k, v, output) at its heads
     act = tokens * H * d * 4
     grads = 4 * (H * d) ** 2 * 4 / tp
@@ -339,14 +358,14 @@ def test_random_tp_cp_dp_layouts_conserve_compute_and_bytes(n, tp_log, cp_log, c
         ar = rows(r, g, "comm", "allreduce")
         rs, ag = rows(r, g, "comm", "reduce_scatter"), rows(r, g, "comm", "all_gather")
         if comm == "p2p" and cp > 1:
-            assert sends.nbytes.sum() == pytest.approx(3 * (cp - 1) * 2 * q)
+            assert sends.nbytes.sum() == pytest.approx(3 * (cp - 1) * 2 * q * acc)
         else:
             assert sends.empty
         if comm == "a2a" and cp > 1:
-            assert a2a.nbytes.tolist() == pytest.approx([q] * 8)
+            assert a2a.nbytes.tolist() == pytest.approx([q] * 8 * acc)
         else:
             assert a2a.empty
-        tp_ar = [act] * 2 if tp > 1 else []
+        tp_ar = [act] * 2 * acc if tp > 1 else []
         if dp * cp == 1:
             assert ar.nbytes.tolist() == pytest.approx(tp_ar) and rs.empty and ag.empty
         elif distopt:

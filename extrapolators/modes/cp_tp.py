@@ -169,9 +169,11 @@ class CPTensorParallel(CPGrid):
 
     def _tp_task(self, gpu, item: TPItem, mb) -> Collective:
         d, c, _ = self.coord[gpu]
-        again = ":re" if item.again else ""
-        key = f"d{d}c{c}m{mb}/{item.task.key}{again}"
-        return dataclasses.replace(item.task, group=self.tp_group(gpu), key=key)
+        task, group = item.task, self.tp_group(gpu)
+        if item.again:  # a recomputed forward's collective: its own key and phase
+            key = f"d{d}c{c}m{mb}/{task.key}:re"
+            return dataclasses.replace(task, group=group, key=key, phase="recompute")
+        return dataclasses.replace(task, group=group, key=f"d{d}c{c}m{mb}/{task.key}")
 
     # -- what each GPU holds -------------------------------------------------------------------
     def _weight_grad_bytes(self, w) -> float:
