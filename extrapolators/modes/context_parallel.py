@@ -31,11 +31,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from extrapolators.execution.tasks import ComputeRun, Signal
-from extrapolators.modes.attention import attention_heads
 from extrapolators.modes.cp_attention import ring_compute, ring_sends, ulysses
+from extrapolators.modes.cp_plan import kv_block_bytes, plan_attention, ulysses_bytes
 from extrapolators.modes.cp_tp import CPTensorParallel, TPItem
 from extrapolators.modes.data_parallel import DDPOptions, DistributedDataParallel
-from extrapolators.modes.tp_roles import reads_weight, weight_roots
 from triosim.common.errors import ConfigError
 from triosim.common.schema import option
 
@@ -85,52 +84,10 @@ class ContextParallel(CPTensorParallel, DistributedDataParallel):
             self._plan_attention()
 
     def _plan_attention(self):
-        fwd = self.ops("forward")
-        roots = weight_roots(self.trace, fwd)
-        found = attention_heads(self.trace, fwd, lambda op: reads_weight(op, roots))
-        if not found:
-            raise ConfigError(
-                "parallelism.mode",
-                "cp",
-                "a trace whose attention is one operator reading 4-D query, key and value "
-                "(scaled_dot_product_attention): context parallelism splits it over the "
-                "sequence, and this trace has none",
-            )
-        c, comm = self.cp, self.options.cp_comm
-        for a in found:
-            where = a.op.layer or a.op.name
-            chunks = 2 * c if comm == "p2p" else c
-            if a.seq % chunks:
-                why = "two chunks per GPU (causal load balancing)" if comm == "p2p" else ""
-                raise ConfigError(
-                    "parallelism.cp",
-                    c,
-                    f"a degree whose {chunks} sequence chunks divide the {a.seq} tokens of "
-                    f"{where}" + (f": {why}" if why else ""),
-                )
-            if comm == "a2a":
-                t = self.tp  # Ulysses splits each TP rank's heads / tp over the CP group
-                for what, count in (("attention heads", a.heads), ("key/value heads", a.kv_heads)):
-                    if count % (c * t):
-                        shard = f"the {count // t} per TP rank of " if t > 1 else ""
-                        raise ConfigError(
-                            "parallelism.cp",
-                            c,
-                            f"a degree dividing {shard}the {count} {what} of {where} "
-                            f"({a.heads} query heads, {a.kv_heads} key/value heads, tp "
-                            f"{t}; cp_comm 'a2a' gives each GPU 1/(tp x cp) of the heads)",
-                        )
-            if self.options.sequence_parallel and (a.seq // c) % self.tp:
-                raise ConfigError(
-                    "parallelism.tp",
-                    self.tp,
-                    f"a degree dividing each CP rank's {a.seq // c} tokens of {where} "
-                    f"(sequence parallelism splits them over the TP group)",
-                )
-            self._attention[a.op.id] = a
-        for op in self.ops("backward"):
-            if op.fwd_id in self._attention:
-                self._attention[op.id] = self._attention[op.fwd_id]
+        o = self.options
+        self._attention = plan_attention(
+            self.trace, self.cp, self.tp, o.cp_comm, o.sequence_parallel
+        )
 
     # -- sizes ---------------------------------------------------------------------------------
     def op_batch(self):
@@ -168,22 +125,12 @@ class ContextParallel(CPTensorParallel, DistributedDataParallel):
         return self.op_batch() / self.trace.batch_size
 
     def kv_bytes(self, a) -> float:
-        """One GPU's key and value block of attention `a` (at its key/value heads; with TP,
-        the GPU's 1/tp of them)."""
-        T, (k, v) = self.trace.tensors, a.op.inputs[1:3]
-        kv = (T[k].nbytes + T[v].nbytes) * self._ratio() * a.kv_heads / T[k].shape[1]
-        return kv if self.tp == 1 else kv / self.tp
+        """One GPU's key and value block of attention `a` (cp_plan.kv_block_bytes)."""
+        return kv_block_bytes(self.trace, a, self._ratio(), self.tp)
 
     def _a2a_sizes(self, a) -> tuple[list, list]:
         """Per-GPU bytes of q, k, v and of the output (Ulysses' all-to-alls)."""
-        T, r = self.trace.tensors, self._ratio()
-        q, k, v = (T[t] for t in a.op.inputs[:3])
-        kv = a.kv_heads / k.shape[1]
-        qkv = [q.nbytes * r, k.nbytes * r * kv, v.nbytes * r * kv]
-        out = T[a.op.outputs[0]].nbytes * r if a.op.outputs else qkv[0]
-        if self.tp > 1:  # each TP rank's heads
-            return [x / self.tp for x in qkv], [out / self.tp]
-        return qkv, [out]
+        return ulysses_bytes(self.trace, a, self._ratio(), self.tp)
 
     # -- streams -------------------------------------------------------------------------------
     def _plain(self) -> bool:
