@@ -147,3 +147,30 @@ def test_random_dp_pp_cp_layouts_conserve_compute_and_bytes(dp, pp, cp, m, comm)
             assert len(a2a) == 8 * n_att * m and a2a.nbytes.sum() == pytest.approx(
                 8 * n_att * m * kv / 2
             )
+
+
+@pytest.mark.parametrize("comm", ["p2p", "a2a"])
+def test_the_per_operator_streams_give_the_template_timeline(comm):
+    """compute_runs off (one task per operator, `_compute_per_op`) gives the same timeline
+    as the stage templates, attention steps and TP collectives included (interleaved: 2
+    chunks per stage)."""
+    import pandas as pd
+
+    t = attention_trace(b=4, s=256, H=8, d=64, layers=4)
+    par = {"mode": "interleaved", "dp": 1, "pp": 2, "cp": 2, "tp": 2, "microbatches": 2}
+    par.update(cp_comm=comm, sequence_parallel=True)
+    out = []
+    for runs in (False, True):
+        s = Simulation(
+            {
+                "num_gpus": 8,
+                "topology": {"kind": "switch", "bandwidth": 100 * GB, "latency": 1e-6},
+                "parallelism": par,
+                "communication": {"kind": "textbook"},
+            },
+            trace=t,
+        )
+        s.extrapolator.compute_runs = runs
+        out.append(s.run())
+    pd.testing.assert_frame_equal(out[0].timeline, out[1].timeline, check_exact=True)
+    assert len(rows(out[1], 0, "comm", "send to" if comm == "p2p" else "all_to_all"))
