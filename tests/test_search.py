@@ -38,6 +38,7 @@ def test_candidates_cover_every_family():
         "cp 4 (ring, distributed optimizer)",
         "tp 2 x cp 2 (ring, SP, distributed optimizer)",
         "tp 2 x cp 2 (all-to-all, SP, distributed optimizer)",
+        "3d dp 1 x tp 1 x pp 2 x cp 2 (1f1b, 4 mb, ring)",
     ):
         assert want in labels
 
@@ -130,3 +131,23 @@ def test_search_tries_expert_parallelism_on_an_moe_trace():
     dense.pop("perfmodel")
     row = _evaluate(dense, ".")
     assert row["status"] == "invalid" and "parallelism" in row["reason"]
+
+
+def test_search_tries_context_parallelism_inside_3d(tmp_path):
+    """A 3D grid with a CP degree (2 stages of 2 ring ranks, 1F1B) is a candidate that
+    runs, ranked at its separate run's time."""
+    from tests.test_context_parallel import attention_trace
+
+    path = save(attention_trace(b=4, s=256, H=8, d=64, layers=2), tmp_path / "a.trace.json.gz")
+    cfg = {
+        "trace": str(path),
+        "num_gpus": 4,
+        "batch_size": 4,
+        "topology": {"kind": "switch", "bandwidth": "100 GB/s", "latency": "1 us"},
+    }
+    ranked, _, _ = search(cfg, progress=False)
+    label = "3d dp 1 x tp 1 x pp 2 x cp 2 (1f1b, 4 mb, ring)"
+    par = dict(candidates(4, 4))[label]
+    alone = Simulation({**cfg, "parallelism": par}).run().iteration_time
+    got = ranked.set_index("plan").loc[label, "iteration_time_ms"]
+    assert got == pytest.approx(alone * 1e3, rel=1e-12)

@@ -7,8 +7,9 @@ divisor of N, 3D grids (dp x tp x pp, all above 1) with a 1F1B pipeline, and con
 parallelism (cp: ring attention and all-to-all; the ring also with Megatron's distributed
 optimizer) and expert parallelism (ep, an MoE trace's experts; gradients reduced after the
 backward pass or overlapped with it) for every degree above 1 dividing N, the other GPUs
-data-parallel replicas, and tensor x context parallelism (tp x cp, both above 1, both ways,
-with sequence parallelism and the distributed optimizer; the rest data-parallel). A candidate whose plan the trace does not allow (a TP degree that does not
+data-parallel replicas, tensor x context parallelism (tp x cp, both above 1, both ways,
+with sequence parallelism and the distributed optimizer; the rest data-parallel), and 3D
+grids with a CP degree (cp and pp above 1, 1F1B, ring attention). A candidate whose plan the trace does not allow (a TP degree that does not
 divide a layer, a batch that does not split) is skipped with its reason; one whose weights,
 gradients and optimizer states alone exceed the GPU's memory is dropped before simulating;
 one whose simulated peak does not fit is dropped from the ranking (listed, not returned).
@@ -87,6 +88,16 @@ def candidates(n: int, batch: int) -> list[tuple[str, dict]]:
                         },
                     )
                 )
+    for dp in _divisors(n):  # 3D grids with context parallelism (pipelines of cp ranks)
+        for tp in _divisors(n // dp):
+            for cp in _divisors(n // (dp * tp))[1:]:
+                pp = n // (dp * tp * cp)
+                m = 2 * pp
+                if pp > 1 and batch % (dp * m) == 0:
+                    label = f"3d dp {dp} x tp {tp} x pp {pp} x cp {cp} (1f1b, {m} mb, ring)"
+                    par = {"mode": "3d", "dp": dp, "tp": tp, "pp": pp, "cp": cp}
+                    par.update(microbatches=m, schedule="1f1b", sequence_parallel=tp > 1)
+                    out.append((label, par))
     return out
 
 
