@@ -201,6 +201,4 @@ def test_recompute_depth_sets_the_recomputed_blocks():
         par = {"recompute": "full", "recompute_depth": depth}
         again = run(t, 2, "dp", 16, par=par)
         assert again.iteration_time - plain.iteration_time == pytest.approx(3 * 1.5e-3, rel=1e-9)
-        assert again.memory.groupby("gpu")["activations"].max().max() == pytest.approx(
-            tensors * a
-        )
+        assert again.memory.groupby("gpu")["activations"].max().max() == pytest.approx(tensors * a)
