@@ -272,8 +272,8 @@ def test_memory_per_gpu_with_the_distributed_optimizer_by_hand(distopt):
     weights (P = 4 h^2 / 2 parameters), 4 bytes each of weights and gradients (in buffers),
     and 8 bytes of AdamW's two states, those over the dp x cp = 4 GPUs of its gradient group
     with the distributed optimizer (Megatron shards the state over the data-parallel group
-    with CP): 8 P / 4; per parameter 4 + 4 + 8 / 4 bytes (Megatron's docs: 6 + 12 / d in
-    mixed precision)."""
+    with CP): 8 P / 4; per parameter 4 + 4 + 8 / 4 bytes (Megatron-LM's dist_optimizer.md:
+    "fp32 param, fp32 grads: 8 + 8/d")."""
     t = block_trace(b=4)
     mem = {"optimizer": "adamw", "capacity": 80e9}
     r = simulate(t, 8, 100 * GB, 1e-6, memory=mem, cp=2, tp=2, distributed_optimizer=distopt)

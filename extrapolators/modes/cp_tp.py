@@ -46,8 +46,10 @@ Each bucket's gradients are reduce-scattered over that group (instead of all-red
 the backward pass fills it; each GPU steps its 1 / (dp x cp) of its TP shard (the optimizer
 time scales so); the updated parameters are all-gathered over the group after the step
 (Megatron's default, without --overlap-param-gather). Memory per GPU: weights and
-gradients as held (Megatron keeps the whole gradient buffer), optimizer states / (dp x cp):
-with float32 weights and AdamW, 4 + 4 + 8 / (dp x cp) bytes per held parameter.
+gradients as held (Megatron keeps the whole contiguous gradient buffer all run; it is the
+`buffer_bytes`), optimizer states / (dp x cp): with float32 weights and AdamW, 4 + 4 +
+8 / (dp x cp) bytes per held parameter, the "fp32 param, fp32 grads: 8 + 8/d" row of
+Megatron-LM's docs/source/api-guide/dist_optimizer.md.
 """
 
 from __future__ import annotations
