@@ -37,6 +37,8 @@ calculation the tests check):
     backward of b x (s / cp) x hidden x z bytes, over the tp GPUs of the CP rank;
   - weights, gradients: the TP shard (split layers 1 / tp, the rest whole); the gradients
     are reduced over the dp x cp GPUs of the gradient group, in DDP's buckets of the shard.
+    A bucket is ready after the TP collectives that follow the operator completing it (a
+    layer's input-gradient all-reduce goes first; Megatron may overlap the two).
 
 `distributed_optimizer` (Megatron's `--use-distributed-optimizer`, megatron/core/optimizer/
 distrib_optimizer.py; docs: https://docs.nvidia.com/megatron-core/developer-guide/latest/
