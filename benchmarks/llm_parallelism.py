@@ -1,4 +1,5 @@
-"""Mixture-of-experts training runs: predictions of mode `ep` against published measurements.
+"""Mixture-of-experts and long-context training runs: predictions of modes `ep` and `cp`
+against published measurements.
 
 Each row simulates a shipped shape-only trace (traces/modelled/h100-sxm/: 2 MoE layers
 traced at full width, replicated; calibrated H100 operator times, MODELLED, not measured)
@@ -40,7 +41,25 @@ operators count them: GEMMs at the balanced expert load, attention included) x
 micro-batches / iteration time. Tokens/s per GPU = sequence x micro-batches / iteration
 time.
 
-Run: PYTHONPATH=. python benchmarks/llm_parallelism.py [--out table.md]
+Long context (mode `cp` with `tp`, issue 33):
+
+- Llama 2 7B, 131,072-token sequences, FP8, on 128 H100s (DGX-H100) with TP 4, PP 1, DP 8,
+  CP 4: 555 TFLOPS per GPU (NeMo's "Long Sequence Performance" table, container
+  NeMo 24.03.01: https://docs.nvidia.com/nemo-framework/user-guide/latest/performance/
+  performance_long_sequence.html, source NVIDIA/NeMo docs/source/performance/
+  performance_long_sequence.md). The row simulates the shipped Llama 3 8B 128K trace
+  (the closest shipped model: 32 layers, hidden 4096 as Llama 2 7B, but 8 key/value heads,
+  FFN 14,336 and a 128,256-token vocabulary) on 16 nodes of 8 with the same TP 4 x CP 4 x
+  DP 8 layout, sequence parallelism and the distributed optimizer (NeMo's defaults for
+  it), one sequence per data-parallel replica (the table gives no batch size). Its
+  TFLOPS count Llama 3 8B's model FLOPs by Megatron-LM's formula (megatron/training/
+  training.py, num_floating_point_operations: 12 B s L h^2 (1 + g/H + s/h + 1.5 f/h +
+  V / (2 L h)), attention counted in full), as NeMo reports them. What differs: FP8 GEMMs
+  there (here bf16, calibrated on two CNN traces), the model, the unknown batch (one
+  sequence per replica here: the gradient reduce-scatter of every step is exposed after
+  a single backward pass).
+
+Run: PYTHONPATH=. python benchmarks/llm_parallelism.py [--out table.md] [--only 'Llama']
 """
 
 from __future__ import annotations
@@ -79,7 +98,34 @@ RUNS = [
         metric="tokens",
         value=1e12 / (180e3 * 3600),
     ),
+    dict(
+        name="Llama 3 8B 128K, 128 H100, TP 4 x CP 4 x DP 8",
+        trace="llama3-8b-s131072-b1.trace.json.gz",
+        gpus=128,
+        parallelism={
+            "mode": "cp",
+            "cp": 4,
+            "tp": 4,
+            "cp_comm": "p2p",
+            "sequence_parallel": True,
+            "distributed_optimizer": True,
+        },
+        batch=8,  # one sequence per data-parallel replica
+        steps=1,
+        nvlink=450e9,
+        published="555 TFLOPS/GPU (NeMo 24.03 long-sequence table: Llama 2 7B FP8, 128K, "
+        "TP 4 x CP 4 x DP 8)",
+        metric="tflops",
+        value=555.0,
+        model_flops=dict(s=131072, L=32, h=4096, H=32, g=8, f=14336, V=128256),
+    ),
 ]
+
+
+def megatron_flops(s, L, h, H, g, f, V, batch=1) -> float:
+    """Forward + backward model FLOPs of a Llama-style (SwiGLU) model by Megatron-LM's
+    formula (docstring): 12 B s L h^2 (1 + g/H + s/h + 1.5 f/h + V / (2 L h))."""
+    return 12 * batch * s * L * h * h * (1 + g / H + s / h + 1.5 * f / h + V / (2 * L * h))
 
 
 def simulate(run: dict):
@@ -87,21 +133,28 @@ def simulate(run: dict):
     direction, one 50 GB/s (400 Gb/s) NIC per GPU, the calibrated model, mode ep."""
     from triosim import Simulation
 
-    cfg = {
-        "trace": str(TRACES / run["trace"]),
-        "num_gpus": run["gpus"],
-        "batch_size": run["gpus"] * run["steps"],
-        "gpu": "H100-SXM",
-        "perfmodel": {"kind": "calibrated"},
-        # both published runs reduce gradients during the backward pass, with the
-        # distributed optimizer (ZeRO-1): reduce-scatter, step on the shard, all-gather
-        "parallelism": {
+    # both published MoE runs reduce gradients during the backward pass, with the
+    # distributed optimizer (ZeRO-1): reduce-scatter, step on the shard, all-gather; a row
+    # whose parallelism names its mode (the long-context run) is taken as it is
+    extra = run.get("parallelism", {})
+    par = (
+        extra
+        if "mode" in extra
+        else {
             "mode": "ep",
             "ep": run["ep"],
             "accumulation_steps": run["steps"],
             "dp_overlap": True,
-            **run.get("parallelism", {}),
-        },
+            **extra,
+        }
+    )
+    cfg = {
+        "trace": str(TRACES / run["trace"]),
+        "num_gpus": run["gpus"],
+        "batch_size": run.get("batch", run["gpus"] * run["steps"]),
+        "gpu": "H100-SXM",
+        "perfmodel": {"kind": "calibrated"},
+        "parallelism": par,
         "topology": {
             "kind": "multi_node",
             "gpus_per_node": 8,
@@ -121,6 +174,11 @@ def row(run: dict) -> dict:
     tr = sim.trace
     flops = sum(o.flops or 0.0 for o in tr.operators if o.phase in ("forward", "backward"))
     seq = tr.metadata["seq_len"] * tr.batch_size
+    if "batch" in run:  # sequences per GPU and step: the batch over the GPUs
+        per_gpu = run["batch"] / run["gpus"]
+        if "model_flops" in run:
+            flops = megatron_flops(**run["model_flops"])
+        flops, seq = flops * per_gpu, seq * per_gpu
     it = r.iteration_time
     tl = r.timeline
     g0 = tl[tl["gpu"] == 0]
@@ -159,8 +217,9 @@ def table(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", help="also write the table (markdown) here")
+    p.add_argument("--only", help="the rows whose name contains this text")
     args = p.parse_args(argv)
-    text = table([row(r) for r in RUNS])
+    text = table([row(r) for r in RUNS if not args.only or args.only in r["name"]])
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

@@ -550,6 +550,21 @@ def test_tp_follows_a_weight_through_its_casts_on_torchtitan_precision_llama():
 
 
 @pytest.mark.filterwarnings("ignore")
+def test_sequence_parallel_reduces_the_norm_weights_only_on_torchtitan_precision_llama():
+    """Sequence parallelism all-reduces the gradients of the weights that saw part of the
+    sequence: Llama 3 8B's RMSNorm weights (2 per layer x 32 + the final one, 4,096 each),
+    in the weights' dtype (float32 in torchtitan's trace, bfloat16 in Megatron's). The
+    float32 weights' bfloat16 casts are not sequence-parallel operators: each GPU casts the
+    weights it holds (before: 30 GB, every weight's gradient, all-reduced)."""
+    path = MODELLED / "h100-sxm" / "llama3-8b-s2048-b8.trace.json.gz"
+    sp = {"parallelism": {"mode": "tp", "sequence_parallel": True}}
+    for trace, size in ((path, 4), (path.with_name("llama3-8b-bf16-s2048-b8.trace.json.gz"), 2)):
+        ex = _tp_plan(trace, 8, **sp)
+        grads = [c for cs in ex.before.values() for c in cs if c.key.endswith("sequence-grads")]
+        assert [c.nbytes for c in grads] == [(2 * 32 + 1) * 4096 * size]
+
+
+@pytest.mark.filterwarnings("ignore")
 def test_the_degree_must_divide_the_attention_and_key_value_heads():
     """Megatron-LM asserts num_attention_heads % tp == 0 and num_query_groups % tp == 0.
     GPT-2 small has 12 heads (its QKV's 2,304 outputs divide by 8, so only the heads

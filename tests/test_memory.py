@@ -180,3 +180,25 @@ def test_a_capacity_no_gpu_has_and_a_reserve_over_it_are_refused_before_running(
     with pytest.raises(ConfigError, match="memory.reserve.*less than the GPU's memory"):
         Simulation({"num_gpus": 2, "batch_size": 16, "memory": {"capacity": "0.1 GB"}}, trace=t)
     assert run(t, 2, "dp", 16, memory={"capacity": "2 GB"}).out_of_memory() == []
+
+
+def test_recompute_depth_sets_the_recomputed_blocks():
+    """`recompute_depth` is the layer-name depth of a recomputed block: under a common
+    prefix (`model.block0`, ...; torchtitan's `layers.N` is depth 2) depth 2 gives the
+    three blocks of the test above (peak 5 tensors), depth 1 one block holding all three
+    (the first forward keeps only its input, the recomputed one all of them again: 7, as
+    without recomputation); the time grows by the recomputed forward either way."""
+    import dataclasses
+
+    from triosim.trace.model import Trace
+
+    a = 1e6
+    t = block_trace(3, a)
+    ops = [dataclasses.replace(op, layer=f"model.{op.layer}") for op in t.operators]
+    t = Trace(ops, t.tensors, t.metadata).validate()
+    plain = run(t, 2, "dp", 16)
+    for depth, tensors in ((2, 5), (1, 7)):
+        par = {"recompute": "full", "recompute_depth": depth}
+        again = run(t, 2, "dp", 16, par=par)
+        assert again.iteration_time - plain.iteration_time == pytest.approx(3 * 1.5e-3, rel=1e-9)
+        assert again.memory.groupby("gpu")["activations"].max().max() == pytest.approx(tensors * a)

@@ -35,6 +35,10 @@ def test_candidates_cover_every_family():
         "dp 2 x 1f1b 2 stages x 4 mb",
         "cp 4 (ring)",
         "dp 2 x cp 2 (all-to-all)",
+        "cp 4 (ring, distributed optimizer)",
+        "tp 2 x cp 2 (ring, SP, distributed optimizer)",
+        "tp 2 x cp 2 (all-to-all, SP, distributed optimizer)",
+        "3d dp 1 x tp 1 x pp 2 x cp 2 (1f1b, 4 mb, ring)",
     ):
         assert want in labels
 
@@ -54,8 +58,16 @@ def test_the_search_finds_context_parallelism_where_nothing_else_splits_the_batc
     }
     ranked, table, best = search(cfg, progress=False)
     cp = {p for p in ranked["plan"] if "cp" in p}
-    assert cp == {"cp 4 (ring)", "cp 4 (all-to-all)"}
+    with_tp = {f"tp 2 x cp 2 ({how}, SP, distributed optimizer)" for how in ("ring", "all-to-all")}
+    assert (
+        cp == {"cp 4 (ring)", "cp 4 (all-to-all)", "cp 4 (ring, distributed optimizer)"} | with_tp
+    )
     assert "batch_size" in table.set_index("plan").loc["dp 2 x cp 2 (ring)", "reason"]
+    for label in with_tp:  # each as its separate run
+        par = dict(candidates(4, 1))[label]
+        alone = Simulation({**cfg, "parallelism": par}).run().iteration_time
+        got = ranked.set_index("plan").loc[label, "iteration_time_ms"]
+        assert got == pytest.approx(alone * 1e3, rel=1e-12)
     assert not {"ddp", "dp"} & set(ranked["plan"])  # a batch of 1 does not split
     row = ranked.set_index("plan").loc["cp 4 (ring)"]
     par = {"mode": "cp", "cp": 4, "cp_comm": "p2p"}
@@ -147,3 +159,23 @@ def test_search_tries_expert_parallelism_with_tp_and_the_distributed_optimizer()
     row = _evaluate(cfg, ".")
     assert row["status"] == "ok"
     assert row["iteration_time_ms"] == Simulation(cfg).run().iteration_time * 1e3
+
+
+def test_search_tries_context_parallelism_inside_3d(tmp_path):
+    """A 3D grid with a CP degree (2 stages of 2 ring ranks, 1F1B) is a candidate that
+    runs, ranked at its separate run's time."""
+    from tests.test_context_parallel import attention_trace
+
+    path = save(attention_trace(b=4, s=256, H=8, d=64, layers=2), tmp_path / "a.trace.json.gz")
+    cfg = {
+        "trace": str(path),
+        "num_gpus": 4,
+        "batch_size": 4,
+        "topology": {"kind": "switch", "bandwidth": "100 GB/s", "latency": "1 us"},
+    }
+    ranked, _, _ = search(cfg, progress=False)
+    label = "3d dp 1 x tp 1 x pp 2 x cp 2 (1f1b, 4 mb, ring)"
+    par = dict(candidates(4, 4))[label]
+    alone = Simulation({**cfg, "parallelism": par}).run().iteration_time
+    got = ranked.set_index("plan").loc[label, "iteration_time_ms"]
+    assert got == pytest.approx(alone * 1e3, rel=1e-12)

@@ -15,6 +15,14 @@ Groups are consecutive GPU ids (Megatron puts CP just outside TP, inside DP), ea
 topology's ring order; a ring attention's neighbours are the ones next to each other in it.
 The attention operators are the trace's fused ones (scaled_dot_product_attention, read by
 attention.attention_heads) and the backward operators paired with them.
+
+With `tp` > 1 each CP rank's layers are split over tp GPUs as mode tp splits them (Megatron's
+roles and collectives, on the rank's tokens), the grid is tp x cp x dp in Megatron's order
+(TP innermost), the attention holds heads / tp and its ring blocks are 1/tp as large, and the
+gradients of each GPU's TP shard are reduced over the dp x cp GPUs holding that shard; with
+`distributed_optimizer` the optimizer states are sharded over those GPUs (Megatron's
+distributed optimizer). cp_tp.py says how, with the bytes and compute per GPU by hand;
+with tp 1 and no distributed optimizer the mode runs exactly as described above.
 """
 
 from __future__ import annotations
@@ -23,10 +31,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from extrapolators.execution.tasks import ComputeRun, Signal
-from extrapolators.modes.attention import attention_heads
 from extrapolators.modes.cp_attention import ring_compute, ring_sends, ulysses
+from extrapolators.modes.cp_plan import kv_block_bytes, plan_attention, ulysses_bytes
+from extrapolators.modes.cp_tp import CPTensorParallel, TPItem
 from extrapolators.modes.data_parallel import DDPOptions, DistributedDataParallel
-from extrapolators.modes.tp_roles import reads_weight, weight_roots
 from triosim.common.errors import ConfigError
 from triosim.common.schema import option
 
@@ -45,73 +53,41 @@ class CPOptions(DDPOptions):
         "with blockwise attention (Megatron-LM's default); a2a: all-to-all of the heads "
         "(DeepSpeed-Ulysses)",
     )
+    tp: int = option(
+        1,
+        ge=1,
+        help="tensor-parallel degree inside each CP rank (Megatron's order: TP innermost, "
+        "then CP, then DP); num_gpus / (tp x cp) data-parallel replicas",
+    )
+    sequence_parallel: bool = option(
+        False, help="with tp > 1: Megatron's sequence parallelism on the CP rank's tokens"
+    )
+    distributed_optimizer: bool = option(
+        False,
+        help="Megatron's distributed optimizer: optimizer states sharded over the dp x cp "
+        "GPUs holding a TP shard, gradients reduce-scattered, parameters all-gathered",
+    )
 
 
-class ContextParallel(DistributedDataParallel):
+class ContextParallel(CPTensorParallel, DistributedDataParallel):
     """The mode (module docstring)."""
 
     name = "cp"
     Options = CPOptions
 
     def check(self):
-        n, o = len(self.gpus), self.options
-        self.cp = o.cp or n
-        if n % self.cp:
-            raise ConfigError("parallelism.cp", o.cp, f"a degree dividing num_gpus ({n})")
-        self.dp = n // self.cp
+        self._make_grid()  # tp x cp x dp (cp_tp.CPGrid)
+        self._plan_tp()  # the CP rank's TP plan (cp_tp), before the buckets of its shard
         super().check()  # the batch split, recomputation, DDP's buckets
-        self._groups()
         self._attention = {}  # forward or backward op id -> its forward op's Heads
         if self.cp > 1:
             self._plan_attention()
 
-    def _groups(self):
-        k, pos = self.cp, {g: i for i, g in enumerate(self.gpus)}
-        groups = [[] for _ in range(self.dp)]
-        for g in self.ring:  # each group in the topology's ring order
-            if g in pos:
-                groups[pos[g] // k].append(g)
-        self.groups = [tuple(g) for g in groups]
-        self.group_of = {g: (d, grp) for d, grp in enumerate(self.groups) for g in grp}
-
     def _plan_attention(self):
-        fwd = self.ops("forward")
-        roots = weight_roots(self.trace, fwd)
-        found = attention_heads(self.trace, fwd, lambda op: reads_weight(op, roots))
-        if not found:
-            raise ConfigError(
-                "parallelism.mode",
-                "cp",
-                "a trace whose attention is one operator reading 4-D query, key and value "
-                "(scaled_dot_product_attention): context parallelism splits it over the "
-                "sequence, and this trace has none",
-            )
-        c, comm = self.cp, self.options.cp_comm
-        for a in found:
-            where = a.op.layer or a.op.name
-            chunks = 2 * c if comm == "p2p" else c
-            if a.seq % chunks:
-                why = "two chunks per GPU (causal load balancing)" if comm == "p2p" else ""
-                raise ConfigError(
-                    "parallelism.cp",
-                    c,
-                    f"a degree whose {chunks} sequence chunks divide the {a.seq} tokens of "
-                    f"{where}" + (f": {why}" if why else ""),
-                )
-            if comm == "a2a":
-                for what, count in (("attention heads", a.heads), ("key/value heads", a.kv_heads)):
-                    if count % c:
-                        raise ConfigError(
-                            "parallelism.cp",
-                            c,
-                            f"a degree dividing the {count} {what} of {where} ({a.heads} "
-                            f"query heads, {a.kv_heads} key/value heads; cp_comm 'a2a' "
-                            f"gives each GPU 1/cp of the heads)",
-                        )
-            self._attention[a.op.id] = a
-        for op in self.ops("backward"):
-            if op.fwd_id in self._attention:
-                self._attention[op.id] = self._attention[op.fwd_id]
+        o = self.options
+        self._attention = plan_attention(
+            self.trace, self.cp, self.tp, o.cp_comm, o.sequence_parallel
+        )
 
     # -- sizes ---------------------------------------------------------------------------------
     def op_batch(self):
@@ -122,6 +98,25 @@ class ContextParallel(DistributedDataParallel):
             )
         return b if b is None else b / self.cp  # the GPU's tokens, in sequences' worth
 
+    def held_weight_bytes(self, gpu) -> float:
+        if self.tp == 1:
+            return super().held_weight_bytes(gpu)
+        return self._held_fraction() * self.trace.weight_bytes()  # the TP shard (mode tp)
+
+    def activation_ratio(self, op) -> float:
+        return super().activation_ratio(op) if self.tp == 1 else self.tpx.activation_ratio(op)
+
+    def state_fractions(self) -> dict | None:
+        """The distributed optimizer: optimizer states 1 / (dp x cp) of the held shard. Its
+        gradients live in Megatron's contiguous gradient buffer, allocated once for the
+        whole run (each parameter's main_grad is a view of it): `buffer_bytes`, the
+        buckets' bytes, holds them all iteration, so no gradient tensor comes and goes."""
+        if not self.options.distributed_optimizer:
+            return None
+        held = self._held_fraction()
+        share = held / (self.dp * self.cp)
+        return {"weights": held, "gradients": 0.0, "optimizer_states": share}
+
     def symmetry(self):
         return None  # (ring neighbours differ per GPU: every GPU is simulated)
 
@@ -130,20 +125,24 @@ class ContextParallel(DistributedDataParallel):
         return self.op_batch() / self.trace.batch_size
 
     def kv_bytes(self, a) -> float:
-        """One GPU's key and value block of attention `a` (at its key/value heads)."""
-        T, (k, v) = self.trace.tensors, a.op.inputs[1:3]
-        return (T[k].nbytes + T[v].nbytes) * self._ratio() * a.kv_heads / T[k].shape[1]
+        """One GPU's key and value block of attention `a` (cp_plan.kv_block_bytes)."""
+        return kv_block_bytes(self.trace, a, self._ratio(), self.tp)
 
     def _a2a_sizes(self, a) -> tuple[list, list]:
         """Per-GPU bytes of q, k, v and of the output (Ulysses' all-to-alls)."""
-        T, r = self.trace.tensors, self._ratio()
-        q, k, v = (T[t] for t in a.op.inputs[:3])
-        kv = a.kv_heads / k.shape[1]
-        qkv = [q.nbytes * r, k.nbytes * r * kv, v.nbytes * r * kv]
-        out = T[a.op.outputs[0]].nbytes * r if a.op.outputs else qkv[0]
-        return qkv, [out]
+        return ulysses_bytes(self.trace, a, self._ratio(), self.tp)
 
     # -- streams -------------------------------------------------------------------------------
+    def _plain(self) -> bool:
+        """mode cp as without TP and the distributed optimizer (DDP's streams)."""
+        return self.tp == 1 and not self.options.distributed_optimizer
+
+    def _compute(self, gpu):
+        return super()._compute(gpu) if self._plain() else self._tp_compute(gpu)
+
+    def _comm(self, gpu):
+        return super()._comm(gpu) if self._plain() else self._tp_comm(gpu)
+
     def _gpu_streams(self, gpu):
         s = super()._gpu_streams(gpu)
         if self.cp > 1 and self.options.cp_comm == "p2p":
@@ -155,7 +154,7 @@ class ContextParallel(DistributedDataParallel):
         steps = self.options.accumulation_steps
         for s in range(steps):
             last = s == steps - 1
-            if self.cp == 1:  # DDP exactly
+            if self.cp == 1 and self.tp == 1:  # DDP exactly
                 yield from self._step(target, s, gpu if last else None)
                 continue
             for item in self._template(target, s, last):
@@ -163,6 +162,8 @@ class ContextParallel(DistributedDataParallel):
                     yield Signal(f"{gpu}:bucket{item}")
                 elif type(item) is tuple:
                     yield from self._attend(gpu, *item)
+                elif type(item) is TPItem:
+                    yield self._tp_task(gpu, item, s)
                 else:
                     yield item
 
@@ -174,22 +175,26 @@ class ContextParallel(DistributedDataParallel):
         if key in cache:
             return cache[key]
         items, run = [], []
+        split = self.target(self.op_batch(), tp=self.tp) if self.tp > 1 else target
+
+        def other(more):
+            nonlocal run
+            if more and run:
+                items.append(ComputeRun(run))
+                run = []
+            items.extend(more)
+
         for op, again in self._fb:
             phase = "recompute" if again else None
+            other(self._tp_around(op, "before", again))
             if op.id in self._attention:
-                if run:
-                    items.append(ComputeRun(run))
-                    run = []
                 scale = 1 / self.cp if self.options.cp_comm == "p2p" else 1.0
-                items.append((op, self.compute(op, target, scale, mb, phase), mb))
+                other([(op, self._op_compute(op, target, split, scale, mb, phase), mb)])
             else:
-                run.append(self.compute(op, target, mb=mb, phase=phase))
+                run.append(self._op_compute(op, target, split, mb=mb, phase=phase))
+            other(self._tp_around(op, "after", again))
             ks = self._buckets_after.get(op.id, ()) if signals and not again else ()
-            if ks:
-                if run:
-                    items.append(ComputeRun(run))
-                    run = []
-                items += ks
+            other(list(ks))
         if run:
             items.append(ComputeRun(run))
         cache[key] = items

@@ -46,6 +46,12 @@ class DPOptions:
         help="activation recomputation: full (every block's forward again before its "
         "backward) or selective (the attention core, as Megatron-LM)",
     )
+    recompute_depth: int | None = option(
+        None,
+        ge=1,
+        help="layer-name depth of a recomputed block (torchtitan's Llama: 2, layers.N); "
+        "default: the smallest giving >= 4 blocks that hold weights",
+    )
 
 
 class DataParallel(Extrapolator):
@@ -58,7 +64,7 @@ class DataParallel(Extrapolator):
 
     def check(self):
         self.op_batch()
-        self._fb = self.forward_backward(self.options.recompute)
+        self._fb = self.forward_backward(self.options.recompute, self.options.recompute_depth)
 
     def op_batch(self):
         return self.per_gpu_batch(len(self.gpus) * self.options.accumulation_steps)
@@ -194,12 +200,16 @@ class DistributedDataParallel(DataParallel):
         """[(ready position, bytes, number of tensors)] in the order they are reduced."""
         return self._buckets
 
+    def _weight_grad_bytes(self, w) -> float:
+        """The bytes of weight `w`'s gradient a GPU reduces (a sharding mode: its shard)."""
+        return self.trace.tensors[w].nbytes
+
     def _make_buckets(self):
         ready = gradient_ready(self.trace)
         weights = sorted(ready, key=lambda w: (ready[w], -w))
         out, size, count, last = [], 0.0, 0, -1
         for w in weights:
-            size += self.trace.tensors[w].nbytes
+            size += self._weight_grad_bytes(w)
             count += 1
             last = max(last, ready[w])
             o = self.options

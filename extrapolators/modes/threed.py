@@ -1,4 +1,5 @@
-"""3D parallelism: data x tensor x pipeline parallelism on a process grid (Megatron-LM's).
+"""3D parallelism: data x tensor x pipeline (x context) parallelism on a process grid
+(Megatron-LM's).
 
 The N GPUs form a grid of dp x pp x tp (product N). `placement` maps grid positions
 (d, p, t) onto GPU ids: `tp-pp-dp` (default) puts TP innermost (consecutive ids, e.g. one
@@ -21,6 +22,15 @@ The existing modes are composed, not rewritten:
     caps) in the order the stage's last micro-batch backward produces them, each bucket
     reduced as soon as it is ready, overlapping the rest of the backward; otherwise one
     all-reduce after the whole backward, as the dp mode.
+  - context parallelism (`cp` > 1, Megatron-LM's CP inside 3D): each replica's pipeline
+    runs on cp GPUs per (stage, TP rank), each with 1/cp of the micro-batch's tokens (its
+    operators, its TP collectives and its pipeline sends at that share); the attention runs
+    across those cp GPUs as mode cp does it (cp_attention.py: ring attention with a "cp"
+    send stream following the stage's schedule, or Ulysses' all-to-alls; cp_plan.py: the
+    degree checks and bytes); CP ranks reduce gradients with the replicas (the "dp"
+    stream's group is all dp x cp GPUs at a (p, t)). The grid puts CP just outside TP
+    (placement tp-pp-dp: GPU ((d x pp + p) x cp + c) x tp + t). With one stage it is mode
+    cp with tp exactly (tested).
 Every collective and send goes through the one network, so groups contend where they
 share links. Each GPU's optimizer step touches the weights it holds: its chunks' weights,
 the TP-split ones 1/tp.
@@ -36,12 +46,14 @@ from dataclasses import dataclass
 from typing import Literal
 
 from extrapolators.modes.base import Extrapolator
+from extrapolators.modes.cp_plan import plan_attention
 from extrapolators.modes.pipeline import GPipe, PipelineOptions
 from extrapolators.modes.schedules import schedule
 from extrapolators.modes.tensor_parallel import TensorParallel, TPOptions
 from extrapolators.modes.threed_buckets import StageBuckets
 from extrapolators.modes.threed_grid import ThreeDGrid
 from extrapolators.modes.threed_streams import ThreeDStreams
+from triosim.common.errors import ConfigError
 from triosim.common.schema import option
 
 
@@ -77,6 +89,13 @@ class ThreeDOptions:
     first_bucket_size: float = option(2**20, unit="bytes", gt=0, help="the first bucket's cap")
     tp_style: Literal["megatron", "channel"] = option("megatron", help="as mode tp")
     sequence_parallel: bool = option(False, help="as mode tp")
+    cp: int = option(
+        1,
+        ge=1,
+        help="context-parallel degree: GPUs sharing each sequence of a replica (its pipeline "
+        "on 1/cp of the tokens each), just outside TP in the grid; as mode cp",
+    )
+    cp_comm: Literal["p2p", "a2a"] = option("p2p", help="as mode cp (ring attention or Ulysses)")
 
 
 class ThreeD(ThreeDGrid, StageBuckets, ThreeDStreams, Extrapolator):
@@ -95,6 +114,8 @@ class ThreeD(ThreeDGrid, StageBuckets, ThreeDStreams, Extrapolator):
         self.orders = [self.order_of(p, pp, o.microbatches, self.v) for p in range(pp)]
         M = o.microbatches
         self.micro = self.per_gpu_batch(self.dp * M)
+        # what each GPU's operators process: its CP rank's tokens of the micro-batch
+        self.op_micro = self.micro if self.cp == 1 else self.micro / self.cp
         rep_batch = self.per_gpu_batch(self.dp)
         C = pp * self.v
         # the pipeline mode cuts the model into C chunks (chunk c on stage c % pp)
@@ -115,15 +136,22 @@ class ThreeD(ThreeDGrid, StageBuckets, ThreeDStreams, Extrapolator):
             self.model,
             group0,
             TPOptions(o.tp_style, o.sequence_parallel),
-            batch_size=self.micro,
+            batch_size=self.op_micro,
             gpu=self.gpu,
             host=self.host,
         )
+        self._attention = {}  # forward or backward op id -> its forward attention's Heads
+        if self.cp > 1:
+            if o.tp_style != "megatron":
+                raise ConfigError("parallelism.tp_style", o.tp_style, "megatron with cp > 1")
+            self._attention = plan_attention(
+                self.trace, self.cp, self.tp, o.cp_comm, o.sequence_parallel, mode="3d"
+            )
         self._held()
         self._buckets = {p: self._make_buckets(p) for p in range(pp)} if o.dp_overlap else {}
 
     def op_batch(self):
-        return self.micro
+        return self.op_micro
 
     def activation_ratio(self, op) -> float:
         return self.tpx.activation_ratio(op)

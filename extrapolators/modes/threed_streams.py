@@ -5,7 +5,8 @@ GPU a "compute" stream (its stage's schedule of forward and backward steps, each
 operators with their tensor-parallel collectives, receives of activations and gradients,
 signals for the send streams and the gradient buckets, then the optimizer), "send_fwd" and
 "send_bwd" streams (a step's activations or gradients to the next stage, once the compute
-stream signals the step done) and a "dp" stream (the gradient all-reduces). Two ways give
+stream signals the step done), a "dp" stream (the gradient all-reduces) and, with ring
+attention (cp > 1), a "cp" stream (its key/value blocks, in the schedule's order). Two ways give
 the same tasks: from a template built once per stage (`compute_runs`, ComputeRuns shared by
 every GPU of the stage) or one task per operator.
 What it needs: the grid (threed_grid.ThreeDGrid), the buckets and held bytes
@@ -20,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 
 from extrapolators.execution.tasks import Collective, ComputeRun, Recv, Send, Signal, Wait
+from extrapolators.modes.cp_attention import ring_compute, ring_sends, ulysses
+from extrapolators.modes.cp_plan import kv_block_bytes, ulysses_bytes
 from extrapolators.modes.tp_roles import SHARDED, SPLIT
 
 
@@ -28,7 +31,7 @@ class ThreeDStreams:
 
     # the template of a stage's compute stream: ComputeRuns (shared by every GPU of the
     # stage) and, for the tasks that name a GPU, a tag and the key's stage-wide suffix
-    _COLL, _RECV, _SIGNAL, _WAIT = range(4)
+    _COLL, _RECV, _SIGNAL, _WAIT, _ATTN = range(5)
 
     def streams(self):
         out = {}
@@ -37,6 +40,8 @@ class ThreeDStreams:
             out[(g, "send_fwd")] = self._sends(d, p, t, "F", "send_fwd")
             out[(g, "send_bwd")] = self._sends(d, p, t, "B", "send_bwd")
             out[(g, "dp")] = self._reduce(d, p, t)
+            if self.cp > 1 and self.options.cp_comm == "p2p":
+                out[(g, "cp")] = self._cp_sends(d, p, t)
         return out
 
     def _compute(self, d, p, t):
@@ -64,14 +69,16 @@ class ThreeDStreams:
         S, C = self.pp, self.pp * self.v
         tpx, n = self.tpx, self.tp
         comm = n > 1
-        split, whole = self.target(self.micro, tp=n), self.target(self.micro)
+        split, whole = self.target(self.op_micro, tp=n), self.target(self.op_micro)
 
         def op_tasks(op, m):
             if comm:
                 for c in tpx.before.get(op.id, ()):
                     other((self._COLL, c, f"p{p}m{m}/{c.key}"))
             role = tpx.roles.get(op.id)
-            if role in SHARDED:
+            if op.id in self._attention:  # context parallelism: across the CP group
+                other((self._ATTN, op, self._attention_step(op, split, whole, m), m))
+            elif role in SHARDED:
                 run.append(self.compute(op, split, 1.0 if op.tp_split else 1.0 / n, mb=m))
             elif op.tp_split and (role in SPLIT or op.id in tpx._orphan_ids):
                 run.append(self.compute(op, split, mb=m))
@@ -155,6 +162,8 @@ class ThreeDStreams:
                 yield Recv(grid[d, item[1], t], dt + item[2], phase=item[3])
             elif tag == SIGNAL:
                 yield Signal(gk + item[1])
+            elif tag == self._ATTN:
+                yield from self._attend(d, p, t, *item[1:])
             else:
                 yield Wait(gk + item[1])
         slot[0] -= 1
@@ -174,14 +183,14 @@ class ThreeDStreams:
                     src = self.grid[d, (c - 1) % S, t]
                     yield Recv(src, f"d{d}t{t}/act{c - 1}.{m}", phase="forward")
                 for op in self.pipe.fwd_ops[c]:
-                    yield from self._op_tasks(op, d, p, m, group)
+                    yield from self._op_tasks(op, d, p, m, group, t)
             else:
                 if c < C - 1:
                     src = self.grid[d, (c + 1) % S, t]
                     yield Recv(src, f"d{d}t{t}/grad{c + 1}.{m}", phase="backward")
                 final = last_b[j] == step
                 for op in self.pipe.bwd_ops[c]:
-                    yield from self._op_tasks(op, d, p, m, group)
+                    yield from self._op_tasks(op, d, p, m, group, t)
                     if final:
                         for k in by_pos.get(pos[op.id], ()):
                             fired.add(k)
@@ -200,7 +209,7 @@ class ThreeDStreams:
         for op in self.ops("optimizer"):
             yield from self._op_tasks_opt(op, d, p, group, full, scale)
 
-    def _op_tasks(self, op, d, p, m, group):
+    def _op_tasks(self, op, d, p, m, group, t=0):
         """One operator at the micro-batch on the TP group: Megatron's collectives around it
         (re-grouped and re-keyed for this group and micro-batch), at its shard's time."""
         tpx, n = self.tpx, self.tp
@@ -209,8 +218,10 @@ class ThreeDStreams:
             for c in tpx.before.get(op.id, ()):
                 yield dataclasses.replace(c, group=group, key=f"d{d}p{p}m{m}/{c.key}")
         role = tpx.roles.get(op.id)
-        split, whole = self.target(self.micro, tp=n), self.target(self.micro)
-        if role in SHARDED:
+        split, whole = self.target(self.op_micro, tp=n), self.target(self.op_micro)
+        if op.id in self._attention:  # context parallelism: across the CP group
+            yield from self._attend(d, p, t, op, self._attention_step(op, split, whole, m), m)
+        elif role in SHARDED:
             yield self.compute(op, split, 1.0 if op.tp_split else 1.0 / n, mb=m)
         elif op.tp_split and (role in SPLIT or op.id in tpx._orphan_ids):
             yield self.compute(op, split, mb=m)
@@ -219,6 +230,57 @@ class ThreeDStreams:
         if comm:
             for c in tpx.after.get(op.id, ()):
                 yield dataclasses.replace(c, group=group, key=f"d{d}p{p}m{m}/{c.key}")
+
+    # -- context parallelism (cp > 1): attention across the CP group ---------------------------
+    def _attention_step(self, op, split, whole, m):
+        """One ring step of attention `op` (1/cp of the GPU's attention), or the whole of it
+        (Ulysses), at its TP role's shard as any operator (mode cp with tp)."""
+        scale = 1 / self.cp if self.options.cp_comm == "p2p" else 1.0
+        role = self.tpx.roles.get(op.id)
+        if role in SHARDED:
+            s = scale if op.tp_split else scale / self.tp
+            return self.compute(op, split, s, mb=m)
+        if op.tp_split and (role in SPLIT or op.id in self.tpx._orphan_ids):
+            return self.compute(op, split, scale, mb=m)
+        return self.compute(op, whole, scale, mb=m)
+
+    def _cp_tag(self, d, p, t, op, phase, m) -> str:
+        return f"cp{d // self.cp}p{p}t{t}:{m}:{op.id}:{phase}"
+
+    def _cp_ratio(self) -> float:
+        """The GPU's share of the trace's batch-sized tensors: its tokens of a micro-batch."""
+        return self.op_micro / self.trace.batch_size
+
+    def _attend(self, d, p, t, op, step, m):
+        """The compute stream's tasks of one attention operator on slot d's GPU at (p, t):
+        ring attention's steps with their receives, or Ulysses' all-to-alls around it
+        (cp_attention.py)."""
+        g, group = self.grid[d, p, t], self.cp_group(d, p, t)
+        tag, forward = self._cp_tag(d, p, t, op, step.phase, m), op.phase == "forward"
+        if self.options.cp_comm == "p2p":
+            yield from ring_compute(g, group, step, tag, forward)
+            return
+        a = self._attention[op.id]
+        qkv, out = ulysses_bytes(self.trace, a, self._cp_ratio(), self.tp)
+        before, after = (qkv, out) if forward else (out, qkv)
+        yield from ulysses(group, step, before, after, tag, self.collective)
+
+    def _cp_sends(self, d, p, t):
+        """Ring attention's sends of slot d's GPU at (p, t), in the order its compute stream
+        reaches the attention operators (its stage's schedule)."""
+        g, group, S = self.grid[d, p, t], self.cp_group(d, p, t), self.pp
+        ratio = self._cp_ratio()
+        for kind, m, j in self.orders[p]:
+            c = j * S + p
+            for op in self.pipe.fwd_ops[c] if kind == "F" else self.pipe.bwd_ops[c]:
+                a = self._attention.get(op.id)
+                if a is None:
+                    continue
+                nbytes = kv_block_bytes(self.trace, a, ratio, self.tp)
+                tag = self._cp_tag(d, p, t, op, op.phase, m)
+                yield from ring_sends(
+                    g, group, nbytes, tag, op.phase == "forward", op.layer, op.phase
+                )
 
     def _op_tasks_opt(self, op, d, p, group, full, scale):
         if self.tp > 1:  # sequence parallelism reduces the partial weight gradients here
@@ -229,6 +291,8 @@ class ThreeDStreams:
     def _sends(self, d, p, t, kinds, name):
         g, S, C = self.grid[d, p, t], self.pp, self.pp * self.v
         ratio = self.pipe._mb_ratio() / (self.tp if self.options.sequence_parallel else 1)
+        if self.cp > 1:  # each CP rank passes on its tokens' activations
+            ratio /= self.cp
         for kind, m, j in self.orders[p]:
             if kind != kinds:
                 continue

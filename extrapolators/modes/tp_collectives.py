@@ -163,14 +163,14 @@ class TPCollectives:
     def _sequence_grads(self, fwd):
         """Sequence parallelism: all-reduce the gradients of weights that each GPU saw only a
         part of the sequence with, before the optimizer (Megatron's layernorm-grads reduce)."""
-        T = self.trace.tensors
-        partial = set()
+        T, roots = self.trace.tensors, self.roots
+        partial = set()  # the parameters (a cast's gradient is its parameter's, in its dtype)
         for op in fwd:
             role = self.roles.get(op.id)
             if role == "sequence":
-                partial.update(self._weights(op))
+                partial.update(roots[w] for w in self._weights(op))
             elif role == "row":
-                partial.update(w for w in self._weights(op) if len(T[w].shape) < 2)
+                partial.update(roots[w] for w in self._weights(op) if len(T[w].shape) < 2)
         nbytes = sum(T[w].nbytes for w in partial)
         if nbytes:
             ops = self.trace.operators

@@ -143,7 +143,10 @@ class TPRoles:
             last = next((k for k, op in enumerate(fwd) if roles.get(op.id) == "head"), len(fwd))
             for k in range(min(ks, default=len(fwd)) + 1, last):
                 op = fwd[k]
-                if op.id not in roles and not layer[k] and "embedding" not in op.name:
+                # an operator on the tokens (not a weight's bfloat16 cast, which is no
+                # activation: each GPU casts the parameter it holds, `_copies`)
+                tokens = any(T[t].scales_with_batch for t in (*op.inputs, *op.outputs))
+                if op.id not in roles and not layer[k] and "embedding" not in op.name and tokens:
                     roles[op.id] = "sequence"
 
     def _reach(self, fwd, k, readers, layer):
