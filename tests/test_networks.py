@@ -1,6 +1,7 @@
 import math
 
 import networkx as nx
+import numpy as np
 import pytest
 import simpy
 from hypothesis import given, settings
@@ -83,6 +84,47 @@ def test_bad_inputs():
         PacketSwitchNetwork(env, g2)
     with pytest.raises(NetworkError, match="no GPUs"):
         PacketSwitchNetwork(env, nx.DiGraph())
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("bandwidth", 0, "bandwidth must be > 0"),
+        ("bandwidth", float("nan"), "bandwidth must be > 0"),
+        ("bandwidth", True, "bandwidth must be > 0"),
+        ("bandwidth", "1 GB/s", "bandwidth must be > 0"),
+        ("bandwidth", None, "bandwidth must be > 0"),
+        ("latency", -1e-6, "latency must be finite"),
+        ("latency", float("inf"), "latency must be finite"),
+        ("latency", float("nan"), "latency must be finite"),
+        ("latency", False, "latency must be finite"),
+        ("bandwidth", np.float64(GB), None),  # numpy numbers are numbers
+        ("latency", np.float64(1e-6), None),
+        ("latency", 0, None),
+    ],
+)
+def test_a_bad_link_is_named_whatever_its_type(field, value, message):
+    # the checks run as arrays when every value is a plain number, else link by link: each
+    # bad value is caught (and the first bad link named), whichever way it is found
+    g = topo.ring(6, GB, 1e-6)
+    g.edges[3, 4][field] = value
+    env = simpy.Environment()
+    if message is None:
+        PacketSwitchNetwork(env, g)
+        return
+    with pytest.raises(NetworkError, match=f"link 3->4: {message}"):
+        PacketSwitchNetwork(env, g)
+
+
+def test_a_gpu_cut_off_is_named_whichever_way_its_links_go():
+    g = topo.ring(4, GB)
+    for i in (7, 8):
+        g.add_node(i, kind="gpu")
+    topo.add_link(g, 7, 8, GB)
+    with pytest.raises(NetworkError, match=r"disconnected: GPU\(s\) 7, 8 cannot exchange"):
+        PacketSwitchNetwork(simpy.Environment(), g)
+    topo.add_link(g, 8, 0, GB, both=False)  # one way in: weakly connected, accepted
+    PacketSwitchNetwork(simpy.Environment(), g)
 
 
 def test_photonic_setup_once_then_reuse():
