@@ -298,9 +298,12 @@ def activation_plan(trace, extrapolator) -> dict:
     a storage (a tensor and its views are one) of batch-scaled tensors, as (key, bytes,
     is an output, born-at op id or None, held). Two rules make it PyTorch's:
     - a tensor a backward op reads that no earlier op wrote was made inside a forward op
-      (cross_entropy saves its log_softmax output): it is born when the backward op's
-      paired forward op (fwd_id) starts, else when it is first touched (always, in a
-      shape-only trace, where such a tensor may also be a meta kernel's temporary);
+      (cross_entropy saves its log_softmax output, max_pool2d its indices): it is born
+      when the backward op's paired forward op (fwd_id) starts, else when it is first
+      touched. Real and shape-only traces alike: a shape-only trace names only the tensors
+      its operators read and return (tracer.meta_trace drops what ran below the dispatch
+      mode), so what a backward op reads first there is what autograd saved, as in a real
+      trace (docs/memory.md lists them for every shipped model);
     - the model's output, which the loss reads, stays alive to the end of its iteration
       and micro-batch: the training loop holds it (`out = model(x)`) until the step ends.
     """
@@ -315,9 +318,6 @@ def activation_plan(trace, extrapolator) -> dict:
     for t in scaled:
         k = key(t)
         size[k] = max(size.get(k, 0.0), tensors[t].nbytes)
-    # a shape-only trace cannot tell a saved tensor from a temporary its meta kernels made
-    # (tracer.meta_trace drops what ran below the dispatch mode): no births moved there
-    measured = not trace.metadata.get("shapes_only")
     seen: set = set()
     born: dict = {}  # storage -> forward op id it was made in
     made_before_loss: set = set()
@@ -326,7 +326,7 @@ def activation_plan(trace, extrapolator) -> dict:
         for t in o.inputs:
             if t in scaled:
                 k = key(t)
-                if k not in seen and o.phase == "backward" and measured:
+                if k not in seen and o.phase == "backward":
                     born[k] = o.fwd_id
                 if o.layer == "loss" and o.phase == "forward" and k in made_before_loss:
                     held.add(k)
