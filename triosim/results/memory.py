@@ -55,6 +55,14 @@ class MemoryOptions:
     capacity: float | None = option(
         None, unit="bytes", gt=0, help="GPU memory (default: the target GPU's from the catalogue)"
     )
+    workspace: float | None = option(
+        None,
+        unit="bytes",
+        ge=0,
+        help="library workspaces each GPU holds, counted with the buffers (default: PyTorch's "
+        "two cuBLAS workspaces for the run's GPU, 64 MiB on Hopper, 16.25 MiB elsewhere; 0 "
+        "when the run names no GPU; triosim.results.workspaces)",
+    )
 
 
 def optimizer_kind(trace, options: MemoryOptions) -> str:
@@ -164,6 +172,9 @@ class MemoryCurves:
 
 def memory_curves(timeline, trace, extrapolator, gpus, options: MemoryOptions, share: bool = True):
     """(MemoryCurves, peak bytes per GPU): `memory_timeline` without building the table.
+    Every GPU holds `options.workspace` bytes of library workspaces throughout, with its
+    buffers (None: 0 here; the Simulation resolves it for its GPU before the run:
+    triosim.results.workspaces.library_bytes).
     `timeline`: the table, or the runtime's log (extrapolators.execution.timeline_log.TimelineLog),
     read without building the table (the same rows, hence the same curves). A run without
     a trace (`triosim.trace.model.no_trace()`), or whose mode runs none of the trace's
@@ -186,10 +197,11 @@ def memory_curves(timeline, trace, extrapolator, gpus, options: MemoryOptions, s
     end = rows.end
     time_col, state_col = [], []
     kind = (optimizer_kind(trace, options), _bytes_per_param(trace))
+    library = float(options.workspace or 0.0)
     seen: dict = {}  # inputs of a GPU's curve -> (times, states)
     for g in gpus:
         static = static_per_gpu(trace, extrapolator, g, options, kind)
-        buffers = extrapolator.buffer_bytes(g)
+        buffers = extrapolator.buffer_bytes(g) + library
         sig = None
         if share:
             sig = (tuple(static.values()), buffers, rows.signature(g))
