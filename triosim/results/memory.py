@@ -3,7 +3,8 @@ saved activations and communication buffers, and an out-of-memory verdict.
 
 What each GPU holds comes from its parallelism mode (`held_weight_bytes`: DP replicates, TP
 shards split layers, a pipeline stage holds its layers; `buffer_bytes`: DDP's bucket
-copies). Activations come from the timeline: a batch-scaled tensor (input or activation)
+copies), and, with the buffers all run long, PyTorch's cuBLAS workspaces
+(`MemoryOptions.workspace`, resolved for the run's GPU by triosim.results.workspaces). Activations come from the timeline: a batch-scaled tensor (input or activation)
 is allocated when the first operator on that GPU that writes or reads it starts (forward
 outputs, received pipeline activations) and freed when the last operator on that GPU that
 reads it ends (backward operators read what forward saved), separately per micro-batch
