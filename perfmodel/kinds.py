@@ -179,3 +179,26 @@ def launches_no_kernel(trace: Trace, op: Operator, family: str) -> bool:
         if ts and all(len(t.shape) == 0 for t in ts):
             return True
     return False
+
+
+def conv_variant(trace: Trace, op: Operator, family: str) -> str:
+    """A convolution's family refined by its geometry, which its FLOPs and bytes do not
+    tell: "conv/3x3", "conv_bwd/7x7/stem" (the kernel; "stem" where the input has 3
+    channels, an image's). Equal FLOPs and bytes reach different shares of the roof by
+    kernel size and input channels (benchmarks/kind_misses.py: over the real H100 traces,
+    1x1 convolutions ran +19 % faster than one efficiency per family predicts, 3x3 -11 %,
+    the stems -38 to -63 %). Other families, and a convolution without a 4-D weight among
+    its inputs, keep `family`."""
+    if family not in ("conv", "conv_bwd"):
+        return family
+    t = trace.tensors
+    w = next((t[i] for i in op.inputs if t[i].category == "weight" and len(t[i].shape) == 4), None)
+    if w is None:
+        return family
+    kernel = "x".join(map(str, w.shape[2:]))
+    return f"{family}/{kernel}" + ("/stem" if w.shape[1] == 3 else "")
+
+
+def base_family(family: str) -> str:
+    """The family of a refined one ("conv/3x3" -> "conv")."""
+    return family.split("/", 1)[0]

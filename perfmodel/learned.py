@@ -9,7 +9,8 @@ tail; the table's floor where a kind has none). Its time is
     time = (o + R) x exp(f(shape))
 
 where f, learned on the measured operators of real traces of one GPU, maps the operator's
-shape (log10 FLOPs, log10 bytes, their ratio: the arithmetic intensity, its family and math
+shape (log10 FLOPs, log10 bytes, their ratio: the arithmetic intensity, its family, for a
+convolution with its kernel and stem input: perfmodel.kinds.conv_variant, and math
 mode) to how far above (o + R) it runs: one number per kind cannot follow a convolution's
 or a matrix product's efficiency over its sizes. Forms of f (`FORMS`; the benchmark
 `benchmarks/modelled_vs_real.py` prints each one's held-out error, leaving one model out):
@@ -44,7 +45,13 @@ import numpy as np
 
 from perfmodel.base import OperatorModel, Target, identity_time, register
 from perfmodel.features import op_bytes, op_flops, roofs
-from perfmodel.kinds import COMPUTE_FAMILIES, launches_no_kernel, op_kind
+from perfmodel.kinds import (
+    COMPUTE_FAMILIES,
+    base_family,
+    conv_variant,
+    launches_no_kernel,
+    op_kind,
+)
 from triosim.common.errors import ConfigError
 from triosim.common.schema import option
 from triosim.hardware import catalogue as hardware
@@ -58,8 +65,10 @@ FORMAT = "triosim-learned-table"
 
 
 def shape_features(trace: Trace, op: Operator, target: Target = Target()) -> tuple:
-    """(family, math, log10 FLOPs, log10 bytes) of an operator at the target."""
+    """(family, math, log10 FLOPs, log10 bytes) of an operator at the target; a
+    convolution's family carries its kernel and stem input (perfmodel.kinds.conv_variant)."""
     family, _ = op_kind(op)
+    family = conv_variant(trace, op, family)
     math_mode = op.math or trace.metadata.get("dtype") or "float32"
     lf = math.log10(op_flops(trace, op, target) + 1.0)
     lb = math.log10(op_bytes(trace, op, target) + 1.0)
@@ -67,7 +76,7 @@ def shape_features(trace: Trace, op: Operator, target: Target = Target()) -> tup
 
 
 def _cls(family: str) -> str:
-    return "compute" if family in COMPUTE_FAMILIES else "memory"
+    return "compute" if base_family(family) in COMPUTE_FAMILIES else "memory"
 
 
 @dataclass
@@ -161,7 +170,7 @@ class _Const:
         self.mean: dict[str, float] = {}
         groups: dict[str, list] = {}
         for i, fam in enumerate(s.family):
-            for k in (fam, _cls(fam), "all"):
+            for k in dict.fromkeys((fam, base_family(fam), _cls(fam), "all")):
                 groups.setdefault(k, []).append(i)
         for k, idx in groups.items():
             self.mean[k] = float(np.average(s.y[idx], weights=s.w[idx]))
@@ -170,7 +179,10 @@ class _Const:
         return np.array([self._get(f) for f in family])
 
     def _get(self, fam):
-        return self.mean.get(fam, self.mean.get(_cls(fam), self.mean["all"]))
+        for k in (fam, base_family(fam), _cls(fam)):
+            if k in self.mean:
+                return self.mean[k]
+        return self.mean["all"]
 
 
 class _Curve(_Const):

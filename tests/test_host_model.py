@@ -120,10 +120,22 @@ def test_vectorised_schedule_equals_the_task_by_task_one(tasks, start, clock, la
     ends, ref_starts, ref_clock = _reference(d, h, set(syncs), start, clock, latency)
     assert np.allclose(acc, ends, rtol=1e-12, atol=1e-15)
     assert np.allclose(starts, ref_starts, rtol=1e-12, atol=1e-15)
+    # one task at a time, exactly: no start before the previous end, not even by an ulp
+    assert (starts >= acc[:-1]).all()
     assert math.isclose(end_clock, ref_clock, rel_tol=1e-12, abs_tol=1e-15)
     # never faster than the GPU work alone, nor than the host's issue of the last task
     assert acc[-1] >= start + d.sum() - 1e-12
     assert acc[-1] >= clock + h.sum() + latency + d[-1] - 1e-12
+
+
+def test_a_task_never_starts_before_the_previous_one_ends_by_rounding():
+    # GPU-bound, no host time: the running sums give end_0 = 0.3, end_1 = 0.3 + 0.6 =
+    # 0.8999999999999999, but (0.3 + 0.6) - 0.6 = 0.29999999999999993 for task 1's start
+    # before the fix: one ulp below task 0's end, so both tasks' tensors were alive at once
+    d = np.array([0.3, 0.6, 0.1])
+    acc, starts, _ = host_schedule(d, np.zeros(3), [], 0.0, 0.0, 0.0)
+    assert list(acc) == [0.0, 0.3, 0.3 + 0.6, 0.3 + 0.6 + 0.1]
+    assert list(starts) == [0.0, 0.3, 0.3 + 0.6]
 
 
 def _computes(sim):

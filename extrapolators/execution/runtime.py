@@ -422,7 +422,11 @@ def host_schedule(d, h, syncs, start: float, clock: float, latency: float) -> tu
         before = dsum - seg_d
         e = np.maximum.accumulate(np.maximum(issue + latency - before, t))
         acc[a + 1 : b + 1] = dsum + e
-        starts[a:b] = before + e
+        # start_k = max(end_{k-1}, issue_k + latency) >= end_{k-1}; (D_k - d_k) + e_k can
+        # round an ulp below D_{k-1} + e_{k-1} (0.3, 0.6: 0.29999999999999993 < 0.3), and a
+        # task starting before the last one ends would hold both's tensors at once in the
+        # memory model (GPT-2's twin: +167 MB at its peak)
+        starts[a:b] = np.maximum(before + e, acc[a:b])
         t = float(acc[b])
         clock = float(issue[-1])
         if b - 1 in syncs:  # (syncs is short: the few item/copy-to-host tasks)

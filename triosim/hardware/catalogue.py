@@ -35,6 +35,9 @@ class GPU:
     sms: int | None = None
     boost_clock: float | None = None  # Hz
     l2_bytes: float | None = None
+    # CUDA compute capability (NVIDIA, "CUDA GPUs - Compute Capability": A100 8.0, A40 8.6,
+    # H100 and H200 9.0); PyTorch sizes its cuBLAS workspace by it (triosim.results.workspaces)
+    compute_capability: tuple[int, int] | None = None
 
     def flops_for(self, dtype: str = "float32") -> float:
         try:
@@ -81,6 +84,7 @@ _gpu(
         sms=84,
         boost_clock=1740e6,
         l2_bytes=6 * 2**20,
+        compute_capability=(8, 6),
     )
 )
 # NVIDIA A100 Tensor Core GPU datasheet (2021), SXM: FP64 9.7 TF, FP32 19.5 TF, TF32 156 TF,
@@ -95,7 +99,13 @@ _A100 = {
     "bfloat16": 312 * T,
 }
 _A100_VECTOR = {"float64": 9.7 * T, "float32": 19.5 * T, "float16": 78 * T, "bfloat16": 39 * T}
-_A100_CHIP = dict(vector_flops=_A100_VECTOR, sms=108, boost_clock=1410e6, l2_bytes=40 * 2**20)
+_A100_CHIP = dict(
+    vector_flops=_A100_VECTOR,
+    sms=108,
+    boost_clock=1410e6,
+    l2_bytes=40 * 2**20,
+    compute_capability=(8, 0),
+)
 _gpu(GPU("A100-40GB", _A100, 1555 * GB, 40 * GB, ("A100",), **_A100_CHIP))
 _gpu(GPU("A100-80GB", _A100, 2039 * GB, 80 * GB, **_A100_CHIP))
 # NVIDIA H100 Tensor Core GPU datasheet, SXM5: FP64 34 TF, FP32 67 TF, TF32 494.7 TF,
@@ -112,7 +122,13 @@ _H100 = {
     "float8": 1978.9 * T,
 }
 _H100_VECTOR = {"float64": 34 * T, "float32": 67 * T, "float16": 133.8 * T, "bfloat16": 133.8 * T}
-_H100_CHIP = dict(vector_flops=_H100_VECTOR, sms=132, boost_clock=1980e6, l2_bytes=50 * 2**20)
+_H100_CHIP = dict(
+    vector_flops=_H100_VECTOR,
+    sms=132,
+    boost_clock=1980e6,
+    l2_bytes=50 * 2**20,
+    compute_capability=(9, 0),
+)
 _gpu(GPU("H100-SXM", _H100, 3350 * GB, 80 * GB, ("H100", "NVIDIA H100 80GB HBM3"), **_H100_CHIP))
 # NVIDIA H200 Tensor Core GPU datasheet, SXM: the same FP64/FP32/TF32/FP16/BF16/FP8 figures as
 # the H100 SXM (the same GH100 chip: 132 SMs, the same clocks and 50 MB L2, which the measured

@@ -3,7 +3,8 @@ saved activations and communication buffers, and an out-of-memory verdict.
 
 What each GPU holds comes from its parallelism mode (`held_weight_bytes`: DP replicates, TP
 shards split layers, a pipeline stage holds its layers; `buffer_bytes`: DDP's bucket
-copies). Activations come from the timeline: a batch-scaled tensor (input or activation)
+copies), and, with the buffers all run long, PyTorch's cuBLAS workspaces
+(`MemoryOptions.workspace`, resolved for the run's GPU by triosim.results.workspaces). Activations come from the timeline: a batch-scaled tensor (input or activation)
 is allocated when the first operator on that GPU that writes or reads it starts (forward
 outputs, received pipeline activations) and freed when the last operator on that GPU that
 reads it ends (backward operators read what forward saved), separately per micro-batch
@@ -54,6 +55,14 @@ class MemoryOptions:
     )
     capacity: float | None = option(
         None, unit="bytes", gt=0, help="GPU memory (default: the target GPU's from the catalogue)"
+    )
+    workspace: float | None = option(
+        None,
+        unit="bytes",
+        ge=0,
+        help="library workspaces each GPU holds, counted with the buffers (default: PyTorch's "
+        "two cuBLAS workspaces for the run's GPU, 64 MiB on Hopper, 16.25 MiB elsewhere; 0 "
+        "when the run names no GPU; triosim.results.workspaces)",
     )
 
 
@@ -164,6 +173,9 @@ class MemoryCurves:
 
 def memory_curves(timeline, trace, extrapolator, gpus, options: MemoryOptions, share: bool = True):
     """(MemoryCurves, peak bytes per GPU): `memory_timeline` without building the table.
+    Every GPU holds `options.workspace` bytes of library workspaces throughout, with its
+    buffers (None: 0 here; the Simulation resolves it for its GPU before the run:
+    triosim.results.workspaces.library_bytes).
     `timeline`: the table, or the runtime's log (extrapolators.execution.timeline_log.TimelineLog),
     read without building the table (the same rows, hence the same curves). A run without
     a trace (`triosim.trace.model.no_trace()`), or whose mode runs none of the trace's
@@ -186,10 +198,11 @@ def memory_curves(timeline, trace, extrapolator, gpus, options: MemoryOptions, s
     end = rows.end
     time_col, state_col = [], []
     kind = (optimizer_kind(trace, options), _bytes_per_param(trace))
+    library = float(options.workspace or 0.0)
     seen: dict = {}  # inputs of a GPU's curve -> (times, states)
     for g in gpus:
         static = static_per_gpu(trace, extrapolator, g, options, kind)
-        buffers = extrapolator.buffer_bytes(g)
+        buffers = extrapolator.buffer_bytes(g) + library
         sig = None
         if share:
             sig = (tuple(static.values()), buffers, rows.signature(g))
@@ -298,9 +311,12 @@ def activation_plan(trace, extrapolator) -> dict:
     a storage (a tensor and its views are one) of batch-scaled tensors, as (key, bytes,
     is an output, born-at op id or None, held). Two rules make it PyTorch's:
     - a tensor a backward op reads that no earlier op wrote was made inside a forward op
-      (cross_entropy saves its log_softmax output): it is born when the backward op's
-      paired forward op (fwd_id) starts, else when it is first touched (always, in a
-      shape-only trace, where such a tensor may also be a meta kernel's temporary);
+      (cross_entropy saves its log_softmax output, max_pool2d its indices): it is born
+      when the backward op's paired forward op (fwd_id) starts, else when it is first
+      touched. Real and shape-only traces alike: a shape-only trace names only the tensors
+      its operators read and return (tracer.meta_trace drops what ran below the dispatch
+      mode), so what a backward op reads first there is what autograd saved, as in a real
+      trace (docs/memory.md lists them for every shipped model);
     - the model's output, which the loss reads, stays alive to the end of its iteration
       and micro-batch: the training loop holds it (`out = model(x)`) until the step ends.
     """
@@ -315,9 +331,6 @@ def activation_plan(trace, extrapolator) -> dict:
     for t in scaled:
         k = key(t)
         size[k] = max(size.get(k, 0.0), tensors[t].nbytes)
-    # a shape-only trace cannot tell a saved tensor from a temporary its meta kernels made
-    # (tracer.meta_trace drops what ran below the dispatch mode): no births moved there
-    measured = not trace.metadata.get("shapes_only")
     seen: set = set()
     born: dict = {}  # storage -> forward op id it was made in
     made_before_loss: set = set()
@@ -326,7 +339,7 @@ def activation_plan(trace, extrapolator) -> dict:
         for t in o.inputs:
             if t in scaled:
                 k = key(t)
-                if k not in seen and o.phase == "backward" and measured:
+                if k not in seen and o.phase == "backward":
                     born[k] = o.fwd_id
                 if o.layer == "loss" and o.phase == "forward" and k in made_before_loss:
                     held.add(k)

@@ -34,6 +34,7 @@ from triosim.common.errors import ConfigError, DeadlockError, NetworkError, Simu
 from triosim.config.loading import IN_MEMORY, Config, checked, from_dict, load_config
 from triosim.results.memory import capacity, check_capacity, memory_curves
 from triosim.results.result import Result
+from triosim.results.workspaces import library_bytes
 from triosim.simulation.gc_tuning import fewer_collections
 from triosim.simulation.progress import RunProgress, big_run_note
 from triosim.trace.files import load_any_trace
@@ -87,7 +88,12 @@ class Simulation:
         if trace is None and not cfg.trace:  # mode chakra (checked at load): its own times
             trace = no_trace()
         self.trace = trace if trace is not None else load_any_trace(cfg.trace_path(), progress)
-        check_capacity(cfg.memory, cfg.gpu or self.trace.metadata.get("gpu"))
+        gpu_name = cfg.gpu or self.trace.metadata.get("gpu")
+        check_capacity(cfg.memory, gpu_name)
+        if cfg.memory.workspace is None:  # resolved once, so every reader of the config's
+            # memory options (the memory curves, a saved config) holds the same workspaces
+            memory = dataclasses.replace(cfg.memory, workspace=library_bytes(gpu_name))
+            cfg = dataclasses.replace(cfg, memory=memory)
         stage("building the performance model")
         p = cfg.perfmodel
         par = cfg.parallelism
@@ -247,10 +253,10 @@ class Simulation:
         if progress is not None:
             progress.stage("memory")
         # with symmetry: the representatives' curves, which the Result copies to their images
+        gpu_name = cfg.gpu or self.trace.metadata.get("gpu")
         mem, peaks = memory_curves(
             log, self.trace, self.extrapolator, list(sym.reps) if sym else self.gpus, cfg.memory
         )
-        gpu_name = cfg.gpu or self.trace.metadata.get("gpu")
         result.set_memory(mem, peaks, capacity(cfg.memory, gpu_name), cfg.memory.reserve)
         return result
 
