@@ -120,6 +120,24 @@ class OperatorModel:
         return sum(self.time(op, target) for op in self.trace.operators)
 
 
+class CatalogueGPUModel(OperatorModel):
+    """A model that times operators on a catalogue GPU: the target's, else the one the trace
+    was taken on; a CPU or unnamed GPU is a ConfigError naming `gpu` and `gpu_needed`."""
+
+    gpu_needed = "a catalogue GPU to time the operators on"
+
+    def _gpu(self, name: str | None):
+        from triosim.hardware import catalogue as hardware
+
+        name = name or self.trace.metadata.get("gpu")
+        if not name or name == "cpu":
+            raise ConfigError("gpu", name, self.gpu_needed)
+        return hardware.gpu(name)
+
+    def check_target(self, gpu) -> None:
+        self._gpu(gpu)
+
+
 def _same_gpu(a: str, b: str) -> bool:
     from triosim.hardware import catalogue as hardware
 

@@ -34,7 +34,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from perfmodel.base import OperatorModel, Target, identity_time, register
+from perfmodel.base import CatalogueGPUModel, Target, identity_time, register
 
 # kinds and features live in perfmodel.kinds and perfmodel.features (re-exported here)
 from perfmodel.features import PASSES, op_bytes, op_flops, roofs  # noqa: F401
@@ -314,12 +314,16 @@ class CalibratedOptions:
 
 
 @register("calibrated")
-class CalibratedModel(OperatorModel):
+class CalibratedModel(CatalogueGPUModel):
     """Operator times from a calibration table for any catalogue GPU: the target GPU, else
     the GPU the trace names. The trace's own times are not used (a shape-only trace has
     none), but on the traced GPU at the traced batch (unsharded) a real trace's operators
     take their measured times (identity; `identity=False` turns it off)."""
 
+    gpu_needed = (
+        "a catalogue GPU to time the operators on (perfmodel "
+        "'calibrated' predicts GPU times; set `gpu`)"
+    )
     Options = CalibratedOptions
 
     def __init__(self, trace: Trace, calibration=None, identity: bool = True):
@@ -332,20 +336,6 @@ class CalibratedModel(OperatorModel):
         else:
             self.calibration = shipped()
         self.report = {"calibration": self.calibration.source, "fitted_on": self.calibration.gpu}
-
-    def _gpu(self, name: str | None) -> hardware.GPU:
-        name = name or self.trace.metadata.get("gpu")
-        if not name or name == "cpu":
-            raise ConfigError(
-                "gpu",
-                name,
-                "a catalogue GPU to time the operators on (perfmodel "
-                "'calibrated' predicts GPU times; set `gpu`)",
-            )
-        return hardware.gpu(name)
-
-    def check_target(self, gpu) -> None:
-        self._gpu(gpu)
 
     def time(self, op, target: Target = Target()) -> float:
         if self.identity:

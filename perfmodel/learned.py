@@ -43,7 +43,7 @@ from pathlib import Path
 
 import numpy as np
 
-from perfmodel.base import OperatorModel, Target, identity_time, register
+from perfmodel.base import CatalogueGPUModel, Target, identity_time, register
 from perfmodel.features import op_bytes, op_flops, roofs
 from perfmodel.kinds import (
     COMPUTE_FAMILIES,
@@ -368,11 +368,12 @@ class LearnedOptions:
 
 
 @register("learned")
-class LearnedModel(OperatorModel):
+class LearnedModel(CatalogueGPUModel):
     """Operator times from a learned table for any catalogue GPU (the target's, else the
     trace's). A real trace on its own GPU at its own batch, unsharded, keeps its measured
     times (identity); elsewhere, and for a shape-only trace, the table's."""
 
+    gpu_needed = "a catalogue GPU to time the operators on (perfmodel 'learned')"
     Options = LearnedOptions
 
     def __init__(self, trace: Trace, table=None, form=None, identity: bool = True):
@@ -384,17 +385,6 @@ class LearnedModel(OperatorModel):
         self.identity = bool(identity)
         self._cache: dict = {}
         self.report = {"table": self.table.source, "fitted_on": self.table.gpu}
-
-    def _gpu(self, name: str | None) -> hardware.GPU:
-        name = name or self.trace.metadata.get("gpu")
-        if not name or name == "cpu":
-            raise ConfigError(
-                "gpu", name, "a catalogue GPU to time the operators on (perfmodel 'learned')"
-            )
-        return hardware.gpu(name)
-
-    def check_target(self, gpu) -> None:
-        self._gpu(gpu)
 
     def time(self, op, target: Target = Target()) -> float:
         if self.identity:
