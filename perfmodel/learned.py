@@ -109,17 +109,23 @@ class Samples:
         )
 
 
+def _timed_kernels(traces: list[Trace]):
+    """(trace, operator, family) of every operator with a measured time that launches a
+    kernel, in trace order: what the overheads and the samples are taken from."""
+    for t in traces:
+        for op in t.operators:
+            family, _ = op_kind(op)
+            if not (op.time <= 0 or launches_no_kernel(t, op, family)):
+                yield t, op, family
+
+
 def overheads(traces: list[Trace], gpu: hardware.GPU) -> tuple[dict[str, float], float]:
     """Per family, the median time of its operators whose roof is under 1 % of their time
     (a kernel that does next to nothing: launch and tail); and the same over all kinds."""
     tiny: dict[str, list] = {}
-    for t in traces:
-        for op in t.operators:
-            family, _ = op_kind(op)
-            if op.time <= 0 or launches_no_kernel(t, op, family):
-                continue
-            if max(roofs(t, op, gpu)) < 0.01 * op.time:
-                tiny.setdefault(family, []).append(op.time)
+    for t, op, family in _timed_kernels(traces):
+        if max(roofs(t, op, gpu)) < 0.01 * op.time:
+            tiny.setdefault(family, []).append(op.time)
     floor = float(np.median([x for v in tiny.values() for x in v])) if tiny else 1e-6
     per = {k: float(np.median(v)) for k, v in tiny.items() if len(v) >= 5}
     return per, floor
@@ -130,19 +136,15 @@ def collect(traces: list[Trace], gpu: str) -> tuple[Samples, dict[str, float], f
     g = hardware.gpu(gpu)
     per, floor = overheads(traces, g)
     acc: dict[tuple, list] = {}
-    for t in traces:
-        for op in t.operators:
-            family, _ = op_kind(op)
-            if op.time <= 0 or launches_no_kernel(t, op, family):
-                continue
-            f = shape_features(t, op)
-            key = (f[0], f[1], round(f[2], 6), round(f[3], 6))
-            o = per.get(family, floor)
-            y = math.log(op.time / (o + max(roofs(t, op, g))))
-            a = acc.setdefault(key, [0.0, 0.0])
-            w = math.sqrt(op.time)
-            a[0] += w * y
-            a[1] += w
+    for t, op, family in _timed_kernels(traces):
+        f = shape_features(t, op)
+        key = (f[0], f[1], round(f[2], 6), round(f[3], 6))
+        o = per.get(family, floor)
+        y = math.log(op.time / (o + max(roofs(t, op, g))))
+        a = acc.setdefault(key, [0.0, 0.0])
+        w = math.sqrt(op.time)
+        a[0] += w * y
+        a[1] += w
     if not acc:
         raise ConfigError("traces", len(traces), "real traces with timed operators")
     keys = sorted(acc)
