@@ -36,8 +36,9 @@ GB = 1e9
 # -- the reference route ------------------------------------------------------------------
 def reference_paths(graph, pairs, mode="latency"):
     """Per pair: a full Dijkstra row from the source, then the walk back from the
-    destination taking, among the in-links on a shortest path, the one the hash of
-    (source, destination, node) picks, in the order the graph lists its edges."""
+    destination taking, among the in-links on a shortest path (the network ones only,
+    where there are both kinds), the one the hash of (source, destination, node) picks,
+    in the order the graph lists its edges."""
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import dijkstra
 
@@ -58,6 +59,8 @@ def reference_paths(graph, pairs, mode="latency"):
         path, v = [], dst
         while v != src:
             ok = [k for k in into[v] if dist[ix[links[k][0]]] + w[k] == dist[ix[v]]]
+            net = [k for k in ok if graph.edges[links[k]].get("kind") == "net"]
+            ok = net or ok  # network links as late as they can be: NVLink first (PXN)
             k = (
                 ok[zlib.crc32(f"{src!r}|{dst!r}|{v!r}".encode()) % len(ok)]
                 if len(ok) > 1

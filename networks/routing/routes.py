@@ -7,7 +7,9 @@ The rule, in order of precedence:
    NVLink to the GPU on the right rail first, as NCCL's PXN does);
 2. least summed latency (mode 'latency'; skipped in mode 'hops');
 3. fewest hops.
-Equal-cost paths are spread by a hash of (source, destination) (ECMP).
+Among equal-cost paths, network links as late as they can be (NVLink first: a relay to
+another rail is at the sender, as in PXN, never a NIC writing into a GPU at the receiver);
+the rest are spread by a hash of (source, destination) (ECMP).
 A link's bandwidth never decides a route, as it does not in a switch's forwarding table:
 a route that moved away from a link made slightly slower could land on a less loaded one
 and finish sooner, so a slower link could make a run faster (issue 29).
