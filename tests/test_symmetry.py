@@ -197,8 +197,12 @@ def test_3d_on_the_rail_cluster_sends_across_rails_alike_in_every_replica(gpt2):
     full, _ = run({**cfg, "symmetry": "off"}, gpt2)
     assert_same_run(sym, full)
     assert_same_transfers(sym, full)
-    hops = {(s, d) for s, d in zip(full.transfers()["src"], full.transfers()["dst"])}
+    x = full.transfers()
+    hops = set(zip(x["src"], x["dst"], strict=True))
     assert (2, 4) in hops and (10, 12) in hops  # the cross-rail sends are there
+    # replica 1 (GPUs 8-15) is represented by replica 0 at the same grid position
+    assert sym.represented_by().to_dict() == {g: g % 8 for g in range(16)}
+    assert full.represented_by().to_dict() == {g: g for g in range(16)}
 
 
 def test_3d_on_a_fat_tree_whose_routes_differ_per_replica(gpt2):
