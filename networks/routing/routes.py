@@ -26,6 +26,8 @@ imports this module):
   source's bounded search, a hub's or a switch's full row), and shortest-path trees;
 - networks.routing.spreads: hops and bottlenecks from a big switch's spread, shared by the
   GPUs under it (`hub_hop_rows`);
+- networks.routing.servers: the same between GPUs of one server, from a search of the
+  server alone (`server_hop_rows`);
 - networks.routing.reads: which rows each (source, destination) pair of a batch reads;
 - networks.routing.walks: the walk back from the destinations that picks the links;
 - networks.routing.tuning: memory budgets and thresholds, none of which changes a result.
@@ -36,6 +38,7 @@ from __future__ import annotations
 import numpy as np
 
 from networks.routing.graph import link_weight
+from networks.routing.servers import RouteServers
 from networks.routing.spreads import RouteSpreads
 from networks.routing.walks import RouteWalks
 
@@ -60,7 +63,7 @@ def path_latencies(latency: np.ndarray, paths) -> list[float]:
     return out
 
 
-class Routes(RouteWalks, RouteSpreads):
+class Routes(RouteWalks, RouteSpreads, RouteServers):
     """Shortest paths by the rule above over a DiGraph with `bandwidth`, `latency` and
     (optional) `kind` on every edge; `mode` 'latency' or 'hops' (the rule's second key).
 
@@ -72,7 +75,8 @@ class Routes(RouteWalks, RouteSpreads):
     - `trees(sources, targets)`: (distances, predecessors) of shortest-path trees
       (rows);
     - `hub_hop_rows(sources, targets)`: (bottleneck, distance, hops) over the targets
-      as those trees give them, or None (spreads).
+      as those trees give them, or None (spreads); `server_hop_rows`, the same from a
+      search of one server (servers).
     Distances are computed per source and bounded, or read from rows that switches share;
     memory stays O(nodes near each source), not sources x nodes (rows)."""
 
