@@ -725,6 +725,23 @@ def test_server_searches_were_compared():
     assert r.server_hop_rows([0, 1], [0, 4]) is None  # GPU 4 is in the next server
 
 
+@pytest.mark.parametrize("name", ["multi-node rail", "multi-node switch", "dgx1", "torus"])
+def test_server_walks_are_the_reference_routes(name):
+    """Pairs inside one server are walked there (a rail cluster's servers; a DGX-1 or a
+    torus without network links is one server), the same links as the reference walk;
+    pairs across servers are left to the machine's walk."""
+    g = builders()[name]
+    gpus = [v for v, d in g.nodes(data=True) if d.get("kind", "gpu") == "gpu"]
+    pairs = [(a, b) for a in gpus for b in gpus if a != b]
+    got = Routes(g).server_walks(pairs)
+    want = dict(zip(pairs, reference_paths(g, pairs), strict=True))
+    local = Routes(g)._local
+    idx = Routes(g).node_index
+    inside = {p for p in pairs if local[idx[p[0]]] == local[idx[p[1]]]}
+    assert set(got) == inside and inside
+    assert all(got[p].tolist() == want[p] for p in inside)
+
+
 def test_server_search_declines_when_equal_paths_have_other_bottlenecks():
     """One server: GPU 0 reaches GPU 1 through switch x or switch y, both 2 hops and 1 us;
     through x the slowest link carries 100 GB/s, through y 300: a tree's tie-break would

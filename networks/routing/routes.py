@@ -38,7 +38,6 @@ from __future__ import annotations
 import numpy as np
 
 from networks.routing.graph import link_weight
-from networks.routing.servers import RouteServers
 from networks.routing.spreads import RouteSpreads
 from networks.routing.walks import RouteWalks
 
@@ -63,7 +62,7 @@ def path_latencies(latency: np.ndarray, paths) -> list[float]:
     return out
 
 
-class Routes(RouteWalks, RouteSpreads, RouteServers):
+class Routes(RouteWalks, RouteSpreads):
     """Shortest paths by the rule above over a DiGraph with `bandwidth`, `latency` and
     (optional) `kind` on every edge; `mode` 'latency' or 'hops' (the rule's second key).
 

@@ -16,7 +16,7 @@ What a caller may rely on:
 - `walk_links(src, dst)`: the straightforward per-pair walk, the reference the batch is
   checked against (tests/test_route_speedups.py); not cached.
 What it needs: reads.RouteReads (the rows each pair reads) and, below it, the rows
-and the graph's arrays.
+and the graph's arrays, and servers.RouteServers (pairs inside one server walked there).
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ class RouteWalks(RouteReads):
         all-to-all and large collectives. Same paths as `walk_links`, bit for bit."""
         paths = self._paths
         todo = [k for k in dict.fromkeys(pairs) if k not in paths]
+        if len(todo) >= 8:  # pairs inside one server: a walk of the server alone
+            paths.update(self.server_walks(todo))
+            todo = [k for k in todo if k not in paths]
         if len(todo) < 8:  # a few: the plain walk costs less than the set-up
             for k in todo:
                 paths[k] = self.walk_links(*k)
