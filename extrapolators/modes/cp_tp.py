@@ -189,22 +189,31 @@ class CPTensorParallel(CPGrid):
         return self.tpx.optimizer_fraction() if self.tp > 1 else 1.0
 
     def _sharded_state(self) -> bool:
+        """The distributed optimizer: gradients reduce-scattered, parameters gathered after
+        the step."""
         return self.options.distributed_optimizer
+
+    def _state_parts(self) -> int:
+        """The GPUs one TP shard's optimizer state is split over (its step runs on 1/that)."""
+        return self.dp * self.cp if self._sharded_state() else 1
+
+    def _after_backward(self, gpu):
+        """The signals of the gradients no backward operator completes (as DDP: buckets
+        whose ready point is an optimizer operator)."""
+        for k, (p, _, _) in enumerate(self.buckets()):
+            if self.trace.operators[p].phase == "optimizer":
+                yield Signal(f"{gpu}:bucket{k}")
 
     # -- streams of the TP / distributed-optimizer path ---------------------------------------
     def _tp_compute(self, gpu):
         """The compute stream: the micro-steps, the optimizer on this GPU's share (its TP
-        shard, 1 / (dp x cp) of it with the distributed optimizer), the parameters'
+        shard, 1 / (dp x cp) of it with the distributed optimizer or FSDP), the parameters'
         all-gather after it (distributed optimizer)."""
         yield from self._micro_steps(gpu)
-        for k, (p, _, _) in enumerate(self.buckets()):  # (as DDP: optimizer-phase ready)
-            if self.trace.operators[p].phase == "optimizer":
-                yield Signal(f"{gpu}:bucket{k}")
+        yield from self._after_backward(gpu)
         yield Wait(f"{gpu}:reduced")
         target = self.target(self.op_batch(), tp=self.tp)
-        scale = self._held_fraction()
-        if self._sharded_state():
-            scale /= self.dp * self.cp
+        scale = self._held_fraction() / self._state_parts()
         for op in self.ops("optimizer"):
             if self.tp > 1:  # sequence parallelism's partial weight gradients (mode tp)
                 for c in self.tpx.before.get(op.id, ()):
