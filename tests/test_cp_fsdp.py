@@ -11,8 +11,8 @@ loss; FLOPs = time x 1e12). With `wrap_depth: 2` its units are attn.qkv (the QKV
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_cp_tp import AB, B0, B1, B2, F0, F1, F2, GB, OPT, A, block_trace, rows, simulate
 
+from tests.test_cp_tp import AB, B0, B1, B2, F0, F1, F2, GB, OPT, A, block_trace, rows, simulate
 from triosim.common.errors import ConfigError
 from triosim.simulation.wiring import Simulation
 
