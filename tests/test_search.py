@@ -36,6 +36,7 @@ def test_candidates_cover_every_family():
         "cp 4 (ring)",
         "dp 2 x cp 2 (all-to-all)",
         "cp 4 (ring, distributed optimizer)",
+        "dp 2 x cp 2 (ring, fsdp)",
         "tp 2 x cp 2 (ring, SP, distributed optimizer)",
         "tp 2 x cp 2 (all-to-all, SP, distributed optimizer)",
         "3d dp 1 x tp 1 x pp 2 x cp 2 (1f1b, 4 mb, ring)",
@@ -60,10 +61,13 @@ def test_the_search_finds_context_parallelism_where_nothing_else_splits_the_batc
     cp = {p for p in ranked["plan"] if "cp" in p}
     with_tp = {f"tp 2 x cp 2 ({how}, SP, distributed optimizer)" for how in ("ring", "all-to-all")}
     assert (
-        cp == {"cp 4 (ring)", "cp 4 (all-to-all)", "cp 4 (ring, distributed optimizer)"} | with_tp
+        cp
+        == {"cp 4 (ring)", "cp 4 (all-to-all)", "cp 4 (ring, distributed optimizer)"}
+        | {"cp 4 (ring, fsdp)"}
+        | with_tp
     )
     assert "batch_size" in table.set_index("plan").loc["dp 2 x cp 2 (ring)", "reason"]
-    for label in with_tp:  # each as its separate run
+    for label in [*with_tp, "cp 4 (ring, fsdp)"]:  # each as its separate run
         par = dict(candidates(4, 1))[label]
         alone = Simulation({**cfg, "parallelism": par}).run().iteration_time
         got = ranked.set_index("plan").loc[label, "iteration_time_ms"]

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from extrapolators.execution.tasks import ComputeRun, Signal
+from extrapolators.modes import dist_optimizer
 from extrapolators.modes.cp_attention import ring_compute, ring_sends, ulysses
 from extrapolators.modes.cp_fsdp import CPFsdp, FsdpMark
 from extrapolators.modes.cp_plan import kv_block_bytes, plan_attention, ulysses_bytes
@@ -154,9 +155,7 @@ class ContextParallel(CPFsdp, CPTensorParallel, DistributedDataParallel):
             return {"weights": f, "gradients": f, "optimizer_states": f}
         if not self.options.distributed_optimizer:
             return None
-        held = self._held_fraction()
-        share = held / (self.dp * self.cp)
-        return {"weights": held, "gradients": 0.0, "optimizer_states": share}
+        return dist_optimizer.state_fractions(self._held_fraction(), self.dp * self.cp)
 
     def _state_parts(self) -> int:
         return self.dp * self.cp if self.options.fsdp else super()._state_parts()

@@ -40,8 +40,8 @@ calculation the tests check):
     A bucket is ready after the TP collectives that follow the operator completing it (a
     layer's input-gradient all-reduce goes first; Megatron may overlap the two).
 
-`distributed_optimizer` (Megatron's `--use-distributed-optimizer`, megatron/core/optimizer/
-distrib_optimizer.py; docs: https://docs.nvidia.com/megatron-core/developer-guide/latest/
+`distributed_optimizer` (Megatron's `--use-distributed-optimizer`, dist_optimizer.py,
+megatron/core/optimizer/distrib_optimizer.py; docs: https://docs.nvidia.com/megatron-core/developer-guide/latest/
 api-guide/dist_optimizer.html): the optimizer state is sharded over the data-parallel
 group, which with CP is dp x cp GPUs (`get_data_parallel_group(with_context_parallel=True)`).
 Each bucket's gradients are reduce-scattered over that group (instead of all-reduced) as
@@ -60,6 +60,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from extrapolators.execution.tasks import Collective, Signal, Wait
+from extrapolators.modes.dist_optimizer import grad_reduction, param_gather
 from extrapolators.modes.tensor_parallel import TensorParallel, TPOptions
 from extrapolators.modes.tp_roles import SHARDED, SPLIT
 from triosim.common.errors import ConfigError
@@ -219,24 +220,18 @@ class CPTensorParallel(CPGrid):
                 for c in self.tpx.before.get(op.id, ()):
                     yield self._tp_task(gpu, TPItem(c), "opt")
             yield self.compute(op, target, scale)
-        group = self.grad_group(gpu)
-        if self._sharded_state() and len(group) > 1:
+        if self._sharded_state():
             held = self._held_fraction() * self.trace.weight_bytes()
-            yield Collective(
-                "all_gather",
-                group,
-                held,
-                f"distopt:t{self.coord[gpu][2]}:params",
-                layer="parameters",
-                phase="optimizer",
-                algorithm=self.collective,
-            )
+            key = f"distopt:t{self.coord[gpu][2]}:params"
+            c = param_gather(self.grad_group(gpu), held, key, self.collective)
+            if c is not None:
+                yield c
 
     def _tp_comm(self, gpu):
         """The gradient buckets of this GPU's shard, reduced over its gradient group as the
         backward pass fills them: all-reduced, or reduce-scattered (distributed optimizer)."""
         group, t = self.grad_group(gpu), self.coord[gpu][2]
-        kind = "reduce_scatter" if self._sharded_state() else "allreduce"
+        kind = grad_reduction(self._sharded_state())
         for k, (_, size, _) in enumerate(self.buckets()):
             yield Wait(f"{gpu}:bucket{k}")
             if len(group) > 1:

@@ -5,7 +5,7 @@ Candidates: dp, ddp, fsdp (ZeRO 1-3), tp, gpipe and 1f1b (micro-batch counts N, 
 that divide the batch), hybrid data-parallel replicas of tp, gpipe or 1f1b for every
 divisor of N, 3D grids (dp x tp x pp, all above 1) with a 1F1B pipeline, and context
 parallelism (cp: ring attention and all-to-all; the ring also with Megatron's distributed
-optimizer) and expert parallelism (ep, an MoE trace's experts; gradients reduced after the
+optimizer, and with FSDP over dp x cp as torchtitan) and expert parallelism (ep, an MoE trace's experts; gradients reduced after the
 backward pass or overlapped with it, or by the distributed optimizer, or fully sharded) for
 every degree above 1 dividing N, the other GPUs data-parallel replicas; ep with the dense
 layers tensor-parallel over every tp above 1 dividing N (experts not split, etp 1, and split
@@ -58,6 +58,9 @@ def candidates(n: int, batch: int) -> list[tuple[str, dict]]:
         label = f"cp {c}" if d == 1 else f"dp {d} x cp {c}"
         par = {"mode": "cp", "cp": c, "cp_comm": "p2p", "distributed_optimizer": True}
         out.append((f"{label} (ring, distributed optimizer)", par))
+        out.append(
+            (f"{label} (ring, fsdp)", {"mode": "cp", "cp": c, "cp_comm": "p2p", "fsdp": True})
+        )
     for t in _divisors(n)[1:]:  # tensor x context parallelism (Megatron's long context)
         for c in _divisors(n // t)[1:]:
             d = n // (t * c)
