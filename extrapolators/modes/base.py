@@ -148,6 +148,11 @@ class Extrapolator:
         they differ from its weights' (ZeRO shards them); None: the same as the weights."""
         return None
 
+    def gpu_state_fractions(self, gpu) -> dict | None:
+        """`state_fractions` of one GPU, for modes whose GPUs hold different shares (a
+        pipeline stage's weights); by default the mode-wide ones."""
+        return self.state_fractions()
+
     def per_gpu_batch(self, parts: int) -> float | None:
         if self.batch is None:
             if parts == 1:
