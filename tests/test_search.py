@@ -40,6 +40,7 @@ def test_candidates_cover_every_family():
         "tp 2 x cp 2 (ring, SP, distributed optimizer)",
         "tp 2 x cp 2 (all-to-all, SP, distributed optimizer)",
         "3d dp 1 x tp 1 x pp 2 x cp 2 (1f1b, 4 mb, ring)",
+        "3d dp 1 x tp 1 x pp 2 x cp 2 (1f1b, 4 mb, ring, distributed optimizer)",
     ):
         assert want in labels
 
@@ -167,8 +168,8 @@ def test_search_tries_expert_parallelism_with_tp_and_the_distributed_optimizer()
 
 
 def test_search_tries_context_parallelism_inside_3d(tmp_path):
-    """A 3D grid with a CP degree (2 stages of 2 ring ranks, 1F1B) is a candidate that
-    runs, ranked at its separate run's time."""
+    """A 3D grid with a CP degree (2 stages of 2 ring ranks, 1F1B), with and without the
+    distributed optimizer, is a candidate that runs, ranked at its separate run's time."""
     from tests.test_context_parallel import attention_trace
 
     path = save(attention_trace(b=4, s=256, H=8, d=64, layers=2), tmp_path / "a.trace.json.gz")
@@ -179,8 +180,9 @@ def test_search_tries_context_parallelism_inside_3d(tmp_path):
         "topology": {"kind": "switch", "bandwidth": "100 GB/s", "latency": "1 us"},
     }
     ranked, _, _ = search(cfg, progress=False)
-    label = "3d dp 1 x tp 1 x pp 2 x cp 2 (1f1b, 4 mb, ring)"
-    par = dict(candidates(4, 4))[label]
-    alone = Simulation({**cfg, "parallelism": par}).run().iteration_time
-    got = ranked.set_index("plan").loc[label, "iteration_time_ms"]
-    assert got == pytest.approx(alone * 1e3, rel=1e-12)
+    plain = "3d dp 1 x tp 1 x pp 2 x cp 2 (1f1b, 4 mb, ring)"
+    for label in (plain, plain[:-1] + ", distributed optimizer)"):
+        par = dict(candidates(4, 4))[label]
+        alone = Simulation({**cfg, "parallelism": par}).run().iteration_time
+        got = ranked.set_index("plan").loc[label, "iteration_time_ms"]
+        assert got == pytest.approx(alone * 1e3, rel=1e-12)

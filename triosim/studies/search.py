@@ -11,7 +11,8 @@ every degree above 1 dividing N, the other GPUs data-parallel replicas; ep with 
 layers tensor-parallel over every tp above 1 dividing N (experts not split, etp 1, and split
 over etp = tp where ep x tp divides N); tensor x context parallelism (tp x cp, both above 1,
 both ways, with sequence parallelism and the distributed optimizer; the rest
-data-parallel), and 3D grids with a CP degree (cp and pp above 1, 1F1B, ring attention).
+data-parallel), and 3D grids with a CP degree (cp and pp above 1, 1F1B, ring attention; with and without
+Megatron's distributed optimizer).
 A candidate whose plan the trace does not allow (a TP degree that does not
 divide a layer, a batch that does not split) is skipped with its reason; one whose weights,
 gradients and optimizer states alone exceed the GPU's memory is dropped before simulating;
@@ -122,6 +123,8 @@ def candidates(n: int, batch: int) -> list[tuple[str, dict]]:
                     par = {"mode": "3d", "dp": dp, "tp": tp, "pp": pp, "cp": cp}
                     par.update(microbatches=m, schedule="1f1b", sequence_parallel=tp > 1)
                     out.append((label, par))
+                    distopt = {**par, "distributed_optimizer": True}
+                    out.append((label[:-1] + ", distributed optimizer)", distopt))
     return out
 
 
