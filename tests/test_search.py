@@ -25,6 +25,11 @@ def base(tmp_path):
 
 def test_candidates_cover_every_family():
     labels = [label for label, _ in candidates(4, 16)]
+    big = dict(candidates(8, 16))
+    grid = {"mode": "3d", "dp": 2, "tp": 2, "pp": 2, "microbatches": 4, "schedule": "1f1b"}
+    assert big["3d dp 2 x tp 2 x pp 2 (1f1b, 4 mb)"] == grid
+    want = {**grid, "distributed_optimizer": True}
+    assert big["3d dp 2 x tp 2 x pp 2 (1f1b, 4 mb, distributed optimizer)"] == want
     for want in (
         "dp",
         "ddp",

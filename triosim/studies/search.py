@@ -3,7 +3,8 @@ simulated, ranked, and the best written as a config ready to run.
 
 Candidates: dp, ddp, fsdp (ZeRO 1-3), tp, gpipe and 1f1b (micro-batch counts N, 2N, 4N
 that divide the batch), hybrid data-parallel replicas of tp, gpipe or 1f1b for every
-divisor of N, 3D grids (dp x tp x pp, all above 1) with a 1F1B pipeline, and context
+divisor of N, 3D grids (dp x tp x pp, all above 1) with a 1F1B pipeline (with and without
+Megatron's distributed optimizer), and context
 parallelism (cp: ring attention and all-to-all; the ring also with Megatron's distributed
 optimizer, and with FSDP over dp x cp as torchtitan) and expert parallelism (ep, an MoE trace's experts; gradients reduced after the
 backward pass or overlapped with it, or by the distributed optimizer, or fully sharded) for
@@ -100,19 +101,12 @@ def candidates(n: int, batch: int) -> list[tuple[str, dict]]:
             pp = n // dp // tp
             m = 2 * pp
             if min(dp, tp, pp) > 1 and batch % (dp * m) == 0:
-                out.append(
-                    (
-                        f"3d dp {dp} x tp {tp} x pp {pp} (1f1b, {m} mb)",
-                        {
-                            "mode": "3d",
-                            "dp": dp,
-                            "tp": tp,
-                            "pp": pp,
-                            "microbatches": m,
-                            "schedule": "1f1b",
-                        },
-                    )
-                )
+                label = f"3d dp {dp} x tp {tp} x pp {pp} (1f1b, {m} mb"
+                par = {"mode": "3d", "dp": dp, "tp": tp, "pp": pp, "microbatches": m}
+                par["schedule"] = "1f1b"
+                out.append((label + ")", par))
+                distopt = {**par, "distributed_optimizer": True}
+                out.append((label + ", distributed optimizer)", distopt))
     for dp in _divisors(n):  # 3D grids with context parallelism (pipelines of cp ranks)
         for tp in _divisors(n // dp):
             for cp in _divisors(n // (dp * tp))[1:]:
