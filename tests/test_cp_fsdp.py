@@ -126,7 +126,7 @@ def test_cp_1_is_mode_fsdp(recompute):
     """cp 1, tp 1 on 4 GPUs with every unit resharded is ZeRO-3 as mode fsdp runs it (the
     same units, prefetch, reduce-scatters and optimizer shard): the same iteration time
     and the same collectives at the same times (mode fsdp also posts units without
-    weights as 0-byte collectives; mode cp leaves them out)."""
+    weights as 0-byte collectives, here off the critical path; mode cp leaves them out)."""
     t = block_trace(b=4)
 
     def run(par):
