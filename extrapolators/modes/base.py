@@ -148,9 +148,9 @@ class Extrapolator:
         they differ from its weights' (ZeRO shards them); None: the same as the weights."""
         return None
 
-    def gpu_state_fractions(self, gpu) -> dict | None:
-        """`state_fractions` of one GPU, for modes whose GPUs hold different shares (a
-        pipeline stage's weights); by default the mode-wide ones."""
+    def state_fractions_of(self, gpu) -> dict | None:
+        """`state_fractions` for `gpu`: a mode whose shares differ between its GPUs (pipeline
+        stages holding different weights) overrides this."""
         return self.state_fractions()
 
     def per_gpu_batch(self, parts: int) -> float | None:

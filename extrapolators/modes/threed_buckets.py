@@ -6,7 +6,7 @@ weights of each model chunk (`chunk_weights`), the bytes each GPU holds of each 
 stage p's DDP gradient buckets in the order its schedule completes them, which `check`
 keeps in `_buckets` (empty without dp_overlap); `_bucket_plan(p)`, where in the stage's
 schedule each bucket fires; `_optimizer_scale(p)`; and the mode's `held_weight_bytes`,
-`buffer_bytes` and `gpu_state_fractions` (the distributed optimizer's shares).
+`buffer_bytes` and `state_fractions_of` (the distributed optimizer's shares).
 What it needs: the grid (threed_grid: `pp`, `tp`, `v`, `coord`), the pipeline mode that cut
 the model (`pipe`: `fwd_ops` and `bwd_ops` per chunk), the tensor-parallel plan (`tpx`:
 `sharded_weights()`), each stage's schedule (`orders`), `trace` and `options` (bucket_size,
@@ -54,7 +54,7 @@ class StageBuckets:
             return self.stage_bytes[p]
         return sum(size for _, size in self._buckets.get(p, ()))
 
-    def gpu_state_fractions(self, gpu) -> dict | None:
+    def state_fractions_of(self, gpu) -> dict | None:
         """The distributed optimizer: the stage's weights whole (as shares of all the
         trace's), its gradients in the buffer, its optimizer states / (dp x cp)."""
         if not self.options.distributed_optimizer:
