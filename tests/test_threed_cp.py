@@ -164,15 +164,16 @@ def test_random_dp_pp_cp_layouts_conserve_compute_and_bytes(dp, pp, cp, m, comm)
 
 
 @pytest.mark.parametrize("comm", ["p2p", "a2a"])
-def test_the_per_operator_streams_give_the_template_timeline(comm):
+@pytest.mark.parametrize("distopt", [False, True])
+def test_the_per_operator_streams_give_the_template_timeline(comm, distopt):
     """compute_runs off (one task per operator, `_compute_per_op`) gives the same timeline
     as the stage templates, attention steps and TP collectives included (interleaved: 2
-    chunks per stage)."""
+    chunks per stage), and the distributed optimizer's step and parameter all-gather."""
     import pandas as pd
 
     t = attention_trace(b=4, s=256, H=8, d=64, layers=4)
     par = {"mode": "interleaved", "dp": 1, "pp": 2, "cp": 2, "tp": 2, "microbatches": 2}
-    par.update(cp_comm=comm, sequence_parallel=True)
+    par.update(cp_comm=comm, sequence_parallel=True, distributed_optimizer=distopt)
     out = []
     for runs in (False, True):
         s = Simulation(
