@@ -37,9 +37,11 @@ def hop_rows(graph, routes: Routes, sources, targets):
     search of the one server they are in (`Routes.server_hop_rows`). The
     targets' paths are walked back up the tree together, a hop of every unfinished path
     per step (O(targets x hops) in numpy: the bottleneck is a min, the same in any order)."""
-    shared = routes.hub_hop_rows(sources, targets)
-    if shared is None:  # GPUs of one server: a search of its nodes, not of the machine
-        shared = routes.server_hop_rows(sources, targets)
+    # GPUs of one server: a search of its nodes (first: the cheaper test), else a big
+    # switch's spread
+    shared = routes.server_hop_rows(sources, targets)
+    if shared is None:
+        shared = routes.hub_hop_rows(sources, targets)
     if shared is not None:
         return [(b, _latency(d), h) for b, d, h in shared]
     idx = routes.node_index

@@ -223,6 +223,11 @@ class _Rows:
         self.codes, self.vals = codes[order], vals[order]
         self._full = self._codes = self._vals = None
 
+    def ball(self, r: int) -> tuple:
+        """Ball row r's nodes and distances (the nodes it holds, in order)."""
+        lo, hi = np.searchsorted(self.codes, [r * self.n, (r + 1) * self.n])
+        return self.codes[lo:hi] - r * self.n, self.vals[lo:hi]
+
     def at(self, r: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Row r[i]'s distance at node v[i] (inf outside a ball)."""
         slot = self.slot[r]

@@ -255,10 +255,21 @@ class RouteWalks(RouteReads):
         owners, poss = [], []
         for c, code in enumerate(combos.tolist()):
             key, v = divmod(code, n)
-            lo, hi = int(in_ptr[v]), int(in_ptr[v + 1])
-            vals = rows.at(np.full(hi - lo, key), in_from[lo:hi]) + w[in_link[lo:hi]]
+            if rows.slot[key] < 0:  # a ball (a server's own row): only its nodes' links
+                # into v can be tight (elsewhere the row is inf), not thousands of in-links
+                b_nodes, b_vals = rows.ball(key)
+                links = self._link_or_none(b_nodes, np.full(len(b_nodes), v))
+                has = links >= 0
+                at_pos = self._in_pos[links[has]]
+                vals = b_vals[has] + w[links[has]]
+            else:
+                lo, hi = int(in_ptr[v]), int(in_ptr[v + 1])
+                vals = rows.at(np.full(hi - lo, key), in_from[lo:hi]) + w[in_link[lo:hi]]
+                at_pos = None
             order = np.argsort(vals, kind="stable")
             vals = vals[order]
+            if at_pos is not None:
+                order = at_pos[order]
             q = np.flatnonzero(cinv == c)
             a = np.searchsorted(vals, qt[q], "left")
             b = np.searchsorted(vals, qt[q], "right")
