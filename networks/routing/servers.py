@@ -56,7 +56,7 @@ class RouteServers(RouteRows):
         sub = self._server(int(comp))
         if sub is None:
             return None
-        members, csr, tail, head, w, bw, _ = sub
+        members, csr, tail, head, w, bw = sub[:6]
         ps, pt = np.searchsorted(members, s), np.searchsorted(members, t)
         d = dijkstra(csr, indices=ps)  # (sources, server nodes)
         dt = d[:, pt]
@@ -93,7 +93,6 @@ class RouteServers(RouteRows):
         it is never on a shortest path: reaching it costs a network link). The others are
         left out. Why: a rail cluster's intra-server ring hops read switch rows of the
         whole machine (2,056 rows of 18,448 nodes at 16,384 GPUs: 11 s)."""
-        from scipy.sparse.csgraph import dijkstra
 
         idx, local = self.node_index, self._local
         by_comp: dict = {}
@@ -102,37 +101,59 @@ class RouteServers(RouteRows):
             if s != d and local[s] == local[d]:
                 by_comp.setdefault(int(local[s]), []).append((key, s, d))
         out: dict = {}
-        in_ptr, in_link, in_from, weight = self._in_ptr, self._in_link, self._in_from, self.weight
-        nodes = self.nodes
         for comp, items in by_comp.items():
-            sub = self._server(comp)
-            if sub is None:
-                continue
-            members, csr = sub[0], sub[1]
-            srcs = sorted({s for _, s, _ in items})
-            rows = dict(
-                zip(srcs, dijkstra(csr, indices=np.searchsorted(members, srcs)), strict=True)
-            )
-            for (src, dst), s, d in items:
-                row = rows[s]
-
-                def dist(v, row=row, members=members):
-                    return _in_server(members, row, v)
-
-                if not dist(d) < NET_WEIGHT:
-                    continue  # not joined inside the server: the machine's walk
-                links, v = [], d
-                while v != s:
-                    lo, hi = in_ptr[v], in_ptr[v + 1]
-                    ks, tails = in_link[lo:hi], in_from[lo:hi]
-                    ok = np.flatnonzero(dist(tails) + weight[ks] == dist(v))
-                    j = ok[0]
-                    if len(ok) > 1:  # ECMP, as walk_links picks
-                        j = ok[zlib.crc32(f"{src!r}|{dst!r}|{nodes[v]!r}".encode()) % len(ok)]
-                    links.append(int(ks[j]))
-                    v = int(tails[j])
-                out[src, dst] = np.array(links[::-1], dtype=np.int64)
+            self._walk_server(comp, items, out)
         return out
+
+    def _walk_server(self, comp: int, items: list, out: dict) -> None:
+        """`server_walks` of one server's pairs [((src, dst), s, d)], one numpy step per
+        hop for all of them: at each node the in-links inside the server (in link order:
+        a tail outside is never on a shortest path) whose tail's distance plus the link's
+        weight is the node's are the candidates, and the walk takes the first, or where
+        there are several the one crc32(f"{src!r}|{dst!r}|{node!r}") picks (ECMP)."""
+        from scipy.sparse.csgraph import dijkstra
+
+        sub = self._server(comp)
+        if sub is None:
+            return
+        members, csr, tail, head, w = sub[:5]
+        links = sub[7]
+        ps = np.searchsorted(members, np.array([s for _, s, _ in items], np.int64))
+        pd = np.searchsorted(members, np.array([d for _, _, d in items], np.int64))
+        us, inv = np.unique(ps, return_inverse=True)
+        dist = dijkstra(csr, indices=us)[inv.reshape(-1)]  # (pairs, server nodes)
+        m = len(members)
+        order = np.argsort(head, kind="stable")  # in-links per head, in link order
+        ptr = np.searchsorted(head[order], np.arange(m + 1))
+        pad = np.full((m, max(1, int(np.diff(ptr).max(initial=0)))), -1, np.int64)
+        pad[head[order], np.arange(len(order)) - ptr[head[order]]] = order
+        act = np.flatnonzero(dist[np.arange(len(items)), pd] < NET_WEIGHT)
+        v = pd[act]
+        steps = []
+        nodes = self.nodes
+        while len(act):
+            if len(steps) > m:  # a shortest path has fewer hops than the server has nodes
+                raise AssertionError("server walk went round a cycle")
+            cand = pad[v]
+            c = np.maximum(cand, 0)
+            tight = (cand >= 0) & (dist[act[:, None], tail[c]] + w[c] == dist[act, v][:, None])
+            pick = np.argmax(tight, axis=1)
+            for i in np.flatnonzero(tight.sum(axis=1) > 1).tolist():
+                (src, dst), _, _ = items[act[i]]
+                ok = np.flatnonzero(tight[i])
+                h = zlib.crc32(f"{src!r}|{dst!r}|{nodes[members[v[i]]]!r}".encode())
+                pick[i] = ok[h % len(ok)]
+            k = c[np.arange(len(act)), pick]
+            steps.append((act, links[k]))
+            v = tail[k]
+            keep = v != ps[act]
+            act, v = act[keep], v[keep]
+        got: dict = {}
+        for a, lk in steps:
+            for i, link in zip(a.tolist(), lk.tolist(), strict=True):
+                got.setdefault(i, []).append(link)
+        for i, path in got.items():
+            out[items[i][0]] = np.array(path[::-1], dtype=np.int64)
 
     def server_row(self, s: int) -> tuple:
         """(the server's nodes, sorted; node s's distances to each inside the server), for
@@ -201,11 +222,5 @@ class RouteServers(RouteRows):
         )
         outs = outs[self._net_link[outs]]
         exits = (np.searchsorted(members, self._u[outs]), self._v[outs], self.weight[outs])
-        out = self._servers[comp] = (members, csr, tail, head, w, bw, exits)
+        out = self._servers[comp] = (members, csr, tail, head, w, bw, exits, links)
         return out
-
-
-def _in_server(members: np.ndarray, row: np.ndarray, v):
-    """Node (indices) v's distance in a server's row (members sorted), inf outside it."""
-    at = np.minimum(np.searchsorted(members, v), len(members) - 1)
-    return np.where(members[at] == v, row[at], np.inf)
