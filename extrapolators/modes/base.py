@@ -148,6 +148,11 @@ class Extrapolator:
         they differ from its weights' (ZeRO shards them); None: the same as the weights."""
         return None
 
+    def state_fractions_of(self, gpu) -> dict | None:
+        """`state_fractions` for `gpu`: a mode whose shares differ between its GPUs (pipeline
+        stages holding different weights) overrides this."""
+        return self.state_fractions()
+
     def per_gpu_batch(self, parts: int) -> float | None:
         if self.batch is None:
             if parts == 1:

@@ -107,7 +107,7 @@ def static_per_gpu(trace, extrapolator, gpu, options: MemoryOptions, _kind=None)
     """Weights, gradients and optimizer states `gpu` holds under its mode's placement
     (`_kind`: (optimizer, bytes per parameter) when the caller has them already)."""
     optimizer, bpp = _kind or (optimizer_kind(trace, options), _bytes_per_param(trace))
-    shares = extrapolator.state_fractions()
+    shares = extrapolator.state_fractions_of(gpu)
     if shares is None:
         return static_bytes(extrapolator.held_weight_bytes(gpu), bpp, optimizer, options.precision)
     full = static_bytes(trace.weight_bytes(), bpp, optimizer, options.precision)

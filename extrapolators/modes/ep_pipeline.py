@@ -1,0 +1,135 @@
+"""Pipeline parallelism inside expert parallelism: mode `ep` with `pp` > 1, as Megatron-Core
+runs an MoE model with PP (Mixtral 8x7B and DeepSeek-V3 were trained so).
+
+The grid (ep_grid: Megatron-Core's order tp-cp-ep-dp-pp, PP outermost): stage p is the s =
+num_gpus / pp GPUs p x s .. (p + 1) x s - 1; inside a stage the dense layers are tp x dp
+and the routed experts etp x ep x edp exactly as mode `ep` lays them out on s GPUs, and a
+pipeline group is the pp GPUs with the same local index. The model is cut as mode `3d` cuts
+it (the pipeline mode `GPipe`: the forward operators into pp contiguous stages balanced by
+time and boundary bytes, each backward operator with its forward's stage), and each stage
+runs the schedule mode `3d` names (extrapolators.modes.schedules: 1f1b by default, gpipe;
+one model chunk per stage) over M = `accumulation_steps` micro-batches of a replica's
+batch (Megatron's num_microbatches = global batch / (micro-batch x dp), dp = s / tp).
+
+Per GPU, on the compute stream, each schedule step (F|B, m) runs the stage's forward (or
+backward) operators of micro-batch m as mode `ep` runs them (its template restricted to
+the stage's operators: the dispatch and combine all-to-alls over the GPU's EP group, the
+expert-TP gathers, the dense TP collectives), after receiving the activation from the
+previous stage (F, p > 0) or the gradient from the next (B, p < pp - 1). Its sends run on
+"send_fwd" and "send_bwd" streams as in `3d`: the activation crossing the cut (GPipe's
+boundary bytes at a micro-batch) / tp (sequence parallel: each TP rank holds and passes
+1/tp of the sequence, Megatron's p2p tensor shape seq / tp), to the GPU with the same local
+index in the next stage, its gradient back the same way. After the schedule (and both send
+streams), the gradients a GPU holds are reduced as mode `ep` reduces them, over its
+stage's groups: its dense share over the dense DP group (s / tp GPUs), its experts' over
+its expert-DP group (s / (ep x etp)); all-reduce, or with the distributed optimizer
+reduce-scatter and, after the step, all-gather. The sequence-parallel weights' gradients
+(norms, router) are all-reduced over the TP group first, the whole trace's bytes on every
+stage, as mode `3d` does.
+
+What a GPU holds is its stage's share (`stage_held[p]` = (dense, expert) bytes): the
+weights its stage's forward operators read first (a weight two stages read, a tied
+embedding, counted in the first, as `3d`), dense ones / tp where TP-split, experts /
+(ep x etp). The optimizer step's time is scaled by it (and by 1/dp, 1/edp with the
+distributed optimizer). Activations need nothing here: the memory model follows each GPU's
+timeline, per micro-batch, so 1F1B's in-flight micro-batches (pp - p on stage p) come out
+of it.
+
+`EPPipeline` is a part of `ExpertParallel` (its mixin): `_plan_pipeline()` in `check`,
+`_pipeline_compute(gpu)` and `_pipeline_sends(gpu, kind, name)` the streams. It needs of
+the mode: `grid`, `gpus`, `trace`, `model`, `options` (accumulation_steps, schedule),
+`split_weights`, `expert_weights`, `_template(j, mb, part)`, `_tasks(gpu, items, mb)`,
+`_step(gpu)` and `tpx`. With pp > 1 the mode refuses dp_overlap, fsdp and
+overlap_param_gather (their bucket and unit plans assume one stage).
+"""
+
+from __future__ import annotations
+
+from extrapolators.execution.tasks import Collective, Recv, Send, Signal, Wait
+from extrapolators.modes.pipeline import GPipe, PipelineOptions
+from extrapolators.modes.schedules import schedule
+
+
+class EPPipeline:
+    """Pipeline stages of mode `ep` (module docstring: what it gives, what it needs)."""
+
+    def _plan_pipeline(self) -> None:
+        o, pp, grid = self.options, self.grid.pp, self.grid
+        M = o.accumulation_steps
+        order_of = schedule(o.schedule)
+        self.orders = [order_of(p, pp, M, 1) for p in range(pp)]
+        # the pipeline mode cuts the model (stage p's GPUs as one, at a replica's batch)
+        self.pipe = GPipe(
+            self.trace,
+            self.model,
+            [self.gpus[p * grid.s] for p in range(pp)],
+            PipelineOptions(microbatches=M),
+            batch_size=self.per_gpu_batch(grid.dp),
+            gpu=self.gpu,
+            graph=self.graph,
+            host=self.host,
+        )
+        T, seen = self.trace.tensors, set()
+        self.stage_held = []
+        for ops in self.pipe.fwd_ops:
+            dense = expert = 0.0
+            for op in ops:
+                for w in op.inputs:
+                    if T[w].category != "weight" or w in seen:
+                        continue
+                    seen.add(w)
+                    if w in self.expert_weights:
+                        expert += T[w].nbytes / (grid.ep * grid.etp)
+                    else:
+                        dense += T[w].nbytes / (grid.tp if w in self.split_weights else 1)
+            self.stage_held.append((dense, expert))
+
+    def _send_ratio(self) -> float:
+        """A micro-batch's share of the traced boundary bytes on one GPU: its replica's
+        micro-batch, 1/tp of the sequence (sequence parallel)."""
+        return self.pipe._mb_ratio() / self.grid.tp
+
+    def _pipeline_compute(self, gpu):
+        i = self.gpus.index(gpu)
+        grid, pp = self.grid, self.grid.pp
+        p, j, loc = grid.stage(i), grid.expert(i)[1], i % grid.s
+        for kind, m, _ in self.orders[p]:
+            if kind == "F" and p > 0:
+                src = self.gpus[grid.pp_peer(i, p - 1)]
+                yield Recv(src, f"l{loc}/act{p - 1}.{m}", phase="forward")
+            elif kind == "B" and p < pp - 1:
+                src = self.gpus[grid.pp_peer(i, p + 1)]
+                yield Recv(src, f"l{loc}/grad{p + 1}.{m}", phase="backward")
+            yield from self._tasks(gpu, self._template(j, m, (p, kind)), m)
+            yield Signal(f"{gpu}:{kind}{m}")
+        yield Wait(f"{gpu}:send_fwd done")
+        yield Wait(f"{gpu}:send_bwd done")
+        if self.tpx is not None:  # sequence-parallel weights' gradients (TP group)
+            group = self._ring_order(self.gpus[k] for k in grid.tp_group(i))
+            key = f"s{p}r{grid.dense(i)[1]}:grads"
+            for op in self.ops("optimizer"):
+                for c in self.tpx.before.get(op.id, ()):
+                    yield Collective(
+                        c.op, group, c.nbytes, f"{key}/{c.key}", c.layer, c.phase, c.algorithm
+                    )
+        yield from self._step(gpu)
+
+    def _pipeline_sends(self, gpu, kinds: str, name: str):
+        """The activations (kinds "F") or gradients ("B") this GPU passes on, each once its
+        schedule step is done."""
+        i = self.gpus.index(gpu)
+        grid, pp = self.grid, self.grid.pp
+        p, loc, ratio = grid.stage(i), i % grid.s, self._send_ratio()
+        for kind, m, _ in self.orders[p]:
+            if kind != kinds:
+                continue
+            yield Wait(f"{gpu}:{kind}{m}")
+            if kind == "F" and p < pp - 1:
+                dst = self.gpus[grid.pp_peer(i, p + 1)]
+                nbytes = self.pipe.boundary[p] * ratio
+                yield Send(dst, nbytes, f"l{loc}/act{p}.{m}", phase="forward")
+            elif kind == "B" and p > 0:
+                dst = self.gpus[grid.pp_peer(i, p - 1)]
+                nbytes = self.pipe.boundary[p - 1] * ratio
+                yield Send(dst, nbytes, f"l{loc}/grad{p}.{m}", phase="backward")
+        yield Signal(f"{gpu}:{name} done")
