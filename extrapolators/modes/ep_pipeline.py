@@ -6,7 +6,9 @@ num_gpus / pp GPUs p x s .. (p + 1) x s - 1; inside a stage the dense layers are
 and the routed experts etp x ep x edp exactly as mode `ep` lays them out on s GPUs, and a
 pipeline group is the pp GPUs with the same local index. The model is cut as mode `3d` cuts
 it (the pipeline mode `GPipe`: the forward operators into pp contiguous stages balanced by
-time and boundary bytes, each backward operator with its forward's stage), and each stage
+time and boundary bytes, each backward operator with its forward's stage; a cut
+falling inside an MoE layer's routed experts moved to just after them, so a layer's
+dispatch and combine run on one stage), and each stage
 runs the schedule mode `3d` names (extrapolators.modes.schedules: 1f1b by default, gpipe;
 one model chunk per stage) over M = `accumulation_steps` micro-batches of a replica's
 batch (Megatron's num_microbatches = global batch / (micro-batch x dp), dp = s / tp).
@@ -48,6 +50,7 @@ from __future__ import annotations
 from extrapolators.execution.tasks import Collective, Recv, Send, Signal, Wait
 from extrapolators.modes.pipeline import GPipe, PipelineOptions
 from extrapolators.modes.schedules import schedule
+from triosim.common.errors import ConfigError
 
 
 class EPPipeline:
@@ -58,17 +61,10 @@ class EPPipeline:
         M = o.accumulation_steps
         order_of = schedule(o.schedule)
         self.orders = [order_of(p, pp, M, 1) for p in range(pp)]
-        # the pipeline mode cuts the model (stage p's GPUs as one, at a replica's batch)
-        self.pipe = GPipe(
-            self.trace,
-            self.model,
-            [self.gpus[p * grid.s] for p in range(pp)],
-            PipelineOptions(microbatches=M),
-            batch_size=self.per_gpu_batch(grid.dp),
-            gpu=self.gpu,
-            graph=self.graph,
-            host=self.host,
-        )
+        self.pipe = self._cut(M, [])
+        starts = self._whole_moe_layers(self.pipe.starts)
+        if starts != self.pipe.starts:
+            self.pipe = self._cut(M, starts[1:])
         T, seen = self.trace.tensors, set()
         self.stage_held = []
         for ops in self.pipe.fwd_ops:
@@ -83,6 +79,41 @@ class EPPipeline:
                     else:
                         dense += T[w].nbytes / (grid.tp if w in self.split_weights else 1)
             self.stage_held.append((dense, expert))
+
+    def _cut(self, M: int, stages: list):
+        """The pipeline mode's cut (stage p's GPUs as one, at a replica's batch): balanced
+        by time, or at the forward positions `stages`."""
+        grid = self.grid
+        return GPipe(
+            self.trace,
+            self.model,
+            [self.gpus[p * grid.s] for p in range(grid.pp)],
+            PipelineOptions(microbatches=M, stages=stages),
+            batch_size=self.per_gpu_batch(grid.dp),
+            gpu=self.gpu,
+            graph=self.graph,
+            host=self.host,
+        )
+
+    def _whole_moe_layers(self, starts: list) -> list:
+        """Stage starts (forward positions) with a cut inside an MoE layer's routed experts
+        moved to just after them: the dispatch and combine of a layer run on one stage's EP
+        group (Megatron-Core cuts between transformer layers)."""
+        fwd = self.ops("forward")
+        span: dict = {}
+        for k, op in enumerate(fwd):
+            if op.id in self.expert_ops:
+                span.setdefault(op.layer, [k, k])[1] = k
+        moved = [next((b + 1 for a, b in span.values() if a < s <= b), s) for s in starts]
+        if any(b <= a for a, b in zip(moved, moved[1:], strict=False)) or moved[-1] >= len(fwd):
+            raise ConfigError(
+                "parallelism.pp",
+                self.grid.pp,
+                f"at most as many stages as the model has cuts outside its MoE layers' "
+                f"experts (stage starts {starts} would become {moved} of {len(fwd)} "
+                f"forward operators)",
+            )
+        return moved
 
     def _send_ratio(self) -> float:
         """A micro-batch's share of the traced boundary bytes on one GPU: its replica's
