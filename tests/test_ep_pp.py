@@ -249,7 +249,6 @@ def test_conservation_on_random_layouts(pp, tp, ep, etp, edp, M, sched, dist):
         (8, {"pp": 2, "tp": 3}, "parallelism.tp", "num_gpus / pp (8 / 2 = 4)"),
         (8, {"pp": 2, "ep": 8}, "parallelism.ep", "ep x etp (8 x 1) dividing num_gpus / pp"),
         (8, {"pp": 2, "ep": 4, "etp": 2}, "parallelism.ep", "expert-TP x EP x PP"),
-        (4, {"pp": 2, "ep": 2, "dp_overlap": True}, "parallelism.dp_overlap", "pp 2"),
         (4, {"pp": 2, "ep": 2, "fsdp": True}, "parallelism.fsdp", "pp 2"),
         (4, {"pp": 2, "ep": 2, "schedule": "zigzag"}, "parallelism.schedule", "1f1b"),
     ],
@@ -261,6 +260,40 @@ def test_degree_checks_name_field_degree_and_counts(n, par, field, words):
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")) as e:
         run(n, tr, batch=2 * n, **par)
     assert words in str(e.value), str(e.value)
+
+
+def test_overlapped_buckets_per_stage():
+    """dp_overlap with pp 2 x ep 1 on 4 GPUs (edp 2), 1-byte buckets: each stage buckets
+    its own layer's weights, one bucket each (router, wq, wo over the dense group, its
+    experts' EXPERT / 2 over its expert replicas: the same two GPUs, {0, 1} or {2, 3}),
+    each all-reduced once its last micro-batch's backward operator has made it, so on
+    stage 0 the experts' bucket (their backward runs first) is reduced before wq's."""
+    tr = trace(layers=2, experts=2)
+    par = dict(pp=2, ep=1, accumulation_steps=2, dp_overlap=True)
+    sim, r = run(4, tr, batch=4, bucket_size=1.0, first_bucket_size=1.0, **par)
+    ex, tl = sim.extrapolator, r.timeline
+    for p in range(2):
+        got = sorted((kind, size) for _, size, kind in ex.stage_buckets[p])
+        want = [("dense", ROUTER), ("dense", WQ), ("dense", WO), ("expert", EXPERT / 2)]
+        assert got == sorted(want)
+        assert ex.stage_unfired[p] == []
+    rows = tl[(tl.kind == "comm") & tl["key"].astype(str).str.contains("-bucket")]
+    for g in range(4):
+        mine = rows[rows.gpu == g].sort_values("start")
+        assert len(mine) == 4 and set(mine.name) == {"allreduce"}
+        for key in mine.key:
+            assert set(rows[rows.key == key].gpu) == ({0, 1} if g < 2 else {2, 3})
+    comp = tl[(tl.gpu == 0) & (tl.kind == "compute") & (tl.microbatch == 1)]
+    mine = rows[rows.gpu == 0].sort_values("start")
+    first = dict(zip(mine.nbytes, mine.start, strict=True))
+    done = dict(zip(comp.layer, comp.end, strict=False))  # the backward's, later rows
+    for layer, nbytes in (
+        ("layers.0.feed_forward.experts", EXPERT / 2),
+        ("layers.0.attention.wq", WQ),
+    ):
+        assert first[nbytes] >= done[layer] - 1e-12
+    assert first[EXPERT / 2] < first[WQ]
+    assert ex.buffer_bytes(0) == pytest.approx(ROUTER + WQ + WO + EXPERT / 2)
 
 
 def test_cuts_keep_each_moe_layer_on_one_stage():

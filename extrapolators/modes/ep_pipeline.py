@@ -41,13 +41,16 @@ of it.
 `_pipeline_compute(gpu)` and `_pipeline_sends(gpu, kind, name)` the streams. It needs of
 the mode: `grid`, `gpus`, `trace`, `model`, `options` (accumulation_steps, schedule),
 `split_weights`, `expert_weights`, `_template(j, mb, part)`, `_tasks(gpu, items, mb)`,
-`_step(gpu)` and `tpx`. With pp > 1 the mode refuses dp_overlap, fsdp and
-overlap_param_gather (their bucket and unit plans assume one stage).
+`_step(gpu)` and `tpx`; with dp_overlap, `_make_stage_buckets` gives each stage its own
+gradient buckets (mode ep's, of the stage's weights), reduced over the stage's groups as
+its last micro-batch's backward completes them. With pp > 1 the mode refuses fsdp and
+overlap_param_gather (their unit and gather plans assume one stage).
 """
 
 from __future__ import annotations
 
 from extrapolators.execution.tasks import Collective, Recv, Send, Signal, Wait
+from extrapolators.modes import ep_buckets
 from extrapolators.modes.pipeline import GPipe, PipelineOptions
 from extrapolators.modes.schedules import schedule
 from triosim.common.errors import ConfigError
@@ -66,14 +69,18 @@ class EPPipeline:
         if starts != self.pipe.starts:
             self.pipe = self._cut(M, starts[1:])
         T, seen = self.trace.tensors, set()
-        self.stage_held = []
+        self.stage_held, self.stage_weights = [], []
+        self.stage_buckets = [[] for _ in range(pp)]  # with dp_overlap: _make_stage_buckets
+        self.stage_unfired = [[] for _ in range(pp)]
         for ops in self.pipe.fwd_ops:
             dense = expert = 0.0
+            self.stage_weights.append(set())
             for op in ops:
                 for w in op.inputs:
                     if T[w].category != "weight" or w in seen:
                         continue
                     seen.add(w)
+                    self.stage_weights[-1].add(w)
                     if w in self.expert_weights:
                         expert += T[w].nbytes / (grid.ep * grid.etp)
                     else:
@@ -114,6 +121,32 @@ class EPPipeline:
                 f"forward operators)",
             )
         return moved
+
+    def _make_stage_buckets(self, share) -> None:
+        """dp_overlap: each stage's gradient buckets (mode ep's, of the stage's weights),
+        signalled after the operator completing them in the stage's last micro-batch's
+        backward; one whose operator is not the stage's (`stage_unfired`) after the
+        schedule."""
+        o, ops = self.options, self.trace.operators
+        self.stage_buckets, self.stage_unfired = [], []
+        for p, weights in enumerate(self.stage_weights):
+            made = ep_buckets.buckets(
+                self.trace,
+                self.expert_weights,
+                self.ep,
+                o.first_bucket_size,
+                o.bucket_size,
+                share,
+                only=weights,
+            )
+            mine = {op.id for op in self.pipe.bwd_ops[p]}
+            self.stage_buckets.append(made)
+            self.stage_unfired.append([])
+            for k, (pos, _, _) in enumerate(made):
+                if ops[pos].id in mine:
+                    self.signals_after.setdefault(ops[pos].id, []).append(k)
+                else:
+                    self.stage_unfired[-1].append(k)
 
     def _send_ratio(self) -> float:
         """A micro-batch's share of the traced boundary bytes on one GPU: its replica's

@@ -300,13 +300,13 @@ class ExpertParallel(EPFsdp, EPPipeline, Extrapolator):
                 "false without distributed_optimizer (only the distributed optimizer "
                 "all-gathers parameters)",
             )
-        for field in ("dp_overlap", "fsdp", "overlap_param_gather") if o.pp > 1 else ():
+        for field in ("fsdp", "overlap_param_gather") if o.pp > 1 else ():
             if getattr(o, field):
                 raise ConfigError(
                     f"parallelism.{field}",
                     True,
-                    f"false with pp {o.pp} (mode ep's buckets, units and parameter "
-                    f"gathers are planned for one pipeline stage)",
+                    f"false with pp {o.pp} (mode ep's FSDP units and parameter gathers "
+                    f"are planned for one pipeline stage)",
                 )
         if o.fsdp and (o.distributed_optimizer or o.dp_overlap):
             raise ConfigError(
@@ -356,6 +356,9 @@ class ExpertParallel(EPFsdp, EPPipeline, Extrapolator):
         operator completes each."""
         o = self.options
         share = self._share_of() if self.tp > 1 or self.etp > 1 else None
+        if self.pp > 1:  # each stage's own (ep_pipeline)
+            self._make_stage_buckets(share)
+            return
         self.buckets = ep_buckets.buckets(
             self.trace, self.expert_weights, self.ep, o.first_bucket_size, o.bucket_size, share
         )
@@ -552,7 +555,9 @@ class ExpertParallel(EPFsdp, EPPipeline, Extrapolator):
                 op = "all_gather" if kind in ("dispatch", "combine-grad") else "reduce_scatter"
                 items.append(("etp", op, self.etp_bytes[j], layer, f"{kind}-{op}", phase))
 
-        last_step = part is None and mb == self.options.accumulation_steps - 1
+        # the last micro-batch's backward: where a gradient bucket is complete
+        backward = part is None or part[1] == "B"
+        last_step = backward and mb == self.options.accumulation_steps - 1
         if part is None:
             walk = self.ops("forward", "backward")
         else:
@@ -598,7 +603,9 @@ class ExpertParallel(EPFsdp, EPPipeline, Extrapolator):
                 etp(a2a[0], a2a[1], op.phase)
                 if self.ep > 1:
                     items.append(a2a)
-        if tpx is not None and last_step:  # sequence-parallel weights' gradients (TP group)
+        if (
+            tpx is not None and last_step and part is None
+        ):  # sequence-parallel weights' gradients (TP group)
             for op in self.ops("optimizer"):
                 tp_colls(tpx.before.get(op.id, ()), "grads")
         flush()
@@ -688,6 +695,9 @@ class ExpertParallel(EPFsdp, EPPipeline, Extrapolator):
             for u in self.fsdp_reduce_order:
                 if not any(u in us for us in self.fsdp_last_bwd.values()):
                     yield Signal(f"{gpu}:fsdp-grads:{u}")
+        elif self.options.dp_overlap and self.pp > 1:  # buckets the stage's ops do not fire
+            for k in self.stage_unfired[self.grid.stage(self.gpus.index(gpu))]:
+                yield Signal(f"{gpu}:epb{k}")
         elif self.options.dp_overlap:  # buckets no backward operator completes
             ops = self.trace.operators
             for k, (pos, _, _) in enumerate(self.buckets):
@@ -789,7 +799,7 @@ class ExpertParallel(EPFsdp, EPPipeline, Extrapolator):
         data-parallel group, expert ones over its experts' replicas."""
         kind, dense_group, dense, replicas, expert = self._reduction(gpu)
         op = "allreduce" if kind == "allreduce" else kind
-        for k, (_, size, what) in enumerate(self.buckets):
+        for k, (_, size, what) in enumerate(self._buckets_of(gpu)):
             yield Wait(f"{gpu}:epb{k}")
             group = dense_group if what == "dense" else replicas
             if len(group) > 1:
@@ -812,4 +822,10 @@ class ExpertParallel(EPFsdp, EPPipeline, Extrapolator):
             return self.fsdp_buffer()
         if self.options.distributed_optimizer:
             return 0.0
-        return sum(size for _, size, _ in self.buckets)
+        return sum(size for _, size, _ in self._buckets_of(gpu))
+
+    def _buckets_of(self, gpu) -> list:
+        """The gradient buckets `gpu` reduces: its stage's (all of them at pp 1)."""
+        if self.pp == 1:
+            return self.buckets
+        return self.stage_buckets[self.grid.stage(self.gpus.index(gpu))]
