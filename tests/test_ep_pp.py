@@ -296,6 +296,26 @@ def test_overlapped_buckets_per_stage():
     assert ex.buffer_bytes(0) == pytest.approx(ROUTER + WQ + WO + EXPERT / 2)
 
 
+def test_overlapped_parameter_gathers_per_stage():
+    """The distributed optimizer with overlap_param_gather, pp 2 x ep 1 on 4 GPUs (dp = edp
+    = 2), one bucket of each kind: each GPU all-gathers its stage's dense shard (router +
+    wq + wo) and its experts' (EXPERT / 2) over its stage's pair, the dense one before
+    its first forward operator (wq's) starts, none after the step."""
+    tr = trace(layers=2, experts=2)
+    par = dict(pp=2, ep=1, accumulation_steps=2, distributed_optimizer=True)
+    _, r = run(4, tr, batch=4, overlap_param_gather=True, bucket_size=1e12, **par)
+    tl = r.timeline
+    rows = tl[(tl.kind == "comm") & tl["key"].astype(str).str.contains("-params")]
+    for g in range(4):
+        mine = rows[rows.gpu == g].sort_values("start")
+        assert list(mine.nbytes) == pytest.approx([ROUTER + WQ + WO, EXPERT / 2])
+        assert set(mine.name) == {"all_gather"} and set(mine.phase) == {"forward"}
+        for key in mine.key:
+            assert set(rows[rows.key == key].gpu) == ({0, 1} if g < 2 else {2, 3})
+        comp = tl[(tl.gpu == g) & (tl.kind == "compute")]
+        assert comp.start.min() >= mine.end.iloc[0] - 1e-12
+
+
 def test_cuts_keep_each_moe_layer_on_one_stage():
     """With the router in the experts' layer (forward positions 2-3 and 6-7 of 8), a
     stage start inside those spans moves to just after them, one at a layer boundary

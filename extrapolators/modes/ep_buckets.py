@@ -44,7 +44,7 @@ def buckets(
     return sorted(out, key=lambda b: b[0])
 
 
-def param_buckets(trace, expert_weights: set, cap: float, share_of) -> list:
+def param_buckets(trace, expert_weights: set, cap: float, share_of, only=None) -> list:
     """The distributed optimizer's parameter all-gathers with --overlap-param-gather:
     [(first use position, bytes, kind)] in the order the forward pass needs them (kind
     "dense" or "expert", each kind's weights in its own buckets since they are gathered
@@ -59,6 +59,8 @@ def param_buckets(trace, expert_weights: set, cap: float, share_of) -> list:
     out = []
     for kind in ("dense", "expert"):
         mine = [w.id for w in trace.weights() if (w.id in expert_weights) == (kind == "expert")]
+        if only is not None:  # one pipeline stage's weights
+            mine = [w for w in mine if w in only]
         mine.sort(key=lambda w: (first.get(w, len(trace.operators)), w))
         size, need = 0.0, None
         for w in mine:

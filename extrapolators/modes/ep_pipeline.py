@@ -43,8 +43,10 @@ the mode: `grid`, `gpus`, `trace`, `model`, `options` (accumulation_steps, sched
 `split_weights`, `expert_weights`, `_template(j, mb, part)`, `_tasks(gpu, items, mb)`,
 `_step(gpu)` and `tpx`; with dp_overlap, `_make_stage_buckets` gives each stage its own
 gradient buckets (mode ep's, of the stage's weights), reduced over the stage's groups as
-its last micro-batch's backward completes them. With pp > 1 the mode refuses fsdp and
-overlap_param_gather (their unit and gather plans assume one stage).
+its last micro-batch's backward completes them; with overlap_param_gather each stage
+gathers its own weights' updated shards before its first micro-batch's forward reads
+them (`stage_gathers`, made in `check`). With pp > 1 the mode refuses fsdp (its units are
+planned for one stage).
 """
 
 from __future__ import annotations

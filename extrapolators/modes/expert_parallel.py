@@ -274,14 +274,17 @@ class ExpertParallel(EPFsdp, EPPipeline, Extrapolator):
         if o.fsdp:
             self._plan_fsdp()
         self.param_gathers, self.gather_before = [], {}
-        if o.overlap_param_gather:
-            self.param_gathers = ep_buckets.param_buckets(
-                self.trace, self.expert_weights, o.bucket_size, self._share_of()
-            )
+        self.stage_gathers = [[] for _ in range(self.pp)]
+        if o.overlap_param_gather:  # per pipeline stage: its own weights' (one at pp 1)
             ops = self.trace.operators
-            for k, (pos, _, _) in enumerate(self.param_gathers):
-                if pos < len(ops):
-                    self.gather_before.setdefault(ops[pos].id, []).append(k)
+            for p, only in enumerate(self.stage_weights if self.pp > 1 else [None]):
+                made = self.stage_gathers[p] = ep_buckets.param_buckets(
+                    self.trace, self.expert_weights, o.bucket_size, self._share_of(), only
+                )
+                for k, (pos, _, _) in enumerate(made):
+                    if pos < len(ops):
+                        self.gather_before.setdefault(ops[pos].id, []).append(k)
+            self.param_gathers = self.stage_gathers[0]
 
     def _check_options(self):
         """Combinations Megatron-Core (or the mode) refuses, each naming its field."""
@@ -300,13 +303,13 @@ class ExpertParallel(EPFsdp, EPPipeline, Extrapolator):
                 "false without distributed_optimizer (only the distributed optimizer "
                 "all-gathers parameters)",
             )
-        for field in ("fsdp", "overlap_param_gather") if o.pp > 1 else ():
+        for field in ("fsdp",) if o.pp > 1 else ():
             if getattr(o, field):
                 raise ConfigError(
                     f"parallelism.{field}",
                     True,
-                    f"false with pp {o.pp} (mode ep's FSDP units and parameter gathers "
-                    f"are planned for one pipeline stage)",
+                    f"false with pp {o.pp} (mode ep's FSDP units are planned for one "
+                    f"pipeline stage)",
                 )
         if o.fsdp and (o.distributed_optimizer or o.dp_overlap):
             raise ConfigError(
@@ -747,7 +750,8 @@ class ExpertParallel(EPFsdp, EPPipeline, Extrapolator):
             return
         kind, dense_group, dense, replicas, expert = self._reduction(gpu)
         dense_held, expert_held = self.held(gpu)
-        for k, (_, nbytes, what) in enumerate(self.param_gathers):
+        stage = self.grid.stage(self.gpus.index(gpu))
+        for k, (_, nbytes, what) in enumerate(self.stage_gathers[stage]):
             # overlap_param_gather: the last step's updated shards, gathered in the order
             # the forward pass reads them (the steady state of Megatron's overlap)
             group = dense_group if what == "dense" else replicas
