@@ -63,9 +63,10 @@ class EPPipeline:
 
     def _plan_pipeline(self) -> None:
         o, pp, grid = self.options, self.grid.pp, self.grid
-        M = o.accumulation_steps
+        M, v = o.accumulation_steps, o.virtual_stages
         order_of = schedule(o.schedule)
-        self.orders = [order_of(p, pp, M, 1) for p in range(pp)]
+        self.orders = [order_of(p, pp, M, v) for p in range(pp)]
+        self.v, self.chunks = v, pp * v  # chunk c on stage c % pp
         self.pipe = self._cut(M, [])
         starts = self._whole_moe_layers(self.pipe.starts)
         if starts != self.pipe.starts:
@@ -74,10 +75,10 @@ class EPPipeline:
         self.stage_held, self.stage_weights = [], []
         self.stage_buckets = [[] for _ in range(pp)]  # with dp_overlap: _make_stage_buckets
         self.stage_unfired = [[] for _ in range(pp)]
-        for ops in self.pipe.fwd_ops:
+        for p in range(pp):
             dense = expert = 0.0
             self.stage_weights.append(set())
-            for op in ops:
+            for op in (op for c in range(p, self.chunks, pp) for op in self.pipe.fwd_ops[c]):
                 for w in op.inputs:
                     if T[w].category != "weight" or w in seen:
                         continue
@@ -96,7 +97,7 @@ class EPPipeline:
         return GPipe(
             self.trace,
             self.model,
-            [self.gpus[p * grid.s] for p in range(grid.pp)],
+            [self.gpus[c % grid.pp * grid.s] for c in range(self.chunks)],
             PipelineOptions(microbatches=M, stages=stages),
             batch_size=self.per_gpu_batch(grid.dp),
             gpu=self.gpu,
@@ -141,7 +142,9 @@ class EPPipeline:
                 share,
                 only=weights,
             )
-            mine = {op.id for op in self.pipe.bwd_ops[p]}
+            mine = {
+                op.id for c in range(p, self.chunks, self.grid.pp) for op in self.pipe.bwd_ops[c]
+            }
             self.stage_buckets.append(made)
             self.stage_unfired.append([])
             for k, (pos, _, _) in enumerate(made):
@@ -157,17 +160,18 @@ class EPPipeline:
 
     def _pipeline_compute(self, gpu):
         i = self.gpus.index(gpu)
-        grid, pp = self.grid, self.grid.pp
+        grid, pp, C = self.grid, self.grid.pp, self.chunks
         p, j, loc = grid.stage(i), grid.expert(i)[1], i % grid.s
-        for kind, m, _ in self.orders[p]:
-            if kind == "F" and p > 0:
-                src = self.gpus[grid.pp_peer(i, p - 1)]
-                yield Recv(src, f"l{loc}/act{p - 1}.{m}", phase="forward")
-            elif kind == "B" and p < pp - 1:
-                src = self.gpus[grid.pp_peer(i, p + 1)]
-                yield Recv(src, f"l{loc}/grad{p + 1}.{m}", phase="backward")
-            yield from self._tasks(gpu, self._template(j, m, (p, kind)), m)
-            yield Signal(f"{gpu}:{kind}{m}")
+        for kind, m, jj in self.orders[p]:
+            c = jj * pp + p  # the model chunk of this step
+            if kind == "F" and c > 0:
+                src = self.gpus[grid.pp_peer(i, (c - 1) % pp)]
+                yield Recv(src, f"l{loc}/act{c - 1}.{m}", phase="forward")
+            elif kind == "B" and c < C - 1:
+                src = self.gpus[grid.pp_peer(i, (c + 1) % pp)]
+                yield Recv(src, f"l{loc}/grad{c + 1}.{m}", phase="backward")
+            yield from self._tasks(gpu, self._template(j, m, (c, kind)), m)
+            yield Signal(f"{gpu}:{kind}{m}.{c}")
         yield Wait(f"{gpu}:send_fwd done")
         yield Wait(f"{gpu}:send_bwd done")
         if self.tpx is not None:  # sequence-parallel weights' gradients (TP group)
@@ -184,18 +188,19 @@ class EPPipeline:
         """The activations (kinds "F") or gradients ("B") this GPU passes on, each once its
         schedule step is done."""
         i = self.gpus.index(gpu)
-        grid, pp = self.grid, self.grid.pp
+        grid, pp, C = self.grid, self.grid.pp, self.chunks
         p, loc, ratio = grid.stage(i), i % grid.s, self._send_ratio()
-        for kind, m, _ in self.orders[p]:
+        for kind, m, jj in self.orders[p]:
             if kind != kinds:
                 continue
-            yield Wait(f"{gpu}:{kind}{m}")
-            if kind == "F" and p < pp - 1:
-                dst = self.gpus[grid.pp_peer(i, p + 1)]
-                nbytes = self.pipe.boundary[p] * ratio
-                yield Send(dst, nbytes, f"l{loc}/act{p}.{m}", phase="forward")
-            elif kind == "B" and p > 0:
-                dst = self.gpus[grid.pp_peer(i, p - 1)]
-                nbytes = self.pipe.boundary[p - 1] * ratio
-                yield Send(dst, nbytes, f"l{loc}/grad{p}.{m}", phase="backward")
+            c = jj * pp + p
+            yield Wait(f"{gpu}:{kind}{m}.{c}")
+            if kind == "F" and c < C - 1:
+                dst = self.gpus[grid.pp_peer(i, (c + 1) % pp)]
+                nbytes = self.pipe.boundary[c] * ratio
+                yield Send(dst, nbytes, f"l{loc}/act{c}.{m}", phase="forward")
+            elif kind == "B" and c > 0:
+                dst = self.gpus[grid.pp_peer(i, (c - 1) % pp)]
+                nbytes = self.pipe.boundary[c - 1] * ratio
+                yield Send(dst, nbytes, f"l{loc}/grad{c}.{m}", phase="backward")
         yield Signal(f"{gpu}:{name} done")

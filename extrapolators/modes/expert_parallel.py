@@ -200,8 +200,14 @@ class EPOptions:
     )
     schedule: str = option(
         "1f1b",
-        help="pp > 1: the pipeline schedule, as mode 3d's (1f1b or gpipe; one model chunk "
-        "per stage)",
+        help="pp > 1: the pipeline schedule, as mode 3d's (1f1b, gpipe, or interleaved "
+        "with virtual_stages > 1)",
+    )
+    virtual_stages: int = option(
+        1,
+        ge=1,
+        help="pp > 1, schedule interleaved: model chunks per stage (Megatron's virtual "
+        "pipeline); stage p holds chunks p, p + pp, ...",
     )
     capacity_factor: float | None = option(
         None,
@@ -302,6 +308,12 @@ class ExpertParallel(EPFsdp, EPPipeline, Extrapolator):
                 True,
                 "false without distributed_optimizer (only the distributed optimizer "
                 "all-gathers parameters)",
+            )
+        if o.virtual_stages > 1 and o.pp < 2:
+            raise ConfigError(
+                "parallelism.virtual_stages",
+                o.virtual_stages,
+                "1 without pipeline stages (pp >= 2 to interleave)",
             )
         for field in ("fsdp",) if o.pp > 1 else ():
             if getattr(o, field):
