@@ -211,7 +211,7 @@ def test_conservation_on_random_layouts(pp, tp, ep, etp, edp, M, sched, dist):
         assert all(x // s == g // s for x in rows.gpu)
     sends = comm[comm.name.astype(str).str.startswith("send to")]
     recvs = tl[tl.name.astype(str).str.startswith("recv from")]
-    assert len(sends) == len(recvs) == n // pp * (pp - 1) * 2 * M
+    assert len(sends) == len(recvs) == n // pp * (pp * v - 1) * 2 * M  # per cut, both ways
     ratio = ex.pipe._mb_ratio() / tp
     for _, row in sends.iterrows():
         dst = int(str(row["name"]).split()[-1])
