@@ -3,7 +3,7 @@ against published measurements.
 
 Each row simulates a shipped shape-only trace (traces/modelled/h100-sxm/: 2 MoE layers
 traced at full width, replicated; calibrated H100 operator times, MODELLED, not measured)
-on a cluster like the published one, with expert parallelism x data parallelism, and
+on a cluster like the published one, with expert x pipeline x data parallelism, and
 compares the throughput with the published figure. Published (kept here as data):
 
 - Mixtral 8x7B: 468 TFLOPS per GPU in bf16 on H100 with Megatron-Core v0.9 (NVIDIA/
@@ -28,18 +28,25 @@ all-reduce the gradients and replicate the optimizer states (0.76 and 0.43 of pu
 Both published runs have TP 1 (`tp: 1`; Mixtral's reference mapping: TP 1, EP 8, PP 4,
 VP 8) and EP as here.
 
-What still differs (so the rows bound what the model leaves out, they do not validate
-it): mode `ep` has no pipeline, so each GPU holds a whole replica of the dense layers and
-its share of every expert (neither run fits in 80 GB here: the rows say so), its
-all-to-alls are not overlapped with compute, its GEMMs are bf16 (DeepSeek's FP8 ones run
-~2x faster), its operator times come from the calibrated model fitted on two CNN traces
-(no measured H100 MoE trace exists here), and the H800 is modelled as an H100 (the same
-SXM compute and memory) with NVLink at 200 GB/s per direction.
+Both rows run the published pipelines (mode `ep` with `pp`, ep_pipeline.py): Mixtral
+PP 4 with virtual pipeline 8 (Megatron's interleaved 1F1B) over 16 micro-batches of one
+sequence per pipeline (global batch 256 over DP 16), DeepSeek-V3 PP 16 x EP 64 with 1F1B
+over 32 micro-batches on 1024 GPUs (expert-DP 1; published: 2048 GPUs, expert-DP 2, 120
+micro-batches, DualPipe). Without the pipelines (EP 8 x DP 8, 4 accumulation steps; EP 64
+on 64 GPUs, 8 steps) the rows gave 0.86 and 0.43.
 
-TFLOPS per GPU = the trace's forward and backward FLOPs (per micro-batch, as its
-operators count them: GEMMs at the balanced expert load, attention included) x
-micro-batches / iteration time. Tokens/s per GPU = sequence x micro-batches / iteration
-time.
+What still differs (so the rows bound what the model leaves out, they do not validate
+it): its all-to-alls are not overlapped with compute, DeepSeek-V3's schedule is 1F1B over
+fewer micro-batches (its bubble 15/47 of a pipeline's time instead of DualPipe's),
+activations are not recomputed, its GEMMs are bf16 (DeepSeek's FP8 ones run ~2x faster),
+its operator times come from the calibrated model fitted on two CNN traces (no measured
+H100 MoE trace exists here), and the H800 is modelled as an H100 (the same SXM compute
+and memory) with NVLink at 200 GB/s per direction.
+
+TFLOPS per GPU = the trace's forward and backward FLOPs (per sequence, as its operators
+count them: GEMMs at the balanced expert load, attention included) x sequences per GPU
+and step (the global batch / GPUs: M / pp with a pipeline) / iteration time. Tokens/s per
+GPU = sequence length x sequences per GPU and step / iteration time.
 
 Long context (mode `cp` with `tp`, issue 33):
 
