@@ -4,33 +4,34 @@ runs an MoE model with PP (Mixtral 8x7B and DeepSeek-V3 were trained so).
 The grid (ep_grid: Megatron-Core's order tp-cp-ep-dp-pp, PP outermost): stage p is the s =
 num_gpus / pp GPUs p x s .. (p + 1) x s - 1; inside a stage the dense layers are tp x dp
 and the routed experts etp x ep x edp exactly as mode `ep` lays them out on s GPUs, and a
-pipeline group is the pp GPUs with the same local index. The model is cut as mode `3d` cuts
-it (the pipeline mode `GPipe`: the forward operators into pp contiguous stages balanced by
-time and boundary bytes, each backward operator with its forward's stage; a cut
-falling inside an MoE layer's routed experts moved to just after them, so a layer's
-dispatch and combine run on one stage), and each stage
-runs the schedule mode `3d` names (extrapolators.modes.schedules: 1f1b by default, gpipe;
-one model chunk per stage) over M = `accumulation_steps` micro-batches of a replica's
-batch (Megatron's num_microbatches = global batch / (micro-batch x dp), dp = s / tp).
+pipeline group is the pp GPUs with the same local index. The model is cut as mode `3d`
+cuts it (the pipeline mode `GPipe`: the forward operators into pp x v contiguous chunks,
+v = `virtual_stages`, balanced by time and boundary bytes, each backward operator with
+its forward's chunk; a cut falling inside an MoE layer's routed experts is moved to just
+after them, so a layer's dispatch and combine run on one stage); chunk c is on stage c %
+pp, and each stage runs the schedule mode `3d` names (extrapolators.modes.schedules: 1f1b
+by default, gpipe, interleaved) over M = `accumulation_steps` micro-batches of a
+replica's batch (Megatron's num_microbatches = global batch / (micro-batch x dp), dp = s /
+tp).
 
-Per GPU, on the compute stream, each schedule step (F|B, m) runs the stage's forward (or
-backward) operators of micro-batch m as mode `ep` runs them (its template restricted to
-the stage's operators: the dispatch and combine all-to-alls over the GPU's EP group, the
-expert-TP gathers, the dense TP collectives), after receiving the activation from the
-previous stage (F, p > 0) or the gradient from the next (B, p < pp - 1). Its sends run on
-"send_fwd" and "send_bwd" streams as in `3d`: the activation crossing the cut (GPipe's
-boundary bytes at a micro-batch) / tp (sequence parallel: each TP rank holds and passes
-1/tp of the sequence, Megatron's p2p tensor shape seq / tp), to the GPU with the same local
-index in the next stage, its gradient back the same way. After the schedule (and both send
-streams), the gradients a GPU holds are reduced as mode `ep` reduces them, over its
-stage's groups: its dense share over the dense DP group (s / tp GPUs), its experts' over
-its expert-DP group (s / (ep x etp)); all-reduce, or with the distributed optimizer
-reduce-scatter and, after the step, all-gather. The sequence-parallel weights' gradients
-(norms, router) are all-reduced over the TP group first, the whole trace's bytes on every
-stage, as mode `3d` does.
+Per GPU, on the compute stream, each schedule step (F|B, m, chunk c) runs chunk c's
+forward (or backward) operators of micro-batch m as mode `ep` runs them (its template
+restricted to the chunk's operators: the dispatch and combine all-to-alls over the GPU's
+EP group, the expert-TP gathers, the dense TP collectives), after receiving the
+activation from the stage holding chunk c - 1 (F, c > 0) or the gradient from chunk c +
+1's (B, c < pp x v - 1). Its sends run on "send_fwd" and "send_bwd" streams as in `3d`:
+the activation crossing the cut (GPipe's boundary bytes at a micro-batch) / tp (sequence
+parallel: each TP rank holds and passes 1/tp of the sequence, Megatron's p2p tensor shape
+seq / tp), to the GPU with the same local index in the next chunk's stage, its gradient
+back the same way. After the schedule (and both send streams), the gradients a GPU holds
+are reduced as mode `ep` reduces them, over its stage's groups: its dense share over the
+dense DP group (s / tp GPUs), its experts' over its expert-DP group (s / (ep x etp));
+all-reduce, or with the distributed optimizer reduce-scatter and, after the step,
+all-gather. The sequence-parallel weights' gradients (norms, router) are all-reduced over
+the TP group first, the whole trace's bytes on every stage, as mode `3d` does.
 
 What a GPU holds is its stage's share (`stage_held[p]` = (dense, expert) bytes): the
-weights its stage's forward operators read first (a weight two stages read, a tied
+weights its chunks' forward operators read first (a weight two stages read, a tied
 embedding, counted in the first, as `3d`), dense ones / tp where TP-split, experts /
 (ep x etp). The optimizer step's time is scaled by it (and by 1/dp, 1/edp with the
 distributed optimizer). Activations need nothing here: the memory model follows each GPU's
