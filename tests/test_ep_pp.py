@@ -345,3 +345,55 @@ def test_cuts_keep_each_moe_layer_on_one_stage():
     assert "[0, 4, 4] of 8" in str(e.value)
     with pytest.raises(ConfigError, match=r"parallelism\.pp"):
         run(8, tr, batch=16, pp=8, ep=1)  # one forward operator per stage
+
+
+def test_interleaved_chunks_by_hand():
+    """pp 2 x ep 2 with 2 virtual stages on 4 layers, 2 micro-batches: chunk c is layer c
+    (4 equal layers), on stage c % 2, so GPU 0 (stage 0) runs chunks 0 and 2 and GPU 2
+    chunks 1 and 3. Layer 2's output is made 2x larger here, so the cut after chunk 2
+    carries 2 x T/2 x H x 2 bytes per micro-batch and the others T/2 x H x 2. GPU 0 sends
+    chunk 0's activation (act0) and chunk 2's (act2, 2x) to GPU 2 for each micro-batch and
+    chunk 2's input gradient (grad2) back to GPU 2; GPU 2 sends act1 and grad1, grad3 to
+    GPU 0; interleaved 1F1B's order on stage 0 (Megatron: warm-up (pp - 1) x 2 + (v - 1)
+    x pp = 4 forward chunk-steps, micro-batches in groups of pp through chunk 0, then
+    chunk 1): F0 F1 on chunk 0, F0 F1 on chunk 2, then B0 B1 on chunk 2, B0 B1 on chunk
+    0."""
+    import dataclasses
+
+    tr = trace(layers=4, experts=2)
+    out = next(o for o in tr.operators if o.layer == "layers.2.feed_forward.experts").outputs[0]
+    tr.tensors[out] = dataclasses.replace(tr.tensors[out], nbytes=2 * tr.tensors[out].nbytes)
+    par = dict(pp=2, ep=2, accumulation_steps=2, schedule="interleaved", virtual_stages=2)
+    sim, r = run(4, tr, batch=4, **par)
+    ex, tl = sim.extrapolator, r.timeline
+    assert [
+        {o.layer.split(".")[1] for o in ops if o.layer.startswith("layers")}
+        for ops in ex.pipe.fwd_ops
+    ] == [{"0"}, {"1"}, {"2"}, {"3"}]
+    sends = tl[tl.name.astype(str).str.startswith("send")]
+    got = {
+        (int(g), str(n), str(k), float(b))
+        for g, n, k, b in zip(sends.gpu, sends.name, sends.key, sends.nbytes, strict=True)
+        if g in (0, 2)
+    }
+    want = set()
+    for m in range(2):
+        want |= {
+            (0, "send to 2", f"l0/act0.{m}", UNIT),
+            (0, "send to 2", f"l0/act2.{m}", 2 * UNIT),
+            (0, "send to 2", f"l0/grad2.{m}", UNIT),
+            (2, "send to 0", f"l0/act1.{m}", UNIT),
+            (2, "send to 0", f"l0/grad1.{m}", UNIT),
+            (2, "send to 0", f"l0/grad3.{m}", 2 * UNIT),
+        }
+    assert got == want
+    c0 = tl[(tl.gpu == 0) & (tl.kind == "compute") & (tl.phase != "optimizer")]
+    steps = []
+    for phase, mb, layer in zip(c0.phase, c0.microbatch, c0.layer, strict=True):
+        step = (str(phase)[0].upper(), int(mb), int(str(layer).split(".")[1]))
+        if not steps or steps[-1] != step:
+            steps.append(step)
+    assert steps == [
+        ("F", 0, 0), ("F", 1, 0), ("F", 0, 2), ("F", 1, 2),
+        ("B", 0, 2), ("B", 1, 2), ("B", 0, 0), ("B", 1, 0),
+    ]  # fmt: skip
