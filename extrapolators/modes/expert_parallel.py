@@ -133,7 +133,9 @@ class EPOptions:
         1,
         ge=1,
         help="gradient accumulation: forward and backward (with their all-to-alls) this "
-        "many times on batch / num_gpus / steps before the gradients are reduced",
+        "many times on batch / num_gpus / steps before the gradients are reduced; with pp "
+        "> 1 the micro-batches each pipeline runs (of batch / (num_gpus / pp / tp) / steps "
+        "sequences per replica)",
     )
     dp_overlap: bool = option(
         False,
