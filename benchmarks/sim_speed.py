@@ -70,14 +70,15 @@ def allreduce(n: int, comm: str, engine: str):
     return env.now
 
 
-def ddp(trace_name: str, n: int, engine: str, batch: int, symmetry: str = "off"):
+def ddp(trace_name: str, n: int, engine: str, batch: int, symmetry: str = "off", mode: str = "ddp"):
+    """Data parallelism (`mode`: ddp, or fsdp: ZeRO-3, FSDP2's defaults) on the fat tree."""
     from triosim.simulation.wiring import Simulation, load_any_trace
 
     trace = load_any_trace(ROOT / "traces/cpu" / trace_name)
     cfg = {
         "num_gpus": n,
         "batch_size": batch * n,
-        "parallelism": {"mode": "ddp"},
+        "parallelism": {"mode": mode},
         "topology": fat(n),
         "network": {"kind": "packet", "engine": engine},
         "symmetry": symmetry,
@@ -164,6 +165,7 @@ def one(case: str, n: int, engine: str, sym: str = "off") -> int:
         "nccl": lambda: allreduce(n, "nccl", engine),
         "resnet18": lambda: ddp("resnet18-b8.trace.json.gz", n, engine, 8, sym)[0],
         "gpt2": lambda: ddp("gpt2-small-b4.trace.json.gz", n, engine, 4, sym)[0],
+        "fsdp-gpt2": lambda: ddp("gpt2-small-b4.trace.json.gz", n, engine, 4, sym, "fsdp")[0],
         "resnet50": lambda: ddp(RESNET50, n, engine, 128, sym)[0],
         "hybrid-tp4": lambda: hybrid(n, 4, 1, engine, sym),
         "hybrid-pp4": lambda: hybrid(n, 1, 4, engine, sym),
@@ -200,7 +202,7 @@ def main(argv=None):
         "--one",
         nargs=2,
         metavar=("CASE", "GPUS"),
-        help="run one case (textbook, nccl, resnet18, gpt2, resnet50, hybrid-tp4, "
+        help="run one case (textbook, nccl, resnet18, gpt2, fsdp-gpt2, resnet50, hybrid-tp4, "
         "hybrid-pp4, 3d-tp4-pp4, hybrid-tp4-switch, hybrid-pp4-switch, "
         "hybrid-tp4-cluster, hybrid-pp4-cluster, 3d-tp4-pp4-switch, "
         "3d-tp4-pp4-cluster) in this "

@@ -180,32 +180,11 @@ def test_cumsum_adds_left_to_right():
 
 # -- routing: bounded per-source rows against full rows ------------------------------------
 def _reference_paths(graph, pairs, mode="latency"):
-    """Paths by full Dijkstra rows and the plain ECMP walk (the straightforward routing)."""
-    import zlib
+    """Paths by full Dijkstra rows and the plain walk (the straightforward routing, one
+    rule for both speed-up tests: tests/test_route_speedups.reference_paths), by pair."""
+    from tests.test_route_speedups import reference_paths
 
-    from scipy.sparse.csgraph import dijkstra
-
-    from networks.routing import Routes
-
-    r = Routes(graph, mode)
-    in_links = [[] for _ in r.nodes]
-    for k, (a, b) in enumerate(r.links):
-        in_links[r.node_index[b]].append((k, r.node_index[a]))
-    out = {}
-    for src, dst in pairs:
-        dist = dijkstra(r._csr, indices=[r.node_index[src]])[0]
-        s, v = r.node_index[src], r.node_index[dst]
-        if not np.isfinite(dist[v]):
-            out[src, dst] = None
-            continue
-        links = []
-        while v != s:
-            options = [(k, a) for k, a in in_links[v] if dist[a] + r.weight[k] == dist[v]]
-            h = zlib.crc32(f"{src!r}|{dst!r}|{r.nodes[v]!r}".encode())
-            k, v = options[h % len(options)]
-            links.append(k)
-        out[src, dst] = links[::-1]
-    return out
+    return dict(zip(pairs, reference_paths(graph, pairs, mode), strict=True))
 
 
 def _skewed(g, seed):

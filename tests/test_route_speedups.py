@@ -36,8 +36,9 @@ GB = 1e9
 # -- the reference route ------------------------------------------------------------------
 def reference_paths(graph, pairs, mode="latency"):
     """Per pair: a full Dijkstra row from the source, then the walk back from the
-    destination taking, among the in-links on a shortest path, the one the hash of
-    (source, destination, node) picks, in the order the graph lists its edges."""
+    destination taking, among the in-links on a shortest path (the network ones only,
+    where there are both kinds), the one the hash of (source, destination, node) picks,
+    in the order the graph lists its edges."""
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import dijkstra
 
@@ -58,6 +59,8 @@ def reference_paths(graph, pairs, mode="latency"):
         path, v = [], dst
         while v != src:
             ok = [k for k in into[v] if dist[ix[links[k][0]]] + w[k] == dist[ix[v]]]
+            net = [k for k in ok if graph.edges[links[k]].get("kind") == "net"]
+            ok = net or ok  # network links as late as they can be: NVLink first (PXN)
             k = (
                 ok[zlib.crc32(f"{src!r}|{dst!r}|{v!r}".encode()) % len(ok)]
                 if len(ok) > 1
@@ -569,16 +572,19 @@ def test_ring_streams_unit_time_is_the_per_stream_sum():
 
 
 def _hop_rows_both_ways(g, group, mode="latency"):
-    """hop_rows from trees bounded to the group, from whole trees (targets=None) with no
-    shared hub spread, and with every hub's spread tried (SPREAD_DEGREE -1: any hub)."""
+    """hop_rows from trees bounded to the group (or a server's search), from whole trees
+    (targets=None) with no shared hub spread or server search, and with every hub's
+    spread tried (SPREAD_DEGREE -1: any hub)."""
     from extrapolators.communication.rings import hop_rows
     from networks.routing import tuning
 
-    bounded = hop_rows(g, Routes(g, mode), group, group)
+    r = Routes(g, mode)
+    bounded = hop_rows(g, r, group, group)
+    _SERVER_USED.append(r.server_hop_rows(group, group) is not None)
     r = Routes(g, mode)
     full_trees = r.trees
     r.trees = lambda sources, targets=None: full_trees(sources)  # the unbounded search
-    r.hub_hop_rows = lambda sources, targets: None
+    r.hub_hop_rows = r.server_hop_rows = lambda sources, targets: None
     whole = hop_rows(g, r, group, group)
     old, tuning.SPREAD_DEGREE = tuning.SPREAD_DEGREE, -1
     try:
@@ -593,6 +599,7 @@ def _hop_rows_both_ways(g, group, mode="latency"):
 
 
 _SPREAD_USED: list = []  # whether each comparison above went through a hub's spread
+_SERVER_USED: list = []  # whether a server's search answered it (when no spread did)
 
 
 def _same_rows(a, b):
@@ -705,6 +712,59 @@ def test_spread_declines_when_two_rails_tie_with_other_bottlenecks(monkeypatch):
     assert Routes(rails((200, 200), (100, 300))).hub_hop_rows([0], [1, 2]) is None
     ((b, _, hops),) = Routes(rails((100, 300), (300, 100))).hub_hop_rows([0], [0, 1, 2])
     assert b.tolist() == [np.inf, bw(300), bw(300)] and hops.tolist() == [0, 2, 2]
+
+
+def test_server_searches_were_compared():
+    """The comparisons above went through servers' searches (random graphs without
+    network links are one server; groups inside a rail cluster's server) and past them
+    (groups across servers); run after them (file order)."""
+    assert True in _SERVER_USED and False in _SERVER_USED
+    g = builders()["multi-node rail"]
+    r = Routes(g)
+    assert r.server_hop_rows([0, 1, 2, 3], [0, 1, 2, 3]) is not None
+    assert r.server_hop_rows([0, 1], [0, 4]) is None  # GPU 4 is in the next server
+
+
+@pytest.mark.parametrize("name", ["multi-node rail", "multi-node switch", "dgx1", "torus"])
+def test_server_walks_are_the_reference_routes(name):
+    """Pairs inside one server are walked there (a rail cluster's servers; a DGX-1 or a
+    torus without network links is one server), the same links as the reference walk;
+    pairs across servers are left to the machine's walk."""
+    g = builders()[name]
+    gpus = [v for v, d in g.nodes(data=True) if d.get("kind", "gpu") == "gpu"]
+    pairs = [(a, b) for a in gpus for b in gpus if a != b]
+    got = Routes(g).server_walks(pairs)
+    want = dict(zip(pairs, reference_paths(g, pairs), strict=True))
+    local = Routes(g)._local
+    idx = Routes(g).node_index
+    inside = {p for p in pairs if local[idx[p[0]]] == local[idx[p[1]]]}
+    assert set(got) == inside and inside
+    assert all(got[p].tolist() == want[p] for p in inside)
+
+
+def test_server_search_declines_when_equal_paths_have_other_bottlenecks():
+    """One server: GPU 0 reaches GPU 1 through switch x or switch y, both 2 hops and 1 us;
+    through x the slowest link carries 100 GB/s, through y 300: a tree's tie-break would
+    pick the bottleneck, so the search gives no answer. With both at 300 it answers, and
+    its answer is the tree's (hand-worked: 300 GB/s, 2 hops, 1 us)."""
+    import networkx as nx
+
+    from extrapolators.communication.rings import hop_rows
+
+    def server(bw_x):
+        g = nx.DiGraph()
+        g.add_nodes_from([0, 1], kind="gpu")
+        g.add_nodes_from(["x", "y"], kind="switch")
+        for sw, bw in (("x", bw_x), ("y", 300 * GB)):
+            for a, b in ((0, sw), (sw, 0), (1, sw), (sw, 1)):
+                g.add_edge(a, b, bandwidth=bw, latency=0.5e-6, kind="nvlink")
+        return g
+
+    assert Routes(server(100 * GB)).server_hop_rows([0], [1]) is None
+    ((b, d, hops),) = Routes(server(300 * GB)).server_hop_rows([0], [0, 1])
+    assert b.tolist() == [np.inf, 300 * GB] and hops.tolist() == [0, 2]
+    ((b2, lat, h2),) = hop_rows(server(300 * GB), Routes(server(300 * GB)), [0], [0, 1])
+    assert lat == pytest.approx([0.0, 1e-6], rel=1e-12) and b2.tolist() == b.tolist()
 
 
 def test_gpus_under_a_big_switch_share_its_spread():

@@ -45,6 +45,33 @@ def test_inter_node_traffic_stays_on_its_rail_where_it_can():
         assert sum(1 for x in path if str(x).startswith("rail")) == 1
 
 
+@pytest.mark.parametrize("fabric", ["rail", "switch"])
+def test_across_rails_the_relay_is_at_the_sender_as_pxn(fabric):
+    """NCCL's PXN: GPU i of node a sends to GPU j of node b (i != j) over NVLink to GPU j
+    of node a, whose NIC is on b's rail; the NIC never writes into a relay GPU at the
+    receiver. Both ways are equally long, so this is the tie-break, for every pair, walked
+    one by one and in one batch. On one InfiniBand switch every NIC reaches every other:
+    the direct way is shorter and no relay is taken."""
+    net = net_of(topo.multi_node(4, 8, 450 * GB, 50 * GB, 1e-6, 2e-6, fabric=fabric))
+    pairs = [(a, b) for a in range(32) for b in range(32) if a // 8 != b // 8]
+    if fabric == "rail":  # the same rail: its own NIC; another: a relay on its node
+        want = {
+            (a, b): [a, f"rail{a % 8}", b]
+            if a % 8 == b % 8
+            else [a, f"nvswitch{a // 8}", a - a % 8 + b % 8, f"rail{b % 8}", b]
+            for a, b in pairs
+        }
+    else:
+        want = {(a, b): [a, "ib", b] for a, b in pairs}
+    assert {p: net.path(*p) for p in pairs[:40]} == {p: want[p] for p in pairs[:40]}
+    fresh = net_of(topo.multi_node(4, 8, 450 * GB, 50 * GB, 1e-6, 2e-6, fabric=fabric))
+    links = fresh.links
+    got = {}
+    for (a, _), path in zip(pairs, fresh.routes.paths_links(pairs), strict=True):
+        got[a, links[path[-1]][1]] = [a] + [links[k][1] for k in path]
+    assert got == want
+
+
 def test_latency_then_hops_and_never_bandwidth():
     """Two equal-latency paths a->b, through x or through y: which one ECMP's hash picks
     does not depend on the links' bandwidths (a slower link moves no route), a lower

@@ -25,6 +25,11 @@ def base(tmp_path):
 
 def test_candidates_cover_every_family():
     labels = [label for label, _ in candidates(4, 16)]
+    big = dict(candidates(8, 16))
+    grid = {"mode": "3d", "dp": 2, "tp": 2, "pp": 2, "microbatches": 4, "schedule": "1f1b"}
+    assert big["3d dp 2 x tp 2 x pp 2 (1f1b, 4 mb)"] == grid
+    want = {**grid, "distributed_optimizer": True}
+    assert big["3d dp 2 x tp 2 x pp 2 (1f1b, 4 mb, distributed optimizer)"] == want
     for want in (
         "dp",
         "ddp",
@@ -36,9 +41,11 @@ def test_candidates_cover_every_family():
         "cp 4 (ring)",
         "dp 2 x cp 2 (all-to-all)",
         "cp 4 (ring, distributed optimizer)",
+        "dp 2 x cp 2 (ring, fsdp)",
         "tp 2 x cp 2 (ring, SP, distributed optimizer)",
         "tp 2 x cp 2 (all-to-all, SP, distributed optimizer)",
         "3d dp 1 x tp 1 x pp 2 x cp 2 (1f1b, 4 mb, ring)",
+        "3d dp 1 x tp 1 x pp 2 x cp 2 (1f1b, 4 mb, ring, distributed optimizer)",
     ):
         assert want in labels
 
@@ -60,10 +67,13 @@ def test_the_search_finds_context_parallelism_where_nothing_else_splits_the_batc
     cp = {p for p in ranked["plan"] if "cp" in p}
     with_tp = {f"tp 2 x cp 2 ({how}, SP, distributed optimizer)" for how in ("ring", "all-to-all")}
     assert (
-        cp == {"cp 4 (ring)", "cp 4 (all-to-all)", "cp 4 (ring, distributed optimizer)"} | with_tp
+        cp
+        == {"cp 4 (ring)", "cp 4 (all-to-all)", "cp 4 (ring, distributed optimizer)"}
+        | {"cp 4 (ring, fsdp)"}
+        | with_tp
     )
     assert "batch_size" in table.set_index("plan").loc["dp 2 x cp 2 (ring)", "reason"]
-    for label in with_tp:  # each as its separate run
+    for label in [*with_tp, "cp 4 (ring, fsdp)"]:  # each as its separate run
         par = dict(candidates(4, 1))[label]
         alone = Simulation({**cfg, "parallelism": par}).run().iteration_time
         got = ranked.set_index("plan").loc[label, "iteration_time_ms"]
@@ -200,8 +210,8 @@ def test_search_tries_expert_parallelism_with_pipeline_stages():
 
 
 def test_search_tries_context_parallelism_inside_3d(tmp_path):
-    """A 3D grid with a CP degree (2 stages of 2 ring ranks, 1F1B) is a candidate that
-    runs, ranked at its separate run's time."""
+    """A 3D grid with a CP degree (2 stages of 2 ring ranks, 1F1B), with and without the
+    distributed optimizer, is a candidate that runs, ranked at its separate run's time."""
     from tests.test_context_parallel import attention_trace
 
     path = save(attention_trace(b=4, s=256, H=8, d=64, layers=2), tmp_path / "a.trace.json.gz")
@@ -212,8 +222,9 @@ def test_search_tries_context_parallelism_inside_3d(tmp_path):
         "topology": {"kind": "switch", "bandwidth": "100 GB/s", "latency": "1 us"},
     }
     ranked, _, _ = search(cfg, progress=False)
-    label = "3d dp 1 x tp 1 x pp 2 x cp 2 (1f1b, 4 mb, ring)"
-    par = dict(candidates(4, 4))[label]
-    alone = Simulation({**cfg, "parallelism": par}).run().iteration_time
-    got = ranked.set_index("plan").loc[label, "iteration_time_ms"]
-    assert got == pytest.approx(alone * 1e3, rel=1e-12)
+    plain = "3d dp 1 x tp 1 x pp 2 x cp 2 (1f1b, 4 mb, ring)"
+    for label in (plain, plain[:-1] + ", distributed optimizer)"):
+        par = dict(candidates(4, 4))[label]
+        alone = Simulation({**cfg, "parallelism": par}).run().iteration_time
+        got = ranked.set_index("plan").loc[label, "iteration_time_ms"]
+        assert got == pytest.approx(alone * 1e3, rel=1e-12)

@@ -36,12 +36,16 @@ def sim(trace, n, par, bw=100 * GB, latency=1e-6):
 
 @pytest.mark.parametrize("comm", ["p2p", "a2a"])
 @pytest.mark.parametrize("sp", [False, True])
-def test_one_stage_is_mode_cp_exactly(comm, sp):
+@pytest.mark.parametrize("distopt", [False, True])
+def test_one_stage_is_mode_cp_exactly(comm, sp, distopt):
     """dp 2 x cp 2 x tp 2, pp 1: the same grid (TP innermost, then CP, then DP), the same
     TP plan on each CP rank's tokens, the same ring or all-to-alls, the same gradient
-    buckets over the dp x cp GPUs of each TP rank: every task at the same instant."""
+    buckets over the dp x cp GPUs of each TP rank (with the distributed optimizer
+    reduce-scattered, the step on 1/4, the parameters all-gathered): every task at the
+    same instant, the same memory."""
     t = block_trace(b=4)
     par = {"cp": 2, "tp": 2, "cp_comm": comm, "sequence_parallel": sp}
+    par["distributed_optimizer"] = distopt
     a = sim(t, 8, {"mode": "cp", **par})
     b = sim(t, 8, {"mode": "3d", "dp": 2, "pp": 1, **par})
     assert a.iteration_time == b.iteration_time
@@ -54,15 +58,19 @@ def test_one_stage_is_mode_cp_exactly(comm, sp):
 
 
 @pytest.mark.parametrize("bw", [2 * GB, 100 * GB])  # a ring transfer longer / shorter than a step
-def test_two_stages_of_two_ring_ranks_timeline_by_hand(bw):
+@pytest.mark.parametrize("distopt", [False, True])
+def test_two_stages_of_two_ring_ranks_timeline_by_hand(bw, distopt):
     """pp 2 x cp 2 on 4 GPUs (stage 0: GPUs 0, 1; stage 1: 2, 3), one micro-batch of 2
     sequences, each GPU 1 sequence's tokens (r = 1/2). Stage 0 holds layer 0, stage 1
     layer 1 and the loss. The activation each CP rank passes on is its half; the ring
     steps are A / 4 (forward) and AB / 4 (backward) with the blocks sent between them; the
     gradients are reduced over each stage's 2 CP ranks after the schedule
-    (dp_overlap false), the optimizer on the stage's half of the weights."""
+    (dp_overlap false), the optimizer on the stage's half of the weights; with the
+    distributed optimizer reduce-scattered (one ring step of half the bytes), the
+    optimizer on 1/2 of that, the parameters all-gathered after it (one step)."""
     lat, t = 1e-6, attention_trace(b=2, layers=2)
     par = {"mode": "3d", "dp": 1, "pp": 2, "cp": 2, "microbatches": 1, "dp_overlap": False}
+    par["distributed_optimizer"] = distopt
     r = sim(t, 4, par, bw, lat)
     ex = r.extrapolator
     assert [op.layer for op in ex.pipe.fwd_ops[0] if op.tp_split] == ["l0.qkv"]
@@ -77,7 +85,9 @@ def test_two_stages_of_two_ring_ranks_timeline_by_hand(bw):
     b1 = s1 + F0 / 2 + fwd + F2 / 2 + B2 / 2  # its attention's backward begins
     b0 = b1 + bwd + B0 / 2 + tp_  # stage 0 has the gradient
     w = 3 * 1024 * 1024 * 4  # one layer's weight: each stage's gradients
-    want = b0 + bwd + B0 / 2 + (w / bw + 2 * lat) + OPT / 2
+    step = lat + w / 2 / bw  # one ring step of a reduction over the 2 CP ranks
+    tail = step + OPT / 4 + step if distopt else 2 * step + OPT / 2
+    want = b0 + bwd + B0 / 2 + tail
     for g in range(4):
         att = rows(r, g, "compute", "ScaledDotProduct")
         assert att.start.tolist()[0] == pytest.approx(b1 if g >= 2 else b0, rel=1e-9)
@@ -87,6 +97,10 @@ def test_two_stages_of_two_ring_ranks_timeline_by_hand(bw):
         assert ring.nbytes.tolist() == [kv] * 3
         pipe = sends[sends.name.astype(str) != f"send to {peer}"]
         assert pipe.nbytes.tolist() == [act]
+        rs, ag = rows(r, g, "comm", "reduce_scatter"), rows(r, g, "comm", "all_gather")
+        assert rs.nbytes.tolist() == ([w] if distopt else [])
+        assert ag.nbytes.tolist() == ([w] if distopt else [])
+        assert rows(r, g, "comm", "allreduce").nbytes.tolist() == ([] if distopt else [w])
     assert r.iteration_time == pytest.approx(want, rel=1e-9)
 
 
@@ -150,15 +164,16 @@ def test_random_dp_pp_cp_layouts_conserve_compute_and_bytes(dp, pp, cp, m, comm)
 
 
 @pytest.mark.parametrize("comm", ["p2p", "a2a"])
-def test_the_per_operator_streams_give_the_template_timeline(comm):
+@pytest.mark.parametrize("distopt", [False, True])
+def test_the_per_operator_streams_give_the_template_timeline(comm, distopt):
     """compute_runs off (one task per operator, `_compute_per_op`) gives the same timeline
     as the stage templates, attention steps and TP collectives included (interleaved: 2
-    chunks per stage)."""
+    chunks per stage), and the distributed optimizer's step and parameter all-gather."""
     import pandas as pd
 
     t = attention_trace(b=4, s=256, H=8, d=64, layers=4)
     par = {"mode": "interleaved", "dp": 1, "pp": 2, "cp": 2, "tp": 2, "microbatches": 2}
-    par.update(cp_comm=comm, sequence_parallel=True)
+    par.update(cp_comm=comm, sequence_parallel=True, distributed_optimizer=distopt)
     out = []
     for runs in (False, True):
         s = Simulation(

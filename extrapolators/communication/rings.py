@@ -32,12 +32,15 @@ _TIE = 1e-9  # rings whose time per byte is within this (relative) of the best a
 
 def hop_rows(graph, routes: Routes, sources, targets):
     """For each source, arrays over `targets` of (bottleneck bandwidth, latency in s, hops)
-    along the routed path: one shortest-path tree per source, or a big switch's spread
-    shared by the GPUs under it where that gives the same (`Routes.hub_hop_rows`). The
+    along the routed path: one shortest-path tree per source, or where that gives the
+    same a big switch's spread shared by the GPUs under it (`Routes.hub_hop_rows`) or a
+    search of the one server they are in (`Routes.server_hop_rows`). The
     targets' paths are walked back up the tree together, a hop of every unfinished path
     per step (O(targets x hops) in numpy: the bottleneck is a min, the same in any order)."""
     shared = routes.hub_hop_rows(sources, targets)
-    if shared is not None:  # GPUs under one big switch: its spread serves them all
+    if shared is None:  # GPUs of one server: a search of its nodes, not of the machine
+        shared = routes.server_hop_rows(sources, targets)
+    if shared is not None:
         return [(b, _latency(d), h) for b, d, h in shared]
     idx = routes.node_index
     t_idx = np.array([idx[t] for t in targets], dtype=np.int64)

@@ -23,6 +23,11 @@ gradients of each GPU's TP shard are reduced over the dp x cp GPUs holding that 
 `distributed_optimizer` the optimizer states are sharded over those GPUs (Megatron's
 distributed optimizer). cp_tp.py says how, with the bytes and compute per GPU by hand;
 with tp 1 and no distributed optimizer the mode runs exactly as described above.
+
+With `fsdp` the weights are fully sharded (FSDP2, ZeRO-3) over the same dp x cp GPUs, as
+torchtitan shards them over its flattened "dp_shard_cp" mesh dimension: units gathered
+before their forward and backward, gradients reduce-scattered per unit instead of DDP's
+buckets; cp_fsdp.py says how.
 """
 
 from __future__ import annotations
@@ -31,7 +36,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from extrapolators.execution.tasks import ComputeRun, Signal
+from extrapolators.modes import dist_optimizer
 from extrapolators.modes.cp_attention import ring_compute, ring_sends, ulysses
+from extrapolators.modes.cp_fsdp import CPFsdp, FsdpMark
 from extrapolators.modes.cp_plan import kv_block_bytes, plan_attention, ulysses_bytes
 from extrapolators.modes.cp_tp import CPTensorParallel, TPItem
 from extrapolators.modes.data_parallel import DDPOptions, DistributedDataParallel
@@ -67,9 +74,26 @@ class CPOptions(DDPOptions):
         help="Megatron's distributed optimizer: optimizer states sharded over the dp x cp "
         "GPUs holding a TP shard, gradients reduce-scattered, parameters all-gathered",
     )
+    fsdp: bool = option(
+        False,
+        help="FSDP2 over the dp x cp GPUs holding a TP shard (torchtitan's dp_shard_cp): "
+        "each unit's parameters all-gathered before its forward and backward, its "
+        "gradients reduce-scattered; weights, gradients and optimizer states 1/(dp x cp)",
+    )
+    reshard_after_forward: Literal["default", "always", "never"] = option(
+        "default",
+        help="fsdp: torchtitan's fsdp_reshard_after_forward: default reshards every unit "
+        "but the last holding weights (the final norm and output), always all, never none",
+    )
+    wrap_depth: int | None = option(
+        None,
+        ge=1,
+        help="fsdp: layer-name depth of a unit (as mode fsdp; torchtitan's Llama blocks: 2, "
+        "layers.N; default: the smallest giving >= 4 units that hold weights)",
+    )
 
 
-class ContextParallel(CPTensorParallel, DistributedDataParallel):
+class ContextParallel(CPFsdp, CPTensorParallel, DistributedDataParallel):
     """The mode (module docstring)."""
 
     name = "cp"
@@ -79,9 +103,22 @@ class ContextParallel(CPTensorParallel, DistributedDataParallel):
         self._make_grid()  # tp x cp x dp (cp_tp.CPGrid)
         self._plan_tp()  # the CP rank's TP plan (cp_tp), before the buckets of its shard
         super().check()  # the batch split, recomputation, DDP's buckets
+        if self.options.fsdp:
+            self._check_fsdp()
         self._attention = {}  # forward or backward op id -> its forward op's Heads
         if self.cp > 1:
             self._plan_attention()
+
+    def _check_fsdp(self):
+        if self.options.distributed_optimizer:
+            raise ConfigError(
+                "parallelism.distributed_optimizer",
+                True,
+                "false with fsdp (FSDP shards the optimizer states already, with the "
+                "parameters and gradients)",
+            )
+        self._buckets, self._buckets_after = [], {}  # per-unit reduce-scatters instead
+        self._plan_fsdp()
 
     def _plan_attention(self):
         o = self.options
@@ -99,6 +136,8 @@ class ContextParallel(CPTensorParallel, DistributedDataParallel):
         return b if b is None else b / self.cp  # the GPU's tokens, in sequences' worth
 
     def held_weight_bytes(self, gpu) -> float:
+        if self.options.fsdp:
+            return self._held_fraction() * self.fsdp_share() * self.trace.weight_bytes()
         if self.tp == 1:
             return super().held_weight_bytes(gpu)
         return self._held_fraction() * self.trace.weight_bytes()  # the TP shard (mode tp)
@@ -111,11 +150,25 @@ class ContextParallel(CPTensorParallel, DistributedDataParallel):
         gradients live in Megatron's contiguous gradient buffer, allocated once for the
         whole run (each parameter's main_grad is a view of it): `buffer_bytes`, the
         buckets' bytes, holds them all iteration, so no gradient tensor comes and goes."""
+        if self.options.fsdp:  # ZeRO-3: a shard of everything the GPU's TP rank holds
+            f = self._held_fraction() * self.fsdp_share()
+            return {"weights": f, "gradients": f, "optimizer_states": f}
         if not self.options.distributed_optimizer:
             return None
-        held = self._held_fraction()
-        share = held / (self.dp * self.cp)
-        return {"weights": held, "gradients": 0.0, "optimizer_states": share}
+        return dist_optimizer.state_fractions(self._held_fraction(), self.dp * self.cp)
+
+    def _state_parts(self) -> int:
+        return self.dp * self.cp if self.options.fsdp else super()._state_parts()
+
+    def _after_backward(self, gpu):
+        if not self.options.fsdp:
+            yield from super()._after_backward(gpu)
+            return
+        for u in self.fsdp_unreduced:  # units no backward operator completes
+            yield Signal(f"{gpu}:fsdp-grads:{u}")
+
+    def buffer_bytes(self, gpu) -> float:
+        return self.fsdp_buffer() if self.options.fsdp else super().buffer_bytes(gpu)
 
     def symmetry(self):
         return None  # (ring neighbours differ per GPU: every GPU is simulated)
@@ -134,17 +187,22 @@ class ContextParallel(CPTensorParallel, DistributedDataParallel):
 
     # -- streams -------------------------------------------------------------------------------
     def _plain(self) -> bool:
-        """mode cp as without TP and the distributed optimizer (DDP's streams)."""
-        return self.tp == 1 and not self.options.distributed_optimizer
+        """mode cp as without TP, the distributed optimizer and FSDP (DDP's streams)."""
+        o = self.options
+        return self.tp == 1 and not o.distributed_optimizer and not o.fsdp
 
     def _compute(self, gpu):
         return super()._compute(gpu) if self._plain() else self._tp_compute(gpu)
 
     def _comm(self, gpu):
+        if self.options.fsdp:
+            return self._fsdp_reduce(gpu)
         return super()._comm(gpu) if self._plain() else self._tp_comm(gpu)
 
     def _gpu_streams(self, gpu):
         s = super()._gpu_streams(gpu)
+        if self.options.fsdp:
+            s[(gpu, "gather")] = self._fsdp_gather(gpu)
         if self.cp > 1 and self.options.cp_comm == "p2p":
             s[(gpu, "cp")] = self._sends(gpu)
         return s
@@ -154,7 +212,7 @@ class ContextParallel(CPTensorParallel, DistributedDataParallel):
         steps = self.options.accumulation_steps
         for s in range(steps):
             last = s == steps - 1
-            if self.cp == 1 and self.tp == 1:  # DDP exactly
+            if self.cp == 1 and self.tp == 1 and not self.options.fsdp:  # DDP exactly
                 yield from self._step(target, s, gpu if last else None)
                 continue
             for item in self._template(target, s, last):
@@ -164,6 +222,8 @@ class ContextParallel(CPTensorParallel, DistributedDataParallel):
                     yield from self._attend(gpu, *item)
                 elif type(item) is TPItem:
                     yield self._tp_task(gpu, item, s)
+                elif type(item) is FsdpMark:
+                    yield from self.fsdp_mark_tasks(gpu, item, s)
                 else:
                     yield item
 
@@ -184,8 +244,11 @@ class ContextParallel(CPTensorParallel, DistributedDataParallel):
                 run = []
             items.extend(more)
 
-        for op, again in self._fb:
+        fsdp = self.options.fsdp
+        for i, (op, again) in enumerate(self._fb):
             phase = "recompute" if again else None
+            enter, grads = self.fsdp_marks(i, signals) if fsdp else ((), ())
+            other(list(enter))
             other(self._tp_around(op, "before", again))
             if op.id in self._attention:
                 scale = 1 / self.cp if self.options.cp_comm == "p2p" else 1.0
@@ -194,7 +257,7 @@ class ContextParallel(CPTensorParallel, DistributedDataParallel):
                 run.append(self._op_compute(op, target, split, mb=mb, phase=phase))
             other(self._tp_around(op, "after", again))
             ks = self._buckets_after.get(op.id, ()) if signals and not again else ()
-            other(list(ks))
+            other(list(ks) + list(grads))
         if run:
             items.append(ComputeRun(run))
         cache[key] = items

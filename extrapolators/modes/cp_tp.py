@@ -40,8 +40,8 @@ calculation the tests check):
     A bucket is ready after the TP collectives that follow the operator completing it (a
     layer's input-gradient all-reduce goes first; Megatron may overlap the two).
 
-`distributed_optimizer` (Megatron's `--use-distributed-optimizer`, megatron/core/optimizer/
-distrib_optimizer.py; docs: https://docs.nvidia.com/megatron-core/developer-guide/latest/
+`distributed_optimizer` (Megatron's `--use-distributed-optimizer`, dist_optimizer.py,
+megatron/core/optimizer/distrib_optimizer.py; docs: https://docs.nvidia.com/megatron-core/developer-guide/latest/
 api-guide/dist_optimizer.html): the optimizer state is sharded over the data-parallel
 group, which with CP is dp x cp GPUs (`get_data_parallel_group(with_context_parallel=True)`).
 Each bucket's gradients are reduce-scattered over that group (instead of all-reduced) as
@@ -60,6 +60,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from extrapolators.execution.tasks import Collective, Signal, Wait
+from extrapolators.modes.dist_optimizer import grad_reduction, param_gather
 from extrapolators.modes.tensor_parallel import TensorParallel, TPOptions
 from extrapolators.modes.tp_roles import SHARDED, SPLIT
 from triosim.common.errors import ConfigError
@@ -189,45 +190,48 @@ class CPTensorParallel(CPGrid):
         return self.tpx.optimizer_fraction() if self.tp > 1 else 1.0
 
     def _sharded_state(self) -> bool:
+        """The distributed optimizer: gradients reduce-scattered, parameters gathered after
+        the step."""
         return self.options.distributed_optimizer
+
+    def _state_parts(self) -> int:
+        """The GPUs one TP shard's optimizer state is split over (its step runs on 1/that)."""
+        return self.dp * self.cp if self._sharded_state() else 1
+
+    def _after_backward(self, gpu):
+        """The signals of the gradients no backward operator completes (as DDP: buckets
+        whose ready point is an optimizer operator)."""
+        for k, (p, _, _) in enumerate(self.buckets()):
+            if self.trace.operators[p].phase == "optimizer":
+                yield Signal(f"{gpu}:bucket{k}")
 
     # -- streams of the TP / distributed-optimizer path ---------------------------------------
     def _tp_compute(self, gpu):
         """The compute stream: the micro-steps, the optimizer on this GPU's share (its TP
-        shard, 1 / (dp x cp) of it with the distributed optimizer), the parameters'
+        shard, 1 / (dp x cp) of it with the distributed optimizer or FSDP), the parameters'
         all-gather after it (distributed optimizer)."""
         yield from self._micro_steps(gpu)
-        for k, (p, _, _) in enumerate(self.buckets()):  # (as DDP: optimizer-phase ready)
-            if self.trace.operators[p].phase == "optimizer":
-                yield Signal(f"{gpu}:bucket{k}")
+        yield from self._after_backward(gpu)
         yield Wait(f"{gpu}:reduced")
         target = self.target(self.op_batch(), tp=self.tp)
-        scale = self._held_fraction()
-        if self._sharded_state():
-            scale /= self.dp * self.cp
+        scale = self._held_fraction() / self._state_parts()
         for op in self.ops("optimizer"):
             if self.tp > 1:  # sequence parallelism's partial weight gradients (mode tp)
                 for c in self.tpx.before.get(op.id, ()):
                     yield self._tp_task(gpu, TPItem(c), "opt")
             yield self.compute(op, target, scale)
-        group = self.grad_group(gpu)
-        if self._sharded_state() and len(group) > 1:
+        if self._sharded_state():
             held = self._held_fraction() * self.trace.weight_bytes()
-            yield Collective(
-                "all_gather",
-                group,
-                held,
-                f"distopt:t{self.coord[gpu][2]}:params",
-                layer="parameters",
-                phase="optimizer",
-                algorithm=self.collective,
-            )
+            key = f"distopt:t{self.coord[gpu][2]}:params"
+            c = param_gather(self.grad_group(gpu), held, key, self.collective)
+            if c is not None:
+                yield c
 
     def _tp_comm(self, gpu):
         """The gradient buckets of this GPU's shard, reduced over its gradient group as the
         backward pass fills them: all-reduced, or reduce-scattered (distributed optimizer)."""
         group, t = self.grad_group(gpu), self.coord[gpu][2]
-        kind = "reduce_scatter" if self._sharded_state() else "allreduce"
+        kind = grad_reduction(self._sharded_state())
         for k, (_, size, _) in enumerate(self.buckets()):
             yield Wait(f"{gpu}:bucket{k}")
             if len(group) > 1:

@@ -56,7 +56,8 @@ this batch; 1 with uniform loads and dropless routing): the GEMMs keep their FLO
 token but read 1/(ep x etp) of the weights, so fine-grained experts with few tokens each,
 weight-bound on one GPU, come out compute-bound. With etp > 1 an expert GEMM is timed at
 the GPU's own token count at full width (the FLOPs and weight bytes of etp x the tokens
-at 1/etp of the width; its gathered input, etp x larger, is read once: not counted). With
+at 1/etp of the width), its tensors at the model's hidden width (the gathered input, the
+row layer's output before its reduce-scatter, their gradients) etp x the GPU's own. With
 the replay model (`perfmodel.kind: trace`) the traced time is scaled by the token share
 instead (1/(ep x etp) for an expert operator that touches no token). After the backward
 pass (or, with `dp_overlap`, in buckets as the backward pass makes them: ep_buckets,
@@ -522,9 +523,20 @@ class ExpertParallel(EPFsdp, EPPipeline, Extrapolator):
         cache[key] = t
         return t
 
+    def _etp_gathered(self, t) -> bool:
+        """With etp > 1, whether token tensor `t` of an expert operator holds the tokens of
+        the whole expert-TP group: those at the model's hidden width (Megatron all-gathers
+        the group's tokens before the experts and reduce-scatters the row layer's
+        hidden-wide output after them), etp x the GPU's own; the FFN-wide ones hold the
+        group's tokens at 1/etp of the width, the GPU's own bytes. Not told apart where
+        the widths are equal."""
+        h, f = self.moe.get("hidden"), self.moe.get("expert_ffn")
+        return self.etp > 1 and h != f and bool(t.shape) and t.shape[-1] == h
+
     def _sharded_model(self):
         """The performance model on a view of the trace where each tensor the experts'
-        operators touch that does not scale with the batch has 1/ep of its bytes."""
+        operators touch that does not scale with the batch has 1/(ep x etp) of its bytes,
+        and with etp > 1 each hidden-wide token tensor etp x its bytes (`_etp_gathered`)."""
         m = self.__dict__.get("_sharded")
         if m is None:
             tensors = dict(self.trace.tensors)
@@ -535,6 +547,8 @@ class ExpertParallel(EPFsdp, EPPipeline, Extrapolator):
                         if not t.scales_with_batch:  # one GPU's shard of the experts
                             n = t.nbytes / (self.ep * self.etp)
                             tensors[tid] = dataclasses.replace(t, nbytes=n)
+                        elif self._etp_gathered(t):  # the expert-TP group's tokens
+                            tensors[tid] = dataclasses.replace(t, nbytes=t.nbytes * self.etp)
             m = self._sharded = copy.copy(self.model)
             m.trace = Trace(self.trace.operators, tensors, self.trace.metadata)
             if getattr(m, "identity", False):  # the view is not the traced run: its
@@ -600,7 +614,10 @@ class ExpertParallel(EPFsdp, EPPipeline, Extrapolator):
                 run.append(self.compute(op, target, mb=mb))
             else:  # as in mode tp: the plan's role says how the operator is split
                 role = tpx.roles.get(op.id)
-                if role in SHARDED:
+                if role in SHARDED and op.tp_split and op.id in tpx.moe_ops:
+                    # the router: its whole weight on the GPU's 1/tp of the tokens
+                    run.append(self.compute(op, target, mb=mb))
+                elif role in SHARDED:
                     scale = 1.0 if op.tp_split else 1.0 / self.tp
                     run.append(self.compute(op, split, scale, mb=mb))
                 elif op.tp_split and (role in SPLIT or op.id in tpx._orphan_ids):

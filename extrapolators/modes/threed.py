@@ -31,6 +31,13 @@ The existing modes are composed, not rewritten:
     stream's group is all dp x cp GPUs at a (p, t)). The grid puts CP just outside TP
     (placement tp-pp-dp: GPU ((d x pp + p) x cp + c) x tp + t). With one stage it is mode
     cp with tp exactly (tested).
+  - `distributed_optimizer` (Megatron's --use-distributed-optimizer with PP: each stage's
+    optimizer is built over its data-parallel group, dist_optimizer.py): on the "dp" stream
+    the GPU's buckets (or, without dp_overlap, its stage's gradients at once) are
+    reduce-scattered over the dp x cp GPUs at its (p, t) instead of all-reduced, the
+    optimizer steps on 1/(dp x cp) of the stage's TP shard, and the updated shard is
+    all-gathered over the same GPUs before the iteration ends. Memory per GPU: the stage's
+    weights and gradient buffer whole, its optimizer states / (dp x cp).
 Every collective and send goes through the one network, so groups contend where they
 share links. Each GPU's optimizer step touches the weights it holds: its chunks' weights,
 the TP-split ones 1/tp.
@@ -96,6 +103,11 @@ class ThreeDOptions:
         "on 1/cp of the tokens each), just outside TP in the grid; as mode cp",
     )
     cp_comm: Literal["p2p", "a2a"] = option("p2p", help="as mode cp (ring attention or Ulysses)")
+    distributed_optimizer: bool = option(
+        False,
+        help="Megatron's distributed optimizer per stage: gradients reduce-scattered over the "
+        "stage's dp x cp GPUs, the step on 1/(dp x cp) of its weights, parameters all-gathered",
+    )
 
 
 class ThreeD(ThreeDGrid, StageBuckets, ThreeDStreams, Extrapolator):

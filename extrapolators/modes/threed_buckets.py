@@ -5,16 +5,17 @@ weights of each model chunk (`chunk_weights`), the bytes each GPU holds of each 
 (`wbytes`: a TP-split one 1/tp) and of each stage (`stage_bytes`); `_make_buckets(p)`,
 stage p's DDP gradient buckets in the order its schedule completes them, which `check`
 keeps in `_buckets` (empty without dp_overlap); `_bucket_plan(p)`, where in the stage's
-schedule each bucket fires; `_optimizer_scale(p)`; and the mode's `held_weight_bytes` and
-`buffer_bytes`.
+schedule each bucket fires; `_optimizer_scale(p)`; and the mode's `held_weight_bytes`,
+`buffer_bytes` and `state_fractions_of` (the distributed optimizer's shares).
 What it needs: the grid (threed_grid: `pp`, `tp`, `v`, `coord`), the pipeline mode that cut
 the model (`pipe`: `fwd_ops` and `bwd_ops` per chunk), the tensor-parallel plan (`tpx`:
 `sharded_weights()`), each stage's schedule (`orders`), `trace` and `options` (bucket_size,
-first_bucket_size).
+first_bucket_size, distributed_optimizer), and `reps` (dp x cp).
 """
 
 from __future__ import annotations
 
+from extrapolators.modes import dist_optimizer
 from extrapolators.modes.base import gradient_ready
 
 
@@ -48,7 +49,19 @@ class StageBuckets:
         return self.stage_bytes[self.coord[gpu][1]]
 
     def buffer_bytes(self, gpu) -> float:
-        return sum(size for _, size in self._buckets.get(self.coord[gpu][1], ()))
+        p = self.coord[gpu][1]
+        if self.options.distributed_optimizer:  # Megatron's gradient buffer, all run long
+            return self.stage_bytes[p]
+        return sum(size for _, size in self._buckets.get(p, ()))
+
+    def state_fractions_of(self, gpu) -> dict | None:
+        """The distributed optimizer: the stage's weights whole (as shares of all the
+        trace's), its gradients in the buffer, its optimizer states / (dp x cp)."""
+        if not self.options.distributed_optimizer:
+            return None
+        total = self.trace.weight_bytes()
+        held = self.stage_bytes[self.coord[gpu][1]] / total if total else 0.0
+        return dist_optimizer.state_fractions(held, self.reps)
 
     def _make_buckets(self, p) -> list[tuple[int, float]]:
         """[(ready trace position, bytes)] of stage p's gradient buckets, in the order its
@@ -89,5 +102,8 @@ class StageBuckets:
         return order, last_b, pos, by_pos, len(buckets)
 
     def _optimizer_scale(self, p) -> float:
+        """The optimizer's time x the share of the weights stage p steps: its TP shard, of
+        which 1 / (dp x cp) with the distributed optimizer."""
         total = self.trace.weight_bytes()
-        return self.stage_bytes[p] / total if total else 1.0 / (self.pp * self.tp)
+        scale = self.stage_bytes[p] / total if total else 1.0 / (self.pp * self.tp)
+        return scale / self.reps if self.options.distributed_optimizer else scale

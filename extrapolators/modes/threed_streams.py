@@ -5,7 +5,8 @@ GPU a "compute" stream (its stage's schedule of forward and backward steps, each
 operators with their tensor-parallel collectives, receives of activations and gradients,
 signals for the send streams and the gradient buckets, then the optimizer), "send_fwd" and
 "send_bwd" streams (a step's activations or gradients to the next stage, once the compute
-stream signals the step done), a "dp" stream (the gradient all-reduces) and, with ring
+stream signals the step done), a "dp" stream (the gradient all-reduces; with the distributed
+optimizer reduce-scatters, then the parameters' all-gather after the step) and, with ring
 attention (cp > 1), a "cp" stream (its key/value blocks, in the schedule's order). Two ways give
 the same tasks: from a template built once per stage (`compute_runs`, ComputeRuns shared by
 every GPU of the stage) or one task per operator.
@@ -23,6 +24,7 @@ import dataclasses
 from extrapolators.execution.tasks import Collective, ComputeRun, Recv, Send, Signal, Wait
 from extrapolators.modes.cp_attention import ring_compute, ring_sends, ulysses
 from extrapolators.modes.cp_plan import kv_block_bytes, ulysses_bytes
+from extrapolators.modes.dist_optimizer import grad_reduction, param_gather
 from extrapolators.modes.tp_roles import SHARDED, SPLIT
 
 
@@ -123,6 +125,9 @@ class ThreeDStreams:
                 for c in self.tpx.before.get(op.id, ()):
                     other((self._COLL, c, f"p{p}/{c.key}"))
             run.append(self.compute(op, full, scale))
+        if self.options.distributed_optimizer:  # the updated shards come back (dp stream)
+            other((self._SIGNAL, "stepped"))
+            other((self._WAIT, "params"))
         if run:
             items.append(ComputeRun(run))
         cache[p] = items
@@ -208,6 +213,9 @@ class ThreeDStreams:
         scale = self._optimizer_scale(p)
         for op in self.ops("optimizer"):
             yield from self._op_tasks_opt(op, d, p, group, full, scale)
+        if self.options.distributed_optimizer:
+            yield Signal(f"{g}:stepped")
+            yield Wait(f"{g}:params")
 
     def _op_tasks(self, op, d, p, m, group, t=0):
         """One operator at the micro-batch on the TP group: Megatron's collectives around it
@@ -309,14 +317,19 @@ class ThreeDStreams:
         yield Signal(f"{g}:{name} done")
 
     def _reduce(self, d, p, t):
+        """The "dp" stream: the stage's gradients reduced over its dp x cp GPUs at (p, t),
+        in buckets or at once; with the distributed optimizer reduce-scattered, and the
+        updated shard all-gathered once the compute stream has stepped."""
         g = self.grid[d, p, t]
         peers = self.dp_group(p, t)
+        distopt = self.options.distributed_optimizer
+        kind = grad_reduction(distopt)
         if self.options.dp_overlap:
             for k, (_, size) in enumerate(self._buckets[p]):
                 yield Wait(f"{g}:bucket{k}")
                 if len(peers) > 1:
                     yield Collective(
-                        "allreduce",
+                        kind,
                         peers,
                         size,
                         f"dp:p{p}t{t}:bucket{k}",
@@ -328,7 +341,7 @@ class ThreeDStreams:
             yield Wait(f"{g}:grads")
             if len(peers) > 1:
                 yield Collective(
-                    "allreduce",
+                    kind,
                     peers,
                     self.stage_bytes[p],
                     f"dp:p{p}t{t}",
@@ -337,3 +350,9 @@ class ThreeDStreams:
                     algorithm=self.collective,
                 )
         yield Signal(f"{g}:reduced")
+        if distopt:
+            yield Wait(f"{g}:stepped")
+            c = param_gather(peers, self.stage_bytes[p], f"distopt:p{p}t{t}", self.collective)
+            if c is not None:
+                yield c
+            yield Signal(f"{g}:params")

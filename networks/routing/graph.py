@@ -84,7 +84,10 @@ class RouteGraph:
         # saves the bounded searches most of their 4x steps to a GPU in another server)
         from scipy.sparse.csgraph import connected_components
 
-        local = np.array([d.get("kind") != "net" for d in self.link_data], bool)
+        # network links: a route's count of them comes first, and among equal-cost routes
+        # the walk takes them as late as it can (walks: NVLink first, PXN at the sender)
+        self._net_link = np.array([d.get("kind") == "net" for d in self.link_data], bool)
+        local = ~self._net_link
         self._local = connected_components(
             csr_matrix(
                 (np.ones(int(local.sum())), (u[local], v[local])), shape=(len(nodes), len(nodes))
@@ -198,7 +201,7 @@ class RouteGraph:
         if self._comp_graph is None:
             from scipy.sparse import csr_matrix
 
-            net = np.flatnonzero(np.array([d.get("kind") == "net" for d in self.link_data], bool))
+            net = np.flatnonzero(self._net_link)
             n = int(self._local.max()) + 1 if len(self._local) else 0
             cu, cv = self._local[self._u[net]], self._local[self._v[net]]
             self._comp_graph = csr_matrix((np.ones(len(net)), (cu, cv)), shape=(n, n))

@@ -3,7 +3,8 @@ the walks in networks.routing's `Routes`.
 
 A pair reads K rows at K offsets: its distance to a node is the least over j of
 off[j] + row_j[node] (0 at its own source). A row is keyed ('h', hub) for a hub's full row,
-('w', switch) for a switch's full row, ('s', source) for a source's own bounded ball; pairs
+('w', switch) for a switch's full row, ('s', source) for a source's own bounded ball,
+('i', source) for its distances inside its server (servers.RouteServers); pairs
 from one source read the same rows, and GPUs on one hub or one rail share theirs.
 
 What the walks may rely on:
@@ -16,17 +17,18 @@ What the walks may rely on:
 - `_dist_rows(keys, kid, d_idx)`: the rows as a `_Rows`, each exact up to every
   destination asked of it (`_Rows.at(r, v)`: row r's distance at node v, inf outside a
   ball).
-What it needs: rows.RouteRows (`_full_row`, `_ball`) and graph's arrays.
+What it needs: rows.RouteRows (`_full_row`, `_ball`), servers.RouteServers
+(`server_reads`, `server_row`) and graph's arrays.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from networks.routing.rows import RouteRows
+from networks.routing.servers import RouteServers
 
 
-class RouteReads(RouteRows):
+class RouteReads(RouteServers):
     """The rows a batch of pairs reads (see the module); it keeps no state of its own."""
 
     def _per_source(self, s_idx: np.ndarray, d_idx: np.ndarray):
@@ -58,19 +60,30 @@ class RouteReads(RouteRows):
         first[on_hub] = at_hub.reshape(-1)
         first[own] = len(hubs) + np.arange(int(own.sum()))
         first_off = np.where(on_hub, self._hub_w[u], 0.0)
-        switch_key: dict = {}  # switch -> its key number
-        csr, reads = self._csr, []
+        # a GPU of a small server reads its server's own row (`server_reads`) and the rows
+        # of the heads of the server's network links out, each offset by the way to the
+        # link and the link: any path out leaves by one of them, and one that comes back
+        # crosses another. A rail cluster's GPU then reads its server and the 8 rail
+        # leaves, not its NVSwitch's row of the machine (16,384 of them at 131,072 GPUs)
+        csr, entries = self._csr, []
         for s in u[via].tolist():
-            reads.append(
-                [
-                    (
-                        switch_key.setdefault(int(csr.indices[k]), len(keys) + len(switch_key)),
-                        float(csr.data[k]),
-                    )
+            out = self.server_reads(s)
+            if out is None:
+                out = [
+                    (("w", int(csr.indices[k])), float(csr.data[k]))
                     for k in range(csr.indptr[s], csr.indptr[s + 1])
                 ]
-            )
-        keys += [("w", x) for x in switch_key]
+            else:
+                # the own row last: the first read is the one a walk's big switches look
+                # candidates up by (`walks._equal_cost_step`), shared by a rail's GPUs
+                out = [(("w", y), w) for y, w in out] + [(("i", s), 0.0)]
+            entries.append(out)
+        number: dict = {}  # row key -> its number, after the hubs' and the own balls'
+        for out in entries:
+            for key, _ in out:
+                number.setdefault(key, len(keys) + len(number))
+        keys += list(number)
+        reads = [[(number[key], w) for key, w in out] for out in entries]
         width = max([1] + [len(r) for r in reads])
         kid = np.repeat(first[:, None], width, axis=1)
         off = np.repeat(first_off[:, None], width, axis=1)
@@ -95,7 +108,7 @@ class RouteReads(RouteRows):
         upper = np.full(m, np.inf)
         for k in np.unique(first).tolist():
             kind, x = keys[k]
-            if kind == "s":  # a source's own ball: its pairs read nothing else
+            if kind in ("s", "i"):  # a source's own ball or server: no bound from it
                 continue
             row = self._full_row(x, hub=kind == "h")
             for j in range(width):
@@ -106,7 +119,8 @@ class RouteReads(RouteRows):
         lower = np.empty((m, width))
         for j in range(width):
             lower[:, j] = offs[:, j] + self._net_bound(comp[nodes[reads[:, j]]], comp[d_idx])
-        return _keep_reads(reads, offs, ~(lower > upper[:, None]))
+        own = np.array([kind == "i" for kind, _ in keys], bool)[reads]  # see `_tight_reads`
+        return _keep_reads(reads, offs, ~(lower > upper[:, None]) | own)
 
     def _dist_rows(self, keys, kid, d_idx) -> _Rows:
         """The distance rows of row keys `keys` (pairs read rows kid[p], destination
@@ -120,6 +134,9 @@ class RouteReads(RouteRows):
         for r, (kind, x) in enumerate(keys):
             if kind in ("h", "w"):
                 rows.add_full(r, self._full_row(x, hub=kind == "h"))
+                continue
+            if kind == "i":  # the source's distances inside its server
+                rows.add_ball(r, *self.server_row(x))
                 continue
             ds = d_idx[order[bounds[r] : bounds[r + 1]]]
             out = ds[:1]
@@ -137,8 +154,10 @@ class RouteReads(RouteRows):
         """Each pair's reads cut to those on a shortest path to its destination (a first
         hop j with off_j + row_j[d] == the distance; the others replaced by the first such),
         and columns every pair now repeats dropped. Exact: every node u a walk back from d
-        meets lies on a shortest path whose first hop is such a j, so off_j + row_j[u] is
-        u's distance there, and the least over the kept reads is the least over all. A
+        meets lies on a shortest path whose first hop (or first link out of the server) is
+        such a j, so off_j + row_j[u] is u's distance there, or u is on the way to that
+        link and its distance is in the server's own row, which is kept; and the least
+        over the kept reads is the least over all. A
         rail's GPU (an NVSwitch and a leaf) sending to another server reads only its leaf's
         row."""
         if row.shape[1] == 1:
@@ -146,7 +165,10 @@ class RouteReads(RouteRows):
         vals = np.stack(
             [off[:, j] + rows.at(row[:, j], d_idx) for j in range(row.shape[1])], axis=1
         )
-        return _keep_reads(row, off, vals == vals.min(axis=1, keepdims=True))
+        # a server's own row stays: the way to the link out (no first hop of the rows
+        # after it) is read there
+        own = rows.slot[row] < 0
+        return _keep_reads(row, off, (vals == vals.min(axis=1, keepdims=True)) | own)
 
 
 def _keep_reads(reads: np.ndarray, offs: np.ndarray, keep: np.ndarray):

@@ -7,7 +7,9 @@ The rule, in order of precedence:
    NVLink to the GPU on the right rail first, as NCCL's PXN does);
 2. least summed latency (mode 'latency'; skipped in mode 'hops');
 3. fewest hops.
-Equal-cost paths are spread by a hash of (source, destination) (ECMP).
+Among equal-cost paths, network links as late as they can be (NVLink first: a relay to
+another rail is at the sender, as in PXN, never a NIC writing into a GPU at the receiver);
+the rest are spread by a hash of (source, destination) (ECMP).
 A link's bandwidth never decides a route, as it does not in a switch's forwarding table:
 a route that moved away from a link made slightly slower could land on a less loaded one
 and finish sooner, so a slower link could make a run faster (issue 29).
@@ -24,6 +26,8 @@ imports this module):
   source's bounded search, a hub's or a switch's full row), and shortest-path trees;
 - networks.routing.spreads: hops and bottlenecks from a big switch's spread, shared by the
   GPUs under it (`hub_hop_rows`);
+- networks.routing.servers: the same between GPUs of one server, from a search of the
+  server alone (`server_hop_rows`);
 - networks.routing.reads: which rows each (source, destination) pair of a batch reads;
 - networks.routing.walks: the walk back from the destinations that picks the links;
 - networks.routing.tuning: memory budgets and thresholds, none of which changes a result.
@@ -70,7 +74,8 @@ class Routes(RouteWalks, RouteSpreads):
     - `trees(sources, targets)`: (distances, predecessors) of shortest-path trees
       (rows);
     - `hub_hop_rows(sources, targets)`: (bottleneck, distance, hops) over the targets
-      as those trees give them, or None (spreads).
+      as those trees give them, or None (spreads); `server_hop_rows`, the same from a
+      search of one server (servers).
     Distances are computed per source and bounded, or read from rows that switches share;
     memory stays O(nodes near each source), not sources x nodes (rows)."""
 

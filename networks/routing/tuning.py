@@ -24,4 +24,7 @@ SPREAD_LEVELS = 64  # a spread deeper than this (hops) is left to the per-source
 # more than BIG_IN in-links and at least SHARED_ASKS walkers ask it with one row (a rail's
 # leaf, asked by every GPU of the rail; a fat tree's hub rows are asked once each)
 BIG_IN = 64
+# a server (nodes joined without network links) of at most this many nodes answers its
+# GPUs' hop metrics from a search of its own nodes (servers.py), not trees of the machine
+SERVER_NODES = 256
 SHARED_ASKS = 8

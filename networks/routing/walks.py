@@ -2,8 +2,10 @@
 
 A route is found by walking back from the destination: at each node, the in-links whose
 tail's distance from the source plus the link's weight is the node's distance are the
-equal-cost candidates (in link order), and the walk takes candidate
-crc32(f"{src!r}|{dst!r}|{node!r}") mod their number (ECMP), until it reaches the source.
+equal-cost candidates (in link order); where some are network links and some not, only
+the network ones stay (network hops as late as they can be: NVLink first, a PXN relay at
+the sender); the walk takes candidate crc32(f"{src!r}|{dst!r}|{node!r}") mod their
+number (ECMP), until it reaches the source.
 
 What a caller may rely on:
 - `path_links(src, dst)`: the route's link indices, source first (None: no path), cached
@@ -14,7 +16,7 @@ What a caller may rely on:
 - `walk_links(src, dst)`: the straightforward per-pair walk, the reference the batch is
   checked against (tests/test_route_speedups.py); not cached.
 What it needs: reads.RouteReads (the rows each pair reads) and, below it, the rows
-and the graph's arrays.
+and the graph's arrays, and servers.RouteServers (pairs inside one server walked there).
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ class RouteWalks(RouteReads):
         all-to-all and large collectives. Same paths as `walk_links`, bit for bit."""
         paths = self._paths
         todo = [k for k in dict.fromkeys(pairs) if k not in paths]
+        if len(todo) >= 8:  # pairs inside one server: a walk of the server alone
+            paths.update(self.server_walks(todo))
+            todo = [k for k in todo if k not in paths]
         if len(todo) < 8:  # a few: the plain walk costs less than the set-up
             for k in todo:
                 paths[k] = self.walk_links(*k)
@@ -171,6 +176,7 @@ class RouteWalks(RouteReads):
             )
         else:
             ok_k, ok_t, cnt_u = self._candidates(pu, vu, dist)
+        ok_k, ok_t, cnt_u = self._network_last(ok_k, ok_t, cnt_u)
         cnt = cnt_u[inv]
         pick = (np.cumsum(cnt_u) - cnt_u)[inv]  # the first equal-cost candidate
         tie = np.flatnonzero(cnt > 1)
@@ -199,6 +205,24 @@ class RouteWalks(RouteReads):
         starts = (np.cumsum(counts) - counts).tolist()
         for p, (key, a, c) in enumerate(zip(pairs, starts, counts.tolist(), strict=True)):
             self._paths[key] = flat[a : a + c] if reach[p] else None
+
+    def _network_last(self, ks, tails, cnt):
+        """Of each item's equal-cost in-links (`_candidates`' answer), only the network
+        ones where it has both network and NVLink/PCIe ones: walking back, network links
+        are taken as late as they can be, so a route's NVLink hops come first. Between
+        rails that puts the relay at the sender, as NCCL's PXN does (data crosses NVLink
+        to the GPU on the destination's rail, then that GPU's NIC sends it); a hash
+        would put it at the receiver for some pairs (a NIC writing into another GPU),
+        and differently for replicas that are alike."""
+        if not len(ks):
+            return ks, tails, cnt
+        item = np.repeat(np.arange(len(cnt)), cnt)
+        net = self._net_link[ks]
+        mixed = np.bincount(item, weights=net, minlength=len(cnt)) > 0
+        keep = net | ~mixed[item]
+        if keep.all():
+            return ks, tails, cnt
+        return ks[keep], tails[keep], np.bincount(item[keep], minlength=len(cnt))
 
     @staticmethod
     def _merge(a, b, in_a):
@@ -308,6 +332,9 @@ class RouteWalks(RouteReads):
                 continue
             ks, tails = self._in_link[lo:hi], self._in_from[lo:hi]
             ok = np.flatnonzero(dist(tails) + self.weight[ks] == dist(v))
+            net = self._net_link[ks[ok]]
+            if net.any():  # network links as late as they can be (`_network_last`)
+                ok = ok[net]
             h = zlib.crc32(f"{src!r}|{dst!r}|{self.nodes[v]!r}".encode())
             j = ok[h % len(ok)]
             links.append(int(ks[j]))

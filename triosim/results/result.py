@@ -126,6 +126,17 @@ class Result:
         """GPU -> the GPU whose rows stand for it (itself without symmetry)."""
         return symmetric.rep_of(self.gpus, self._orbits)
 
+    def represented_by(self) -> pd.Series:
+        """Which simulated GPU stands for each GPU (index: every GPU, in order): with
+        `symmetry: auto` its class's representative, whose rows its own copy; without
+        symmetry, or after a fallback, the GPU itself."""
+        rep = self._rep_of()
+        return pd.Series(
+            [rep[g] for g in self.gpus],
+            index=pd.Index(self.gpus, name="gpu"),
+            name="represented_by",
+        )
+
     @property
     def memory(self) -> pd.DataFrame:
         """gpu, time, bytes per category and total: one row per GPU and instant where its

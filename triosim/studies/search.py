@@ -3,9 +3,10 @@ simulated, ranked, and the best written as a config ready to run.
 
 Candidates: dp, ddp, fsdp (ZeRO 1-3), tp, gpipe and 1f1b (micro-batch counts N, 2N, 4N
 that divide the batch), hybrid data-parallel replicas of tp, gpipe or 1f1b for every
-divisor of N, 3D grids (dp x tp x pp, all above 1) with a 1F1B pipeline, and context
+divisor of N, 3D grids (dp x tp x pp, all above 1) with a 1F1B pipeline (with and without
+Megatron's distributed optimizer), and context
 parallelism (cp: ring attention and all-to-all; the ring also with Megatron's distributed
-optimizer) and expert parallelism (ep, an MoE trace's experts; gradients reduced after the
+optimizer, and with FSDP over dp x cp as torchtitan) and expert parallelism (ep, an MoE trace's experts; gradients reduced after the
 backward pass or overlapped with it, or by the distributed optimizer, or fully sharded) for
 every degree above 1 dividing N, the other GPUs data-parallel replicas; ep with the dense
 layers tensor-parallel over every tp above 1 dividing N (experts not split, etp 1, and split
@@ -13,7 +14,8 @@ over etp = tp where ep x tp divides N); ep inside pipeline stages (ep x pp, both
 1F1B over 2 x pp micro-batches, the distributed optimizer; the rest of each stage data-
 parallel); tensor x context parallelism (tp x cp, both above 1,
 both ways, with sequence parallelism and the distributed optimizer; the rest
-data-parallel), and 3D grids with a CP degree (cp and pp above 1, 1F1B, ring attention).
+data-parallel), and 3D grids with a CP degree (cp and pp above 1, 1F1B, ring attention; with and without
+Megatron's distributed optimizer).
 A candidate whose plan the trace does not allow (a TP degree that does not
 divide a layer, a batch that does not split) is skipped with its reason; one whose weights,
 gradients and optimizer states alone exceed the GPU's memory is dropped before simulating;
@@ -60,6 +62,9 @@ def candidates(n: int, batch: int) -> list[tuple[str, dict]]:
         label = f"cp {c}" if d == 1 else f"dp {d} x cp {c}"
         par = {"mode": "cp", "cp": c, "cp_comm": "p2p", "distributed_optimizer": True}
         out.append((f"{label} (ring, distributed optimizer)", par))
+        out.append(
+            (f"{label} (ring, fsdp)", {"mode": "cp", "cp": c, "cp_comm": "p2p", "fsdp": True})
+        )
     for t in _divisors(n)[1:]:  # tensor x context parallelism (Megatron's long context)
         for c in _divisors(n // t)[1:]:
             d = n // (t * c)
@@ -108,19 +113,12 @@ def candidates(n: int, batch: int) -> list[tuple[str, dict]]:
             pp = n // dp // tp
             m = 2 * pp
             if min(dp, tp, pp) > 1 and batch % (dp * m) == 0:
-                out.append(
-                    (
-                        f"3d dp {dp} x tp {tp} x pp {pp} (1f1b, {m} mb)",
-                        {
-                            "mode": "3d",
-                            "dp": dp,
-                            "tp": tp,
-                            "pp": pp,
-                            "microbatches": m,
-                            "schedule": "1f1b",
-                        },
-                    )
-                )
+                label = f"3d dp {dp} x tp {tp} x pp {pp} (1f1b, {m} mb"
+                par = {"mode": "3d", "dp": dp, "tp": tp, "pp": pp, "microbatches": m}
+                par["schedule"] = "1f1b"
+                out.append((label + ")", par))
+                distopt = {**par, "distributed_optimizer": True}
+                out.append((label + ", distributed optimizer)", distopt))
     for dp in _divisors(n):  # 3D grids with context parallelism (pipelines of cp ranks)
         for tp in _divisors(n // dp):
             for cp in _divisors(n // (dp * tp))[1:]:
@@ -131,6 +129,8 @@ def candidates(n: int, batch: int) -> list[tuple[str, dict]]:
                     par = {"mode": "3d", "dp": dp, "tp": tp, "pp": pp, "cp": cp}
                     par.update(microbatches=m, schedule="1f1b", sequence_parallel=tp > 1)
                     out.append((label, par))
+                    distopt = {**par, "distributed_optimizer": True}
+                    out.append((label[:-1] + ", distributed optimizer)", distopt))
     return out
 
 
