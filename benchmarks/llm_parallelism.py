@@ -3,7 +3,7 @@ against published measurements.
 
 Each row simulates a shipped shape-only trace (traces/modelled/h100-sxm/: 2 MoE layers
 traced at full width, replicated; calibrated H100 operator times, MODELLED, not measured)
-on a cluster like the published one, with expert parallelism x data parallelism, and
+on a cluster like the published one, with expert x pipeline x data parallelism, and
 compares the throughput with the published figure. Published (kept here as data):
 
 - Mixtral 8x7B: 468 TFLOPS per GPU in bf16 on H100 with Megatron-Core v0.9 (NVIDIA/
@@ -28,18 +28,25 @@ all-reduce the gradients and replicate the optimizer states (0.76 and 0.43 of pu
 Both published runs have TP 1 (`tp: 1`; Mixtral's reference mapping: TP 1, EP 8, PP 4,
 VP 8) and EP as here.
 
-What still differs (so the rows bound what the model leaves out, they do not validate
-it): mode `ep` has no pipeline, so each GPU holds a whole replica of the dense layers and
-its share of every expert (neither run fits in 80 GB here: the rows say so), its
-all-to-alls are not overlapped with compute, its GEMMs are bf16 (DeepSeek's FP8 ones run
-~2x faster), its operator times come from the calibrated model fitted on two CNN traces
-(no measured H100 MoE trace exists here), and the H800 is modelled as an H100 (the same
-SXM compute and memory) with NVLink at 200 GB/s per direction.
+Both rows run the published pipelines (mode `ep` with `pp`, ep_pipeline.py): Mixtral
+PP 4 with virtual pipeline 8 (Megatron's interleaved 1F1B) over 16 micro-batches of one
+sequence per pipeline (global batch 256 over DP 16), DeepSeek-V3 PP 16 x EP 64 with 1F1B
+over 32 micro-batches on 1024 GPUs (expert-DP 1; published: 2048 GPUs, expert-DP 2, 120
+micro-batches, DualPipe). Without the pipelines (EP 8 x DP 8, 4 accumulation steps; EP 64
+on 64 GPUs, 8 steps) the rows give 0.86 and 0.48; with them 0.82 and 0.29 (README).
 
-TFLOPS per GPU = the trace's forward and backward FLOPs (per micro-batch, as its
-operators count them: GEMMs at the balanced expert load, attention included) x
-micro-batches / iteration time. Tokens/s per GPU = sequence x micro-batches / iteration
-time.
+What still differs (so the rows bound what the model leaves out, they do not validate
+it): its all-to-alls are not overlapped with compute, DeepSeek-V3's schedule is 1F1B over
+fewer micro-batches (its bubble 15/47 of a pipeline's time instead of DualPipe's),
+activations are not recomputed, its GEMMs are bf16 (DeepSeek's FP8 ones run ~2x faster),
+its operator times come from the calibrated model fitted on two CNN traces (no measured
+H100 MoE trace exists here), and the H800 is modelled as an H100 (the same SXM compute
+and memory) with NVLink at 200 GB/s per direction.
+
+TFLOPS per GPU = the trace's forward and backward FLOPs (per sequence, as its operators
+count them: GEMMs at the balanced expert load, attention included) x sequences per GPU
+and step (the global batch / GPUs: M / pp with a pipeline) / iteration time. Tokens/s per
+GPU = sequence length x sequences per GPU and step / iteration time.
 
 Long context (mode `cp` with `tp`, issue 33):
 
@@ -73,26 +80,42 @@ TRACES = ROOT / "traces" / "modelled" / "h100-sxm"
 
 RUNS = [
     dict(
-        name="Mixtral 8x7B, 64 H100, EP 8 x DP 8",
+        name="Mixtral 8x7B, 64 H100, EP 8 x PP 4 (VP 8) x DP 16",
         trace="mixtral-8x7b-s4096-b1.trace.json.gz",
         gpus=64,
         ep=8,
-        steps=4,  # global batch 256 over 64 GPUs, micro-batch 1
-        # published (the README's example script): TP 1, --use-distributed-optimizer
+        # global batch 256, micro-batch 1: 256 / DP 16 = 16 micro-batches per pipeline
+        steps=16,
+        batch=256,
+        # published (the README's example script and reference mapping): TP 1, PP 4 with
+        # virtual pipeline 8 (Megatron's interleaved 1F1B), --use-distributed-optimizer
         # --overlap-grad-reduce --overlap-param-gather
-        parallelism={"tp": 1, "distributed_optimizer": True, "overlap_param_gather": True},
+        parallelism={
+            "tp": 1,
+            "pp": 4,
+            "virtual_stages": 8,
+            "schedule": "interleaved",
+            "distributed_optimizer": True,
+            "overlap_param_gather": True,
+        },
         nvlink=450e9,
         published="468 TFLOPS/GPU (Megatron-Core v0.9, EP 8 x PP 4, GBS 256)",
         metric="tflops",
         value=468.0,
     ),
     dict(
-        name="DeepSeek-V3, 64 H800 (as H100), EP 64",
+        name="DeepSeek-V3, 1024 H800 (as H100), EP 64 x PP 16",
         trace="deepseek-v3-s4096-b1.trace.json.gz",
-        gpus=64,
+        gpus=1024,  # published: 2048, PP 16 x EP 64 x expert-DP 2; here expert-DP 1
         ep=64,
-        steps=8,  # ~7.5 sequences per GPU per step in the published run
-        parallelism={"distributed_optimizer": True},  # published: ZeRO-1 data parallelism
+        # published: 15360 sequences per step over DP 128 = 120 micro-batches per pipeline
+        # (7.5 sequences per GPU); here 32 (2 per GPU), what the 2-core machine simulates
+        # in minutes: 1F1B's bubble is 15 / (32 + 15) of a pipeline's time here, 15 / 135
+        # at 120 (DualPipe's is smaller still)
+        steps=32,
+        batch=64 * 32,
+        # published: ZeRO-1 data parallelism, PP 16 (DualPipe: not modelled, 1F1B here)
+        parallelism={"pp": 16, "schedule": "1f1b", "distributed_optimizer": True},
         nvlink=200e9,
         published="1543 tokens/s/GPU (tech report: 180K H800 h per 1T tokens; FP8, PP 16)",
         metric="tokens",
@@ -173,12 +196,12 @@ def row(run: dict) -> dict:
     r, sim = simulate(run)
     tr = sim.trace
     flops = sum(o.flops or 0.0 for o in tr.operators if o.phase in ("forward", "backward"))
+    if "model_flops" in run:
+        flops = megatron_flops(**run["model_flops"])
     seq = tr.metadata["seq_len"] * tr.batch_size
-    if "batch" in run:  # sequences per GPU and step: the batch over the GPUs
-        per_gpu = run["batch"] / run["gpus"]
-        if "model_flops" in run:
-            flops = megatron_flops(**run["model_flops"])
-        flops, seq = flops * per_gpu, seq * per_gpu
+    # sequences per GPU and step: the batch over the GPUs (mode ep without pp: its
+    # accumulation steps; with pp each GPU runs 1/pp of the layers for M micro-batches)
+    per_gpu = run.get("batch", run["gpus"] * run["steps"]) / run["gpus"]
     it = r.iteration_time
     tl = r.timeline
     g0 = tl[tl["gpu"] == 0]
@@ -186,8 +209,8 @@ def row(run: dict) -> dict:
     reduce_ = g0[(g0["kind"] == "comm") & g0["key"].astype(str).str.contains("bucket")]
     gather = g0[(g0["kind"] == "comm") & g0["key"].astype(str).str.contains("-params")]
     predicted = {
-        "tflops": flops * run["steps"] / it / 1e12,
-        "tokens": seq * run["steps"] / it,
+        "tflops": flops * per_gpu / it / 1e12,
+        "tokens": seq * per_gpu / it,
     }
     return {
         "run": run["name"],

@@ -172,6 +172,43 @@ def test_search_tries_expert_parallelism_with_tp_and_the_distributed_optimizer()
     assert row["iteration_time_ms"] == Simulation(cfg).run().iteration_time * 1e3
 
 
+def test_search_tries_expert_parallelism_with_pipeline_stages():
+    """ep x pp for every pp above 1 and ep above 1 dividing a stage's GPUs (1F1B over 2 x
+    pp micro-batches, the distributed optimizer), only where the batch splits over the
+    stage's replicas and micro-batches; such a candidate evaluates as its own run."""
+    from triosim.simulation.wiring import Simulation
+    from triosim.studies.search import _evaluate, candidates
+
+    plans = dict(candidates(8, 16))
+    par = plans["dp 2 x ep 2 x pp 2 (1f1b, 4 mb, distributed optimizer)"]
+    assert par == {
+        "mode": "ep",
+        "ep": 2,
+        "pp": 2,
+        "accumulation_steps": 4,
+        "schedule": "1f1b",
+        "dp_overlap": True,
+        "distributed_optimizer": True,
+    }
+    assert "ep 2 x pp 4 (1f1b, 8 mb, distributed optimizer)" in plans
+    assert not any(" x pp 8" in label for label in plans if label.startswith("ep"))
+    ep_pp = [label for label in dict(candidates(8, 8)) if " ep " in f" {label}" and "pp" in label]
+    assert not any("x pp 4" in label for label in ep_pp)  # 8 % (2 x 8): the batch does not split
+    moe = str(ROOT / "traces/modelled/h100-sxm/mixtral-8x7b-s4096-b1.trace.json.gz")
+    cfg = {
+        "trace": moe,
+        "num_gpus": 4,
+        "batch_size": 8,
+        "gpu": "H100-SXM",
+        "perfmodel": {"kind": "calibrated"},
+        "memory": {"capacity": "10 TB"},
+        "parallelism": dict(candidates(4, 8))["ep 2 x pp 2 (1f1b, 4 mb, distributed optimizer)"],
+    }
+    row = _evaluate(cfg, ".")
+    assert row["status"] == "ok"
+    assert row["iteration_time_ms"] == Simulation(cfg).run().iteration_time * 1e3
+
+
 def test_search_tries_context_parallelism_inside_3d(tmp_path):
     """A 3D grid with a CP degree (2 stages of 2 ring ranks, 1F1B), with and without the
     distributed optimizer, is a candidate that runs, ranked at its separate run's time."""

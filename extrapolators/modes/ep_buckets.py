@@ -13,7 +13,8 @@ the forward pass (Megatron's --overlap-param-gather: each bucket gathered before
 first forward operator that reads its weights).
 
 `share_of(w)`, where given, is the share of weight w a GPU holds instead (with tensor and
-expert-tensor parallelism: a TP-split dense weight's 1/tp, an expert's 1/(ep x etp)).
+expert-tensor parallelism: a TP-split dense weight's 1/tp, an expert's 1/(ep x etp));
+`only`, where given, the weights to bucket (a pipeline stage's).
 """
 
 from __future__ import annotations
@@ -21,12 +22,16 @@ from __future__ import annotations
 from extrapolators.modes.base import gradient_ready
 
 
-def buckets(trace, expert_weights: set, ep: int, first: float, cap: float, share_of=None) -> list:
+def buckets(
+    trace, expert_weights: set, ep: int, first: float, cap: float, share_of=None, only=None
+) -> list:
     ready = gradient_ready(trace)
     out = []
     for kind in ("dense", "expert"):
         share = 1.0 / ep if kind == "expert" else 1.0
         mine = [w for w in ready if (w in expert_weights) == (kind == "expert")]
+        if only is not None:  # one pipeline stage's weights
+            mine = [w for w in mine if w in only]
         size, last, made = 0.0, -1, 0
         for w in sorted(mine, key=lambda w: (ready[w], -w)):
             size += trace.tensors[w].nbytes * (share if share_of is None else share_of(w))
@@ -39,7 +44,7 @@ def buckets(trace, expert_weights: set, ep: int, first: float, cap: float, share
     return sorted(out, key=lambda b: b[0])
 
 
-def param_buckets(trace, expert_weights: set, cap: float, share_of) -> list:
+def param_buckets(trace, expert_weights: set, cap: float, share_of, only=None) -> list:
     """The distributed optimizer's parameter all-gathers with --overlap-param-gather:
     [(first use position, bytes, kind)] in the order the forward pass needs them (kind
     "dense" or "expert", each kind's weights in its own buckets since they are gathered
@@ -54,6 +59,8 @@ def param_buckets(trace, expert_weights: set, cap: float, share_of) -> list:
     out = []
     for kind in ("dense", "expert"):
         mine = [w.id for w in trace.weights() if (w.id in expert_weights) == (kind == "expert")]
+        if only is not None:  # one pipeline stage's weights
+            mine = [w for w in mine if w in only]
         mine.sort(key=lambda w: (first.get(w, len(trace.operators)), w))
         size, need = 0.0, None
         for w in mine:

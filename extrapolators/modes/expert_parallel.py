@@ -78,7 +78,11 @@ With `accumulation_steps` k, forward and backward (and their all-to-alls) run k 
 a replica's batch / k before the gradients are reduced. With `fsdp` (ZeRO-3, ep_fsdp.py)
 each GPU keeps 1/dp of its dense and 1/edp of its experts' weights, gradients and
 optimizer states, gathering each unit's parameters before its forward and backward and
-reduce-scattering its gradients after. Not modelled: pipeline parallelism with EP, overlap of the all-to-alls with compute (DeepSeek's
+reduce-scattering its gradients after. With `pp` > 1 (ep_pipeline.py) the GPUs form pp
+pipeline stages (PP outermost, Megatron-Core's order), each laid out as above on num_gpus /
+pp GPUs and running its share of the layers under mode 3d's schedules (1f1b by default)
+over `accumulation_steps` micro-batches, the activations sent between stages as in 3d.
+Not modelled: overlap of the all-to-alls with compute (DeepSeek's
 DualPipe, Megatron's --overlap-moe-expert-parallel-comm), of the parameter all-gather
 with the next forward pass (--overlap-param-gather), TP communication overlap.
 """
@@ -94,6 +98,7 @@ from extrapolators.execution.tasks import Collective, ComputeRun, Signal, Wait
 from extrapolators.modes import ep_buckets, ep_grid, moe_loads
 from extrapolators.modes.base import Extrapolator
 from extrapolators.modes.ep_fsdp import EPFsdp
+from extrapolators.modes.ep_pipeline import EPPipeline
 from extrapolators.modes.tp_roles import SHARDED, SPLIT
 from perfmodel.base import Target, batch_ratio, scales_with_batch
 from perfmodel.replay import TraceTime
@@ -129,7 +134,9 @@ class EPOptions:
         1,
         ge=1,
         help="gradient accumulation: forward and backward (with their all-to-alls) this "
-        "many times on batch / num_gpus / steps before the gradients are reduced",
+        "many times on batch / num_gpus / steps before the gradients are reduced; with pp "
+        "> 1 the micro-batches each pipeline runs (of batch / (num_gpus / pp / tp) / steps "
+        "sequences per replica)",
     )
     dp_overlap: bool = option(
         False,
@@ -186,6 +193,25 @@ class EPOptions:
         help="fsdp: layer-name depth of a unit (as mode fsdp; default: the smallest giving "
         ">= 4 units; torchtitan's per-block wrapping of layers.N is 2)",
     )
+    pp: int = option(
+        1,
+        ge=1,
+        help="pipeline-parallel degree: stages of num_gpus / pp GPUs each (Megatron-Core's "
+        "order tp-cp-ep-dp-pp: PP outermost), each holding its share of the layers with "
+        "the tp, ep and etp groups inside it; accumulation_steps micro-batches go through "
+        "them (ep_pipeline.py)",
+    )
+    schedule: str = option(
+        "1f1b",
+        help="pp > 1: the pipeline schedule, as mode 3d's (1f1b, gpipe, or interleaved "
+        "with virtual_stages > 1)",
+    )
+    virtual_stages: int = option(
+        1,
+        ge=1,
+        help="pp > 1, schedule interleaved: model chunks per stage (Megatron's virtual "
+        "pipeline); stage p holds chunks p, p + pp, ...",
+    )
     capacity_factor: float | None = option(
         None,
         gt=0,
@@ -195,8 +221,8 @@ class EPOptions:
     )
 
 
-class ExpertParallel(EPFsdp, Extrapolator):
-    """Expert parallelism with data, tensor and expert-tensor parallelism, the
+class ExpertParallel(EPFsdp, EPPipeline, Extrapolator):
+    """Expert parallelism with data, tensor, expert-tensor and pipeline parallelism, the
     distributed optimizer or FSDP (module docstring)."""
 
     name = "ep"
@@ -218,8 +244,8 @@ class ExpertParallel(EPFsdp, Extrapolator):
         n, o = len(self.gpus), self.options
         experts = int(moe["num_experts"])
         ffn = moe.get("expert_ffn") if o.etp > 1 else None
-        self.grid = ep_grid.make_grid(n, o.tp, o.ep, o.etp, experts, ffn)
-        self.ep, self.tp, self.etp = self.grid.ep, o.tp, o.etp
+        self.grid = ep_grid.make_grid(n, o.tp, o.ep, o.etp, experts, ffn, o.pp)
+        self.ep, self.tp, self.etp, self.pp = self.grid.ep, o.tp, o.etp, o.pp
         self._check_options()
         if not 1 <= int(moe["top_k"]) <= experts:
             raise ConfigError("trace", "metadata moe.top_k", f"1 to the {experts} experts")
@@ -248,20 +274,26 @@ class ExpertParallel(EPFsdp, Extrapolator):
         self.split_weights = split
         self.dense_held = self.dense_bytes - split_bytes + split_bytes / self.tp
         self.expert_held = self.expert_bytes / (self.ep * self.etp)
+        self.stage_held = [(self.dense_held, self.expert_held)]  # (dense, expert) per stage
+        if self.pp > 1:
+            self._plan_pipeline()
         if o.dp_overlap:
             self._make_buckets()
         self.fsdp_first, self.fsdp_last_bwd = {}, {}
         if o.fsdp:
             self._plan_fsdp()
         self.param_gathers, self.gather_before = [], {}
-        if o.overlap_param_gather:
-            self.param_gathers = ep_buckets.param_buckets(
-                self.trace, self.expert_weights, o.bucket_size, self._share_of()
-            )
+        self.stage_gathers = [[] for _ in range(self.pp)]
+        if o.overlap_param_gather:  # per pipeline stage: its own weights' (one at pp 1)
             ops = self.trace.operators
-            for k, (pos, _, _) in enumerate(self.param_gathers):
-                if pos < len(ops):
-                    self.gather_before.setdefault(ops[pos].id, []).append(k)
+            for p, only in enumerate(self.stage_weights if self.pp > 1 else [None]):
+                made = self.stage_gathers[p] = ep_buckets.param_buckets(
+                    self.trace, self.expert_weights, o.bucket_size, self._share_of(), only
+                )
+                for k, (pos, _, _) in enumerate(made):
+                    if pos < len(ops):
+                        self.gather_before.setdefault(ops[pos].id, []).append(k)
+            self.param_gathers = self.stage_gathers[0]
 
     def _check_options(self):
         """Combinations Megatron-Core (or the mode) refuses, each naming its field."""
@@ -280,6 +312,20 @@ class ExpertParallel(EPFsdp, Extrapolator):
                 "false without distributed_optimizer (only the distributed optimizer "
                 "all-gathers parameters)",
             )
+        if o.virtual_stages > 1 and o.pp < 2:
+            raise ConfigError(
+                "parallelism.virtual_stages",
+                o.virtual_stages,
+                "1 without pipeline stages (pp >= 2 to interleave)",
+            )
+        for field in ("fsdp",) if o.pp > 1 else ():
+            if getattr(o, field):
+                raise ConfigError(
+                    f"parallelism.{field}",
+                    True,
+                    f"false with pp {o.pp} (mode ep's FSDP units are planned for one "
+                    f"pipeline stage)",
+                )
         if o.fsdp and (o.distributed_optimizer or o.dp_overlap):
             raise ConfigError(
                 "parallelism.fsdp",
@@ -328,6 +374,9 @@ class ExpertParallel(EPFsdp, Extrapolator):
         operator completes each."""
         o = self.options
         share = self._share_of() if self.tp > 1 or self.etp > 1 else None
+        if self.pp > 1:  # each stage's own (ep_pipeline)
+            self._make_stage_buckets(share)
+            return
         self.buckets = ep_buckets.buckets(
             self.trace, self.expert_weights, self.ep, o.first_bucket_size, o.bucket_size, share
         )
@@ -377,28 +426,47 @@ class ExpertParallel(EPFsdp, Extrapolator):
         )
 
     def op_batch(self):
-        """The batch whose tokens a GPU routes: batch / num_gpus / steps (tp > 1: a
-        replica's micro-batch / tp, its share of the sequence; possibly fractional)."""
+        """The batch whose tokens a GPU routes: batch / (num_gpus / pp) / steps (tp > 1:
+        a replica's micro-batch / tp, its share of the sequence; possibly fractional)."""
         o = self.options
+        n = len(self.gpus) // o.pp  # a stage's GPUs: the replicas' micro-batches over them
         if o.tp == 1:
-            return self.per_gpu_batch(len(self.gpus) * o.accumulation_steps)
-        return self.per_gpu_batch(len(self.gpus) // o.tp * o.accumulation_steps) / o.tp
+            return self.per_gpu_batch(n * o.accumulation_steps)
+        return self.per_gpu_batch(n // o.tp * o.accumulation_steps) / o.tp
+
+    def held(self, gpu) -> tuple[float, float]:
+        """(dense, expert) weight bytes `gpu` holds: its stage's (all of them at pp 1)."""
+        if self.pp == 1:
+            return self.dense_held, self.expert_held
+        return self.stage_held[self.grid.stage(self.gpus.index(gpu))]
 
     def held_weight_bytes(self, gpu) -> float:
-        return self.dense_held + self.expert_held
+        if self.pp == 1:
+            return self.dense_held + self.expert_held
+        return sum(self.held(gpu))
+
+    def _stage_key(self, gpu) -> str:
+        """A prefix making a group's collective keys unique across pipeline stages (their
+        groups have the same ranks): none at pp 1."""
+        return "" if self.pp == 1 else f"s{self.grid.stage(self.gpus.index(gpu))}"
 
     def state_fractions(self) -> dict | None:
         """distributed_optimizer: the optimizer states of 1/dp of the dense weights a GPU
         holds and 1/edp of its experts' (Megatron's distributed optimizer shards them over
-        each parameter's data-parallel group); weights and gradients whole."""
+        each parameter's data-parallel group); weights and gradients whole. With pp > 1
+        they differ per stage: `state_fractions_of(gpu)`."""
+        return self.state_fractions_of(self.gpus[0])
+
+    def state_fractions_of(self, gpu) -> dict | None:
         if self.options.fsdp:  # ZeRO-3: a shard of everything
             f = self.fsdp_fraction()
             return {"weights": f, "gradients": f, "optimizer_states": f}
         if not self.options.distributed_optimizer:
             return None
         total = self.trace.weight_bytes()
-        held = self.held_weight_bytes(None) / total
-        states = (self.dense_held / self.grid.dp + self.expert_held / self.grid.edp) / total
+        dense, expert = self.held(gpu)
+        held = (dense + expert) / total
+        states = (dense / self.grid.dp + expert / self.grid.edp) / total
         return {"weights": held, "gradients": held, "optimizer_states": states}
 
     def activation_ratio(self, op) -> float:
@@ -426,8 +494,8 @@ class ExpertParallel(EPFsdp, Extrapolator):
         return tuple(g for g in self.ring if g in s)
 
     def dense_group(self, gpu) -> tuple:
-        """The GPUs holding the same dense weights as `gpu` (all of them at tp 1)."""
-        if self.tp == 1:
+        """The GPUs holding the same dense weights as `gpu` (all of them at tp = pp = 1)."""
+        if self.tp == 1 and self.pp == 1:
             return self.ring
         i = self.gpus.index(gpu)
         return self._ring_order(self.gpus[k] for k in self.grid.dp_group(i))
@@ -487,15 +555,16 @@ class ExpertParallel(EPFsdp, Extrapolator):
                 m.identity = False  # operators touch 1/ep of the weights, so no replay
         return m
 
-    def _template(self, j: int, mb: int) -> list:
+    def _template(self, j: int, mb: int, part=None) -> list:
         """EP rank j's forward and backward of micro-batch mb: ComputeRuns (or Computes)
         and, between them, (layer, kind, sizes) for each all-to-all, ("signal", k) for a
         ready gradient bucket, ("etp", op, bytes, layer, tag, phase) for an expert-TP
         collective and ("tp", Collective, key) for a dense TP collective; built once per
-        rank and micro-batch, shared by the rank's GPUs."""
+        rank and micro-batch, shared by the rank's GPUs. `part` = (stage, "F" | "B"): only
+        that pipeline stage's forward or backward operators (ep_pipeline.py)."""
         cache = self.__dict__.setdefault("_templates", {})
-        if (j, mb) in cache:
-            return cache[j, mb]
+        if (j, mb, part) in cache:
+            return cache[j, mb, part]
         target = self.target(self.op_batch())
         items, run = [], []
         tpx = self.tpx
@@ -517,8 +586,15 @@ class ExpertParallel(EPFsdp, Extrapolator):
                 op = "all_gather" if kind in ("dispatch", "combine-grad") else "reduce_scatter"
                 items.append(("etp", op, self.etp_bytes[j], layer, f"{kind}-{op}", phase))
 
-        last_step = mb == self.options.accumulation_steps - 1
-        for op in self.ops("forward", "backward"):
+        # the last micro-batch's backward: where a gradient bucket is complete
+        backward = part is None or part[1] == "B"
+        last_step = backward and mb == self.options.accumulation_steps - 1
+        if part is None:
+            walk = self.ops("forward", "backward")
+        else:
+            p, kind = part
+            walk = self.pipe.fwd_ops[p] if kind == "F" else self.pipe.bwd_ops[p]
+        for op in walk:
             for phase, u in self.fsdp_first.get(op.id, ()):
                 flush()  # fsdp: the unit's parameters are gathered
                 items.append(("fsdp", phase, u))
@@ -561,78 +637,101 @@ class ExpertParallel(EPFsdp, Extrapolator):
                 etp(a2a[0], a2a[1], op.phase)
                 if self.ep > 1:
                     items.append(a2a)
-        if tpx is not None and last_step:  # sequence-parallel weights' gradients (TP group)
+        if (
+            tpx is not None and last_step and part is None
+        ):  # sequence-parallel weights' gradients (TP group)
             for op in self.ops("optimizer"):
                 tp_colls(tpx.before.get(op.id, ()), "grads")
         flush()
-        cache[j, mb] = items
+        cache[j, mb, part] = items
         return items
 
     def streams(self):
         out = {}
         for g in self.gpus:
-            out[(g, "compute")] = self._compute(g)
+            if self.pp > 1:
+                out[(g, "compute")] = self._pipeline_compute(g)
+                out[(g, "send_fwd")] = self._pipeline_sends(g, "F", "send_fwd")
+                out[(g, "send_bwd")] = self._pipeline_sends(g, "B", "send_bwd")
+            else:
+                out[(g, "compute")] = self._compute(g)
             out[(g, "comm")] = self._comm(g)
             if self.options.fsdp:
                 out[(g, "gather")] = self._fsdp_gather(g)
         return out
 
     def _compute(self, gpu):
+        _, j, _, _ = self.groups(gpu)
+        for mb in range(self.options.accumulation_steps):
+            yield from self._tasks(gpu, self._template(j, mb), mb)
+        yield from self._step(gpu)
+
+    def _tasks(self, gpu, template, mb):
+        """`gpu`'s tasks for a template's items at micro-batch mb: the shared runs as they
+        are, the collectives on its groups under its keys."""
         d, j, group, _ = self.groups(gpu)
         i = self.gpus.index(gpu)
         t_e = self.grid.expert(i)[0]
-        ep_key = f"ep{d}" if self.etp == 1 else f"ep{d}.{t_e}"
+        sk = self._stage_key(gpu)
+        ep_key = f"{sk}ep{d}" if self.etp == 1 else f"{sk}ep{d}.{t_e}"
         etp_group = tuple(self.gpus[k] for k in self.grid.etp_group(i))
         etp_key = f"etp{i // self.etp}"
         if self.tpx is not None:
             tp_group = self._ring_order(self.gpus[k] for k in self.grid.tp_group(i))
-            tp_key = f"r{self.grid.dense(i)[1]}"
-        for mb in range(self.options.accumulation_steps):
-            for item in self._template(j, mb):
-                if type(item) is not tuple:
-                    yield item
-                elif len(item) == 3 and type(item[2]) is tuple:
-                    layer, kind, sizes = item
-                    phase = "forward" if kind in ("dispatch", "combine") else "backward"
-                    yield Collective(
-                        "all_to_all",
-                        group,
-                        sum(sizes[j]),
-                        f"{ep_key}:mb{mb}:{layer}:{kind}",
-                        layer=layer,
-                        phase=phase,
-                        sizes=sizes,
-                    )
-                elif item[0] == "fsdp":
-                    at = f"{mb}:{item[1]}:{item[2]}"
-                    yield Wait(f"{gpu}:fsdp-gathered:{at}")
-                    yield Signal(f"{gpu}:fsdp-started:{at}")
-                elif item[0] == "fsdp_grads":
-                    yield Signal(f"{gpu}:fsdp-grads:{item[1]}")
-                elif item[0] == "signal":  # a gradient bucket is ready
-                    yield Signal(f"{gpu}:epb{item[1]}")
-                elif item[0] == "params":
-                    yield Wait(f"{gpu}:pg{item[1]}")
-                elif item[0] == "tp":
-                    c = item[1]
-                    yield Collective(
-                        c.op,
-                        tp_group,
-                        c.nbytes,
-                        f"{tp_key}:{item[2]}",
-                        c.layer,
-                        c.phase,
-                        c.algorithm,
-                    )
-                else:  # etp
-                    _, op, nbytes, layer, tag, phase = item
-                    yield Collective(
-                        op, etp_group, nbytes, f"{etp_key}:mb{mb}:{layer}:{tag}", layer, phase
-                    )
+            tp_key = f"{sk}r{self.grid.dense(i)[1]}"
+        for item in template:
+            if type(item) is not tuple:
+                yield item
+            elif len(item) == 3 and type(item[2]) is tuple:
+                layer, kind, sizes = item
+                phase = "forward" if kind in ("dispatch", "combine") else "backward"
+                yield Collective(
+                    "all_to_all",
+                    group,
+                    sum(sizes[j]),
+                    f"{ep_key}:mb{mb}:{layer}:{kind}",
+                    layer=layer,
+                    phase=phase,
+                    sizes=sizes,
+                )
+            elif item[0] == "fsdp":
+                at = f"{mb}:{item[1]}:{item[2]}"
+                yield Wait(f"{gpu}:fsdp-gathered:{at}")
+                yield Signal(f"{gpu}:fsdp-started:{at}")
+            elif item[0] == "fsdp_grads":
+                yield Signal(f"{gpu}:fsdp-grads:{item[1]}")
+            elif item[0] == "signal":  # a gradient bucket is ready
+                yield Signal(f"{gpu}:epb{item[1]}")
+            elif item[0] == "params":
+                yield Wait(f"{gpu}:pg{item[1]}")
+            elif item[0] == "tp":
+                c = item[1]
+                yield Collective(
+                    c.op,
+                    tp_group,
+                    c.nbytes,
+                    f"{tp_key}:{item[2]}",
+                    c.layer,
+                    c.phase,
+                    c.algorithm,
+                )
+            else:  # etp
+                _, op, nbytes, layer, tag, phase = item
+                yield Collective(
+                    op, etp_group, nbytes, f"{etp_key}:mb{mb}:{layer}:{tag}", layer, phase
+                )
+
+    def _step(self, gpu):
+        """After the last micro-batch: the gradients handed to the comm stream, the
+        optimizer step on what the GPU holds once they are reduced, the distributed
+        optimizer's parameter gathers waited for."""
         if self.options.fsdp:  # units no backward operator completes
             for u in self.fsdp_reduce_order:
                 if not any(u in us for us in self.fsdp_last_bwd.values()):
                     yield Signal(f"{gpu}:fsdp-grads:{u}")
+        elif self.options.dp_overlap and self.pp > 1:  # buckets the stage's ops do not fire
+            for k in self.stage_unfired[self.grid.stage(self.gpus.index(gpu))]:
+                yield Signal(f"{gpu}:epb{k}")
         elif self.options.dp_overlap:  # buckets no backward operator completes
             ops = self.trace.operators
             for k, (pos, _, _) in enumerate(self.buckets):
@@ -642,7 +741,7 @@ class ExpertParallel(EPFsdp, Extrapolator):
             yield Signal(f"{gpu}:grads")
         yield Wait(f"{gpu}:reduced")
         target = self.target(self.op_batch())
-        share = self._optimizer_share()
+        share = self._optimizer_share(gpu)
         opt = [self.compute(op, target, share) for op in self.ops("optimizer")]
         if opt and self.compute_runs:
             yield ComputeRun(opt)
@@ -652,16 +751,17 @@ class ExpertParallel(EPFsdp, Extrapolator):
             yield Signal(f"{gpu}:stepped")
             yield Wait(f"{gpu}:params")
 
-    def _optimizer_share(self) -> float:
+    def _optimizer_share(self, gpu) -> float:
         """The optimizer's time x the weights it steps / all weight bytes: what the GPU
         holds; with the distributed optimizer its 1/dp of the dense and 1/edp of the
         experts' (the optimizer step touches only the shard it owns)."""
         total = self.trace.weight_bytes()
         if not total:
             return 1.0
+        dense, expert = self.held(gpu)
         if self.options.distributed_optimizer or self.options.fsdp:
-            return (self.dense_held / self.grid.dp + self.expert_held / self.grid.edp) / total
-        return self.held_weight_bytes(None) / total
+            return (dense / self.grid.dp + expert / self.grid.edp) / total
+        return (dense + expert) / total
 
     def _reduction(self, gpu):
         """(kind, dense group, its key's name, expert replicas, theirs) of `gpu`'s gradient
@@ -669,8 +769,10 @@ class ExpertParallel(EPFsdp, Extrapolator):
         i = self.gpus.index(gpu)
         _, j, _, replicas = self.groups(gpu)
         kind = "reduce_scatter" if self.options.distributed_optimizer else "allreduce"
-        dense = "ep:dense" if self.tp == 1 else f"ep:dense{self.grid.dense(i)[0]}"
+        sk = self._stage_key(gpu)
+        dense = f"{sk}ep:dense" if self.tp == 1 else f"{sk}ep:dense{self.grid.dense(i)[0]}"
         expert = f"ep:experts{j}" if self.etp == 1 else f"ep:experts{j}.{self.grid.expert(i)[0]}"
+        expert = sk + expert
         return kind, self.dense_group(gpu), dense, replicas, expert
 
     def _comm(self, gpu):
@@ -678,7 +780,9 @@ class ExpertParallel(EPFsdp, Extrapolator):
             yield from self._fsdp_reduce(gpu)
             return
         kind, dense_group, dense, replicas, expert = self._reduction(gpu)
-        for k, (_, nbytes, what) in enumerate(self.param_gathers):
+        dense_held, expert_held = self.held(gpu)
+        stage = self.grid.stage(self.gpus.index(gpu))
+        for k, (_, nbytes, what) in enumerate(self.stage_gathers[stage]):
             # overlap_param_gather: the last step's updated shards, gathered in the order
             # the forward pass reads them (the steady state of Megatron's overlap)
             group = dense_group if what == "dense" else replicas
@@ -692,20 +796,20 @@ class ExpertParallel(EPFsdp, Extrapolator):
             yield from self._bucket_comm(gpu)
         else:
             yield Wait(f"{gpu}:grads")
-            if len(dense_group) > 1 and self.dense_held > 0:
+            if len(dense_group) > 1 and dense_held > 0:
                 yield Collective(
                     kind,
                     dense_group,
-                    self.dense_held,
+                    dense_held,
                     f"{dense}-{kind}",
                     layer="gradients",
                     phase="backward",
                 )
-            if len(replicas) > 1 and self.expert_held > 0:
+            if len(replicas) > 1 and expert_held > 0:
                 yield Collective(
                     kind,
                     replicas,
-                    self.expert_held,
+                    expert_held,
                     f"{expert}-{kind}",
                     layer="expert gradients",
                     phase="backward",
@@ -715,8 +819,8 @@ class ExpertParallel(EPFsdp, Extrapolator):
             # the updated shards back to every replica, after the step
             yield Wait(f"{gpu}:stepped")
             for group, nbytes, name in (
-                (dense_group, self.dense_held, dense),
-                (replicas, self.expert_held, expert),
+                (dense_group, dense_held, dense),
+                (replicas, expert_held, expert),
             ):
                 if len(group) > 1 and nbytes > 0:
                     yield Collective(
@@ -730,7 +834,7 @@ class ExpertParallel(EPFsdp, Extrapolator):
         data-parallel group, expert ones over its experts' replicas."""
         kind, dense_group, dense, replicas, expert = self._reduction(gpu)
         op = "allreduce" if kind == "allreduce" else kind
-        for k, (_, size, what) in enumerate(self.buckets):
+        for k, (_, size, what) in enumerate(self._buckets_of(gpu)):
             yield Wait(f"{gpu}:epb{k}")
             group = dense_group if what == "dense" else replicas
             if len(group) > 1:
@@ -753,4 +857,10 @@ class ExpertParallel(EPFsdp, Extrapolator):
             return self.fsdp_buffer()
         if self.options.distributed_optimizer:
             return 0.0
-        return sum(size for _, size, _ in self.buckets)
+        return sum(size for _, size, _ in self._buckets_of(gpu))
+
+    def _buckets_of(self, gpu) -> list:
+        """The gradient buckets `gpu` reduces: its stage's (all of them at pp 1)."""
+        if self.pp == 1:
+            return self.buckets
+        return self.stage_buckets[self.grid.stage(self.gpus.index(gpu))]

@@ -10,7 +10,9 @@ optimizer, and with FSDP over dp x cp as torchtitan) and expert parallelism (ep,
 backward pass or overlapped with it, or by the distributed optimizer, or fully sharded) for
 every degree above 1 dividing N, the other GPUs data-parallel replicas; ep with the dense
 layers tensor-parallel over every tp above 1 dividing N (experts not split, etp 1, and split
-over etp = tp where ep x tp divides N); tensor x context parallelism (tp x cp, both above 1,
+over etp = tp where ep x tp divides N); ep inside pipeline stages (ep x pp, both above 1,
+1F1B over 2 x pp micro-batches, the distributed optimizer; the rest of each stage data-
+parallel); tensor x context parallelism (tp x cp, both above 1,
 both ways, with sequence parallelism and the distributed optimizer; the rest
 data-parallel), and 3D grids with a CP degree (cp and pp above 1, 1F1B, ring attention; with and without
 Megatron's distributed optimizer).
@@ -96,6 +98,16 @@ def candidates(n: int, batch: int) -> list[tuple[str, dict]]:
                         {"mode": "ep", "ep": e, "tp": t, "etp": etp, "dp_overlap": True},
                     )
                 )
+    for pp in _divisors(n)[1:]:  # EP inside pipeline stages (Megatron-Core's EP x PP)
+        s = n // pp  # GPUs per stage: EP groups and the dense replicas inside it
+        m = 2 * pp
+        for e in _divisors(s)[1:]:
+            if batch % (s * m) == 0:
+                d = s // e
+                label = f"ep {e} x pp {pp}" if d == 1 else f"dp {d} x ep {e} x pp {pp}"
+                par = {"mode": "ep", "ep": e, "pp": pp, "accumulation_steps": m}
+                par.update(schedule="1f1b", dp_overlap=True, distributed_optimizer=True)
+                out.append((f"{label} (1f1b, {m} mb, distributed optimizer)", par))
     for dp in _divisors(n):  # 3D grids with all three degrees above 1
         for tp in _divisors(n // dp):
             pp = n // dp // tp
