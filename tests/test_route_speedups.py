@@ -725,12 +725,36 @@ def test_server_searches_were_compared():
     assert r.server_hop_rows([0, 1], [0, 4]) is None  # GPU 4 is in the next server
 
 
-@pytest.mark.parametrize("name", ["multi-node rail", "multi-node switch", "dgx1", "torus"])
+def _two_switch_servers(n: int = 3):
+    """n alike servers of 4 GPUs, each GPU on two equal NVSwitches (every pair inside a
+    server ties: ECMP hashes the names, so alike servers walk differently), joined by a
+    network switch."""
+    g = nx.DiGraph()
+    for k in range(n):
+        for i in range(4):
+            g.add_node(4 * k + i, kind="gpu")
+        for sw in (f"x{k}", f"y{k}"):
+            g.add_node(sw, kind="switch")
+            for i in range(4):
+                for a, b in ((4 * k + i, sw), (sw, 4 * k + i)):
+                    g.add_edge(a, b, bandwidth=300 * GB, latency=0.5e-6, kind="nvlink")
+    g.add_node("ib", kind="switch")
+    for v in range(4 * n):
+        for a, b in ((v, "ib"), ("ib", v)):
+            g.add_edge(a, b, bandwidth=50 * GB, latency=1e-6, kind="net")
+    return g
+
+
+@pytest.mark.parametrize(
+    "name", ["multi-node rail", "multi-node switch", "dgx1", "torus", "two-switch servers"]
+)
 def test_server_walks_are_the_reference_routes(name):
     """Pairs inside one server are walked there (a rail cluster's servers; a DGX-1 or a
     torus without network links is one server), the same links as the reference walk;
-    pairs across servers are left to the machine's walk."""
-    g = builders()[name]
+    pairs across servers are left to the machine's walk. Alike servers share their
+    walks where no tie is met (the rail cluster's); where ties are (two switches per
+    server) each pair is walked with its own hash."""
+    g = _two_switch_servers() if name == "two-switch servers" else builders()[name]
     gpus = [v for v, d in g.nodes(data=True) if d.get("kind", "gpu") == "gpu"]
     pairs = [(a, b) for a in gpus for b in gpus if a != b]
     got = Routes(g).server_walks(pairs)

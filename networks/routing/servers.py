@@ -37,6 +37,7 @@ class RouteServers(RouteRows):
         self._servers: dict = {}  # component -> its sub-graph (`_server`), or None: too big
         self._comp_nodes = self._comp_ptr = None  # every component's nodes (`_server`)
         self._server_rows: dict = {}  # node -> its server's nodes and its distances there
+        self._shape_walks: dict = {}  # server shape -> {(from, to) positions: link positions}
         self._out_link = self._out_ptr = None  # out-links by tail, built when first needed
 
     def server_hop_rows(self, sources, targets) -> list | None:
@@ -120,6 +121,22 @@ class RouteServers(RouteRows):
         links = sub[7]
         ps = np.searchsorted(members, np.array([s for _, s, _ in items], np.int64))
         pd = np.searchsorted(members, np.array([d for _, _, d in items], np.int64))
+        # servers of one shape (the same links between the same positions, in link
+        # order, with the same weights: a cluster's servers) walk a pair of positions
+        # alike where no tie is met (a tie's pick hashes the nodes' names): walked once
+        known = self._shape_walks.setdefault(sub[8], {})
+        left = []
+        for i, (key, _, _) in enumerate(items):
+            pos = known.get((int(ps[i]), int(pd[i])), False)
+            if pos is False:
+                left.append(i)
+            elif pos is not None:
+                out[key] = links[pos]
+        if len(left) < len(items):
+            items = [items[i] for i in left]
+            ps, pd = ps[left], pd[left]
+        if not items:
+            return
         us, inv = np.unique(ps, return_inverse=True)
         dist = dijkstra(csr, indices=us)[inv.reshape(-1)]  # (pairs, server nodes)
         m = len(members)
@@ -127,8 +144,12 @@ class RouteServers(RouteRows):
         ptr = np.searchsorted(head[order], np.arange(m + 1))
         pad = np.full((m, max(1, int(np.diff(ptr).max(initial=0)))), -1, np.int64)
         pad[head[order], np.arange(len(order)) - ptr[head[order]]] = order
-        act = np.flatnonzero(dist[np.arange(len(items)), pd] < NET_WEIGHT)
+        joined = dist[np.arange(len(items)), pd] < NET_WEIGHT
+        for i in np.flatnonzero(~joined).tolist():
+            known[int(ps[i]), int(pd[i])] = None  # not joined inside: the machine's walk
+        act = np.flatnonzero(joined)
         v = pd[act]
+        tied = np.zeros(len(items), bool)
         steps = []
         nodes = self.nodes
         while len(act):
@@ -143,17 +164,21 @@ class RouteServers(RouteRows):
                 ok = np.flatnonzero(tight[i])
                 h = zlib.crc32(f"{src!r}|{dst!r}|{nodes[members[v[i]]]!r}".encode())
                 pick[i] = ok[h % len(ok)]
+                tied[act[i]] = True
             k = c[np.arange(len(act)), pick]
-            steps.append((act, links[k]))
+            steps.append((act, k))
             v = tail[k]
             keep = v != ps[act]
             act, v = act[keep], v[keep]
         got: dict = {}
         for a, lk in steps:
-            for i, link in zip(a.tolist(), lk.tolist(), strict=True):
-                got.setdefault(i, []).append(link)
+            for i, k in zip(a.tolist(), lk.tolist(), strict=True):
+                got.setdefault(i, []).append(k)
         for i, path in got.items():
-            out[items[i][0]] = np.array(path[::-1], dtype=np.int64)
+            pos = np.array(path[::-1], dtype=np.int64)
+            out[items[i][0]] = links[pos]
+            if not tied[i]:
+                known[int(ps[i]), int(pd[i])] = pos
 
     def server_row(self, s: int) -> tuple:
         """(the server's nodes, sorted; node s's distances to each inside the server), for
@@ -222,5 +247,6 @@ class RouteServers(RouteRows):
         )
         outs = outs[self._net_link[outs]]
         exits = (np.searchsorted(members, self._u[outs]), self._v[outs], self.weight[outs])
-        out = self._servers[comp] = (members, csr, tail, head, w, bw, exits, links)
+        shape = (m, tail.tobytes(), head.tobytes(), w.tobytes())
+        out = self._servers[comp] = (members, csr, tail, head, w, bw, exits, links, shape)
         return out
