@@ -766,6 +766,24 @@ def test_server_walks_are_the_reference_routes(name):
     assert all(got[p].tolist() == want[p] for p in inside)
 
 
+def test_alike_servers_share_hop_rows_only_where_their_bandwidths_agree():
+    """Three servers of one shape; the third with one NVLink at a third of the speed:
+    the first two share one answer, the third gets its own, each the whole trees'."""
+    from extrapolators.communication.rings import hop_rows
+
+    g = topo.multi_node(3, 4, 450 * GB, 50 * GB, 1e-6, 2e-6)
+    g.edges[9, "nvswitch2"]["bandwidth"] = 150 * GB
+    r = Routes(g)
+    groups = [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]]
+    got = [hop_rows(g, r, grp, grp) for grp in groups]
+    assert got[0][0][0] is got[1][0][0]  # shared, not searched again
+    for grp, rows in zip(groups, got, strict=True):
+        whole = Routes(g)
+        whole.hub_hop_rows = whole.server_hop_rows = lambda sources, targets: None
+        assert _same_rows(rows, hop_rows(g, whole, grp, grp)), grp
+    assert got[2][1][0].tolist() == [150 * GB, np.inf, 150 * GB, 150 * GB]
+
+
 def test_server_search_declines_when_equal_paths_have_other_bottlenecks():
     """One server: GPU 0 reaches GPU 1 through switch x or switch y, both 2 hops and 1 us;
     through x the slowest link carries 100 GB/s, through y 300: a tree's tie-break would

@@ -38,14 +38,13 @@ class RouteServers(RouteRows):
         self._comp_nodes = self._comp_ptr = None  # every component's nodes (`_server`)
         self._server_rows: dict = {}  # node -> its server's nodes and its distances there
         self._shape_walks: dict = {}  # server shape -> {(from, to) positions: link positions}
+        self._shape_rows: dict = {}  # (shape, bandwidths, positions) -> server_hop_rows
         self._out_link = self._out_ptr = None  # out-links by tail, built when first needed
 
     def server_hop_rows(self, sources, targets) -> list | None:
         """`(bottleneck bandwidth, packed distance, hops)` arrays over `targets` for each
         source, as a shortest-path tree from the source gives them, or None (the module
-        says when)."""
-        from scipy.sparse.csgraph import dijkstra
-
+        says when; the arrays are shared: a caller must not write into them)."""
         idx = self.node_index
         s = np.array([idx[v] for v in sources], np.int64)
         t = np.array([idx[v] for v in targets], np.int64)
@@ -59,6 +58,19 @@ class RouteServers(RouteRows):
             return None
         members, csr, tail, head, w, bw = sub[:6]
         ps, pt = np.searchsorted(members, s), np.searchsorted(members, t)
+        # the answer is a function of the server's shape and the positions only (no
+        # names: no tie-break): alike servers' groups (a cluster's TP groups) share it
+        key = (sub[8], bw.tobytes(), ps.tobytes(), pt.tobytes())
+        if key in self._shape_rows:
+            return self._shape_rows[key]
+        self._shape_rows[key] = got = self._server_rows_of(csr, tail, head, w, bw, ps, pt)
+        return got
+
+    @staticmethod
+    def _server_rows_of(csr, tail, head, w, bw, ps, pt) -> list | None:
+        """`server_hop_rows` on one server's arrays, positions ps to positions pt."""
+        from scipy.sparse.csgraph import dijkstra
+
         d = dijkstra(csr, indices=ps)  # (sources, server nodes)
         dt = d[:, pt]
         if not (np.isfinite(dt).all() and (dt < NET_WEIGHT).all()):
@@ -66,7 +78,7 @@ class RouteServers(RouteRows):
         # the least and the most bottleneck over every shortest path, one round per hop
         # down the DAG of tight links (each at least 1 heavier than its tail: no cycle)
         tight = d[:, tail] + w == d[:, head]
-        rows = np.arange(len(s))[:, None]
+        rows = np.arange(len(ps))[:, None]
         src_at = (rows[:, 0], ps)
         lo = np.full(d.shape, np.inf)
         hi = np.full(d.shape, -np.inf)
@@ -85,7 +97,9 @@ class RouteServers(RouteRows):
         if not np.array_equal(b_lo, b_hi):
             return None  # the tree's tie-break would decide
         hops = np.mod(dt, NS_WEIGHT)  # each link adds 1 below its latency's ns
-        return [(b_lo[i], dt[i], hops[i]) for i in range(len(s))]
+        for a in (b_lo, dt, hops):
+            a.flags.writeable = False
+        return [(b_lo[i], dt[i], hops[i]) for i in range(len(ps))]
 
     def server_walks(self, pairs) -> dict:
         """{(src, dst): links} for the pairs of `pairs` whose ends are in one server (of at
