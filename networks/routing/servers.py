@@ -39,6 +39,7 @@ class RouteServers(RouteRows):
         self._server_rows: dict = {}  # node -> its server's nodes and its distances there
         self._shape_walks: dict = {}  # server shape -> {(from, to) positions: link positions}
         self._shape_rows: dict = {}  # (shape, bandwidths, positions) -> server_hop_rows
+        self._exits_of: dict = {}  # node -> its `server_reads`
         self._out_link = self._out_ptr = None  # out-links by tail, built when first needed
 
     def server_hop_rows(self, sources, targets) -> list | None:
@@ -213,8 +214,11 @@ class RouteServers(RouteRows):
         tuning.SERVER_NODES nodes. Any path from s out of the server leaves by one of these
         links, so s's distance to a node outside is the least over them of offset + the
         head's distance there, exactly (integer-valued weights)."""
+        if s in self._exits_of:
+            return self._exits_of[s]
         sub = self._server(int(self._local[s]))
         if sub is None:
+            self._exits_of[s] = None
             return None
         members, row = self.server_row(s)
         ex_tail, ex_head, ex_w = sub[6]
@@ -223,7 +227,8 @@ class RouteServers(RouteRows):
         for y, o in zip(ex_head.tolist(), off.tolist(), strict=True):
             if o < best.get(y, np.inf):
                 best[y] = o
-        return list(best.items())
+        got = self._exits_of[s] = list(best.items())
+        return got
 
     def _server(self, comp: int):
         """(its nodes' indices, sorted; CSR of its links; their tails, heads (positions in
