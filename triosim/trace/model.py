@@ -108,7 +108,10 @@ class Trace:
     metadata: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        # worked out once, on first use: a trace's operators and tensors are not changed
+        # after it is made (a changed trace is a new Trace, as the modes' views are)
         self._by_id = None
+        self._weight_bytes = None
 
     # -- convenience -------------------------------------------------------------
     @property
@@ -128,7 +131,10 @@ class Trace:
         return [t for t in self.tensors.values() if t.category == "weight"]
 
     def weight_bytes(self) -> float:
-        return math.fsum(t.nbytes for t in self.weights())
+        """Bytes of the weights (asked per GPU: 131,072 sums of every tensor were 10 s)."""
+        if self._weight_bytes is None:
+            self._weight_bytes = math.fsum(t.nbytes for t in self.weights())
+        return self._weight_bytes
 
     def validate(self, file=None) -> Trace:
         validate(self, file)
