@@ -111,9 +111,11 @@ def test_memory_options_are_validated():
     )
 
 
-def block_trace(blocks=3, a=1e6):
+def block_trace(blocks=3, a=1e6, saved_inside=False):
     """Blocks of two forward ops (linear x -> h, relu h -> y) whose backward reads x and h
-    (what autograd saves); y is the next block's x."""
+    (what autograd saves); y is the next block's x. With `saved_inside`, each block's
+    backward also reads an a-byte tensor no operator wrote, which autograd saved inside
+    the linear (as rms_norm's composite saves its float32 intermediates)."""
     from triosim.trace.model import Operator, Trace
 
     tensors, ops = {}, []
@@ -138,6 +140,7 @@ def block_trace(blocks=3, a=1e6):
         x = y
     for b, xb, hb, w, fwd in reversed(saved):
         g, gx = tensor("gradient", 4e6), tensor("activation", a)
+        inside = (tensor("activation", a),) if saved_inside else ()
         ops.append(
             Operator(
                 len(ops),
@@ -145,7 +148,7 @@ def block_trace(blocks=3, a=1e6):
                 f"block{b}",
                 "backward",
                 2e-3,
-                (xb, hb, w),
+                (xb, hb, w, *inside),
                 (gx, g),
                 2e9,
                 fwd_id=fwd,
@@ -167,6 +170,22 @@ def test_full_recomputation_trades_memory_for_the_forward_time():
     assert again.iteration_time - plain.iteration_time == pytest.approx(3 * 1.5e-3, rel=1e-9)
     peak = [r.memory.groupby("gpu")["activations"].max().max() for r in (plain, again)]
     assert peak[0] == pytest.approx(7 * a) and peak[1] == pytest.approx(5 * a)
+
+
+def test_what_a_recomputed_op_saved_inside_itself_is_born_with_its_recomputation():
+    # The blocks above, each backward also reading s_b, saved inside block b's linear.
+    # Without recomputation s_b lives from the linear to its backward: at block 2's relu
+    # x0 h0 x1 h1 x2 h2 y2 and s0 s1 s2 are alive (10), and so at the first backward op
+    # (y2 gone, its input gradient added). With full recomputation the first forward runs
+    # without saving: s_b is born when block b's linear is recomputed, so at block 2's
+    # recomputed relu x0 x1 x2 h2 y2 and s2 (6); born at the first forward, s0 and s1 were
+    # alive there too (8).
+    a = 1e6
+    t = block_trace(3, a, saved_inside=True)
+    plain = run(t, 2, "dp", 16)
+    again = run(t, 2, "dp", 16, par={"recompute": "full"})
+    peak = [r.memory.groupby("gpu")["activations"].max().max() for r in (plain, again)]
+    assert peak[0] == pytest.approx(10 * a) and peak[1] == pytest.approx(6 * a)
 
 
 def test_a_capacity_no_gpu_has_and_a_reserve_over_it_are_refused_before_running():

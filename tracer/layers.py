@@ -14,7 +14,8 @@ grow with the bytes of its lists.
 The steps: `_check_layers` (the trace has layers 0..k-1, L a multiple of k),
 `tracer.layer_block.find_block` (what the traced layers own and how copies chain),
 `_tensor_maps` and `_operator_maps` (the copies' new ids), `_assemble` (the operators in
-order), `_metadata`. The input trace is not changed; the result shares its Tensor objects.
+order), `tracer.layer_storage.copy_storages` (a copy's tensors share storage where the traced
+layers' do: views, saved tensors unpacked in backward), `_metadata`. The input trace is not changed; the result shares its Tensor objects.
 
 Pure Python on the trace: no PyTorch needed.
 """
@@ -26,6 +27,7 @@ import re
 
 from tracer.layer_block import Block, find_block
 from tracer.layer_block import layer_index as _index
+from tracer.layer_storage import copy_storages
 from triosim.common.errors import TracerError
 from triosim.trace.flops import forward_flops
 from triosim.trace.model import Operator, Tensor, Trace
@@ -52,6 +54,8 @@ def replicate(trace: Trace, prefix: str, traced: int, total: int) -> Trace:
     new_tensors, maps = _tensor_maps(trace.tensors, block, copies, prefix, traced)
     op_maps = _operator_maps(ops, block, copies)
     out = _assemble(ops, trace.tensors, new_tensors, block, maps, op_maps, prefix, traced)
+    head = {t: maps[copies - 1][t] for t in block.fwd_exit if t in maps[copies - 1]}
+    new_tensors = copy_storages(ops, trace.tensors, new_tensors, block, maps, head)
     meta = _metadata(trace.metadata, new_tensors, prefix, traced, total)
     return Trace(out, new_tensors, meta).validate()
 
@@ -94,6 +98,7 @@ def _tensor_maps(
                 src.nbytes,
                 src.category,
                 _rename(src.name, prefix, c * traced),
+                src.storage,  # the traced label for now: tracer.layer_storage relabels
             )
             maps[c][t] = next_tensor
             next_tensor += 1

@@ -6,7 +6,7 @@
 # peaks and bandwidths (an assumption). Re-run from the repository root:
 #   bash traces/make_modelled_traces.sh
 set -euo pipefail
-trace() { python -m triosim.cli.main trace "$@" --shapes-only; }
+trace() { python -m triosim.cli.main trace "$@" --shapes-only --calibration perfmodel/calibration/h100.json; }
 for gpu in A100-80GB A40; do
   out="traces/modelled/$(echo "$gpu" | tr '[:upper:]' '[:lower:]')"
   trace vgg11 --batch-size 128 --gpu "$gpu" --out "$out"

@@ -369,11 +369,13 @@ def _activations(r, plan, times, cats, values):
     them (the end of the iteration and micro-batch for the held model output), per
     (iteration, micro-batch). Allocations a recomputed forward op writes are a second copy
     (pass 1): the first forward's copy lives only until its last forward reader, and
-    backward reads the recomputed one."""
+    backward reads the recomputed one; one a recomputed op saved inside itself is born
+    with the recomputation."""
     first: dict = {}
     last: dict = {}
     size: dict = {}
     started: dict = {}  # (op id, iteration, micro-batch) -> start
+    again: dict = {}  # the same, of the op's recomputation
     ends: dict = {}  # (iteration, micro-batch) -> end of its last op
     held: list = []
     rows = zip(
@@ -381,21 +383,26 @@ def _activations(r, plan, times, cats, values):
     )
     for op_id, start, stop, it, mb, phase in rows:
         started.setdefault((op_id, it, mb), start)
+        if phase == "recompute":
+            again.setdefault((op_id, it, mb), start)
         prev_end = ends.get((it, mb), stop)
         ends[(it, mb)] = prev_end if prev_end > stop else stop
         p = plan.get(op_id)
         if p is None:
             continue
         items, ratio = p
-        again = phase == "recompute"
+        redo = phase == "recompute"
         for k, nbytes, is_out, born_in, is_held in items:
             key = (k, it, mb, 1)
-            if not (again and is_out) and key not in first:
+            if not (redo and is_out) and key not in first:
                 key = (k, it, mb, 0)  # the first forward's copy, or one never recomputed
             if key not in first:
                 t0 = start
                 if born_in is not None and not is_out:
-                    t0 = started.get((born_in, it, mb), start)
+                    # what autograd saved inside a recomputed op is saved by its
+                    # recomputation (the first forward ran without saving)
+                    b = (born_in, it, mb)
+                    t0 = again.get(b, started.get(b, start))
                 first[key] = t0
                 size[key] = nbytes * ratio
                 if is_held:
