@@ -21,12 +21,27 @@ O(groups x machine)). What it needs: rows.RouteRows (the graph's arrays and `_lo
 from __future__ import annotations
 
 import zlib
+from typing import NamedTuple
 
 import numpy as np
 
 from networks.routing import tuning
 from networks.routing.graph import NET_WEIGHT, NS_WEIGHT
 from networks.routing.rows import RouteRows
+
+
+class _Server(NamedTuple):
+    """One server's sub-graph (`RouteServers._server`)."""
+
+    members: np.ndarray  # its nodes' indices, sorted
+    csr: object  # its links inside (no network links) as a sparse matrix over positions
+    tail: np.ndarray  # each of those links' tail and head (positions in `members`),
+    head: np.ndarray
+    w: np.ndarray  # packed weight,
+    bw: np.ndarray  # bandwidth
+    links: np.ndarray  # and index in the graph's links (in link order)
+    exits: tuple  # its network links out: (tail position, head node, weight) arrays
+    shape: tuple  # what alike servers share: node count, tails, heads, weights
 
 
 class RouteServers(RouteRows):
@@ -40,8 +55,6 @@ class RouteServers(RouteRows):
         self._shape_walks: dict = {}  # server shape -> {(from, to) positions: link positions}
         self._shape_rows: dict = {}  # (shape, bandwidths, positions) -> server_hop_rows
         self._exits_of: dict = {}  # node -> its `server_reads`
-        self._comp_size = None  # nodes per component
-        self._out_link = self._out_ptr = None  # out-links by tail, built when first needed
 
     def server_hop_rows(self, sources, targets) -> list | None:
         """`(bottleneck bandwidth, packed distance, hops)` arrays over `targets` for each
@@ -58,50 +71,13 @@ class RouteServers(RouteRows):
         sub = self._server(int(comp))
         if sub is None:
             return None
-        members, csr, tail, head, w, bw = sub[:6]
-        ps, pt = np.searchsorted(members, s), np.searchsorted(members, t)
+        ps, pt = np.searchsorted(sub.members, s), np.searchsorted(sub.members, t)
         # the answer is a function of the server's shape and the positions only (no
         # names: no tie-break): alike servers' groups (a cluster's TP groups) share it
-        key = (sub[8], bw.tobytes(), ps.tobytes(), pt.tobytes())
-        if key in self._shape_rows:
-            return self._shape_rows[key]
-        self._shape_rows[key] = got = self._server_rows_of(csr, tail, head, w, bw, ps, pt)
-        return got
-
-    @staticmethod
-    def _server_rows_of(csr, tail, head, w, bw, ps, pt) -> list | None:
-        """`server_hop_rows` on one server's arrays, positions ps to positions pt."""
-        from scipy.sparse.csgraph import dijkstra
-
-        d = dijkstra(csr, indices=ps)  # (sources, server nodes)
-        dt = d[:, pt]
-        if not (np.isfinite(dt).all() and (dt < NET_WEIGHT).all()):
-            return None
-        # the least and the most bottleneck over every shortest path, one round per hop
-        # down the DAG of tight links (each at least 1 heavier than its tail: no cycle)
-        tight = d[:, tail] + w == d[:, head]
-        rows = np.arange(len(ps))[:, None]
-        src_at = (rows[:, 0], ps)
-        lo = np.full(d.shape, np.inf)
-        hi = np.full(d.shape, -np.inf)
-        lo[src_at] = hi[src_at] = np.inf
-        for _ in range(d.shape[1]):
-            new_lo = np.full(d.shape, np.inf)
-            new_hi = np.full(d.shape, -np.inf)
-            r, k = np.nonzero(tight)
-            np.minimum.at(new_lo, (r, head[k]), np.minimum(lo[r, tail[k]], bw[k]))
-            np.maximum.at(new_hi, (r, head[k]), np.minimum(hi[r, tail[k]], bw[k]))
-            new_lo[src_at] = new_hi[src_at] = np.inf
-            if np.array_equal(new_lo, lo) and np.array_equal(new_hi, hi):
-                break
-            lo, hi = new_lo, new_hi
-        b_lo, b_hi = lo[:, pt], hi[:, pt]
-        if not np.array_equal(b_lo, b_hi):
-            return None  # the tree's tie-break would decide
-        hops = np.mod(dt, NS_WEIGHT)  # each link adds 1 below its latency's ns
-        for a in (b_lo, dt, hops):
-            a.flags.writeable = False
-        return [(b_lo[i], dt[i], hops[i]) for i in range(len(ps))]
+        key = (sub.shape, sub.bw.tobytes(), ps.tobytes(), pt.tobytes())
+        if key not in self._shape_rows:
+            self._shape_rows[key] = _server_rows_of(sub, ps, pt)
+        return self._shape_rows[key]
 
     def server_walks(self, pairs) -> dict:
         """{(src, dst): links} for the pairs of `pairs` whose ends are in one server (of at
@@ -112,9 +88,7 @@ class RouteServers(RouteRows):
         whole machine (2,056 rows of 18,448 nodes at 16,384 GPUs: 11 s)."""
 
         idx, local = self.node_index, self._local
-        if self._comp_size is None:
-            self._comp_size = np.bincount(local)
-        small = self._comp_size <= tuning.SERVER_NODES  # servers small enough to search
+        small = np.diff(self._components()[1]) <= tuning.SERVER_NODES  # small enough to search
         s_idx = np.array([idx[a] for a, _ in pairs], np.int64)
         d_idx = np.array([idx[b] for _, b in pairs], np.int64)
         comp = local[s_idx]
@@ -144,14 +118,13 @@ class RouteServers(RouteRows):
         sub = self._server(comp)
         if sub is None:
             return
-        members, csr, tail, head, w = sub[:5]
-        links = sub[7]
+        members, tail, head, w, links = sub.members, sub.tail, sub.head, sub.w, sub.links
         ps = np.searchsorted(members, np.array([s for _, s, _ in items], np.int64))
         pd = np.searchsorted(members, np.array([d for _, _, d in items], np.int64))
         # servers of one shape (the same links between the same positions, in link
         # order, with the same weights: a cluster's servers) walk a pair of positions
         # alike where no tie is met (a tie's pick hashes the nodes' names): walked once
-        known = self._shape_walks.setdefault(sub[8], {})
+        known = self._shape_walks.setdefault(sub.shape, {})
         left = []
         for i, (key, _, _) in enumerate(items):
             pos = known.get((int(ps[i]), int(pd[i])), False)
@@ -165,7 +138,7 @@ class RouteServers(RouteRows):
         if not items:
             return
         us, inv = np.unique(ps, return_inverse=True)
-        dist = dijkstra(csr, indices=us)[inv.reshape(-1)]  # (pairs, server nodes)
+        dist = dijkstra(sub.csr, indices=us)[inv.reshape(-1)]  # (pairs, server nodes)
         m = len(members)
         order = np.argsort(head, kind="stable")  # in-links per head, in link order
         ptr = np.searchsorted(head[order], np.arange(m + 1))
@@ -214,8 +187,9 @@ class RouteServers(RouteRows):
         if got is None:
             from scipy.sparse.csgraph import dijkstra
 
-            members, csr = self._server(int(self._local[s]))[:2]
-            row = dijkstra(csr, indices=int(np.searchsorted(members, s)))
+            sub = self._server(int(self._local[s]))
+            members = sub.members
+            row = dijkstra(sub.csr, indices=int(np.searchsorted(members, s)))
             got = self._server_rows[s] = (members, row)
         return got
 
@@ -233,7 +207,7 @@ class RouteServers(RouteRows):
             self._exits_of[s] = None
             return None
         members, row = self.server_row(s)
-        ex_tail, ex_head, ex_w = sub[6]
+        ex_tail, ex_head, ex_w = sub.exits
         off = row[ex_tail] + ex_w
         best: dict = {}
         for y, o in zip(ex_head.tolist(), off.tolist(), strict=True):
@@ -242,20 +216,25 @@ class RouteServers(RouteRows):
         got = self._exits_of[s] = list(best.items())
         return got
 
-    def _server(self, comp: int):
-        """(its nodes' indices, sorted; CSR of its links; their tails, heads (positions in
-        the nodes), weights and bandwidths) of component `comp`, built once; None over
-        tuning.SERVER_NODES nodes."""
-        if comp in self._servers:
-            return self._servers[comp]
-        from scipy.sparse import csr_matrix
-
-        if self._comp_ptr is None:  # the nodes of every component, once
+    def _components(self) -> tuple:
+        """Every node index grouped by component (sorted within each) and the offsets
+        where each component's nodes start in it: built once."""
+        if self._comp_ptr is None:
             self._comp_nodes = np.argsort(self._local, kind="stable")
             self._comp_ptr = np.searchsorted(
                 self._local[self._comp_nodes], np.arange(int(self._local.max()) + 2)
             )
-        members = self._comp_nodes[self._comp_ptr[comp] : self._comp_ptr[comp + 1]]
+        return self._comp_nodes, self._comp_ptr
+
+    def _server(self, comp: int) -> _Server | None:
+        """Component `comp` as a `_Server`, built once; None over tuning.SERVER_NODES
+        nodes."""
+        if comp in self._servers:
+            return self._servers[comp]
+        from scipy.sparse import csr_matrix
+
+        nodes, ptr = self._components()
+        members = nodes[ptr[comp] : ptr[comp + 1]]
         if len(members) > tuning.SERVER_NODES:
             self._servers[comp] = None
             return None
@@ -267,17 +246,59 @@ class RouteServers(RouteRows):
         head = np.searchsorted(members, self._v[links])
         w = self.weight[links]
         m = len(members)
-        csr = csr_matrix((w, (tail, head)), shape=(m, m))
-        bw = self.link_values("bandwidth")[links]
-        # its network links out (tail inside), for `server_reads`
-        if self._out_ptr is None:  # out-links as CSR (node -> link indices), once
-            self._out_link = np.argsort(self._u, kind="stable")
-            self._out_ptr = np.searchsorted(self._u[self._out_link], np.arange(len(self.nodes) + 1))
-        outs = np.concatenate(
-            [self._out_link[self._out_ptr[v] : self._out_ptr[v + 1]] for v in members.tolist()]
-        )
-        outs = outs[self._net_link[outs]]
+        # its network links out (tail inside), for `server_reads`: the heads of each
+        # member's out-links from the graph's CSR, their links by `link_ids`
+        indptr, indices = self._csr.indptr, self._csr.indices
+        tails = np.repeat(members, indptr[members + 1] - indptr[members])
+        heads = np.concatenate([indices[indptr[v] : indptr[v + 1]] for v in members.tolist()])
+        outs = self.link_ids(tails, heads)
+        outs = np.sort(outs[self._net_link[outs]])
         exits = (np.searchsorted(members, self._u[outs]), self._v[outs], self.weight[outs])
-        shape = (m, tail.tobytes(), head.tobytes(), w.tobytes())
-        out = self._servers[comp] = (members, csr, tail, head, w, bw, exits, links, shape)
+        out = self._servers[comp] = _Server(
+            members=members,
+            csr=csr_matrix((w, (tail, head)), shape=(m, m)),
+            tail=tail,
+            head=head,
+            w=w,
+            bw=self.link_values("bandwidth")[links],
+            links=links,
+            exits=exits,
+            shape=(m, tail.tobytes(), head.tobytes(), w.tobytes()),
+        )
         return out
+
+
+def _server_rows_of(sub: _Server, ps: np.ndarray, pt: np.ndarray) -> list | None:
+    """`server_hop_rows` on one server, positions ps to positions pt."""
+    from scipy.sparse.csgraph import dijkstra
+
+    tail, head, w, bw = sub.tail, sub.head, sub.w, sub.bw
+    d = dijkstra(sub.csr, indices=ps)  # (sources, server nodes)
+    dt = d[:, pt]
+    if not (np.isfinite(dt).all() and (dt < NET_WEIGHT).all()):
+        return None
+    # the least and the most bottleneck over every shortest path, one round per hop
+    # down the DAG of tight links (each at least 1 heavier than its tail: no cycle)
+    tight = d[:, tail] + w == d[:, head]
+    rows = np.arange(len(ps))[:, None]
+    src_at = (rows[:, 0], ps)
+    lo = np.full(d.shape, np.inf)
+    hi = np.full(d.shape, -np.inf)
+    lo[src_at] = hi[src_at] = np.inf
+    for _ in range(d.shape[1]):
+        new_lo = np.full(d.shape, np.inf)
+        new_hi = np.full(d.shape, -np.inf)
+        r, k = np.nonzero(tight)
+        np.minimum.at(new_lo, (r, head[k]), np.minimum(lo[r, tail[k]], bw[k]))
+        np.maximum.at(new_hi, (r, head[k]), np.minimum(hi[r, tail[k]], bw[k]))
+        new_lo[src_at] = new_hi[src_at] = np.inf
+        if np.array_equal(new_lo, lo) and np.array_equal(new_hi, hi):
+            break
+        lo, hi = new_lo, new_hi
+    b_lo, b_hi = lo[:, pt], hi[:, pt]
+    if not np.array_equal(b_lo, b_hi):
+        return None  # the tree's tie-break would decide
+    hops = np.mod(dt, NS_WEIGHT)  # each link adds 1 below its latency's ns
+    for a in (b_lo, dt, hops):
+        a.flags.writeable = False
+    return [(b_lo[i], dt[i], hops[i]) for i in range(len(ps))]
