@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -173,3 +174,25 @@ def scratch_registries():
     for r, parts in zip(registries, saved, strict=True):
         r._parts.clear()
         r._parts.update(parts)
+
+
+class TraceBuilder:
+    """A hand-built float32 trace (the attention tests' builders): `tensor(shape,
+    category)` and `op(...)` add one each and give its id, in order; an operator's FLOPs
+    are its time x 1e12, so the performance model scales it exactly by its share."""
+
+    def __init__(self):
+        self.tensors: dict = {}
+        self.ops: list = []
+
+    def tensor(self, shape, cat) -> int:
+        t = Tensor(len(self.tensors), tuple(shape), "float32", float(math.prod(shape) * 4), cat)
+        self.tensors[t.id] = t
+        return t.id
+
+    def op(self, name, layer, phase, time, ins, outs, fwd=None, split=False) -> int:
+        self.ops.append(
+            Operator(len(self.ops), name, layer, phase, time, tuple(ins), tuple(outs),
+                     time * 1e12, fwd_id=fwd, tp_split=split)
+        )  # fmt: skip
+        return self.ops[-1].id

@@ -11,15 +11,14 @@ the gradient alone (step c-1, received after the last step). Ulysses: DeepSpeed-
 attention on 1/c of the heads, an all-to-all of the output; backward the reverse.
 """
 
-import math
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import TraceBuilder
 from triosim.common.errors import ConfigError
 from triosim.simulation.wiring import Simulation
-from triosim.trace.model import Operator, Tensor, Trace
+from triosim.trace.model import Trace
 
 GB = 1e9
 # seconds: the QKV projection, attention, loss (forward); loss, attention, projection
@@ -32,19 +31,8 @@ def attention_trace(b=2, H=8, s=4096, d=128, layers=1, kv_heads=None):
     float32; FLOPs = time x 1e12, so the performance model scales each operator exactly
     by its share of the batch. With `kv_heads`, grouped-query attention as torchtitan
     traces it: k and v projected at kv_heads and repeated to H before the attention."""
-    tensors, ops = {}, []
-
-    def T(shape, cat):
-        t = Tensor(len(tensors), tuple(shape), "float32", float(math.prod(shape) * 4), cat)
-        tensors[t.id] = t
-        return t.id
-
-    def op(name, layer, phase, time, ins, outs, fwd=None, split=False):
-        ops.append(
-            Operator(len(ops), name, layer, phase, time, tuple(ins), tuple(outs), time * 1e12,
-                     fwd_id=fwd, tp_split=split)
-        )  # fmt: skip
-        return ops[-1].id
+    tb = TraceBuilder()
+    tensors, ops, T, op = tb.tensors, tb.ops, tb.tensor, tb.op
 
     x = T((b, s, H * d), "input")
     weights, fwd = [], []

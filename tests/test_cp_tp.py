@@ -10,15 +10,14 @@ tokens (batch / dp / cp) and, for the split layers, 1 / tp; the attention betwee
 on heads / tp (mode tp's "sharded" role) and, in the ring, in cp steps of 1 / cp of that.
 """
 
-import math
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.conftest import TraceBuilder
 from triosim.common.errors import ConfigError
 from triosim.simulation.wiring import Simulation
-from triosim.trace.model import Operator, Tensor, Trace
+from triosim.trace.model import Trace
 
 GB = 1e9
 # seconds: QKV, attention, output projection, loss (forward); loss, output projection,
@@ -29,19 +28,8 @@ F0, A, F1, F2, B2, B1, AB, B0, OPT = 1e-3, 4e-3, 0.5e-3, 0.2e-3, 0.2e-3, 1e-3, 8
 def block_trace(b=2, H=8, s=1024, d=64, kv_heads=None):
     """One attention block, float32 (module docstring). With `kv_heads`, grouped-query
     attention as torchtitan traces it: k and v projected at kv_heads, repeated to H."""
-    tensors, ops = {}, []
-
-    def T(shape, cat):
-        t = Tensor(len(tensors), tuple(shape), "float32", float(math.prod(shape) * 4), cat)
-        tensors[t.id] = t
-        return t.id
-
-    def op(name, layer, phase, time, ins, outs, fwd=None, split=False):
-        ops.append(
-            Operator(len(ops), name, layer, phase, time, tuple(ins), tuple(outs), time * 1e12,
-                     fwd_id=fwd, tp_split=split)
-        )  # fmt: skip
-        return ops[-1].id
+    tb = TraceBuilder()
+    tensors, ops, T, op = tb.tensors, tb.ops, tb.tensor, tb.op
 
     h = H * d
     x = T((b, s, h), "activation")  # made by no operator of the trace: it has a gradient
