@@ -65,6 +65,9 @@ def fingerprints(model, groups) -> list:
     index = routes.node_index
     hint = _hint_positions(model.graph)
     part = model._partition
+    rows = getattr(model, "_alike_rows", None)
+    if rows is None or rows.graph is not model.graph:
+        rows = model._alike_rows = _Rows(model.graph)
     for j, i in enumerate(todo):
         g = groups[i]
         p0, p1 = pair_end[j] - owner[j], pair_end[j]
@@ -75,7 +78,7 @@ def fingerprints(model, groups) -> list:
             lens[p0:p1].tobytes(),
             canon[o0:o1].tobytes(),
             attr[link_end[j] - per[j] : link_end[j]].tobytes(),
-            _neighbourhood(model.graph, g, part, index, hint),
+            _neighbourhood(rows, g, part, index, hint),
         )
     return keys
 
@@ -124,41 +127,61 @@ def _hint_positions(graph):
     return pos
 
 
-def _neighbourhood(graph, group, part, index, hint) -> tuple:
+class _Rows:
+    """Per node, its links out and in as (neighbour, (bandwidth, latency, kind), the
+    neighbour's attributes as an id), sorted by what the links are (not by how the graph
+    was built), with whether a link ties with another on that; worked out once a model."""
+
+    def __init__(self, graph):
+        self.graph = graph
+        self.pred = graph.pred if graph.is_directed() else graph.adj
+        self.attr_ids: dict = {}  # attributes (a node's server aside) -> id
+        self.node_attr: dict = {}  # node -> (id, attributes)
+        self.rows: dict = {}
+
+    def attr(self, v) -> tuple:
+        got = self.node_attr.get(v)
+        if got is None:
+            a = tuple(sorted((k, repr(x)) for k, x in self.graph.nodes[v].items() if k != "node"))
+            got = self.node_attr[v] = (self.attr_ids.setdefault(a, len(self.attr_ids)), a)
+        return got
+
+    def of(self, g) -> tuple:
+        got = self.rows.get(g)
+        if got is None:
+            got = self.rows[g] = tuple(self._row(adj[g]) for adj in (self.graph.adj, self.pred))
+        return got
+
+    def _row(self, adj) -> tuple:
+        row = sorted(
+            ((d.get("bandwidth"), d.get("latency", 0.0), d.get("kind")), self.attr(v)[0], k, v)
+            for k, (v, d) in enumerate(adj.items())
+        )
+        keys = [(e, a) for e, a, _k, _v in row]
+        ties = len(set(keys)) < len(keys)
+        return tuple((v, e, a) for e, a, _k, v in row), ties
+
+
+def _neighbourhood(rows: _Rows, group, part, index, hint) -> tuple:
     """The members' links in and out, servers and orders, in positions (module docstring)."""
     at = {g: i for i, g in enumerate(group)}
     others: dict = {}  # a non-member neighbour -> its first appearance
-    pred = graph.pred if graph.is_directed() else graph.adj
-    nodes = graph.nodes
-    attrs: dict = {}  # a node's attributes but its server (a non-member's plays no part)
-
-    def attr(v):
-        a = attrs.get(v)
-        if a is None:
-            a = attrs[v] = tuple(sorted((k, repr(x)) for k, x in nodes[v].items() if k != "node"))
-        return a
-
     links = []
     for g in group:
-        for way, adj in ((0, graph.adj), (1, pred)):
-            # in an order of what the links are, not of how the graph was built
-            nbrs = list(adj[g])
-            row = sorted(
-                (v not in at, at.get(v, -1), d.get("bandwidth"), d.get("latency", 0.0))
-                + (d.get("kind"), () if v in at else attr(v), k)
-                for k, (v, d) in enumerate(adj[g].items())
-            )
+        for way, (row, ties) in enumerate(rows.of(g)):
+            if ties:  # links alike: members first, by position, then the others as listed
+                row = sorted(row, key=lambda x: (x[1], x[2], x[0] not in at, at.get(x[0], -1)))
             links.append(
                 tuple(
-                    (way, ("o", others.setdefault(nbrs[k], len(others))) if other else ("m", p))
-                    + (bw, lat, kind)
-                    for other, p, bw, lat, kind, _a, k in row
+                    (way, ("m", at[v]) if v in at else ("o", others.setdefault(v, len(others)))) + e
+                    for v, e, _a in row
                 )
             )
     # switches by name: NCCL's topology picks a rail, NVLS or SHARP switch by name order
+    nodes = rows.graph.nodes
     names = sorted((v for v in others if nodes[v].get("kind") == "switch"), key=str)
     rank = {v: k for k, v in enumerate(names)}
-    node_data = tuple((others[v], rank.get(v), attr(v)) for v in others)
+    node_data = tuple((others[v], rank.get(v), rows.attr(v)[0]) for v in others)
     servers: dict = {}
     server = tuple(servers.setdefault(part.get(g), len(servers)) for g in group)
     by_index = tuple(sorted(range(len(group)), key=lambda i: index[group[i]]))
