@@ -14,7 +14,12 @@ rings.py) is the same in positions of the group:
   switch with the rank of its name among the group's switches, since NCCL's topology
   picks a rail switch and an NVLS or SHARP switch by name order), each link's bandwidth, latency and kind;
 - the server each GPU is in (by first appearance), and the members' order in the graph's
-  node index (extra rings over direct links follow it) and in the builder's ring hint.
+  node index (extra rings over direct links follow it) and in the builder's ring hint (no
+  group has a key where a GPU is in the hint twice);
+- the bottleneck, latency and hops between the members as the ring search reads them
+  (`rings.hop_rows`): where equal-cost paths differ in bandwidth its shortest-path trees
+  need not take the routed paths (a review found two servers alike in routes but not in
+  what the search saw).
 A slower link on an image's route, a missing NVLink, another server layout: another key,
 and that group is analysed on its own. What the key does not see (links off the group's
 routes and neighbourhood) the analysis does not read; the symmetric runtime still checks
@@ -28,6 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from extrapolators.communication.rings import _metrics
+
 MAX_SIZE = 16  # groups up to this size are compared (n x (n - 1) routes each)
 
 
@@ -35,8 +42,9 @@ def fingerprints(model, groups) -> list:
     """One hashable key per group (module docstring); None for a group too large."""
     groups = [tuple(g) for g in groups]
     keys: list = [None] * len(groups)
-    todo = [i for i, g in enumerate(groups) if 2 <= len(g) <= MAX_SIZE]
-    if not todo:
+    hint = _hint_positions(model.graph)
+    todo = [i for i, g in enumerate(groups) if 2 <= len(g) <= MAX_SIZE and len(set(g)) == len(g)]
+    if not todo or hint is False:
         return keys
     routes = model.routes
     pairs, owner = [], []
@@ -63,7 +71,6 @@ def fingerprints(model, groups) -> list:
     occ_end = np.cumsum(lens)
     link_end = np.cumsum(per)
     index = routes.node_index
-    hint = _hint_positions(model.graph)
     part = model._partition
     rows = getattr(model, "_alike_rows", None)
     if rows is None or rows.graph is not model.graph:
@@ -79,6 +86,7 @@ def fingerprints(model, groups) -> list:
             canon[o0:o1].tobytes(),
             attr[link_end[j] - per[j] : link_end[j]].tobytes(),
             _neighbourhood(rows, g, part, index, hint),
+            _hop_metrics(model, g),
         )
     return keys
 
@@ -96,7 +104,7 @@ def renamed(plan, rep: tuple, group: tuple):
         plan.proto,
         plan.nbytes,
         streams,
-        plan.path_latency,
+        list(plan.path_latency),
         plan.latency,
         plan.fill,
         plan.bandwidth_time,
@@ -117,14 +125,24 @@ def _link_attr_ids(model) -> np.ndarray:
     return cached
 
 
+def _hop_metrics(model, group) -> bytes:
+    """The bottleneck, latency and hops between the members as NCCL's ring search reads
+    them (`rings.hop_rows`: shortest-path trees, a server's or a switch's rows), which
+    where equal-cost paths differ in bandwidth need not follow the routed paths."""
+    if len(group) < 3:  # two GPUs: one ring, nothing searched
+        return b""
+    bw, lat, hops = _metrics(model.graph, group, model.routes)
+    return bw.tobytes() + lat.tobytes() + hops.tobytes()
+
+
 def _hint_positions(graph):
+    """Each GPU's place in the builder's ring hint; False where a GPU is in it twice
+    (the hinted order then keeps every copy: no group is keyed)."""
     hint = graph.graph.get("ring")
     if not hint:
         return None
-    pos: dict = {}
-    for k, g in enumerate(hint):
-        pos.setdefault(g, []).append(k)  # a GPU twice in the hint: every place
-    return pos
+    pos = {g: k for k, g in enumerate(hint)}
+    return pos if len(pos) == len(hint) else False
 
 
 class _Rows:

@@ -484,6 +484,8 @@ def _rooted_alike(roots, groups) -> list:
     r0 = roots[0]
     if r0 is None:
         return [r is None for r in roots]
+    if r0 not in groups[0]:  # (the plan takes the group's first GPU): analysed
+        return [True] + [False] * (len(groups) - 1)
     at = groups[0].index(r0)
     return [r is not None and g[at] == r for g, r in zip(groups, roots, strict=True)]
 
