@@ -276,3 +276,17 @@ def test_a_root_outside_the_group_is_analysed_as_plan_does():
     many = _model(graph)._alike_plans("broadcast", groups, 1e6, [11, 11, 11], None)
     own = _model(graph)
     assert all(p == own.plan("broadcast", g, 1e6, 11) for g, p in zip(groups, many, strict=True))
+
+
+def test_one_model_over_many_calls_and_group_lists():
+    # a symmetric run calls one model with the same groups for every op and size, and with
+    # other groups too: every plan stays the group's own (keys kept per group list, not
+    # mixed up between lists; GPU 13 behind a slower link)
+    graph = topo.switch_star(16, 50 * GB, US)
+    topo.set_link(graph, 13, "nvswitch", bandwidth=5 * GB, both=True)
+    a = [(0, 1, 2, 3), (4, 5, 6, 7), (8, 9, 10, 11)]
+    b = [(0, 1, 2, 3), (4, 5, 6, 7), (12, 13, 14, 15)]
+    m, own = _model(graph), _model(graph)
+    for groups, op, size in [(a, "allreduce", 1e6), (b, "allreduce", 1e6), (a, "all_gather", 8e6)]:
+        got = m._alike_plans(op, groups, size, [None] * 3, None)
+        assert all(p == own.plan(op, g, size) for g, p in zip(groups, got, strict=True))

@@ -136,6 +136,7 @@ class Nccl(GroupAnalysis, CommModel):
         self._init_groups(net)
         self._plans: dict = {}
         self._many: dict = {}  # run_many's calls: (groups, plans, batch), see _many_plans
+        self._keys: dict = {}  # alike keys per groups met by run_many (_group_keys)
         self.choices: dict = {}  # (op, algo, proto) -> calls, for reports
 
     # -- the plan -------------------------------------------------------------------------
@@ -432,9 +433,9 @@ class Nccl(GroupAnalysis, CommModel):
         groups one by one was ~40 % of a symmetric 3D run); any other is analysed."""
         groups = [tuple(g) for g in groups]
         plans: list = [None] * len(groups)
-        if len(groups) > 2:
-            p0 = self.plan(op, groups[0], nbytes, roots[0], algorithm)
-            keys = alike.fingerprints(self, groups)
+        p0 = self.plan(op, groups[0], nbytes, roots[0], algorithm) if len(groups) > 2 else None
+        if p0 is not None and alike.renamed(p0, groups[0], groups[0]) is not None:
+            keys = self._group_keys(groups)
             same_root = _rooted_alike(roots, groups)
             plans[0] = p0
             for k in range(1, len(groups)):
@@ -445,6 +446,19 @@ class Nccl(GroupAnalysis, CommModel):
         for k in rest:
             plans[k] = self.plan(op, groups[k], nbytes, roots[k], algorithm)
         return plans
+
+    def _group_keys(self, groups) -> list:
+        """`alike.fingerprints` of the groups, kept for the same group objects (a symmetric
+        run's images, held by its Symmetry, meet several ops and sizes: a 3D run keyed its 4
+        tensor-parallel group lists in 5 calls, now in 4)."""
+        ident = tuple(map(id, groups))
+        hit = self._keys.get(ident)
+        if hit is not None and all(a is b for a, b in zip(hit[0], groups, strict=True)):
+            return hit[1]
+        keys = alike.fingerprints(self, groups)
+        if len(self._keys) < self.MANY_KEPT:  # the groups held: their ids stay theirs
+            self._keys[ident] = (list(groups), keys)
+        return keys
 
     MANY_KEPT = 32  # run_many calls whose plans and prepared streams are kept
 
