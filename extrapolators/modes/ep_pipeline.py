@@ -52,9 +52,10 @@ planned for one stage).
 
 from __future__ import annotations
 
-from extrapolators.execution.tasks import Collective, Recv, Send, Signal, Wait
+from extrapolators.execution.tasks import Collective, Recv, Signal, Wait
 from extrapolators.modes import ep_buckets
 from extrapolators.modes.pipeline import GPipe, PipelineOptions
+from extrapolators.modes.pipeline_sends import chunk_sends
 from extrapolators.modes.schedules import schedule
 from triosim.common.errors import ConfigError
 
@@ -189,19 +190,17 @@ class EPPipeline:
         """The activations (kinds "F") or gradients ("B") this GPU passes on, each once its
         schedule step is done."""
         i = self.gpus.index(gpu)
-        grid, pp, C = self.grid, self.grid.pp, self.chunks
-        p, loc, ratio = grid.stage(i), i % grid.s, self._send_ratio()
-        for kind, m, jj in self.orders[p]:
-            if kind != kinds:
-                continue
-            c = jj * pp + p
-            yield Wait(f"{gpu}:{kind}{m}.{c}")
-            if kind == "F" and c < C - 1:
-                dst = self.gpus[grid.pp_peer(i, (c + 1) % pp)]
-                nbytes = self.pipe.boundary[c] * ratio
-                yield Send(dst, nbytes, f"l{loc}/act{c}.{m}", phase="forward")
-            elif kind == "B" and c > 0:
-                dst = self.gpus[grid.pp_peer(i, (c - 1) % pp)]
-                nbytes = self.pipe.boundary[c - 1] * ratio
-                yield Send(dst, nbytes, f"l{loc}/grad{c}.{m}", phase="backward")
-        yield Signal(f"{gpu}:{name} done")
+        grid = self.grid
+        p = grid.stage(i)
+        yield from chunk_sends(
+            gpu,
+            self.orders[p],
+            kinds,
+            p,
+            grid.pp,
+            self.pipe.boundary,
+            self._send_ratio(),
+            lambda q: self.gpus[grid.pp_peer(i, q)],
+            f"l{i % grid.s}",
+            name,
+        )

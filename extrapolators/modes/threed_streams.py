@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from extrapolators.execution.tasks import Collective, ComputeRun, Recv, Send, Signal, Wait
+from extrapolators.execution.tasks import Collective, ComputeRun, Recv, Signal, Wait
 from extrapolators.modes.cp_attention import ring_compute, ring_sends, ulysses
 from extrapolators.modes.cp_plan import kv_block_bytes, ulysses_bytes
 from extrapolators.modes.dist_optimizer import grad_reduction, param_gather
+from extrapolators.modes.pipeline_sends import chunk_sends
 from extrapolators.modes.tp_roles import SHARDED, SPLIT
 
 
@@ -297,24 +298,21 @@ class ThreeDStreams:
         yield self.compute(op, full, scale)
 
     def _sends(self, d, p, t, kinds, name):
-        g, S, C = self.grid[d, p, t], self.pp, self.pp * self.v
         ratio = self.pipe._mb_ratio() / (self.tp if self.options.sequence_parallel else 1)
         if self.cp > 1:  # each CP rank passes on its tokens' activations
             ratio /= self.cp
-        for kind, m, j in self.orders[p]:
-            if kind != kinds:
-                continue
-            c = j * S + p
-            yield Wait(f"{g}:{kind}{m}.{c}")
-            if kind == "F" and c < C - 1:
-                dst = self.grid[d, (c + 1) % S, t]
-                nbytes = self.pipe.boundary[c] * ratio
-                yield Send(dst, nbytes, f"d{d}t{t}/act{c}.{m}", phase="forward")
-            elif kind == "B" and c > 0:
-                dst = self.grid[d, (c - 1) % S, t]
-                nbytes = self.pipe.boundary[c - 1] * ratio
-                yield Send(dst, nbytes, f"d{d}t{t}/grad{c}.{m}", phase="backward")
-        yield Signal(f"{g}:{name} done")
+        yield from chunk_sends(
+            self.grid[d, p, t],
+            self.orders[p],
+            kinds,
+            p,
+            self.pp,
+            self.pipe.boundary,
+            ratio,
+            lambda q: self.grid[d, q, t],
+            f"d{d}t{t}",
+            name,
+        )
 
     def _reduce(self, d, p, t):
         """The "dp" stream: the stage's gradients reduced over its dp x cp GPUs at (p, t),

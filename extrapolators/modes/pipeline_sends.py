@@ -1,0 +1,32 @@
+"""A pipeline stage's send stream over a chunked schedule (modes 3d and ep with pp).
+
+`chunk_sends(gpu, steps, kinds, p, pp, boundary, ratio, peer, prefix, name)`: for each step
+(kind, m, j) of the stage's schedule of `kinds` ("F" or "B"), wait until the compute stream
+has done it (`{gpu}:{kind}{m}.{c}`, c = j x pp + p the model chunk), then send chunk c's
+activation to the stage of chunk c + 1 (forward) or its input gradient to the stage of chunk
+c - 1 (backward): `boundary[c]` (or `[c - 1]`) x `ratio` bytes to `peer(stage)`, tagged
+`{prefix}/act{c}.{m}` or `{prefix}/grad{c}.{m}`; the last chunk sends no activation and the
+first no gradient. Ends with the signal `{gpu}:{name} done`.
+"""
+
+from __future__ import annotations
+
+from extrapolators.execution.tasks import Send, Signal, Wait
+
+
+def chunk_sends(
+    gpu, steps, kinds: str, p: int, pp: int, boundary, ratio: float, peer, prefix, name
+):
+    chunks = len(boundary) + 1  # a boundary between every two model chunks
+    for kind, m, j in steps:
+        if kind != kinds:
+            continue
+        c = j * pp + p
+        yield Wait(f"{gpu}:{kind}{m}.{c}")
+        if kind == "F" and c < chunks - 1:
+            nbytes = boundary[c] * ratio
+            yield Send(peer((c + 1) % pp), nbytes, f"{prefix}/act{c}.{m}", phase="forward")
+        elif kind == "B" and c > 0:
+            nbytes = boundary[c - 1] * ratio
+            yield Send(peer((c - 1) % pp), nbytes, f"{prefix}/grad{c}.{m}", phase="backward")
+    yield Signal(f"{gpu}:{name} done")
