@@ -8,7 +8,20 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_ep_tp import EXPERT, ROUTER, TB, WO, WQ, B, L, T, ring, run, trace
+from test_ep_tp import (
+    EXPERT,
+    ROUTER,
+    TB,
+    WO,
+    WQ,
+    B,
+    L,
+    T,
+    collective_link_bytes,
+    ring,
+    run,
+    trace,
+)
 
 from extrapolators.modes.ep_grid import EPGrid
 from triosim.common.errors import ConfigError
@@ -224,15 +237,9 @@ def test_conservation_on_random_layouts(pp, tp, ep, etp, edp, M, sched, dist):
         assert dst // s == ((c + 1) % pp if tag.startswith("act") else (c - 1) % pp)
         assert row["nbytes"] == pytest.approx(ex.pipe.boundary[cut] * ratio)
     want = float(sends["nbytes"].sum())
-    coll = comm[~comm.name.astype(str).str.contains("send to|recv from")].drop_duplicates("key")
-    for name, key, nbytes in zip(coll["name"], coll["key"], coll["nbytes"], strict=True):
-        members = comm[comm.key == key].gpu.nunique()
-        if name == "all_to_all":
-            sizes = ex.sizes if key.endswith((":dispatch", ":combine-grad")) else ex.back
-            want += sum(sizes[i][j] for i in range(ep) for j in range(ep) if i != j)
-        else:
-            k = 2 if name == "allreduce" else 1
-            want += members * k * (members - 1) / members * nbytes
+    want += collective_link_bytes(
+        comm[~comm.name.astype(str).str.contains("send to|recv from")], ex, ep
+    )
     links = r.per_link()["nbytes"].sum() if len(r.per_link()) else 0.0
     assert links == pytest.approx(want, rel=1e-9, abs=1e-6)
     held = [0.0, 0.0]

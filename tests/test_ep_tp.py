@@ -109,6 +109,24 @@ def ring(op, nbytes, g):
     return k * (g - 1) / g * nbytes / B + k * (g - 1) * L
 
 
+def collective_link_bytes(rows, ex, ep) -> float:
+    """Bytes the links carry for the collectives among timeline `rows` (each collective once:
+    its members' rows share one key): an all-to-all its off-diagonal per-pair sizes (the
+    dispatch's and combine gradient's `ex.sizes`, the others' `ex.back`); a ring collective
+    of n members n x (n - 1) / n of its bytes, twice for an all-reduce."""
+    want = 0.0
+    coll = rows.drop_duplicates("key")
+    for name, key, nbytes in zip(coll["name"], coll["key"], coll["nbytes"], strict=True):
+        members = rows[rows.key == key].gpu.nunique()
+        if name == "all_to_all":
+            sizes = ex.sizes if key.endswith((":dispatch", ":combine-grad")) else ex.back
+            want += sum(sizes[i][j] for i in range(ep) for j in range(ep) if i != j)
+        else:
+            k = 2 if name == "allreduce" else 1
+            want += members * k * (members - 1) / members * nbytes
+    return want
+
+
 def test_megatron_core_groups():
     """parallel_state's order tp-cp-ep-dp-pp on 8 GPUs, tp 2: dense TP groups of 2
     consecutive GPUs, dense DP every 2nd; experts ep 2 x etp 2 (edp 2): expert-TP groups of
@@ -263,16 +281,7 @@ def test_conservation_on_random_layouts(tp, ep, etp, edp, top_k, zero, skew):
     per_gpu = T / tp  # a replica's micro-batch is the traced one, split over tp
     assert sum(map(sum, ex.sizes)) == pytest.approx(ep * per_gpu * top_k * TB)
     # the links: each collective once (its members' rows share one key)
-    comm = tl[tl.kind == "comm"].drop_duplicates("key")
-    want = 0.0
-    for name, key, nbytes in zip(comm["name"], comm["key"], comm["nbytes"], strict=True):
-        members = tl[(tl.kind == "comm") & (tl.key == key)].gpu.nunique()
-        if name == "all_to_all":
-            sizes = ex.sizes if key.endswith((":dispatch", ":combine-grad")) else ex.back
-            want += sum(sizes[i][j] for i in range(ep) for j in range(ep) if i != j)
-        else:
-            k = 2 if name == "allreduce" else 1
-            want += members * k * (members - 1) / members * nbytes
+    want = collective_link_bytes(tl[tl.kind == "comm"], ex, ep)
     links = r.per_link()["nbytes"].sum() if len(r.per_link()) else 0.0
     assert links == pytest.approx(want, rel=1e-9, abs=1e-6)
     # gradients: the dense groups hold the dense weights once, the expert groups once

@@ -148,8 +148,7 @@ def test_search_tries_expert_parallelism_with_tp_and_the_distributed_optimizer()
     """ep x tp for every tp above 1 dividing N (etp 1, and etp = tp where ep x tp divides
     N), ep with the distributed optimizer; an ep x tp candidate evaluates as its own run;
     an expert-TP degree whose ep x etp does not divide N is never proposed."""
-    from triosim.simulation.wiring import Simulation
-    from triosim.studies.search import _evaluate, candidates
+    from triosim.studies.search import candidates
 
     plans = dict(candidates(4, 8))
     assert plans["ep 2 x tp 2"] == {"mode": "ep", "ep": 2, "tp": 2, "etp": 1, "dp_overlap": True}
@@ -157,27 +156,14 @@ def test_search_tries_expert_parallelism_with_tp_and_the_distributed_optimizer()
     assert "ep 4 x tp 2 x etp 2" not in plans  # ep x etp = 8 does not divide 4 GPUs
     assert plans["ep 4 (distributed optimizer)"]["distributed_optimizer"] is True
     assert plans["dp 2 x ep 2 (fsdp)"] == {"mode": "ep", "ep": 2, "fsdp": True}
-    moe = str(ROOT / "traces/modelled/h100-sxm/mixtral-8x7b-s4096-b1.trace.json.gz")
-    cfg = {
-        "trace": moe,
-        "num_gpus": 2,
-        "batch_size": 2,
-        "gpu": "H100-SXM",
-        "perfmodel": {"kind": "calibrated"},
-        "memory": {"capacity": "10 TB"},
-        "parallelism": dict(candidates(2, 2))["ep 2 x tp 2"],
-    }
-    row = _evaluate(cfg, ".")
-    assert row["status"] == "ok"
-    assert row["iteration_time_ms"] == Simulation(cfg).run().iteration_time * 1e3
+    _mixtral_candidate_runs_as_itself(2, 2, "ep 2 x tp 2")
 
 
 def test_search_tries_expert_parallelism_with_pipeline_stages():
     """ep x pp for every pp above 1 and ep above 1 dividing a stage's GPUs (1F1B over 2 x
     pp micro-batches, the distributed optimizer), only where the batch splits over the
     stage's replicas and micro-batches; such a candidate evaluates as its own run."""
-    from triosim.simulation.wiring import Simulation
-    from triosim.studies.search import _evaluate, candidates
+    from triosim.studies.search import candidates
 
     plans = dict(candidates(8, 16))
     par = plans["dp 2 x ep 2 x pp 2 (1f1b, 4 mb, distributed optimizer)"]
@@ -194,19 +180,7 @@ def test_search_tries_expert_parallelism_with_pipeline_stages():
     assert not any(" x pp 8" in label for label in plans if label.startswith("ep"))
     ep_pp = [label for label in dict(candidates(8, 8)) if " ep " in f" {label}" and "pp" in label]
     assert not any("x pp 4" in label for label in ep_pp)  # 8 % (2 x 8): the batch does not split
-    moe = str(ROOT / "traces/modelled/h100-sxm/mixtral-8x7b-s4096-b1.trace.json.gz")
-    cfg = {
-        "trace": moe,
-        "num_gpus": 4,
-        "batch_size": 8,
-        "gpu": "H100-SXM",
-        "perfmodel": {"kind": "calibrated"},
-        "memory": {"capacity": "10 TB"},
-        "parallelism": dict(candidates(4, 8))["ep 2 x pp 2 (1f1b, 4 mb, distributed optimizer)"],
-    }
-    row = _evaluate(cfg, ".")
-    assert row["status"] == "ok"
-    assert row["iteration_time_ms"] == Simulation(cfg).run().iteration_time * 1e3
+    _mixtral_candidate_runs_as_itself(4, 8, "ep 2 x pp 2 (1f1b, 4 mb, distributed optimizer)")
 
 
 def test_search_tries_context_parallelism_inside_3d(tmp_path):
@@ -228,3 +202,24 @@ def test_search_tries_context_parallelism_inside_3d(tmp_path):
         alone = Simulation({**cfg, "parallelism": par}).run().iteration_time
         got = ranked.set_index("plan").loc[label, "iteration_time_ms"]
         assert got == pytest.approx(alone * 1e3, rel=1e-12)
+
+
+def _mixtral_candidate_runs_as_itself(n: int, batch: int, label: str) -> None:
+    """The search's candidate `label` for n GPUs, evaluated on the Mixtral trace, is ok and
+    at its own run's iteration time."""
+    from triosim.simulation.wiring import Simulation
+    from triosim.studies.search import _evaluate, candidates
+
+    moe = str(ROOT / "traces/modelled/h100-sxm/mixtral-8x7b-s4096-b1.trace.json.gz")
+    cfg = {
+        "trace": moe,
+        "num_gpus": n,
+        "batch_size": batch,
+        "gpu": "H100-SXM",
+        "perfmodel": {"kind": "calibrated"},
+        "memory": {"capacity": "10 TB"},
+        "parallelism": dict(candidates(n, batch))[label],
+    }
+    row = _evaluate(cfg, ".")
+    assert row["status"] == "ok"
+    assert row["iteration_time_ms"] == Simulation(cfg).run().iteration_time * 1e3
