@@ -452,13 +452,18 @@ class Nccl(GroupAnalysis, CommModel):
         run's images, held by its Symmetry, meet several ops and sizes: a 3D run keyed its 4
         tensor-parallel group lists in 5 calls, now in 4)."""
         ident = tuple(map(id, groups))
-        hit = self._keys.get(ident)
+        return self._held(self._keys, ident, groups, lambda: alike.fingerprints(self, groups))
+
+    def _held(self, cache: dict, key, groups, make):
+        """cache[key]'s value where it was made for these very group objects, else `make()`,
+        kept (up to MANY_KEPT entries) with the groups, so that their ids stay theirs."""
+        hit = cache.get(key)
         if hit is not None and all(a is b for a, b in zip(hit[0], groups, strict=True)):
             return hit[1]
-        keys = alike.fingerprints(self, groups)
-        if len(self._keys) < self.MANY_KEPT:  # the groups held: their ids stay theirs
-            self._keys[ident] = (list(groups), keys)
-        return keys
+        value = make()
+        if len(cache) < self.MANY_KEPT:
+            cache[key] = (list(groups), value)
+        return value
 
     MANY_KEPT = 32  # run_many calls whose plans and prepared streams are kept
 
@@ -470,9 +475,12 @@ class Nccl(GroupAnalysis, CommModel):
         streams again. The same plans and the same streams in the same order, so the
         same transfers."""
         key = (op, float(nbytes), algorithm, tuple(roots), tuple(map(id, groups)))
-        hit = self._many.get(key)
-        if hit is not None and all(a is b for a, b in zip(hit[0], groups, strict=True)):
-            return hit[1:]
+        return self._held(
+            self._many, key, groups, lambda: self._prepared(op, groups, nbytes, roots, algorithm)
+        )
+
+    def _prepared(self, op, groups, nbytes, roots, algorithm):
+        """`_many_plans` made: the plans, their streams as one batch, the arrays run_many reads."""
         plans = self._alike_plans(op, groups, nbytes, roots, algorithm)
         streams = [x for p in plans for x in p.streams]
         batch = self.net.batch(streams) if streams else []
@@ -488,8 +496,6 @@ class Nccl(GroupAnalysis, CommModel):
             first=(np.cumsum(counts) - counts)[counts > 0],
             path_lat=np.array([x for p in plans for x in p.path_latency], float),
         )
-        if len(self._many) < self.MANY_KEPT:  # the groups held: their ids stay theirs
-            self._many[key] = (list(groups), plans, batch, m)
         return plans, batch, m
 
 
