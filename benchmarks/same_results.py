@@ -44,6 +44,139 @@ MODES = [
     ),
     ("hop", {"mode": "hop"}, 4, RESNET),
 ]
+# the LLM layouts (shape-only H100 traces: Llama 3 8B, Mixtral 8x7B), textbook collectives
+# and the NCCL model, symmetry off: every option of the modes that compose dimensions
+MODELLED = ROOT / "traces" / "modelled" / "h100-sxm"
+LLAMA = str(MODELLED / "llama3-8b-s2048-b8.trace.json.gz")
+MIXTRAL = str(MODELLED / "mixtral-8x7b-s4096-b1.trace.json.gz")
+NODES = {
+    "kind": "multi_node",
+    "gpus_per_node": 4,
+    "bandwidth": "450 GB/s",
+    "latency": "1 us",
+    "inter_bandwidth": "50 GB/s",
+    "inter_latency": "5 us",
+}
+LLM = [
+    ("llama fsdp", {"mode": "fsdp", "wrap_depth": 2}, 4, LLAMA, 8),
+    ("llama fsdp recompute", {"mode": "fsdp", "wrap_depth": 2, "recompute": "full"}, 4, LLAMA, 8),
+    ("gpt2 zero1", {"mode": "fsdp", "stage": 1}, 4, GPT2, 8),
+    ("gpt2 zero2", {"mode": "fsdp", "stage": 2, "bucket_size": 2**20}, 4, GPT2, 8),
+    ("gpt2 fsdp keep", {"mode": "fsdp", "reshard_after_forward": False}, 4, GPT2, 8),
+    ("gpt2 dp acc", {"mode": "dp", "accumulation_steps": 2, "recompute": "selective"}, 2, GPT2, 8),
+    ("gpt2 ddp full", {"mode": "ddp", "recompute": "full", "recompute_depth": 3}, 2, GPT2, 8),
+    ("resnet tp channel", {"mode": "tp", "tp_style": "channel"}, 2, RESNET, 8),
+    (
+        "resnet gpipe except_last",
+        {"mode": "gpipe", "microbatches": 4, "recompute": "except_last"},
+        2,
+        RESNET,
+        8,
+    ),
+    ("resnet 1f1b stages", {"mode": "1f1b", "microbatches": 2, "stages": ["layer3"]}, 2, RESNET, 8),
+    ("gpt2 hybrid tp", {"mode": "hybrid", "dp": 2, "inner": "tp"}, 4, GPT2, 8),
+    ("llama cp", {"mode": "cp", "cp": 2}, 4, LLAMA, 8),
+    (
+        "llama cp a2a tp",
+        {"mode": "cp", "cp": 2, "tp": 2, "cp_comm": "a2a", "sequence_parallel": True},
+        8,
+        LLAMA,
+        8,
+    ),
+    ("llama cp fsdp", {"mode": "cp", "cp": 2, "fsdp": True, "wrap_depth": 2}, 4, LLAMA, 8),
+    ("llama cp1 fsdp", {"mode": "cp", "cp": 1, "fsdp": True, "wrap_depth": 2}, 4, LLAMA, 8),
+    (
+        "llama cp distopt",
+        {"mode": "cp", "cp": 2, "tp": 2, "distributed_optimizer": True, "accumulation_steps": 2},
+        8,
+        LLAMA,
+        8,
+    ),
+    (
+        "llama 3d cp",
+        {"mode": "3d", "dp": 1, "tp": 2, "pp": 2, "cp": 2, "microbatches": 2},
+        8,
+        LLAMA,
+        8,
+    ),
+    (
+        "llama 3d distopt",
+        {
+            "mode": "3d",
+            "dp": 2,
+            "tp": 2,
+            "pp": 2,
+            "microbatches": 2,
+            "distributed_optimizer": True,
+            "sequence_parallel": True,
+        },
+        8,
+        LLAMA,
+        8,
+    ),
+    (
+        "llama 3d no overlap",
+        {
+            "mode": "3d",
+            "dp": 2,
+            "tp": 1,
+            "pp": 2,
+            "microbatches": 4,
+            "dp_overlap": False,
+            "placement": "dp-pp-tp",
+        },
+        4,
+        LLAMA,
+        8,
+    ),
+    (
+        "llama interleaved",
+        {"mode": "interleaved", "dp": 1, "tp": 2, "pp": 2, "microbatches": 4},
+        4,
+        LLAMA,
+        8,
+    ),
+    ("mixtral ep", {"mode": "ep", "ep": 4, "dp_overlap": True}, 8, MIXTRAL, 8),
+    ("mixtral ep tp", {"mode": "ep", "ep": 4, "tp": 2, "accumulation_steps": 2}, 8, MIXTRAL, 8),
+    (
+        "mixtral ep etp",
+        {"mode": "ep", "ep": 2, "etp": 2, "tp": 2, "distributed_optimizer": True},
+        8,
+        MIXTRAL,
+        8,
+    ),
+    (
+        "mixtral ep pp",
+        {"mode": "ep", "ep": 2, "pp": 2, "accumulation_steps": 4, "dp_overlap": True},
+        8,
+        MIXTRAL,
+        16,
+    ),
+    (
+        "mixtral ep interleaved",
+        {
+            "mode": "ep",
+            "ep": 4,
+            "pp": 2,
+            "accumulation_steps": 2,
+            "schedule": "interleaved",
+            "virtual_stages": 2,
+            "distributed_optimizer": True,
+            "overlap_param_gather": True,
+        },
+        8,
+        MIXTRAL,
+        8,
+    ),
+    ("mixtral ep fsdp", {"mode": "ep", "ep": 4, "fsdp": True, "wrap_depth": 2}, 8, MIXTRAL, 8),
+    (
+        "mixtral ep skew",
+        {"mode": "ep", "ep": 8, "load": "skew", "skew": 1.2, "capacity_factor": 1.25},
+        8,
+        MIXTRAL,
+        8,
+    ),
+]
 
 
 def configs() -> dict:
@@ -62,6 +195,17 @@ def configs() -> dict:
                     "symmetry": sym,
                 }
                 out[f"{name} {comm} symmetry {sym}"] = cfg
+    for name, par, n, trace, batch in LLM:
+        for comm in ("nccl", "textbook"):
+            out[f"{name} {comm}"] = {
+                "trace": trace,
+                "num_gpus": n,
+                "batch_size": batch,
+                "parallelism": par,
+                "topology": {**NODES, "gpus_per_node": min(n, 4)},
+                "communication": {"kind": comm},
+                "perfmodel": {"kind": "calibrated"} if trace in (LLAMA, MIXTRAL) else {},
+            }
     out["ddp photonic"] = {
         "trace": RESNET,
         "num_gpus": 4,
