@@ -68,3 +68,59 @@ def test_units_follow_the_wrap_depth():
     s = Sharded(t, make_model("trace", t), [0, 1])
     assert s.unit_names == ["layer0", "layer1", "layer2", "layer3"]
     assert s.unit_weights == [4e6] * 4
+
+
+def two_units_with_accumulate_grad(t_f=1e-3, t_b=2e-3, t_acc=0.1e-3, t_opt=0.5e-3, w=4e6):
+    """Two linear layers u0, u1 as a real trace has them: each backward operator paired
+    with its forward one makes the input gradient, and autograd's AccumulateGrad (no
+    forward partner, the layer's name) then writes the weight's gradient."""
+    from triosim.trace.model import Operator, Tensor, Trace
+
+    tensors, ops = {}, []
+
+    def tensor(cat, nbytes):
+        t = Tensor(len(tensors), (8, 8), "float32", float(nbytes), cat)
+        tensors[t.id] = t
+        return t.id
+
+    def op(name, layer, phase, t, ins, outs, fwd=None):
+        ops.append(Operator(len(ops), name, layer, phase, t, ins, outs, t * 1e12, fwd_id=fwd))
+
+    x, w0, w1 = tensor("input", 1e6), tensor("weight", w), tensor("weight", w)
+    a0, a1 = tensor("activation", 1e6), tensor("activation", 1e6)
+    op("aten::linear", "u0", "forward", t_f, (x, w0), (a0,))
+    op("aten::linear", "u1", "forward", t_f, (a0, w1), (a1,))
+    for u, (inp, weight) in ((1, (a0, w1)), (0, (x, w0))):
+        g_in, g_w, buf = tensor("activation", 1e6), tensor("gradient", w), tensor("buffer", w)
+        op("MmBackward0", f"u{u}", "backward", t_b, (inp, weight), (g_in, buf), fwd=u)
+        op("torch::autograd::AccumulateGrad", f"u{u}", "backward", t_acc, (buf,), (g_w,))
+    op("aten::_foreach_add_", "optimizer", "optimizer", t_opt, (w0, w1), ())
+    return Trace(ops, tensors, {"batch_size": 8, "gpu": "H100-SXM"}).validate()
+
+
+def test_fsdp_reduce_scatters_a_unit_once_its_gradients_are_ready():
+    """By hand, 2 GPUs on a 10 GB/s ring (textbook): every gather and reduce-scatter of a
+    unit moves (2 - 1) / 2 x 4 MB per GPU, 0.2 ms. Compute: forward u0 after its gather
+    [0.2, 1.2], u1 [1.2, 2.2] (its gather prefetched), backward of u1 with its
+    AccumulateGrad [2.2, 4.3], of u0 [4.3, 6.4] (gathered again at 2.2-2.4). u1's
+    gradients are ready at 4.3: its reduce-scatter runs [4.3, 4.5], inside u0's backward;
+    u0's [6.4, 6.6]; then the optimizer on half the weights. (The last unit used to hold
+    every AccumulateGrad, so u1's reduce-scatter waited for the end of the backward pass,
+    6.4, and the iteration took 0.2 ms longer.)"""
+    t = two_units_with_accumulate_grad()
+    cfg = {
+        "num_gpus": 2,
+        "batch_size": 16,
+        "topology": RING,
+        "parallelism": {"mode": "fsdp", "wrap_depth": 1},
+        "communication": {"kind": "textbook"},
+    }
+    r = Simulation(cfg, trace=t).run()
+    rs = r.timeline[(r.timeline.name == "reduce_scatter") & (r.timeline.gpu == 0)]
+    starts = dict(zip(rs.layer, rs.start, strict=True))
+    assert starts["u1"] == pytest.approx(4.3e-3, rel=1e-9)
+    tl = r.timeline
+    u0_backward = tl[(tl.kind == "compute") & (tl.layer == "u0") & (tl.phase == "backward")]
+    assert starts["u1"] < u0_backward.end.max() == pytest.approx(6.4e-3, rel=1e-9)
+    assert starts["u0"] == pytest.approx(6.4e-3, rel=1e-9)
+    assert r.iteration_time == pytest.approx(6.6e-3 + 0.5e-3 / 2, rel=1e-9)

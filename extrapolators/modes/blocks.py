@@ -9,7 +9,8 @@ ATTENTION_CORE = ("softmax", "dropout", "bmm", "baddbmm", "scaled_dot_product", 
 def layer_units(trace, depth: int | None = None) -> tuple[dict, list[str], list[set]]:
     """(unit of each op id, unit names, weight ids first used by each unit). `depth` dotted
     parts of the layer name make a unit; None: the smallest depth giving >= 4 units that
-    hold weights. A backward op joins its forward op's unit (unpaired ones: the last)."""
+    hold weights. A backward op joins its forward op's unit; one without (AccumulateGrad)
+    the unit its layer name gives, or else the one the backward pass is in."""
     fwd = [op for op in trace.operators if op.phase == "forward"]
     weights = {t.id for t in trace.weights()}
     if depth is None:
@@ -35,9 +36,23 @@ def layer_units(trace, depth: int | None = None) -> tuple[dict, list[str], list[
     for s in held:
         s -= seen
         seen |= s
+    # a backward operator without a forward partner (autograd's AccumulateGrad of a weight)
+    # belongs to the unit its layer name says, the one of that name nearest to where the
+    # backward pass is; without a name, to the unit the backward pass is in. (Putting them
+    # all in the last unit held that unit's gradients, so FSDP's reduce-scatters, until
+    # the embedding's gradient ended the backward pass.)
+    units_named: dict[str, list[int]] = {}
+    for u, name in enumerate(names):
+        units_named.setdefault(name, []).append(u)
+    now = max(len(names) - 1, 0)
     for op in trace.operators:
-        if op.phase == "backward":
-            unit_of[op.id] = unit_of.get(op.fwd_id, max(len(names) - 1, 0))
+        if op.phase != "backward":
+            continue
+        u = unit_of.get(op.fwd_id) if op.fwd_id is not None else None
+        if u is None:
+            named = units_named.get(_prefix(op, depth) or "(no layer)")
+            u = min(named, key=lambda k: (abs(k - now), -k)) if named else now
+        unit_of[op.id] = now = u
     return unit_of, names, held
 
 

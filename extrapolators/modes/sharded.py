@@ -56,6 +56,15 @@ class Sharded(Extrapolator):
         self.per_gpu_batch(len(self.gpus))
         self._units()
         self._fb = self.forward_backward(self.options.recompute, self.options.wrap_depth)
+        # each unit's last backward operator, and the units in the order the backward pass
+        # completes their gradients (then those no backward operator touches)
+        self._last_bwd, at = {}, {}
+        for i, op in enumerate(self.trace.operators):
+            if op.phase == "backward":
+                self._last_bwd[self.unit_of[op.id]] = op.id
+                at[self.unit_of[op.id]] = i
+        done = sorted(at, key=at.__getitem__)
+        self._reduce_order = done + [u for u in range(len(self.unit_weights)) if u not in done]
 
     # -- units --------------------------------------------------------------------------------
     def _units(self):
@@ -104,10 +113,7 @@ class Sharded(Extrapolator):
     def _compute(self, g):
         target = self.target(self.per_gpu_batch(len(self.gpus)))
         stage, n = self.options.stage, len(self.gpus)
-        last_bwd = {}
-        for op in self.trace.operators:
-            if op.phase == "backward":
-                last_bwd[self.unit_of[op.id]] = op.id
+        last_bwd = self._last_bwd
         entered: set = set()
         for op, again in self._fb:
             u = self.unit_of[op.id]
@@ -150,11 +156,12 @@ class Sharded(Extrapolator):
         yield Signal(f"{g}:params")
 
     def _reduce(self, g):
-        """Gradients: per unit (ZeRO-3) or in buckets (ZeRO-1/2), as backward produces them."""
+        """Gradients: per unit (ZeRO-3) or in buckets (ZeRO-1/2), in the order the backward
+        pass completes them."""
         w, stage = self.unit_weights, self.options.stage
         op_name = "allreduce" if stage == 1 else "reduce_scatter"
         size, k = 0.0, 0
-        for u in reversed(range(len(w))):
+        for u in self._reduce_order:
             yield Wait(f"{g}:grads:{u}")
             size += w[u]
             if stage == 3 or size >= self.options.bucket_size:
