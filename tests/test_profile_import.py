@@ -229,7 +229,7 @@ def test_synthetic_pair_imports_to_the_known_trace(pair):
         "y": "activation",
         "z": "activation",
         "loss": "activation",
-        "g": "activation",
+        "g": "buffer",  # ones_like(loss): 0-d, made from a 0-d loss, so no batch in it
         "gz": "activation",
         "gy": "activation",
         "gW": "gradient",

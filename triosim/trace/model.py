@@ -76,7 +76,9 @@ class Tensor:
 
     @property
     def scales_with_batch(self) -> bool:
-        return self.category in BATCH_SCALED
+        # a 0-d tensor (a loss, a step count, a learning rate) has no batch dimension: the
+        # optimizer's element-wise operators read such scalars and must not grow with it
+        return self.category in BATCH_SCALED and len(self.shape) > 0
 
 
 @dataclass(slots=True)
