@@ -93,12 +93,12 @@ def test_start_up_imports_only_what_is_needed():
 
 
 def test_a_symmetry_fallback_is_a_warning_line_with_its_reason(capsys):
-    # gpipe declares no classes: `auto` runs the full simulation and says why, in the CLI's
+    # gpipe has no identical GPUs: `auto` runs the full simulation and says why, in the CLI's
     # own `warning:` form (not Python's file:line), and the summary says what ran
     code, out, err = triosim(
         capsys, "simulate", "examples/gpipe.yaml", "--no-save", "--set", "symmetry=auto"
     )
     assert code == 0
-    assert "warning: symmetry: auto fell back to the full simulation: mode 'gpipe'" in err
+    assert "warning: symmetry: auto fell back to the full simulation: every GPU is its own" in err
     assert "SymmetryWarning" not in err and ".py:" not in err
-    assert "off (fell back: mode 'gpipe' declares no symmetry)" in out
+    assert "off (fell back: every GPU is its own class" in out

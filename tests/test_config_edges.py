@@ -567,7 +567,7 @@ def test_the_early_check_leaves_what_needs_the_topology_to_the_real_plan():
         trace=chain_trace(batch=8),
         topology=g,
     )
-    assert s.extrapolator.grid[0, 0, 0] == "b"
+    assert s.extrapolator.layout.at[0, 0, 0, 0, 0] == "b"
 
 
 def test_a_big_run_says_so_up_front_after_its_checks(monkeypatch, capsys):
@@ -594,7 +594,9 @@ def test_not_on_a_terminal_progress_is_plain_log_lines():
     from triosim.simulation.progress import run_with_progress
     from triosim.simulation.wiring import Simulation
 
-    sim = Simulation({"num_gpus": 2, "parallelism": {"mode": "ddp"}}, trace=chain_trace())
+    # (long enough to outlast a few 1 ms log intervals on a loaded machine)
+    cfg = {"num_gpus": 2, "parallelism": {"mode": "ddp"}}
+    sim = Simulation(cfg, trace=chain_trace(layers=400))
     out = io.StringIO()  # not a terminal: no bar, but lines
     r = run_with_progress(sim, file=out, log_every=0.001)
     lines = out.getvalue().splitlines()

@@ -35,7 +35,7 @@ def test_a_field_of_another_mode_names_its_owner():
     refused(
         {"parallelism": {"mode": "ddp", "microbatches": 4}},
         "parallelism.microbatches.*a field of parallelism mode '1f1b' or '3d' or 'gpipe' or "
-        "'interleaved', not of "
+        "'interleaved' or 'mesh', not of "
         "parallelism mode 'ddp'",
     )
     refused({"topology": {"kind": "ring", "rows": 2}}, r"topology.rows.*'mesh2d'")

@@ -312,7 +312,7 @@ def test_random_cp_layouts_conserve_compute_and_bytes(n, cp_log, comm, acc, laye
     kv = 2 * (b * 8 * 256 * 64 * 4) / (n * acc)  # k and v of one GPU's tokens per micro-batch
     assert r.iteration_time >= compute * (1 - 1e-12)
     for g in range(n):
-        group = ex.group_of[g][1]
+        group = ex.group(g, "cp")
         assert len(group) == cp and g in group
         assert sorted({x // cp for x in group}) == [g // cp]  # consecutive ids
         sends = rows(r, g, "comm", "send to")

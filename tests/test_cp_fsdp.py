@@ -21,6 +21,9 @@ HID = H * D
 WQKV, WO = 3 * HID * HID * 4, HID * HID * 4  # bytes of the two weights (float32)
 
 
+DP = ("dp_replicate", "dp_shard", "cp")  # the mesh's data-parallel dimensions
+
+
 def gathers(r, g):
     return rows(r, g, "comm", "all_gather")
 
@@ -80,7 +83,7 @@ def test_two_rank_cp_fsdp_layer_timeline_by_hand(policy):
         assert att.start.tolist() == pytest.approx([a, a + A / 4], rel=1e-9)
         wo_bwd = rows(r, g, "compute", "MmBackward0")
         assert wo_bwd.start.min() == pytest.approx(c, rel=1e-9)
-        assert set(r.extrapolator.grad_group(g)) == {0, 1}
+        assert set(r.extrapolator.group(g, *DP)) == {0, 1}
     assert r.iteration_time == pytest.approx(d + X(WQKV) + OPT / 2, rel=1e-9)
 
 
@@ -93,7 +96,7 @@ def test_two_rank_cp_fsdp_with_tp_2_gathers_the_tp_shard_over_the_cp_group():
     for g in range(4):
         assert gathers(r, g).nbytes.tolist() == [WQKV / 2, WO / 2, WO / 2, WQKV / 2]
         assert scatters(r, g).nbytes.tolist() == [WO / 2, WQKV / 2]
-        assert set(r.extrapolator.grad_group(g)) == {g, g ^ 2}
+        assert set(r.extrapolator.group(g, *DP)) == {g, g ^ 2}
 
 
 # -- memory per GPU, by hand ---------------------------------------------------------------------
@@ -190,8 +193,9 @@ def test_random_layouts_shard_over_dp_x_cp(n, tp_log, cp_log, comm, policy, acc,
     act = tokens * HID * 4
     q = tokens * (H // tp) * D * 4
     for g in range(n):
-        gg = ex.grad_group(g)
-        assert len(gg) == dp * cp and {ex.coord[x][2] for x in gg} == {ex.coord[g][2]}
+        gg = ex.group(g, *DP)
+        tp_rank = ex.layout.coord  # (pp, dp_replicate, dp_shard, cp, tp)
+        assert len(gg) == dp * cp and {tp_rank[x][4] for x in gg} == {tp_rank[g][4]}
         ag, rs = gathers(r, g), scatters(r, g)
         if dp * cp == 1:
             assert ag.empty and rs.empty

@@ -148,8 +148,8 @@ def test_two_rank_ring_with_tp_2_timeline_by_hand(bw):
         assert ars.start.tolist() == pytest.approx([t_ar, t_in, t_in + ar], rel=1e-9)
         assert (ars.end - ars.start).tolist() == pytest.approx([ar, ar, dp_ar], rel=1e-9)
         ex = r.extrapolator
-        assert set(ex.tp_group(g)) == {g, tp_peer}
-        assert set(ex.grad_group(g)) == {g, peer}
+        assert set(ex.group(g, "tp")) == {g, tp_peer}
+        assert set(ex.group(g, "dp_replicate", "dp_shard", "cp")) == {g, peer}
     assert r.iteration_time == pytest.approx(want, rel=1e-9)
 
 
@@ -337,12 +337,14 @@ def test_random_tp_cp_dp_layouts_conserve_compute_and_bytes(
     grads = 4 * (H * d) ** 2 * 4 / tp
     for g in range(n):
         i = ex.gpus.index(g)
-        assert ex.coord[g] == (i // (tp * cp), (i // tp) % cp, i % tp)
-        assert sorted(ex.tp_group(g)) == [i // tp * tp + k for k in range(tp)]
-        cpg = ex.group_of[g][1]
-        assert len(cpg) == cp and {ex.coord[x][0::2] for x in cpg} == {ex.coord[g][0::2]}
-        gg = ex.grad_group(g)
-        assert len(gg) == dp * cp and {ex.coord[x][2] for x in gg} == {ex.coord[g][2]}
+        # the mesh's coordinates (pp, dp_replicate, dp_shard, cp, tp): Megatron's order
+        coord = {x: (c[1], c[3], c[4]) for x, c in ex.layout.coord.items()}
+        assert coord[g] == (i // (tp * cp), (i // tp) % cp, i % tp)
+        assert sorted(ex.group(g, "tp")) == [i // tp * tp + k for k in range(tp)]
+        cpg = ex.group(g, "cp")
+        assert len(cpg) == cp and {coord[x][0::2] for x in cpg} == {coord[g][0::2]}
+        gg = ex.group(g, "dp_replicate", "dp_shard", "cp")
+        assert len(gg) == dp * cp and {coord[x][2] for x in gg} == {coord[g][2]}
         sends = rows(r, g, "comm", "send to")
         a2a = rows(r, g, "comm", "all_to_all")
         ar = rows(r, g, "comm", "allreduce")

@@ -407,12 +407,13 @@ def test_3d_streams_share_each_stages_runs():
     # every GPU of a stage yields the same run objects; the other tasks as the per-op path
     sim, _ = _run_any(THREED["dp2-tp2-pp2-1f1b"], runs=True)
     x = sim.extrapolator
-    a = list(x.streams()[x.grid[0, 1, 0], "compute"])
-    b = list(x.streams()[x.grid[1, 1, 1], "compute"])
+    at = x.layout.at  # (pp, dp_replicate, dp_shard, cp, tp)
+    a = list(x.streams()[at[1, 0, 0, 0, 0], "compute"])
+    b = list(x.streams()[at[1, 1, 0, 0, 1], "compute"])
     ra, rb = ([t for t in s if type(t) is ComputeRun] for s in (a, b))
     assert ra and all(p is q for p, q in zip(ra, rb, strict=True))
     x.compute_runs = False
-    ref = list(x.streams()[x.grid[0, 1, 0], "compute"])
+    ref = list(x.streams()[at[1, 0, 0, 0, 0], "compute"])
     assert [t for t in a if type(t) is not ComputeRun] == [t for t in ref if type(t) is not Compute]
     assert [c for r in ra for c in r.tasks] == [t for t in ref if type(t) is Compute]
 
@@ -523,21 +524,25 @@ def test_3d_groups_are_the_ring_passes():
     # groups in ring order from ring positions, against the pass over the whole ring
     import random
 
+    from extrapolators.modes.mesh.dims import Layout
+
     sim, _ = _run_any(THREED["dp2-tp2-pp2-1f1b"], runs=True)
     x = sim.extrapolator
     ring = list(x.ring)
     random.Random(4).shuffle(ring)
     for r in (tuple(ring), (*ring, ring[0]), tuple(ring[1:])):  # shuffled, a repeat, a gap
-        x.ring = r
-        for k in ("_ring_at", "_tp_groups", "_dp_groups"):
-            x.__dict__.pop(k, None)
-        for (d, p, t), _g in x.grid.items():
+        layout = Layout(x.mesh, x.gpus, r)  # (the mesh carries the rank order)
+        at = layout.at
+        for (p, d, s, c, t), _g in at.items():
             for got, members in (
-                (x.tp_group(d, p), [x.grid[d, p, u] for u in range(x.tp)]),
-                (x.dp_group(p, t), [x.grid[e, p, t] for e in range(x.dp)]),
+                (layout.group((p, d, s, c, t), ("tp",)), [at[p, d, s, c, u] for u in range(2)]),
+                (
+                    layout.group((p, d, s, c, t), ("dp_replicate", "dp_shard", "cp")),
+                    [at[p, e, s, c, t] for e in range(2)],
+                ),
             ):
                 assert got == tuple(g for g in r if g in set(members))
-        assert x.tp_group(1, 1) is x.tp_group(1, 1)
+        assert layout.group((1, 1, 0, 0, 0), ("tp",)) is layout.group((1, 1, 0, 0, 1), ("tp",))
 
 
 @pytest.mark.parametrize("runs", [True, False], ids=["blocks", "rows"])

@@ -70,10 +70,11 @@ def test_ddp_reduces_every_gradient_including_leftover_bucket():
     t = chain_trace(batch=32, layers=5, weight_bytes=3e6)
     r = sim(t, 2, "ddp", bucket_size=7e6, first_bucket_size=7e6)  # 3+3+3 | 3+3 (leftover)
     assert r.collective_bytes["allreduce"] == pytest.approx(t.weight_bytes())
-    assert [b[2] for b in r.extrapolator.buckets()] == [3, 2]
+    # (the bucket's bytes over a layer's 3 MB: its gradients)
+    assert [b[1] / 3e6 for b in r.extrapolator.buckets[0]] == [3, 2]
     # PyTorch's small first bucket: the last layer's gradient goes alone, early
     r = sim(t, 2, "ddp", bucket_size=7e6, first_bucket_size=2**20)  # 3 | 3+3+3 | 3
-    assert [b[2] for b in r.extrapolator.buckets()] == [1, 3, 1]
+    assert [b[1] / 3e6 for b in r.extrapolator.buckets[0]] == [1, 3, 1]
     assert r.collective_bytes["allreduce"] == pytest.approx(t.weight_bytes())
 
 
@@ -94,7 +95,7 @@ def test_gpipe_forward_span(S, M):
     fwd = r.timeline[(r.timeline.phase == "forward") & (r.timeline.kind == "compute")]
     assert fwd.end.max() == pytest.approx((M + S - 1) * t_layer / M, rel=1e-6)
     # and every stage got exactly one layer (balanced by time)
-    assert [len(x) for x in r.extrapolator.fwd_ops] == [1] * S
+    assert [len(x) for x in r.extrapolator.pipe.fwd_ops] == [1] * S
 
 
 def test_1f1b_matches_gpipe_time_with_equal_stages():
@@ -123,12 +124,13 @@ def test_pipeline_schedules_hand_timeline(mode, fwd_ms, bwd_ms, in_flight):
     r = sim(tr, 2, mode, FAST, batch_size=8, microbatches=4)
     c = r.timeline[r.timeline.kind == "compute"]
     for s in (0, 1):
-        order, mine = r.extrapolator.order(s), c[c.gpu == s]
+        order = [(k, m) for k, m, _ in r.extrapolator.orders[s]]
+        mine = c[c.gpu == s]
         assert [p[0].upper() for p in mine.phase] == [k for k, _ in order]
         start = dict(zip(order, mine.start * 1e3, strict=True))
         assert [start["F", m] for m in range(4)] == pytest.approx(fwd_ms[s])
         assert [start["B", m] for m in range(4)] == pytest.approx(bwd_ms[s])
-    held = itertools.accumulate(1 if k == "F" else -1 for k, _ in r.extrapolator.order(0))
+    held = itertools.accumulate(1 if k == "F" else -1 for k, _, _ in r.extrapolator.orders[0])
     assert max(held) == in_flight
     assert r.iteration_time == pytest.approx(15e-3)
     assert r.per_gpu()["idle"].tolist() == pytest.approx([3e-3, 3e-3])
@@ -137,7 +139,7 @@ def test_pipeline_schedules_hand_timeline(mode, fwd_ms, bwd_ms, in_flight):
 def test_tp_pairs_column_and_row_layers_megatron_style():
     t = chain_trace(batch=8)  # four linear layers in a chain: pairs (0, 1) and (2, 3)
     r = sim(t, 4, "tp")
-    roles = r.extrapolator.roles
+    roles = r.extrapolator.tpx.roles
     assert [roles[i] for i in range(4)] == ["column", "row", "column", "row"]
     comm = r.timeline[(r.timeline.kind == "comm") & (r.timeline.gpu == 0)]
     # one all-reduce per pair in forward (after the row layer), one in backward (after the
@@ -151,7 +153,8 @@ def test_tp_pairs_column_and_row_layers_megatron_style():
 def test_tp_unpaired_layer_gathers_its_output():
     t = chain_trace(batch=8, layers=3)  # the third layer has no partner
     r = sim(t, 2, "tp")
-    assert r.extrapolator.roles[2] == "gather" and r.extrapolator.roles[0] == "column"
+    roles = r.extrapolator.tpx.roles
+    assert roles[2] == "gather" and roles[0] == "column"
     comm = r.timeline[(r.timeline.kind == "comm") & (r.timeline.gpu == 0)]
     # pair: 1 forward all-reduce (its input has no gradient); the lone layer is
     # column-parallel with a gathered output: all-gather forward, all-reduce of its input
@@ -375,8 +378,8 @@ def test_a_user_parallelism_mode_plugs_in(scratch_registries):
     class HalfGradients(DataParallel):  # e.g. gradient compression: half the bytes reduced
         name = "dp-half"
 
-        def grad_bytes(self):
-            return self.trace.weight_bytes() / 2
+        def grad_bytes(self, p):
+            return super().grad_bytes(p) / 2
 
     t = chain_trace(batch=16)
     r = Simulation({"num_gpus": 2, "parallelism": {"mode": "dp-half"}}, trace=t).run()
@@ -386,14 +389,14 @@ def test_a_user_parallelism_mode_plugs_in(scratch_registries):
 def test_gpipe_user_stages_by_layer_name_and_position():
     t = chain_trace(layers=6, batch=8)
     r = sim(t, 3, "gpipe", microbatches=2, stages=["layer1", "layer5"])
-    assert [[op.layer for op in s] for s in r.extrapolator.fwd_ops] == [
+    assert [[op.layer for op in s] for s in r.extrapolator.pipe.fwd_ops] == [
         ["layer0"],
         ["layer1", "layer2", "layer3", "layer4"],
         ["layer5"],
     ]
     r = sim(t, 2, "gpipe", microbatches=2, stages=[4])
-    assert [len(s) for s in r.extrapolator.fwd_ops] == [4, 2]
-    assert [len(s) for s in r.extrapolator.bwd_ops] == [4, 2]
+    assert [len(s) for s in r.extrapolator.pipe.fwd_ops] == [4, 2]
+    assert [len(s) for s in r.extrapolator.pipe.bwd_ops] == [4, 2]
     with pytest.raises(ConfigError, match="parallelism.stages"):
         sim(t, 3, "gpipe", stages=["nolayer", "layer2"])
     with pytest.raises(ConfigError, match="parallelism.stages"):

@@ -508,7 +508,7 @@ def _tp_plan(trace_path, n, **extra):
         "topology": {"kind": "switch", "bandwidth": "450 GB/s"},
         **extra,
     }
-    return Simulation(cfg).extrapolator
+    return Simulation(cfg).extrapolator.tpx  # the TP plan of mode tp (the mesh's tp dimension)
 
 
 def _collectives(ex):

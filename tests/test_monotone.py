@@ -296,7 +296,7 @@ def test_a_slower_link_or_gpu_never_makes_an_iteration_faster(data, tmp_path_fac
     }
     base = Simulation(cfg)
     if mode["mode"] in ("gpipe", "1f1b"):  # the base plan's cuts, for both runs
-        mode["stages"] = list(base.extrapolator.starts[1:])
+        mode["stages"] = list(base.extrapolator.pipe.starts[1:])
         base = Simulation(cfg)
     het: dict = {}
     f = data.draw(st.sampled_from(FACTORS))

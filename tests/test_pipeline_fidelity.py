@@ -126,7 +126,7 @@ def test_partition_avoids_a_huge_activation_at_the_compute_balanced_cut():
     t.tensors[6].nbytes = 2e6  # the output of layer 2
     bw, lat = 10 * GB, 1e-6
     r = run(t, 2, "gpipe", {"kind": "ring", "bandwidth": bw, "latency": lat})
-    assert r.extrapolator.starts == [0, 1]  # stages 3.2 | 9.2 ms (cut at 3: 9.4 | 3.4)
+    assert r.extrapolator.pipe.starts == [0, 1]  # stages 3.2 | 9.2 ms (cut at 3: 9.4 | 3.4)
     # M = 1: F0, send 1 MB, F1 F2 F3, B3 B2 B1, send 1 MB back, B0
     x = 1e6 / bw + lat
     assert r.iteration_time == pytest.approx(1e-3 + x + 3e-3 + 6e-3 + x + 2e-3, rel=1e-9)
@@ -144,13 +144,14 @@ def test_vgg13_gpipe_cuts_avoid_the_16_gb_activations():
     bw = 65e9
     r = run(t, 4, "gpipe", {"kind": "ring", "bandwidth": bw, "latency": 0})
     e = r.extrapolator
-    assert max(e.boundary) < 1e9  # both 1.64 GB outputs (first two convolutions) stay inside
+    assert max(e.pipe.boundary) < 1e9  # both 1.64 GB outputs (first two convolutions) stay inside
     # one micro-batch: every forward, then every backward, one after the other, each
     # boundary crossed twice; then stage 0's optimizer share
     ops = t.operators
     fb = sum(op.time for op in ops if op.phase != "optimizer")
-    opt = sum(op.time for op in ops if op.phase == "optimizer") * e.weight_share[0]
-    want = fb + sum(2 * b / bw for b in e.boundary) + opt
+    share = e.weights.stage_bytes[0] / t.weight_bytes()
+    opt = sum(op.time for op in ops if op.phase == "optimizer") * share
+    want = fb + sum(2 * b / bw for b in e.pipe.boundary) + opt
     assert r.iteration_time == pytest.approx(want, rel=1e-9)
 
 
@@ -164,7 +165,7 @@ def test_vgg13_cuts_avoid_the_16_gb_activations_with_recompute_too(mode, recompu
     t = import_triosim_csv(GO_TRACES / "vgg13")
     top = {"kind": "ring", "bandwidth": 65e9, "latency": 0}
     r = run(t, 4, mode, top, microbatches=4, recompute=recompute)
-    assert max(r.extrapolator.boundary) < 1e9
+    assert max(r.extrapolator.pipe.boundary) < 1e9
 
 
 # -- send streams ------------------------------------------------------------------------------

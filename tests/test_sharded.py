@@ -65,9 +65,9 @@ def test_units_follow_the_wrap_depth():
     from perfmodel import make_model
 
     t = chain_trace(batch=8, layers=4)
-    s = Sharded(t, make_model("trace", t), [0, 1])
-    assert s.unit_names == ["layer0", "layer1", "layer2", "layer3"]
-    assert s.unit_weights == [4e6] * 4
+    s = Sharded(t, make_model("trace", t), [0, 1], batch_size=16).shard
+    assert s.names == ["layer0", "layer1", "layer2", "layer3"]
+    assert [s.bytes[0, u] for u in range(4)] == [4e6] * 4  # chunk 0: no pipeline
 
 
 def two_units_with_accumulate_grad(t_f=1e-3, t_b=2e-3, t_acc=0.1e-3, t_opt=0.5e-3, w=4e6):

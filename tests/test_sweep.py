@@ -277,5 +277,6 @@ def test_a_symmetry_sweep_shows_what_ran_beside_what_was_asked():
         for m, s, r in zip(df["parallelism.mode"], df["symmetry"], df["symmetry_ran"], strict=True)
     }
     assert got[("ddp", "auto")] == "auto: 1 representative of 4 GPUs"
-    assert got[("gpipe", "auto")] == "off (fell back: mode 'gpipe' declares no symmetry)"
+    why = "every GPU is its own class (no identical replicas to share a simulation)"
+    assert got[("gpipe", "auto")] == f"off (fell back: {why})"
     assert got[("ddp", "off")] == got[("gpipe", "off")] == "off"

@@ -279,7 +279,8 @@ def test_a_slower_gpu_falls_back(gpt2):
     assert_same_run(sym, full)
 
 
-def test_a_mode_without_a_declaration_falls_back():
+def test_a_plan_without_replicas_falls_back():
+    # a pipeline alone: every stage runs other work, so every GPU is its own class
     t = chain_trace(layers=8)
     cfg = {
         "num_gpus": 4,
@@ -288,33 +289,41 @@ def test_a_mode_without_a_declaration_falls_back():
         "topology": {"kind": "ring", "bandwidth": 10e9, "latency": 1e-6},
     }
     sym, warned = run({**cfg, "symmetry": "auto"}, t)
-    assert warned == [
-        "symmetry: auto fell back to the full simulation: mode '1f1b' declares no symmetry"
-    ]
-    assert sym.symmetry == "off (fell back: mode '1f1b' declares no symmetry)"
+    why = "every GPU is its own class (no identical replicas to share a simulation)"
+    assert warned == [f"symmetry: auto fell back to the full simulation: {why}"]
+    assert sym.symmetry == f"off (fell back: {why})"
     full, _ = run(cfg, t)
     assert full.symmetry == "off"
     assert_same_run(sym, full)
 
 
 def test_no_replicas_falls_back(gpt2):
-    sym, warned = run(threed("auto", dp=1, tp=2, pp=2), gpt2)
+    sym, warned = run(threed("auto", dp=1, tp=1, pp=2), gpt2)
     assert len(warned) == 1 and "its own class" in sym.symmetry
+
+
+def test_tensor_parallel_ranks_stand_for_each_other_without_replicas(gpt2):
+    # dp 1: TP rank 0 of every stage represents the others (its TP group is one class)
+    sym, warned = run(threed("auto", dp=1, tp=2, pp=2), gpt2)
+    assert not warned and sym.symmetry == "auto: 2 representatives of 4 GPUs"
+    full, _ = run(threed("off", dp=1, tp=2, pp=2), gpt2)
+    assert_same_run(sym, full)
 
 
 def test_a_wrong_declaration_is_caught_by_the_stream_check(gpt2, monkeypatch):
     # replica d's TP ranks 0 and 1 swapped: the same computes and held bytes, but the
     # images' sends go to other GPUs than their streams' (the stream check says where)
-    from extrapolators.modes.threed import ThreeD
+    from extrapolators.modes.mesh import MeshMode
 
     def wrong(self):
+        at, (pp, dp, _, _, tp) = self.layout.at, self.mesh.shape
         reps = [
-            [self.grid[d, p, 1 - t if d else t] for p in range(self.pp) for t in range(self.tp)]
-            for d in range(self.dp)
+            [at[p, d, 0, 0, 1 - t if d else t] for p in range(pp) for t in range(tp)]
+            for d in range(dp)
         ]
         return Symmetry.of_replicas(reps)
 
-    monkeypatch.setattr(ThreeD, "symmetry", wrong)
+    monkeypatch.setattr(MeshMode, "symmetry", wrong)
     sym, warned = run(threed("auto"), gpt2)
     assert len(warned) == 1 and "not GPU" in warned[0] and "mapped" in warned[0]
     full, _ = run(threed("off"), gpt2)

@@ -98,7 +98,8 @@ def test_tp_innermost_placement():
     assert dp == fs({0, 4}, {1, 5}, {2, 6}, {3, 7})
     # pipeline sends go between corresponding TP ranks of consecutive stages, both ways
     assert sends == {(0, 2), (2, 0), (1, 3), (3, 1), (4, 6), (6, 4), (5, 7), (7, 5)}
-    assert [ex.pp_chain(d, t) for d in (0, 1) for t in (0, 1)] == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    chains = [[ex.layout.at[p, d, 0, 0, t] for p in (0, 1)] for d in (0, 1) for t in (0, 1)]
+    assert chains == [[0, 2], [1, 3], [4, 6], [5, 7]]
 
 
 def test_dp_innermost_and_explicit_placements():

@@ -74,7 +74,7 @@ def test_two_stages_of_two_ring_ranks_timeline_by_hand(bw, distopt):
     r = sim(t, 4, par, bw, lat)
     ex = r.extrapolator
     assert [op.layer for op in ex.pipe.fwd_ops[0] if op.tp_split] == ["l0.qkv"]
-    assert ex.cp_group(0, 0, 0) == (0, 1) and ex.cp_group(0, 1, 0) == (2, 3)
+    assert ex.group(0, "cp") == (0, 1) and ex.group(2, "cp") == (2, 3)
     kv = 2 * (2 * 8 * 4096 * 128 * 4) / 2  # k and v of the GPU's 4,096 tokens
     ts = lat + kv / bw
     act = 2 * 4096 * 1024 * 4 / 2  # the boundary activation at the GPU's tokens
@@ -138,16 +138,15 @@ def test_random_dp_pp_cp_layouts_conserve_compute_and_bytes(dp, pp, cp, m, comm)
     r = sim(t, dp * pp * cp, par)
     ex = r.extrapolator
     kv = 2 * (2 * 8 * 256 * 64 * 4) / cp  # k and v of the GPU's tokens, one micro-batch
-    for g, (d, p, _) in ex.coord.items():
+    coord = ex.layout.coord  # (pp, dp_replicate, dp_shard, cp, tp)
+    for g, (p, d, _, _, _) in coord.items():
         ops = [*ex.pipe.fwd_ops[p], *ex.pipe.bwd_ops[p]]
         work = sum(op.time for op in ops) / (dp * cp)
-        opt = OPT * ex._optimizer_scale(p)
+        opt = OPT * ex.optimizer_scale(p)
         assert r.per_gpu().loc[g, "compute"] == pytest.approx(work + opt)
-        group = ex.cp_group(d, p, 0)
+        group = ex.group(g, "cp")
         assert g in group and len(group) == cp
-        assert {ex.coord[x][1] for x in group} == {p} and {ex.coord[x][0] // cp for x in group} == {
-            d // cp
-        }
+        assert {coord[x][0] for x in group} == {p} and {coord[x][1] for x in group} == {d}
         n_att = sum(1 for op in ex.pipe.fwd_ops[p] if "attention" in op.name)
         sends = rows(r, g, "comm", "send to")
         ring = sends[sends.name.astype(str).isin([f"send to {x}" for x in group if x != g])]

@@ -136,9 +136,9 @@ def test_random_grids_shard_each_stage_over_its_replicas(dp, pp, tp, m, overlap,
     ex = r.extrapolator
     shard = 8 * W / pp / tp  # a stage's 8 / pp layers, each split over tp
     for g in range(n):
-        d, p, t = ex.coord[g]
-        assert ex.stage_bytes[p] == pytest.approx(shard)
-        assert set(ex.dp_group(p, t)) == {ex.grid[k, p, t] for k in range(dp)}
+        p, _, _, _, t = ex.layout.coord[g]  # (pp, dp_replicate, dp_shard, cp, tp)
+        assert ex.weights.stage_bytes[p] == pytest.approx(shard)
+        assert set(ex.group(g, "dp_replicate")) == {ex.layout.at[p, k, 0, 0, t] for k in range(dp)}
         rs, ag = comm(r, g, "reduce_scatter"), comm(r, g, "all_gather")
         tl = r.timeline
         grads = tl[(tl.gpu == g) & tl.layer.astype(str).str.match(r"bucket|gradients")]

@@ -3,38 +3,34 @@
 A mode is a subclass of `Extrapolator` (base.py) with a unique `name`; add one with
 `register(cls)`. Each mode turns the trace and its plan into per-GPU task streams for the
 runtime (extrapolators.execution) and asks the communication model for its collectives.
+`mesh` (mesh/) is the general form: a device mesh of pp x dp_replicate x dp_shard x cp x
+tp; single, dp, ddp, fsdp, tp, gpipe, 1f1b, hybrid, 3d, interleaved and cp are its presets
+(mesh/presets.py). ep, hop and chakra are their own.
 """
 
 from extrapolators.modes.base import Extrapolator, gradient_ready
 from extrapolators.modes.chakra import ChakraWorkload
-from extrapolators.modes.context_parallel import ContextParallel
-from extrapolators.modes.data_parallel import DataParallel, DistributedDataParallel, Single
 from extrapolators.modes.expert_parallel import ExpertParallel
 from extrapolators.modes.hop import Hop
-from extrapolators.modes.hybrid import Hybrid
-from extrapolators.modes.pipeline import GPipe, OneFOneB
-from extrapolators.modes.sharded import Sharded
-from extrapolators.modes.tensor_parallel import TensorParallel
-from extrapolators.modes.threed import Interleaved, ThreeD
+from extrapolators.modes.mesh import MeshMode
+from extrapolators.modes.mesh.presets import (
+    PRESETS,
+    ContextParallel,
+    DataParallel,
+    DistributedDataParallel,
+    GPipe,
+    Hybrid,
+    Interleaved,
+    OneFOneB,
+    Sharded,
+    Single,
+    TensorParallel,
+    ThreeD,
+)
 from triosim.common.registry import Registry
 
 EXTRAPOLATORS = Registry("parallelism.mode", "name", "parallelism mode")
-for _cls in (
-    Single,
-    DataParallel,
-    DistributedDataParallel,
-    TensorParallel,
-    GPipe,
-    OneFOneB,
-    Hybrid,
-    Hop,
-    Sharded,
-    ThreeD,
-    Interleaved,
-    ChakraWorkload,
-    ContextParallel,
-    ExpertParallel,
-):
+for _cls in (*PRESETS, MeshMode, Hop, ChakraWorkload, ExpertParallel):
     EXTRAPOLATORS.register(_cls.name)(_cls)
 
 
@@ -57,6 +53,7 @@ __all__ = [
     "Hop",
     "Hybrid",
     "Interleaved",
+    "MeshMode",
     "OneFOneB",
     "Sharded",
     "Single",

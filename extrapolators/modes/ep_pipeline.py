@@ -5,7 +5,7 @@ The grid (ep_grid: Megatron-Core's order tp-cp-ep-dp-pp, PP outermost): stage p 
 num_gpus / pp GPUs p x s .. (p + 1) x s - 1; inside a stage the dense layers are tp x dp
 and the routed experts etp x ep x edp exactly as mode `ep` lays them out on s GPUs, and a
 pipeline group is the pp GPUs with the same local index. The model is cut as mode `3d`
-cuts it (the pipeline mode `GPipe`: the forward operators into pp x v contiguous chunks,
+cuts it (pipeline.StageCut: the forward operators into pp x v contiguous chunks,
 v = `virtual_stages`, balanced by time and boundary bytes, each backward operator with
 its forward's chunk; a cut falling inside an MoE layer's routed experts is moved to just
 after them, so a layer's dispatch and combine run on one stage); chunk c is on stage c %
@@ -20,7 +20,7 @@ restricted to the chunk's operators: the dispatch and combine all-to-alls over t
 EP group, the expert-TP gathers, the dense TP collectives), after receiving the
 activation from the stage holding chunk c - 1 (F, c > 0) or the gradient from chunk c +
 1's (B, c < pp x v - 1). Its sends run on "send_fwd" and "send_bwd" streams as in `3d`:
-the activation crossing the cut (GPipe's boundary bytes at a micro-batch) / tp (sequence
+the activation crossing the cut (the cut's boundary bytes at a micro-batch) / tp (sequence
 parallel: each TP rank holds and passes 1/tp of the sequence, Megatron's p2p tensor shape
 seq / tp), to the GPU with the same local index in the next chunk's stage, its gradient
 back the same way. After the schedule (and both send streams), the gradients a GPU holds
@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from extrapolators.execution.tasks import Collective, Recv, Signal, Wait
 from extrapolators.modes import ep_buckets
-from extrapolators.modes.pipeline import GPipe, PipelineOptions
+from extrapolators.modes.pipeline import PipelineOptions, StageCut
 from extrapolators.modes.pipeline_sends import chunk_sends
 from extrapolators.modes.schedules import schedule
 from triosim.common.errors import ConfigError
@@ -96,7 +96,7 @@ class EPPipeline:
         """The pipeline mode's cut (stage p's GPUs as one, at a replica's batch): balanced
         by time, or at the forward positions `stages`."""
         grid = self.grid
-        return GPipe(
+        return StageCut(
             self.trace,
             self.model,
             [self.gpus[c % grid.pp * grid.s] for c in range(self.chunks)],

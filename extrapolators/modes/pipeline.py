@@ -1,24 +1,18 @@
-"""Pipeline parallelism: GPipe and 1F1B schedules over stages balanced by time.
+"""A pipeline's cut: the forward operators in S contiguous chunks balanced by time (S: the
+plan's GPUs, one per chunk), or where the user says; the mesh (mesh/) and mode ep run each
+chunk on a stage under a schedule (schedules.py).
 
-Forward operators are cut into S contiguous stages (S = number of GPUs), or where the user
-says. The cuts minimise the slowest stage, where a stage costs one micro-batch's forward
-(twice where it is recomputed) and backward time plus, at each of its boundaries, the
-activation crossing it one way and its gradient the other: 2 x (bytes / bandwidth +
-latency) over the slowest path between consecutive stages' GPUs (nothing when the plan has
-no topology). A
-backward operator belongs to the stage of the forward operator it differentiates (fwd_id),
-or else of the latest forward tensor it reads. The mini-batch is split into M
-micro-batches; a stage sends activations on its "send_fwd" stream and gradients on its
-"send_bwd" stream, so neither waits behind the other. With `recompute` (activation
-checkpointing, as torch Pipe's checkpoint= option) a stage re-runs its forward operators for
-a micro-batch right after that micro-batch's gradient arrives and before its backward
-(timeline phase "recompute").
-The optimizer step of a stage takes the stage's share of the weight bytes.
+The cuts minimise the slowest chunk, where a chunk costs one micro-batch's forward (twice
+where it is recomputed) and backward time plus, at each of its boundaries, the activation
+crossing it one way and its gradient the other: 2 x (bytes / bandwidth + latency) over the
+slowest path between consecutive chunks' GPUs (nothing when the plan has no topology). A
+backward operator belongs to the chunk of the forward operator it differentiates (fwd_id),
+or else of the latest forward tensor it reads. `boundary[k]` is the activation bytes (at
+the traced batch) crossing the cut between chunks k and k + 1.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -26,7 +20,6 @@ from typing import Literal
 import networkx as nx
 import numpy as np
 
-from extrapolators.execution.tasks import Recv, Send, Signal, Wait
 from extrapolators.modes.base import Extrapolator
 from perfmodel import Target
 from perfmodel.base import batch_ratio
@@ -119,13 +112,13 @@ class PipelineOptions:
     )
 
 
-class GPipe(Extrapolator):
-    name = "gpipe"
+class StageCut(Extrapolator):
+    """The cut (module docstring) of the trace over `gpus`, one chunk each: `fwd_ops[k]`,
+    `bwd_ops[k]`, `starts` (forward positions where chunks begin), `boundary`, and
+    `stage_cost[k]` (what the balancing weighed)."""
+
+    name = "cut"
     Options = PipelineOptions
-    hybrid_inner = True
-    # activations and gradients leave a stage on two streams, so a large activation send
-    # never holds back a gradient send (and the reverse); False: one FIFO "comm" stream
-    split_send_streams = True
 
     def check(self):
         m = self.options.microbatches
@@ -137,11 +130,6 @@ class GPipe(Extrapolator):
             raise ConfigError("batch_size", None, "a batch size to split into micro-batches")
         self.per_gpu_batch(m)
         self._assign()
-
-    def recomputes(self, m: int) -> bool:
-        """Whether micro-batch m re-runs its forward before its backward."""
-        r = self.options.recompute
-        return r == "all" or (r == "except_last" and m < self.options.microbatches - 1)
 
     # -- partition ----------------------------------------------------------------------------
     def _assign(self):
@@ -208,7 +196,6 @@ class GPipe(Extrapolator):
         ]
         # bytes (at the traced batch) crossing each stage boundary s -> s+1 in forward
         self.boundary = [float(self.cut_bytes[starts[b + 1]]) for b in range(S - 1)]
-        self._weights_share(fwd, stage_of_fwd)
 
     def link(self) -> tuple[float, float]:
         """(bandwidth, latency) of the slowest path between consecutive stages' GPUs: the
@@ -270,105 +257,7 @@ class GPipe(Extrapolator):
             starts.append(k)
         return starts
 
-    def _weights_share(self, fwd, stage_of_fwd):
-        S, trace = len(self.gpus), self.trace
-        owner = {}
-        for k, i in enumerate(fwd):
-            for t in trace.operators[i].inputs:
-                if trace.tensors[t].category == "weight":
-                    owner.setdefault(t, stage_of_fwd[k])
-        total = trace.weight_bytes()
-        share = [0.0] * S
-        for t, s in owner.items():
-            share[s] += trace.tensors[t].nbytes
-        self.weight_share = [x / total if total else 1.0 / S for x in share]
-
-    def held_weight_bytes(self, gpu) -> float:
-        return self.weight_share[self.gpus.index(gpu)] * self.trace.weight_bytes()
-
-    def op_batch(self):
-        return self.per_gpu_batch(self.options.microbatches)
-
-    # -- schedule -------------------------------------------------------------------------------
-    def order(self, s: int) -> list[tuple[str, int]]:
-        """GPipe: all forwards, then all backwards (last micro-batch first)."""
-        m = self.options.microbatches
-        return [("F", k) for k in range(m)] + [("B", k) for k in reversed(range(m))]
-
-    def streams(self):
-        out = {}
-        for s, g in enumerate(self.gpus):
-            out[(g, "compute")] = self._compute(s)
-            for name, kinds in self._senders():
-                out[(g, name)] = self._sends(s, kinds, name)
-        return out
-
-    def _senders(self):
-        if self.split_send_streams:
-            return [("send_fwd", "F"), ("send_bwd", "B")]
-        return [("comm", "FB")]
-
     def _mb_ratio(self) -> float:
+        """A micro-batch's share of the trace's batch-sized tensors."""
         mb = self.per_gpu_batch(self.options.microbatches)
         return batch_ratio(self.trace, Target(batch_size=mb))
-
-    def _mb_bytes(self, b: int) -> float:
-        return self.boundary[b] * self._mb_ratio()
-
-    def _compute(self, s):
-        S, g = len(self.gpus), self.gpus
-        target = self.target(self.per_gpu_batch(self.options.microbatches))
-        for kind, m in self.order(s):
-            if kind == "F":
-                if s > 0:
-                    yield Recv(g[s - 1], f"act{s - 1}.{m}", phase="forward")
-                for op in self.fwd_ops[s]:
-                    yield self.compute(op, target, mb=m)
-            else:
-                if s < S - 1:
-                    yield Recv(g[s + 1], f"grad{s + 1}.{m}", phase="backward")
-                if self.recomputes(m):
-                    for op in self.fwd_ops[s]:
-                        task = self.compute(op, target)
-                        yield dataclasses.replace(task, phase="recompute")
-                for op in self.bwd_ops[s]:
-                    yield self.compute(op, target, mb=m)
-            yield Signal(f"{g[s]}:{kind}{m}")
-        for name, _ in self._senders():
-            yield Wait(f"{g[s]}:{name} done")
-        full = self.target(self.per_gpu_batch(1))
-        for op in self.ops("optimizer"):
-            yield self.compute(op, full, self.weight_share[s])
-
-    def _sends(self, s, kinds: str, name: str):
-        """A send stream: for each micro-batch of `kinds` in schedule order, wait until the
-        compute stream has produced it, then send it to the neighbouring stage."""
-        S, g = len(self.gpus), self.gpus
-        for kind, m in self.order(s):
-            if kind not in kinds:
-                continue
-            yield Wait(f"{g[s]}:{kind}{m}")
-            if kind == "F" and s < S - 1:
-                yield Send(g[s + 1], self._mb_bytes(s), f"act{s}.{m}", phase="forward")
-            elif kind == "B" and s > 0:
-                yield Send(g[s - 1], self._mb_bytes(s - 1), f"grad{s}.{m}", phase="backward")
-        yield Signal(f"{g[s]}:{name} done")
-
-
-class OneFOneB(GPipe):
-    """1F1B (PipeDream-flush): S-s-1 warm-up forwards, then one forward / one backward."""
-
-    name = "1f1b"
-
-    def order(self, s: int) -> list[tuple[str, int]]:
-        m, S = self.options.microbatches, len(self.gpus)
-        warm = min(S - s - 1, m)
-        seq = [("F", k) for k in range(warm)]
-        f, b = warm, 0
-        while b < m:
-            if f < m:
-                seq.append(("F", f))
-                f += 1
-            seq.append(("B", b))
-            b += 1
-        return seq

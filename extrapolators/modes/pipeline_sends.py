@@ -1,7 +1,7 @@
 """A pipeline stage's send stream over a chunked schedule (modes 3d and ep with pp).
 
 `chunk_sends(gpu, steps, kinds, p, pp, boundary, ratio, peer, prefix, name)`: for each step
-(kind, m, j) of the stage's schedule of `kinds` ("F" or "B"), wait until the compute stream
+(kind, m, j) of the stage's schedule of `kinds` ("F", "B" or both), wait until the compute stream
 has done it (`{gpu}:{kind}{m}.{c}`, c = j x pp + p the model chunk), then send chunk c's
 activation to the stage of chunk c + 1 (forward) or its input gradient to the stage of chunk
 c - 1 (backward): `boundary[c]` (or `[c - 1]`) x `ratio` bytes to `peer(stage)`, tagged
@@ -19,7 +19,7 @@ def chunk_sends(
 ):
     chunks = len(boundary) + 1  # a boundary between every two model chunks
     for kind, m, j in steps:
-        if kind != kinds:
+        if kind not in kinds:
             continue
         c = j * pp + p
         yield Wait(f"{gpu}:{kind}{m}.{c}")

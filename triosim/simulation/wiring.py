@@ -286,7 +286,7 @@ class Simulation:
 
 # errors of a stand-in plan that may come from the stand-in itself (no topology, GPUs
 # numbered 0..N-1), not from the config: the real plan decides on them
-_STAND_IN_FIELDS = {"parallelism.graph", "parallelism.placement"}
+_STAND_IN_FIELDS = {"parallelism.graph", "parallelism.placement", "parallelism.order"}
 
 
 def _check_plan_early(mode, trace, model, cfg: Config) -> None:

@@ -1,0 +1,102 @@
+"""The config fields of the general form (`parallelism: {mode: mesh, ...}`): the mesh's
+degrees and order, and what each dimension's plan takes. Every preset mode (ddp, fsdp, 3d,
+cp, ...) is these fields filled in (presets.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from triosim.common.schema import option
+
+
+@dataclass(frozen=True)
+class MeshOptions:
+    pp: int = option(1, ge=1, help="pipeline-parallel degree (stages)")
+    dp_replicate: int = option(
+        1, ge=1, help="data-parallel replicas (DDP; with dp_shard > 1, HSDP's replicas)"
+    )
+    dp_shard: int = option(
+        0,
+        ge=0,
+        help="data-parallel ranks sharding the weights (FSDP / ZeRO, `zero`); 0: what the "
+        "other degrees leave of num_gpus (torchtitan's data_parallel_shard_degree -1)",
+    )
+    cp: int = option(1, ge=1, help="context-parallel degree: GPUs sharing each sequence")
+    tp: int = option(1, ge=1, help="tensor-parallel degree: GPUs splitting each layer")
+    order: list[int | str] | str = option(
+        "tp-cp-dp-pp",
+        help="rank order, innermost first (torchtitan's and Megatron-Core's default "
+        "tp-cp-dp-pp; dp is dp_shard inside dp_replicate), or the GPU ids by mesh rank",
+    )
+    microbatches: int = option(
+        1,
+        ge=1,
+        help="micro-batches each data-parallel replica's batch is split into: the pipeline's "
+        "(pp > 1) or gradient accumulation steps (pp 1)",
+    )
+    schedule: str = option(
+        "1f1b", help="pipeline schedule: gpipe, 1f1b, interleaved (or one registered)"
+    )
+    virtual_stages: int = option(1, ge=1, help="model chunks per pipeline stage (interleaved)")
+    stages: list[int | str] = option(
+        factory=list,
+        help="where chunks 2.. begin: layer names or forward-op positions (default: balanced "
+        "by time and boundary bytes)",
+    )
+    tp_style: Literal["megatron", "channel"] = option("megatron", help="as mode tp")
+    sequence_parallel: bool = option(False, help="as mode tp (Megatron's)")
+    cp_comm: Literal["p2p", "a2a"] = option(
+        "p2p", help="p2p: ring attention; a2a: all-to-all of the heads (Ulysses)"
+    )
+    zero: Literal[0, 1, 2, 3] | None = option(
+        None,
+        help="what data parallelism shards over dp_shard x cp (torchtitan's dp_shard_cp): 3 "
+        "parameters, gradients and optimizer states (FSDP2: per-unit all-gathers and "
+        "reduce-scatters; HSDP with dp_replicate); 2 gradients and states (buckets "
+        "reduce-scattered, parameters all-gathered after the step); 1 the states (buckets "
+        "all-reduced, parameters all-gathered after the step); 0 nothing (DDP over every "
+        "data-parallel GPU, cp ranks included, as Megatron-LM); default: 3 with dp_shard > "
+        "1, else 0",
+    )
+    reshard_after_forward: Literal["default", "always", "never"] = option(
+        "default",
+        help="zero 3: torchtitan's fsdp_reshard_after_forward: default reshards every unit "
+        "but the last holding weights (with pp > 1: none), always all, never none",
+    )
+    wrap_depth: int | None = option(
+        None,
+        ge=1,
+        help="zero 3: layer-name depth of a unit (torchtitan's Llama blocks: 2, layers.N; "
+        "default: the smallest giving >= 4 units that hold weights)",
+    )
+    dp_overlap: bool = option(
+        True,
+        help="gradient buckets reduced as the backward pass fills them (DDP, Megatron's "
+        "--overlap-grad-reduce); false: all after the backward pass",
+    )
+    bucket_size: float = option(25 * 2**20, unit="bytes", gt=0, help="gradient bucket cap")
+    first_bucket_size: float = option(2**20, unit="bytes", gt=0, help="the first bucket's cap")
+    distributed_optimizer: bool = option(
+        False,
+        help="Megatron's distributed optimizer over the dp_replicate x cp GPUs of a stage's "
+        "TP shard: buckets reduce-scattered, the step on 1/(dp_replicate x cp), parameters "
+        "all-gathered after it",
+    )
+    recompute: Literal["none", "full", "selective", "stage"] = option(
+        "none",
+        help="activation recomputation: full (each block's forward again before its "
+        "backward), selective (the attention core, Megatron-LM's) or stage (each pipeline "
+        "chunk's whole forward before its backward, torch Pipe's checkpointing)",
+    )
+    recompute_microbatches: Literal["all", "except_last"] = option(
+        "all",
+        help="the micro-batches recomputed: all, or all but the last (torch Pipe's "
+        "checkpoint='except_last')",
+    )
+    recompute_depth: int | None = option(
+        None,
+        ge=1,
+        help="layer-name depth of a recomputed block (torchtitan's Llama: 2, layers.N); "
+        "default: the smallest giving >= 4 blocks that hold weights",
+    )

@@ -1,0 +1,267 @@
+"""Every GPU's streams on a mesh, from its stage's template (template.py): one builder for
+every layout.
+
+Per GPU at mesh coordinates (p, r, s, c, t) (dims.py):
+  - "compute": the template, its items completed with this GPU's names: a TP collective
+    over its TP group (the same task for every rank of the group, built by the first to
+    reach it: its group and key do not name the rank), receives from the GPUs of the
+    neighbouring stages with its (r, s, c, t), the attention over its CP group
+    (cp_attention.py: ring attention's steps and receives, or Ulysses' all-to-alls), the
+    waits for FSDP's gathers;
+  - "send_fwd" and "send_bwd" with pipeline stages (pipeline_sends.chunk_sends): each
+    step's activation or gradient to the neighbouring stage once the compute stream has
+    made it, at the micro-batch's share of the cut's bytes, 1/tp of it with sequence
+    parallelism, 1/cp with context parallelism;
+  - "gather" with FSDP: each entry's all-gather over the GPU's shard group (dp_shard x
+    cp), one entry ahead of the compute (it waits for the compute to start the entry
+    before: FSDP2's prefetch), where the unit is not resident;
+  - "dp": the gradients. FSDP: each unit's reduce-scatter over the shard group as the
+    backward pass completes it, then (HSDP) the reduced shard's all-reduce over the
+    replicas. Otherwise the stage's buckets (or, without dp_overlap, all its gradients
+    after the backward pass) over the data-parallel group (dp_replicate x dp_shard x cp):
+    all-reduced, or reduce-scattered (distributed optimizer, ZeRO-2); where the parameters
+    come back after the step, their all-gather over the same group;
+  - "cp" with ring attention: the key/value blocks, in the order the template reaches the
+    attention operators.
+"""
+
+from __future__ import annotations
+
+from extrapolators.execution.tasks import Collective, ComputeRun, Recv, Signal, Wait
+from extrapolators.modes.cp_attention import ring_compute, ring_sends, ulysses
+from extrapolators.modes.cp_plan import kv_block_bytes, ulysses_bytes
+from extrapolators.modes.dist_optimizer import param_gather
+from extrapolators.modes.mesh.dims import CP, PP, REP, SHARD, TP
+from extrapolators.modes.mesh.template import ATTN, COLL, ENTER, GRADS, RECV, SIGNAL, stage_template
+from extrapolators.modes.pipeline_sends import chunk_sends
+
+DP_DIMS = ("dp_replicate", "dp_shard", "cp")
+SHARD_DIMS = ("dp_shard", "cp")
+
+
+class MeshStreams:
+    """The streams of a mesh mode after its `check` (module docstring)."""
+
+    def __init__(self, mode):
+        self.mode = mode
+        self.layout = mode.layout
+        self._templates: dict = {}
+
+    def template(self, p: int):
+        t = self._templates.get(p)
+        if t is None:
+            t = self._templates[p] = stage_template(self.mode, p)
+        return t
+
+    def streams(self) -> dict:
+        mode, mesh = self.mode, self.mode.mesh
+        out = {}
+        ring_cp = mesh.cp > 1 and mode.options.cp_comm == "p2p"
+        shared: dict = {}  # TP group -> [its ranks running, its collectives], this call's
+        coords = sorted(self.layout.at, key=lambda x: (x[REP], x[SHARD], x[PP], x[CP], x[TP]))
+        for x in coords:
+            g = self.layout.at[x]
+            out[(g, "compute")] = self.compute(x, shared)
+            if mesh.pp > 1:
+                for name, kinds in mode.send_streams():
+                    out[(g, name)] = self.sends(x, kinds, name)
+            out[(g, "dp")] = self.reduce(x)
+            if mode.shard is not None:
+                out[(g, "gather")] = self.gather(x)
+            if ring_cp:
+                out[(g, "cp")] = self.cp_sends(x)
+        return out
+
+    # -- compute --------------------------------------------------------------------------
+    def compute(self, x, shared_by: dict):
+        p, r, s, c, t = x
+        layout, at = self.layout, self.layout.at
+        g = at[x]
+        group = layout.group(x, ("tp",))
+        name, chain, gk = f"p{p}r{r}s{s}c{c}/", f"r{r}s{s}c{c}t{t}/", f"{g}:"
+        template = self.template(p)
+        items = template.items
+        slot = shared_by.get(group)
+        if slot is None:
+            slot = shared_by[group] = [0, [None] * len(items)]
+        slot[0] += 1
+        shared, runs = slot[1], self.mode.compute_runs
+        for i, item in enumerate(items):
+            if type(item) is ComputeRun:
+                if runs:
+                    yield item
+                else:
+                    yield from item.tasks
+                continue
+            tag = item[0]
+            if tag == COLL:
+                task = shared[i]
+                if task is None:
+                    k = item[1]
+                    phase = "recompute" if item[3] else k.phase
+                    task = shared[i] = Collective(
+                        k.op, group, k.nbytes, name + item[2], k.layer, phase, k.algorithm, k.root
+                    )
+                yield task
+            elif tag == RECV:
+                yield Recv(at[(item[1], r, s, c, t)], chain + item[2], phase=item[3])
+            elif tag == SIGNAL:
+                yield Signal(gk + item[1])
+            elif tag == ATTN:
+                yield from self._attend(x, *item[1:])
+            elif tag == ENTER:
+                yield Wait(f"{g}:fsdp-gathered:{item[1]}")
+                yield Signal(f"{g}:fsdp-started:{item[1]}")
+            elif tag == GRADS:
+                yield Signal(f"{g}:fsdp-grads:{item[1][0]}.{item[1][1]}")
+            else:
+                yield Wait(gk + item[1])
+        slot[0] -= 1
+        if not slot[0]:  # the last running rank of the group: free the shared tasks
+            del shared_by[group]
+
+    # -- context parallelism --------------------------------------------------------------
+    def _tag(self, x, op, phase, m) -> str:
+        p, r, s, _, t = x
+        return f"cp:p{p}r{r}s{s}t{t}:{m}:{op.id}:{phase}"
+
+    def _attend(self, x, op, step, m):
+        mode = self.mode
+        g, group = self.layout.at[x], self.layout.group(x, ("cp",))
+        tag, forward = self._tag(x, op, step.phase, m), op.phase == "forward"
+        if mode.options.cp_comm == "p2p":
+            yield from ring_compute(g, group, step, tag, forward)
+            return
+        a = mode.attention[op.id]
+        qkv, out = ulysses_bytes(mode.trace, a, mode.token_ratio(), mode.mesh.tp)
+        before, after = (qkv, out) if forward else (out, qkv)
+        yield from ulysses(group, step, before, after, tag, mode.collective)
+
+    def cp_sends(self, x):
+        """Ring attention's sends, in the order the compute stream reaches them."""
+        mode = self.mode
+        g, group = self.layout.at[x], self.layout.group(x, ("cp",))
+        ratio, tp = mode.token_ratio(), mode.mesh.tp
+        for item in self.template(x[PP]).items:
+            if type(item) is tuple and item[0] == ATTN:
+                _, op, step, m = item
+                nbytes = kv_block_bytes(mode.trace, mode.attention[op.id], ratio, tp)
+                tag = self._tag(x, op, step.phase, m)
+                yield from ring_sends(
+                    g, group, nbytes, tag, op.phase == "forward", step.layer, step.phase
+                )
+
+    # -- pipeline sends -------------------------------------------------------------------
+    def sends(self, x, kinds: str, name: str):
+        mode, mesh = self.mode, self.mode.mesh
+        p, r, s, c, t = x
+        ratio = mode.pipe._mb_ratio() / (mesh.tp if mode.options.sequence_parallel else 1)
+        ratio /= mesh.cp  # each CP rank passes on its tokens' activations
+        at = self.layout.at
+        yield from chunk_sends(
+            at[x],
+            mode.orders[p],
+            kinds,
+            p,
+            mesh.pp,
+            mode.pipe.boundary,
+            ratio,
+            lambda q: at[(q, r, s, c, t)],
+            f"r{r}s{s}c{c}t{t}",
+            name,
+        )
+
+    # -- data parallelism -----------------------------------------------------------------
+    def gather(self, x):
+        """FSDP: each entry's parameters, one entry ahead of the compute."""
+        mode, shard = self.mode, self.mode.shard
+        p, r, _, _, t = x
+        g, group = self.layout.at[x], self.layout.group(x, SHARD_DIMS)
+        prev = None
+        for key, (c, u), phase, gathers in self.template(p).entries:
+            if prev is not None:
+                yield Wait(f"{g}:fsdp-started:{prev}")
+            nbytes = shard.bytes.get((c, u), 0.0)
+            if gathers and nbytes > 0 and len(group) > 1:
+                yield Collective(
+                    "all_gather",
+                    group,
+                    nbytes,
+                    f"fsdp:p{p}r{r}t{t}:{key}",
+                    shard.names[u],
+                    phase,
+                    algorithm=mode.collective,
+                )
+            prev = key
+            yield Signal(f"{g}:fsdp-gathered:{key}")
+
+    def reduce(self, x):
+        mode = self.mode
+        g = self.layout.at[x]
+        if mode.shard is not None:
+            yield from self._reduce_units(x)
+        else:
+            yield from self._reduce_buckets(x)
+        yield Signal(f"{g}:reduced")
+        if mode.params_after_step:
+            p, t = x[PP], x[TP]
+            peers = self.layout.group(x, DP_DIMS)
+            yield Wait(f"{g}:stepped")
+            nbytes = mode.weights.stage_bytes[p]
+            c = param_gather(peers, nbytes, f"params:p{p}t{t}", mode.collective)
+            if c is not None:
+                yield c
+            yield Signal(f"{g}:params")
+
+    def _reduce_units(self, x):
+        mode, shard = self.mode, self.mode.shard
+        p, r, s, c, t = x
+        g = self.layout.at[x]
+        group = self.layout.group(x, SHARD_DIMS)
+        replicas = self.layout.group(x, ("dp_replicate",))
+        for cu in self.template(p).reduce_order:
+            yield Wait(f"{g}:fsdp-grads:{cu[0]}.{cu[1]}")
+            nbytes, unit = shard.bytes.get(cu, 0.0), shard.names[cu[1]]
+            if nbytes > 0 and len(group) > 1:
+                key = f"fsdp:p{p}r{r}t{t}:grads:{cu[0]}.{cu[1]}"
+                yield Collective(
+                    "reduce_scatter", group, nbytes, key, unit, "backward", mode.collective
+                )
+            if nbytes > 0 and len(replicas) > 1:  # HSDP: the reduced shard over the replicas
+                key = f"hsdp:p{p}s{s}c{c}t{t}:{cu[0]}.{cu[1]}"
+                share = nbytes / len(group)
+                yield Collective(
+                    "allreduce", replicas, share, key, unit, "backward", mode.collective
+                )
+
+    def _reduce_buckets(self, x):
+        mode = self.mode
+        p, t = x[PP], x[TP]
+        g = self.layout.at[x]
+        peers = self.layout.group(x, DP_DIMS)
+        kind = mode.reduction
+        if mode.options.dp_overlap:
+            for k, (_, size) in enumerate(mode.buckets.get(p, ())):
+                yield Wait(f"{g}:bucket{k}")
+                if len(peers) > 1:
+                    yield Collective(
+                        kind,
+                        peers,
+                        size,
+                        f"dp:p{p}t{t}:bucket{k}",
+                        layer=f"bucket{k}",
+                        phase="backward",
+                        algorithm=mode.collective,
+                    )
+        else:
+            yield Wait(f"{g}:grads")
+            if len(peers) > 1:
+                yield Collective(
+                    kind,
+                    peers,
+                    mode.grad_bytes(p),
+                    f"dp:p{p}t{t}",
+                    layer="gradients",
+                    phase="backward",
+                    algorithm=mode.collective,
+                )

@@ -1,0 +1,150 @@
+"""A pipeline stage's compute stream as a template: built once per stage and shared by every
+GPU of the stage (mesh/streams.py completes it per GPU with its groups and names).
+
+The stage's schedule (extrapolators.modes.schedules: (F|B, micro-batch, local chunk) steps;
+with one stage, F0 B0 F1 B1 ...: gradient accumulation) is walked once. A forward step
+receives the activation of the chunk before (a pipeline's later chunks) and runs the
+chunk's forward operators; a backward step receives the gradient of the chunk after and
+runs its backward operators, with the forward operators a recomputation policy re-runs
+inserted before their block's first backward operator (phase "recompute"). Around each
+operator: the tensor-parallel collectives the TP plan puts before and after it (again for
+a recomputed one, phase "recompute"), the attention across the CP group where it is one of
+the attention operators, and with FSDP the waits for each unit's gather where the compute
+enters it. In the last backward step of a chunk, after the operator that completes them:
+the signals of the gradient buckets (DDP) or of the units' gradients (FSDP). Each step ends
+with a signal for the send streams. Then: the signals of what no backward operator
+completed, the waits for the send streams (pipelines), the reduction, the optimizer step
+on the GPU's share (with the TP collectives sequence parallelism puts before it) and, where
+the parameters come back after the step (the distributed optimizer, ZeRO-1/2), the wait
+for them.
+
+Items: ComputeRuns (the computes between two other items, the same tasks in the same
+order as one per operator) and tuples tagged COLL (collective template, key suffix,
+recomputed), RECV (source stage, key suffix, phase), SIGNAL / WAIT (name), ATTN (attention
+op, one step's Compute, micro-batch), ENTER (FSDP entry key), GRADS ((chunk, unit)).
+`entries`: FSDP's (key, (chunk, unit), phase, gathers) in the order the compute enters
+units: a unit is gathered where it is not resident (sharding.ShardPlan says when it
+reshards). `reduce_order`: the (chunk, unit) pairs in the order their gradients complete.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from extrapolators.execution.tasks import ComputeRun
+
+COLL, RECV, SIGNAL, WAIT, ATTN, ENTER, GRADS = range(7)
+
+
+@dataclass
+class Template:
+    items: list = field(default_factory=list)
+    entries: list = field(default_factory=list)
+    reduce_order: list = field(default_factory=list)
+
+
+def stage_template(mode, p: int) -> Template:
+    """Stage p's template (module docstring). `mode` is the mesh mode after `check`."""
+    o, mesh = mode.options, mode.mesh
+    S, C = mesh.pp, mesh.pp * mode.v
+    out, run = Template(), []
+    items = out.items
+
+    def other(item):
+        if run:
+            items.append(ComputeRun(run))
+            run.clear()
+        items.append(item)
+
+    tpx, comm = mode.tpx, mesh.tp > 1
+    split, whole = mode.target(mode.op_micro, tp=mesh.tp), mode.target(mode.op_micro)
+    attention, shard = mode.attention, mode.shard
+    p2p = o.cp_comm == "p2p"
+
+    def op_tasks(op, m, again):
+        phase = "recompute" if again else None
+        re = ":re" if again else ""
+        if comm:
+            for c in tpx.before.get(op.id, ()):
+                other((COLL, c, f"m{m}/{c.key}{re}", again))
+        if op.id in attention:  # a step of it (ring) or all of it (Ulysses), on its shard
+            scale = 1 / mesh.cp if p2p else 1.0
+            other((ATTN, op, mode.op_time(op, split, whole, m, phase, scale), m))
+        else:
+            run.append(mode.op_time(op, split, whole, m, phase))
+        if comm:
+            for c in tpx.after.get(op.id, ()):
+                other((COLL, c, f"m{m}/{c.key}{re}", again))
+
+    order = mode.orders[p]
+    last_b = {j: k for k, (kind, _, j) in enumerate(order) if kind == "B"}
+    buckets_at: dict = {}
+    for k, (pos, _) in enumerate(mode.buckets.get(p, ())):
+        buckets_at.setdefault(pos, []).append(k)
+    fired: set = set()
+    resident: set = set()
+    entered: list = []  # (chunk, unit) entered in a forward step, in order
+    for step, (kind, m, j) in enumerate(order):
+        c = j * S + p
+        if kind == "F":
+            if c > 0:
+                other((RECV, (c - 1) % S, f"act{c - 1}.{m}", "forward"))
+            walk = [(op, False) for op in mode.pipe.fwd_ops[c]]
+        else:
+            if c < C - 1:
+                other((RECV, (c + 1) % S, f"grad{c + 1}.{m}", "backward"))
+            walk = mode.walk(c, m)
+        final = kind == "B" and last_b[j] == step
+        here: set = set()
+        for op, again in walk:
+            if shard is not None:
+                u = shard.unit_of.get(op.id, 0)
+                phase = "backward" if again else op.phase
+                if (phase, u) not in here:
+                    here.add((phase, u))
+                    key = f"{m}:{phase}:{c}.{u}"
+                    gathers = (c, u) not in resident
+                    resident.add((c, u))
+                    out.entries.append((key, (c, u), phase, gathers))
+                    if phase == "forward" and (c, u) not in entered:
+                        entered.append((c, u))
+                    other((ENTER, key))
+            op_tasks(op, m, again)
+            if final and not again:
+                for k in buckets_at.get(mode.position[op.id], ()):
+                    fired.add(k)
+                    other((SIGNAL, f"bucket{k}"))
+                for cu in mode.units_done.get((c, op.id), ()):
+                    out.reduce_order.append(cu)
+                    other((GRADS, cu))
+        if shard is not None:  # what this step leaves gathered
+            if kind == "F":
+                resident -= {(c, u) for ph, u in here if ph == "forward" and shard.reshards(u)}
+            elif S == 1 or final:
+                resident -= {(c, u) for _, u in here}
+        other((SIGNAL, f"{kind}{m}.{c}"))
+    for k in range(len(mode.buckets.get(p, ()))):  # gradients no backward operator made
+        if k not in fired:
+            other((SIGNAL, f"bucket{k}"))
+    for cu in entered:  # units no backward operator of the stage completes
+        if cu not in out.reduce_order:
+            out.reduce_order.append(cu)
+            other((GRADS, cu))
+    if S > 1:
+        for name, _ in mode.send_streams():
+            other((WAIT, f"{name} done"))
+    if not o.dp_overlap and shard is None:
+        other((SIGNAL, "grads"))
+    other((WAIT, "reduced"))
+    scale = mode.optimizer_scale(p)
+    for op in mode.ops("optimizer"):
+        if comm:  # sequence parallelism: the partial weight gradients reduced here
+            for c in tpx.before.get(op.id, ()):
+                other((COLL, c, f"opt/{c.key}", False))
+        run.append(mode.compute(op, split, scale))
+    if mode.params_after_step:
+        other((SIGNAL, "stepped"))
+        other((WAIT, "params"))
+    if run:
+        items.append(ComputeRun(run))
+    return out
