@@ -14,11 +14,13 @@ from tracer.models import LLAMA, build  # noqa: E402
 from triosim.common.errors import TracerError  # noqa: E402
 
 # Published parameter counts: Llama 3 8B "8.03B", Llama 3 70B "70.6B", Llama 3.2 1B "1.24B"
-# (Meta's model cards), i.e. 8,030,261,248, 70,553,706,496 and 1,235,814,400 from the configs.
+# (Meta's model cards), i.e. 8,030,261,248, 70,553,706,496 and 1,235,814,400 from the configs;
+# Llama 3.1 405B's config (16,384 wide, 126 layers, FFN 53,248) gives 405,853,388,800.
 PUBLISHED = {
     "llama3-8b": (8.03e9, 8_030_261_248),
     "llama3-70b": (70.6e9, 70_553_706_496),
     "llama3.2-1b": (1.24e9, 1_235_814_400),
+    "llama3.1-405b": (405.9e9, 405_853_388_800),  # Meta: "405B"; its config: 405.85 B
 }
 
 

@@ -23,6 +23,10 @@ LLAMA = {
     "llama3.2-1b": dict(
         dim=2048, layers=16, heads=32, kv_heads=8, ffn=8192, vocab=128256, tied=True
     ),
+    # Llama 3.1 405B (its 8B and 70B have Llama 3's shapes)
+    "llama3.1-405b": dict(
+        dim=16384, layers=126, heads=128, kv_heads=8, ffn=53248, vocab=128256, tied=False
+    ),
 }
 LLAMA_SMALL = dict(dim=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=256, tied=False)
 ROPE_THETA = 500000.0
