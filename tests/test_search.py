@@ -1,5 +1,6 @@
 """triosim search: candidates, memory filter, ranking equal to separate runs."""
 
+import math
 from pathlib import Path
 
 import pytest
@@ -46,8 +47,21 @@ def test_candidates_cover_every_family():
         "tp 2 x cp 2 (all-to-all, SP, distributed optimizer)",
         "3d dp 1 x tp 1 x pp 2 x cp 2 (1f1b, 4 mb, ring)",
         "3d dp 1 x tp 1 x pp 2 x cp 2 (1f1b, 4 mb, ring, distributed optimizer)",
+        "fsdp 2 x tp 2",  # the mesh: FSDP2 with the other dimensions, torchtitan's
+        "fsdp 2 x tp 2 (full recompute)",
+        "hsdp 2 x 2",
+        "fsdp 2 x pp 2 (1f1b, 4 mb)",
+        "fsdp 2 x pp 2 (interleaved, 4 mb, full recompute)",
     ):
         assert want in labels
+    mesh = {"mode": "mesh", "pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2}
+    mesh.update(microbatches=4, sequence_parallel=True, schedule="1f1b", virtual_stages=1)
+    assert big["fsdp 2 x tp 2 x pp 2 (1f1b, 4 mb)"] == {**mesh, "recompute": "none"}
+    # every mesh candidate is a valid factorisation: its degrees multiply to the GPUs
+    for label, par in candidates(8, 16):
+        if par["mode"] == "mesh":
+            degrees = [par[k] for k in ("pp", "dp_replicate", "dp_shard", "cp", "tp")]
+            assert math.prod(degrees) == 8 and par["dp_shard"] > 1, label
 
 
 def test_the_search_finds_context_parallelism_where_nothing_else_splits_the_batch(tmp_path):

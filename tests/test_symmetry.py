@@ -443,3 +443,53 @@ def test_run_many_again_ends_as_the_groups_own_runs(kept, monkeypatch):
     env.run()
     assert [list(e) for e in zip(*p.value, strict=True)] == alone
     assert len(model._many) == (0 if kept == 0 else 4)
+
+
+# -- expert parallelism --------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "par,n,reps",
+    [
+        ({"ep": 4}, 8, 2),  # uniform loads: copies along the EP rank, one a2a over each group
+        ({"ep": 2, "etp": 2, "dp_overlap": True}, 8, 4),  # expert-TP groups inside a copy
+        ({"ep": 2, "pp": 2, "accumulation_steps": 2, "distributed_optimizer": True}, 8, 4),
+        ({"ep": 2, "fsdp": True}, 4, 2),
+    ],
+)
+def test_expert_parallel_copies_stand_for_each_other(par, n, reps):
+    from tests.test_expert_parallel import moe_trace
+
+    t = moe_trace(layers=2, experts=4, top_k=2)
+    cfg = {
+        "num_gpus": n,
+        "batch_size": 2 * n,
+        "parallelism": {"mode": "ep", **par},
+        "topology": {"kind": "switch", "bandwidth": 10e9, "latency": 1e-6},
+        "perfmodel": {"kind": "trace"},
+    }
+    full, _ = run({**cfg, "symmetry": "off"}, t)
+    sym, warned = run({**cfg, "symmetry": "auto"}, t)
+    assert not warned and sym.symmetry == f"auto: {reps} representatives of {n} GPUs"
+    assert_same_run(sym, full)
+
+
+def test_expert_parallel_with_uneven_loads_falls_back():
+    # skewed loads: each EP rank's experts keep other token counts, so copies along the EP
+    # rank would differ; with no expert replicas every GPU is its own class
+    from tests.test_expert_parallel import moe_trace
+
+    t = moe_trace(layers=1, experts=4, top_k=1)
+    cfg = {
+        "num_gpus": 4,
+        "batch_size": 8,
+        "parallelism": {"mode": "ep", "ep": 4, "load": "skew", "skew": 1.5},
+        "topology": {"kind": "switch", "bandwidth": 10e9, "latency": 1e-6},
+        "perfmodel": {"kind": "trace"},
+        "symmetry": "auto",
+    }
+    sym, warned = run(cfg, t)
+    assert len(warned) == 1 and "its own class" in sym.symmetry
+    two = {**cfg, "num_gpus": 8, "batch_size": 16}  # 2 expert replicas: copies along them
+    sym, warned = run(two, t)
+    assert not warned and sym.symmetry == "auto: 4 representatives of 8 GPUs"
+    full, _ = run({**two, "symmetry": "off"}, t)
+    assert_same_run(sym, full)

@@ -61,15 +61,18 @@ class Meetings:
 
     def _run_collective(self, task: Collective, done, images=None):
         twins = None
-        if task.sizes is not None:  # an all-to-all of uneven sizes (no images: its
-            # mode declares no symmetry)
+        if task.sizes is not None:  # an all-to-all of uneven sizes: each copy's on its own
+            if images:
+                twins = Twins(self, f"collective {task.key!r}")
+                for k, group in enumerate(images, start=1):
+                    self.open_images += 1
+                    self.env.process(self._image_collective(task, group, k, twins))
             yield from self.comm.run(
                 task.op, task.group, task.nbytes, tag=task.key, sizes=task.sizes
             )
-            n = len(task.group)
-            self.collective_bytes[task.op] = (
-                self.collective_bytes.get(task.op, 0.0) + sum(map(sum, task.sizes)) / n
-            )
+            self._count_sized(task)
+            if twins is not None:
+                twins.rep_done(self.env.now)
             del self._meet[task.key]
             done.succeed()
             return
@@ -112,8 +115,20 @@ class Meetings:
             self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
         Twins(self, f"collective {task.key!r}").check_all(ends[0], ends[1:])
 
+    def _count_sized(self, task: Collective) -> None:
+        """An all-to-all of uneven sizes counts its mean per-GPU buffer."""
+        n = len(task.group)
+        self.collective_bytes[task.op] = (
+            self.collective_bytes.get(task.op, 0.0) + sum(map(sum, task.sizes)) / n
+        )
+
     def _image_collective(self, task: Collective, group, k: int, twins):
         """Copy k's image of a representatives' collective (its tag: the same key)."""
+        if task.sizes is not None:  # the sizes are per position in the group: the same
+            yield from self.comm.run(task.op, group, task.nbytes, tag=task.key, sizes=task.sizes)
+            self._count_sized(task)
+            twins.image_done(self.env.now)
+            return
         root = None if task.root is None else self.symmetry.image(task.root, k)
         yield from self.comm.run(
             task.op, group, task.nbytes, tag=task.key, root=root, algorithm=task.algorithm

@@ -74,6 +74,10 @@ class Symmetry:
     group tuple copy k uses where the representatives use `group` (a group inside R);
     the default maps member by member, in order."""
 
+    # copies whose streams `check_streams` compares: a mode whose copies' streams come from
+    # one shared plan (the mesh's stage templates) may sample fewer
+    sample = SAMPLED_COPIES
+
     def __init__(self, orbits: dict, image_group=None):
         self.orbits = {r: tuple(o) for r, o in orbits.items()}
         self.reps = tuple(self.orbits)
@@ -167,10 +171,10 @@ class Symmetry:
 
     # -- the streams, compared -----------------------------------------------------------------
     def sampled_copies(self) -> list[int]:
-        k = self.copies
-        if k <= SAMPLED_COPIES + 1:
+        k, n = self.copies, self.sample
+        if k <= n + 1:
             return list(range(1, k))
-        return sorted({int(x) for x in np.linspace(1, k - 1, SAMPLED_COPIES).round()})
+        return sorted({int(x) for x in np.linspace(1, k - 1, n).round()})
 
     def check_streams(self, streams: dict) -> None:
         """Compare the streams of sampled copies with the representatives' mapped (task by
@@ -226,12 +230,13 @@ class Symmetry:
         if t is Compute:
             return a == b
         if t is Collective:
-            if (a.op, a.nbytes, a.algorithm, a.layer, a.phase) != (
+            if (a.op, a.nbytes, a.algorithm, a.layer, a.phase, a.sizes) != (
                 b.op,
                 b.nbytes,
                 b.algorithm,
                 b.layer,
                 b.phase,
+                b.sizes,
             ):
                 return False
             if (a.root is None) != (b.root is None) or (

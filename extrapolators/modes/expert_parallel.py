@@ -94,6 +94,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Literal
 
+from extrapolators.execution.symmetry import Symmetry
 from extrapolators.execution.tasks import Collective, ComputeRun, Signal, Wait
 from extrapolators.modes import ep_buckets, ep_grid, moe_loads
 from extrapolators.modes.base import Extrapolator
@@ -487,6 +488,35 @@ class ExpertParallel(EPFsdp, EPPipeline, Extrapolator):
             tuple(self.gpus[k] for k in self.grid.ep_group(i)),
             tuple(self.gpus[k] for k in self.grid.edp_group(i)),
         )
+
+    def symmetry(self) -> Symmetry:
+        """Copies along the EP rank where every rank's experts keep the same tokens (uniform
+        loads) and no TP group spans EP ranks (tp 1), else along the expert-data-parallel
+        rank (each stage's EP blocks): copy k's GPUs run copy 0's streams with every GPU
+        moved by k ranks of that dimension. An EP group is then one class (its all-to-all
+        runs once over the whole group) or lies in a copy (its images run in the others);
+        each expert's replicas, the dense data-parallel group and the pipeline chains map
+        the same way. Anything else (a TP group across EP blocks) shows in the stream
+        check, and the run falls back."""
+        g = self.grid
+        by_rank = g.ep > 1 and self.tp == 1 and len(set(self.expert_scale)) == 1
+        stride, copies = (g.etp, g.ep) if by_rank else (g.ep * g.etp, g.edp)
+        n = len(self.gpus)
+        if copies < 2:
+            return Symmetry.of_replicas([list(self.gpus)])  # every GPU its own class
+        first = [i for i in range(n) if (i % g.s) // stride % copies == 0]
+        replicas = [[self.gpus[i + k * stride] for i in first] for k in range(copies)]
+        at = {gpu: i for i, gpu in enumerate(self.gpus)}
+
+        def image_group(group, k):
+            moved = tuple(self.gpus[at[x] + k * stride] for x in group)
+            # a group in ring order maps to its image in ring order; one in rank order
+            # (EP, expert-TP, expert replicas) member by member
+            return self._ring_order(moved) if tuple(group) == self._ring_order(group) else moved
+
+        sym = Symmetry.of_replicas(replicas, image_group)
+        sym.sample = 2  # every copy's streams come from the same templates
+        return sym
 
     def _ring_order(self, members) -> tuple:
         """`members` in the topology's ring order."""

@@ -15,7 +15,8 @@ over etp = tp where ep x tp divides N); ep inside pipeline stages (ep x pp, both
 parallel); tensor x context parallelism (tp x cp, both above 1,
 both ways, with sequence parallelism and the distributed optimizer; the rest
 data-parallel), and 3D grids with a CP degree (cp and pp above 1, 1F1B, ring attention; with and without
-Megatron's distributed optimizer).
+Megatron's distributed optimizer), and on the device mesh FSDP2 composed with the rest as
+torchtitan runs it (FSDP x TP, x PP, x CP, HSDP; each without and with full recomputation).
 A candidate whose plan the trace does not allow (a TP degree that does not
 divide a layer, a batch that does not split) is skipped with its reason; one whose weights,
 gradients and optimizer states alone exceed the GPU's memory is dropped before simulating;
@@ -25,6 +26,7 @@ one whose simulated peak does not fit is dropped from the ranking (listed, not r
 from __future__ import annotations
 
 import copy
+import itertools
 from concurrent.futures import ProcessPoolExecutor
 
 from triosim.common.errors import ConfigError, TrioSimError
@@ -131,6 +133,41 @@ def candidates(n: int, batch: int) -> list[tuple[str, dict]]:
                     out.append((label, par))
                     distopt = {**par, "distributed_optimizer": True}
                     out.append((label[:-1] + ", distributed optimizer)", distopt))
+    return out + _mesh_candidates(n, batch)
+
+
+def _mesh_candidates(n: int, batch: int) -> list[tuple[str, dict]]:
+    """FSDP2 composed with the other dimensions on the mesh, torchtitan's layouts: every
+    factorisation pp x dp_replicate x dp_shard x cp x tp of n with dp_shard > 1 and pp, tp
+    or dp_replicate above 1 (FSDP alone, and CP with FSDP alone, are candidates above), 1F1B
+    and interleaved (2 chunks a stage) over 2 x pp micro-batches with pipeline stages,
+    sequence parallel with TP; each without and with full recomputation per block."""
+    out = []
+    for pp, tp, cp, rep in itertools.product(_divisors(n), repeat=4):
+        if n % (pp * tp * cp * rep):
+            continue
+        shard = n // (pp * tp * cp * rep)
+        if shard < 2 or max(pp, tp, rep) < 2:  # (dp_shard x cp alone: mode cp's fsdp)
+            continue
+        m = 2 * pp if pp > 1 else 1
+        if batch % (rep * shard * m):
+            continue
+        kind = "hsdp" if rep > 1 else "fsdp"
+        dims = [f"{kind} {rep} x {shard}" if rep > 1 else f"fsdp {shard}"]
+        dims += [f"{k} {d}" for k, d in (("cp", cp), ("tp", tp), ("pp", pp)) if d > 1]
+        par = {"mode": "mesh", "pp": pp, "dp_replicate": rep, "dp_shard": shard}
+        par.update(cp=cp, tp=tp, microbatches=m, sequence_parallel=tp > 1)
+        schedules = [("1f1b", 1)]
+        if pp > 1:
+            schedules.append(("interleaved", 2))
+        for sched, v in schedules:
+            for recompute in ("none", "full"):
+                label = " x ".join(dims)
+                how = [f"{sched}, {m} mb"] if pp > 1 else []
+                how += ["full recompute"] if recompute == "full" else []
+                label += f" ({', '.join(how)})" if how else ""
+                plan = {**par, "schedule": sched, "virtual_stages": v, "recompute": recompute}
+                out.append((label, plan))
     return out
 
 

@@ -308,7 +308,11 @@ class MeshMode(Extrapolator):
         def image_group(group, i):
             return layout.ring_order(at[moved(coord[g], i)] for g in group)
 
-        return Symmetry.of_replicas(replicas, image_group)
+        sym = Symmetry.of_replicas(replicas, image_group)
+        # every copy's streams come from the same stage templates mapped by coordinates:
+        # the stream check compares the first, a middle and the last copy
+        sym.sample = 2
+        return sym
 
     # -- what the memory model needs ------------------------------------------------------
     def op_batch(self):
