@@ -156,12 +156,6 @@ class MeshMode(Extrapolator):
             raise ConfigError(
                 "parallelism.sequence_parallel", True, "false without tensor parallelism (tp 1)"
             )
-        if o.sequence_parallel and o.tp_style != "megatron":
-            raise ConfigError(
-                "parallelism.sequence_parallel",
-                True,
-                "false with tp_style 'channel' (sequence parallelism is Megatron's)",
-            )
         if o.virtual_stages > 1 and mesh.pp < 2:
             raise ConfigError(
                 "parallelism.virtual_stages",

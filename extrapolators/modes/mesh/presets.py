@@ -66,34 +66,31 @@ class DataParallel(MeshMode):
 
     name = "dp"
     Options = DPOptions
+    overlap = False  # the gradients reduced after the backward pass
 
     def mesh_options(self, n):
         o = self.options
+        buckets = (
+            {"bucket_size": o.bucket_size, "first_bucket_size": o.first_bucket_size}
+            if self.overlap
+            else {}
+        )
         return _mesh(
             dp_replicate=n,
             microbatches=o.accumulation_steps,
-            dp_overlap=False,
+            dp_overlap=self.overlap,
             recompute=o.recompute,
             recompute_depth=o.recompute_depth,
+            **buckets,
         )
 
 
-class DistributedDataParallel(MeshMode):
+class DistributedDataParallel(DataParallel):
     """DDP: gradient buckets all-reduced as the backward pass fills them."""
 
     name = "ddp"
     Options = DDPOptions
-
-    def mesh_options(self, n):
-        o = self.options
-        return _mesh(
-            dp_replicate=n,
-            microbatches=o.accumulation_steps,
-            recompute=o.recompute,
-            recompute_depth=o.recompute_depth,
-            bucket_size=o.bucket_size,
-            first_bucket_size=o.first_bucket_size,
-        )
+    overlap = True
 
 
 class Sharded(MeshMode):
@@ -126,12 +123,6 @@ class TensorParallel(MeshMode):
 
     def mesh_options(self, n):
         o = self.options
-        if o.sequence_parallel and o.tp_style != "megatron":
-            raise ConfigError(
-                "parallelism.sequence_parallel",
-                True,
-                "false with tp_style 'channel' (sequence parallelism is Megatron's)",
-            )
         return _mesh(tp=n, tp_style=o.tp_style, sequence_parallel=o.sequence_parallel)
 
 
