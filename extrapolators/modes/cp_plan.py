@@ -12,6 +12,22 @@ parallelism splits each CP rank's s / cp tokens over tp.
 the GPU's token share `ratio` of the trace's, at the key/value heads, 1/tp of them).
 `ulysses_bytes(trace, a, ratio, tp)`: the per-GPU bytes of Ulysses' all-to-alls (q, k, v
 before; the output after), each at the GPU's token share and heads / tp.
+
+Per GPU of a tp x cp group, for one attention of a sequence of s tokens, b sequences per
+data-parallel replica, h query heads, g key/value heads, head size e, element size z (the
+hand calculation tests/test_cp_tp.py checks):
+  - tokens: b x s / cp; attention FLOPs: 1 / (tp x cp) of the sequence's (heads / tp, the
+    query tokens / cp against all keys), in cp ring steps of 1 / (tp x cp^2) each;
+  - ring key/value block: 2 (k, v) x b x (s / cp) x (g / tp) x e x z bytes; forward cp - 1
+    sends, backward cp messages of 2 (cp - 1) blocks' bytes;
+  - Ulysses: each all-to-all carries the GPU's q (or k, v at g heads, or the output) at
+    b x (s / cp) x (h / tp) x e x z bytes; the heads per TP rank must split over cp (h and
+    g divisible by tp x cp);
+  - TP collectives (without sequence parallelism): per block 2 all-reduces forward and 2
+    backward of b x (s / cp) x hidden x z bytes, over the tp GPUs of the CP rank;
+  - weights, gradients: the TP shard (split layers 1 / tp, the rest whole), reduced over
+    the dp x cp GPUs holding it (Megatron's data-parallel group with context parallelism:
+    the weights are replicated over CP as over DP).
 """
 
 from __future__ import annotations
