@@ -26,11 +26,34 @@ def test_version(capsys):
     assert code == 0 and out.strip() == f"triosim {version('triosim')}"
 
 
-@pytest.mark.parametrize("example", sorted(p.name for p in (ROOT / "examples").glob("*.yaml")))
+# the published layouts of hundreds of GPUs (minutes each, gigabytes of outputs): their runs
+# are benchmarks/mesh_layouts.py's; the suite checks their plans against their traces
+LARGE = {
+    "titan_llama70b_fsdp_tp.yaml",
+    "titan_llama405b_3d.yaml",
+    "titan_llama405b_4d.yaml",
+    "megatron_mixtral.yaml",
+    "megatron_deepseek_v3.yaml",
+}
+EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("example", [e for e in EXAMPLES if e not in LARGE])
 def test_every_example_runs(capsys, tmp_path, example):
     code, out, err = triosim(capsys, "simulate", f"examples/{example}", "--out", tmp_path)
     assert code == 0, err
     assert "iteration time" in out and (tmp_path / "chrome_trace.json").exists()
+
+
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("example", sorted(LARGE))
+def test_every_large_example_is_a_valid_plan(example):
+    """Loaded, and its plan checked against its trace (every degree, the batch split, the
+    pipeline cut, the TP and CP plans), as `triosim simulate` does before running."""
+    from triosim.simulation.wiring import Simulation
+
+    sim = Simulation(ROOT / "examples" / example)
+    assert len(sim.gpus) == sim.config.num_gpus >= 64
 
 
 def test_bad_config_is_a_clear_error(capsys, tmp_path):
