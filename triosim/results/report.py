@@ -15,6 +15,7 @@ from __future__ import annotations
 def summary_text(s: dict, verdict: str) -> str:
     rows = [
         ("mode", s["mode"]),
+        *([("mesh", s["layout"])] if s.get("layout") else []),
         ("GPUs", s["num_gpus"]),
         *(
             [

@@ -230,6 +230,7 @@ class Result:
         c = self.config
         return {
             "mode": c.parallelism.mode if c else None,
+            "layout": getattr(self, "layout", None),
             "num_gpus": len(self.gpus),
             "iterations": len(self.iteration_times),
             "iteration_time_ms": self.iteration_time * 1e3,

@@ -243,6 +243,8 @@ class Simulation:
             orbits=None if sym is None else sym.orbits,
         )
         result.symmetry_skew = runtime.symmetry_skew
+        describe = getattr(self.extrapolator, "describe", None)
+        result.layout = describe() if describe is not None else None  # the mesh's degrees
         if self.host is not None:
             result.host = self.host.describe()
         elif not extrapolator_class(cfg.parallelism.mode).uses_trace:
