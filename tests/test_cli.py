@@ -29,6 +29,7 @@ def test_version(capsys):
 # the published layouts of hundreds of GPUs (minutes each, gigabytes of outputs): their runs
 # are benchmarks/mesh_layouts.py's; the suite checks their plans against their traces
 LARGE = {
+    "titan_llama8b_hsdp.yaml",  # 64 GPUs' outputs: 10 s
     "titan_llama70b_fsdp_tp.yaml",
     "titan_llama405b_3d.yaml",
     "titan_llama405b_4d.yaml",
