@@ -183,7 +183,14 @@ LLM = [
 
 def configs() -> dict:
     """name -> config (a path or a mapping)."""
-    out: dict = {f"example {p.stem}": str(p) for p in sorted((ROOT / "examples").glob("*.yaml"))}
+    # every example but the published layouts of hundreds of GPUs (their whole timelines run
+    # to gigabytes; benchmarks/mesh_layouts.py runs them)
+    examples = sorted((ROOT / "examples").glob("*.yaml"))
+    out: dict = {
+        f"example {p.stem}": str(p)
+        for p in examples
+        if not p.stem.startswith(("titan_", "megatron_"))
+    }
     for name, par, n, trace in MODES:
         for comm in ("nccl", "textbook"):
             for sym in ("off", "auto"):
