@@ -120,16 +120,6 @@ class Extrapolator:
         t += h.gap(op, t)
         return Compute(op.name, op.layer, phase or op.phase, t, op.id, mb, h.issue(op), h.sync(op))
 
-    def forward_backward(self, policy: str = "none", depth: int | None = None):
-        """[(op, recomputed)]: the forward and backward ops in trace order, with the forward
-        ops a recomputation policy re-runs inserted before their unit's backward (units:
-        layer-name prefixes of `depth` parts, see extrapolators.modes.blocks)."""
-        from extrapolators.modes.blocks import layer_units, with_recompute
-
-        ops = self.ops("forward", "backward")
-        unit_of = layer_units(self.trace, depth)[0] if policy != "none" else {}
-        return with_recompute(ops, policy, unit_of)
-
     # -- what the memory model needs -----------------------------------------------------
     def op_batch(self) -> float | None:
         """The batch each GPU's operators process (per GPU, or per micro-batch)."""

@@ -100,7 +100,7 @@ from extrapolators.modes import ep_buckets, ep_grid, moe_loads
 from extrapolators.modes.base import Extrapolator
 from extrapolators.modes.ep_fsdp import EPFsdp
 from extrapolators.modes.ep_pipeline import EPPipeline
-from extrapolators.modes.tp_roles import SHARDED, SPLIT
+from extrapolators.modes.tp_roles import SHARDED
 from perfmodel.base import Target, batch_ratio, scales_with_batch
 from perfmodel.replay import TraceTime
 from triosim.common.errors import ConfigError
@@ -642,18 +642,12 @@ class ExpertParallel(EPFsdp, EPPipeline, Extrapolator):
                 run.append(self.timed(op, self._expert_time(op, j), mb))
             elif tpx is None:
                 run.append(self.compute(op, target, mb=mb))
-            else:  # as in mode tp: the plan's role says how the operator is split
-                role = tpx.roles.get(op.id)
-                if role in SHARDED and op.tp_split and op.id in tpx.moe_ops:
-                    # the router: its whole weight on the GPU's 1/tp of the tokens
-                    run.append(self.compute(op, target, mb=mb))
-                elif role in SHARDED:
-                    scale = 1.0 if op.tp_split else 1.0 / self.tp
-                    run.append(self.compute(op, split, scale, mb=mb))
-                elif op.tp_split and (role in SPLIT or op.id in tpx._orphan_ids):
-                    run.append(self.compute(op, split, mb=mb))
-                else:
-                    run.append(self.compute(op, whole, mb=mb))
+            elif op.tp_split and op.id in tpx.moe_ops and tpx.roles.get(op.id) in SHARDED:
+                # the router: its whole weight on the GPU's 1/tp of the tokens
+                run.append(self.compute(op, target, mb=mb))
+            else:  # the TP plan's role says how the operator is split
+                at, scale = tpx.shard(op, split, whole)
+                run.append(self.compute(op, at, scale, mb=mb))
             if tpx is not None:
                 tp_colls(tpx.after.get(op.id, ()), f"mb{mb}")
             for u in self.fsdp_last_bwd.get(op.id, ()) if last_step else ():

@@ -53,9 +53,10 @@ Each GPU holds 1/N of the split weights (a row-parallel bias and replicated laye
 so its optimizer step touches (held weight bytes) / (all weight bytes) and its time scales
 by that fraction.
 
-The mode is three modules: tp_roles.py finds each operator's role (how it is split),
+The plan is three modules: tp_roles.py finds each operator's role (how it is split),
 tp_collectives.py the collectives around the operators, and this one checks the plan
-against the degree and turns it into the GPUs' streams.
+against the degree and says at which size each operator runs; the mesh (mesh/, whose
+preset is mode tp) and mode ep put them on the GPUs' streams.
 """
 
 from __future__ import annotations
@@ -63,8 +64,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from extrapolators.execution.symmetry import Symmetry
-from extrapolators.execution.tasks import Compute, ComputeRun
 from extrapolators.modes.attention import attention_heads
 from extrapolators.modes.base import Extrapolator
 from extrapolators.modes.tp_collectives import TPCollectives
@@ -90,14 +89,14 @@ class TPOptions:
 
 
 class TensorParallel(TPRoles, TPCollectives, Extrapolator):
-    """The mode. Its plan is made of two parts, each in its own module: the roles
-    (tp_roles.TPRoles: how each operator is split) and the collectives around the
-    operators (tp_collectives.TPCollectives); this class checks the plan against the
-    degree and turns it into the GPUs' streams."""
+    """The plan (mode tp is the mesh's preset; the mesh and mode ep hold one of these). It
+    is made of two parts, each in its own module: the roles (tp_roles.TPRoles: how each
+    operator is split) and the collectives around the operators (tp_collectives.
+    TPCollectives); this class checks the plan against the degree and says at which
+    target each operator is timed (`shard`)."""
 
     name = "tp"
     Options = TPOptions
-    hybrid_inner = True
     degree_field = "num_gpus"  # the config field that sets the degree (3D: parallelism.tp)
 
     def check(self):
@@ -189,64 +188,13 @@ class TensorParallel(TPRoles, TPCollectives, Extrapolator):
         sharded = SHARDED | {"column", "head", "channel"}
         return r / len(self.gpus) if roles.get(op.id) in sharded else r
 
-    def held_weight_bytes(self, gpu) -> float:
-        return self.optimizer_fraction() * self.trace.weight_bytes()
-
-    def symmetry(self) -> Symmetry:
-        """Every GPU runs the same stream and every collective spans the group: one class."""
-        return Symmetry.one_class(self.gpus)
-
-    # -- streams -------------------------------------------------------------------------------
-    def streams(self):
-        return {(g, "compute"): self._compute(g) for g in self.gpus}
-
-    def _compute(self, gpu):
-        if self.compute_runs:
-            yield from self._template()  # a generator: nothing is built before it runs
-        else:
-            yield from self._compute_per_op(gpu)
-
-    def _template(self) -> list:
-        """`_compute_per_op`'s tasks, the same for every GPU, built once: the forward and
-        backward computes between two collectives as one ComputeRun (the same Compute
-        tasks, in the same order), the collectives as they are. The optimizer's computes
-        stay Compute tasks (a `hybrid` replica hooks its gradient reduction on the first
-        one's phase); the runtime times them with the run before them as before."""
-        items = self.__dict__.get("_tasks")
-        if items is not None:
-            return items
-        items, run = [], []
-        for task in self._compute_per_op(None):
-            if type(task) is Compute and task.phase != "optimizer":
-                run.append(task)
-                continue
-            if run:
-                items.append(ComputeRun(run))
-                run = []
-            items.append(task)
-        if run:
-            items.append(ComputeRun(run))
-        self._tasks = items
-        return items
-
-    def _compute_per_op(self, gpu):
-        """One task per operator (the straightforward path: `compute_runs = False`)."""
-        n = len(self.gpus)
-        split = self.target(self.batch_size, tp=n)
-        whole = self.target(self.batch_size)
-        opt_scale = self.optimizer_fraction()
-        comm = n > 1
-        for op in self.trace.operators:
-            if comm and op.id in self.before:
-                yield from self.before[op.id]
-            role = self.roles.get(op.id)
-            if op.phase == "optimizer":
-                yield self.compute(op, split, opt_scale)
-            elif role in SHARDED:
-                yield self.compute(op, split, 1.0 if op.tp_split else 1.0 / n)
-            elif op.tp_split and (role in SPLIT or op.id in self._orphan_ids):
-                yield self.compute(op, split)
-            else:
-                yield self.compute(op, whole)
-            if comm and op.id in self.after:
-                yield from self.after[op.id]
+    def shard(self, op, split, whole, scale: float = 1.0) -> tuple:
+        """(target, scale) to time `op` at on a GPU of the group: what its role splits (a
+        layer on its weight shard at `split`, an unsplit operator on 1/N of the data), or
+        the whole operator at `whole`; `scale` multiplies its time (a ring step's share)."""
+        role = self.roles.get(op.id)
+        if role in SHARDED:
+            return split, scale if op.tp_split else scale / len(self.gpus)
+        if op.tp_split and (role in SPLIT or op.id in self._orphan_ids):
+            return split, scale
+        return whole, scale

@@ -31,6 +31,7 @@ from extrapolators.modes import dist_optimizer
 from extrapolators.modes.base import Extrapolator
 from extrapolators.modes.blocks import layer_units, with_recompute
 from extrapolators.modes.cp_plan import plan_attention
+from extrapolators.modes.dist_optimizer import grad_reduction
 from extrapolators.modes.mesh.dims import DIMS, REP, SHARD, TP, Layout, parse_order, resolve
 from extrapolators.modes.mesh.options import MeshOptions
 from extrapolators.modes.mesh.sharding import ShardPlan
@@ -38,7 +39,7 @@ from extrapolators.modes.mesh.streams import MeshStreams
 from extrapolators.modes.mesh.weights import StageWeights
 from extrapolators.modes.pipeline import PipelineOptions, StageCut
 from extrapolators.modes.schedules import schedule
-from extrapolators.modes.tensor_parallel import SHARDED, SPLIT, TensorParallel, TPOptions
+from extrapolators.modes.tensor_parallel import TensorParallel, TPOptions
 from triosim.common.errors import ConfigError
 
 
@@ -176,8 +177,7 @@ class MeshMode(Extrapolator):
                 "data-parallel GPUs: dp_shard x cp)",
             )
         self.params_after_step = o.distributed_optimizer or self.zero in (1, 2)
-        sharded_grads = o.distributed_optimizer or self.zero == 2
-        self.reduction = "reduce_scatter" if sharded_grads else "allreduce"
+        self.reduction = grad_reduction(o.distributed_optimizer or self.zero == 2)
 
     def _cut(self, M: int):
         """The model in pp x v chunks (pipeline.StageCut; chunk k on stage k % pp)."""
@@ -238,14 +238,9 @@ class MeshMode(Extrapolator):
 
     # -- timing ---------------------------------------------------------------------------
     def op_time(self, op, split, whole, m, phase=None, scale=1.0):
-        """`op` at the micro-batch on its TP role's shard (as mode tp), times `scale`."""
-        role = self.tpx.roles.get(op.id)
-        if role in SHARDED:
-            s = scale if op.tp_split else scale / self.mesh.tp
-            return self.compute(op, split, s, m, phase)
-        if op.tp_split and (role in SPLIT or op.id in self.tpx._orphan_ids):
-            return self.compute(op, split, scale, m, phase)
-        return self.compute(op, whole, scale, m, phase)
+        """`op` at the micro-batch on its TP role's shard, times `scale`."""
+        target, s = self.tpx.shard(op, split, whole, scale)
+        return self.compute(op, target, s, m, phase)
 
     def token_ratio(self) -> float:
         """The GPU's share of the trace's batch-sized tensors: its tokens of a micro-batch."""
@@ -323,10 +318,9 @@ class MeshMode(Extrapolator):
         return held / self._state_parts() if self.fsdp else held
 
     def buffer_bytes(self, gpu) -> float:
-        p, mesh = self._stage(gpu), self.mesh
+        p = self._stage(gpu)
         if self.fsdp:
-            chunks = self.weights.stage_chunks(p)
-            return self.shard.buffer(chunks, 1 / (mesh.dp_shard * mesh.cp))
+            return self.shard.buffer(self.weights.stage_chunks(p), 1 / self._state_parts())
         if self.options.distributed_optimizer:  # Megatron's gradient buffer, all run long
             return self.weights.stage_bytes[p]
         if self.zero:  # ZeRO-1/2 reduce in place

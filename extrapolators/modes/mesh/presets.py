@@ -48,6 +48,22 @@ def _mesh(**fields) -> MeshOptions:
     return MeshOptions(**{"dp_shard": 1, **fields})
 
 
+def _pipeline(o, n: int, schedule: str) -> MeshOptions:
+    """A pipeline of n stages from the pipeline modes' fields: torch Pipe's recomputation
+    (`all`, `except_last`) is the mesh's per-stage one for those micro-batches."""
+    policy, which = {"none": ("none", "all"), "all": ("stage", "all")}.get(
+        o.recompute, ("stage", "except_last")
+    )
+    return _mesh(
+        pp=n,
+        microbatches=o.microbatches,
+        schedule=schedule,
+        stages=list(o.stages),
+        recompute=policy,
+        recompute_microbatches=which,
+    )
+
+
 class Single(MeshMode):
     """Replay the trace on one GPU (at the plan's batch size and GPU)."""
 
@@ -135,17 +151,7 @@ class GPipe(MeshMode):
     fields = {"parallelism.pp": "num_gpus"}
 
     def mesh_options(self, n):
-        o = self.options
-        recompute = {"none": ("none", "all"), "all": ("stage", "all")}
-        policy, which = recompute.get(o.recompute, ("stage", "except_last"))
-        return _mesh(
-            pp=n,
-            microbatches=o.microbatches,
-            schedule=self.name,
-            stages=list(o.stages),
-            recompute=policy,
-            recompute_microbatches=which,
-        )
+        return _pipeline(self.options, n, self.name)
 
 
 class OneFOneB(GPipe):
@@ -216,17 +222,7 @@ class Hybrid(MeshMode):
         elif inner == "tp":
             got = _mesh(tp=k, tp_style=io.tp_style, sequence_parallel=io.sequence_parallel)
         else:
-            policy, which = {"none": ("none", "all"), "all": ("stage", "all")}.get(
-                io.recompute, ("stage", "except_last")
-            )
-            got = _mesh(
-                pp=k,
-                microbatches=io.microbatches,
-                schedule=inner,
-                stages=list(io.stages),
-                recompute=policy,
-                recompute_microbatches=which,
-            )
+            got = _pipeline(io, k, inner)
         # replicas are contiguous GPUs: the inner plan's dimension inside dp
         return dataclasses.replace(got, dp_replicate=dp, dp_overlap=False, order="tp-cp-pp-dp")
 

@@ -48,7 +48,6 @@ class ShardPlan:
         else:
             self._keep = {weighted[-1]} if weighted else set()
         self.units = len(held)
-        self.pp = pp
 
     def reshards(self, u: int) -> bool:
         """Whether unit u frees its gathered parameters after its forward pass."""
