@@ -28,7 +28,7 @@ all-reduce the gradients and replicate the optimizer states (0.76 and 0.43 of pu
 Both published runs have TP 1 (`tp: 1`; Mixtral's reference mapping: TP 1, EP 8, PP 4,
 VP 8) and EP as here.
 
-Both rows run the published pipelines (mode `ep` with `pp`, ep_pipeline.py): Mixtral
+Both rows run the published pipelines (mode `ep` with `pp`, a preset of the mesh): Mixtral
 PP 4 with virtual pipeline 8 (Megatron's interleaved 1F1B) over 16 micro-batches of one
 sequence per pipeline (global batch 256 over DP 16), DeepSeek-V3 PP 16 x EP 64 with 1F1B
 over 32 micro-batches on 1024 GPUs (expert-DP 1; published: 2048 GPUs, expert-DP 2, 120

@@ -1,4 +1,4 @@
-"""Expert parallelism with pipeline parallelism (mode `ep` with `pp`, ep_pipeline.py): a
+"""Expert parallelism with pipeline parallelism (mode `ep` with `pp`, the mesh's pipeline): a
 tiny pp 2 x ep 2 run against its collectives, sends and 1F1B timeline computed by hand,
 per-stage memory by hand, Megatron-Core's grid with PP outermost, pp 1 unchanged,
 conservation on random pp / ep / tp / etp layouts (hypothesis), and the degree checks."""
@@ -15,6 +15,7 @@ from test_ep_tp import (
     WO,
     WQ,
     B,
+    Grid,
     L,
     T,
     collective_link_bytes,
@@ -23,7 +24,6 @@ from test_ep_tp import (
     trace,
 )
 
-from extrapolators.modes.ep_grid import EPGrid
 from triosim.common.errors import ConfigError
 
 MB_TOKENS = T / 2  # batch 4 over dp 2 and 2 micro-batches: one of the traced 2 sequences
@@ -35,13 +35,13 @@ def test_megatron_core_grid_with_pp_outermost():
     GPUs 8..15; inside it the groups are those of 8 GPUs shifted by 8; dp = 16 / (2 x 2),
     edp = 16 / (2 x 2) (Megatron-Core: world // (etp x ep x pp)); GPU 13's pipeline peer in
     stage 0 is GPU 5."""
-    g = EPGrid(16, tp=2, ep=2, etp=1, pp=2)
+    g = Grid(16, tp=2, ep=2, etp=1, pp=2)
     assert (g.s, g.dp, g.edp) == (8, 4, 4)
-    assert g.stage(13) == 1 and g.pp_peer(13, 0) == 5
+    assert g.stage(13) == 1 and g.mesh.rank((0, *g.mesh.coords(13)[1:])) == 5
     assert g.tp_group(13) == (12, 13) and g.dp_group(13) == (9, 11, 13, 15)
     assert g.ep_group(13) == (12, 13) and g.edp_group(13) == (9, 11, 13, 15)
-    assert g.dense(13) == (1, 2) and g.expert(13) == (0, 1, 2)
-    one = EPGrid(8, tp=2, ep=2, etp=1)
+    assert g.mesh.coords(13)[4] == 1 and g.expert(13) == (0, 1, 2)
+    one = Grid(8, tp=2, ep=2, etp=1)
     for i in range(8):  # stage 1 is stage 0 shifted by 8
         for f in ("tp_group", "dp_group", "ep_group", "etp_group", "edp_group"):
             assert getattr(g, f)(i + 8) == tuple(k + 8 for k in getattr(one, f)(i))
@@ -73,14 +73,14 @@ def test_tiny_pp2_ep2_by_hand():
     red = ring("allreduce", dense, 2)
     # GPU 0's compute stream (stage 0: F0 F1 B0 B1), its sends and its reduction, in order
     layer0 = "layers.0.feed_forward.experts"
-    want = {"compute": [], "send_fwd": [], "comm": [("allreduce", dense, "s0ep:dense-allreduce")]}
+    want = {"compute": [], "send_fwd": [], "dp": [("allreduce", dense, "dp:p0t0")]}
     for kind, m in (("F", 0), ("F", 1), ("B", 0), ("B", 1)):
         if kind == "B":
-            want["compute"].append(("recv from 2", 0.0, f"l0/grad1.{m}"))
+            want["compute"].append(("recv from 2", 0.0, f"r0s0c0t0/grad1.{m}"))
         tags = ("dispatch", "combine") if kind == "F" else ("combine-grad", "dispatch-grad")
-        want["compute"] += [("all_to_all", UNIT, f"s0ep0:mb{m}:{layer0}:{k}") for k in tags]
+        want["compute"] += [("all_to_all", UNIT, f"ep:p0d0e0:m{m}:{layer0}:{k}") for k in tags]
         if kind == "F":
-            want["send_fwd"].append(("send to 2", UNIT, f"l0/act0.{m}"))
+            want["send_fwd"].append(("send to 2", UNIT, f"r0s0c0t0/act0.{m}"))
     recv = tl.name.astype(str).str.startswith("recv from")  # a receive is a wait
     c0 = tl[(tl.gpu == 0) & ((tl.kind == "comm") | recv)].sort_values("start")
     assert set(c0.stream) == set(want)
@@ -90,8 +90,8 @@ def test_tiny_pp2_ep2_by_hand():
         assert got["nbytes"].to_numpy() == pytest.approx([x for _, x, _ in rows])
     # every all-to-all is on the stage's EP group; its sizes: half the buffer each way
     for g in range(4):
-        assert ex.groups(g)[2] == ((0, 1) if g < 2 else (2, 3))
-    assert [list(x) for x in ex.sizes] == [[UNIT / 2, UNIT / 2], [UNIT / 2, UNIT / 2]]
+        assert ex.expert_group(g, "ep") == ((0, 1) if g < 2 else (2, 3))
+    assert [list(x) for x in ex.experts.sizes] == [[UNIT / 2, UNIT / 2], [UNIT / 2, UNIT / 2]]
     dur = tl[tl.kind == "comm"]
     for name, want in (("all_to_all", a), ("send to 2", s), ("send to 0", s), ("allreduce", red)):
         rows = dur[dur.name == name]
@@ -145,7 +145,8 @@ def test_stage_memory_by_hand():
     assert states.to_numpy() == pytest.approx(6 * ((ROUTER + WQ + WO) / 2 + EXPERT / 4))
     # 3 layers on 2 stages: the stages hold different weights, each GPU its own stage's
     sim, r = run(4, trace(layers=3, experts=2), batch=4, pp=2, ep=2, distributed_optimizer=True)
-    held = sim.extrapolator.stage_held
+    w = sim.extrapolator.weights
+    held = list(zip(w.dense_bytes, w.expert_bytes, strict=True))
     assert held[0] != held[1]
     states = r.memory.groupby("gpu")["optimizer_states"].max()
     for g in range(4):
@@ -220,7 +221,7 @@ def test_conservation_on_random_layouts(pp, tp, ep, etp, edp, M, sched, dist):
     a2a = comm[comm.name == "all_to_all"]
     for key, rows in a2a.groupby("key", observed=True):
         g = int(rows.gpu.iloc[0])
-        assert sorted(rows.gpu) == sorted(ex.groups(g)[2]), key
+        assert sorted(rows.gpu) == sorted(ex.expert_group(g, "ep")), key
         assert all(x // s == g // s for x in rows.gpu)
     sends = comm[comm.name.astype(str).str.startswith("send to")]
     recvs = tl[tl.name.astype(str).str.startswith("recv from")]
@@ -228,7 +229,8 @@ def test_conservation_on_random_layouts(pp, tp, ep, etp, edp, M, sched, dist):
     ratio = ex.pipe._mb_ratio() / tp
     for _, row in sends.iterrows():
         dst = int(str(row["name"]).split()[-1])
-        assert ex.grid.pp_peer(int(row.gpu), dst // s) == dst
+        at, coord = ex.layout.at, ex.layout.coord
+        assert at[(coord[dst][0], *coord[int(row.gpu)][1:])] == dst  # its pipeline peer
         back = recvs[(recvs.key == row.key) & (recvs.gpu == dst)]
         assert len(back) == 1 and str(back["name"].iloc[0]) == f"recv from {int(row.gpu)}"
         tag = str(row.key).split("/")[1].split(".")[0]  # act{c}: chunk c's output
@@ -247,8 +249,8 @@ def test_conservation_on_random_layouts(pp, tp, ep, etp, edp, M, sched, dist):
         first = p * s
         dense_groups = {ex.dense_group(first + k) for k in range(s)}
         assert sorted(g for grp in dense_groups for g in grp) == list(range(first, first + s))
-        replicas = {ex.groups(first + k)[3] for k in range(s)}
-        dense, expert = ex.stage_held[p]
+        replicas = {ex.expert_group(first + k, "edp") for k in range(s)}
+        dense, expert = (ex.weights.dense_bytes[p], ex.weights.expert_bytes[p])
         held[0] += dense
         held[1] += len(replicas) * expert
     # wq and wo column / row split over the TP group, the router whole (Megatron's router)
@@ -263,7 +265,6 @@ def test_conservation_on_random_layouts(pp, tp, ep, etp, edp, M, sched, dist):
         (8, {"pp": 2, "tp": 3}, "parallelism.tp", "num_gpus / pp (8 / 2 = 4)"),
         (8, {"pp": 2, "ep": 8}, "parallelism.ep", "ep x etp (8 x 1) dividing num_gpus / pp"),
         (8, {"pp": 2, "ep": 4, "etp": 2}, "parallelism.ep", "expert-TP x EP x PP"),
-        (4, {"pp": 2, "ep": 2, "fsdp": True}, "parallelism.fsdp", "pp 2"),
         (4, {"pp": 2, "ep": 2, "schedule": "zigzag"}, "parallelism.schedule", "1f1b"),
     ],
 )
@@ -287,11 +288,10 @@ def test_overlapped_buckets_per_stage():
     sim, r = run(4, tr, batch=4, bucket_size=1.0, first_bucket_size=1.0, **par)
     ex, tl = sim.extrapolator, r.timeline
     for p in range(2):
-        got = sorted((kind, size) for _, size, kind in ex.stage_buckets[p])
+        got = sorted((kind, size) for _, size, kind in ex.buckets[p])
         want = [("dense", ROUTER), ("dense", WQ), ("dense", WO), ("expert", EXPERT / 2)]
         assert got == sorted(want)
-        assert ex.stage_unfired[p] == []
-    rows = tl[(tl.kind == "comm") & tl["key"].astype(str).str.contains("-bucket")]
+    rows = tl[(tl.kind == "comm") & tl["key"].astype(str).str.contains(":bucket")]
     for g in range(4):
         mine = rows[rows.gpu == g].sort_values("start")
         assert len(mine) == 4 and set(mine.name) == {"allreduce"}
@@ -319,7 +319,7 @@ def test_overlapped_parameter_gathers_per_stage():
     par = dict(pp=2, ep=1, accumulation_steps=2, distributed_optimizer=True)
     _, r = run(4, tr, batch=4, overlap_param_gather=True, bucket_size=1e12, **par)
     tl = r.timeline
-    rows = tl[(tl.kind == "comm") & tl["key"].astype(str).str.contains("-params")]
+    rows = tl[(tl.kind == "comm") & tl["key"].astype(str).str.startswith("params:")]
     for g in range(4):
         mine = rows[rows.gpu == g].sort_values("start")
         assert list(mine.nbytes) == pytest.approx([ROUTER + WQ + WO, EXPERT / 2])
@@ -343,12 +343,12 @@ def test_cuts_keep_each_moe_layer_on_one_stage():
             tr.operators[k] = dataclasses.replace(op, layer=layer)
     sim, r = run(4, tr, batch=4, pp=2, ep=2, accumulation_steps=2)
     ex = sim.extrapolator
-    assert ex._whole_moe_layers([0, 3]) == [0, 4]
-    assert ex._whole_moe_layers([0, 6]) == [0, 6]
-    assert ex._whole_moe_layers([0, 2, 5]) == [0, 2, 5]
+    assert ex.experts.whole_layers(ex.ops("forward"), [0, 3]) == [0, 4]
+    assert ex.experts.whole_layers(ex.ops("forward"), [0, 6]) == [0, 6]
+    assert ex.experts.whole_layers(ex.ops("forward"), [0, 2, 5]) == [0, 2, 5]
     assert [len(ops) for ops in ex.pipe.fwd_ops] == [4, 4]
     with pytest.raises(ConfigError, match=r"parallelism\.pp") as e:
-        ex._whole_moe_layers([0, 3, 4])
+        ex.experts.whole_layers(ex.ops("forward"), [0, 3, 4])
     assert "[0, 4, 4] of 8" in str(e.value)
     with pytest.raises(ConfigError, match=r"parallelism\.pp"):
         run(8, tr, batch=16, pp=8, ep=1)  # one forward operator per stage
@@ -386,12 +386,12 @@ def test_interleaved_chunks_by_hand():
     want = set()
     for m in range(2):
         want |= {
-            (0, "send to 2", f"l0/act0.{m}", UNIT),
-            (0, "send to 2", f"l0/act2.{m}", 2 * UNIT),
-            (0, "send to 2", f"l0/grad2.{m}", UNIT),
-            (2, "send to 0", f"l0/act1.{m}", UNIT),
-            (2, "send to 0", f"l0/grad1.{m}", UNIT),
-            (2, "send to 0", f"l0/grad3.{m}", 2 * UNIT),
+            (0, "send to 2", f"r0s0c0t0/act0.{m}", UNIT),
+            (0, "send to 2", f"r0s0c0t0/act2.{m}", 2 * UNIT),
+            (0, "send to 2", f"r0s0c0t0/grad2.{m}", UNIT),
+            (2, "send to 0", f"r0s0c0t0/act1.{m}", UNIT),
+            (2, "send to 0", f"r0s0c0t0/grad1.{m}", UNIT),
+            (2, "send to 0", f"r0s0c0t0/grad3.{m}", 2 * UNIT),
         }
     assert got == want
     c0 = tl[(tl.gpu == 0) & (tl.kind == "compute") & (tl.phase != "optimizer")]

@@ -9,7 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from extrapolators.modes.ep_grid import EPGrid
+from extrapolators.modes.mesh.dims import Mesh
+from extrapolators.modes.mesh.experts import ExpertMesh
 from triosim import Simulation
 from triosim.common.errors import ConfigError
 from triosim.trace.model import Operator, Tensor, Trace
@@ -112,14 +113,18 @@ def ring(op, nbytes, g):
 def collective_link_bytes(rows, ex, ep) -> float:
     """Bytes the links carry for the collectives among timeline `rows` (each collective once:
     its members' rows share one key): an all-to-all its off-diagonal per-pair sizes (the
-    dispatch's and combine gradient's `ex.sizes`, the others' `ex.back`); a ring collective
+    dispatch's and combine gradient's `ex.experts.sizes`, the others' `ex.experts.back`); a ring collective
     of n members n x (n - 1) / n of its bytes, twice for an all-reduce."""
     want = 0.0
     coll = rows.drop_duplicates("key")
     for name, key, nbytes in zip(coll["name"], coll["key"], coll["nbytes"], strict=True):
         members = rows[rows.key == key].gpu.nunique()
         if name == "all_to_all":
-            sizes = ex.sizes if key.endswith((":dispatch", ":combine-grad")) else ex.back
+            sizes = (
+                ex.experts.sizes
+                if key.endswith((":dispatch", ":combine-grad"))
+                else ex.experts.back
+            )
             want += sum(sizes[i][j] for i in range(ep) for j in range(ep) if i != j)
         else:
             k = 2 if name == "allreduce" else 1
@@ -127,15 +132,44 @@ def collective_link_bytes(rows, ex, ep) -> float:
     return want
 
 
+class Grid:
+    """GPU indices over the mesh's default order (tp-cp-dp-pp: rank i is GPU i) and the
+    expert mesh folded out of it: groups as GPU indices in rank order."""
+
+    def __init__(self, n, tp=1, ep=1, etp=1, pp=1):
+        self.mesh = Mesh(pp=pp, dp_replicate=n // (pp * tp), tp=tp)
+        self.ex = ExpertMesh(self.mesh, ep, etp)
+        self.s, self.dp, self.edp = self.mesh.stage_size, n // (pp * tp), self.ex.edp
+
+    def _ids(self, coords):
+        return tuple(sorted(self.mesh.rank(c) for c in coords))
+
+    def tp_group(self, i):
+        return self._ids(self.mesh.members(self.mesh.coords(i), ("tp",)))
+
+    def dp_group(self, i):
+        return self._ids(self.mesh.members(self.mesh.coords(i), ("dp_replicate",)))
+
+    def __getattr__(self, name):  # ep_group, etp_group, edp_group: rank order kept
+        f = getattr(self.ex, name)
+        return lambda i: tuple(self.mesh.rank(c) for c in f(self.mesh.coords(i)))
+
+    def stage(self, i):
+        return self.mesh.coords(i)[0]
+
+    def expert(self, i):
+        return self.ex.ranks(self.mesh.coords(i))
+
+
 def test_megatron_core_groups():
     """parallel_state's order tp-cp-ep-dp-pp on 8 GPUs, tp 2: dense TP groups of 2
     consecutive GPUs, dense DP every 2nd; experts ep 2 x etp 2 (edp 2): expert-TP groups of
     2 consecutive, EP groups stride 2, expert replicas stride 4."""
-    g = EPGrid(8, tp=2, ep=2, etp=2)
+    g = Grid(8, tp=2, ep=2, etp=2)
     assert (g.dp, g.edp) == (4, 2)
     assert g.tp_group(5) == (4, 5) and g.dp_group(5) == (1, 3, 5, 7)
     assert g.etp_group(5) == (4, 5) and g.ep_group(5) == (5, 7) and g.edp_group(5) == (1, 5)
-    g = EPGrid(8, tp=2, ep=4, etp=1)  # EP carved out of DP x TP: 4 consecutive GPUs
+    g = Grid(8, tp=2, ep=4, etp=1)  # EP carved out of DP x TP: 4 consecutive GPUs
     assert g.ep_group(6) == (4, 5, 6, 7) and g.edp_group(6) == (2, 6)
     assert g.tp_group(6) == (6, 7) and g.dp_group(6) == (0, 2, 4, 6)
 
@@ -147,10 +181,11 @@ def test_tiny_ep_tp_layer_by_hand():
     x 2 bytes, the TP group), reduce-scatter of wo's output (the same), the dispatch and
     combine all-to-alls (each sends the other EP rank half its T/2 tokens: T/4 x H x 2),
     in backward the two all-to-alls, all-gather of wo's output gradient, all-gather of
-    wq's input again (its weight gradient), the router weight's gradient all-reduced over
-    the TP group (it saw half the sequence); then on the comm stream the dense gradients
-    it holds (router + wq/2 + wo/2) all-reduced over its dense DP group {0, 2}, its
-    expert's (EXPERT/2) over its replicas {0, 2}. Compute times come from the model; the
+    wq's input again (its weight gradient); then the dense gradients it holds (router +
+    wq/2 + wo/2) all-reduced over its dense DP group {0, 2}, its expert's (EXPERT/2) over
+    its replicas {0, 2}, and after them the router weight's gradient over the TP group (it
+    saw half the sequence), in the order of Megatron-Core's finalize_model_grads (DP's
+    finish_grad_sync, then the sequence-parallel weights' all-reduce). Compute times come from the model; the
     iteration is their sum plus the hand-computed collectives (nothing overlaps)."""
     sim, r = run(4, tp=2, ep=2)
     tl = r.timeline
@@ -167,9 +202,9 @@ def test_tiny_ep_tp_layer_by_hand():
         ("all_to_all", T / 2 * TB, a2a),
         ("all_gather", act, ring("all_gather", act, 2)),
         ("all_gather", act, ring("all_gather", act, 2)),
-        ("allreduce", ROUTER, ring("allreduce", ROUTER, 2)),
         ("allreduce", ROUTER + WQ / 2 + WO / 2, ring("allreduce", ROUTER + WQ / 2 + WO / 2, 2)),
         ("allreduce", EXPERT / 2, ring("allreduce", EXPERT / 2, 2)),
+        ("allreduce", ROUTER, ring("allreduce", ROUTER, 2)),
     ]
     comm = comm.sort_values("start")
     assert list(comm["name"]) == [w[0] for w in want]
@@ -196,9 +231,9 @@ def test_expert_tp_gathers_the_received_tokens():
     assert list(etp["name"]) == ["all_gather", "reduce_scatter"] * 2
     assert etp["nbytes"].to_numpy() == pytest.approx([2 * T / 2 * TB] * 4)
     a2a = c[c["name"] == "all_to_all"]
-    assert set(a2a["key"].str.split(":").str[0]) == {"ep0.0"}
-    assert sim.extrapolator.groups(0)[2] == (0, 2)
-    assert not c["key"].astype(str).str.startswith("ep:experts").any()  # edp 1: nothing to reduce
+    assert set(a2a["key"].str.split(":").str[1]) == {"p0d0e0"}
+    assert sim.extrapolator.expert_group(0, "ep") == (0, 2)
+    assert not c["key"].astype(str).str.contains("experts0").any()  # edp 1: nothing to reduce
     assert sim.extrapolator.held_weight_bytes(0) == pytest.approx(
         ROUTER + WQ / 2 + WO / 2 + EXPERT / 4
     )
@@ -206,19 +241,23 @@ def test_expert_tp_gathers_the_received_tokens():
 
 def test_distributed_optimizer_memory_and_collectives_by_hand():
     """ZeRO-1 (Megatron's distributed optimizer), mixed precision Adam: weights and
-    gradients whole (2 bytes a parameter each), the fp32 master weights and Adam moments
-    (12 bytes a parameter) of 1/dp of the dense weights the GPU holds and 1/edp of its
-    experts'; the gradients are reduce-scattered, the parameters all-gathered after the
-    step, over the same groups and bytes."""
+    gradients whole (2 bytes a parameter each; the gradients live in the contiguous
+    gradient buffer, each main_grad a view of it: counted as the buffer, no gradient
+    tensor), the fp32 master weights and Adam moments (12 bytes a parameter) of 1/dp of
+    the dense weights the GPU holds and 1/edp of its experts'; the gradients are reduce-
+    scattered, the parameters all-gathered after the step, over the same groups and
+    bytes."""
     sim, r = run(8, trace(experts=4), batch=8, tp=2, ep=4, distributed_optimizer=True)
     dense = ROUTER + WQ / 2 + WO / 2  # dp = 8 / 2 = 4
     expert = EXPERT / 4  # edp = 8 / 4 = 2
     mem = r.memory[r.memory["gpu"] == 0]
     assert mem["weights"].max() == pytest.approx(dense + expert)
-    assert mem["gradients"].max() == pytest.approx(dense + expert)
+    assert mem["gradients"].max() == 0
+    assert sim.extrapolator.buffer_bytes(0) == pytest.approx(dense + expert)
     assert mem["optimizer_states"].max() == pytest.approx(6 * (dense / 4 + expert / 2))
     tl = r.timeline
-    c = tl[(tl.gpu == 0) & (tl.kind == "comm") & tl["key"].astype(str).str.startswith("ep:")]
+    keys = tl["key"].astype(str)
+    c = tl[(tl.gpu == 0) & (tl.kind == "comm") & keys.str.match("dp:|params:")]
     got = sorted(zip(c["name"], c["nbytes"], strict=True))  # bytes are sums of exact sizes
     assert got == sorted(
         [
@@ -229,8 +268,8 @@ def test_distributed_optimizer_memory_and_collectives_by_hand():
         ]
     )
     dur = dict(zip(c["key"], c["end"] - c["start"], strict=True))
-    assert dur["ep:dense0-reduce_scatter"] == pytest.approx(ring("rs", dense, 4))
-    assert dur["ep:experts0-params"] == pytest.approx(ring("ag", expert, 2))
+    assert dur["dp:p0t0"] == pytest.approx(ring("rs", dense, 4))
+    assert dur["params:experts0.0p0"] == pytest.approx(ring("ag", expert, 2))
 
 
 def test_tp_1_is_mode_ep():
@@ -279,7 +318,7 @@ def test_conservation_on_random_layouts(tp, ep, etp, edp, top_k, zero, skew):
     # tokens: each GPU holds T (the traced 2 sequences' tokens, here a replica's 2 x T
     # split over tp) and routes them top_k times
     per_gpu = T / tp  # a replica's micro-batch is the traced one, split over tp
-    assert sum(map(sum, ex.sizes)) == pytest.approx(ep * per_gpu * top_k * TB)
+    assert sum(map(sum, ex.experts.sizes)) == pytest.approx(ep * per_gpu * top_k * TB)
     # the links: each collective once (its members' rows share one key)
     want = collective_link_bytes(tl[tl.kind == "comm"], ex, ep)
     links = r.per_link()["nbytes"].sum() if len(r.per_link()) else 0.0
@@ -287,8 +326,8 @@ def test_conservation_on_random_layouts(tp, ep, etp, edp, top_k, zero, skew):
     # gradients: the dense groups hold the dense weights once, the expert groups once
     dense_groups = {ex.dense_group(g) for g in range(n)}
     assert sorted(g for grp in dense_groups for g in grp) == list(range(n))
-    replicas = {ex.groups(g)[3] for g in range(n)}
-    assert len(replicas) * ex.expert_held == pytest.approx(EXPERT)
+    replicas = {ex.expert_group(g, "edp") for g in range(n)}
+    assert len(replicas) * ex.weights.expert_bytes[0] == pytest.approx(EXPERT)
 
 
 @pytest.mark.parametrize(
@@ -369,7 +408,7 @@ def test_overlapped_parameter_gather_exposes_only_the_first_bucket():
     )
     tl = over.timeline
     g0 = tl[tl.gpu == 0]
-    gathers = g0[g0["key"].astype(str).str.contains("-params")].sort_values("start")
+    gathers = g0[g0["key"].astype(str).str.startswith("params:")].sort_values("start")
     assert list(gathers["nbytes"]) == [dense, expert]
     # then wq's input all-gathered over the TP group (sequence parallel), then wq
     first = ring("ag", dense, 2) + ring("all_gather", T * TB, 2)
@@ -383,14 +422,14 @@ def test_overlapped_buckets_hold_the_gpus_share():
     the router whole, wq and wo half (column and row split), the experts 1/ep; reduced over
     the dense group {0, 2} and the expert replicas {0, 2}."""
     sim, r = run(4, tp=2, ep=2, dp_overlap=True, bucket_size=1.0, first_bucket_size=1.0)
-    sizes = sorted((kind, size) for _, size, kind in sim.extrapolator.buckets)
+    sizes = sorted((kind, size) for _, size, kind in sim.extrapolator.buckets[0])
     assert sizes == sorted(
         [("dense", ROUTER), ("dense", WQ / 2), ("dense", WO / 2), ("expert", EXPERT / 2)]
     )
     tl = r.timeline
-    rows = tl[(tl.kind == "comm") & tl["key"].astype(str).str.contains("-bucket")]
-    assert set(rows[rows["key"].str.startswith("ep:dense0")]["gpu"]) == {0, 2}
-    assert set(rows[rows["key"].str.startswith("ep:experts0")]["gpu"]) == {0, 2}
+    rows = tl[(tl.kind == "comm") & tl["key"].astype(str).str.contains(":bucket")]
+    assert set(rows[rows["key"].str.startswith("dp:p0t0")]["gpu"]) == {0, 2}
+    assert set(rows[rows["key"].str.startswith("dp:experts0.0p0")]["gpu"]) == {0, 2}
 
 
 def test_fsdp_gathers_each_unit_twice_and_reduce_scatters_it_once():
@@ -405,11 +444,12 @@ def test_fsdp_gathers_each_unit_twice_and_reduce_scatters_it_once():
     tl = r.timeline
     g0 = tl[(tl.gpu == 0) & (tl.kind == "comm")]
     units = [WQ / 2, WO / 2, ROUTER, EXPERT / 2]
-    gathers = g0[g0["key"].str.contains("-fsdp:")].sort_values("start")
+    fsdp = g0[g0["key"].str.startswith("fsdp:")]
+    gathers = fsdp[fsdp.name == "all_gather"].sort_values("start")
     assert list(gathers["nbytes"]) == units + units[::-1]
-    assert set(tl[tl["key"] == "ep:experts0-fsdp:mb0:forward:u3"]["gpu"]) == {0, 2}
-    assert set(tl[tl["key"] == "ep:dense0-fsdp:mb0:forward:u0"]["gpu"]) == {0, 2}
-    scatters = g0[g0["key"].str.contains("-fsdp-grads:")]
+    assert set(tl[tl["key"] == "fsdp:experts0.0p0:0:forward:0.3"]["gpu"]) == {0, 2}
+    assert set(tl[tl["key"] == "fsdp:p0r0t0:0:forward:0.0"]["gpu"]) == {0, 2}
+    scatters = fsdp[fsdp["key"].str.contains(":grads:")]
     assert sorted(scatters["nbytes"]) == sorted(units)
     assert set(scatters["name"]) == {"reduce_scatter"}
     keep = (ROUTER + WQ / 2 + WO / 2) / 2 + (EXPERT / 2) / 2
@@ -417,7 +457,7 @@ def test_fsdp_gathers_each_unit_twice_and_reduce_scatters_it_once():
     assert mem["weights"].max() == pytest.approx(keep)
     assert mem["gradients"].max() == pytest.approx(keep)
     assert mem["optimizer_states"].max() == pytest.approx(6 * keep)
-    ex_gather = gathers[gathers["key"] == "ep:experts0-fsdp:mb0:forward:u3"]["end"].iloc[0]
+    ex_gather = gathers[gathers["key"] == "fsdp:experts0.0p0:0:forward:0.3"]["end"].iloc[0]
     c0 = tl[(tl.gpu == 0) & (tl.kind == "compute")]
     assert c0[c0["layer"].str.endswith("experts")]["start"].min() >= ex_gather - 1e-12
     with pytest.raises(ConfigError, match=r"parallelism\.fsdp"):

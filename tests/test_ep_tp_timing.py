@@ -80,7 +80,7 @@ def test_an_expert_tp_gemm_reads_the_gathered_tokens():
     output gradient and input, the input gradient; the weight and its gradient / 4)."""
     tr = memory_bound(trace(), "experts")
     sim, r = run(4, tr, tp=2, ep=2, etp=2)
-    assert sim.extrapolator.expert_scale == pytest.approx([1.0, 1.0])
+    assert sim.extrapolator.experts.scale == pytest.approx([1.0, 1.0])
     for name in ("aten::bmm", "aten::bmmBackward"):
         traced = 2 * T * TB + EXPERT + (EXPERT if name.endswith("Backward") else 0)
         here = 2 * T * TB + (EXPERT / 4) * (2 if name.endswith("Backward") else 1)

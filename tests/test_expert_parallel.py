@@ -165,7 +165,7 @@ def test_uneven_loads_by_hand():
     assert per_gpu[1] == pytest.approx(0.5 * (t["experts"] + t["experts_bwd"]))
     # GPU 0 sends 1/4 of its tokens to GPU 1 and GPU 1 3/4 of its own to GPU 0 (dispatch)
     row = (0.75 * T * TB, 0.25 * T * TB)
-    assert [x for r_ in sim.extrapolator.sizes for x in r_] == pytest.approx([*row, *row])
+    assert [x for r_ in sim.extrapolator.experts.sizes for x in r_] == pytest.approx([*row, *row])
 
 
 def test_nccl_uneven_all_to_all_is_the_even_one_when_even():
@@ -198,7 +198,7 @@ def test_both_communication_models_deliver_the_uneven_bytes():
     tr = moe_trace(experts=4, top_k=2, dense=0.0)
     for comm in ("textbook", "nccl"):
         sim, r = run(4, tr, comm, load="skew", skew=1.2, seed=3)
-        s = sim.extrapolator.sizes
+        s = sim.extrapolator.experts.sizes
         assert len({row for row in s}) == 1 and len(set(s[0])) == 4  # uneven columns
         off = sum(s[i][j] for i in range(4) for j in range(4) if i != j)
         assert r.per_link()["nbytes"].sum() == pytest.approx(4 * off, rel=1e-9)
@@ -229,12 +229,12 @@ def test_conservation_on_random_ep_layouts(dp, ep, per_rank, top_k, layers, load
         n, tr, ep=ep, load="given", expert_loads=[float(x) for x in loads], capacity_factor=cf
     )
     ex = sim.extrapolator
-    routed = sum(moe_loads.kept_tokens(ex.shares, T, top_k, ep, None))
-    kept = sum(ex.kept)
+    routed = sum(moe_loads.kept_tokens(ex.experts.shares, T, top_k, ep, None))
+    kept = sum(ex.experts.kept)
     assert kept <= routed * (1 + 1e-12)
     if cf is None:
         assert kept == pytest.approx(ep * T * top_k)  # dropless: every routed token
-    s = ex.sizes
+    s = ex.experts.sizes
     assert sum(map(sum, s)) == pytest.approx(kept * TB)  # every kept token dispatched once
     off = sum(s[i][j] for i in range(ep) for j in range(ep) if i != j)
     ring = 2 * (n - 1) * DENSE if n > 1 else 0.0
@@ -248,7 +248,9 @@ def test_conservation_on_random_ep_layouts(dp, ep, per_rank, top_k, layers, load
     traced = experts * T * top_k / experts
     for g in range(n):
         j = g % ep
-        want = layers * (TIMES["experts"] + TIMES["experts_bwd"]) * ex.gpu_tokens[j] / traced
+        want = (
+            layers * (TIMES["experts"] + TIMES["experts_bwd"]) * ex.experts.gpu_tokens[j] / traced
+        )
         assert per_gpu[g] == pytest.approx(want, rel=1e-9)
 
 
@@ -341,11 +343,7 @@ def test_a_traced_moe_model_runs_with_expert_parallelism():
     )
     tl = r.timeline
     comm = tl[tl["kind"] == "comm"]
-    assert set(comm["key"]) >= {
-        "ep:dense-allreduce",
-        "ep:experts0-allreduce",
-        "ep:experts1-allreduce",
-    }
+    assert set(comm["key"]) >= {"dp:p0t0", "dp:experts0.0p0", "dp:experts1.0p0"}
 
 
 def test_accumulation_repeats_forward_backward_and_reduces_once():
@@ -361,8 +359,8 @@ def test_accumulation_repeats_forward_backward_and_reduces_once():
     step = t["router"] + t["experts"] + t["experts_bwd"] + t["router_bwd"] + 4 * a2a
     assert r.iteration_time == pytest.approx(2 * step + allreduce + t["optimizer"] * share)
     assert len(a2a_rows(r, 0)) == 8
-    keys = {k for k in r.timeline["key"].dropna().astype(str) if "allreduce" in k}
-    assert keys == {"ep:dense-allreduce"}
+    tl = r.timeline
+    assert set(tl[tl["name"] == "allreduce"]["key"].astype(str)) == {"dp:p0t0"}
 
 
 def test_expert_gemms_read_one_gpus_share_of_the_weights():
@@ -399,7 +397,7 @@ def test_overlapped_reduction_at_ep_1_is_ddp_with_a_bucket_per_weight():
     tiny = {"bucket_size": 1.0, "first_bucket_size": 1.0}
     tr = moe_trace(layers=2, experts=4)
     sim, r = run(4, tr, ep=1, dp_overlap=True, **tiny)
-    assert [k for _, _, k in sim.extrapolator.buckets].count("expert") == 2
+    assert [k for _, _, k in sim.extrapolator.buckets[0]].count("expert") == 2
     cfg = {
         "num_gpus": 4,
         "batch_size": 8,
@@ -419,18 +417,20 @@ def test_overlapped_reduction_starts_when_a_bucket_is_ready():
     tr = moe_trace(layers=2, experts=2)
     sim, r = run(4, tr, ep=2, dp_overlap=True, bucket_size=1.0, first_bucket_size=1.0)
     ex = sim.extrapolator
-    assert sum(b for _, b, k in ex.buckets if k == "dense") == pytest.approx(DENSE)
-    assert sum(b for _, b, k in ex.buckets if k == "expert") == pytest.approx(EXPERT / 2)
+    assert sum(b for _, b, k in ex.buckets[0] if k == "dense") == pytest.approx(DENSE)
+    assert sum(b for _, b, k in ex.buckets[0] if k == "expert") == pytest.approx(EXPERT / 2)
     tl = r.timeline
     g0 = tl[tl["gpu"] == 0]
     router1 = g0[
         (g0["name"] == "aten::linearBackward") & (g0["layer"] == "layers.1.feed_forward.router")
     ]
-    first = g0[(g0["kind"] == "comm") & g0["key"].astype(str).str.startswith("ep:dense-bucket")]
+    first = g0[(g0["kind"] == "comm") & g0["key"].astype(str).str.startswith("dp:p0t0:bucket")]
     assert first["start"].min() == pytest.approx(float(router1["end"].iloc[0]))
     last_bwd = g0[(g0["kind"] == "compute") & (g0["phase"] == "backward")]["end"].max()
     assert first["start"].min() < last_bwd
-    expert = g0[(g0["kind"] == "comm") & g0["key"].astype(str).str.startswith("ep:experts0-bucket")]
+    expert = g0[
+        (g0["kind"] == "comm") & g0["key"].astype(str).str.startswith("dp:experts0.0p0:bucket")
+    ]
     assert len(expert) == 2 and (expert["nbytes"] == EXPERT / 2 / 2).all()
     _, after = run(4, tr, ep=2)
     assert r.iteration_time < after.iteration_time

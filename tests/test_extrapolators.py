@@ -378,8 +378,8 @@ def test_a_user_parallelism_mode_plugs_in(scratch_registries):
     class HalfGradients(DataParallel):  # e.g. gradient compression: half the bytes reduced
         name = "dp-half"
 
-        def grad_bytes(self, p):
-            return super().grad_bytes(p) / 2
+        def grad_bytes(self, p, kind="dense"):
+            return super().grad_bytes(p, kind) / 2
 
     t = chain_trace(batch=16)
     r = Simulation({"num_gpus": 2, "parallelism": {"mode": "dp-half"}}, trace=t).run()

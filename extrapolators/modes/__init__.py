@@ -4,13 +4,13 @@ A mode is a subclass of `Extrapolator` (base.py) with a unique `name`; add one w
 `register(cls)`. Each mode turns the trace and its plan into per-GPU task streams for the
 runtime (extrapolators.execution) and asks the communication model for its collectives.
 `mesh` (mesh/) is the general form: a device mesh of pp x dp_replicate x dp_shard x cp x
-tp; single, dp, ddp, fsdp, tp, gpipe, 1f1b, hybrid, 3d, interleaved and cp are its presets
-(mesh/presets.py). ep, hop and chakra are their own.
+tp, with the expert mesh ep x etp folded out of it; single, dp, ddp, fsdp, tp, gpipe, 1f1b,
+hybrid, 3d, interleaved, cp and ep are its presets (mesh/presets.py). hop and chakra are
+their own.
 """
 
 from extrapolators.modes.base import Extrapolator, gradient_ready
 from extrapolators.modes.chakra import ChakraWorkload
-from extrapolators.modes.expert_parallel import ExpertParallel
 from extrapolators.modes.hop import Hop
 from extrapolators.modes.mesh import MeshMode
 from extrapolators.modes.mesh.presets import (
@@ -18,6 +18,7 @@ from extrapolators.modes.mesh.presets import (
     ContextParallel,
     DataParallel,
     DistributedDataParallel,
+    ExpertParallel,
     GPipe,
     Hybrid,
     Interleaved,
@@ -30,7 +31,7 @@ from extrapolators.modes.mesh.presets import (
 from triosim.common.registry import Registry
 
 EXTRAPOLATORS = Registry("parallelism.mode", "name", "parallelism mode")
-for _cls in (*PRESETS, MeshMode, Hop, ChakraWorkload, ExpertParallel):
+for _cls in (*PRESETS, MeshMode, Hop, ChakraWorkload):
     EXTRAPOLATORS.register(_cls.name)(_cls)
 
 

@@ -1,8 +1,8 @@
 """Expert loads for expert parallelism: each expert's share of the routed tokens, the
 tokens each expert keeps, and the bytes each GPU of an EP group sends each other.
 
-Pure functions of numbers (no trace, no simulation), so that the mode `ep`
-(expert_parallel.py) and its tests share one arithmetic:
+Pure functions of numbers (no trace, no simulation), so that the expert plan
+(mesh/experts.py) and its tests share one arithmetic:
 
 - `expert_shares`: the shares p_e (sum 1, each at most 1/top_k: a token picks an expert
   once, so an expert gets at most every token) for `uniform`, `skew` (Zipf over a seeded

@@ -9,8 +9,9 @@ parallel_dims.py, `ParallelDims`: pp, dp_replicate, dp_shard, cp, tp):
   - `dp_shard`: data-parallel ranks that shard it (FSDP / ZeRO);
   - `cp`: context-parallel ranks sharing each sequence;
   - `tp`: tensor-parallel ranks splitting each layer.
-(Mixture-of-experts layers fold an expert mesh out of the same GPUs, as Megatron-Core does:
-extrapolators/modes/ep_grid.py.)
+Mixture-of-experts layers fold an expert mesh out of the same GPUs, as Megatron-Core does
+(mesh/experts.py): a stage's GPUs numbered in Megatron-Core's dense order (`local`: tp
+fastest, then cp, dp_shard, dp_replicate), regrouped as expert-TP x EP x expert-DP.
 
 `order` says how ranks are numbered: the dimensions innermost (consecutive ranks) first.
 Both frameworks' default is "tp-cp-dp-pp": TP innermost, then CP, then data parallelism
@@ -99,6 +100,25 @@ class Mesh:
             r += coords[k] * stride
             stride *= self.shape[k]
         return r
+
+    @property
+    def stage_size(self) -> int:
+        """GPUs per pipeline stage."""
+        return self.size // self.pp
+
+    def local(self, coords) -> int:
+        """A GPU's index inside its pipeline stage in Megatron-Core's dense order (tp
+        fastest, then cp, dp_shard, dp_replicate), whatever the rank order: the index the
+        expert mesh is folded from."""
+        _, r, s, c, t = coords
+        return t + self.tp * (c + self.cp * (s + self.dp_shard * r))
+
+    def from_local(self, p: int, i: int) -> tuple:
+        """The coordinates of stage p's GPU of local index i (`local`'s inverse)."""
+        i, t = divmod(i, self.tp)
+        i, c = divmod(i, self.cp)
+        r, s = divmod(i, self.dp_shard)
+        return (p, r, s, c, t)
 
     def members(self, coords, dims) -> list[tuple]:
         """Every coordinate tuple equal to `coords` except along `dims` (names)."""

@@ -14,6 +14,10 @@ One plan per dimension, each checked here against the trace before any simulatio
     dp_replicate x dp_shard x cp GPUs at the GPU's stage and TP rank) in DDP's buckets,
     or by Megatron's distributed optimizer, or ZeRO-1/2 over dp_shard; with dp_shard > 1
     and zero 3, FSDP2 per unit (sharding.py) over dp_shard x cp, HSDP with dp_replicate;
+  - EP (`ep`, `etp` > 1 with a mixture-of-experts trace; mode ep always): the expert mesh
+    folded out of each stage's GPUs (experts.py), the MoE layers' all-to-alls and expert-TP
+    collectives around their experts, the experts' gradients over their replicas, the
+    dense layers' TP plan without the MoE layers (moe_tp.py: the router whole);
   - recomputation per block (blocks.with_recompute) inside each chunk's backward pass.
 template.py lays out a stage's compute stream once, streams.py gives every GPU its
 streams; memory (what a GPU holds) and symmetry (representative replicas) are here.
@@ -33,13 +37,17 @@ from extrapolators.modes.blocks import layer_units, with_recompute
 from extrapolators.modes.cp_plan import plan_attention
 from extrapolators.modes.dist_optimizer import grad_reduction
 from extrapolators.modes.mesh.dims import DIMS, REP, SHARD, TP, Layout, parse_order, resolve
+from extrapolators.modes.mesh.experts import ExpertPlan
+from extrapolators.modes.mesh.moe_tp import DenseTensorParallel, moe_block_ops
 from extrapolators.modes.mesh.options import MeshOptions
 from extrapolators.modes.mesh.sharding import ShardPlan
 from extrapolators.modes.mesh.streams import MeshStreams
-from extrapolators.modes.mesh.weights import StageWeights
+from extrapolators.modes.mesh.weights import StageWeights, param_buckets
 from extrapolators.modes.pipeline import PipelineOptions, StageCut
 from extrapolators.modes.schedules import schedule
 from extrapolators.modes.tensor_parallel import TensorParallel, TPOptions
+from extrapolators.modes.tp_roles import SHARDED
+from perfmodel.base import Target, batch_ratio
 from triosim.common.errors import ConfigError
 
 
@@ -54,6 +62,7 @@ class MeshMode(Extrapolator):
 
     name = "mesh"
     Options = MeshOptions
+    experts_always = False  # plan the experts even at ep = etp = 1 (mode ep)
     fields: dict = {}  # a mesh field -> the preset's field that sets it, for messages
     # a stage's activations and gradients leave on two streams, so a large activation send
     # never holds back a gradient send (and the reverse); False: one FIFO "comm" stream
@@ -109,15 +118,21 @@ class MeshMode(Extrapolator):
         self._cut(M)
         at0 = self.layout.at
         group0 = [at0[(0, 0, 0, 0, t)] for t in range(mesh.tp)]
-        self.tpx = _TensorParallel(
-            self.trace,
-            self.model,
-            group0,
-            TPOptions(o.tp_style, o.sequence_parallel),
-            batch_size=self.op_micro,
-            gpu=self.gpu,
-            host=self.host,
-        )
+        self.experts = None
+        if o.ep != 1 or o.etp > 1 or self.experts_always:
+            tokens = self.op_micro / mesh.tp if mesh.tp > 1 else self.op_micro
+            self.experts = ExpertPlan(self, mesh, o, tokens)
+            if self.fsdp and mesh.dp_replicate > 1:
+                raise ConfigError(
+                    "parallelism.dp_replicate",
+                    mesh.dp_replicate,
+                    "1 with expert parallelism and FSDP (HSDP of the experts is not modelled)",
+                )
+            if mesh.pp > 1:  # a layer's dispatch and combine on one stage
+                starts = self.experts.whole_layers(self.ops("forward"), self.pipe.starts)
+                if starts != self.pipe.starts:
+                    self._cut(M, starts[1:])
+        self.tpx = self._tp_plan(group0)
         self.attention = {}  # forward or backward op id -> its forward attention's Heads
         if mesh.cp > 1:
             if o.tp_style != "megatron":
@@ -126,11 +141,23 @@ class MeshMode(Extrapolator):
                 self.trace, mesh.cp, mesh.tp, o.cp_comm, o.sequence_parallel, mode=self.name
             )
         split = self.tpx.sharded_weights() if mesh.tp > 1 else set()
-        pipe = self.pipe
+        pipe, ex = self.pipe, self.experts
         self.weights = StageWeights(
-            self.trace, pipe.fwd_ops, pipe.bwd_ops, self.orders, mesh.pp, split, mesh.tp
+            self.trace,
+            pipe.fwd_ops,
+            pipe.bwd_ops,
+            self.orders,
+            mesh.pp,
+            split,
+            mesh.tp,
+            ex.expert_weights if ex is not None else (),
+            ex.ep * ex.etp if ex is not None else 1,
         )
         self.position = {op.id: i for i, op in enumerate(self.trace.operators)}
+        self.param_buckets = [[] for _ in range(mesh.pp)]
+        self.gather_before: list[dict] = [{} for _ in range(mesh.pp)]
+        if o.overlap_param_gather:
+            self._param_buckets()
         self._walks()
         self.shard, self.units_done = None, {}
         if self.fsdp:
@@ -176,10 +203,52 @@ class MeshMode(Extrapolator):
                 "3 or 0 with dp_replicate > 1 (HSDP is FSDP's; ZeRO-1/2 shard over all "
                 "data-parallel GPUs: dp_shard x cp)",
             )
-        self.params_after_step = o.distributed_optimizer or self.zero in (1, 2)
+        if o.overlap_param_gather and not o.distributed_optimizer:
+            raise ConfigError(
+                "parallelism.overlap_param_gather",
+                True,
+                "false without distributed_optimizer (only the distributed optimizer "
+                "all-gathers parameters)",
+            )
+        self.params_after_step = (
+            o.distributed_optimizer or self.zero in (1, 2)
+        ) and not o.overlap_param_gather
         self.reduction = grad_reduction(o.distributed_optimizer or self.zero == 2)
 
-    def _cut(self, M: int):
+    def _tp_plan(self, group0):
+        """The TP plan on the first TP group: Megatron's (tensor_parallel.py), with experts
+        on the mesh the dense layers' only (moe_tp.py: the router whole, the routed
+        experts the expert plan's)."""
+        o, ex = self.options, self.experts
+        args = (self.trace, self.model, group0, TPOptions(o.tp_style, o.sequence_parallel))
+        kw = {"batch_size": self.op_micro, "gpu": self.gpu, "host": self.host}
+        if ex is None:
+            return _TensorParallel(*args, **kw)
+        if self.mesh.tp > 1 and "." not in ex.moe["expert_module"]:
+            raise ConfigError(
+                "trace",
+                "metadata moe.expert_module",
+                "a module under its MoE layer's (`feed_forward.experts`) with tp > 1: the "
+                "MoE layer's module tells the router (not split) from the attention",
+            )
+        moe_ops = moe_block_ops(self.trace, ex.moe)
+        return DenseTensorParallel(*args, **kw, moe_ops=moe_ops, expert_ops=ex.expert_ops)
+
+    def _param_buckets(self):
+        """overlap_param_gather: each stage's parameter all-gathers in the order its forward
+        pass reads them, and the operator before which each is waited for."""
+        ex, ops = self.experts, self.trace.operators
+        experts = ex.expert_weights if ex is not None else set()
+        for p in range(self.mesh.pp):
+            only = {w for c in self.weights.stage_chunks(p) for w in self.weights.chunk_weights[c]}
+            made = self.param_buckets[p] = param_buckets(
+                self.trace, experts, self.options.bucket_size, self.weights.wbytes, only
+            )
+            for k, (pos, _, _) in enumerate(made):
+                if pos < len(ops):
+                    self.gather_before[p].setdefault(ops[pos].id, []).append(k)
+
+    def _cut(self, M: int, stages=None):
         """The model in pp x v chunks (pipeline.StageCut; chunk k on stage k % pp)."""
         mesh, at = self.mesh, self.layout.at
         chunks = mesh.pp * self.v
@@ -194,7 +263,11 @@ class MeshMode(Extrapolator):
             self.trace,
             self.model,
             chain,
-            PipelineOptions(microbatches=M, stages=list(o.stages), recompute=again),
+            PipelineOptions(
+                microbatches=M,
+                stages=list(o.stages) if stages is None else stages,
+                recompute=again,
+            ),
             batch_size=self.per_gpu_batch(mesh.dp),
             gpu=self.gpu,
             graph=self.graph if mesh.pp > 1 and self.v == 1 else None,
@@ -237,8 +310,16 @@ class MeshMode(Extrapolator):
             self.units_done.setdefault((c, i), []).append((c, u))
 
     # -- timing ---------------------------------------------------------------------------
-    def op_time(self, op, split, whole, m, phase=None, scale=1.0):
-        """`op` at the micro-batch on its TP role's shard, times `scale`."""
+    def op_time(self, op, split, whole, m, phase=None, scale=1.0, j=0):
+        """`op` at the micro-batch on its TP role's shard, times `scale`; a routed expert's
+        on EP rank j's experts (experts.py), the router whole on the GPU's tokens."""
+        ex = self.experts
+        if ex is not None:
+            if op.id in ex.expert_ops:
+                return self.timed(op, ex.time(op, j) * scale, m, phase)
+            tpx = self.tpx
+            if op.tp_split and op.id in tpx.moe_ops and tpx.roles.get(op.id) in SHARDED:
+                return self.compute(op, self.target(ex.tokens_batch), scale, m, phase)
         target, s = self.tpx.shard(op, split, whole, scale)
         return self.compute(op, target, s, m, phase)
 
@@ -250,13 +331,29 @@ class MeshMode(Extrapolator):
         """The optimizer's time x the share of the weights stage p's GPUs step."""
         total = self.trace.weight_bytes()
         mesh = self.mesh
-        scale = self.weights.stage_bytes[p] / total if total else 1.0 / (mesh.pp * mesh.tp)
-        return scale / self._state_parts()
+        if self.experts is None:  # (the same arithmetic as before experts were planned)
+            scale = self.weights.stage_bytes[p] / total if total else 1.0 / (mesh.pp * mesh.tp)
+            return scale / self._state_parts()
+        return self._stepped(p) / total if total else 1.0 / (mesh.pp * mesh.tp)
 
-    def grad_bytes(self, p: int) -> float:
-        """The gradient bytes a GPU of stage p reduces at once without dp_overlap (its
-        stage's TP shard): a subclass that compresses gradients says less."""
-        return self.weights.stage_bytes[p]
+    def _stepped(self, p: int) -> float:
+        """The weight bytes whose optimizer states a GPU of stage p owns."""
+        w = self.weights
+        return w.dense_bytes[p] / self._state_parts() + w.expert_bytes[p] / self._expert_parts()
+
+    def grad_bytes(self, p: int, kind: str = "dense") -> float:
+        """The gradient bytes of `kind` a GPU of stage p reduces at once without dp_overlap
+        (its stage's TP shard): a subclass that compresses gradients says less."""
+        w = self.weights
+        return w.dense_bytes[p] if kind == "dense" else w.expert_bytes[p]
+
+    def _expert_parts(self) -> int:
+        """The GPUs an expert's (etp shard's) optimizer states are split over: its replicas
+        (expert-DP group) where data parallelism shards them."""
+        ex, o = self.experts, self.options
+        if ex is None:
+            return 1
+        return ex.edp if self.zero or o.distributed_optimizer else 1
 
     def _state_parts(self) -> int:
         """The GPUs a stage's TP shard's optimizer states are split over."""
@@ -273,29 +370,44 @@ class MeshMode(Extrapolator):
         """`gpu`'s group along `dims` (mesh dimension names), in ring order."""
         return self.layout.group(self.layout.coord[gpu], dims)
 
+    def dense_group(self, gpu) -> tuple:
+        """The GPUs holding the same weights as `gpu` (its data-parallel group), in ring
+        order."""
+        return self.group(gpu, "dp_replicate", "dp_shard", "cp")
+
+    def expert_group(self, gpu, which: str = "ep") -> tuple:
+        """`gpu`'s EP group (which "ep"), expert-TP group ("etp") or its experts' replicas
+        ("edp"), in rank order (mesh/experts.py)."""
+        return self.builder.experts_group(self.layout.coord[gpu], which)
+
     def symmetry(self) -> Symmetry:
-        """Copies along the outer data-parallel dimension (dp_replicate, else dp_shard;
-        without either, TP: its ranks run the same streams): index 0's GPUs (every stage,
-        CP and TP rank of it) represent the others, mapped by their other coordinates;
-        groups inside a copy map to the same group of the others, and a group across the
-        copies (data-parallel: one GPU per copy and position) is a union of classes."""
+        """Copies along one axis of a stage's GPUs (numbered in the dense order, dims.Mesh.
+        local): the outer data-parallel dimension (dp_replicate, else dp_shard; without
+        either, TP: its ranks run the same streams); with experts on the mesh, each
+        expert's replicas (the expert-DP rank: an EP group lies in a copy), or the EP rank
+        where it gives more copies, every rank's experts keep the same tokens and no TP or
+        CP group spans EP ranks (an EP group is then one class). Copy 0's GPUs (every
+        stage of it) represent the others, mapped by moving the axis; groups inside a copy
+        map to the same group of the others, and a group across the copies (one GPU per
+        copy and position: data-parallel, EP) is a union of classes."""
         mesh, at = self.mesh, self.layout.at
-        k = next((k for k in (REP, SHARD, TP) if mesh.shape[k] > 1), None)
-        if k is None:  # every GPU its own class: the runtime says so and runs them all
+        stride, copies = self._copy_axis()
+        if copies < 2:  # every GPU its own class: the runtime says so and runs them all
             return Symmetry.of_replicas([list(at.values())])
-        first = sorted(x for x in at if x[k] == 0)
-        copies = mesh.shape[k]
+        first = sorted(x for x in at if mesh.local(x) // stride % copies == 0)
 
-        def moved(x, i):
-            y = list(x)
-            y[k] = i
-            return tuple(y)
+        def moved(x, k):
+            return mesh.from_local(x[0], mesh.local(x) + k * stride)
 
-        replicas = [[at[moved(x, i)] for x in first] for i in range(copies)]
+        replicas = [[at[moved(x, k)] for x in first] for k in range(copies)]
         coord, layout = self.layout.coord, self.layout
 
-        def image_group(group, i):
-            return layout.ring_order(at[moved(coord[g], i)] for g in group)
+        def image_group(group, k):
+            images = tuple(at[moved(coord[g], k)] for g in group)
+            # a group in ring order (the mesh's) maps to its image in ring order; one in
+            # rank order (EP, expert-TP, an expert's replicas) member by member
+            ring = layout.ring_order(group)
+            return layout.ring_order(images) if tuple(group) == ring else images
 
         sym = Symmetry.of_replicas(replicas, image_group)
         # every copy's streams come from the same stage templates mapped by coordinates:
@@ -303,45 +415,67 @@ class MeshMode(Extrapolator):
         sym.sample = 2
         return sym
 
+    def _copy_axis(self) -> tuple[int, int]:
+        """(stride in a stage's local index, copies) of the symmetry's axis."""
+        mesh, ex = self.mesh, self.experts
+        if ex is not None:  # the axis with more copies (fewer representatives)
+            axes = [(ex.ep * ex.etp, ex.edp)]
+            if ex.ep > 1 and ex.uniform and mesh.tp == 1 and mesh.cp == 1:
+                axes.append((ex.etp, ex.ep))
+            return max(axes, key=lambda a: a[1])
+        strides = {REP: mesh.tp * mesh.cp * mesh.dp_shard, SHARD: mesh.tp * mesh.cp, TP: 1}
+        k = next((k for k in (REP, SHARD, TP) if mesh.shape[k] > 1), None)
+        return (1, 1) if k is None else (strides[k], mesh.shape[k])
+
     # -- what the memory model needs ------------------------------------------------------
     def op_batch(self):
         return self.op_micro
 
     def activation_ratio(self, op) -> float:
+        ex = self.experts
+        if ex is not None and op.id in ex.expert_ops:  # at the busiest GPU's tokens
+            return batch_ratio(self.trace, Target(batch_size=ex.tokens_batch)) * max(ex.scale)
         return self.tpx.activation_ratio(op)
 
     def _stage(self, gpu) -> int:
         return self.layout.coord[gpu][0]
 
     def held_weight_bytes(self, gpu) -> float:
-        held = self.weights.stage_bytes[self._stage(gpu)]
-        return held / self._state_parts() if self.fsdp else held
+        p = self._stage(gpu)
+        return self._stepped(p) if self.fsdp else self.weights.stage_bytes[p]
 
     def buffer_bytes(self, gpu) -> float:
         p = self._stage(gpu)
         if self.fsdp:
-            return self.shard.buffer(self.weights.stage_chunks(p), 1 / self._state_parts())
+            chunks = self.weights.stage_chunks(p)
+            return self.shard.buffer(chunks, 1 / self._state_parts(), 1 / self._expert_parts())
         if self.options.distributed_optimizer:  # Megatron's gradient buffer, all run long
             return self.weights.stage_bytes[p]
         if self.zero:  # ZeRO-1/2 reduce in place
             return 0.0
-        return sum(size for _, size in self.buckets.get(p, ()))
+        return sum(b[1] for b in self.buckets.get(p, ()))
 
     def state_fractions_of(self, gpu) -> dict | None:
         total = self.trace.weight_bytes()
-        held = self.weights.stage_bytes[self._stage(gpu)] / total if total else 0.0
-        parts, o = self._state_parts(), self.options
+        p = self._stage(gpu)
+        held = self.weights.stage_bytes[p] / total if total else 0.0
+        o, parts = self.options, self._state_parts()
+        owned = held / parts  # its optimizer states' share
+        if self.experts is not None and total:
+            owned = self._stepped(p) / total
         if self.fsdp:
-            f = held / parts
-            return {"weights": f, "gradients": f, "optimizer_states": f}
+            return {"weights": owned, "gradients": owned, "optimizer_states": owned}
         if self.zero:  # ZeRO-1 the states, ZeRO-2 the gradients too
-            grads = held / parts if self.zero == 2 else held
-            return {"weights": held, "gradients": grads, "optimizer_states": held / parts}
+            grads = owned if self.zero == 2 else held
+            return {"weights": held, "gradients": grads, "optimizer_states": owned}
         if o.distributed_optimizer:
-            return dist_optimizer.state_fractions(held, parts)
+            return dist_optimizer.state_fractions(held, held / owned if owned else 1)
         return None
 
     def describe(self) -> str:
         """The mesh in words: its degrees, those above 1."""
         parts = [f"{d} {k}" for d, k in zip(DIMS, self.mesh.shape, strict=True) if k > 1]
+        ex = self.experts
+        if ex is not None:  # the expert mesh folded out of it
+            parts += [f"{d} {k}" for d, k in (("ep", ex.ep), ("etp", ex.etp)) if k > 1]
         return " x ".join(parts) or "one GPU"

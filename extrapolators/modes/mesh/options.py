@@ -24,6 +24,19 @@ class MeshOptions:
     )
     cp: int = option(1, ge=1, help="context-parallel degree: GPUs sharing each sequence")
     tp: int = option(1, ge=1, help="tensor-parallel degree: GPUs splitting each layer")
+    ep: int = option(
+        1,
+        ge=0,
+        help="expert-parallel degree of the MoE layers: the GPUs each layer's routed experts "
+        "are spread over, folded out of a stage's data- and context-parallel GPUs "
+        "(Megatron-Core's expert mesh); 0: a stage's GPUs / etp",
+    )
+    etp: int = option(
+        1,
+        ge=1,
+        help="expert-tensor-parallel degree: each expert's weights split over etp GPUs "
+        "(Megatron-Core's expert_tensor_parallel_size)",
+    )
     order: list[int | str] | str = option(
         "tp-cp-dp-pp",
         help="rank order, innermost first (torchtitan's and Megatron-Core's default "
@@ -82,6 +95,30 @@ class MeshOptions:
         help="Megatron's distributed optimizer over the dp_replicate x cp GPUs of a stage's "
         "TP shard: buckets reduce-scattered, the step on 1/(dp_replicate x cp), parameters "
         "all-gathered after it",
+    )
+    overlap_param_gather: bool = option(
+        False,
+        help="distributed_optimizer: the updated parameters all-gathered in buckets as the "
+        "next forward pass reads them (Megatron's --overlap-param-gather); false: all after "
+        "the optimizer step",
+    )
+    load: Literal["uniform", "skew", "given"] = option(
+        "uniform",
+        help="ep: how the routed tokens spread over the experts: uniform, skew (Zipf over a "
+        "random order drawn from seed) or given (expert_loads)",
+    )
+    skew: float = option(
+        1.0, ge=0, help="load: skew: the r-th busiest expert's share is proportional to r^-skew"
+    )
+    seed: int = option(0, ge=0, help="load: skew: the seed of the experts' random order")
+    expert_loads: list[float] | None = option(
+        None, help="load: given: each expert's relative share of the routed tokens"
+    )
+    capacity_factor: float | None = option(
+        None,
+        gt=0,
+        help="ep: token dropping: an expert keeps at most this factor x its balanced share "
+        "of its EP group's tokens (null: the trace's router's, null there: dropless)",
     )
     recompute: Literal["none", "full", "selective", "stage"] = option(
         "none",

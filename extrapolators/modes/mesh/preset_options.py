@@ -14,6 +14,7 @@ __all__ = [
     "CPOptions",
     "DDPOptions",
     "DPOptions",
+    "EPOptions",
     "HybridOptions",
     "InterleavedOptions",
     "PipelineOptions",
@@ -173,4 +174,116 @@ class CPOptions(DDPOptions):
         ge=1,
         help="fsdp: layer-name depth of a unit (as mode fsdp; torchtitan's Llama blocks: 2, "
         "layers.N; default: the smallest giving >= 4 units that hold weights)",
+    )
+
+
+@dataclass(frozen=True)
+class EPOptions:
+    ep: int = option(
+        0,
+        ge=0,
+        help="expert-parallel degree: the GPUs an MoE layer's experts are spread over "
+        "(a divisor of num_gpus and of the experts; 0: all GPUs); num_gpus / ep data-"
+        "parallel replicas of each expert",
+    )
+    load: Literal["uniform", "skew", "given"] = option(
+        "uniform",
+        help="how the routed tokens spread over the experts: uniform, skew (Zipf over a "
+        "random order drawn from seed) or given (expert_loads)",
+    )
+    skew: float = option(
+        1.0, ge=0, help="load: skew: the r-th busiest expert's share is proportional to r^-skew"
+    )
+    seed: int = option(0, ge=0, help="load: skew: the seed of the experts' random order")
+    expert_loads: list[float] | None = option(
+        None, help="load: given: each expert's relative share of the routed tokens"
+    )
+    accumulation_steps: int = option(
+        1,
+        ge=1,
+        help="gradient accumulation: forward and backward (with their all-to-alls) this "
+        "many times on batch / num_gpus / steps before the gradients are reduced; with pp "
+        "> 1 the micro-batches each pipeline runs (of batch / (num_gpus / pp / tp) / steps "
+        "sequences per replica)",
+    )
+    dp_overlap: bool = option(
+        False,
+        help="reduce the gradients in buckets as the backward pass makes them (DDP's, "
+        "Megatron-LM's --overlap-grad-reduce), dense and expert ones apart; false: all "
+        "after the backward pass",
+    )
+    bucket_size: float = option(
+        25 * 2**20, unit="bytes", gt=0, help="dp_overlap: gradient bucket cap (25 MiB)"
+    )
+    first_bucket_size: float = option(
+        2**20, unit="bytes", gt=0, help="dp_overlap: the first bucket's cap of each kind"
+    )
+    tp: int = option(
+        1,
+        ge=1,
+        help="tensor-parallel degree of the dense layers (attention, shared experts, "
+        "embedding, head: Megatron's column/row split, sequence parallel); num_gpus / tp "
+        "data-parallel replicas of them",
+    )
+    etp: int = option(
+        1,
+        ge=1,
+        help="expert-tensor-parallel degree: each expert's weights split over etp GPUs "
+        "(Megatron-Core's expert_tensor_parallel_size; 1, its recommended MoE setting); ep "
+        "x etp divides num_gpus",
+    )
+    sequence_parallel: bool = option(
+        True,
+        help="tp > 1: Megatron's sequence parallelism (Megatron-Core requires it for MoE "
+        "with TP; false is refused there)",
+    )
+    distributed_optimizer: bool = option(
+        False,
+        help="Megatron's distributed optimizer (ZeRO-1): gradients reduce-scattered over "
+        "each weight's data-parallel group, the optimizer on that shard, the updated "
+        "parameters all-gathered after the step",
+    )
+    overlap_param_gather: bool = option(
+        False,
+        help="distributed_optimizer: the parameter all-gathers overlap the forward pass "
+        "(Megatron's --overlap-param-gather: each bucket gathered before the first "
+        "operator that reads it); false: all after the optimizer step",
+    )
+    fsdp: bool = option(
+        False,
+        help="ZeRO-3 / FSDP: each GPU keeps 1/dp of its dense and 1/edp of its experts' "
+        "weights, gradients and optimizer states; each unit's parameters all-gathered "
+        "before its forward and backward, its gradients reduce-scattered",
+    )
+    wrap_depth: int | None = option(
+        None,
+        ge=1,
+        help="fsdp: layer-name depth of a unit (as mode fsdp; default: the smallest giving "
+        ">= 4 units; torchtitan's per-block wrapping of layers.N is 2)",
+    )
+    pp: int = option(
+        1,
+        ge=1,
+        help="pipeline-parallel degree: stages of num_gpus / pp GPUs each (Megatron-Core's "
+        "order tp-cp-ep-dp-pp: PP outermost), each holding its share of the layers with "
+        "the tp, ep and etp groups inside it; accumulation_steps micro-batches go through "
+        "them (with fsdp too: the units per stage)",
+    )
+    schedule: str = option(
+        "1f1b",
+        help="pp > 1: the pipeline schedule, as mode 3d's (1f1b, gpipe, or interleaved "
+        "with virtual_stages > 1)",
+    )
+    virtual_stages: int = option(
+        1,
+        ge=1,
+        help="pp > 1, schedule interleaved: model chunks per stage (Megatron's virtual "
+        "pipeline); stage p holds chunks p, p + pp, ...",
+    )
+    capacity_factor: float | None = option(
+        None,
+        gt=0,
+        help="token dropping: an expert keeps at most this factor x its balanced share "
+        "of its EP group's tokens (null: the trace's router: its moe.capacity_factor, "
+        "null there: dropless)",
     )

@@ -16,6 +16,9 @@ the mesh runs as it did, on the one implementation.
   3d           dp_replicate x tp x pp (x cp), `placement` as the rank order
   interleaved  3d with the interleaved schedule
   cp           dp x cp x tp, TP innermost; with `fsdp` the dp GPUs shard (dp_shard)
+  ep           pp x dp x tp with the expert mesh ep x etp folded out of each stage
+               (mesh/experts.py), Megatron-Core's; with `fsdp` the dp GPUs shard, every
+               unit resharded after its forward
 Errors name the preset's own fields (a TP degree that does not divide a layer is num_gpus's
 for mode tp, parallelism.tp's for 3d).
 """
@@ -31,6 +34,7 @@ from extrapolators.modes.mesh.preset_options import (
     CPOptions,
     DDPOptions,
     DPOptions,
+    EPOptions,
     HybridOptions,
     InterleavedOptions,
     PipelineOptions,
@@ -344,6 +348,70 @@ class ContextParallel(MeshMode):
         )
 
 
+class ExpertParallel(MeshMode):
+    """Expert parallelism as Megatron-Core runs an MoE model: the dense layers tp x dp per
+    pipeline stage (sequence parallel), the routed experts ep x etp x edp folded out of
+    the same GPUs, the distributed optimizer or FSDP over the data-parallel GPUs."""
+
+    name = "ep"
+    Options = EPOptions
+    experts_always = True  # the MoE plan (dense TP, the router whole) even at ep 1
+
+    def mesh_options(self, n):
+        o = self.options
+        if n % o.pp:
+            raise ConfigError(
+                "parallelism.pp",
+                o.pp,
+                f"a pipeline-parallel degree dividing num_gpus ({n}): each stage takes num_gpus "
+                f"/ pp GPUs",
+            )
+        s = n // o.pp
+        where = f"num_gpus ({s})" if o.pp == 1 else f"num_gpus / pp ({n} / {o.pp} = {s})"
+        if s % o.tp:
+            raise ConfigError(
+                "parallelism.tp",
+                o.tp,
+                f"a tensor-parallel degree dividing {where}: the dense layers' TP groups "
+                f"take tp GPUs each",
+            )
+        if o.fsdp and (o.distributed_optimizer or o.dp_overlap):
+            raise ConfigError(
+                "parallelism.fsdp",
+                True,
+                "false with distributed_optimizer or dp_overlap (FSDP shards the "
+                "parameters and reduce-scatters each unit's gradients itself)",
+            )
+        dp = s // o.tp
+        data = (
+            {"dp_shard": dp, "zero": 3, "reshard_after_forward": "always"}
+            if o.fsdp
+            else {"dp_replicate": dp, "dp_shard": 1}
+        )
+        return MeshOptions(
+            **data,
+            pp=o.pp,
+            tp=o.tp,
+            ep=o.ep,
+            etp=o.etp,
+            sequence_parallel=o.sequence_parallel if o.tp > 1 else False,
+            microbatches=o.accumulation_steps,
+            schedule=o.schedule if o.pp > 1 else "1f1b",  # pp 1: accumulation, F B F B
+            virtual_stages=o.virtual_stages,
+            dp_overlap=o.dp_overlap,
+            bucket_size=o.bucket_size,
+            first_bucket_size=o.first_bucket_size,
+            distributed_optimizer=o.distributed_optimizer,
+            overlap_param_gather=o.overlap_param_gather,
+            wrap_depth=o.wrap_depth,
+            load=o.load,
+            skew=o.skew,
+            seed=o.seed,
+            expert_loads=o.expert_loads,
+            capacity_factor=o.capacity_factor,
+        )
+
+
 PRESETS = (
     Single,
     DataParallel,
@@ -356,4 +424,5 @@ PRESETS = (
     ThreeD,
     Interleaved,
     ContextParallel,
+    ExpertParallel,
 )

@@ -5,7 +5,8 @@ As torchtitan applies FSDP2 (torchtitan/models/llama3/infra/parallelize.py, `app
 over the flattened "dp_shard_cp" mesh: the weights are replicated over CP as over DP, so
 they are sharded over both): `fully_shard` per block, here a unit of consecutive forward
 operators whose layer names share `wrap_depth` dotted parts (blocks.layer_units). A GPU
-holds 1/(dp_shard x cp) of each unit's weights (of its TP shard); before a unit's forward
+holds 1/(dp_shard x cp) of each unit's weights (of its TP shard; of the routed experts' its
+EP shard, 1/edp: they are sharded over their replicas, mesh/experts.py); before a unit's forward
 the unit is all-gathered over the GPU's shard group, one unit ahead of the compute (FSDP2's
 prefetch), and again before its backward where it resharded after the forward; after the
 last micro-batch's backward of a unit its gradients are reduce-scattered over the group
@@ -35,11 +36,13 @@ class ShardPlan:
         self.unit_of, self.names, held = layer_units(trace, wrap_depth)
         chunk_of = {w: c for c, ws in enumerate(weights.chunk_weights) for w in ws}
         self.bytes: dict = {}
+        self.expert_bytes: dict = {}  # the routed experts' (sharded over their replicas)
         for u, ws in enumerate(held):
             for w in ws:
                 c = chunk_of.get(w)
                 if c is not None:
-                    self.bytes[c, u] = self.bytes.get((c, u), 0.0) + weights.wbytes[w]
+                    d = self.expert_bytes if w in weights.experts else self.bytes
+                    d[c, u] = d.get((c, u), 0.0) + weights.wbytes[w]
         weighted = [u for u, ws in enumerate(held) if any(w in chunk_of for w in ws)]
         if policy == "always":
             self._keep = set()
@@ -49,14 +52,30 @@ class ShardPlan:
             self._keep = {weighted[-1]} if weighted else set()
         self.units = len(held)
 
+    def of(self, kind: str) -> dict:
+        """(chunk, unit) -> bytes of `kind` ("dense" or "expert")."""
+        return self.bytes if kind == "dense" else self.expert_bytes
+
     def reshards(self, u: int) -> bool:
         """Whether unit u frees its gathered parameters after its forward pass."""
         return u not in self._keep
 
-    def buffer(self, chunks, share: float) -> float:
+    def buffer(self, chunks, share: float, expert_share: float = 1.0) -> float:
         """The gathered parameters a stage's GPU keeps beside its shards: the two largest
         units (the current and the prefetched one), or all of them where none reshards
-        (pipeline stages by default), less the GPU's own shards."""
-        mine = sorted((b for (c, _), b in self.bytes.items() if c in chunks), reverse=True)
-        kept = mine if len(self._keep) == self.units else mine[:2]
-        return sum(kept) * (1 - share)
+        (pipeline stages by default), less the GPU's own shards (`share` of the dense
+        weights, `expert_share` of the experts')."""
+        every = len(self._keep) == self.units
+        if not self.expert_bytes:
+            mine = sorted((b for (c, _), b in self.bytes.items() if c in chunks), reverse=True)
+            return sum(mine if every else mine[:2]) * (1 - share)
+        keys = {k for k in (*self.bytes, *self.expert_bytes) if k[0] in chunks}
+        mine = sorted(
+            (
+                self.bytes.get(k, 0.0) * (1 - share)
+                + self.expert_bytes.get(k, 0.0) * (1 - expert_share)
+                for k in keys
+            ),
+            reverse=True,
+        )
+        return sum(mine if every else mine[:2])

@@ -23,6 +23,11 @@ Per GPU at mesh coordinates (p, r, s, c, t) (dims.py):
     come back after the step, their all-gather over the same group;
   - "cp" with ring attention: the key/value blocks, in the order the template reaches the
     attention operators.
+With experts (mesh/experts.py) the compute stream's all-to-alls run over the GPU's EP
+group and its expert-TP collectives over its expert-TP group, and on "dp" the experts'
+gradients (buckets, FSDP units, parameter gathers) go over their replicas, the dense ones
+as above; with overlap_param_gather "dp" first gathers the last step's updated shards in
+the order the forward pass reads them.
 """
 
 from __future__ import annotations
@@ -32,7 +37,17 @@ from extrapolators.modes.cp_attention import ring_compute, ring_sends, ulysses
 from extrapolators.modes.cp_plan import kv_block_bytes, ulysses_bytes
 from extrapolators.modes.dist_optimizer import param_gather
 from extrapolators.modes.mesh.dims import CP, PP, REP, SHARD, TP
-from extrapolators.modes.mesh.template import ATTN, COLL, ENTER, GRADS, RECV, SIGNAL, stage_template
+from extrapolators.modes.mesh.template import (
+    A2A,
+    ATTN,
+    COLL,
+    ENTER,
+    ETP,
+    GRADS,
+    RECV,
+    SIGNAL,
+    stage_template,
+)
 from extrapolators.modes.pipeline_sends import chunk_sends
 
 DP_DIMS = ("dp_replicate", "dp_shard", "cp")
@@ -46,12 +61,32 @@ class MeshStreams:
         self.mode = mode
         self.layout = mode.layout
         self._templates: dict = {}
+        self._groups: dict = {}
 
-    def template(self, p: int):
-        t = self._templates.get(p)
+    def template(self, p: int, j: int = 0):
+        """Stage p's template for EP rank j (one for every rank where their loads agree)."""
+        t = self._templates.get((p, j))
         if t is None:
-            t = self._templates[p] = stage_template(self.mode, p)
+            t = self._templates[p, j] = stage_template(self.mode, p, j)
         return t
+
+    def template_of(self, x):
+        ex = self.mode.experts
+        j = 0 if ex is None or ex.uniform else ex.ranks(x)[1]
+        return self.template(x[PP], j)
+
+    def experts_group(self, x, which) -> tuple:
+        """x's EP group (which "ep"), expert-TP group ("etp") or experts' replicas ("edp"),
+        GPU ids in rank order."""
+        ex, at = self.mode.experts, self.layout.at
+        key = (which, x)
+        g = self._groups.get(key)
+        if g is None:
+            members = getattr(ex, f"{which}_group")(x)
+            g = tuple(at[y] for y in members)
+            for y in members:  # one tuple per group, shared by its members
+                self._groups[which, y] = g
+        return g
 
     def streams(self) -> dict:
         mode, mesh = self.mode, self.mode.mesh
@@ -79,7 +114,7 @@ class MeshStreams:
         g = at[x]
         group = layout.group(x, ("tp",))
         name, chain, gk = f"p{p}r{r}s{s}c{c}/", f"r{r}s{s}c{c}t{t}/", f"{g}:"
-        template = self.template(p)
+        template = self.template_of(x)
         items = template.items
         slot = shared_by.get(group)
         if slot is None:
@@ -114,11 +149,36 @@ class MeshStreams:
                 yield Signal(f"{g}:fsdp-started:{item[1]}")
             elif tag == GRADS:
                 yield Signal(f"{g}:fsdp-grads:{item[1][0]}.{item[1][1]}")
+            elif tag in (A2A, ETP):
+                yield self._tokens(x, item)
             else:
                 yield Wait(gk + item[1])
         slot[0] -= 1
         if not slot[0]:  # the last running rank of the group: free the shared tasks
             del shared_by[group]
+
+    # -- expert parallelism ---------------------------------------------------------------
+    def _tokens(self, x, item) -> Collective:
+        """An MoE layer's all-to-all over x's EP group, or its expert-TP all-gather or
+        reduce-scatter (mesh/experts.py)."""
+        tag, layer, kind, m, again, op = item
+        ex = self.mode.experts
+        te, j, d = ex.ranks(x)
+        p = x[PP]
+        phase = (
+            "recompute" if again else ("forward" if kind in ("dispatch", "combine") else "backward")
+        )
+        re = ":re" if again else ""
+        if tag == A2A:
+            sizes = ex.a2a_sizes(kind)
+            group = self.experts_group(x, "ep")
+            key = f"ep:p{p}d{d}e{te}:m{m}:{layer}:{kind}{re}"
+            return Collective(
+                "all_to_all", group, sum(sizes[j]), key, layer=layer, phase=phase, sizes=sizes
+            )
+        group = self.experts_group(x, "etp")
+        key = f"etp:p{p}d{d}j{j}:m{m}:{layer}:{kind}-{op}{re}"
+        return Collective(op, group, ex.etp_bytes[j], key, layer, phase)
 
     # -- context parallelism --------------------------------------------------------------
     def _tag(self, x, op, phase, m) -> str:
@@ -142,7 +202,7 @@ class MeshStreams:
         mode = self.mode
         g, group = self.layout.at[x], self.layout.group(x, ("cp",))
         ratio, tp = mode.token_ratio(), mode.mesh.tp
-        for item in self.template(x[PP]).items:
+        for item in self.template_of(x).items:
             if type(item) is tuple and item[0] == ATTN:
                 _, op, step, m = item
                 nbytes = kv_block_bytes(mode.trace, mode.attention[op.id], ratio, tp)
@@ -172,46 +232,83 @@ class MeshStreams:
         )
 
     # -- data parallelism -----------------------------------------------------------------
+    def _kinds(self, x, dense, name: str) -> list:
+        """[(kind, group, key name)] of x's weights: the dense ones over `dense` (a group
+        of the mesh) under `name`, the routed experts' over their replicas (mesh/
+        experts.py) under a name their members share (stage, EP and expert-TP ranks)."""
+        out = [("dense", dense, name)]
+        ex = self.mode.experts
+        if ex is not None:
+            te, j, _ = ex.ranks(x)
+            out.append(("expert", self.experts_group(x, "edp"), f"experts{j}.{te}p{x[PP]}"))
+        return out
+
     def gather(self, x):
         """FSDP: each entry's parameters, one entry ahead of the compute."""
         mode, shard = self.mode, self.mode.shard
         p, r, _, _, t = x
         g, group = self.layout.at[x], self.layout.group(x, SHARD_DIMS)
+        kinds = self._kinds(x, group, f"p{p}r{r}t{t}")
         prev = None
-        for key, (c, u), phase, gathers in self.template(p).entries:
+        for key, (c, u), phase, gathers in self.template_of(x).entries:
             if prev is not None:
                 yield Wait(f"{g}:fsdp-started:{prev}")
-            nbytes = shard.bytes.get((c, u), 0.0)
-            if gathers and nbytes > 0 and len(group) > 1:
-                yield Collective(
-                    "all_gather",
-                    group,
-                    nbytes,
-                    f"fsdp:p{p}r{r}t{t}:{key}",
-                    shard.names[u],
-                    phase,
-                    algorithm=mode.collective,
-                )
+            for kind, peers, name in kinds if gathers else ():
+                nbytes = shard.of(kind).get((c, u), 0.0)
+                if nbytes > 0 and len(peers) > 1:
+                    yield Collective(
+                        "all_gather",
+                        peers,
+                        nbytes,
+                        f"fsdp:{name}:{key}",
+                        shard.names[u],
+                        phase,
+                        algorithm=mode.collective,
+                    )
             prev = key
             yield Signal(f"{g}:fsdp-gathered:{key}")
 
     def reduce(self, x):
         mode = self.mode
         g = self.layout.at[x]
+        peers = self.layout.group(x, DP_DIMS)
+        if mode.options.overlap_param_gather:
+            yield from self._param_gathers(x, peers)
         if mode.shard is not None:
             yield from self._reduce_units(x)
         else:
-            yield from self._reduce_buckets(x)
+            yield from self._reduce_buckets(x, peers)
         yield Signal(f"{g}:reduced")
         if mode.params_after_step:
             p, t = x[PP], x[TP]
-            peers = self.layout.group(x, DP_DIMS)
             yield Wait(f"{g}:stepped")
-            nbytes = mode.weights.stage_bytes[p]
-            c = param_gather(peers, nbytes, f"params:p{p}t{t}", mode.collective)
-            if c is not None:
-                yield c
+            for kind, group, name in self._kinds(x, peers, f"p{p}t{t}"):
+                nbytes = mode.grad_bytes(p, kind)
+                c = param_gather(group, nbytes, f"params:{name}", mode.collective)
+                if c is not None:
+                    yield c
             yield Signal(f"{g}:params")
+
+    def _param_gathers(self, x, peers):
+        """overlap_param_gather: the last step's updated shards, gathered in the order the
+        forward pass reads them (the steady state of Megatron's overlap)."""
+        mode, g = self.mode, self.layout.at[x]
+        p, t = x[PP], x[TP]
+        kinds = self._kinds(x, peers, f"p{p}t{t}")
+        groups = {kind: (group, name) for kind, group, name in kinds}
+        for k, (_, nbytes, kind) in enumerate(mode.param_buckets[p]):
+            group, name = groups[kind]
+            if len(group) > 1 and nbytes > 0:
+                yield Collective(
+                    "all_gather",
+                    group,
+                    nbytes,
+                    f"params:{name}:{k}",
+                    "parameters",
+                    "forward",
+                    mode.collective,
+                )
+            yield Signal(f"{g}:pg{k}")
 
     def _reduce_units(self, x):
         mode, shard = self.mode, self.mode.shard
@@ -219,14 +316,18 @@ class MeshStreams:
         g = self.layout.at[x]
         group = self.layout.group(x, SHARD_DIMS)
         replicas = self.layout.group(x, ("dp_replicate",))
-        for cu in self.template(p).reduce_order:
+        kinds = self._kinds(x, group, f"p{p}r{r}t{t}")
+        for cu in self.template_of(x).reduce_order:
             yield Wait(f"{g}:fsdp-grads:{cu[0]}.{cu[1]}")
-            nbytes, unit = shard.bytes.get(cu, 0.0), shard.names[cu[1]]
-            if nbytes > 0 and len(group) > 1:
-                key = f"fsdp:p{p}r{r}t{t}:grads:{cu[0]}.{cu[1]}"
-                yield Collective(
-                    "reduce_scatter", group, nbytes, key, unit, "backward", mode.collective
-                )
+            unit = shard.names[cu[1]]
+            for kind, peers, name in kinds:
+                nbytes = shard.of(kind).get(cu, 0.0)
+                if nbytes > 0 and len(peers) > 1:
+                    key = f"fsdp:{name}:grads:{cu[0]}.{cu[1]}"
+                    yield Collective(
+                        "reduce_scatter", peers, nbytes, key, unit, "backward", mode.collective
+                    )
+            nbytes = shard.bytes.get(cu, 0.0)
             if nbytes > 0 and len(replicas) > 1:  # HSDP: the reduced shard over the replicas
                 key = f"hsdp:p{p}s{s}c{c}t{t}:{cu[0]}.{cu[1]}"
                 share = nbytes / len(group)
@@ -234,34 +335,37 @@ class MeshStreams:
                     "allreduce", replicas, share, key, unit, "backward", mode.collective
                 )
 
-    def _reduce_buckets(self, x):
+    def _reduce_buckets(self, x, peers):
         mode = self.mode
         p, t = x[PP], x[TP]
         g = self.layout.at[x]
-        peers = self.layout.group(x, DP_DIMS)
-        kind = mode.reduction
+        kinds = {kind: (group, name) for kind, group, name in self._kinds(x, peers, f"p{p}t{t}")}
+        op = mode.reduction
         if mode.options.dp_overlap:
-            for k, (_, size) in enumerate(mode.buckets.get(p, ())):
+            for k, (_, size, kind) in enumerate(mode.buckets.get(p, ())):
                 yield Wait(f"{g}:bucket{k}")
-                if len(peers) > 1:
+                group, name = kinds[kind]
+                if len(group) > 1:
                     yield Collective(
-                        kind,
-                        peers,
+                        op,
+                        group,
                         size,
-                        f"dp:p{p}t{t}:bucket{k}",
-                        layer=f"bucket{k}",
+                        f"dp:{name}:bucket{k}",
+                        layer=f"bucket{k}" if mode.experts is None else f"{kind} bucket{k}",
                         phase="backward",
                         algorithm=mode.collective,
                     )
-        else:
-            yield Wait(f"{g}:grads")
-            if len(peers) > 1:
+            return
+        yield Wait(f"{g}:grads")
+        for kind, (group, name) in kinds.items():
+            nbytes = mode.grad_bytes(p, kind)
+            if len(group) > 1 and (kind == "dense" or nbytes > 0):
                 yield Collective(
-                    kind,
-                    peers,
-                    mode.grad_bytes(p),
-                    f"dp:p{p}t{t}",
-                    layer="gradients",
+                    op,
+                    group,
+                    nbytes,
+                    f"dp:{name}",
+                    layer="gradients" if kind == "dense" else "expert gradients",
                     phase="backward",
                     algorithm=mode.collective,
                 )

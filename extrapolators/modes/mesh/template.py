@@ -21,7 +21,10 @@ for them.
 Items: ComputeRuns (the computes between two other items, the same tasks in the same
 order as one per operator) and tuples tagged COLL (collective template, key suffix,
 recomputed), RECV (source stage, key suffix, phase), SIGNAL / WAIT (name), ATTN (attention
-op, one step's Compute, micro-batch), ENTER (FSDP entry key), GRADS ((chunk, unit)).
+op, one step's Compute, micro-batch), ENTER (FSDP entry key), GRADS ((chunk, unit)), A2A
+and ETP (layer, all-to-all kind, micro-batch, recomputed, the expert-TP collective: an MoE
+layer's all-to-all or expert-TP gather / reduce-scatter, mesh/experts.py). With experts a
+stage has one template per EP rank where their loads differ (their experts' times).
 `entries`: FSDP's (key, (chunk, unit), phase, gathers) in the order the compute enters
 units: a unit is gathered where it is not resident (sharding.ShardPlan says when it
 reshards). `reduce_order`: the (chunk, unit) pairs in the order their gradients complete.
@@ -33,7 +36,7 @@ from dataclasses import dataclass, field
 
 from extrapolators.execution.tasks import ComputeRun
 
-COLL, RECV, SIGNAL, WAIT, ATTN, ENTER, GRADS = range(7)
+COLL, RECV, SIGNAL, WAIT, ATTN, ENTER, GRADS, A2A, ETP = range(9)
 
 
 @dataclass
@@ -43,8 +46,9 @@ class Template:
     reduce_order: list = field(default_factory=list)
 
 
-def stage_template(mode, p: int) -> Template:
-    """Stage p's template (module docstring). `mode` is the mesh mode after `check`."""
+def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
+    """Stage p's template (module docstring) for an EP rank (its experts' loads). `mode`
+    is the mesh mode after `check`."""
     o, mesh = mode.options, mode.mesh
     S, C = mesh.pp, mesh.pp * mode.v
     out, run = Template(), []
@@ -61,25 +65,48 @@ def stage_template(mode, p: int) -> Template:
     attention, shard = mode.attention, mode.shard
     p2p = o.cp_comm == "p2p"
 
+    ex = mode.experts
+    moe = ex is not None and (ex.ep > 1 or ex.etp > 1)
+
+    def tokens(layer, kind, m, again, first):
+        """An MoE layer's all-to-all (EP) and expert-TP collective (Megatron's dispatcher:
+        A2A then AG before the experts, RS then A2A after them)."""
+        steps = [(A2A, None)] if ex.ep > 1 else []
+        if ex.etp > 1:
+            gather = kind in ("dispatch", "combine-grad")
+            steps.insert(
+                len(steps) if first else 0, (ETP, "all_gather" if gather else "reduce_scatter")
+            )
+        for tag, op in steps:
+            other((tag, layer, kind, m, again, op))
+
     def op_tasks(op, m, again):
         phase = "recompute" if again else None
         re = ":re" if again else ""
         if comm:
             for c in tpx.before.get(op.id, ()):
                 other((COLL, c, f"m{m}/{c.key}{re}", again))
+        if moe:
+            for layer, kind in ex.before.get(op.id, ()):
+                tokens(layer, kind, m, again, True)
         if op.id in attention:  # a step of it (ring) or all of it (Ulysses), on its shard
             scale = 1 / mesh.cp if p2p else 1.0
-            other((ATTN, op, mode.op_time(op, split, whole, m, phase, scale), m))
+            other((ATTN, op, mode.op_time(op, split, whole, m, phase, scale, ep_rank), m))
         else:
-            run.append(mode.op_time(op, split, whole, m, phase))
+            run.append(mode.op_time(op, split, whole, m, phase, 1.0, ep_rank))
         if comm:
             for c in tpx.after.get(op.id, ()):
                 other((COLL, c, f"m{m}/{c.key}{re}", again))
 
+    def after_tasks(op, m, again):
+        for layer, kind in ex.after.get(op.id, ()):
+            tokens(layer, kind, m, again, False)
+
     order = mode.orders[p]
     last_b = {j: k for k, (kind, _, j) in enumerate(order) if kind == "B"}
     buckets_at: dict = {}
-    for k, (pos, _) in enumerate(mode.buckets.get(p, ())):
+    param_at = mode.gather_before[p]
+    for k, (pos, _, _) in enumerate(mode.buckets.get(p, ())):
         buckets_at.setdefault(pos, []).append(k)
     fired: set = set()
     resident: set = set()
@@ -90,10 +117,12 @@ def stage_template(mode, p: int) -> Template:
             if c > 0:
                 other((RECV, (c - 1) % S, f"act{c - 1}.{m}", "forward"))
             walk = [(op, False) for op in mode.pipe.fwd_ops[c]]
+            params = m == 0
         else:
             if c < C - 1:
                 other((RECV, (c + 1) % S, f"grad{c + 1}.{m}", "backward"))
             walk = mode.walk(c, m)
+            params = False
         final = kind == "B" and last_b[j] == step
         here: set = set()
         for op, again in walk:
@@ -109,6 +138,9 @@ def stage_template(mode, p: int) -> Template:
                     if phase == "forward" and (c, u) not in entered:
                         entered.append((c, u))
                     other((ENTER, key))
+            if params and not again:  # overlap_param_gather: the bucket's updated shards
+                for k in param_at.get(op.id, ()):
+                    other((WAIT, f"pg{k}"))
             op_tasks(op, m, again)
             if final and not again:
                 for k in buckets_at.get(mode.position[op.id], ()):
@@ -117,6 +149,8 @@ def stage_template(mode, p: int) -> Template:
                 for cu in mode.units_done.get((c, op.id), ()):
                     out.reduce_order.append(cu)
                     other((GRADS, cu))
+            if moe:
+                after_tasks(op, m, again)
         if shard is not None:  # what this step leaves gathered
             if kind == "F":
                 resident -= {(c, u) for ph, u in here if ph == "forward" and shard.reshards(u)}

@@ -2,16 +2,28 @@
 each model chunk, the bytes a GPU holds of each (a TP-split weight 1/tp), per stage, and the
 stage's DDP gradient buckets in the order its schedule completes them.
 
-`StageWeights(trace, chunk_fwd, chunk_bwd, orders, pp, split, tp)`: `chunk_weights[c]` (the
-weights chunk c's forward operators read first), `wbytes[w]`, `stage_bytes[p]`, and
-`buckets(p, first, cap)`: [(trace position after which the bucket is complete, bytes)]:
-chunks by their last backward step in stage p's schedule, and within a chunk as PyTorch DDP
-fills them (by the backward operator that finishes each gradient, the later weight first on
-a tie), the first bucket capped at `first` bytes, the others at `cap`; a gradient that no
-backward operator of the chunk finishes is ready at the chunk's last backward operator.
+`StageWeights(trace, chunk_fwd, chunk_bwd, orders, pp, split, tp, experts, expert_parts)`:
+`chunk_weights[c]` (the weights chunk c's forward operators read first), `wbytes[w]` (a
+TP-split weight 1/tp, a routed expert's 1/expert_parts: 1/(ep x etp)), `stage_bytes[p]`,
+split as `dense_bytes[p]` and `expert_bytes[p]` (reduced over different groups), and
+`buckets(p, first, cap)`: [(trace position after which the bucket is complete, bytes,
+kind)]: chunks by their last backward step in stage p's schedule, and within a chunk as
+PyTorch DDP fills them (by the backward operator that finishes each gradient, the later
+weight first on a tie), the first bucket capped at `first` bytes, the others at `cap`; a
+gradient that no backward operator of the chunk finishes is ready at the chunk's last
+backward operator. Dense and expert gradients fill buckets of their own (kind "dense",
+"expert"), merged in the order they are ready.
+
+`param_buckets(trace, experts, cap, wbytes, only)`: the distributed optimizer's parameter
+all-gathers overlapped with the forward pass (Megatron's --overlap-param-gather):
+[(position of the first forward operator reading the bucket's first weight, bytes, kind)]
+in the order the forward pass needs them, each kind's weights in buckets of their own cut
+at `cap` bytes.
 """
 
 from __future__ import annotations
+
+import heapq
 
 from extrapolators.modes.base import gradient_ready
 
@@ -19,8 +31,20 @@ from extrapolators.modes.base import gradient_ready
 class StageWeights:
     """The held weights and gradient buckets of a pipeline cut (module docstring)."""
 
-    def __init__(self, trace, chunk_fwd, chunk_bwd, orders, pp: int, split: set, tp: int):
+    def __init__(
+        self,
+        trace,
+        chunk_fwd,
+        chunk_bwd,
+        orders,
+        pp: int,
+        split: set,
+        tp: int,
+        experts=(),
+        expert_parts: int = 1,
+    ):
         self.trace, self.chunk_bwd, self.orders, self.pp = trace, chunk_bwd, orders, pp
+        self.experts = frozenset(experts)
         self.chunk_weights: list[list[int]] = [[] for _ in chunk_fwd]
         seen: set = set()
         for c, ops in enumerate(chunk_fwd):
@@ -29,32 +53,79 @@ class StageWeights:
                     if trace.tensors[t].category == "weight" and t not in seen:
                         seen.add(t)
                         self.chunk_weights[c].append(t)
-        self.wbytes = {t: trace.tensors[t].nbytes / (tp if t in split else 1) for t in seen}
+        ex = self.experts
+        self.wbytes = {
+            t: trace.tensors[t].nbytes / (expert_parts if t in ex else tp if t in split else 1)
+            for t in seen
+        }
         chunks = len(chunk_fwd)
-        self.stage_bytes = [
-            sum(self.wbytes[t] for c in range(p, chunks, pp) for t in self.chunk_weights[c])
-            for p in range(pp)
-        ]
+
+        def held(p, kinds):
+            return sum(
+                self.wbytes[t]
+                for c in range(p, chunks, pp)
+                for t in self.chunk_weights[c]
+                if (t in ex) in kinds
+            )
+
+        self.stage_bytes = [held(p, (False, True)) for p in range(pp)]
+        self.dense_bytes = [held(p, (False,)) for p in range(pp)] if ex else self.stage_bytes
+        self.expert_bytes = [held(p, (True,)) for p in range(pp)] if ex else [0.0] * pp
 
     def stage_chunks(self, p: int) -> range:
         return range(p, len(self.chunk_weights), self.pp)
 
-    def buckets(self, p: int, first: float, cap: float) -> list[tuple[int, float]]:
+    def buckets(self, p: int, first: float, cap: float) -> list[tuple[int, float, str]]:
+        made = self._buckets(p, first, cap, "dense")
+        if self.experts:  # each kind's in its own order, merged by when they are ready
+            expert = self._buckets(p, first, cap, "expert")
+            made = list(heapq.merge(made, expert, key=lambda b: b[0]))
+        return [(pos, size, kind) for (_, pos), size, kind in made]
+
+    def _buckets(self, p: int, first: float, cap: float, kind: str) -> list:
         ready = gradient_ready(self.trace)
         order = self.orders[p]
-        last_b = {j: k for k, (kind, _, j) in enumerate(order) if kind == "B"}
+        last_b = {j: k for k, (kind_, _, j) in enumerate(order) if kind_ == "B"}
         pos = {op.id: i for i, op in enumerate(self.trace.operators)}
-        out, size, last = [], 0.0, -1
+        out, size, last, at = [], 0.0, -1, 0
+        expert = kind == "expert"
         for j in sorted(last_b, key=last_b.get):
             c = j * self.pp + p
             mine = {pos[op.id] for op in self.chunk_bwd[c]}
             end = max(mine, default=-1)
-            for w in sorted(self.chunk_weights[c], key=lambda w: (ready[w], -w)):
+            weights = [w for w in self.chunk_weights[c] if (w in self.experts) == expert]
+            for w in sorted(weights, key=lambda w: (ready[w], -w)):
                 size += self.wbytes[w]
-                last = ready[w] if ready[w] in mine else end
+                last, at = (ready[w] if ready[w] in mine else end), last_b[j]
                 if size >= (first if not out else cap):
-                    out.append((last, size))
+                    out.append(((at, last), size, kind))
                     size, last = 0.0, -1
         if size:
-            out.append((last, size))
+            out.append(((at, last), size, kind))
         return out
+
+
+def param_buckets(trace, experts, cap: float, wbytes: dict, only=None) -> list:
+    """The parameter all-gathers of --overlap-param-gather (module docstring)."""
+    first: dict = {}
+    for pos, op in enumerate(trace.operators):
+        if op.phase == "forward":
+            for t in op.inputs:
+                first.setdefault(t, pos)
+    end, out = len(trace.operators), []
+    for kind in ("dense", "expert"):
+        mine = [w for w in wbytes if (w in experts) == (kind == "expert")]
+        if only is not None:  # one pipeline stage's weights
+            mine = [w for w in mine if w in only]
+        mine.sort(key=lambda w: (first.get(w, end), w))
+        size, need = 0.0, None
+        for w in mine:
+            if need is None:
+                need = first.get(w, end)
+            size += wbytes[w]
+            if size >= cap:
+                out.append((need, size, kind))
+                size, need = 0.0, None
+        if size > 0:
+            out.append((need, size, kind))
+    return sorted(out, key=lambda b: b[0])

@@ -1,5 +1,5 @@
-"""Tensor parallelism of the dense layers inside expert parallelism (mode `ep` with
-`tp` > 1), as Megatron-Core runs an MoE model: attention, shared experts, embedding and
+"""Tensor parallelism of the dense layers of a mixture-of-experts model on the mesh (experts
+on the mesh with `tp` > 1), as Megatron-Core runs an MoE model: attention, shared experts, embedding and
 head split by Megatron's rules (tensor_parallel.py: column/row pairs, vocabulary-parallel
 embedding and loss, head-count checks), sequence parallel (Megatron-Core refuses MoE with
 TP > 1 without it: "When using MoE and tensor parallelism, sequence parallelism must be
@@ -10,7 +10,8 @@ used"), and the MoE layers left out of the plan:
   the GPU's 1/tp of the sequence; its weight's gradient, like a LayerNorm's, is all-reduced
   over the TP group at the end of the backward pass (Megatron sets `sequence_parallel` on
   the router weight);
-- the routed experts are mode `ep`'s (their tokens, all-to-alls and expert-TP group):
+- the routed experts are the expert plan's (experts.py: their tokens, all-to-alls and
+  expert-TP group):
   no TP role, no TP collective, their weights not among the TP-split ones.
 
 `moe_block_ops(trace, moe)` names the MoE layers' operators (every operator whose layer is

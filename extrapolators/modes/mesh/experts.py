@@ -1,0 +1,309 @@
+"""Expert parallelism on the mesh (`ep`, `etp` > 1 with a mixture-of-experts trace): the
+expert mesh folded out of each stage's GPUs, the experts' loads and bytes, and their
+operators' times, as Megatron-Core's all-to-all token dispatcher runs them.
+
+The fold (Megatron-Core, parallel_state.py: two rank generators over the same GPUs, the
+dense "tp-cp-ep-dp-pp" and the expert one, etp fastest): a stage's s GPUs numbered in the
+dense order (dims.Mesh.local: tp, cp, dp_shard, dp_replicate), local index i has expert-TP
+rank i % etp, EP rank (i // etp) % ep, expert-DP rank i // (etp x ep); an EP group is the
+ep GPUs sharing the other two, an expert-TP group etp consecutive indices, an expert's
+replicas (expert-DP group) the s / (ep x etp) GPUs sharing the expert-TP and EP ranks. So
+EP is carved out of the data-parallel (and, with etp < tp, tensor- and context-parallel)
+GPUs: no new axis, no new GPUs. ep x etp divides s; ep divides the experts; etp each
+expert's FFN width; with tp > 1 sequence parallelism is required (Megatron-Core: "When
+using MoE and tensor parallelism, sequence parallelism must be used").
+
+Per MoE layer and GPU (dispatcher: permute -> A2A(EP) -> AG(ETP); RS(ETP) -> A2A(EP) ->
+unpermute), on the compute stream: forward, the dispatch all-to-all before the layer's
+routed experts and with etp > 1 an all-gather of what the expert-TP group received; after
+them, with etp > 1 a reduce-scatter, then the combine all-to-all; backward, the combine's
+gradient (all-gathered with etp > 1) before the experts' backward operators and the
+dispatch's gradient (reduce-scattered first) after them.
+
+Bytes, per GPU and MoE layer, uniform loads, dropless: a GPU holds S / (cp x tp) of a
+micro-batch's S tokens (CP ranks their share, TP ranks theirs under sequence parallelism)
+and routes each to k experts: its all-to-all buffer is that x k x hidden x the dispatched
+dtype, (ep - 1) / ep of it leaving. EP rank i sends rank j 1/ep of the tokens j's experts
+keep (moe_loads.dispatch_sizes), so uneven loads (`load: skew` or given) give uneven all-
+to-alls. The expert-TP all-gather's buffer is etp x the tokens the GPU received.
+
+An expert operator's time is the performance model's on a view of the trace holding one
+GPU's experts (their weights, casts and gradients at 1/(ep x etp) of the bytes) at the
+batch giving the tokens EP rank j's experts keep (their scale: those tokens over the E x
+capacity slots the traced grouped GEMMs processed at this batch; 1 with uniform loads and
+dropless routing); with etp > 1 its hidden-wide token tensors hold the expert-TP group's
+tokens (etp x the GPU's own). With the replay model (`perfmodel.kind: trace`) the traced
+time is scaled by the tokens' share instead (1/(ep x etp) for an operator that touches no
+token).
+
+What the trace must say (metadata `moe`, docs/trace-format.md): the experts' module
+(`expert_module`: operators whose layer ends with it, weights named under it), the number
+of experts, top-k, hidden size, the traced tokens and capacity, the dispatched dtype, the
+router's capacity factor, `expert_ffn` for etp > 1.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass
+
+from extrapolators.modes import moe_loads
+from extrapolators.modes.mesh.dims import Mesh
+from perfmodel.base import Target, batch_ratio, scales_with_batch
+from perfmodel.replay import TraceTime
+from triosim.common.errors import ConfigError
+from triosim.trace.model import DTYPE_BYTES, Trace
+
+MOE_FIELDS = ("expert_module", "num_experts", "top_k", "hidden", "tokens", "capacity")
+A2A_BEFORE = {"forward": "dispatch", "backward": "combine-grad"}
+A2A_AFTER = {"forward": "combine", "backward": "dispatch-grad"}
+
+
+def moe_metadata(trace, field: str, value) -> dict:
+    """The trace's `moe` metadata, checked; where it has none, a ConfigError naming `field`
+    (what asked for experts) = `value`."""
+    moe = trace.metadata.get("moe")
+    if not isinstance(moe, dict):
+        raise ConfigError(
+            field,
+            value,
+            "a trace with mixture-of-experts layers (metadata 'moe': `triosim trace "
+            "mixtral-8x7b` or `deepseek-v3` writes it)",
+        )
+    missing = [k for k in MOE_FIELDS if k not in moe]
+    if missing:
+        raise ConfigError("trace", "metadata moe", f"the fields {', '.join(missing)}")
+    experts = int(moe["num_experts"])
+    if not 1 <= int(moe["top_k"]) <= experts:
+        raise ConfigError("trace", "metadata moe.top_k", f"1 to the {experts} experts")
+    return moe
+
+
+@dataclass(frozen=True)
+class ExpertMesh:
+    """The expert mesh folded out of `mesh` (module docstring): groups as mesh coordinate
+    tuples, in rank order."""
+
+    mesh: Mesh
+    ep: int
+    etp: int = 1
+
+    @property
+    def edp(self) -> int:
+        """Each expert's replicas per stage."""
+        return self.mesh.stage_size // (self.ep * self.etp)
+
+    def ranks(self, x) -> tuple[int, int, int]:
+        """(expert-TP rank, EP rank, expert-DP rank) of mesh coordinates x."""
+        i = self.mesh.local(x)
+        return i % self.etp, (i // self.etp) % self.ep, i // (self.etp * self.ep)
+
+    def _members(self, x, which: int) -> tuple:
+        ranks = list(self.ranks(x))
+        out = []
+        for v in range((self.etp, self.ep, self.edp)[which]):
+            ranks[which] = v
+            i = ranks[0] + self.etp * (ranks[1] + self.ep * ranks[2])
+            out.append(self.mesh.from_local(x[0], i))
+        return tuple(out)
+
+    def ep_group(self, x) -> tuple:
+        """x's EP group: the ep GPUs sharing its expert-TP and expert-DP ranks."""
+        return self._members(x, 1)
+
+    def etp_group(self, x) -> tuple:
+        """x's expert-TP group: etp consecutive local indices."""
+        return self._members(x, 0)
+
+    def edp_group(self, x) -> tuple:
+        """x's experts' replicas: the GPUs sharing its expert-TP and EP ranks."""
+        return self._members(x, 2)
+
+
+class ExpertPlan:
+    """The experts of a mesh mode after its degrees are resolved (module docstring).
+
+    `ep`, `etp`, `edp`; `expert_ops`, `expert_weights`; `before[op id]` / `after[op id]`:
+    the all-to-all kinds around an MoE layer's first and last expert operator of a phase;
+    `sizes` (GPU i of an EP group sends j `sizes[i][j]` bytes in the dispatch) and `back`
+    (the combine's); `etp_bytes[j]`; `uniform` (every EP rank alike); `time(op, j)`."""
+
+    def __init__(self, mode, mesh, options, tokens_batch: float | None):
+        trace = mode.trace
+        self.mode, self.mesh, self.trace = mode, mesh, trace
+        o = options
+        if mode.experts_always:
+            asked = ("parallelism.mode", mode.name)
+        else:
+            asked = ("parallelism.ep", o.ep) if o.ep != 1 else ("parallelism.etp", o.etp)
+        moe = self.moe = moe_metadata(trace, *asked)
+        experts = int(moe["num_experts"])
+        s = mesh.stage_size
+        n = mesh.size
+        where = f"num_gpus ({s})" if mesh.pp == 1 else f"num_gpus / pp ({n} / {mesh.pp} = {s})"
+        if s % o.etp:
+            raise ConfigError(
+                "parallelism.etp", o.etp, f"an expert-tensor-parallel degree dividing {where}"
+            )
+        ep = o.ep or s // o.etp
+        if s % (ep * o.etp):
+            raise ConfigError(
+                "parallelism.ep",
+                ep,
+                f"ep x etp ({ep} x {o.etp}) dividing {where} (Megatron-Core: the world size "
+                f"divisible by expert-TP x EP{' x PP' if mesh.pp > 1 else ''})",
+            )
+        if experts % ep:
+            raise ConfigError(
+                "parallelism.ep", ep, f"a divisor of {where} and of the {experts} experts"
+            )
+        ffn = moe.get("expert_ffn")
+        if o.etp > 1 and ffn is not None and int(ffn) % o.etp:
+            raise ConfigError(
+                "parallelism.etp",
+                o.etp,
+                f"an expert-tensor-parallel degree dividing each expert's FFN width "
+                f"({int(ffn)}): each GPU takes an equal shard of every expert",
+            )
+        if mesh.tp > 1 and not o.sequence_parallel:
+            raise ConfigError(
+                "parallelism.sequence_parallel",
+                False,
+                f"true with tp {mesh.tp} and expert parallelism (Megatron-Core: 'When using "
+                f"MoE and tensor parallelism, sequence parallelism must be used')",
+            )
+        self.fold = ExpertMesh(mesh, ep, o.etp)
+        self.ep, self.etp, self.edp = ep, o.etp, self.fold.edp
+        self.ranks = self.fold.ranks
+        self.ep_group, self.etp_group = self.fold.ep_group, self.fold.etp_group
+        self.edp_group = self.fold.edp_group
+        self.tokens_batch = tokens_batch
+        self._split()
+        self._loads(o)
+
+    # -- the trace ------------------------------------------------------------------------
+    def _split(self):
+        """Which operators and weights are the routed experts', and where each MoE layer's
+        forward and backward expert operators begin and end."""
+        mark = "." + self.moe["expert_module"] + "."
+
+        def expert(name):
+            return name is not None and mark in "." + name + "."
+
+        trace = self.trace
+        self.expert_ops = {o.id for o in trace.operators if expert(o.layer)}
+        if not self.expert_ops:
+            raise ConfigError(
+                "trace",
+                "metadata moe.expert_module",
+                f"a module some operators' layer ends with ({self.moe['expert_module']!r})",
+            )
+        self.expert_weights = {t.id for t in trace.weights() if expert(t.name)}
+        self.before: dict = {}  # op id -> [(layer, all-to-all kind)]
+        self.after: dict = {}
+        for phase in ("forward", "backward"):
+            span: dict = {}
+            for o in trace.operators:
+                if o.phase == phase and o.id in self.expert_ops:
+                    span.setdefault(o.layer, [o.id, o.id])[1] = o.id
+            for layer, (a, b) in span.items():
+                self.before.setdefault(a, []).append((layer, A2A_BEFORE[phase]))
+                self.after.setdefault(b, []).append((layer, A2A_AFTER[phase]))
+
+    def _loads(self, o):
+        moe, trace = self.moe, self.trace
+        experts, top_k = int(moe["num_experts"]), int(moe["top_k"])
+        ratio = batch_ratio(trace, Target(batch_size=self.tokens_batch))
+        cf = o.capacity_factor if o.capacity_factor is not None else moe.get("capacity_factor")
+        self.shares = moe_loads.expert_shares(
+            experts, top_k, o.load, o.skew, o.seed, o.expert_loads
+        )
+        tokens = float(moe["tokens"]) * ratio  # a GPU's (its share of the sequence)
+        kept = moe_loads.kept_tokens(self.shares, tokens, top_k, self.ep, cf)
+        traced = experts * float(moe["capacity"]) * ratio  # the trace's slots at this batch
+        self.kept = kept
+        self.gpu_tokens = moe_loads.per_gpu(kept, self.ep)
+        self.scale = [x / traced for x in self.gpu_tokens]
+        self.uniform = len(set(self.scale)) == 1
+        token_bytes = float(moe["hidden"]) * DTYPE_BYTES[moe.get("dispatch_dtype", "bfloat16")]
+        self.sizes = moe_loads.dispatch_sizes(kept, self.ep, token_bytes)
+        self.back = moe_loads.transpose(self.sizes)
+        # expert TP: what each EP rank's GPUs all-gather after the dispatch (and reduce-
+        # scatter before the combine): the tokens all etp ranks received, etp x its own
+        self.etp_bytes = [self.etp * sum(col) for col in zip(*self.sizes, strict=True)]
+        self._times: dict = {}
+
+    def a2a_sizes(self, kind: str):
+        """The all-to-all's bytes matrix: the dispatch's and the combine's gradient go the
+        dispatch's way, the others back."""
+        return self.sizes if kind in ("dispatch", "combine-grad") else self.back
+
+    # -- timing ---------------------------------------------------------------------------
+    def time(self, op, j: int) -> float:
+        """Seconds expert operator `op` takes on EP rank j (module docstring)."""
+        key = (j, op.id)
+        t = self._times.get(key)
+        if t is not None:
+            return t
+        mode = self.mode
+        tokens = scales_with_batch(self.trace, op)
+        if isinstance(mode.model, TraceTime):
+            t = mode.model.time(op, mode.target(self.tokens_batch))
+            t *= self.scale[j] if tokens else 1.0 / (self.ep * self.etp)
+        else:
+            batch = self.tokens_batch or self.trace.batch_size
+            batch = batch * self.scale[j] if tokens else batch
+            t = self._sharded_model().time(op, mode.target(batch))
+        self._times[key] = t
+        return t
+
+    def _etp_gathered(self, t) -> bool:
+        """With etp > 1, whether token tensor `t` of an expert operator holds the tokens of
+        the whole expert-TP group: those at the model's hidden width (gathered before the
+        experts, the row layer's output before its reduce-scatter), etp x the GPU's own;
+        the FFN-wide ones hold the group's tokens at 1/etp of the width. Not told apart
+        where the widths are equal."""
+        h, f = self.moe.get("hidden"), self.moe.get("expert_ffn")
+        return self.etp > 1 and h != f and bool(t.shape) and t.shape[-1] == h
+
+    def _sharded_model(self):
+        """The performance model on a view of the trace where each tensor the experts'
+        operators touch that does not scale with the batch has 1/(ep x etp) of its bytes,
+        and with etp > 1 each hidden-wide token tensor etp x its bytes."""
+        m = self.__dict__.get("_sharded")
+        if m is None:
+            tensors = dict(self.trace.tensors)
+            for o in self.trace.operators:
+                if o.id in self.expert_ops:
+                    for tid in o.inputs + o.outputs:
+                        t = self.trace.tensors[tid]
+                        if not t.scales_with_batch:  # one GPU's shard of the experts
+                            n = t.nbytes / (self.ep * self.etp)
+                            tensors[tid] = dataclasses.replace(t, nbytes=n)
+                        elif self._etp_gathered(t):
+                            tensors[tid] = dataclasses.replace(t, nbytes=t.nbytes * self.etp)
+            m = self._sharded = copy.copy(self.mode.model)
+            m.trace = Trace(self.trace.operators, tensors, self.trace.metadata)
+            if getattr(m, "identity", False):  # the view is not the traced run: its
+                m.identity = False  # operators touch 1/ep of the weights, so no replay
+        return m
+
+    def whole_layers(self, fwd, starts: list) -> list:
+        """Pipeline stage starts (forward positions) with a cut inside an MoE layer's routed
+        experts moved to just after them: a layer's dispatch and combine run on one stage
+        (Megatron-Core cuts between transformer layers)."""
+        span: dict = {}
+        for k, op in enumerate(fwd):
+            if op.id in self.expert_ops:
+                span.setdefault(op.layer, [k, k])[1] = k
+        moved = [next((b + 1 for a, b in span.values() if a < s <= b), s) for s in starts]
+        if any(b <= a for a, b in zip(moved, moved[1:], strict=False)) or moved[-1] >= len(fwd):
+            raise ConfigError(
+                "parallelism.pp",
+                self.mesh.pp,
+                f"at most as many stages as the model has cuts outside its MoE layers' "
+                f"experts (stage starts {starts} would become {moved} of {len(fwd)} "
+                f"forward operators)",
+            )
+        return moved
