@@ -57,11 +57,12 @@ def test_candidates_cover_every_family():
     mesh = {"mode": "mesh", "pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2}
     mesh.update(microbatches=4, sequence_parallel=True, schedule="1f1b", virtual_stages=1)
     assert big["fsdp 2 x tp 2 x pp 2 (1f1b, 4 mb)"] == {**mesh, "recompute": "none"}
-    # every mesh candidate is a valid factorisation: its degrees multiply to the GPUs
+    # every mesh candidate is a valid factorisation: its degrees multiply to the GPUs; it
+    # shards (FSDP) or folds experts out of them
     for label, par in candidates(8, 16):
         if par["mode"] == "mesh":
             degrees = [par[k] for k in ("pp", "dp_replicate", "dp_shard", "cp", "tp")]
-            assert math.prod(degrees) == 8 and par["dp_shard"] > 1, label
+            assert math.prod(degrees) == 8 and (par["dp_shard"] > 1 or "ep" in par), label
 
 
 def test_the_search_finds_context_parallelism_where_nothing_else_splits_the_batch(tmp_path):
@@ -216,6 +217,28 @@ def test_search_tries_context_parallelism_inside_3d(tmp_path):
         alone = Simulation({**cfg, "parallelism": par}).run().iteration_time
         got = ranked.set_index("plan").loc[label, "iteration_time_ms"]
         assert got == pytest.approx(alone * 1e3, rel=1e-12)
+
+
+def test_search_tries_expert_parallelism_where_only_the_mesh_writes_it():
+    """FSDP x EP x PP and CP x EP (refused before the mesh) are candidates where the batch
+    splits, and each evaluates on the Mixtral trace as its own run."""
+    from triosim.studies.search import candidates
+
+    plans = dict(candidates(8, 16))
+    assert plans["fsdp 4 x ep 2 x pp 2 (1f1b, 4 mb)"] == {
+        "mode": "mesh",
+        "pp": 2,
+        "dp_replicate": 1,
+        "dp_shard": 4,
+        "cp": 1,
+        "tp": 1,
+        "ep": 2,
+        "microbatches": 4,
+    }
+    assert plans["dp 4 x cp 2 x ep 4 (ring)"]["cp"] == 2
+    assert "fsdp 2 x ep 2 x pp 4 (1f1b, 8 mb)" not in dict(candidates(8, 8))  # 8 % (2 x 8)
+    _mixtral_candidate_runs_as_itself(4, 8, "fsdp 2 x ep 2 x pp 2 (1f1b, 4 mb)")
+    _mixtral_candidate_runs_as_itself(4, 4, "dp 2 x cp 2 x ep 2 (ring)")
 
 
 def _mixtral_candidate_runs_as_itself(n: int, batch: int, label: str) -> None:

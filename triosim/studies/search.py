@@ -16,7 +16,8 @@ parallel); tensor x context parallelism (tp x cp, both above 1,
 both ways, with sequence parallelism and the distributed optimizer; the rest
 data-parallel), and 3D grids with a CP degree (cp and pp above 1, 1F1B, ring attention; with and without
 Megatron's distributed optimizer), and on the device mesh FSDP2 composed with the rest as
-torchtitan runs it (FSDP x TP, x PP, x CP, HSDP; each without and with full recomputation).
+torchtitan runs it (FSDP x TP, x PP, x CP, HSDP; each without and with full recomputation)
+and expert parallelism where only the mesh writes it (FSDP x EP x PP, CP x EP).
 A candidate whose plan the trace does not allow (a TP degree that does not
 divide a layer, a batch that does not split) is skipped with its reason; one whose weights,
 gradients and optimizer states alone exceed the GPU's memory is dropped before simulating;
@@ -168,6 +169,30 @@ def _mesh_candidates(n: int, batch: int) -> list[tuple[str, dict]]:
                 label += f" ({', '.join(how)})" if how else ""
                 plan = {**par, "schedule": sched, "virtual_stages": v, "recompute": recompute}
                 out.append((label, plan))
+    return out + _mesh_expert_candidates(n, batch)
+
+
+def _mesh_expert_candidates(n: int, batch: int) -> list[tuple[str, dict]]:
+    """Expert parallelism in the layouts only the mesh writes (an MoE trace; a dense one
+    refuses them): FSDP x EP x PP (the experts sharded over their replicas in each stage,
+    1F1B over 2 x pp micro-batches) and CP x EP (ring attention, EP folded out of the CP and
+    data-parallel GPUs)."""
+    out = []
+    for pp in _divisors(n)[1:]:
+        s, m = n // pp, 2 * pp
+        for e in _divisors(s)[1:]:
+            if s > 1 and batch % (s * m) == 0:
+                par = {"mode": "mesh", "pp": pp, "dp_replicate": 1, "dp_shard": s, "cp": 1}
+                par.update(tp=1, ep=e, microbatches=m)
+                out.append((f"fsdp {s} x ep {e} x pp {pp} (1f1b, {m} mb)", par))
+    for c in _divisors(n)[1:]:
+        rep = n // c
+        for e in _divisors(n)[1:]:
+            if batch % rep == 0:
+                label = f"cp {c} x ep {e}" if rep == 1 else f"dp {rep} x cp {c} x ep {e}"
+                par = {"mode": "mesh", "pp": 1, "dp_replicate": rep, "dp_shard": 1, "cp": c}
+                par.update(tp=1, ep=e)
+                out.append((f"{label} (ring)", par))
     return out
 
 

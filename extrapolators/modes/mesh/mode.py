@@ -36,12 +36,13 @@ from extrapolators.modes.base import Extrapolator
 from extrapolators.modes.blocks import layer_units, with_recompute
 from extrapolators.modes.cp_plan import plan_attention
 from extrapolators.modes.dist_optimizer import grad_reduction
-from extrapolators.modes.mesh.dims import DIMS, REP, SHARD, TP, Layout, parse_order, resolve
+from extrapolators.modes.mesh.dims import DIMS, Layout, parse_order, resolve
 from extrapolators.modes.mesh.experts import ExpertPlan
 from extrapolators.modes.mesh.moe_tp import DenseTensorParallel, moe_block_ops
 from extrapolators.modes.mesh.options import MeshOptions
 from extrapolators.modes.mesh.sharding import ShardPlan
 from extrapolators.modes.mesh.streams import MeshStreams
+from extrapolators.modes.mesh.symmetry import mesh_symmetry
 from extrapolators.modes.mesh.weights import StageWeights, param_buckets
 from extrapolators.modes.pipeline import PipelineOptions, StageCut
 from extrapolators.modes.schedules import schedule
@@ -381,51 +382,8 @@ class MeshMode(Extrapolator):
         return self.builder.experts_group(self.layout.coord[gpu], which)
 
     def symmetry(self) -> Symmetry:
-        """Copies along one axis of a stage's GPUs (numbered in the dense order, dims.Mesh.
-        local): the outer data-parallel dimension (dp_replicate, else dp_shard; without
-        either, TP: its ranks run the same streams); with experts on the mesh, each
-        expert's replicas (the expert-DP rank: an EP group lies in a copy), or the EP rank
-        where it gives more copies, every rank's experts keep the same tokens and no TP or
-        CP group spans EP ranks (an EP group is then one class). Copy 0's GPUs (every
-        stage of it) represent the others, mapped by moving the axis; groups inside a copy
-        map to the same group of the others, and a group across the copies (one GPU per
-        copy and position: data-parallel, EP) is a union of classes."""
-        mesh, at = self.mesh, self.layout.at
-        stride, copies = self._copy_axis()
-        if copies < 2:  # every GPU its own class: the runtime says so and runs them all
-            return Symmetry.of_replicas([list(at.values())])
-        first = sorted(x for x in at if mesh.local(x) // stride % copies == 0)
-
-        def moved(x, k):
-            return mesh.from_local(x[0], mesh.local(x) + k * stride)
-
-        replicas = [[at[moved(x, k)] for x in first] for k in range(copies)]
-        coord, layout = self.layout.coord, self.layout
-
-        def image_group(group, k):
-            images = tuple(at[moved(coord[g], k)] for g in group)
-            # a group in ring order (the mesh's) maps to its image in ring order; one in
-            # rank order (EP, expert-TP, an expert's replicas) member by member
-            ring = layout.ring_order(group)
-            return layout.ring_order(images) if tuple(group) == ring else images
-
-        sym = Symmetry.of_replicas(replicas, image_group)
-        # every copy's streams come from the same stage templates mapped by coordinates:
-        # the stream check compares the first, a middle and the last copy
-        sym.sample = 2
-        return sym
-
-    def _copy_axis(self) -> tuple[int, int]:
-        """(stride in a stage's local index, copies) of the symmetry's axis."""
-        mesh, ex = self.mesh, self.experts
-        if ex is not None:  # the axis with more copies (fewer representatives)
-            axes = [(ex.ep * ex.etp, ex.edp)]
-            if ex.ep > 1 and ex.uniform and mesh.tp == 1 and mesh.cp == 1:
-                axes.append((ex.etp, ex.ep))
-            return max(axes, key=lambda a: a[1])
-        strides = {REP: mesh.tp * mesh.cp * mesh.dp_shard, SHARD: mesh.tp * mesh.cp, TP: 1}
-        k = next((k for k in (REP, SHARD, TP) if mesh.shape[k] > 1), None)
-        return (1, 1) if k is None else (strides[k], mesh.shape[k])
+        """Copies of the mesh that stand for each other (mesh/symmetry.py)."""
+        return mesh_symmetry(self)
 
     # -- what the memory model needs ------------------------------------------------------
     def op_batch(self):
