@@ -207,7 +207,7 @@ def row(run: dict) -> dict:
     g0 = tl[tl["gpu"] == 0]
     a2a = g0[(g0["kind"] == "comm") & (g0["name"] == "all_to_all")]
     reduce_ = g0[(g0["kind"] == "comm") & g0["key"].astype(str).str.contains("bucket")]
-    gather = g0[(g0["kind"] == "comm") & g0["key"].astype(str).str.contains("-params")]
+    gather = g0[(g0["kind"] == "comm") & g0["key"].astype(str).str.startswith("params:")]
     predicted = {
         "tflops": flops * per_gpu / it / 1e12,
         "tokens": seq * per_gpu / it,

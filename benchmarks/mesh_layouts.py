@@ -46,7 +46,7 @@ ROWS = [
     ("Llama 3.1 405B FSDP 4 x CP 2 x TP 8 x PP 8, 64K", "titan_llama405b_4d", {}, 47,
      "fp8+compile+asyncTP"),
     # Megatron-Core (mode ep): TFLOPS per GPU published for Mixtral, tokens/s for DeepSeek
-    ("Mixtral 8x7B EP 8 x PP 4 (VP 8) x DP 2", "megatron_mixtral", {}, "468 TFLOPS",
+    ("Mixtral 8x7B EP 8 x PP 4 (VP 8), dense DP 16", "megatron_mixtral", {}, "468 TFLOPS",
      "bf16, MCore v0.9"),
     ("DeepSeek-V3 EP 64 x PP 16 (1,024 GPUs)", "megatron_deepseek_v3", {}, 1543,
      "fp8, DualPipe, 2,048 H800"),
