@@ -102,6 +102,13 @@ class HostModel:
         self.options = o = options or HostOptions()
         self.launch_latency = o.launch_latency
         self.comm_cost = o.op_cost  # a collective or a send: one NCCL kernel launch
+        if o.source == "trace" and trace.metadata.get("shapes_only"):
+            raise ConfigError(
+                "host.source",
+                "trace",
+                "launches with a shape-only trace: its host times are what the tracer's CPU "
+                "spent on the meta device, not a GPU run's issue times",
+            )
         if o.source == "trace":
             missing = sum(op.host_time is None for op in trace.operators)
             if missing:

@@ -14,7 +14,20 @@ class TraceTime(OperatorModel):
                 "perfmodel.kind",
                 "trace",
                 f"the traced setting only (gpu {self.trace.metadata.get('gpu')!r}, batch "
-                f"{self.trace.batch_size}, no tensor parallelism); got {target}. Use 'regression' "
-                "or 'roofline' to scale operators",
+                f"{self.trace.batch_size}, no tensor parallelism); the plan asks for "
+                f"{_setting(target)}. Use 'calibrated', 'roofline' or 'regression' to scale "
+                "operators",
             )
         return op.time
+
+
+def _setting(target: Target) -> str:
+    """A target in the config's words: `batch 4 per GPU on H100-SXM, tp 2`."""
+    parts = []
+    if target.batch_size is not None:
+        parts.append(f"batch {target.batch_size:g} per GPU")
+    if target.gpu is not None:
+        parts.append(f"gpu {target.gpu!r}")
+    if target.tp > 1:
+        parts.append(f"tensor parallelism {target.tp}")
+    return ", ".join(parts) or "another setting"

@@ -782,3 +782,37 @@ def test_a_workload_folder_that_does_not_exist(tmp_path, trace):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match=r"empty holds none"):
         run(tmp_path / "empty", 4, trace)
+
+
+def test_an_uneven_all_to_all_comes_back_with_its_per_pair_bytes(tmp_path):
+    """Issue 44: mode ep with skewed expert loads posts all-to-alls whose members send
+    different bytes; the export writes each one's per-pair table (triosim.sizes), so the
+    workload imports (it was refused: the members' byte counts disagreed) and runs to the
+    same timeline."""
+    from tests.test_ep_tp import trace as moe_trace
+
+    tr = moe_trace(layers=2, experts=4)
+    cfg = {**config("ep", 4, ep=4, load="skew", skew=1.5), "batch_size": 4}
+    ex = export_chakra(cfg, tmp_path, trace=tr)
+    a2a = ex.result.timeline[ex.result.timeline["name"] == "all_to_all"]
+    assert a2a.groupby("key")["nbytes"].nunique().max() > 1  # uneven: the test's point
+    back = Simulation(config("chakra", 4, path=str(tmp_path))).run()
+    assert back.iteration_time == ex.result.iteration_time
+    for g in ex.result.gpus:
+        assert rows(back, g) == rows(ex.result, g), f"GPU {g}"
+
+
+def test_ring_attention_is_refused_naming_cp_comm_and_ulysses_exports(tmp_path):
+    """Issue 44: ring attention's sends wait for both GPUs to reach each step (across
+    ranks: no Chakra form); the export refuses it naming parallelism.cp_comm (it named
+    `parallelism.mode = ''`), and Ulysses (a2a) exports and comes back to the same time."""
+    from tests.test_context_parallel import attention_trace
+
+    tr = attention_trace(b=2, s=256, H=8, d=64)
+    with pytest.raises(ConfigError, match=r"parallelism\.cp_comm' = 'p2p'.*a2a"):
+        export_chakra({**config("cp", 4, cp=2), "batch_size": 2}, tmp_path / "p2p", trace=tr)
+    ex = export_chakra(
+        {**config("cp", 4, cp=2, cp_comm="a2a"), "batch_size": 2}, tmp_path / "a2a", trace=tr
+    )
+    back = Simulation(config("chakra", 4, path=str(tmp_path / "a2a"))).run()
+    assert back.iteration_time == ex.result.iteration_time

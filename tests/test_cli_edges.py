@@ -721,3 +721,96 @@ def test_plot_refuses_a_truncated_sweep_table(capsys, grid, tmp_path):
     (o / "sweep.csv").write_text(text[: len(text) - 40])
     msg = user_error(capsys, "plot", o / "sweep.csv")
     assert msg.startswith(f"error: sweep table {o / 'sweep.csv'}: truncated")
+
+
+# -- issue 44: no writer writes over an input, --force included ---------------------------------
+def test_search_and_calibrate_never_write_over_the_configs_trace(capsys, measured, tmp_path):
+    """The trace a config names is an input like the config: `search --out` and `calibrate
+    --out` refuse it with --force (each failed before: the trace was overwritten)."""
+    import shutil
+
+    trace = tmp_path / "mine.trace.json.gz"
+    shutil.copy(TRACE, trace)
+    cfg = tmp_path / "s.yaml"
+    cfg.write_text(f"trace: {trace.name}\nnum_gpus: 3\nbatch_size: 7\n")
+    before = trace.read_bytes()
+    msg = user_error(capsys, "search", cfg, "--out", trace, "--force")
+    assert "is the input" in msg and "not even with --force" in msg
+    log, system = measured
+    with_trace = write(tmp_path, {**SYSTEM, "trace": trace.name}, "sys-trace.yaml")
+    msg = user_error(capsys, "calibrate", log, "--config", with_trace, "--out", trace, "--force")
+    assert "is the input" in msg
+    assert trace.read_bytes() == before
+
+
+def test_export_chakra_never_writes_over_the_workload_it_runs(capsys, tmp_path):
+    """A config of mode chakra exported (--force) into its own workload folder, given as a
+    folder or as a prefix: refused, the workload's bytes unchanged (item 1 of issue 44:
+    workload.1.et was rewritten with doubled durations)."""
+    src = tmp_path / "src.yaml"
+    src.write_text(f"trace: {TRACE}\nnum_gpus: 2\nbatch_size: 8\nparallelism: {{mode: ddp}}\n")
+    work = tmp_path / "in3"
+    assert triosim(capsys, "export-chakra", src, "--out", work)[0] == 0
+    before = {f.name: f.read_bytes() for f in work.iterdir()}
+    for path in (work, work / "workload"):
+        cfg = write(
+            tmp_path,
+            {
+                "num_gpus": 2,
+                "parallelism": {"mode": "chakra", "path": str(path)},
+                "heterogeneity": {"compute": {1: 2.0}},
+            },
+            "in3.yaml",
+        )
+        msg = user_error(capsys, "export-chakra", cfg, "--out", work, "--force")
+        assert "is an input of this run" in msg and "not even with --force" in msg
+    assert {f.name: f.read_bytes() for f in work.iterdir()} == before
+
+
+def test_a_killed_runs_partial_file_neither_blocks_a_rerun_nor_outlives_force(
+    capsys, tiny, tmp_path
+):
+    """A run killed while writing leaves `.timeline.partial-PID.csv` (its writer gone): a
+    plain rerun into the folder is not blocked by it, and it is removed; a live writer's
+    partial file is left alone."""
+    import os
+    import subprocess
+    import sys
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    dead = int(gone.stdout)
+    run = tmp_path / "run"
+    run.mkdir()
+    stale = run / f".timeline.partial-{dead}.csv"
+    stale.write_text("half a table")
+    code, _, err = triosim(capsys, "simulate", tiny, "--out", run)
+    assert code == 0, err
+    assert not stale.exists() and (run / "timeline.csv").exists()
+    live = run / f".timeline.partial-{os.getppid()}.csv"  # a live process (not this one)
+    live.write_text("being written")
+    stale.write_text("half a table")
+    assert triosim(capsys, "simulate", tiny, "--out", run, "--force")[0] == 0
+    assert not stale.exists() and live.exists()
+
+
+def test_unclear_messages_of_issue_44_name_the_field_and_what_is_expected(capsys, tiny, tmp_path):
+    """`parallelism: null` on 2 GPUs blamed num_gpus alone; `--out ''` was reported as
+    `--out .`; perfmodel.kind's help omitted calibrated and learned."""
+    from perfmodel import MODELS
+    from triosim.config.loading import PerfModelConfig
+
+    cfg = write(tmp_path, {"trace": str(TRACE), "num_gpus": 2, "parallelism": None}, "n.yaml")
+    msg = user_error(capsys, "simulate", cfg, "--no-save")
+    assert "'num_gpus' = 2" in msg and "name a mode" in msg
+    assert user_error(capsys, "simulate", tiny, "--out", "") == (
+        "error: --out '': a folder name (an empty one is none)"
+    )
+    import dataclasses
+
+    (kind,) = [f for f in dataclasses.fields(PerfModelConfig) if f.name == "kind"]
+    assert set(MODELS.names()) <= set(kind.metadata["help"].replace("|", " ").split())

@@ -740,3 +740,17 @@ def test_a_misspelt_section_or_field_is_named_with_what_was_meant(typo, meant):
     the same "did you mean" as a misspelt field."""
     with pytest.raises(ConfigError, match=f"did you mean '{meant}'"):
         from_dict({"trace": "t.json", typo: {"mode": "dp"} if typo != "num_gpu" else 2})
+
+
+def test_the_replay_models_refusal_says_the_setting_in_the_configs_words():
+    """Issue 44: perfmodel 'trace' asked for another batch printed an internal
+    `Target(gpu=None, batch_size=4.0, tp=1)`; it now says the batch per GPU."""
+    from tests.conftest import chain_trace
+    from triosim.common.errors import ConfigError
+    from triosim.simulation.wiring import Simulation
+
+    cfg = {"num_gpus": 2, "parallelism": {"mode": "ddp"}, "perfmodel": {"kind": "trace"}}
+    with pytest.raises(ConfigError) as e:
+        Simulation(cfg, trace=chain_trace(batch=8)).run()
+    msg = str(e.value)
+    assert "perfmodel.kind" in msg and "batch 4 per GPU" in msg and "Target(" not in msg

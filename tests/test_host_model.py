@@ -252,6 +252,20 @@ def test_bad_host_options_are_named():
         run(t, frobnicate=1)
 
 
+def test_a_shape_only_traces_cpu_times_are_not_host_times():
+    """Issue 44: a shape-only trace's host_time column is the tracer's CPU time on the meta
+    device (ResNet-18 b32 read as 548 ms of host time instead of 9.9): source: trace is
+    refused for it, naming the field; the same trace with source: launches runs."""
+    import dataclasses
+
+    t = tiny_trace([10, 10])
+    ops = [dataclasses.replace(o, host_time=0.5) for o in t.operators]
+    meta = Trace(ops, t.tensors, {**t.metadata, "shapes_only": True, "device": "meta"})
+    with pytest.raises(ConfigError, match=r"host\.source.*shape-only"):
+        run(meta, model="on", source="trace")
+    assert run(meta, model="on").iteration_time < 0.5
+
+
 def test_fits_recover_known_costs():
     """A trace simulated with known costs; the fits find them again (bisection on the
     same simulation, so to its tolerance)."""
@@ -375,3 +389,29 @@ def test_modes_that_time_operators_themselves_give_them_a_host(trace, par, n, ba
     assert tasks and all(c.host > 0 for c in tasks)
     off = Simulation({**cfg, "host": {"model": "off"}})
     assert on.run().iteration_time > off.run().iteration_time
+
+
+def test_fit_host_says_when_the_trace_pins_its_cost_down_loosely(capsys, tmp_path):
+    """Issue 44: a nearly GPU-bound trace measured 0.8 % above its free-host replay gave an
+    op_cost without a word; a 1 % change of the measurement now moves the fit by more than
+    half its value there, and the command says so (not on a host-bound trace)."""
+    from tests.conftest import run_cli
+    from triosim.studies.host_fit import replay_time
+    from triosim.trace.model import save
+
+    free = HostOptions(model="on", op_cost=0.0)
+    for name, t, factor, caveat in (
+        ("nearly-gpu-bound", tiny_trace([60] * 30), 1.008, True),
+        ("host-bound", tiny_trace([5] * 30), None, False),
+    ):
+        path = save(t, tmp_path / f"{name}.trace.json.gz")
+        measured = (
+            replay_time(t, free) * factor
+            if factor
+            else replay_time(t, dataclasses.replace(free, op_cost=7 * US))
+        )
+        code, out, err = run_cli(
+            capsys, "fit-host", str(path), "--measured", f"{measured * 1e3:.9f}ms"
+        )
+        assert code == 0, err
+        assert ("caveat:" in out) == caveat, out

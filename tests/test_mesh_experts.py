@@ -185,6 +185,10 @@ def test_expert_degrees_are_checked_and_named():
         run(chain_trace(batch=4), 4, {"mode": "mesh", "dp_replicate": 4, "ep": 2})
     with pytest.raises(ConfigError, match=r"parallelism\.dp_replicate"):
         run(tr, 8, {"mode": "mesh", "dp_replicate": 2, "dp_shard": 4, "ep": 2}, batch=8)
+    # mode ep's errors name its own fields (its micro-batches are accumulation_steps)
+    bad = {"mode": "ep", "ep": 2, "pp": 2, "schedule": "interleaved", "virtual_stages": 2}
+    with pytest.raises(ConfigError, match=r"parallelism\.accumulation_steps' = 3"):
+        run(tr, 8, {**bad, "accumulation_steps": 3}, batch=24)
 
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -209,3 +213,26 @@ def test_a_symmetric_expert_run_is_the_exact_run(par):
     assert sym.iteration_time == pytest.approx(exact.iteration_time, rel=1e-12)
     if "load" not in par:  # uniform loads: it ran on representatives
         assert sym.symmetry.startswith("auto: ") and "of 8 GPUs" in sym.symmetry
+
+
+@pytest.mark.parametrize(
+    "par, field",
+    [
+        ({"mode": "ep", "ep": 2, "skew": 1.5}, "skew"),  # load uniform: skew unused
+        ({"mode": "ep", "ep": 2, "expert_loads": [1, 2, 3, 4]}, "expert_loads"),
+        ({"mode": "mesh", "dp_replicate": 4, "load": "skew"}, "load"),  # no experts
+        ({"mode": "mesh", "dp_replicate": 4, "capacity_factor": 1.25}, "capacity_factor"),
+        ({"mode": "mesh", "dp_replicate": 4, "reshard_after_forward": "always"}, "reshard"),
+        ({"mode": "fsdp", "stage": 1, "reshard_after_forward": False}, "reshard"),
+        ({"mode": "cp", "cp": 2, "reshard_after_forward": "never"}, "reshard"),
+    ],
+)
+def test_a_field_without_effect_is_refused_naming_it(par, field):
+    """Issue 44: fields the layout would ignore (expert loads without their load kind or
+    without experts, FSDP's reshard policy without FSDP) are refused, naming the field."""
+    from tests.conftest import chain_trace
+
+    tr = trace(layers=2, experts=4) if par["mode"] == "ep" else chain_trace(batch=8)
+    par = {**par, "dp_shard": 1} if par["mode"] == "mesh" else par
+    with pytest.raises(ConfigError, match=rf"parallelism\.{field}"):
+        run(tr, 4, par, batch=8)

@@ -339,3 +339,33 @@ def test_a_calibration_file_with_a_key_given_twice_is_refused(tmp_path):
         load_calibration(p)
     p.write_text("tuning:\n  latency_scale: 1.2\n")
     assert load_calibration(p) == {"latency_scale": 1.2}
+
+
+def test_every_catalogue_gpu_gets_its_own_architecture():
+    """NCCL's architecture comes from the catalogue's compute capability (one source): each
+    catalogue GPU (and each alias) maps to 10 x major + minor, e.g. A40 86, H200 90; a GPU
+    entering the catalogue without one is refused; an unknown name is the default."""
+    import dataclasses
+
+    import pytest as _pytest
+
+    from triosim.hardware import catalogue
+    from triosim.hardware.nccl_constants import DEFAULT_ARCH, arch_of
+
+    assert catalogue.GPUS
+    for name, g in catalogue.GPUS.items():
+        major, minor = g.compute_capability
+        assert arch_of(name) == 10 * major + minor
+        for alias in g.aliases:
+            assert arch_of(alias) == arch_of(name)
+    assert (arch_of("A40"), arch_of("A100-80GB"), arch_of("H200")) == (86, 80, 90)
+    assert arch_of("cpu") == arch_of(None) == DEFAULT_ARCH
+    new = dataclasses.replace(catalogue.GPUS["H200"], name="X200", compute_capability=None)
+    with _pytest.raises(ValueError, match="X200"):
+        catalogue._gpu(new)
+    # a GPU added to the catalogue alone is the architecture it says (the defect: 80)
+    catalogue._gpu(dataclasses.replace(new, aliases=(), compute_capability=(10, 0)))
+    try:
+        assert arch_of("X200") == 100
+    finally:
+        del catalogue.GPUS["X200"]

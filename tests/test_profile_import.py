@@ -441,6 +441,21 @@ def pairs_op_cost() -> float:
     return fit_op_cost(trace, run["wall_ms_mean"] * 1e-3)
 
 
+LLAMA_RUNS = [r for r in RUNS if r["tag"].startswith("llama")]
+
+
+@pytest.mark.skipif(PAIRS is None, reason="shared/gpu/et_pairs absent (set TRIOSIM_SHARED)")
+@pytest.mark.parametrize("run", LLAMA_RUNS, ids=[r["tag"] for r in LLAMA_RUNS])
+def test_an_imported_language_models_batch_is_its_token_ids_first_dimension(run):
+    """Issue 44: without --batch-size the Llama pairs were imported at batch 8192 (the
+    rotary cache's first dimension, read before the token ids) and DDP then split a batch
+    of 1 four ways; the batch is now the token ids', as recorded, and said."""
+    tag = run["tag"]
+    t = import_profile(PAIRS / f"{tag}.et.json.gz", PAIRS / f"{tag}.kineto.json.gz")
+    assert t.metadata["batch_size"] == run["batch"]
+    assert "integer" in t.metadata["batch_size_source"]
+
+
 @pytest.mark.skipif(PAIRS is None, reason="shared/gpu/et_pairs absent (set TRIOSIM_SHARED)")
 @pytest.mark.parametrize("run", RUNS, ids=[r["tag"] for r in RUNS])
 def test_shared_pair_imports_and_replays(run):

@@ -221,7 +221,7 @@ def test_search_tries_context_parallelism_inside_3d(tmp_path):
 
 def test_search_tries_expert_parallelism_where_only_the_mesh_writes_it():
     """FSDP x EP x PP and CP x EP (refused before the mesh) are candidates where the batch
-    splits, and each evaluates on the Mixtral trace as its own run."""
+    splits; a CP x EP candidate evaluates on the Mixtral trace as its own run."""
     from triosim.studies.search import candidates
 
     plans = dict(candidates(8, 16))
@@ -237,8 +237,8 @@ def test_search_tries_expert_parallelism_where_only_the_mesh_writes_it():
     }
     assert plans["dp 4 x cp 2 x ep 4 (ring)"]["cp"] == 2
     assert "fsdp 2 x ep 2 x pp 4 (1f1b, 8 mb)" not in dict(candidates(8, 8))  # 8 % (2 x 8)
-    _mixtral_candidate_runs_as_itself(4, 8, "fsdp 2 x ep 2 x pp 2 (1f1b, 4 mb)")
-    _mixtral_candidate_runs_as_itself(4, 4, "dp 2 x cp 2 x ep 2 (ring)")
+    # (FSDP x EP x PP by hand: tests/test_mesh_experts.py)
+    _mixtral_candidate_runs_as_itself(2, 2, "cp 2 x ep 2 (ring)")
 
 
 def _mixtral_candidate_runs_as_itself(n: int, batch: int, label: str) -> None:

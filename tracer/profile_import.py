@@ -32,7 +32,9 @@ sequence number, tensor numbering, FLOPs from shapes, math modes):
   layer (AccumulateGrad the layer of the backward operator that made its gradient, or the
   one before it); optimizer operators `optimizer`.
 - **Batch size**: given, or the first dimension of the first pre-existing tensor of two or
-  more dimensions that the forward pass reads and the optimizer does not.
+  more dimensions that the forward pass reads and the optimizer does not, an integer one
+  (token ids) first: a language model reads float buffers (a rotary cache) before its
+  input ids.
 - **Math mode**: dtypes plus PyTorch's CUDA defaults (cuDNN TF32 on, matmul TF32 off),
   stated in `metadata["math_source"]` as an assumption; `cudnn_tf32` / `matmul_tf32`
   override them.
@@ -385,14 +387,17 @@ def _categories(tree: EtTree, top, batch_size):
     others = [k for k in pre if k not in marked and k in fwd_read]
     how = "given"
     if batch_size is None:
-        first = next(
-            (pre[k][0] for k in others if isinstance(pre[k][0], list) and len(pre[k][0]) >= 2),
-            None,
-        )
+        multi = [k for k in others if isinstance(pre[k][0], list) and len(pre[k][0]) >= 2]
+        # a language model's input is token ids (batch x sequence, integers), read after
+        # float buffers such as a rotary cache (8192 x 1 x 128 in Llama): integers first
+        ids = [k for k in multi if pre[k][1] not in _FLOAT_DTYPES]
+        pick = (ids or multi or [None])[0]
+        first = pre[pick][0] if pick is not None else None
         batch_size = int(first[0]) if first else 1
         how = (
-            "inferred: first dimension of the first pre-existing tensor of 2+ dimensions "
-            "the forward pass reads"
+            f"inferred: first dimension of the first pre-existing {'integer ' if ids else ''}"
+            f"tensor of 2+ dimensions the forward pass reads ({' x '.join(map(str, first))}, "
+            f"{pre[pick][1]})"
             if first
             else "assumed 1: no pre-existing tensor of 2+ dimensions in the forward pass"
         )

@@ -213,7 +213,9 @@ def _task(nd: et.Node, rf, wl, gpus, seq, colls, sends, recvs):
         root = a.get(et.A_ROOT)
         if root is None and op in ("broadcast", "reduce"):
             root = group[0]
-        colls.setdefault(key, {})[r] = (op, nbytes, group, where)
+        sizes = _sizes(a.get(et.A_SIZES), len(group), nd, rf)
+        # the members agree on the bytes, or on the per-pair table of an uneven all-to-all
+        colls.setdefault(key, {})[r] = (op, nbytes if sizes is None else sizes, group, where)
         return Collective(
             op,
             tuple(gpus[g] for g in group),
@@ -223,6 +225,7 @@ def _task(nd: et.Node, rf, wl, gpus, seq, colls, sends, recvs):
             phase,
             a.get(et.A_ALGORITHM) or None,
             None if root is None else gpus[root],
+            sizes=sizes,
         )
     if t in (et.COMM_SEND_NODE, et.COMM_RECV_NODE):
         send = t == et.COMM_SEND_NODE
@@ -271,6 +274,20 @@ def _runs(tasks: list) -> list:
     if run:
         out.append(ComputeRun(run) if len(run) > 1 else run[0])
     return out
+
+
+def _sizes(flat, n: int, nd, rf):
+    """An uneven all-to-all's per-pair bytes (et.A_SIZES) as an n x n table, or None."""
+    if flat is None:
+        return None
+    if not isinstance(flat, list) or len(flat) != n * n:
+        raise TraceError(
+            f"node {nd.id}: {et.A_SIZES} holds {len(flat) if isinstance(flat, list) else flat!r}"
+            f" values; its group of {n} needs {n * n} (bytes per pair, row-major)",
+            rf.path,
+            field=et.A_SIZES,
+        )
+    return tuple(tuple(float(x) for x in flat[i * n : (i + 1) * n]) for i in range(n))
 
 
 def _check_meetings(colls: dict, sends: dict, recvs: dict, n: int) -> None:
@@ -327,5 +344,8 @@ def _check_meetings(colls: dict, sends: dict, recvs: dict, n: int) -> None:
 
 
 def _exact(nbytes: float) -> str:
-    """A byte count as it is: 1048576, not 1.04858e+06 (and 0.5 where it has a fraction)."""
+    """A byte count as it is: 1048576, not 1.04858e+06 (and 0.5 where it has a fraction);
+    an uneven all-to-all's table as its rows' sums."""
+    if isinstance(nbytes, tuple):
+        return "per-pair (rows " + ", ".join(_exact(sum(row)) for row in nbytes) + ")"
     return str(int(nbytes)) if float(nbytes).is_integer() else repr(float(nbytes))

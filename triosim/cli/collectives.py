@@ -122,7 +122,13 @@ def cmd_calibrate(args) -> int:
     log = Path(args.log)
     # the output before any work: never the log or the config, an existing file only with
     # --force, a folder that can be written
-    check_output_file(args.out, args.force, inputs=(log, args.config))
+    from triosim.config.inputs import config_inputs
+    from triosim.config.loading import read_yaml, set_field
+
+    data = read_yaml(Path(args.config))
+    for s in args.set or []:
+        set_field(data, *assignment(s))
+    check_output_file(args.out, args.force, inputs=(log, *config_inputs(args.config, data)))
     from triosim.trace.files import read_text
 
     text = read_text(log, "nccl-tests log", errors="replace")  # MPI prefixes: not always UTF-8

@@ -24,6 +24,12 @@ def apply_set(data: dict, text: str) -> None:
 
 
 def taken(folder: Path) -> bool:
+    """Whether `folder` holds files (a killed run's stale partial files removed first:
+    triosim.common.outputs.stale_partials)."""
+    from triosim.common.outputs import stale_partials
+
+    if folder.is_dir():
+        stale_partials(folder)
     return folder.exists() and (not folder.is_dir() or any(folder.iterdir()))
 
 
@@ -32,6 +38,8 @@ def out_folder(out, stem: str, force: bool) -> Path:
     out/<stem>/, else the first free out/<stem>-2/, -3/, ... Created and test-written now,
     before simulating, so that a finished run is never lost to an unwritable folder."""
     if out is not None:
+        if not str(out).strip():  # Path('') is '.': the working folder, not what was meant
+            raise InputError(f"--out {out!r}: a folder name (an empty one is none)")
         folder = Path(out)
         if folder.exists() and not folder.is_dir():
             raise InputError(f"--out {folder} is a file, expected a folder")
@@ -55,24 +63,11 @@ def writable(folder: Path) -> Path:
 
 
 def run_inputs(cfg, *files) -> list[Path]:
-    """What a run reads: `files` (the config), the trace and every option marked as a path
-    (a calibration file, extra traces)."""
-    import dataclasses
+    """What a run reads (triosim.config.inputs: the config, the trace, every path option,
+    a folder or prefix as the files it stands for)."""
+    from triosim.config.inputs import input_files
 
-    from triosim.config.loading import IN_MEMORY
-
-    out = [Path(f) for f in files]
-    if cfg.trace and cfg.trace != IN_MEMORY:
-        out.append(cfg.trace_path())
-    for section in ("parallelism", "topology", "network", "communication", "perfmodel"):
-        opts = getattr(cfg, section).options
-        if opts is None or not dataclasses.is_dataclass(opts):
-            continue
-        for f in dataclasses.fields(opts):
-            if f.metadata.get("path"):
-                v = getattr(opts, f.name)
-                out += [cfg.resolve(x) for x in (v if isinstance(v, list) else [v]) if x]
-    return out
+    return input_files(cfg, *files)
 
 
 def spare_inputs(folder: Path, names, inputs) -> None:

@@ -32,7 +32,7 @@ def add_parser(subparsers) -> None:
 
 def cmd_fit_host(args) -> int:
     from triosim.common.units import parse_seconds
-    from triosim.studies.host_fit import fit_kernel_gap, fit_op_cost
+    from triosim.studies.host_fit import fit_kernel_gap, fit_op_cost, fit_spread
     from triosim.trace.files import load_any_trace
 
     measured = parse_seconds(args.measured, "measured")
@@ -44,4 +44,12 @@ def cmd_fit_host(args) -> int:
         f"takes {measured * 1e3:.3f} ms"
     )
     print(f"config:\nhost:\n  {field}: {value * 1e6:.3f} us")
+    lo, hi = fit_spread(fit, trace, measured)
+    if hi - lo > 0.5 * value:  # loosely identified: say so (a GPU-bound trace)
+        print(
+            f"caveat: the measurement 1 % lower or higher gives {field} {lo * 1e6:.3g} to "
+            f"{hi * 1e6:.3g} us: this trace's time depends little on the host (close to "
+            "GPU-bound); fit on a host-bound one (many small operators: DenseNet, ResNet-152 "
+            "at a small batch)"
+        )
     return 0

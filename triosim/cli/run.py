@@ -195,6 +195,9 @@ def _import_profile(args) -> int:
         f"({t.metadata['profiled_step'] or 'the whole profile'}, sum of GPU time "
         f"{gpu_ms:.3f} ms, batch size {t.metadata['batch_size']}) -> {out}"
     )
+    how = t.metadata.get("batch_size_source") or ""
+    if how != "given":  # a guess is said, with the way to set it
+        print(f"batch size {t.metadata['batch_size']}: {how}; --batch-size sets it")
     return 0
 
 
@@ -244,7 +247,9 @@ def cmd_search(args) -> int:
         apply_set(base, s)
     # --out before the search (which can take long): never the config, an existing file
     # only with --force
-    out = check_output_file(args.out, args.force, inputs=(path,))
+    from triosim.config.inputs import config_inputs
+
+    out = check_output_file(args.out, args.force, inputs=config_inputs(path, base))
     ranked, table, best = search(base, base_dir=str(path.parent), workers=args.workers)
     cols = [
         c

@@ -8,6 +8,7 @@ removed (listed in the folder's MANIFEST), never anything else.
 from __future__ import annotations
 
 import os
+import re
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -62,6 +63,36 @@ def partial_name(path) -> Path:
     same suffix (so that writers that go by the suffix, .gz or .png, still do)."""
     path = Path(path)
     return path.with_name(f".{path.stem}.partial-{os.getpid()}{path.suffix}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def stale_partials(folder) -> list[Path]:
+    """Partial files (`partial_name`) in `folder` whose writer is gone (killed while
+    writing, before it could clean up): removed here, so that one never blocks a run or
+    outlives --force. Returns those removed."""
+    out = []
+    try:
+        entries = list(Path(folder).iterdir())
+    except OSError:
+        return out
+    for f in entries:
+        m = _PARTIAL.match(f.name)
+        if m and f.is_file() and int(m.group(1)) != os.getpid() and not _alive(int(m.group(1))):
+            f.unlink(missing_ok=True)
+            out.append(f)
+    return out
+
+
+_PARTIAL = re.compile(r"^\..+\.partial-(\d+)(\.[^.]*)?$")
 
 
 @contextmanager
@@ -120,7 +151,7 @@ def remove_written(folder, own=(), kind: str | None = None) -> list[str]:
     writes) and the files its MANIFEST lists for `kind`; files only, a user's other files
     stay. Returns the names removed."""
     folder = Path(folder)
-    removed = []
+    removed = [f.name for f in stale_partials(folder)]
     listed = written_before(folder, kind)
     for name in dict.fromkeys([*own, *listed]):
         f = folder / name

@@ -64,7 +64,7 @@ class CommunicationConfig:
 
 @dataclass
 class PerfModelConfig:
-    kind: str = option("regression", help="trace | regression | roofline")
+    kind: str = option("regression", help="trace | regression | roofline | calibrated | learned")
     options: object = option(None, flatten=True)
 
 

@@ -68,6 +68,10 @@ LINKS: dict[str, Link] = {}
 
 
 def _gpu(g: GPU):
+    # one source for what depends on the architecture (NCCL's tables, cuBLAS's workspace):
+    # a GPU enters the catalogue with its compute capability
+    if g.compute_capability is None:
+        raise ValueError(f"catalogue GPU {g.name} needs its compute_capability")
     GPUS[g.name] = g
 
 

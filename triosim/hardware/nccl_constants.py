@@ -84,21 +84,25 @@ INTRA_CHANNEL_SPEED = {70: 20.0, 80: 20.0, 90: 30.0}
 LL128_ARCHS = (70, 80, 90)  # LL128 is on by default only on these (and with NVLink)
 NVLS_MIN_ARCH = 90
 
-# GPU catalogue name -> compute capability
-GPU_ARCH = {"A40": 86, "A100-40GB": 80, "A100-80GB": 80, "H100-SXM": 90, "H200": 90}
-DEFAULT_ARCH = 80
+DEFAULT_ARCH = 80  # a trace without a catalogue GPU (a CPU trace's 'cpu', an unknown name)
 
 
 def arch_of(gpu: str | None) -> int:
-    """The compute capability of a catalogue GPU; anything else (a CPU trace's 'cpu', an
-    unknown name) gets DEFAULT_ARCH."""
+    """NCCL's architecture number of a catalogue GPU: its compute capability (the
+    catalogue's, one source: 8.0 -> 80, 9.0 -> 90); DEFAULT_ARCH for a name the catalogue
+    does not have. A catalogue GPU without a compute capability is a catalogue defect (the
+    catalogue's own check refuses it)."""
     from triosim.common.errors import ConfigError
     from triosim.hardware import catalogue as hardware
 
+    if not gpu:
+        return DEFAULT_ARCH
     try:
-        return GPU_ARCH.get(hardware.gpu(gpu).name, DEFAULT_ARCH) if gpu else DEFAULT_ARCH
+        g = hardware.gpu(gpu)
     except ConfigError:
         return DEFAULT_ARCH
+    major, minor = g.compute_capability
+    return 10 * major + minor
 
 
 def table_index(arch: int) -> int:

@@ -138,11 +138,11 @@ def _check_folder(out: Path, force: bool) -> None:
 
 
 def _inputs(sim) -> list:
-    """The files the run read that could sit in the output folder: the trace file."""
-    from triosim.config.loading import IN_MEMORY
+    """The files the run read (triosim.config.inputs: the trace, a Chakra workload's files,
+    every path option)."""
+    from triosim.config.inputs import input_files
 
-    c = sim.config
-    return [c.trace_path()] if c.trace and c.trace != IN_MEMORY else []
+    return input_files(sim.config)
 
 
 def _check_targets(out: Path, names, earlier, inputs) -> None:
@@ -218,6 +218,15 @@ def _scaled(c: Compute, scale: float) -> Compute:
 
 def workload_nodes(sim: Simulation) -> tuple[list, dict]:
     """([(metadata, nodes)] by rank, {pg_name: ranks}) of one iteration of `sim`'s plan."""
+    ex, mode = sim.extrapolator, sim.config.parallelism.mode
+    mesh = getattr(ex, "mesh", None)
+    if mesh is not None and mesh.cp > 1 and ex.options.cp_comm == "p2p":
+        raise ConfigError(
+            "parallelism.cp_comm",
+            "p2p",
+            "a2a to export (Ulysses' all-to-alls): ring attention's sends each wait for both "
+            "GPUs to reach the step, a dependency across ranks that Chakra's nodes cannot say",
+        )
     gpus = list(sim.gpus)
     rank = {g: r for r, g in enumerate(gpus)}
     streams: dict = {}  # gpu -> {stream: [tasks]}
@@ -235,13 +244,13 @@ def workload_nodes(sim: Simulation) -> tuple[list, dict]:
     groups: dict = {}  # tuple of ranks -> pg_name
     out = []
     for g in gpus:
-        nodes = _rank_nodes(g, rank, streams.get(g, {}), sent, tags, groups)
+        nodes = _rank_nodes(g, rank, streams.get(g, {}), sent, tags, groups, mode)
         meta = {"triosim.rank": rank[g], "triosim.ranks": len(gpus), et.A_NODES: len(nodes)}
         out.append((meta, nodes))
     return out, {name: grp for grp, name in groups.items()}
 
 
-def _rank_nodes(g, rank, by_stream: dict, sent, tags, groups) -> list:
+def _rank_nodes(g, rank, by_stream: dict, sent, tags, groups, mode: str) -> list:
     r = rank[g]
     nodes: list = []  # in stream order, ids = positions (renumbered below)
     signals: dict = {}  # key -> node position
@@ -264,7 +273,7 @@ def _rank_nodes(g, rank, by_stream: dict, sent, tags, groups) -> list:
         if key not in signals:
             raise ConfigError(
                 "parallelism.mode",
-                "",
+                mode,
                 f"a workload whose GPUs wait only on their own streams: GPU {g} waits for "
                 f"{key!r}, which none of its streams signals",
             )
@@ -309,6 +318,8 @@ def _node(t, r, rank, sent, tags, groups) -> et.Node:
             a[et.A_ALGORITHM] = t.algorithm
         if t.root is not None:
             a[et.A_ROOT] = rank[t.root]
+        if t.sizes is not None:
+            a[et.A_SIZES] = [float(x) for row in t.sizes for x in row]
         return et.Node(0, f"{t.op} {t.key}", et.COMM_COLL_NODE, attrs=a)
     if T is Send or T is Recv:
         if T is Send:

@@ -85,6 +85,20 @@ def fit_op_cost(trace: Trace, measured: float, host: HostOptions | None = None) 
     return fit_option(trace, measured, "op_cost", launches, 1e-3, 1e-9, host_bound=True)
 
 
+def fit_spread(fit, trace: Trace, measured: float, rel: float = 0.01) -> tuple[float, float]:
+    """The values `fit` gives for the measurement `rel` below and above (a run-to-run
+    spread: the shared H100 timings vary by 0.2-8 %): a nearly GPU-bound trace pins its
+    cost down loosely, and this says how loosely. A side that fits nothing (below the
+    trace's GPU work, or GPU-bound) counts as 0."""
+    out = []
+    for m in (measured * (1 - rel), measured * (1 + rel)):
+        try:
+            out.append(fit(trace, m))
+        except ConfigError:
+            out.append(0.0)
+    return out[0], out[1]
+
+
 def fit_kernel_gap(trace: Trace, measured: float, host: HostOptions | None = None) -> float:
     """The `kernel_gap` (seconds) at which the replay of `trace` takes `measured` seconds."""
     launches = dataclasses.replace(host or HostOptions(), source="launches")

@@ -252,7 +252,8 @@ def search(base: dict, base_dir: str = ".", workers: int = 1, progress: bool = T
     """Rank every candidate for `base` (a config mapping with trace, num_gpus, batch_size,
     topology...). Returns (ranked DataFrame of those that fit, DataFrame of all, best config)."""
     import pandas as pd
-    from tqdm import tqdm
+
+    from triosim.common.bars import bar
 
     n = base.get("num_gpus", 1)
     batch = base.get("batch_size")
@@ -268,11 +269,11 @@ def search(base: dict, base_dir: str = ".", workers: int = 1, progress: bool = T
     if workers > 1:
         with ProcessPoolExecutor(workers) as pool:
             futures = [pool.submit(_evaluate, cfg, base_dir) for _, cfg in points]
-            results = [f.result() for f in tqdm(futures, desc="search", disable=not progress)]
+            shown = bar(futures, desc="search", unit="plan", enabled=bool(progress))
+            results = [f.result() for f in shown]
     else:
-        results = [
-            _evaluate(cfg, base_dir) for _, cfg in tqdm(points, desc="search", disable=not progress)
-        ]
+        shown = bar(points, desc="search", unit="plan", enabled=bool(progress))
+        results = [_evaluate(cfg, base_dir) for _, cfg in shown]
     rows = [{"plan": label, **res} for (label, _), res in zip(points, results, strict=True)]
     table = pd.DataFrame(rows)
     ok = table[table["status"] == "ok"]

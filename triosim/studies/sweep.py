@@ -177,20 +177,14 @@ def points(
     `grid_dir` (default: base_dir). `progress`: a bar of points checked (on a terminal)."""
     if not isinstance(base, dict):
         raise TypeError(_base_wanted(base))
-    from tqdm import tqdm
+    from triosim.common.bars import bar
 
     base_dir = Path(base_dir)
     grid_dir = Path(grid_dir) if grid_dir is not None else base_dir
     out = []
     todo = expand(grid, zipped)
     for index, params in enumerate(
-        tqdm(
-            todo,
-            desc="checking points",
-            unit="point",
-            disable=None if progress else True,
-            leave=False,
-        )
+        bar(todo, desc="checking points", unit="point", enabled=bool(progress), leave=False)
     ):
         try:
             cfg, dropped = _config(base, params, base_dir, grid_dir)
@@ -319,11 +313,11 @@ def run(
     cluster, else `workers` > 1 on a local Dask cluster of that many processes (local
     processes without Dask), else here. Returns point id -> row; `on_row(point, row)` is
     called as each finishes. A point whose worker dies gets that exception as its error."""
-    from tqdm import tqdm
+    from triosim.common.bars import bar as progress_bar
 
     todo = list({p.id: p for p in todo}.values())  # points of one config run once
     rows: dict = {}
-    bar = tqdm(total=len(todo), desc="sweep", unit="point", disable=None if progress else True)
+    bar = progress_bar(total=len(todo), desc="sweep", unit="point", enabled=bool(progress))
 
     def done(p: Point, row: dict) -> None:
         rows[p.id] = row

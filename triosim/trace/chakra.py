@@ -666,6 +666,9 @@ A_OP = "triosim.op"
 A_LAYER, A_PHASE = "triosim.layer", "triosim.phase"
 A_OP_ID, A_MB = "triosim.op_id", "triosim.microbatch"
 A_ALGORITHM, A_ROOT = "triosim.algorithm", "triosim.root"
+# an uneven all-to-all's bytes per pair (row i: what the group's i-th member sends each),
+# row-major in the group's order: its members then post different byte counts
+A_SIZES = "triosim.sizes"
 # a stream's Signal / Wait: zero-time CPU compute nodes to other readers (ASTRA-sim runs them
 # in a nanosecond on the CPU, so they hold neither the GPU's compute nor its communication)
 A_SIGNAL, A_WAIT = "triosim.signal", "triosim.wait"

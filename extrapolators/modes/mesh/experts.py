@@ -80,6 +80,27 @@ def moe_metadata(trace, field: str, value) -> dict:
     return moe
 
 
+def check_load_fields(o, experts: bool) -> None:
+    """The expert-load fields are used or refused: skew only with `load: skew`, expert_loads
+    only with `load: given`, and any of them only with experts on the mesh."""
+    if o.load != "skew" and o.skew != 1.0:
+        raise ConfigError(
+            "parallelism.skew", o.skew, f"1.0 (unused) with load {o.load}: set load: skew"
+        )
+    if o.load != "given" and o.expert_loads is not None:
+        raise ConfigError(
+            "parallelism.expert_loads", o.expert_loads, f"null with load {o.load}: set load: given"
+        )
+    if not experts:
+        for field, unset in (("load", "uniform"), ("capacity_factor", None)):
+            if getattr(o, field) != unset:
+                raise ConfigError(
+                    f"parallelism.{field}",
+                    getattr(o, field),
+                    f"{unset} without experts on the mesh (ep or etp > 1 with an MoE trace)",
+                )
+
+
 @dataclass(frozen=True)
 class ExpertMesh:
     """The expert mesh folded out of `mesh` (module docstring): groups as mesh coordinate

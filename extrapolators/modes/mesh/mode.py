@@ -37,7 +37,7 @@ from extrapolators.modes.blocks import layer_units, with_recompute
 from extrapolators.modes.cp_plan import plan_attention
 from extrapolators.modes.dist_optimizer import grad_reduction
 from extrapolators.modes.mesh.dims import DIMS, Layout, parse_order, resolve
-from extrapolators.modes.mesh.experts import ExpertPlan
+from extrapolators.modes.mesh.experts import ExpertPlan, check_load_fields
 from extrapolators.modes.mesh.moe_tp import DenseTensorParallel, moe_block_ops
 from extrapolators.modes.mesh.options import MeshOptions
 from extrapolators.modes.mesh.sharding import ShardPlan
@@ -123,6 +123,8 @@ class MeshMode(Extrapolator):
         if o.ep != 1 or o.etp > 1 or self.experts_always:
             tokens = self.op_micro / mesh.tp if mesh.tp > 1 else self.op_micro
             self.experts = ExpertPlan(self, mesh, o, tokens)
+        check_load_fields(o, self.experts is not None)
+        if self.experts is not None:
             if self.fsdp and mesh.dp_replicate > 1:
                 raise ConfigError(
                     "parallelism.dp_replicate",
@@ -203,6 +205,12 @@ class MeshMode(Extrapolator):
                 self.zero,
                 "3 or 0 with dp_replicate > 1 (HSDP is FSDP's; ZeRO-1/2 shard over all "
                 "data-parallel GPUs: dp_shard x cp)",
+            )
+        if o.reshard_after_forward != "default" and zero != 3:  # (asked for FSDP: kept)
+            raise ConfigError(
+                "parallelism.reshard_after_forward",
+                o.reshard_after_forward,
+                f"default with zero {zero}: only FSDP (zero 3) gathers parameters to keep or free",
             )
         if o.overlap_param_gather and not o.distributed_optimizer:
             raise ConfigError(

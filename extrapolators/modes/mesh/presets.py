@@ -77,7 +77,12 @@ class Single(MeshMode):
 
     def mesh_options(self, n):
         if n != 1:
-            raise ConfigError("num_gpus", n, "1 for mode 'single'")
+            raise ConfigError(
+                "num_gpus",
+                n,
+                "1 for mode 'single' (parallelism.mode's default where the config names "
+                "none): name a mode for more GPUs (ddp, fsdp, tp, 3d, mesh, ...)",
+            )
         return _mesh()
 
 
@@ -121,11 +126,19 @@ class Sharded(MeshMode):
 
     def mesh_options(self, n):
         o = self.options
+        if o.stage != 3 and not o.reshard_after_forward:
+            raise ConfigError(
+                "parallelism.reshard_after_forward",
+                False,
+                f"true (the default) with stage {o.stage}: only stage 3 (FSDP) gathers the "
+                f"parameters it could keep",
+            )
+        reshard = "default" if o.stage != 3 else "always" if o.reshard_after_forward else "never"
         return MeshOptions(
             dp_shard=n,
             zero=o.stage,
             wrap_depth=o.wrap_depth,
-            reshard_after_forward="always" if o.reshard_after_forward else "never",
+            reshard_after_forward=reshard,
             bucket_size=o.bucket_size,
             first_bucket_size=o.bucket_size,
             recompute=o.recompute,
@@ -356,6 +369,7 @@ class ExpertParallel(MeshMode):
     name = "ep"
     Options = EPOptions
     experts_always = True  # the MoE plan (dense TP, the router whole) even at ep 1
+    fields = {"parallelism.microbatches": "parallelism.accumulation_steps"}
 
     def mesh_options(self, n):
         o = self.options
