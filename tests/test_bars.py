@@ -44,3 +44,39 @@ def test_a_short_run_writes_nothing_and_disabled_writes_nothing():
     b.update(3)
     b.close()
     assert out.getvalue() == ""
+
+
+def slow_point(config):
+    """A sweep point that takes `config["sleep"]` seconds (run in a worker process)."""
+    import time as _time
+
+    _time.sleep(config["sleep"])
+    return {"slept": config["sleep"]}
+
+
+def test_ctrl_c_stops_local_worker_processes_at_once(monkeypatch):
+    """Issue 44: Ctrl-C during a sweep on local worker processes kept them running every
+    queued point (the executor's exit waits for all); interrupted after the first point,
+    the sweep returns within seconds, with that point's row kept, and no point of 30 s
+    runs on."""
+    import time as _time
+
+    import pytest
+
+    from triosim.studies import sweep
+
+    monkeypatch.setattr(sweep, "run_point", slow_point)
+    todo = [sweep.Point(0, {}, {"sleep": 0.05}, "a")] + [
+        sweep.Point(i, {}, {"sleep": 30.0}, f"p{i}") for i in range(1, 5)
+    ]
+    rows = {}
+
+    def done(p, row):
+        rows[p.id] = row
+        raise KeyboardInterrupt
+
+    t0 = _time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        sweep._run_processes(todo, 2, done)
+    assert _time.monotonic() - t0 < 10
+    assert rows == {"a": {"slept": 0.05}}

@@ -814,3 +814,21 @@ def test_unclear_messages_of_issue_44_name_the_field_and_what_is_expected(capsys
 
     (kind,) = [f for f in dataclasses.fields(PerfModelConfig) if f.name == "kind"]
     assert set(MODELS.names()) <= set(kind.metadata["help"].replace("|", " ").split())
+
+
+def test_the_search_table_says_n_a_for_a_missing_figure_in_every_row():
+    """Issue 44: mfu printed None in one row and NaN in another."""
+    import pandas as pd
+
+    from triosim.cli.run import ranked_table
+
+    frame = pd.DataFrame(
+        {
+            "plan": ["dp", "ddp", "tp 2"],
+            "mfu": [None, float("nan"), 0.41],
+            "tokens_per_s": [None] * 3,
+        }
+    )
+    text = ranked_table(frame)
+    assert "None" not in text and "NaN" not in text and "nan" not in text
+    assert text.count("n/a") == 5 and "0.41" in text

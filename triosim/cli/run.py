@@ -234,6 +234,17 @@ def cmd_import(args) -> int:
     return 0
 
 
+def ranked_table(frame) -> str:
+    """The search's table as printed: a missing figure (no FLOPs, no sequence length) is
+    "n/a" in every row, whether the row holds None or NaN."""
+    import pandas as pd
+
+    shown = frame.copy()
+    for c in shown.columns[1:]:
+        shown[c] = pd.to_numeric(shown[c], errors="coerce")
+    return shown.to_string(index=False, float_format=lambda x: f"{x:.4g}", na_rep="n/a")
+
+
 def cmd_search(args) -> int:
     import yaml
 
@@ -264,7 +275,7 @@ def cmd_search(args) -> int:
         if c in ranked
     ]
     if len(ranked):
-        print(ranked[cols].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+        print(ranked_table(ranked[cols]))
     dropped = table[table["status"] != "ok"]
     for r in dropped.itertuples(index=False):
         print(
@@ -369,7 +380,9 @@ def import_arguments(sub) -> None:
         ),
     )
     im.add_argument(
-        "source", help="folder with trace.csv and tensor.csv (or trace.csv), or the ET JSON"
+        "source",
+        help="a folder holding trace.csv and tensor.csv (or the path of trace.csv, its "
+        "tensor.csv beside it: both are needed), or the ET JSON",
     )
     im.add_argument("out", help="output .trace.json or .trace.json.gz, or the Kineto JSON")
     im.add_argument("profile_out", nargs="?", help="with an ET + Kineto pair: the output file")

@@ -386,6 +386,7 @@ def _run_dask(todo, workers, scheduler, done) -> None:
         # like a remote worker, a local one runs elsewhere than here: a path that is only
         # right relative to this folder fails here too, not only on a cluster
         client.run(_leave_cwd)
+    futures: dict = {}
     try:
         futures = {
             client.submit(run_point, p.config, key=f"triosim-point-{p.id}", pure=False): p
@@ -398,6 +399,9 @@ def _run_dask(todo, workers, scheduler, done) -> None:
             except Exception as e:  # a worker died, a cancelled task, ...
                 row = _failed(e)
             done(p, row)
+    except BaseException:  # Ctrl-C: the points not done are cancelled, not run to the end
+        client.cancel(list(futures), force=True)
+        raise
     finally:
         if client is not scheduler:
             client.close()
@@ -412,7 +416,8 @@ def _leave_cwd(dask_worker) -> None:
 def _run_processes(todo, workers, done) -> None:
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    with ProcessPoolExecutor(workers) as pool:
+    pool = ProcessPoolExecutor(workers)
+    try:
         futures = {pool.submit(run_point, p.config): p for p in todo}
         for f in as_completed(futures):
             try:
@@ -420,6 +425,14 @@ def _run_processes(todo, workers, done) -> None:
             except Exception as e:  # a crashed worker process
                 row = _failed(e)
             done(futures[f], row)
+    except BaseException:
+        # Ctrl-C (or a failing callback): stop now, not after every queued point has run
+        # (the executor's exit waits for them all); the rows done so far are saved
+        for proc in list((getattr(pool, "_processes", None) or {}).values()):
+            proc.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
 
 
 # -- the table --------------------------------------------------------------------------------------
