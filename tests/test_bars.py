@@ -80,3 +80,26 @@ def test_ctrl_c_stops_local_worker_processes_at_once(monkeypatch):
         sweep._run_processes(todo, 2, done)
     assert _time.monotonic() - t0 < 10
     assert rows == {"a": {"slept": 0.05}}
+
+
+def test_a_heartbeat_names_the_stage_while_work_that_counts_nothing_runs():
+    """Issue 44: `trace --shapes-only` printed nothing for minutes; a heartbeat line every
+    interval names the stage, and one says when it is done; a short run writes nothing."""
+    import time as _time
+
+    from triosim.common.bars import Heartbeat
+
+    out = io.StringIO()
+    with Heartbeat("tracing resnet152", every=0.05, file=out) as beat:
+        beat.stage("running the model on the meta device")
+        _time.sleep(0.13)
+        beat.stage("timing 100 operators")
+        _time.sleep(0.13)
+    lines = out.getvalue().splitlines()
+    assert lines[0].startswith("tracing resnet152: running the model on the meta device (")
+    assert any(x.startswith("tracing resnet152: timing 100 operators (") for x in lines)
+    assert lines[-1].startswith("tracing resnet152 done (")
+    quiet = io.StringIO()
+    with Heartbeat("tracing tiny", every=10.0, file=quiet):
+        pass
+    assert quiet.getvalue() == ""

@@ -109,7 +109,7 @@ def test_a_config_file_names_the_workload_relative_to_itself(tmp_path, trace):
 
     from triosim.config.loading import load_config
 
-    cfg = {**config("chakra", 4, path="et/gpt"), "trace": "t.trace.json"}
+    cfg = config("chakra", 4, path="et/gpt")  # (no trace: mode chakra refuses one)
     (tmp_path / "c.yaml").write_text(yaml.safe_dump(cfg))
     r = Simulation(load_config(tmp_path / "c.yaml")).run()
     assert r.iteration_time == Simulation(config("tp", 4), trace=trace).run().iteration_time
@@ -134,11 +134,17 @@ def test_a_workload_needs_no_trace(tmp_path, trace):
         load_config(tmp_path / "d.yaml")
 
 
-def test_a_named_trace_and_gpu_do_not_build_an_unused_performance_model(tmp_path, trace):
-    """mode chakra times nothing: a trace the config names anyway, with a target GPU it was
-    not taken on, is no reason to fit (or refuse) a performance model."""
+def test_a_trace_or_gpu_named_for_mode_chakra_is_refused_not_ignored(tmp_path, trace):
+    """mode chakra times nothing (issue 44: a `gpu:` or `trace:` in its config was accepted
+    and ignored): each is refused naming the field; a trace a Python caller passes along
+    (as for any mode) builds no performance model and changes nothing."""
     ex = export_chakra(config("ddp", 4), tmp_path, trace=trace)
-    cfg = {**config("chakra", 4, path=str(tmp_path)), "gpu": "A100-80GB"}  # traced on H100
+    cfg = config("chakra", 4, path=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"'gpu' = 'A100-80GB'.*nothing would read"):
+        Simulation({**cfg, "gpu": "A100-80GB"})
+    saved = save(trace, tmp_path / "t.trace.json.gz")
+    with pytest.raises(ConfigError, match=r"'trace' = .*nothing would read"):
+        Simulation({**cfg, "trace": str(saved)})
     back = Simulation(cfg, trace=trace).run()
     assert back.iteration_time == ex.result.iteration_time
 

@@ -832,3 +832,24 @@ def test_the_search_table_says_n_a_for_a_missing_figure_in_every_row():
     text = ranked_table(frame)
     assert "None" not in text and "NaN" not in text and "nan" not in text
     assert text.count("n/a") == 5 and "0.41" in text
+
+
+def test_a_set_that_changes_the_mode_leaves_out_the_old_modes_fields_and_says_so(capsys):
+    """Issue 44: `--set parallelism.mode=ddp` on a 1F1B config failed on the config's own
+    `microbatches` (a field of the old mode); it now follows a sweep's rule: left out and
+    said; a field the --set itself names is still refused, naming it."""
+    cfg = ROOT / "examples" / "1f1b.yaml"
+    code, out, err = triosim(capsys, "simulate", cfg, "--set", "parallelism.mode=ddp", "--no-save")
+    assert code == 0, err
+    assert "--set: left out parallelism.microbatches" in out
+    msg = user_error(
+        capsys,
+        "simulate",
+        cfg,
+        "--set",
+        "parallelism.mode=ddp",
+        "--set",
+        "parallelism.microbatches=2",
+        "--no-save",
+    )
+    assert "'parallelism.microbatches' = 2" in msg

@@ -253,22 +253,28 @@ def run_trace(args, timer=None) -> int:
     path = check_output_file(
         out / trace_file_name(args), getattr(args, "force", False), what="trace file"
     )
-    t = trace_model(
-        args.model,
-        args.batch_size,
-        args.device,
-        args.warmup,
-        args.measure,
-        args.small,
-        args.image_size,
-        args.seq_len,
-        shapes_only,
-        layers,
-        getattr(args, "master_weights", False),
-        getattr(args, "capacity_factor", None),
-    )
-    if shapes_only:
-        t = timer(t, gpu, getattr(args, "calibration", None))
+    from triosim.common.bars import Heartbeat
+
+    # shape-only tracing and modelling take minutes on large models: say what is running
+    with Heartbeat(f"tracing {args.model}") as beat:
+        beat.stage("running the model" + (" on the meta device" if shapes_only else ""))
+        t = trace_model(
+            args.model,
+            args.batch_size,
+            args.device,
+            args.warmup,
+            args.measure,
+            args.small,
+            args.image_size,
+            args.seq_len,
+            shapes_only,
+            layers,
+            getattr(args, "master_weights", False),
+            getattr(args, "capacity_factor", None),
+        )
+        if shapes_only:
+            beat.stage(f"timing {len(t.operators)} operators with the performance model")
+            t = timer(t, gpu, getattr(args, "calibration", None))
     path = save(t, path)
     print(f"wrote {path}")
     print(f"operators {len(t.operators)}, tensors {len(t.tensors)}")

@@ -23,6 +23,21 @@ def apply_set(data: dict, text: str) -> None:
     set_field(data, *parse_assignment(text))
 
 
+def config_with_sets(path, sets) -> object:
+    """The config file at `path` with its --set overrides, by the rule a sweep's points
+    follow (triosim.config.overrides): a --set that selects another part (a mode, a
+    topology kind) leaves out the file's fields the new part does not have, and says so."""
+    from triosim.config.loading import read_yaml
+    from triosim.config.overrides import with_overrides
+
+    path = Path(path)
+    overrides = dict(parse_assignment(s) for s in sets or [])
+    cfg, dropped = with_overrides(read_yaml(path), overrides, path.parent)
+    if dropped:
+        print(f"--set: left out {', '.join(dropped)} (fields of the part the --set replaces)")
+    return cfg
+
+
 def taken(folder: Path) -> bool:
     """Whether `folder` holds files (a killed run's stale partial files removed first:
     triosim.common.outputs.stale_partials)."""

@@ -10,6 +10,7 @@ from pathlib import Path
 from triosim.cli.common import (
     apply_set,
     clear_earlier,
+    config_with_sets,
     device_name,
     nonnegative_int,
     out_folder,
@@ -24,15 +25,11 @@ from triosim.trace.files import import_csv, load_any_trace
 
 def cmd_simulate(args) -> int:
     from triosim.common.outputs import written_before
-    from triosim.config.loading import from_dict, read_yaml
     from triosim.results.result import Result
     from triosim.simulation.wiring import Simulation
 
     path = Path(args.config)
-    data = read_yaml(path)
-    for s in args.set or []:
-        apply_set(data, s)
-    cfg = from_dict(data, base_dir=path.parent)
+    cfg = config_with_sets(path, args.set)
     if args.no_save and args.out is not None:
         raise InputError(f"--no-save and --out {args.out}: give one (--no-save writes nothing)")
     out = None if args.no_save else out_folder(args.out, path.stem, args.force)

@@ -333,10 +333,23 @@ def from_dict(data: dict, base_dir=".") -> Config:
 
 
 def _check_trace_given(cfg: Config) -> None:
-    """Every mode but one times the trace's operators: without a trace it has nothing to run."""
+    """Every mode but one times the trace's operators: without a trace it has nothing to run.
+    That one (mode chakra) reads neither a trace nor a target GPU: naming one is refused
+    rather than silently ignored."""
     from extrapolators.modes import extrapolator_class
 
-    if not cfg.trace and extrapolator_class(cfg.parallelism.mode).uses_trace:
+    mode = extrapolator_class(cfg.parallelism.mode)
+    if not mode.uses_trace:
+        for field, value in (("trace", cfg.trace), ("gpu", cfg.gpu)):
+            if value and value != IN_MEMORY:
+                raise ConfigError(
+                    field,
+                    value,
+                    f"none with parallelism.mode {cfg.parallelism.mode}: its workload carries "
+                    "its own operator times (for the GPU it was exported on); nothing would "
+                    f"read this {field}",
+                )
+    if not cfg.trace and mode.uses_trace:
         raise ConfigError(
             "trace",
             None,

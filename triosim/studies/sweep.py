@@ -42,11 +42,11 @@ from pathlib import Path
 import pandas as pd
 
 from triosim.common.errors import ConfigError, InputError
-from triosim.config.loading import Config, from_dict, read_yaml, set_field
+from triosim.config.loading import Config, read_yaml, set_field
+from triosim.config.overrides import SELECTORS, with_overrides
 
 TABLE = "sweep"  # DIR/sweep.csv and DIR/sweep.parquet
 ERRORS = ("error_type", "error")
-SELECTORS = {"parallelism": "mode", "topology": "kind", "network": "kind", "perfmodel": "kind"}
 GRID_KEYS = ("base", "grid", "zip")
 
 
@@ -204,38 +204,12 @@ def _base_wanted(base) -> str:
 
 
 def _config(base, params, base_dir: Path, grid_dir: Path) -> tuple[Config, tuple]:
-    data = copy.deepcopy(base)
-    for k, v in params.items():
-        set_field(data, k, v)
-    dropped = []
-    while True:
-        try:
-            cfg = from_dict(data, base_dir=base_dir)
-            break
-        except ConfigError as e:  # a base field of a part this point does not select?
-            if not _drop(data, base, params, e.field):
-                raise
-            dropped.append(e.field)
+    cfg, dropped = with_overrides(base, params, base_dir)
     if grid_dir.resolve() != base_dir.resolve():  # the grid's own paths start at the grid
         moved = {k: _move(v, grid_dir) for k, v in params.items() if k in _path_fields(cfg)}
         if moved:
-            for k, v in moved.items():
-                set_field(data, k, v)
-            cfg = from_dict(data, base_dir=base_dir)
+            cfg, dropped = with_overrides(base, {**params, **moved}, base_dir)
     return absolute(cfg), tuple(dropped)
-
-
-def _drop(data: dict, base: dict, params: dict, dotted: str) -> bool:
-    section, _, name = dotted.partition(".")
-    selector = SELECTORS.get(section)
-    changed = f"{section}.{selector}" in params and params[f"{section}.{selector}"] != (
-        base.get(section) or {}
-    ).get(selector)
-    own = data.get(section)
-    if not (changed and name and dotted not in params and isinstance(own, dict) and name in own):
-        return False
-    del own[name]
-    return True
 
 
 def _path_fields(cfg: Config) -> set[str]:
