@@ -65,3 +65,28 @@ def test_hinted_order_is_the_hints_filtered_and_follows_a_changed_hint():
     hint[0], hint[5] = 1, 5  # edited in place: same list object, new order
     assert _hinted(hint, [0, 9, 1, 5]) == [1, 9, 0, 5]
     assert _hinted([4, 4, 2], [2, 4]) == [4, 4, 2]  # a GPU twice in the hint: every copy
+
+
+def test_a_group_at_the_dense_limit_routes_only_the_hops_its_candidate_rings_use(monkeypatch):
+    """Issue 47's cliff: a ring of 256 GPUs (the dense search's limit) routed all 65,536
+    ordered pairs to weigh its few candidate rings (7.5 s of a 1.2 s run at 512); the loads
+    are now those of the pairs the candidates' hops use, at most 2 x 256 per candidate, and
+    the chosen ring is the builder's own."""
+    from extrapolators.communication import rings
+    from networks.routing import Routes
+
+    routed = []
+    real = Routes.paths_links
+
+    def counting(self, pairs):
+        routed.extend(pairs)
+        return real(self, pairs)
+
+    monkeypatch.setattr(Routes, "paths_links", counting)
+    n = 256
+    g = topo.ring(n, GB, 1e-6)
+    g.graph.pop("ring", None)  # no builder's hint: the dense search runs
+    group = list(range(n))
+    order = rings.ring_order(g, group)
+    assert sorted(order) == group and all(g.has_edge(a, b) for a, b in hops_of(list(order)))
+    assert 0 < len(set(routed)) <= 2 * n * 6 < n * n
