@@ -853,3 +853,55 @@ def test_a_set_that_changes_the_mode_leaves_out_the_old_modes_fields_and_says_so
         "--no-save",
     )
     assert "'parallelism.microbatches' = 2" in msg
+
+
+@pytest.mark.parametrize("command", ["simulate", "sweep", "export-chakra", "search", "calibrate"])
+def test_no_writer_writes_over_its_configs_trace_with_force(capsys, measured, tmp_path, command):
+    """Issue 44's property over the writing commands: the trace a config names, sitting
+    where the command writes (under the name it writes, for a folder's outputs), is never
+    written over, not even with --force: each refuses naming the input."""
+    import shutil
+
+    log, _ = measured
+    out = tmp_path / "out"
+    out.mkdir()
+    # the file the command writes, made an input by naming it as the config's trace
+    target = {
+        "simulate": out / "timeline.csv",
+        "sweep": out / "sweep.csv",
+        "export-chakra": out / "comm_group.json",
+        "search": out / "best.yaml",
+        "calibrate": out / "calib.yaml",
+    }[command]
+    shutil.copy(TRACE, target)
+    if target.suffix == ".json":  # a plain JSON trace by that name
+        import gzip
+
+        target.write_bytes(gzip.decompress(TRACE.read_bytes()))
+    before = target.read_bytes()
+    cfg = {
+        "trace": str(target),
+        "num_gpus": 2,
+        "batch_size": 8,
+        "parallelism": {"mode": "ddp"},
+        **({"gpu": "A100-80GB", "topology": SYSTEM["topology"]} if command == "calibrate" else {}),
+    }
+    path = write(tmp_path, cfg, "c.yaml")
+    args = {
+        "simulate": ["simulate", path, "--out", out, "--force"],
+        "sweep": [
+            "sweep",
+            write(tmp_path, {"base": str(path), "grid": {"num_gpus": [2]}}, "g.yaml"),
+            "--out",
+            out,
+            "--force",
+            "--workers",
+            "1",
+        ],
+        "export-chakra": ["export-chakra", path, "--out", out, "--force"],
+        "search": ["search", path, "--out", target, "--force"],
+        "calibrate": ["calibrate", log, "--config", path, "--out", target, "--force"],
+    }[command]
+    msg = user_error(capsys, *args)
+    assert "input" in msg and "not even with --force" in msg, msg
+    assert target.read_bytes() == before

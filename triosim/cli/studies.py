@@ -137,7 +137,10 @@ def cmd_sweep(args) -> int:
         from triosim.common.outputs import written_before
 
         own = [f"{sw.TABLE}.csv", f"{sw.TABLE}.parquet"]
-        inputs = [path, spec.base_file, *{p.config.trace_path() for p in pts if p.config.trace}]
+        from triosim.config.inputs import input_files
+
+        # every point's inputs (traces, path options, workloads), as every writer's
+        inputs = [path, spec.base_file, *{f for p in pts for f in input_files(p.config)}]
         spare_inputs(folder, [*own, *written_before(folder, "sweep")], [i for i in inputs if i])
         clear_earlier(folder, own, "sweep")
     _note_dropped(pts)
