@@ -114,6 +114,19 @@ def static_per_gpu(trace, extrapolator, gpu, options: MemoryOptions, _kind=None)
     return {k: v * shares[k] for k, v in full.items()}  # ZeRO: a share of each kind
 
 
+def model_state_bytes(trace, options: MemoryOptions) -> float:
+    """Weights and optimizer states of one copy of the model at the memory options'
+    precision and optimizer: what a checkpoint writes (replicas hold copies of the same
+    bytes; sharded ones together hold one)."""
+    full = static_bytes(
+        trace.weight_bytes(),
+        _bytes_per_param(trace),
+        optimizer_kind(trace, options),
+        options.precision,
+    )
+    return full["weights"] + full["optimizer_states"]
+
+
 def memory_timeline(
     timeline: pd.DataFrame, trace, extrapolator, gpus, options: MemoryOptions, share: bool = True
 ):

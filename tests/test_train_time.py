@@ -1,0 +1,109 @@
+"""The time to train (triosim/studies/train_time.py): Daly's expected wall time against
+its closed-form limits and a seeded Monte Carlo of the same failures, the best checkpoint
+interval against Young's and Daly's approximations, and the command."""
+
+import math
+
+import numpy as np
+import pytest
+
+from triosim.studies.train_time import (
+    LLAMA3_MTBF_GPU,
+    TrainTimeOptions,
+    best_interval,
+    estimate,
+    expected_time,
+    simulate_failures,
+    young_interval,
+)
+
+H = 3600.0
+
+
+def test_without_failures_the_time_is_the_work_and_its_checkpoints():
+    # 100 h of work, a checkpoint of 6 min every hour: 100 x 1.1 h
+    assert expected_time(100 * H, H, 0.1 * H, 0.2 * H, math.inf) == pytest.approx(110 * H)
+    # failures rarer and rarer: Daly's time tends to it
+    assert expected_time(100 * H, H, 0.1 * H, 0.2 * H, 1e12) == pytest.approx(110 * H, rel=1e-6)
+
+
+def test_dalys_expected_time_is_the_mean_of_the_failure_process():
+    """100 h of work in 1 h segments, 6-min checkpoints, 12-min restarts, a failure every
+    10 h on average: the mean of 3,000 seeded draws of the process within 3 standard
+    errors of Daly's expression; the same seed gives the same draws, another seed others."""
+    args = (100 * H, H, 0.1 * H, 0.2 * H, 10 * H)
+    draws = simulate_failures(*args, runs=3000, seed=7)
+    want = expected_time(*args)
+    se = draws.std(ddof=1) / math.sqrt(len(draws))
+    assert abs(draws.mean() - want) < 3 * se, (draws.mean() / H, want / H, se / H)
+    assert want > 110 * H  # failures cost time
+    assert np.array_equal(draws[:50], simulate_failures(*args, runs=50, seed=7))
+    assert not np.array_equal(draws[:50], simulate_failures(*args, runs=50, seed=8))
+
+
+@pytest.mark.parametrize("delta, mtbf", [(60.0, 3 * H), (30.0, 20 * H), (600.0, 50 * H)])
+def test_the_best_interval_is_youngs_and_dalys_while_a_checkpoint_is_short(delta, mtbf):
+    """The interval minimising the expected time against Young's sqrt(2 delta M) (first
+    order: within 10 % while delta << M) and Daly's higher-order estimate (within 1 %):
+    sqrt(2 delta M) (1 + sqrt(delta / (2M)) / 3 + delta / (18 M)) - delta."""
+    best = best_interval(1e4 * H, delta, 300.0, mtbf)
+    young = young_interval(delta, mtbf)
+    x = delta / (2 * mtbf)
+    daly = young * (1 + math.sqrt(x) / 3 + x / 9) - delta
+    assert best == pytest.approx(young, rel=0.1)
+    assert best == pytest.approx(daly, rel=0.01)
+    t = lambda tau: expected_time(1e4 * H, tau, delta, 300.0, mtbf)  # noqa: E731
+    assert t(best) <= min(t(best * 0.9), t(best * 1.1))
+
+
+def test_an_estimate_by_hand():
+    """1.5 s steps of 4M tokens for 15T tokens on 16,384 GPUs (Llama 3's failure rate:
+    MTBF 2,111.5 GPU-days, so 3.09 h for the run), a 2 TB checkpoint at 2 TB/s: steps
+    3,576,279; work 62.09 days; at the best interval the goodput is below 1 and above the
+    first-order estimate 1 - sqrt(2 delta / M) - R / M."""
+    o = TrainTimeOptions(tokens=15e12)
+    t = estimate(1.5, 4 * 2**20, 16384, 2e12, o)
+    assert t.steps == pytest.approx(15e12 / 2**22)
+    assert t.work == pytest.approx(t.steps * 1.5)
+    assert t.mtbf == pytest.approx(LLAMA3_MTBF_GPU / 16384) and t.mtbf / H == pytest.approx(
+        3.09, abs=0.01
+    )
+    assert t.checkpoint_write == pytest.approx(1.0)
+    first_order = 1 - math.sqrt(2 * 1.0 / t.mtbf) - o.restart / t.mtbf
+    assert first_order < t.goodput < 1
+
+
+def test_the_command_plots_goodput_against_the_interval(capsys, tmp_path):
+    from pathlib import Path
+
+    from tests.conftest import run_cli
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "titan_llama8b_fsdp.yaml"
+    png = tmp_path / "goodput.png"
+    code, out, err = run_cli(
+        capsys, "train-time", str(example), "--tokens", "1T", "--plot", str(png)
+    )
+    assert code == 0, err
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {png}" in out
+    code, _, err = run_cli(capsys, "train-time", str(example), "--tokens", "1T", "--plot", str(png))
+    assert code == 2 and "exists; pass --force" in err
+    code, _, err = run_cli(
+        capsys, "train-time", str(example), "--tokens", "1T", "--plot", str(example)
+    )
+    assert code == 2 and "name a .png file" in err
+
+
+def test_the_command_prints_the_estimate(capsys):
+    from pathlib import Path
+
+    from tests.conftest import run_cli
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "titan_llama8b_fsdp.yaml"
+    code, out, err = run_cli(
+        capsys, "train-time", str(example), "--tokens", "1T", "--restart", "1200 s"
+    )
+    assert code == 0, err
+    assert "steps                    7,629,395 for 1e+12 tokens" in out  # 1e12 / (16 x 8192)
+    assert "restart                  20.0 min" in out and "goodput" in out
+    code, _, err = run_cli(capsys, "train-time", str(example), "--tokens", "many")
+    assert code == 2 and "argument --tokens: a count such as 15e12 or 15T, got 'many'" in err

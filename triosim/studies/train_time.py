@@ -1,0 +1,176 @@
+"""The time to train: one simulated iteration x the steps a token budget needs, with the
+failures, checkpoints and restarts of a large run (`triosim train-time`).
+
+Inputs (each a field of `TrainTimeOptions`, its default's source in its help):
+  - the iteration time t and the tokens per step (global batch x sequence) of a simulated
+    config: steps S = tokens / tokens per step, failure-free work W = S x t;
+  - failures, exponential (a memoryless rate), a mean time between failures per GPU: the
+    run fails at rate lambda = GPUs / mtbf_gpu (system MTBF M = 1 / lambda);
+  - a checkpoint every tau seconds of work, written in delta = state bytes / storage
+    bandwidth (the state: weights and optimizer states every GPU holds, from the memory
+    model), the training stopped while it is written;
+  - a restart R after each failure (rescheduling, loading the checkpoint), then the work
+    since the last checkpoint again.
+
+Expected wall time (Daly 2006, "A higher order estimate of the optimum checkpoint interval
+for restart dumps", eq. 13, exponential failures, failures during restarts and
+checkpoints included): T(tau) = M e^(R/M) (e^((tau + delta)/M) - 1) W / tau. Goodput is W /
+T. The interval minimising T is found numerically; Young's first-order optimum sqrt(2
+delta M) (Young 1974) is printed beside it as the check (they agree while delta << M).
+`simulate_failures` draws the same process (seeded) for the Monte Carlo check of T.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from triosim.common.schema import option
+
+DAY = 86400.0
+# Llama 3 (Dubey et al. 2024, "The Llama 3 Herd of Models", section 3.3.4): 419 unexpected
+# interruptions in 54 days of pre-training on up to 16,384 H100s: one per 2,111.5 GPU-days
+LLAMA3_MTBF_GPU = 16384 * 54 * DAY / 419
+# the same paper (section 3.3.1): Tectonic, Meta's storage for checkpoints, sustains 2 TB/s
+LLAMA3_STORAGE = 2e12
+
+
+@dataclass(frozen=True)
+class TrainTimeOptions:
+    tokens: float = option(gt=0, help="tokens to train on")
+    mtbf_gpu: float = option(
+        LLAMA3_MTBF_GPU,
+        unit="seconds",
+        gt=0,
+        help="mean time between failures per GPU (default: Llama 3's 419 interruptions in 54 "
+        "days on 16,384 H100s, 2,111.5 GPU-days)",
+    )
+    storage_bandwidth: float = option(
+        LLAMA3_STORAGE,
+        unit="bandwidth",
+        gt=0,
+        help="checkpoint write bandwidth of the whole run (default: Llama 3's Tectonic, 2 TB/s "
+        "sustained)",
+    )
+    restart: float = option(
+        600.0,
+        unit="seconds",
+        ge=0,
+        help="from a failure to training again: rescheduling, loading the checkpoint "
+        "(default: 10 minutes, an assumption: no published number for Llama 3)",
+    )
+    checkpoint_interval: float | None = option(
+        None,
+        unit="seconds",
+        gt=0,
+        help="seconds of training between checkpoints (default: the best)",
+    )
+
+
+def expected_time(work: float, tau: float, delta: float, restart: float, mtbf: float) -> float:
+    """Daly's expected wall time of `work` seconds of training (module docstring); `mtbf`
+    inf: no failures, work plus the checkpoints."""
+    if math.isinf(mtbf):
+        return work * (tau + delta) / tau
+    M = mtbf
+    return M * math.exp(restart / M) * math.expm1((tau + delta) / M) * work / tau
+
+
+def best_interval(work: float, delta: float, restart: float, mtbf: float) -> float:
+    """The checkpoint interval minimising `expected_time` (bounded search on a log scale)."""
+    from scipy.optimize import minimize_scalar
+
+    if math.isinf(mtbf):
+        return work
+    young = young_interval(delta, mtbf)
+    lo, hi = math.log(young / 100), math.log(min(work, young * 100))
+    res = minimize_scalar(
+        lambda x: expected_time(work, math.exp(x), delta, restart, mtbf),
+        bounds=(lo, max(hi, lo + 1e-9)),
+        method="bounded",
+        options={"xatol": 1e-9},
+    )
+    return math.exp(res.x)
+
+
+def young_interval(delta: float, mtbf: float) -> float:
+    """Young's first-order optimum: sqrt(2 x checkpoint time x MTBF)."""
+    return math.sqrt(2 * delta * mtbf)
+
+
+def simulate_failures(
+    work: float, tau: float, delta: float, restart: float, mtbf: float, runs: int, seed: int
+) -> np.ndarray:
+    """Wall times of `runs` seeded draws of the process Daly's formula averages: segments of
+    tau seconds of work each followed by a delta-second checkpoint (the last segment the
+    work left, then its checkpoint), exponential failures at rate 1 / mtbf at any time (in
+    a restart too); a failure loses the segment in progress and costs a restart."""
+    rng = np.random.default_rng(seed)
+    out = np.empty(runs)
+    full, last = divmod(work, tau)
+    segments = [tau] * int(full) + ([last] if last > 1e-12 * tau else [])
+    for k in range(runs):
+        t = 0.0
+        pending = 0.0  # a restart to go through before the next segment
+        for seg in segments:
+            need = seg + delta
+            while True:
+                fail = rng.exponential(mtbf)
+                if fail >= pending + need:
+                    t += pending + need
+                    pending = 0.0
+                    break
+                t += fail
+                pending = restart  # lost: restart, then the segment again
+        out[k] = t
+    return out
+
+
+@dataclass
+class TrainTime:
+    """What `estimate` gives (seconds unless said)."""
+
+    iteration: float
+    steps: float
+    work: float  # failure-free training time, no checkpoints
+    gpus: int
+    state_bytes: float  # what a checkpoint writes
+    checkpoint_write: float  # delta
+    mtbf: float  # the run's (system) MTBF
+    interval: float  # checkpoint interval used
+    best: float  # the interval minimising the expected time
+    young: float
+    expected: float  # expected wall time with failures, at `interval`
+    no_failures: float  # wall time without failures (checkpoints included)
+
+    @property
+    def goodput(self) -> float:
+        return self.work / self.expected
+
+
+def estimate(
+    iteration: float, tokens_per_step: float, gpus: int, state_bytes: float, o: TrainTimeOptions
+) -> TrainTime:
+    """The time to train `o.tokens` tokens (module docstring)."""
+    steps = o.tokens / tokens_per_step
+    work = steps * iteration
+    delta = state_bytes / o.storage_bandwidth
+    mtbf = o.mtbf_gpu / gpus
+    best = best_interval(work, delta, o.restart, mtbf)
+    tau = o.checkpoint_interval or best
+    return TrainTime(
+        iteration=iteration,
+        steps=steps,
+        work=work,
+        gpus=gpus,
+        state_bytes=state_bytes,
+        checkpoint_write=delta,
+        mtbf=mtbf,
+        interval=tau,
+        best=best,
+        young=young_interval(delta, mtbf),
+        expected=expected_time(work, tau, delta, o.restart, mtbf),
+        no_failures=expected_time(work, tau, delta, o.restart, math.inf),
+    )
