@@ -11,7 +11,32 @@ from triosim.common.schema import option
 
 
 @dataclass(frozen=True)
-class MeshOptions:
+class LoadOptions:
+    """How a mixture-of-experts model's routed tokens spread over its experts (one set of
+    fields for the mesh and mode ep)."""
+
+    load: Literal["uniform", "skew", "given"] = option(
+        "uniform",
+        help="how the routed tokens spread over the experts: uniform, skew (Zipf over a "
+        "random order drawn from seed) or given (expert_loads)",
+    )
+    skew: float = option(
+        1.0, ge=0, help="load: skew: the r-th busiest expert's share is proportional to r^-skew"
+    )
+    seed: int = option(0, ge=0, help="load: skew: the seed of the experts' random order")
+    expert_loads: list[float] | None = option(
+        None, help="load: given: each expert's relative share of the routed tokens"
+    )
+    capacity_factor: float | None = option(
+        None,
+        gt=0,
+        help="token dropping: an expert keeps at most this factor x its balanced share "
+        "of its EP group's tokens (null: the trace's router's, null there: dropless)",
+    )
+
+
+@dataclass(frozen=True)
+class MeshOptions(LoadOptions):
     pp: int = option(1, ge=1, help="pipeline-parallel degree (stages)")
     dp_replicate: int = option(
         1, ge=1, help="data-parallel replicas (DDP; with dp_shard > 1, HSDP's replicas)"
@@ -101,24 +126,6 @@ class MeshOptions:
         help="distributed_optimizer: the updated parameters all-gathered in buckets as the "
         "next forward pass reads them (Megatron's --overlap-param-gather); false: all after "
         "the optimizer step",
-    )
-    load: Literal["uniform", "skew", "given"] = option(
-        "uniform",
-        help="ep: how the routed tokens spread over the experts: uniform, skew (Zipf over a "
-        "random order drawn from seed) or given (expert_loads)",
-    )
-    skew: float = option(
-        1.0, ge=0, help="load: skew: the r-th busiest expert's share is proportional to r^-skew"
-    )
-    seed: int = option(0, ge=0, help="load: skew: the seed of the experts' random order")
-    expert_loads: list[float] | None = option(
-        None, help="load: given: each expert's relative share of the routed tokens"
-    )
-    capacity_factor: float | None = option(
-        None,
-        gt=0,
-        help="ep: token dropping: an expert keeps at most this factor x its balanced share "
-        "of its EP group's tokens (null: the trace's router's, null there: dropless)",
     )
     recompute: Literal["none", "full", "selective", "stage"] = option(
         "none",

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from extrapolators.modes.mesh.options import LoadOptions
 from extrapolators.modes.pipeline import PipelineOptions
 from extrapolators.modes.tensor_parallel import TPOptions
 from triosim.common.schema import option
@@ -178,25 +179,13 @@ class CPOptions(DDPOptions):
 
 
 @dataclass(frozen=True)
-class EPOptions:
+class EPOptions(LoadOptions):
     ep: int = option(
         0,
         ge=0,
         help="expert-parallel degree: the GPUs an MoE layer's experts are spread over "
         "(a divisor of num_gpus and of the experts; 0: all GPUs); num_gpus / ep data-"
         "parallel replicas of each expert",
-    )
-    load: Literal["uniform", "skew", "given"] = option(
-        "uniform",
-        help="how the routed tokens spread over the experts: uniform, skew (Zipf over a "
-        "random order drawn from seed) or given (expert_loads)",
-    )
-    skew: float = option(
-        1.0, ge=0, help="load: skew: the r-th busiest expert's share is proportional to r^-skew"
-    )
-    seed: int = option(0, ge=0, help="load: skew: the seed of the experts' random order")
-    expert_loads: list[float] | None = option(
-        None, help="load: given: each expert's relative share of the routed tokens"
     )
     accumulation_steps: int = option(
         1,
@@ -279,11 +268,4 @@ class EPOptions:
         ge=1,
         help="pp > 1, schedule interleaved: model chunks per stage (Megatron's virtual "
         "pipeline); stage p holds chunks p, p + pp, ...",
-    )
-    capacity_factor: float | None = option(
-        None,
-        gt=0,
-        help="token dropping: an expert keeps at most this factor x its balanced share "
-        "of its EP group's tokens (null: the trace's router: its moe.capacity_factor, "
-        "null there: dropless)",
     )
