@@ -59,11 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     from triosim.cli.collectives import add_commands
     from triosim.cli.host import add_parser as add_fit_host
     from triosim.cli.train_time import add_parser as add_train_time
+    from triosim.cli.variability import add_parser as add_variability
 
     add_commands(sub)  # collectives, calibrate
     add_chakra(sub)  # export-chakra
     add_fit_host(sub)  # fit-host
     add_train_time(sub)  # train-time
+    add_variability(sub)  # variability
 
     sweep_arguments(sub)
     compare_arguments(sub)

@@ -1,0 +1,59 @@
+"""`triosim variability CONFIG --cv 0.03 --runs 50`: the iteration time's distribution when
+each GPU's compute varies from iteration to iteration (triosim.studies.variability), and
+by order statistics how slow the slowest GPU is at larger scales (`--at 1024,16384`).
+"""
+
+from __future__ import annotations
+
+from triosim.cli.common import positive_int
+
+
+def add_parser(subparsers) -> None:
+    p = subparsers.add_parser(
+        "variability",
+        help="iteration time P50/P90/P99 with per-GPU compute variability; stragglers at scale",
+        description="Simulate CONFIG --runs times, each GPU's compute slowed by a factor drawn "
+        "per GPU and run (log-normal, mean 1, coefficient of variation --cv; seeded), and "
+        "print the iteration time's percentiles; with --at, the slowest GPU's factor at "
+        "those GPU counts by order statistics (no simulation).",
+    )
+    p.add_argument("config", help="the config (YAML) of one training iteration")
+    p.add_argument("--cv", type=float, required=True, help="coefficient of variation (0.03)")
+    p.add_argument("--runs", type=positive_int, default=50, help="simulations (default 50)")
+    p.add_argument("--seed", type=int, default=0, help="the draws' seed (default 0)")
+    p.add_argument("--at", help="GPU counts for the order statistics, comma-separated")
+    p.set_defaults(func=cmd_variability)
+
+
+def cmd_variability(args) -> int:
+    from pathlib import Path
+
+    import numpy as np
+
+    from triosim.common.errors import InputError
+    from triosim.config.loading import read_yaml
+    from triosim.studies.variability import iteration_times, slowest_factor, slowest_quantile
+
+    if not 0 <= args.cv < 1:
+        raise InputError(f"--cv {args.cv}: a coefficient of variation in [0, 1)")
+    at = []
+    for x in (args.at or "").split(","):
+        if x.strip():
+            try:
+                at.append(int(x))
+            except ValueError:
+                raise InputError(f"--at {args.at!r}: GPU counts such as 1024,16384") from None
+    path = Path(args.config)
+    times, _, gpus = iteration_times(read_yaml(path), args.cv, args.runs, args.seed, path.parent)
+    ms = times * 1e3
+    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
+    print(f"{args.runs} runs, {len(gpus)} GPUs, compute cv {args.cv:g} per GPU (seed {args.seed})")
+    print(
+        f"iteration ms             mean {ms.mean():.4f}  P50 {p50:.4f}  P90 {p90:.4f}  P99 {p99:.4f}"
+    )
+    for n in [len(gpus), *at]:
+        print(
+            f"slowest of {n:,} GPUs    factor mean {slowest_factor(args.cv, n):.4f}  "
+            f"P99 {slowest_quantile(args.cv, n, 0.99):.4f}"
+        )
+    return 0

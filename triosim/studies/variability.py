@@ -1,0 +1,84 @@
+"""Run-to-run variability and stragglers: each GPU's compute in an iteration takes its
+deterministic time x a factor drawn per GPU and iteration, log-normal with mean 1 and a
+coefficient of variation `cv` (the shared H100 timings vary 0.2-8 % from run to run); a
+synchronous step waits for its slowest GPU.
+
+`iteration_times(config, cv, runs, seed)`: `runs` seeded simulations of the config, each
+with its GPUs' compute slowed by one draw per GPU (the config's heterogeneity.compute; the
+network as it is): the iteration time's distribution. Zero cv is the deterministic run.
+
+`slowest_factor(cv, n)` and `slowest_quantile(cv, n, q)`: the slowest of n GPUs' factors
+by order statistics, no simulation: F_max(x) = F(x)^n, so its q-quantile is
+exp(mu + sigma x Phi^-1(q^(1/n))) and its mean the integral of 1 - F(x)^n (sigma^2 =
+ln(1 + cv^2), mu = -sigma^2 / 2). Where the iteration is compute then a collective that
+waits for every GPU (mode dp: the step is T_compute x the slowest factor + the rest),
+that is the step's distribution at any scale: at 16,384 GPUs as at 4.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+from scipy import integrate, stats
+
+
+def _lognormal(cv: float) -> tuple[float, float]:
+    """(mu, sigma) of the log-normal with mean 1 and coefficient of variation cv."""
+    sigma = math.sqrt(math.log1p(cv * cv))
+    return -sigma * sigma / 2, sigma
+
+
+def factors(cv: float, n: int, runs: int, seed: int) -> np.ndarray:
+    """(runs, n) compute factors: one per GPU and run, seeded."""
+    if cv == 0:
+        return np.ones((runs, n))
+    mu, sigma = _lognormal(cv)
+    return np.random.default_rng(seed).lognormal(mu, sigma, size=(runs, n))
+
+
+def slowest_quantile(cv: float, n: int, q: float) -> float:
+    """The q-quantile of the largest of n independent factors."""
+    if cv == 0:
+        return 1.0
+    mu, sigma = _lognormal(cv)
+    return math.exp(mu + sigma * stats.norm.ppf(q ** (1.0 / n)))
+
+
+def slowest_factor(cv: float, n: int) -> float:
+    """The mean of the largest of n independent factors."""
+    if cv == 0:
+        return 1.0
+    mu, sigma = _lognormal(cv)
+    dist = stats.lognorm(s=sigma, scale=math.exp(mu))
+    hi = dist.ppf(1 - 1e-12 / max(n, 1))
+    value, _ = integrate.quad(lambda x: 1 - dist.cdf(x) ** n, 0, hi, limit=200)
+    return value
+
+
+def iteration_times(config: dict, cv: float, runs: int, seed: int, base_dir=".", trace=None):
+    """(iteration times of `runs` seeded draws, the compute factors drawn, GPU ids)."""
+    from triosim.config.loading import from_dict
+    from triosim.simulation.wiring import Simulation
+
+    def build(cfg):  # a Python caller's trace object, or the config's own trace file
+        return Simulation(
+            cfg if trace is not None else from_dict(cfg, base_dir=base_dir), trace=trace
+        )
+
+    first = build(config)
+    gpus = list(first.gpus)
+    drawn = factors(cv, len(gpus), runs, seed)
+    out = np.empty(runs)
+    for k in range(runs):
+        cfg = copy.deepcopy(config)
+        het = cfg.setdefault("heterogeneity", {}) or {}
+        cfg["heterogeneity"] = het
+        compute = dict(het.get("compute") or {})
+        for g, f in zip(gpus, drawn[k], strict=True):
+            compute[g] = compute.get(g, 1.0) * float(f)
+        het["compute"] = compute
+        cfg["symmetry"] = "off"  # the GPUs differ now
+        out[k] = build(cfg).run().iteration_time
+    return out, drawn, gpus
