@@ -531,7 +531,7 @@ def test_nccl_plans_are_those_of_the_per_hop_code(name):
             "all_to_all",
             "sendrecv",
         ):
-            for nbytes in (0.0, 4e3, 3e6):  # LL, LL128 and Simple sizes at these groups
+            for nbytes in (0.0, 4e3, 3e6):  # (1 GB dropped: a quarter of the time, for the suite)
                 for algo in (None, "ring", "tree", "nvls", "collnet"):
                     args = (op, group, nbytes, group[-1], algo)
                     try:
