@@ -77,8 +77,10 @@ def test_dp_shard_zero_takes_what_the_other_degrees_leave_and_a_wrong_product_is
     assert resolve(64, 2, 2, 0, 1, 8).dp_shard == 2
     with pytest.raises(ConfigError, match=r"parallelism.dp_shard.*product is num_gpus \(64\)"):
         resolve(64, 2, 2, 4, 1, 8)
-    with pytest.raises(ConfigError, match=r"parallelism.dp_shard.*divide num_gpus \(60\)"):
-        resolve(60, 1, 1, 0, 1, 8)
+    with pytest.raises(ConfigError, match=r"parallelism.tp.*dividing num_gpus \(60\)"):
+        resolve(60, 1, 1, 0, 1, 8)  # one degree alone that cannot fit is the one named
+    with pytest.raises(ConfigError, match=r"parallelism.dp_shard.*divide num_gpus \(12\)"):
+        resolve(12, 4, 1, 0, 1, 6)  # each divides 12, their product does not
     with pytest.raises(ConfigError, match="parallelism.order"):
         parse_order("tp-cp-pp")
 
@@ -100,7 +102,8 @@ def test_dp_shard_zero_takes_what_the_other_degrees_leave_and_a_wrong_product_is
             "parallelism.microbatches",
         ),  # fmt: skip
         (4, 8, {"pp": 2, "dp_shard": 2, "schedule": "zerobubble"}, "parallelism.schedule"),
-        (4, 8, {"pp": 8, "dp_shard": 0}, "parallelism.dp_shard"),
+        (4, 8, {"pp": 8, "dp_shard": 0}, "parallelism.pp"),
+        (4, 9, {"pp": 2, "dp_shard": 2, "microbatches": 3}, "batch_size.*x microbatches \\(3\\)"),
     ],
 )
 def test_every_degree_is_checked_before_the_run_and_the_message_names_the_field(
@@ -108,7 +111,7 @@ def test_every_degree_is_checked_before_the_run_and_the_message_names_the_field(
 ):
     t = chain_trace(batch=8, layers=4)
     cfg = {"num_gpus": n, "batch_size": batch, "parallelism": {"mode": "mesh", **par}}
-    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=field if "\\" in field else field.replace(".", r"\.")):
         Simulation(cfg, trace=t)
 
 

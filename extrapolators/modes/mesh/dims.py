@@ -184,6 +184,9 @@ def resolve(n: int, pp: int, dp_replicate: int, dp_shard: int, cp: int, tp: int)
     data_parallel_shard_degree -1); a product other than n is a ConfigError naming the
     field to change."""
     rest = pp * dp_replicate * cp * tp
+    for name, d in (("tp", tp), ("cp", cp), ("pp", pp), ("dp_replicate", dp_replicate)):
+        if n % d:  # one degree alone that cannot fit: name it, not dp_shard
+            raise ConfigError(f"parallelism.{name}", d, f"a degree dividing num_gpus ({n})")
     if dp_shard == 0:
         if n % rest:
             raise ConfigError(

@@ -112,7 +112,17 @@ class MeshMode(Extrapolator):
                 f"at most the batch size ({self.batch})"
                 + (f" over the {mesh.dp} data-parallel replicas" if mesh.dp > 1 else ""),
             )
-        self.micro = self.per_gpu_batch(mesh.dp * M)
+        try:
+            self.micro = self.per_gpu_batch(mesh.dp * M)
+        except ConfigError as e:  # say which degrees the batch is split over
+            if e.field != "batch_size" or e.value is None or M == 1:
+                raise
+            raise ConfigError(
+                "batch_size",
+                e.value,
+                f"a multiple of the data-parallel replicas ({mesh.dp}) x microbatches ({M}) = "
+                f"{mesh.dp * M}",
+            ) from None
         if self.micro is None and mesh.cp > 1:
             raise ConfigError("batch_size", None, "a batch size (the trace's metadata has none)")
         self.op_micro = self.micro if mesh.cp == 1 else self.micro / mesh.cp
