@@ -3,6 +3,7 @@ its closed-form limits and a seeded Monte Carlo of the same failures, the best c
 interval against Young's and Daly's approximations, and the command."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -107,3 +108,39 @@ def test_the_command_prints_the_estimate(capsys):
     assert "restart                  20.0 min" in out and "goodput" in out
     code, _, err = run_cli(capsys, "train-time", str(example), "--tokens", "many")
     assert code == 2 and "argument --tokens: a count such as 15e12 or 15T, got 'many'" in err
+
+
+def test_with_variability_the_step_is_the_mean_of_the_seeded_runs(capsys, tmp_path):
+    """--cv: the step the estimate uses is the mean of `triosim variability`'s seeded runs
+    (the same draws), its P50 and P99 printed; --cv 0 is the deterministic step."""
+    import yaml
+
+    from tests.conftest import run_cli
+    from triosim.studies.variability import iteration_times
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = {
+        "trace": str(root / "traces" / "cpu" / "gpt2-small-b8.trace.json.gz"),
+        "num_gpus": 4,
+        "batch_size": 16,
+        "parallelism": {"mode": "dp"},
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    times, _, _ = iteration_times(cfg, 0.05, 3, seed=4, base_dir=tmp_path)
+    code, out, err = run_cli(
+        capsys,
+        "train-time",
+        str(path),
+        "--tokens",
+        "1e9",
+        "--cv",
+        "0.05",
+        "--runs",
+        "3",
+        "--seed",
+        "4",
+    )
+    assert code == 0, err
+    assert f"iteration                {times.mean() * 1e3:.4f} ms" in out
+    assert "P99" in out

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 
+from triosim.cli.common import positive_int
 from triosim.common.errors import InputError
 
 SUFFIX = {"k": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12}
@@ -50,6 +51,15 @@ def add_parser(subparsers) -> None:
         "--checkpoint-interval", help="training time between checkpoints (default: best)"
     )
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a field")
+    p.add_argument(
+        "--cv",
+        type=float,
+        default=0.0,
+        help="per-GPU compute variability (as `triosim variability`): the steps' mean over "
+        "--runs seeded simulations is the step, their P50 and P99 printed",
+    )
+    p.add_argument("--runs", type=positive_int, default=20, help="with --cv: simulations")
+    p.add_argument("--seed", type=int, default=0, help="with --cv: the draws' seed")
     p.add_argument("--plot", help="PNG: goodput against the checkpoint interval")
     p.add_argument("--force", action="store_true", help="overwrite the --plot PNG if it exists")
     p.set_defaults(func=cmd_train_time)
@@ -91,7 +101,22 @@ def cmd_train_time(args) -> int:
             "size: --tokens counts tokens, a step trains batch x sequence of them"
         )
     state = model_state_bytes(sim.trace, sim.config.memory)
-    t = estimate(r.iteration_time, batch * seq, len(sim.gpus), state, o)
+    step = r.iteration_time
+    if args.cv:
+        import numpy as np
+
+        from triosim.studies.variability import iteration_times
+
+        if not 0 < args.cv < 1:
+            raise InputError(f"--cv {args.cv}: a coefficient of variation in [0, 1)")
+        times, _, _ = iteration_times(cfg.to_dict(), args.cv, args.runs, args.seed, cfg.base_dir)
+        step = float(times.mean())  # a run's steps add up: their mean (S is large)
+        p50, p99 = np.percentile(times, [50, 99]) * 1e3
+        print(
+            f"step with cv {args.cv:g}       mean {step * 1e3:.4f} ms, P50 {p50:.4f}, P99 "
+            f"{p99:.4f} ({args.runs} runs; deterministic {r.iteration_time * 1e3:.4f})"
+        )
+    t = estimate(step, batch * seq, len(sim.gpus), state, o)
     day = 86400.0
     print(
         f"iteration                {t.iteration * 1e3:.4f} ms ({len(sim.gpus)} GPUs, "
