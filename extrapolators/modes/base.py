@@ -143,7 +143,8 @@ class Extrapolator:
         stages holding different weights) overrides this."""
         return self.state_fractions()
 
-    def per_gpu_batch(self, parts: int) -> float | None:
+    def per_gpu_batch(self, parts: int, over: str | None = None) -> float | None:
+        """The global batch over `parts` (`over`: what they are, for the message)."""
         if self.batch is None:
             if parts == 1:
                 return None
@@ -154,7 +155,7 @@ class Extrapolator:
             raise ConfigError(
                 "batch_size",
                 self.batch,
-                f"a multiple of {parts}, to split it evenly over {parts} parts",
+                f"a multiple of {parts}, to split it evenly over {over or f'{parts} parts'}",
             )
         return self.batch / parts
 

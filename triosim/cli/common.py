@@ -77,12 +77,11 @@ def writable(folder: Path) -> Path:
     return writable_folder(folder)
 
 
-def run_inputs(cfg, *files) -> list[Path]:
-    """What a run reads (triosim.config.inputs: the config, the trace, every path option,
-    a folder or prefix as the files it stands for)."""
-    from triosim.config.inputs import input_files
-
-    return input_files(cfg, *files)
+def check_cv(cv: float) -> float:
+    """A per-GPU compute variability's coefficient of variation (`--cv`), checked."""
+    if not 0 <= cv < 1:
+        raise InputError(f"--cv {cv}: a coefficient of variation in [0, 1)")
+    return cv
 
 
 def spare_inputs(folder: Path, names, inputs) -> None:

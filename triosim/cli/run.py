@@ -15,7 +15,6 @@ from triosim.cli.common import (
     nonnegative_int,
     out_folder,
     positive_int,
-    run_inputs,
     spare_inputs,
     with_fields_help,
 )
@@ -25,6 +24,7 @@ from triosim.trace.files import import_csv, load_any_trace
 
 def cmd_simulate(args) -> int:
     from triosim.common.outputs import written_before
+    from triosim.config.inputs import input_files
     from triosim.results.result import Result
     from triosim.simulation.wiring import Simulation
 
@@ -35,7 +35,7 @@ def cmd_simulate(args) -> int:
     out = None if args.no_save else out_folder(args.out, path.stem, args.force)
     if out is not None:
         spare_inputs(
-            out, [*Result.OUTPUTS, *written_before(out, "simulate")], run_inputs(cfg, path)
+            out, [*Result.OUTPUTS, *written_before(out, "simulate")], input_files(cfg, path)
         )
     if out is not None and args.out is None and out.name != path.stem:
         print(f"out/{path.stem}/ already holds files: writing to {out}/ instead")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from triosim.cli.common import positive_int
+from triosim.cli.common import check_cv, positive_int
 from triosim.common.errors import InputError
 
 SUFFIX = {"k": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12}
@@ -72,6 +72,7 @@ def cmd_train_time(args) -> int:
     from triosim.simulation.wiring import Simulation
     from triosim.studies.train_time import TrainTimeOptions, estimate
 
+    check_cv(args.cv)  # before the (long) simulations
     cfg = config_with_sets(args.config, args.set)
     png = None
     if args.plot:
@@ -107,8 +108,6 @@ def cmd_train_time(args) -> int:
 
         from triosim.studies.variability import iteration_times
 
-        if not 0 < args.cv < 1:
-            raise InputError(f"--cv {args.cv}: a coefficient of variation in [0, 1)")
         times, _, _ = iteration_times(cfg.to_dict(), args.cv, args.runs, args.seed, cfg.base_dir)
         step = float(times.mean())  # a run's steps add up: their mean (S is large)
         p50, p99 = np.percentile(times, [50, 99]) * 1e3

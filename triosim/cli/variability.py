@@ -5,7 +5,7 @@ by order statistics how slow the slowest GPU is at larger scales (`--at 1024,163
 
 from __future__ import annotations
 
-from triosim.cli.common import positive_int
+from triosim.cli.common import check_cv, positive_int
 
 
 def add_parser(subparsers) -> None:
@@ -34,8 +34,7 @@ def cmd_variability(args) -> int:
     from triosim.config.loading import read_yaml
     from triosim.studies.variability import iteration_times, slowest_factor, slowest_quantile
 
-    if not 0 <= args.cv < 1:
-        raise InputError(f"--cv {args.cv}: a coefficient of variation in [0, 1)")
+    check_cv(args.cv)
     at = []
     for x in (args.at or "").split(","):
         if x.strip():

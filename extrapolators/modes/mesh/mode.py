@@ -112,17 +112,8 @@ class MeshMode(Extrapolator):
                 f"at most the batch size ({self.batch})"
                 + (f" over the {mesh.dp} data-parallel replicas" if mesh.dp > 1 else ""),
             )
-        try:
-            self.micro = self.per_gpu_batch(mesh.dp * M)
-        except ConfigError as e:  # say which degrees the batch is split over
-            if e.field != "batch_size" or e.value is None or M == 1:
-                raise
-            raise ConfigError(
-                "batch_size",
-                e.value,
-                f"a multiple of the data-parallel replicas ({mesh.dp}) x microbatches ({M}) = "
-                f"{mesh.dp * M}",
-            ) from None
+        over = f"the data-parallel replicas ({mesh.dp}) x microbatches ({M})" if M > 1 else None
+        self.micro = self.per_gpu_batch(mesh.dp * M, over)
         if self.micro is None and mesh.cp > 1:
             raise ConfigError("batch_size", None, "a batch size (the trace's metadata has none)")
         self.op_micro = self.micro if mesh.cp == 1 else self.micro / mesh.cp
