@@ -354,8 +354,7 @@ class MeshMode(Extrapolator):
     def grad_bytes(self, p: int, kind: str = "dense") -> float:
         """The gradient bytes of `kind` a GPU of stage p reduces at once without dp_overlap
         (its stage's TP shard): a subclass that compresses gradients says less."""
-        w = self.weights
-        return w.dense_bytes[p] if kind == "dense" else w.expert_bytes[p]
+        return self.weights.held(p, kind)
 
     def _expert_parts(self) -> int:
         """The GPUs an expert's (etp shard's) optimizer states are split over: its replicas

@@ -283,7 +283,7 @@ class MeshStreams:
             p, t = x[PP], x[TP]
             yield Wait(f"{g}:stepped")
             for kind, group, name in self._kinds(x, peers, f"p{p}t{t}"):
-                nbytes = mode.grad_bytes(p, kind)
+                nbytes = mode.weights.held(p, kind)  # the parameters, not their gradients
                 c = param_gather(group, nbytes, f"params:{name}", mode.collective)
                 if c is not None:
                     yield c

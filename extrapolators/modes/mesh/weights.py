@@ -72,6 +72,10 @@ class StageWeights:
         self.dense_bytes = [held(p, (False,)) for p in range(pp)] if ex else self.stage_bytes
         self.expert_bytes = [held(p, (True,)) for p in range(pp)] if ex else [0.0] * pp
 
+    def held(self, p: int, kind: str = "dense") -> float:
+        """The bytes of `kind` ("dense" or "expert") a GPU of stage p holds."""
+        return self.dense_bytes[p] if kind == "dense" else self.expert_bytes[p]
+
     def stage_chunks(self, p: int) -> range:
         return range(p, len(self.chunk_weights), self.pp)
 
