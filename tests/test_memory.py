@@ -221,3 +221,26 @@ def test_recompute_depth_sets_the_recomputed_blocks():
         again = run(t, 2, "dp", 16, par=par)
         assert again.iteration_time - plain.iteration_time == pytest.approx(3 * 1.5e-3, rel=1e-9)
         assert again.memory.groupby("gpu")["activations"].max().max() == pytest.approx(tensors * a)
+
+
+def test_a_cast_in_its_sources_storage_is_new_memory():
+    """The tracer gives `aten::to`'s output its input's storage id (its schema says it may
+    alias; it does only when no conversion is needed). A bfloat16 activation of 1 MB cast
+    to float32 (2 MB, the same storage id) and both read by backward: 3 MB held when the
+    forward pass ends, not the storage's largest tensor (2 MB)."""
+    from triosim.trace.model import Operator, Trace
+
+    x = Tensor(0, (8, 8), "bfloat16", 1e6, "activation", storage=7)
+    y = Tensor(1, (8, 8), "float32", 2e6, "activation", storage=7)
+    i = Tensor(2, (8, 8), "bfloat16", 1e6, "input")
+    g = Tensor(3, (8, 8), "float32", 2e6, "activation")
+    ops = [
+        Operator(0, "aten::relu", "a", "forward", 1e-3, (2,), (0,), 0.0),
+        Operator(1, "aten::to", "a", "forward", 1e-3, (0,), (1,), 0.0),
+        Operator(2, "MulBackward0", "a", "backward", 1e-3, (0, 1), (3,), 0.0, fwd_id=1),
+    ]
+    t = Trace(ops, {x.id: x, y.id: y, i.id: i, g.id: g}, {"batch_size": 8}).validate()
+    r = Simulation({"num_gpus": 1}, trace=t).run()
+    m = r.memory
+    during_cast = m[m.time < 2e-3].activations.iloc[-1]
+    assert during_cast == pytest.approx(1e6 + 2e6)  # x and its copy (the input is gone)

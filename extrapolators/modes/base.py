@@ -11,6 +11,7 @@ from perfmodel.base import batch_ratio
 from triosim.common import schema
 from triosim.common.errors import ConfigError
 from triosim.trace.model import Trace
+from triosim.trace.precision import Precision, PrecisionOptions
 
 
 class Extrapolator:
@@ -21,7 +22,10 @@ class Extrapolator:
     mini-batch (None: the traced one), `gpu` the target GPU (None: the traced one),
     `ring` the GPUs in ring order, `graph` the
     topology (None when unknown) for plans that weigh link speeds, `host` the host model
-    (perfmodel.host; None: no host) that gives each Compute its host time and kernel gaps.
+    (perfmodel.host; None: no host) that gives each Compute its host time and kernel gaps,
+    `precision` the dtypes weights are gathered and gradients reduced in
+    (triosim.trace.precision; None: the trace's), read by the modes that set
+    `uses_precision`, refused by the others.
     Collectives leave the algorithm to the communication model (`collective = None`); a mode may name one to force it.
     """
 
@@ -34,6 +38,7 @@ class Extrapolator:
     # emit ComputeRuns (computes between two other tasks, shared by all GPUs) where the mode
     # supports them; False: one Compute per operator (the straightforward path, for tests)
     compute_runs = True
+    uses_precision = False  # reads the precision section (the mesh and its presets)
 
     def __init__(
         self,
@@ -47,8 +52,17 @@ class Extrapolator:
         ring=None,
         graph=None,
         host=None,
+        precision: PrecisionOptions | None = None,
     ):
         self.trace = trace
+        if precision is not None and not precision.is_trace and not self.uses_precision:
+            raise ConfigError(
+                "precision",
+                {"params": precision.params, "reduce": precision.reduce},
+                f"trace with parallelism.mode {self.name}: it moves no weights or gradients "
+                "of its own to gather or reduce in another dtype",
+            )
+        self.precision = Precision(trace, precision)
         self.host = host  # perfmodel.host.HostModel: what each operator costs its host
         self.graph = graph
         self.model = model

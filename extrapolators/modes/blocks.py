@@ -60,18 +60,60 @@ def _prefix(op, depth: int) -> str:
     return ".".join(op.layer.split(".")[:depth])
 
 
-def with_recompute(ops, policy: str, unit_of: dict) -> list[tuple[object, bool]]:
+def block_depth(trace) -> int | None:
+    """The layer-name depth of a model's repeated blocks: the smallest at which units that
+    hold weights end in a number (Llama's `layers.N`, GPT-2's `transformer.h.N`, ResNet's
+    `layer1.N`), or None where no depth up to 8 does."""
+    weights = {t.id for t in trace.weights()}
+    fwd = [op for op in trace.operators if op.phase == "forward"]
+    for depth in range(1, 9):
+        names = {_prefix(op, depth) for op in fwd if any(t in weights for t in op.inputs)}
+        if any(n.split(".")[-1].isdigit() for n in names if n):
+            return depth
+    return None
+
+
+def with_recompute(ops, policy: str, unit_of: dict, names=None, every: int = 1) -> list:
     """Forward + backward ops in order, with recomputed forward ops inserted before the
     first backward op of their unit: [(op, recomputed)]. `full` recomputes every forward op
-    of the unit (activation checkpointing per block); `selective` only the attention core
-    (Megatron-LM's selective recomputation: scores, softmax, dropout, attention over V)."""
+    of a block (activation checkpointing per block); `selective` only the attention core
+    (Megatron-LM's selective recomputation: scores, softmax, dropout, attention over V);
+    `op` torchtitan's selective op policy (torchtitan/distributed/activation_checkpoint.py,
+    `_save_list`): every forward op of a block again except the attention kernels and the
+    odd-numbered matrix products of the block in forward order (the 1st, 3rd, ...; for
+    Llama wq, wv, w1, w2), whose outputs are saved.
+
+    Blocks: `names` (unit names) given, the units whose name holds a number (a model's
+    repeated layers, `layers.N`: torchtitan wraps `model.layers`' children and Megatron its
+    transformer layers, never the embedding, the output projection or the loss) where
+    there are any, else every unit; with `every` N only every N-th of those (torchtitan's
+    `selective_ac_option: N`: the N-th, 2N-th, ... block)."""
     if policy == "none":
         return [(op, False) for op in ops]
+    blocks = None
+    if names is not None and policy != "selective":
+        numbered = [u for u, n in enumerate(names) if any(p.isdigit() for p in n.split("."))]
+        blocks = set(numbered or range(len(names)))
+        if every > 1:
+            blocks = {u for k, u in enumerate(sorted(blocks), start=1) if k % every == 0}
     by_unit: dict[int, list] = {}
+    products: dict[int, int] = {}  # unit -> matrix products seen in its forward
     for op in ops:
-        if op.phase == "forward":
-            if policy == "full" or _attention_core(op):
-                by_unit.setdefault(unit_of.get(op.id, -1), []).append(op)
+        if op.phase != "forward":
+            continue
+        u = unit_of.get(op.id, -1)
+        if blocks is not None and u not in blocks:
+            continue
+        if policy == "op":
+            if _matrix_product(op):
+                products[u] = products.get(u, 0) + 1
+                if products[u] % 2 == 1:  # saved
+                    continue
+            elif _attention_kernel(op):
+                continue
+        elif policy == "selective" and not _attention_core(op):
+            continue
+        by_unit.setdefault(u, []).append(op)
     out, done = [], set()
     for op in ops:
         if op.phase == "backward":
@@ -81,6 +123,17 @@ def with_recompute(ops, policy: str, unit_of: dict) -> list[tuple[object, bool]]
                 out += [(f, True) for f in by_unit.get(u, ())]
         out.append((op, False))
     return out
+
+
+def _matrix_product(op) -> bool:
+    """aten::mm as torchtitan's policy counts it: a bias-free linear (one mm) or a mm."""
+    return op.name in ("aten::mm", "aten::matmul") or (
+        op.name == "aten::linear" and len(op.inputs) == 2
+    )
+
+
+def _attention_kernel(op) -> bool:
+    return any(k in op.name for k in ("scaled_dot_product", "flash_attention"))
 
 
 def _attention_core(op) -> bool:

@@ -26,6 +26,7 @@ from triosim.common.schema import option
 from triosim.common.yaml_text import parse_yaml  # noqa: F401  (re-exported: its old home)
 from triosim.config.heterogeneity import Heterogeneity
 from triosim.results.memory import MemoryOptions
+from triosim.trace.precision import PrecisionOptions
 
 IN_MEMORY = "<in memory>"  # the trace path of a trace a Python caller passed as an object
 
@@ -105,6 +106,11 @@ class TopLevel:
         help="the CPU that issues each GPU's operators (perfmodel/host.py): on for GPU "
         "traces, its costs, off",
     )
+    precision: PrecisionOptions = option(
+        factory=PrecisionOptions,
+        help="the dtypes weights are gathered in and gradients reduced in "
+        "(triosim/trace/precision.py; torchtitan: params bfloat16, reduce float32)",
+    )
 
 
 def _sections():
@@ -137,6 +143,7 @@ class Config:
     heterogeneity: Heterogeneity = field(default_factory=Heterogeneity)
     memory: MemoryOptions = field(default_factory=MemoryOptions)
     host: HostOptions = field(default_factory=HostOptions)
+    precision: PrecisionOptions = field(default_factory=PrecisionOptions)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
@@ -157,6 +164,7 @@ class Config:
         d["heterogeneity"] = schema.dump(self.heterogeneity)
         d["memory"] = schema.dump(self.memory)
         d["host"] = schema.dump(self.host)
+        d["precision"] = schema.dump(self.precision)
         for name in ("parallelism", "topology", "network", "communication", "perfmodel"):
             d[name] = schema.dump(getattr(self, name))
         return d

@@ -337,8 +337,11 @@ def activation_plan(trace, extrapolator) -> dict:
     scaled = {t.id for t in tensors.values() if t.scales_with_batch}
 
     def key(t):
-        st = tensors[t].storage
-        return ("s", st) if st is not None else ("t", t)
+        # a storage per dtype: the tracer joins a cast's output to its input's storage
+        # (`aten::to`'s schema says it may alias, which it does only when the dtype is
+        # already right), but a float32 copy of a bfloat16 tensor is new memory
+        x = tensors[t]
+        return ("s", x.storage, x.dtype) if x.storage is not None else ("t", t)
 
     size: dict = {}
     for t in scaled:
@@ -366,11 +369,14 @@ def activation_plan(trace, extrapolator) -> dict:
     plan = {}
     for o in trace.operators:
         items, done = [], set()
+        # an output in the storage of an input (a view, an in-place op) is no new
+        # allocation where it is recomputed: a recomputed view of a saved tensor is it
+        read = {key(t) for t in o.inputs if t in scaled}
         for t, is_out in [(t, True) for t in o.outputs] + [(t, False) for t in o.inputs]:
             if t not in scaled or (k := key(t)) in done:
                 continue
             done.add(k)
-            items.append((k, size[k], is_out, born.get(k), k in held))
+            items.append((k, size[k], is_out, born.get(k), k in held, k in read))
         if items:
             plan[o.id] = (items, extrapolator.activation_ratio(o))
     return plan
@@ -405,9 +411,9 @@ def _activations(r, plan, times, cats, values):
             continue
         items, ratio = p
         redo = phase == "recompute"
-        for k, nbytes, is_out, born_in, is_held in items:
+        for k, nbytes, is_out, born_in, is_held, aliased in items:
             key = (k, it, mb, 1)
-            if not (redo and is_out) and key not in first:
+            if not (redo and is_out and not aliased) and key not in first:
                 key = (k, it, mb, 0)  # the first forward's copy, or one never recomputed
             if key not in first:
                 t0 = start

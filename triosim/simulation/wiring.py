@@ -141,6 +141,7 @@ class Simulation:
             ring=ring,
             graph=self.graph,
             host=self.host,
+            precision=cfg.precision,
         )
 
     def target_gpu(self) -> str | None:
@@ -307,6 +308,7 @@ def _check_plan_early(mode, trace, model, cfg: Config) -> None:
             gpu=cfg.gpu,
             ring=None,
             graph=None,
+            precision=cfg.precision,
         )
     except ConfigError as e:
         if e.field not in _STAND_IN_FIELDS:

@@ -33,7 +33,7 @@ from __future__ import annotations
 from extrapolators.execution.symmetry import Symmetry
 from extrapolators.modes import dist_optimizer
 from extrapolators.modes.base import Extrapolator
-from extrapolators.modes.blocks import layer_units, with_recompute
+from extrapolators.modes.blocks import block_depth, layer_units, with_recompute
 from extrapolators.modes.cp_plan import plan_attention
 from extrapolators.modes.dist_optimizer import grad_reduction
 from extrapolators.modes.mesh.dims import DIMS, Layout, parse_order, resolve
@@ -63,6 +63,7 @@ class MeshMode(Extrapolator):
 
     name = "mesh"
     Options = MeshOptions
+    uses_precision = True
     experts_always = False  # plan the experts even at ep = etp = 1 (mode ep)
     fields: dict = {}  # a mesh field -> the preset's field that sets it, for messages
     # a stage's activations and gradients leave on two streams, so a large activation send
@@ -156,7 +157,10 @@ class MeshMode(Extrapolator):
             mesh.tp,
             ex.expert_weights if ex is not None else (),
             ex.ep * ex.etp if ex is not None else 1,
+            self.precision,
         )
+        # the trace's weight casts where the weights are gathered or held in `params`
+        self.cast_scale = self.precision.cast_scales(mesh.dp_shard * mesh.cp if self.fsdp else 1)
         self.position = {op.id: i for i, op in enumerate(self.trace.operators)}
         self.param_buckets = [[] for _ in range(mesh.pp)]
         self.gather_before: list[dict] = [{} for _ in range(mesh.pp)]
@@ -213,6 +217,12 @@ class MeshMode(Extrapolator):
                 o.reshard_after_forward,
                 f"default with zero {zero}: only FSDP (zero 3) gathers parameters to keep or free",
             )
+        if o.recompute_every > 1 and o.recompute not in ("full", "op"):
+            raise ConfigError(
+                "parallelism.recompute_every",
+                o.recompute_every,
+                f"1 with recompute {o.recompute} (only full and op recompute whole blocks)",
+            )
         if o.overlap_param_gather and not o.distributed_optimizer:
             raise ConfigError(
                 "parallelism.overlap_param_gather",
@@ -252,7 +262,7 @@ class MeshMode(Extrapolator):
         for p in range(self.mesh.pp):
             only = {w for c in self.weights.stage_chunks(p) for w in self.weights.chunk_weights[c]}
             made = self.param_buckets[p] = param_buckets(
-                self.trace, experts, self.options.bucket_size, self.weights.wbytes, only
+                self.trace, experts, self.options.bucket_size, self.weights.gbytes, only
             )
             for k, (pos, _, _) in enumerate(made):
                 if pos < len(ops):
@@ -288,15 +298,16 @@ class MeshMode(Extrapolator):
         """Each chunk's backward pass with the recomputed forward operators in it (and
         without, for a micro-batch that is not recomputed)."""
         o = self.options
-        policy, unit_of = o.recompute, {}
+        policy, unit_of, names = o.recompute, {}, None
         if policy == "stage":  # the chunk is one block
             policy = "full"
             unit_of = {op.id: 0 for op in self.trace.operators}
         elif policy != "none":
-            unit_of = layer_units(self.trace, o.recompute_depth)[0]
+            depth = o.recompute_depth or block_depth(self.trace)
+            unit_of, names, _ = layer_units(self.trace, depth)
         self.backward_walk, self._plain_walk = [], []
         for fwd, bwd in zip(self.pipe.fwd_ops, self.pipe.bwd_ops, strict=True):
-            walk = with_recompute(fwd + bwd, policy, unit_of)
+            walk = with_recompute(fwd + bwd, policy, unit_of, names, o.recompute_every)
             self.backward_walk.append(walk[len(fwd) :])
             self._plain_walk.append([(op, False) for op in bwd])
 
@@ -322,7 +333,10 @@ class MeshMode(Extrapolator):
     # -- timing ---------------------------------------------------------------------------
     def op_time(self, op, split, whole, m, phase=None, scale=1.0, j=0):
         """`op` at the micro-batch on its TP role's shard, times `scale`; a routed expert's
-        on EP rank j's experts (experts.py), the router whole on the GPU's tokens."""
+        on EP rank j's experts (experts.py), the router whole on the GPU's tokens; a weight
+        cast as the precision has it (triosim.trace.precision)."""
+        if self.cast_scale:
+            scale *= self.cast_scale.get(op.id, 1.0)
         ex = self.experts
         if ex is not None:
             if op.id in ex.expert_ops:
@@ -354,7 +368,7 @@ class MeshMode(Extrapolator):
     def grad_bytes(self, p: int, kind: str = "dense") -> float:
         """The gradient bytes of `kind` a GPU of stage p reduces at once without dp_overlap
         (its stage's TP shard): a subclass that compresses gradients says less."""
-        return self.weights.held(p, kind)
+        return self.weights.held(p, kind, "reduced")
 
     def _expert_parts(self) -> int:
         """The GPUs an expert's (etp shard's) optimizer states are split over: its replicas
@@ -416,7 +430,7 @@ class MeshMode(Extrapolator):
             chunks = self.weights.stage_chunks(p)
             return self.shard.buffer(chunks, 1 / self._state_parts(), 1 / self._expert_parts())
         if self.options.distributed_optimizer:  # Megatron's gradient buffer, all run long
-            return self.weights.stage_bytes[p]
+            return self.weights.stage_reduced[p]
         if self.zero:  # ZeRO-1/2 reduce in place
             return 0.0
         return sum(b[1] for b in self.buckets.get(p, ()))

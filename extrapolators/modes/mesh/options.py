@@ -127,11 +127,18 @@ class MeshOptions(LoadOptions):
         "next forward pass reads them (Megatron's --overlap-param-gather); false: all after "
         "the optimizer step",
     )
-    recompute: Literal["none", "full", "selective", "stage"] = option(
+    recompute: Literal["none", "full", "selective", "op", "stage"] = option(
         "none",
         help="activation recomputation: full (each block's forward again before its "
-        "backward), selective (the attention core, Megatron-LM's) or stage (each pipeline "
-        "chunk's whole forward before its backward, torch Pipe's checkpointing)",
+        "backward), selective (the attention core, Megatron-LM's), op (torchtitan's "
+        "selective op policy: all but the attention and every other matrix product) or "
+        "stage (each pipeline chunk's whole forward before its backward, torch Pipe's)",
+    )
+    recompute_every: int = option(
+        1,
+        ge=1,
+        help="full / op: only every N-th block recomputed (torchtitan's selective_ac_option "
+        "N with full blocks); blocks are the numbered layers (layers.N) where there are any",
     )
     recompute_microbatches: Literal["all", "except_last"] = option(
         "all",

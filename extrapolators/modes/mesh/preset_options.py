@@ -34,10 +34,11 @@ class DPOptions:
         "backward this many times on batch/N/steps before "
         "the gradients are reduced",
     )
-    recompute: Literal["none", "full", "selective"] = option(
+    recompute: Literal["none", "full", "selective", "op"] = option(
         "none",
         help="activation recomputation: full (every block's forward again before its "
-        "backward) or selective (the attention core, as Megatron-LM)",
+        "backward), selective (the attention core, as Megatron-LM) or op (torchtitan's "
+        "selective op policy)",
     )
     recompute_depth: int | None = option(
         None,
@@ -73,8 +74,8 @@ class ShardedOptions:
         help="FSDP2: free gathered parameters after forward and gather them again for backward",
     )
     bucket_size: float = option(25 * 2**20, unit="bytes", gt=0, help="ZeRO-1/2 gradient bucket cap")
-    recompute: Literal["none", "full", "selective"] = option(
-        "none", help="activation recomputation (as for dp): full per unit or selective"
+    recompute: Literal["none", "full", "selective", "op"] = option(
+        "none", help="activation recomputation (as for dp): full per block, selective or op"
     )
 
 

@@ -29,7 +29,8 @@ from extrapolators.modes.blocks import layer_units
 
 class ShardPlan:
     """The units (module docstring): `unit_of` (op id -> unit), `names`, `bytes[(c, u)]` (a
-    GPU's TP shard of unit u's weights first read in chunk c, before sharding), and
+    GPU's TP shard of unit u's weights first read in chunk c, before sharding, as gathered:
+    in the precision's `params`), `grads[(c, u)]` (their gradients as reduced), and
     `reshards(u)`."""
 
     def __init__(self, trace, wrap_depth, weights, policy: str, pp: int):
@@ -37,12 +38,17 @@ class ShardPlan:
         chunk_of = {w: c for c, ws in enumerate(weights.chunk_weights) for w in ws}
         self.bytes: dict = {}
         self.expert_bytes: dict = {}  # the routed experts' (sharded over their replicas)
+        self.grads: dict = {}
+        self.expert_grads: dict = {}
         for u, ws in enumerate(held):
             for w in ws:
                 c = chunk_of.get(w)
                 if c is not None:
-                    d = self.expert_bytes if w in weights.experts else self.bytes
-                    d[c, u] = d.get((c, u), 0.0) + weights.wbytes[w]
+                    ex = w in weights.experts
+                    d = self.expert_bytes if ex else self.bytes
+                    d[c, u] = d.get((c, u), 0.0) + weights.gbytes[w]
+                    d = self.expert_grads if ex else self.grads
+                    d[c, u] = d.get((c, u), 0.0) + weights.rbytes[w]
         weighted = [u for u, ws in enumerate(held) if any(w in chunk_of for w in ws)]
         if policy == "always":
             self._keep = set()
@@ -52,8 +58,11 @@ class ShardPlan:
             self._keep = {weighted[-1]} if weighted else set()
         self.units = len(held)
 
-    def of(self, kind: str) -> dict:
-        """(chunk, unit) -> bytes of `kind` ("dense" or "expert")."""
+    def of(self, kind: str, grads: bool = False) -> dict:
+        """(chunk, unit) -> bytes of `kind` ("dense" or "expert") as gathered, or their
+        gradients' as reduced."""
+        if grads:
+            return self.grads if kind == "dense" else self.expert_grads
         return self.bytes if kind == "dense" else self.expert_bytes
 
     def reshards(self, u: int) -> bool:

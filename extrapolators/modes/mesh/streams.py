@@ -283,7 +283,7 @@ class MeshStreams:
             p, t = x[PP], x[TP]
             yield Wait(f"{g}:stepped")
             for kind, group, name in self._kinds(x, peers, f"p{p}t{t}"):
-                nbytes = mode.weights.held(p, kind)  # the parameters, not their gradients
+                nbytes = mode.weights.held(p, kind, "gathered")  # the parameters
                 c = param_gather(group, nbytes, f"params:{name}", mode.collective)
                 if c is not None:
                     yield c
@@ -321,13 +321,13 @@ class MeshStreams:
             yield Wait(f"{g}:fsdp-grads:{cu[0]}.{cu[1]}")
             unit = shard.names[cu[1]]
             for kind, peers, name in kinds:
-                nbytes = shard.of(kind).get(cu, 0.0)
+                nbytes = shard.of(kind, grads=True).get(cu, 0.0)
                 if nbytes > 0 and len(peers) > 1:
                     key = f"fsdp:{name}:grads:{cu[0]}.{cu[1]}"
                     yield Collective(
                         "reduce_scatter", peers, nbytes, key, unit, "backward", mode.collective
                     )
-            nbytes = shard.bytes.get(cu, 0.0)
+            nbytes = shard.grads.get(cu, 0.0)
             if nbytes > 0 and len(replicas) > 1:  # HSDP: the reduced shard over the replicas
                 key = f"hsdp:p{p}s{s}c{c}t{t}:{cu[0]}.{cu[1]}"
                 share = nbytes / len(group)

@@ -2,11 +2,13 @@
 each model chunk, the bytes a GPU holds of each (a TP-split weight 1/tp), per stage, and the
 stage's DDP gradient buckets in the order its schedule completes them.
 
-`StageWeights(trace, chunk_fwd, chunk_bwd, orders, pp, split, tp, experts, expert_parts)`:
-`chunk_weights[c]` (the weights chunk c's forward operators read first), `wbytes[w]` (a
-TP-split weight 1/tp, a routed expert's 1/expert_parts: 1/(ep x etp)), `stage_bytes[p]`,
-split as `dense_bytes[p]` and `expert_bytes[p]` (reduced over different groups), and
-`buckets(p, first, cap)`: [(trace position after which the bucket is complete, bytes,
+`StageWeights(trace, chunk_fwd, chunk_bwd, orders, pp, split, tp, experts, expert_parts,
+precision)`: `chunk_weights[c]` (the weights chunk c's forward operators read first),
+`wbytes[w]` (a TP-split weight 1/tp, a routed expert's 1/expert_parts: 1/(ep x etp)) as
+stored, `gbytes[w]` and `rbytes[w]` the same weight as gathered and as its gradient is
+reduced (triosim.trace.precision; the stored bytes by default), `stage_bytes[p]`, split as
+`dense_bytes[p]` and `expert_bytes[p]` (reduced over different groups), `held(p, kind,
+what)`, and `buckets(p, first, cap)` (of reduced bytes): [(trace position after which the bucket is complete, bytes,
 kind)]: chunks by their last backward step in stage p's schedule, and within a chunk as
 PyTorch DDP fills them (by the backward operator that finishes each gradient, the later
 weight first on a tie), the first bucket capped at `first` bytes, the others at `cap`; a
@@ -42,6 +44,7 @@ class StageWeights:
         tp: int,
         experts=(),
         expert_parts: int = 1,
+        precision=None,
     ):
         self.trace, self.chunk_bwd, self.orders, self.pp = trace, chunk_bwd, orders, pp
         self.experts = frozenset(experts)
@@ -54,15 +57,18 @@ class StageWeights:
                         seen.add(t)
                         self.chunk_weights[c].append(t)
         ex = self.experts
-        self.wbytes = {
-            t: trace.tensors[t].nbytes / (expert_parts if t in ex else tp if t in split else 1)
-            for t in seen
-        }
+        parts = {t: expert_parts if t in ex else tp if t in split else 1 for t in seen}
+        self.wbytes = {t: trace.tensors[t].nbytes / parts[t] for t in seen}
+        self.gbytes, self.rbytes = self.wbytes, self.wbytes
+        if precision is not None and precision.options.params != "trace":
+            self.gbytes = {t: precision.gathered(t) / parts[t] for t in seen}
+        if precision is not None and precision.options.reduce != "trace":
+            self.rbytes = {t: precision.reduced(t) / parts[t] for t in seen}
         chunks = len(chunk_fwd)
 
-        def held(p, kinds):
+        def held(p, kinds, of=self.wbytes):
             return sum(
-                self.wbytes[t]
+                of[t]
                 for c in range(p, chunks, pp)
                 for t in self.chunk_weights[c]
                 if (t in ex) in kinds
@@ -71,10 +77,22 @@ class StageWeights:
         self.stage_bytes = [held(p, (False, True)) for p in range(pp)]
         self.dense_bytes = [held(p, (False,)) for p in range(pp)] if ex else self.stage_bytes
         self.expert_bytes = [held(p, (True,)) for p in range(pp)] if ex else [0.0] * pp
+        self._as = {"stored": (self.dense_bytes, self.expert_bytes)}
+        for what, of in (("gathered", self.gbytes), ("reduced", self.rbytes)):
+            if of is self.wbytes:
+                self._as[what] = self._as["stored"]
+            else:
+                dense = [held(p, (False,), of) for p in range(pp)]
+                self._as[what] = (dense, [held(p, (True,), of) for p in range(pp)])
+        self.stage_reduced = self.stage_bytes  # (Megatron's gradient buffer: all of them)
+        if self.rbytes is not self.wbytes:
+            self.stage_reduced = [held(p, (False, True), self.rbytes) for p in range(pp)]
 
-    def held(self, p: int, kind: str = "dense") -> float:
-        """The bytes of `kind` ("dense" or "expert") a GPU of stage p holds."""
-        return self.dense_bytes[p] if kind == "dense" else self.expert_bytes[p]
+    def held(self, p: int, kind: str = "dense", what: str = "stored") -> float:
+        """The bytes of `kind` ("dense" or "expert") a GPU of stage p holds, as stored,
+        "gathered" or "reduced" (their gradients)."""
+        dense, expert = self._as[what]
+        return dense[p] if kind == "dense" else expert[p]
 
     def stage_chunks(self, p: int) -> range:
         return range(p, len(self.chunk_weights), self.pp)
@@ -99,7 +117,7 @@ class StageWeights:
             end = max(mine, default=-1)
             weights = [w for w in self.chunk_weights[c] if (w in self.experts) == expert]
             for w in sorted(weights, key=lambda w: (ready[w], -w)):
-                size += self.wbytes[w]
+                size += self.rbytes[w]
                 last, at = (ready[w] if ready[w] in mine else end), last_b[j]
                 if size >= (first if not out else cap):
                     out.append(((at, last), size, kind))
