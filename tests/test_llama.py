@@ -258,12 +258,14 @@ def test_replicated_layers_share_storages_as_traced_layers_do(two_and_six):
     assert storage_partition(rep) == storage_partition(six)
     # By hand, per RMSNorm at batch 2, 16 tokens, dim 64: on meta and CPU rms_norm is
     # aten's rms_norm_composite (the fused kernel is CUDA's), whose backward reads what
-    # autograd saved inside it: x.float() (pow's and mul's self; the trace's storage of
-    # x), the normalized x * rsqrt (float32, the weight mul's self) and rsqrt (float32,
-    # one per token: rsqrt's result and mul's other, one storage). Read first in backward:
-    # the normalized 2 * 16 * 64 * 4 = 8,192 B and rsqrt 2 * 16 * 4 = 128 B. Before the
-    # copies had storages, theirs also counted x.float() (8,192 B) and rsqrt twice.
-    per_norm = 2 * 16 * 64 * 4 + 2 * 16 * 4
+    # autograd saved inside it: x.float() (pow's and mul's self: a float32 copy of the
+    # bfloat16 x, memory of its own though `aten::to` may alias), the normalized
+    # x * rsqrt (float32, the weight mul's self) and rsqrt (float32, one per token:
+    # rsqrt's result and mul's other, one storage). Read first in backward: x.float()
+    # and the normalized 2 x 2 * 16 * 64 * 4 = 16,384 B and rsqrt 2 * 16 * 4 = 128 B.
+    # (Before the copies had storages, theirs counted rsqrt twice; before a cast had
+    # memory of its own, x.float() was x's storage and not counted.)
+    per_norm = 2 * (2 * 16 * 64 * 4) + 2 * 16 * 4
     for i in range(6):
         for norm in ("attention_norm", "ffn_norm"):
             assert first_read_in_backward(rep, f"layers.{i}.{norm}") == per_norm

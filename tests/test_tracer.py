@@ -349,3 +349,36 @@ def test_timed_iterations_run_without_the_tracers_hooks_or_markers(monkeypatch):
     assert t.metadata["measured_iterations"] == 3
     # the profiled iteration still ran under the markers: its forward is in the trace
     assert any(op.phase == "forward" for op in t.operators)
+
+
+def test_a_cast_is_new_memory_though_its_schema_says_it_may_alias():
+    """`aten::to(Tensor(a) self, ...) -> Tensor(a)` returns its input when no conversion is
+    needed (the same memory) and a copy otherwise: a bfloat16 activation cast to float32
+    (element size 2 -> 4) gets a storage of its own; a cast to its own dtype shares it."""
+    from tracer.linking import alias_storage
+
+    schema = "aten::to.dtype(Tensor(a) self, ScalarType dtype) -> Tensor(a)"
+
+    def side(ts):
+        types = [f"Tensor({'float' if x[4] == 4 else 'c10::BFloat16'})" for x in ts]
+        return {"values": [list(x) for x in ts], "types": types, "shapes": [[8]] * len(ts)}
+
+    def node(i, ins, outs):
+        return {
+            "id": i,
+            "name": "aten::to",
+            "inputs": side(ins),
+            "outputs": side(outs),
+            "attrs": [{"name": "op_schema", "value": schema}],
+        }
+
+    bf16, fp32, same = (
+        [1, 100, 0, 8, 2, "cuda"],
+        [2, 200, 0, 8, 4, "cuda"],
+        [3, 100, 0, 8, 2, "cuda"],
+    )
+    nodes = [node(10, [bf16], [fp32]), node(11, [bf16], [same])]
+    assert alias_storage(nodes)
+    src = nodes[0]["inputs"]["values"][0][1]
+    assert nodes[0]["outputs"]["values"][0][1] != src  # the float32 copy: its own memory
+    assert nodes[1]["outputs"]["values"][0][1] == src  # no conversion: the input itself

@@ -34,8 +34,8 @@ def alias_storage(nodes: list) -> bool:
             k = root[k]
         return k
 
-    def keys(side):  # per argument, the (id, storage) of its tensors
-        return [[(x[0], x[1]) for x in items] for items in tensor_args(side)]
+    def keys(side):  # per argument, the (id, storage) of its tensors and their element size
+        return [[((x[0], x[1]), x[4]) for x in items] for items in tensor_args(side)]
 
     schemas: dict[str, tuple] = {}
     ordered = sorted(nodes, key=lambda n: n["id"])  # execution order
@@ -53,8 +53,13 @@ def alias_storage(nodes: list) -> bool:
         for rset, ks in zip(ret_sets, keys(n.get("outputs", {})), strict=False):
             base = alias_in.get(rset) if rset else None
             if base is not None:
-                for k in ks:
-                    rk, rb = find(k), find(base)
+                for k, size in ks:
+                    # `aten::to(Tensor(a) self, ...) -> Tensor(a)` may alias: it does only
+                    # when no conversion is needed; an output of another element size is a
+                    # copy (a float32 copy of a bfloat16 activation is new memory)
+                    if size != base[1]:
+                        continue
+                    rk, rb = find(k), find(base[0])
                     if rk != rb:
                         root[rk] = rb
     # a tensor first seen as an input whose ET storage is one seen before is a new handle
