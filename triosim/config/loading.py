@@ -80,7 +80,15 @@ class TopLevel:
     batch_size: int | None = option(
         None, gt=0, help="global mini-batch, in samples (default: the traced one)"
     )
-    gpu: str | None = option(None, help="target GPU from the catalogue (default: the traced one)")
+    gpu: str | None = option(
+        None, help="target GPU from the catalogue or `gpus` (default: the traced one)"
+    )
+    gpus: list = option(
+        factory=list,
+        help="GPUs this config defines, each a catalogue GPU and its differences: [{name, "
+        "base, memory_capacity, memory_bandwidth, boost_clock_mhz, peak_tflops}] "
+        "(triosim/hardware/custom.py)",
+    )
     seed: int = option(0, ge=0, help="seed for anything random")
     iterations: int = option(
         1,
@@ -137,6 +145,7 @@ class Config:
     num_gpus: int = 1
     batch_size: int | None = None
     gpu: str | None = None
+    gpus: list = field(default_factory=list)  # GPUSpec: GPUs the config defines
     seed: int = 0
     iterations: int = 1
     symmetry: str = "off"
@@ -161,6 +170,7 @@ class Config:
     def to_dict(self) -> dict:
         """Plain values in base units (bytes, seconds, bytes/s): what `from_dict` reads."""
         d = {f.name: getattr(self, f.name) for f in fields(TopLevel)}
+        d["gpus"] = [schema.dump(g) for g in self.gpus]
         d["heterogeneity"] = schema.dump(self.heterogeneity)
         d["memory"] = schema.dump(self.memory)
         d["host"] = schema.dump(self.host)
@@ -318,6 +328,7 @@ def from_dict(data: dict, base_dir=".") -> Config:
         also=tuple(sections),  # a misspelt section gets its "did you mean" too
     )
     cfg = Config(**{f.name: getattr(top, f.name) for f in fields(TopLevel)}, base_dir=str(base_dir))
+    cfg.gpus = _define_gpus(cfg.gpus)
     if cfg.gpu is not None:
         from triosim.hardware import catalogue as hardware
 
@@ -338,6 +349,27 @@ def from_dict(data: dict, base_dir=".") -> Config:
     _check_trace_given(cfg)
     cfg._as_loaded = cfg.to_dict()  # (what `checked` compares with)
     return cfg
+
+
+def _define_gpus(specs: list) -> list:
+    """The config's `gpus`, each checked and entered in the catalogue (hardware.custom)."""
+    from triosim.hardware.custom import GPUSpec, define
+
+    out = []
+    for k, x in enumerate(specs):
+        spec = x if isinstance(x, GPUSpec) else schema.load(GPUSpec, x, f"gpus[{k}]")
+        define(spec, f"gpus[{k}]")
+        out.append(spec)
+    _once_names([s.name for s in out])
+    return out
+
+
+def _once_names(names: list) -> None:
+    seen: set = set()
+    for k, n in enumerate(names):
+        if n in seen:
+            raise ConfigError(f"gpus[{k}].name", n, "a name no other entry of gpus has")
+        seen.add(n)
 
 
 def _check_trace_given(cfg: Config) -> None:

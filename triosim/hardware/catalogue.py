@@ -138,6 +138,72 @@ _gpu(GPU("H100-SXM", _H100, 3350 * GB, 80 * GB, ("H100", "NVIDIA H100 80GB HBM3"
 # the H100 SXM (the same GH100 chip: 132 SMs, the same clocks and 50 MB L2, which the measured
 # H200 confirms: torch reports 132 SMs); 141 GB HBM3e at 4.8 TB/s: only the memory differs.
 _gpu(GPU("H200", _H100, 4800 * GB, 141 * GB, ("H200-SXM", "NVIDIA H200"), **_H100_CHIP))
+# NVIDIA H800 datasheet (2023), SXM: an H100 SXM for export, its NVLink cut to 400 GB/s per GPU
+# (200 GB/s per direction; set it in the topology) and FP64 to 1 TF; FP32, TF32, FP16/BF16
+# and FP8 as the H100 SXM's; 80 GB HBM3 at 3.35 TB/s.
+_gpu(
+    GPU(
+        "H800-SXM",
+        {**_H100, "float64": 1 * T},
+        3350 * GB,
+        80 * GB,
+        ("H800",),
+        **{**_H100_CHIP, "vector_flops": {**_H100_VECTOR, "float64": 1 * T}},
+    )
+)
+# NVIDIA H100 Tensor Core GPU datasheet, PCIe column: FP64 26 TF, FP32 51 TF, TF32 756 TF,
+# FP16/BF16 1,513 TF, FP8 3,026 TF with sparsity (dense: half), 80 GB HBM2e at 2 TB/s,
+# 300-350 W. H100 architecture whitepaper (v1.04), table 3, PCIe: 114 SMs, boost 1,755 MHz
+# (FP32: 114 x 128 x 2 x 1.755 GHz = 51.2 TF), 50 MB L2, non-tensor FP16/BF16 102.4 TF.
+_gpu(
+    GPU(
+        "H100-PCIe",
+        {
+            "float64": 26 * T,
+            "float32": 51 * T,
+            "tf32": 378 * T,
+            "float16": 756.5 * T,
+            "bfloat16": 756.5 * T,
+            "float8": 1513 * T,
+        },
+        2000 * GB,
+        80 * GB,
+        ("NVIDIA H100 PCIe",),
+        vector_flops={
+            "float64": 26 * T,
+            "float32": 51 * T,
+            "float16": 102.4 * T,
+            "bfloat16": 102.4 * T,
+        },
+        sms=114,
+        boost_clock=1755e6,
+        l2_bytes=50 * 2**20,
+        compute_capability=(9, 0),
+    )
+)
+# NVIDIA H100 Tensor Core GPU datasheet, H100 NVL column (per GPU): FP64 30 TF, FP32 60 TF,
+# TF32 835 TF, FP16/BF16 1,671 TF, FP8 3,341 TF with sparsity (dense: half), 94 GB HBM3 at
+# 3.9 TB/s, 350-400 W; the GH100's 132 SMs and 50 MB L2 (its clock: not on the sheet).
+_gpu(
+    GPU(
+        "H100-NVL",
+        {
+            "float64": 30 * T,
+            "float32": 60 * T,
+            "tf32": 417.5 * T,
+            "float16": 835.5 * T,
+            "bfloat16": 835.5 * T,
+            "float8": 1670.5 * T,
+        },
+        3900 * GB,
+        94 * GB,
+        ("NVIDIA H100 NVL",),
+        vector_flops={"float64": 30 * T, "float32": 60 * T},
+        sms=132,
+        l2_bytes=50 * 2**20,
+        compute_capability=(9, 0),
+    )
+)
 
 # PCI-SIG: PCIe 4.0 x16 is 16 GT/s x 16 lanes, ~32 GB/s per direction; PCIe 5.0 doubles it.
 LINKS["pcie4"] = Link("pcie4", 32 * GB, 1e-6)  # latency: assumption, ~1 us per hop
