@@ -54,6 +54,23 @@ def op_bytes(trace: Trace, op: Operator, target: Target = Target()) -> float:
     return (read + written) * PASSES.get(op_kind(op)[0], 1.0)
 
 
+def fp8_cast_bytes(trace: Trace, op: Operator, target: Target = Target()) -> float:
+    """Bytes TransformerEngine's FP8 casts of a linear's operand move at the target (a
+    cast-transpose reads the bfloat16 tensor and writes it twice in FP8: 2 bytes in, 2 out
+    per element, twice the tensor's bfloat16 bytes): the forward's activation input, the
+    backward's output gradient (the forward's output's size)."""
+    r = batch_ratio(trace, target)
+    shard = target.tp if op.tp_split else 1
+    if op.phase == "backward" and op.fwd_id is not None:
+        tensors = trace.op(op.fwd_id).outputs
+    else:
+        tensors = op.inputs
+    scaled = [
+        trace.tensors[t] for t in dict.fromkeys(tensors) if trace.tensors[t].scales_with_batch
+    ]
+    return 2 * sum(_scale(trace, t, r, shard) for t in scaled)
+
+
 # lists of distinct tensors an in-place foreach operator reads (addcmul's two tensors are one
 # list, the gradients, read twice)
 _LISTS = {"lerp": 2, "addcmul": 2, "addcdiv": 3}

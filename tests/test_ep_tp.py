@@ -440,7 +440,7 @@ def test_fsdp_gathers_each_unit_twice_and_reduce_scatters_it_once():
     the unit's backward; it keeps 1/2 of each (weights, gradients, AdamW's 12 bytes a
     parameter: 6x); every expert operator starts after the experts' gather ends; with the
     distributed optimizer the option is refused."""
-    sim, r = run(4, tp=2, ep=2, fsdp=True)
+    sim, r = run(4, tp=2, ep=2, fsdp=True, wrap_depth=4)  # (the default: layers.N whole)
     tl = r.timeline
     g0 = tl[(tl.gpu == 0) & (tl.kind == "comm")]
     units = [WQ / 2, WO / 2, ROUTER, EXPERT / 2]
@@ -461,7 +461,7 @@ def test_fsdp_gathers_each_unit_twice_and_reduce_scatters_it_once():
     c0 = tl[(tl.gpu == 0) & (tl.kind == "compute")]
     assert c0[c0["layer"].str.endswith("experts")]["start"].min() >= ex_gather - 1e-12
     with pytest.raises(ConfigError, match=r"parallelism\.fsdp"):
-        run(4, tp=2, ep=2, fsdp=True, distributed_optimizer=True)
+        run(4, tp=2, ep=2, fsdp=True, wrap_depth=4, distributed_optimizer=True)
 
 
 def test_tp_needs_the_moe_layers_module():

@@ -582,3 +582,37 @@ def test_the_degree_must_divide_the_attention_and_key_value_heads():
     hybrid = {"parallelism": {"mode": "hybrid", "dp": 2, "inner": "tp"}}
     with pytest.raises(ConfigError, match=r"'parallelism.dp' = 2 .*16 GPUs.*8 key/value"):
         _tp_plan(llama, 32, **hybrid)
+
+
+def test_tp_comm_overlap_runs_each_collective_beside_its_operator():
+    """Megatron's --tp-comm-overlap (mesh `tp_comm_overlap`): a TP all-gather or
+    reduce-scatter beside a linear layer runs while the layer's product does: on GPU 0
+    each such collective starts at its operator's start,
+    and the operator after the layer's product starts at the later of the two ends (a
+    layer's backward collectives start at its first backward operator). The same collectives
+    move the same bytes; the iteration is shorter, and no shorter than its compute."""
+    t = transformer_trace()
+    base = {"mode": "mesh", "tp": 4, "sequence_parallel": True}
+    slow = {"kind": "ring", "bandwidth": 0.1 * GB, "latency": 0.0}  # collectives > products
+    plain = run(t, 4, slow, **base)
+    r = run(t, 4, slow, **base, tp_comm_overlap=True)
+    tl = r.timeline[r.timeline.gpu == 0]
+    side = tl[tl.stream == "tp"]
+    compute = tl[tl.kind == "compute"].sort_values("start").reset_index(drop=True)
+    assert len(side) > 0
+    for row in side[side.kind == "comm"].itertuples():
+        mine = compute[(compute.layer == row.layer) & (compute.phase == row.phase)]
+        assert ((mine.start - row.start).abs() <= 1e-15).any()  # started with its layer's op
+        later = mine[mine.start >= row.start - 1e-15]
+        product = later.loc[(later.end - later.start).idxmax()]  # the layer's product
+        nxt = compute[compute.start >= product.end - 1e-15]
+        nxt = nxt[nxt.index != product.name]
+        if len(nxt):  # what follows the product waits for the collective too
+            assert nxt.start.min() >= max(product.end, row.end) - 1e-15
+
+    def moved(res):
+        x = res.timeline[(res.timeline.gpu == 0) & (res.timeline.kind == "comm")]
+        return sorted(zip(x.name, x.nbytes, strict=True))
+
+    assert moved(r) == moved(plain)
+    assert r.per_gpu()["compute"].iloc[0] <= r.iteration_time < plain.iteration_time

@@ -112,6 +112,7 @@ def test_fsdp_with_experts_and_pipeline_stages_by_hand():
             "pp": 2,
             "ep": 2,
             "fsdp": True,
+            "wrap_depth": 3,  # units: layers.N.attention, layers.N.feed_forward
             "accumulation_steps": 2,
         },
         batch=8,

@@ -119,8 +119,29 @@ class Extrapolator:
         key = (op.id, scale)
         t = table.get(key)
         if t is None:
-            t = table[key] = self.model.time(op, target) * scale
+            t = self.model.time(op, target)
+            if op.id in self.precision.fp8:
+                t = self._fp8_time(op, target, t)
+            t = table[key] = t * scale
         return self.timed(op, t, mb, phase)
+
+    def _fp8_time(self, op, target: Target, t: float) -> float:
+        """A linear's product in FP8 (triosim.trace.precision, `matmul: float8`): its
+        bfloat16 time x the GPU's bfloat16 over float8 peak, plus its operand's cast at
+        the GPU's memory bandwidth."""
+        from perfmodel.features import fp8_cast_bytes
+        from triosim.hardware import catalogue
+
+        name = target.gpu or self.trace.metadata.get("gpu")
+        g = catalogue.gpu(name) if name else None
+        if g is None or "float8" not in g.peak_flops:
+            raise ConfigError(
+                "precision.matmul",
+                "float8",
+                f"trace on {name or 'an unnamed GPU'}: it has no float8 peak (Hopper or later)",
+            )
+        ratio = g.flops_for("bfloat16") / g.flops_for("float8")
+        return t * ratio + fp8_cast_bytes(self.trace, op, target) / g.memory_bandwidth
 
     def timed(self, op, t: float, mb: int = 0, phase=None):
         """The task for `op` taking `t` GPU seconds (from `compute`, or a mode that timed

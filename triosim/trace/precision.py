@@ -12,11 +12,21 @@ bfloat16 where used).
 - `reduce` is FSDP2's `reduce_dtype` (torchtitan's `mixed_precision_reduce`, default
   float32) or Megatron's `grad_reduce_in_fp32`: reduce-scatters, DDP and HSDP all-reduces
   and Megatron's gradient buffer move and hold it. The trace's backward of a weight cast
-  (the gradient cast to the stored dtype) stays where the gradient is reduced in another
-  dtype than `params`; where it is reduced in `params` it runs on the reduced shard (FSDP)
-  or is fused away (Megatron's gradient accumulation into main_grad).
+  (the gradient cast to the stored dtype, per micro-batch) costs nothing once `params` is
+  set: the gradient is accumulated in `params` (FSDP2's unsharded .grad) or into float32
+  inside the product (Megatron's gradient_accumulation_fusion); FSDP2's cast to the reduce
+  dtype at each reduce-scatter (once per unit and step) is not charged.
 
-`trace` (the default for both) is the trace's own dtypes: nothing changes. Sizes are
+- `matmul: float8` is TransformerEngine's FP8 recipe (Megatron-Core's `--fp8-format`,
+  torchtitan's Float8Linear): the transformer blocks' linear layers (ops in a numbered layer,
+  `layers.N`; not the output projection, not the attention) run their forward product and
+  both backward products (input and weight gradients) in FP8, each with a cast of its
+  operand to FP8 (cast-transpose: 2 bytes read and 2 written per element, at the GPU's
+  memory bandwidth): the forward's activation input, the backward's output gradient. The
+  GPU's float8 peak over its bfloat16 one scales the products (the same share of the peak
+  as in bfloat16: an assumption; no FP8 kernel was measured here).
+
+`trace` (the default for all) is the trace's own dtypes: nothing changes. Sizes are
 elements x the dtype's bytes, elements from the stored bytes and dtype.
 """
 
@@ -30,6 +40,12 @@ from triosim.trace.model import DTYPE_BYTES
 
 Dtype = Literal["trace", "bfloat16", "float16", "float32"]
 CASTS = ("aten::to", "aten::_to_copy")  # what a weight cast to the compute dtype is traced as
+MATMULS = ("aten::linear", "aten::mm", "aten::matmul", "aten::addmm")  # TE's Linear's products
+
+
+def _in_block(layer: str) -> bool:
+    """A layer of a numbered block (`layers.3.attention.wq`), not the model's head."""
+    return any(p.isdigit() for p in layer.split("."))
 
 
 @dataclass(frozen=True)
@@ -45,9 +61,15 @@ class PrecisionOptions:
         "Megatron's grad_reduce_in_fp32 (float32); trace: the trace's weights' own",
     )
 
+    matmul: Literal["trace", "float8"] = option(
+        "trace",
+        help="float8: the blocks' linear layers in FP8 as TransformerEngine runs them "
+        "(forward and both backward products, with their casts); trace: as traced",
+    )
+
     @property
     def is_trace(self) -> bool:
-        return self.params == "trace" and self.reduce == "trace"
+        return self.params == "trace" and self.reduce == "trace" and self.matmul == "trace"
 
 
 class Precision:
@@ -61,6 +83,18 @@ class Precision:
         o = self.options
         self.weight_casts: set[int] = set()  # forward casts of a stored weight to `params`
         self.grad_casts: set[int] = set()  # their backward partners
+        self.fp8: set[int] = set()  # the FP8 products: blocks' linears and their backward
+        if o.matmul == "float8":
+            linear = {  # a product with a weight operand (an attention's has none)
+                op.id
+                for op in trace.operators
+                if op.phase == "forward"
+                and op.name in MATMULS
+                and _in_block(op.layer)
+                and any(not trace.tensors[i].scales_with_batch for i in op.inputs)
+            }
+            back = {op.id for op in trace.operators if op.fwd_id in linear}
+            self.fp8 = linear | back
         if o.params == "trace":
             return
         tensors = trace.tensors
@@ -95,11 +129,13 @@ class Precision:
     def cast_scales(self, fsdp_parts: int) -> dict[int, float]:
         """op id -> the factor on its time: a weight cast to `params` runs on the GPU's
         shard where FSDP shards over `fsdp_parts` GPUs (its share), else not at all; its
-        backward (the gradient cast back) stays where gradients are reduced in another
-        dtype, else runs on the reduced shard (FSDP) or not at all."""
+        backward (the gradient cast back) not at all."""
         fsdp = fsdp_parts > 1
         share = 1.0 / fsdp_parts if fsdp else 0.0
         out = dict.fromkeys(self.weight_casts, share)
-        if self.options.reduce == self.options.params:
-            out.update(dict.fromkeys(self.grad_casts, share))
+        # the gradient comes out of the backward product in `params` and is accumulated
+        # there (FSDP2: the unsharded .grad) or into float32 inside the product (Megatron's
+        # gradient_accumulation_fusion): no cast per micro-batch (FSDP2's copy-in to the
+        # reduce dtype, once per unit and reduce-scatter, is not charged)
+        out.update(dict.fromkeys(self.grad_casts, 0.0))
         return out

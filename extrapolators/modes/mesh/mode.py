@@ -217,6 +217,10 @@ class MeshMode(Extrapolator):
                 o.reshard_after_forward,
                 f"default with zero {zero}: only FSDP (zero 3) gathers parameters to keep or free",
             )
+        if o.tp_comm_overlap and mesh.tp == 1:
+            raise ConfigError(
+                "parallelism.tp_comm_overlap", True, "false without tensor parallelism (tp 1)"
+            )
         if o.recompute_every > 1 and o.recompute not in ("full", "op"):
             raise ConfigError(
                 "parallelism.recompute_every",
@@ -340,7 +344,10 @@ class MeshMode(Extrapolator):
         ex = self.experts
         if ex is not None:
             if op.id in ex.expert_ops:
-                return self.timed(op, ex.time(op, j) * scale, m, phase)
+                t = ex.time(op, j)
+                if op.id in self.precision.fp8:  # TE's grouped GEMM in FP8
+                    t = self._fp8_time(op, self.target(ex.tokens_batch), t)
+                return self.timed(op, t * scale, m, phase)
             tpx = self.tpx
             if op.tp_split and op.id in tpx.moe_ops and tpx.roles.get(op.id) in SHARDED:
                 return self.compute(op, self.target(ex.tokens_batch), scale, m, phase)

@@ -84,6 +84,12 @@ class MeshOptions(LoadOptions):
     )
     tp_style: Literal["megatron", "channel"] = option("megatron", help="as mode tp")
     sequence_parallel: bool = option(False, help="as mode tp (Megatron's)")
+    tp_comm_overlap: bool = option(
+        False,
+        help="Megatron's --tp-comm-overlap (TransformerEngine's userbuffers): each TP "
+        "all-gather or reduce-scatter beside a linear layer runs while that layer's product "
+        "runs (the product pipelined in chunks with it); false: each before or after it",
+    )
     cp_comm: Literal["p2p", "a2a"] = option(
         "p2p", help="p2p: ring attention; a2a: all-to-all of the heads (Ulysses)"
     )
@@ -106,7 +112,8 @@ class MeshOptions(LoadOptions):
         None,
         ge=1,
         help="zero 3: layer-name depth of a unit (torchtitan's Llama blocks: 2, layers.N; "
-        "default: the smallest giving >= 4 units that hold weights)",
+        "default: the model's numbered blocks, else the smallest giving >= 4 units that "
+        "hold weights)",
     )
     dp_overlap: bool = option(
         True,
@@ -149,5 +156,6 @@ class MeshOptions(LoadOptions):
         None,
         ge=1,
         help="layer-name depth of a recomputed block (torchtitan's Llama: 2, layers.N); "
-        "default: the smallest giving >= 4 blocks that hold weights",
+        "default: the model's numbered blocks, else the smallest giving >= 4 blocks that "
+        "hold weights",
     )

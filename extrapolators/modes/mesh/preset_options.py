@@ -44,7 +44,7 @@ class DPOptions:
         None,
         ge=1,
         help="layer-name depth of a recomputed block (torchtitan's Llama: 2, layers.N); "
-        "default: the smallest giving >= 4 blocks that hold weights",
+        "default: the numbered blocks (layers.N), else the smallest giving >= 4 with weights",
     )
 
 
@@ -67,7 +67,9 @@ class ShardedOptions:
         3, help="ZeRO stage: 1 optimizer states, 2 + gradients, 3 + parameters (FSDP)"
     )
     wrap_depth: int | None = option(
-        None, ge=1, help="layer-name depth of a unit (default: the smallest giving >= 4 units)"
+        None,
+        ge=1,
+        help="layer-name depth of a unit (default: the numbered blocks, else the smallest giving >= 4)",
     )
     reshard_after_forward: bool = option(
         True,
@@ -175,7 +177,7 @@ class CPOptions(DDPOptions):
         None,
         ge=1,
         help="fsdp: layer-name depth of a unit (as mode fsdp; torchtitan's Llama blocks: 2, "
-        "layers.N; default: the smallest giving >= 4 units that hold weights)",
+        "layers.N; default: the numbered blocks, else the smallest giving >= 4 with weights)",
     )
 
 
@@ -248,8 +250,8 @@ class EPOptions(LoadOptions):
     wrap_depth: int | None = option(
         None,
         ge=1,
-        help="fsdp: layer-name depth of a unit (as mode fsdp; default: the smallest giving "
-        ">= 4 units; torchtitan's per-block wrapping of layers.N is 2)",
+        help="fsdp: layer-name depth of a unit (as mode fsdp; default: the numbered blocks, "
+        "layers.N, as torchtitan wraps them; else the smallest giving >= 4 units)",
     )
     pp: int = option(
         1,

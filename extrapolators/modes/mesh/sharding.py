@@ -24,7 +24,7 @@ backward and gradient sync off for the others).
 
 from __future__ import annotations
 
-from extrapolators.modes.blocks import layer_units
+from extrapolators.modes.blocks import block_depth, layer_units
 
 
 class ShardPlan:
@@ -34,7 +34,10 @@ class ShardPlan:
     `reshards(u)`."""
 
     def __init__(self, trace, wrap_depth, weights, policy: str, pp: int):
-        self.unit_of, self.names, held = layer_units(trace, wrap_depth)
+        # default: one unit per numbered block (torchtitan's fully_shard per transformer
+        # block), else blocks.layer_units' rule
+        depth = wrap_depth or block_depth(trace)
+        self.unit_of, self.names, held = layer_units(trace, depth)
         chunk_of = {w: c for c, ws in enumerate(weights.chunk_weights) for w in ws}
         self.bytes: dict = {}
         self.expert_bytes: dict = {}  # the routed experts' (sharded over their replicas)

@@ -46,6 +46,8 @@ from extrapolators.modes.mesh.template import (
     GRADS,
     RECV,
     SIGNAL,
+    TPSTART,
+    TPWAIT,
     stage_template,
 )
 from extrapolators.modes.pipeline_sends import chunk_sends
@@ -105,7 +107,22 @@ class MeshStreams:
                 out[(g, "gather")] = self.gather(x)
             if ring_cp:
                 out[(g, "cp")] = self.cp_sends(x)
+            if mode.options.tp_comm_overlap and mesh.tp > 1:  # (the template: lazily)
+                out[(g, "tp")] = self.tp_side(x)
         return out
+
+    def tp_side(self, x):
+        """tp_comm_overlap: the TP collectives beside their operators (template.side), each
+        when the compute stream starts it; the compute stream waits for its end after the
+        operator."""
+        p, r, s, c, t = x
+        g, group = self.layout.at[x], self.layout.group(x, ("tp",))
+        name = f"p{p}r{r}s{s}c{c}/"
+        for i, (k, key, again) in enumerate(self.template_of(x).side):
+            yield Wait(f"{g}:tps{i}")
+            phase = "recompute" if again else k.phase
+            yield Collective(k.op, group, k.nbytes, name + key, k.layer, phase, k.algorithm, k.root)
+            yield Signal(f"{g}:tpd{i}")
 
     # -- compute --------------------------------------------------------------------------
     def compute(self, x, shared_by: dict):
@@ -151,6 +168,10 @@ class MeshStreams:
                 yield Signal(f"{g}:fsdp-grads:{item[1][0]}.{item[1][1]}")
             elif tag in (A2A, ETP):
                 yield self._tokens(x, item)
+            elif tag == TPSTART:
+                yield Signal(f"{gk}tps{item[1]}")
+            elif tag == TPWAIT:
+                yield Wait(f"{gk}tpd{item[1]}")
             else:
                 yield Wait(gk + item[1])
         slot[0] -= 1

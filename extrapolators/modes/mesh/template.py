@@ -20,7 +20,9 @@ for them.
 
 Items: ComputeRuns (the computes between two other items, the same tasks in the same
 order as one per operator) and tuples tagged COLL (collective template, key suffix,
-recomputed), RECV (source stage, key suffix, phase), SIGNAL / WAIT (name), ATTN (attention
+recomputed), TPSTART / TPWAIT (the index of a collective in `side`: with tp_comm_overlap
+a TP collective beside its operator, started before it and waited for after it), RECV
+(source stage, key suffix, phase), SIGNAL / WAIT (name), ATTN (attention
 op, one step's Compute, micro-batch), ENTER (FSDP entry key), GRADS ((chunk, unit)), A2A
 and ETP (layer, all-to-all kind, micro-batch, recomputed, the expert-TP collective: an MoE
 layer's all-to-all or expert-TP gather / reduce-scatter, mesh/experts.py). With experts a
@@ -35,8 +37,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from extrapolators.execution.tasks import ComputeRun
+from triosim.trace.precision import MATMULS
 
-COLL, RECV, SIGNAL, WAIT, ATTN, ENTER, GRADS, A2A, ETP = range(9)
+COLL, RECV, SIGNAL, WAIT, ATTN, ENTER, GRADS, A2A, ETP, TPSTART, TPWAIT = range(11)
 
 
 @dataclass
@@ -44,6 +47,10 @@ class Template:
     items: list = field(default_factory=list)
     entries: list = field(default_factory=list)
     reduce_order: list = field(default_factory=list)
+    # tp_comm_overlap: the TP collectives run beside their operator on the GPU's "tp"
+    # stream, in this order: (collective template, key suffix, recomputed); TPSTART i and
+    # TPWAIT i in the items start the i-th and wait for its end
+    side: list = field(default_factory=list)
 
 
 def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
@@ -80,9 +87,44 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
         for tag, op in steps:
             other((tag, layer, kind, m, again, op))
 
+    overlap = comm and o.tp_comm_overlap
+    # the linear layers' products, forward and backward: TransformerEngine overlaps their
+    # all-gathers and reduce-scatters (not the embedding's or the loss's all-reduces)
+    # (a layer's backward collectives sit before its first backward operator, often a view
+    # of the gradient: they start there and end with the layer's product, `main`)
+    products, main, pending = set(), set(), []  # pending: [layer, side indices started]
+    if overlap:
+        ops = mode.trace.operators
+        fwd = {op.id for op in ops if op.name in MATMULS and op.phase == "forward"}
+        products = fwd | {op.id for op in ops if op.fwd_id in fwd}
+        main = fwd | {op.id for op in ops if op.fwd_id in fwd and "mm" in op.name.lower()}
+
+    def flush():
+        for i in pending[1:]:
+            other((TPWAIT, i))
+        pending.clear()
+
     def op_tasks(op, m, again):
         phase = "recompute" if again else None
         re = ":re" if again else ""
+        if pending and op.layer != pending[0]:
+            flush()
+        if overlap and op.id in products:
+            coll = [*tpx.before.get(op.id, ()), *tpx.after.get(op.id, ())]
+            if coll or pending:  # (TE's userbuffers: the product pipelined with them)
+                for c in coll:
+                    if not pending:
+                        pending.append(op.layer)
+                    pending.append(len(out.side))
+                    other((TPSTART, len(out.side)))
+                    out.side.append((c, f"m{m}/{c.key}{re}", again))
+                if moe:
+                    for layer, kind in ex.before.get(op.id, ()):
+                        tokens(layer, kind, m, again, True)
+                run.append(mode.op_time(op, split, whole, m, phase, 1.0, ep_rank))
+                if op.id in main:  # the layer's product: its collectives end with it
+                    flush()
+                return
         if comm:
             for c in tpx.before.get(op.id, ()):
                 other((COLL, c, f"m{m}/{c.key}{re}", again))
@@ -151,6 +193,8 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
                     other((GRADS, cu))
             if moe:
                 after_tasks(op, m, again)
+        if pending:
+            flush()
         if shard is not None:  # what this step leaves gathered
             if kind == "F":
                 resident -= {(c, u) for ph, u in here if ph == "forward" and shard.reshards(u)}
