@@ -81,3 +81,25 @@ def test_the_command_prints_percentiles_and_the_slowest_at_scale(capsys):
     assert f"slowest of 16,384 GPUs    factor mean {slowest_factor(0.03, 16384):.4f}" in out
     code, _, err = run_cli(capsys, "variability", str(example), "--cv", "2")
     assert code == 2 and "--cv 2.0: a coefficient of variation in [0, 1)" in err
+
+
+def test_persistent_stragglers_by_hand_and_by_order_statistics():
+    """A fraction of GPUs slower in every iteration: on 4 GPUs with no variability and one
+    GPU 1.5x slower (slow 0.25), every step of mode dp is compute x 1.5 + the all-reduce,
+    the same slow GPU in every run; with variability, the slowest of n (k = round(slow x n)
+    slow draws) against seeded draws: F_max(x) = F(x)^(n-k) F(x/s)^k."""
+    t, compute = deterministic()
+    times, drawn, _ = iteration_times(
+        CFG, 0.0, 3, seed=4, trace=chain_trace(batch=16), slow=0.25, slow_factor=1.5
+    )
+    assert times == pytest.approx([compute * 1.5 + (t - compute)] * 3, rel=1e-9)
+    assert (drawn == 1.5).sum(axis=1).tolist() == [1, 1, 1]
+    assert len({tuple(row) for row in drawn}) == 1  # the same GPU every run
+    assert slowest_factor(0.0, 4, 0.25, 1.5) == slowest_quantile(0.0, 4, 0.5, 0.25, 1.5) == 1.5
+    cv, n, slow, s = 0.03, 1024, 0.002, 1.2
+    big = factors(cv, n, 20000, seed=7, slow=slow, slow_factor=s).max(axis=1)
+    se = big.std(ddof=1) / math.sqrt(len(big))
+    assert abs(big.mean() - slowest_factor(cv, n, slow, s)) < 4 * se
+    for q in (0.5, 0.9, 0.99):
+        assert np.quantile(big, q) == pytest.approx(slowest_quantile(cv, n, q, slow, s), rel=0.01)
+    assert slowest_factor(cv, n, slow, s) > s > slowest_factor(cv, n)  # they set the step

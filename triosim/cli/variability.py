@@ -1,6 +1,8 @@
 """`triosim variability CONFIG --cv 0.03 --runs 50`: the iteration time's distribution when
 each GPU's compute varies from iteration to iteration (triosim.studies.variability), and
-by order statistics how slow the slowest GPU is at larger scales (`--at 1024,16384`).
+by order statistics how slow the slowest GPU is at larger scales (`--at 1024,16384`);
+`--slow 0.001 --slow-factor 1.2`: persistent stragglers, a fraction of GPUs slower in every
+iteration.
 """
 
 from __future__ import annotations
@@ -22,6 +24,18 @@ def add_parser(subparsers) -> None:
     p.add_argument("--runs", type=positive_int, default=50, help="simulations (default 50)")
     p.add_argument("--seed", type=int, default=0, help="the draws' seed (default 0)")
     p.add_argument("--at", help="GPU counts for the order statistics, comma-separated")
+    p.add_argument(
+        "--slow",
+        type=float,
+        default=0.0,
+        help="fraction of GPUs slow in every iteration (persistent stragglers; default 0)",
+    )
+    p.add_argument(
+        "--slow-factor",
+        type=float,
+        default=1.0,
+        help="how much slower a slow GPU computes (>= 1; e.g. 1.2)",
+    )
     p.set_defaults(func=cmd_variability)
 
 
@@ -35,6 +49,10 @@ def cmd_variability(args) -> int:
     from triosim.studies.variability import iteration_times, slowest_factor, slowest_quantile
 
     check_cv(args.cv)
+    if not 0 <= args.slow < 1:
+        raise InputError(f"--slow {args.slow}: a fraction of the GPUs, 0 <= f < 1")
+    if not args.slow_factor >= 1:
+        raise InputError(f"--slow-factor {args.slow_factor}: at least 1 (how much slower)")
     at = []
     for x in (args.at or "").split(","):
         if x.strip():
@@ -43,16 +61,22 @@ def cmd_variability(args) -> int:
             except ValueError:
                 raise InputError(f"--at {args.at!r}: GPU counts such as 1024,16384") from None
     path = Path(args.config)
-    times, _, gpus = iteration_times(read_yaml(path), args.cv, args.runs, args.seed, path.parent)
+    slow = (args.slow, args.slow_factor)
+    times, _, gpus = iteration_times(
+        read_yaml(path), args.cv, args.runs, args.seed, path.parent, None, *slow
+    )
     ms = times * 1e3
     p50, p90, p99 = np.percentile(ms, [50, 90, 99])
     print(f"{args.runs} runs, {len(gpus)} GPUs, compute cv {args.cv:g} per GPU (seed {args.seed})")
+    if args.slow:
+        k = round(args.slow * len(gpus))
+        print(f"persistent stragglers     {k} of {len(gpus)} GPUs x {args.slow_factor:g}")
     print(
         f"iteration ms             mean {ms.mean():.4f}  P50 {p50:.4f}  P90 {p90:.4f}  P99 {p99:.4f}"
     )
     for n in [len(gpus), *at]:
         print(
-            f"slowest of {n:,} GPUs    factor mean {slowest_factor(args.cv, n):.4f}  "
-            f"P99 {slowest_quantile(args.cv, n, 0.99):.4f}"
+            f"slowest of {n:,} GPUs    factor mean {slowest_factor(args.cv, n, *slow):.4f}  "
+            f"P99 {slowest_quantile(args.cv, n, 0.99, *slow):.4f}"
         )
     return 0

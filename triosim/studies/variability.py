@@ -13,6 +13,12 @@ exp(mu + sigma x Phi^-1(q^(1/n))) and its mean the integral of 1 - F(x)^n (sigma
 ln(1 + cv^2), mu = -sigma^2 / 2). Where the iteration is compute then a collective that
 waits for every GPU (mode dp: the step is T_compute x the slowest factor + the rest),
 that is the step's distribution at any scale: at 16,384 GPUs as at 4.
+
+Persistent stragglers (`slow`: a fraction of the GPUs, chosen once from the seed, slower by
+`slow_factor` >= 1 in every iteration: a throttled or degraded GPU, a slow node): a GPU's
+factor is its draw x slow_factor where it is slow. With k = round(slow x n) slow GPUs the
+slowest of n has F_max(x) = F(x)^(n - k) F(x / s)^k: once one GPU is slow, every step
+waits for it and grows by about s.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import copy
 import math
 
 import numpy as np
-from scipy import integrate, stats
+from scipy import integrate, optimize, stats
 
 
 def _lognormal(cv: float) -> tuple[float, float]:
@@ -30,34 +36,76 @@ def _lognormal(cv: float) -> tuple[float, float]:
     return -sigma * sigma / 2, sigma
 
 
-def factors(cv: float, n: int, runs: int, seed: int) -> np.ndarray:
-    """(runs, n) compute factors: one per GPU and run, seeded."""
-    if cv == 0:
-        return np.ones((runs, n))
+def factors(
+    cv: float, n: int, runs: int, seed: int, slow: float = 0.0, slow_factor: float = 1.0
+) -> np.ndarray:
+    """(runs, n) compute factors: one per GPU and run, seeded; round(slow x n) GPUs (the
+    same in every run, chosen from the seed) x slow_factor."""
+    rng = np.random.default_rng(seed)
+    out = np.ones((runs, n))
+    if cv > 0:
+        mu, sigma = _lognormal(cv)
+        out = rng.lognormal(mu, sigma, size=(runs, n))
+    k = round(slow * n)
+    if k and slow_factor != 1.0:
+        out[:, rng.choice(n, size=k, replace=False)] *= slow_factor
+    return out
+
+
+def _max_cdf(cv: float, n: int, slow: float, slow_factor: float):
+    """x -> P(the largest of n factors <= x): n - k draws and k = round(slow x n) draws x
+    slow_factor (module docstring)."""
     mu, sigma = _lognormal(cv)
-    return np.random.default_rng(seed).lognormal(mu, sigma, size=(runs, n))
+    base = stats.lognorm(s=sigma, scale=math.exp(mu)).cdf
+    k = round(slow * n)
+    return lambda x: base(x) ** (n - k) * base(x / slow_factor) ** k
 
 
-def slowest_quantile(cv: float, n: int, q: float) -> float:
+def _plain(cv, n, slow, slow_factor) -> bool:
+    return round(slow * n) == 0 or slow_factor == 1.0
+
+
+def slowest_quantile(
+    cv: float, n: int, q: float, slow: float = 0.0, slow_factor: float = 1.0
+) -> float:
     """The q-quantile of the largest of n independent factors."""
-    if cv == 0:
-        return 1.0
-    mu, sigma = _lognormal(cv)
-    return math.exp(mu + sigma * stats.norm.ppf(q ** (1.0 / n)))
+    if _plain(cv, n, slow, slow_factor):
+        if cv == 0:
+            return 1.0
+        mu, sigma = _lognormal(cv)
+        return math.exp(mu + sigma * stats.norm.ppf(q ** (1.0 / n)))
+    if cv == 0:  # a slow GPU is always among them
+        return slow_factor
+    cdf = _max_cdf(cv, n, slow, slow_factor)
+    return float(optimize.brentq(lambda x: cdf(x) - q, 1e-9, 10.0 * slow_factor))
 
 
-def slowest_factor(cv: float, n: int) -> float:
-    """The mean of the largest of n independent factors."""
+def slowest_factor(cv: float, n: int, slow: float = 0.0, slow_factor: float = 1.0) -> float:
+    """The mean of the largest of n independent factors: the integral of 1 - F_max."""
+    plain = _plain(cv, n, slow, slow_factor)
     if cv == 0:
-        return 1.0
+        return 1.0 if plain else slow_factor
     mu, sigma = _lognormal(cv)
     dist = stats.lognorm(s=sigma, scale=math.exp(mu))
     hi = dist.ppf(1 - 1e-12 / max(n, 1))
-    value, _ = integrate.quad(lambda x: 1 - dist.cdf(x) ** n, 0, hi, limit=200)
+    if plain:
+        value, _ = integrate.quad(lambda x: 1 - dist.cdf(x) ** n, 0, hi, limit=200)
+        return value
+    cdf = _max_cdf(cv, n, slow, slow_factor)
+    value, _ = integrate.quad(lambda x: 1 - cdf(x), 0, hi * slow_factor, limit=200)
     return value
 
 
-def iteration_times(config: dict, cv: float, runs: int, seed: int, base_dir=".", trace=None):
+def iteration_times(
+    config: dict,
+    cv: float,
+    runs: int,
+    seed: int,
+    base_dir=".",
+    trace=None,
+    slow: float = 0.0,
+    slow_factor: float = 1.0,
+):
     """(iteration times of `runs` seeded draws, the compute factors drawn, GPU ids)."""
     from triosim.config.loading import from_dict
     from triosim.simulation.wiring import Simulation
@@ -69,7 +117,7 @@ def iteration_times(config: dict, cv: float, runs: int, seed: int, base_dir=".",
 
     first = build(config)
     gpus = list(first.gpus)
-    drawn = factors(cv, len(gpus), runs, seed)
+    drawn = factors(cv, len(gpus), runs, seed, slow, slow_factor)
     out = np.empty(runs)
     for k in range(runs):
         cfg = copy.deepcopy(config)
