@@ -54,17 +54,18 @@ def op_bytes(trace: Trace, op: Operator, target: Target = Target()) -> float:
     return (read + written) * PASSES.get(op_kind(op)[0], 1.0)
 
 
-def fp8_cast_bytes(trace: Trace, op: Operator, target: Target = Target()) -> float:
+def fp8_cast_bytes(trace: Trace, op: Operator, target: Target = Target(), inputs=None) -> float:
     """Bytes TransformerEngine's FP8 casts of a linear's operand move at the target (a
     cast-transpose reads the bfloat16 tensor and writes it twice in FP8: 2 bytes in, 2 out
-    per element, twice the tensor's bfloat16 bytes): the forward's activation input, the
-    backward's output gradient (the forward's output's size)."""
+    per element, twice the tensor's bfloat16 bytes): the forward's activation input (those
+    of `inputs`, where given: one not cast before), the backward's output gradient (the
+    forward's output's size)."""
     r = batch_ratio(trace, target)
     shard = target.tp if op.tp_split else 1
     if op.phase == "backward" and op.fwd_id is not None:
         tensors = trace.op(op.fwd_id).outputs
     else:
-        tensors = op.inputs
+        tensors = op.inputs if inputs is None else inputs
     scaled = [
         trace.tensors[t] for t in dict.fromkeys(tensors) if trace.tensors[t].scales_with_batch
     ]

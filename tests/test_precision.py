@@ -181,14 +181,16 @@ def fp8_trace():
 
     x = tensor("input", 4e6)
     made = []
-    for layer, second in (("layers.0.w", "weight"), ("layers.0.attention", "activation"),
-                          ("output", "weight")):  # fmt: skip
+    # layers.0.v reads layers.0.w's input (as wk reads wq's): cast once, by w
+    for layer, second in (("layers.0.w", "weight"), ("layers.0.v", "weight"),
+                          ("layers.0.attention", "activation"), ("output", "weight")):  # fmt: skip
         b = tensor(second, 4e6)
         y = tensor("activation", 2e6)
         name = "aten::linear" if second == "weight" else "aten::matmul"
         ops.append(Operator(len(ops), name, layer, "forward", 1e-3, (x, b), (y,), 0.0))
         made.append((len(ops) - 1, layer, x, b))
-        x = y
+        if layer != "layers.0.w":
+            x = y
     for k, layer, inp, b in reversed(made):
         g = tensor("activation", 4e6)
         ops.append(
@@ -204,8 +206,9 @@ def test_fp8_products_by_hand():
     # H100 SXM: bfloat16 989.4 TFLOP/s, float8 1,978.9: an FP8 product takes 989.4 /
     # 1978.9 of its bfloat16 time, plus its operand's cast-transpose (2 bytes read, 2
     # written per bfloat16 element: twice the tensor's bytes) at 3.35 TB/s: forward the
-    # 4 MB input, backward the 2 MB output gradient. The attention's product and the
-    # output projection stay as traced.
+    # 4 MB input (once: a second product of the same input casts nothing), backward the
+    # 2 MB output gradient. The attention's product and the output projection stay as
+    # traced.
     cfg = {"num_gpus": 1, "perfmodel": {"kind": "trace"}, "precision": {"matmul": "float8"}}
     r = Simulation(cfg, trace=fp8_trace()).run()
     tl = r.timeline[r.timeline.kind == "compute"]
@@ -213,6 +216,8 @@ def test_fp8_products_by_hand():
     ratio = 989.4 / 1978.9
     assert took["layers.0.w", "forward"] == pytest.approx(1e-3 * ratio + 8e6 / 3.35e12, rel=1e-12)
     assert took["layers.0.w", "backward"] == pytest.approx(2e-3 * ratio + 4e6 / 3.35e12, rel=1e-12)
+    assert took["layers.0.v", "forward"] == pytest.approx(1e-3 * ratio, rel=1e-12)  # cast by w
+    assert took["layers.0.v", "backward"] == pytest.approx(2e-3 * ratio + 4e6 / 3.35e12, rel=1e-12)
     for layer in ("layers.0.attention", "output"):
         assert took[layer, "forward"] == pytest.approx(1e-3, rel=1e-12)
         assert took[layer, "backward"] == pytest.approx(2e-3, rel=1e-12)

@@ -141,7 +141,9 @@ class Extrapolator:
                 f"trace on {name or 'an unnamed GPU'}: it has no float8 peak (Hopper or later)",
             )
         ratio = g.flops_for("bfloat16") / g.flops_for("float8")
-        return t * ratio + fp8_cast_bytes(self.trace, op, target) / g.memory_bandwidth
+        inputs = self.precision.fp8_inputs.get(op.id)
+        cast = fp8_cast_bytes(self.trace, op, target, inputs)
+        return t * ratio + cast / g.memory_bandwidth
 
     def timed(self, op, t: float, mb: int = 0, phase=None):
         """The task for `op` taking `t` GPU seconds (from `compute`, or a mode that timed

@@ -84,6 +84,7 @@ class Precision:
         self.weight_casts: set[int] = set()  # forward casts of a stored weight to `params`
         self.grad_casts: set[int] = set()  # their backward partners
         self.fp8: set[int] = set()  # the FP8 products: blocks' linears and their backward
+        self.fp8_inputs: dict[int, tuple] = {}  # forward FP8 op -> the inputs it casts
         if o.matmul == "float8":
             linear = {  # a product with a weight operand (an attention's has none)
                 op.id
@@ -95,6 +96,18 @@ class Precision:
             }
             back = {op.id for op in trace.operators if op.fwd_id in linear}
             self.fp8 = linear | back
+            # each activation is cast once: wq, wk and wv (TE's fused QKV), w1 and w3 read
+            # one input, cast by the first of them
+            cast: set = set()
+            for op in trace.operators:
+                if op.id in linear:
+                    mine = tuple(
+                        t
+                        for t in dict.fromkeys(op.inputs)
+                        if trace.tensors[t].scales_with_batch and t not in cast
+                    )
+                    cast.update(mine)
+                    self.fp8_inputs[op.id] = mine
         if o.params == "trace":
             return
         tensors = trace.tensors
