@@ -112,7 +112,7 @@ class OperatorModel:
             "gpu",
             gpu,
             f"the traced GPU ({traced}) for perfmodel '{self.name}'; "
-            "use 'roofline' to predict another GPU",
+            "use 'learned' or 'roofline' to predict another GPU",
         )
 
     def iteration_time(self, target: Target = Target()) -> float:

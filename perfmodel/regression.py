@@ -171,7 +171,7 @@ class LinearRegressionModel(OperatorModel):
             raise ConfigError(
                 "perfmodel.kind",
                 "regression",
-                "a target on the traced GPU; use 'roofline' to predict another GPU",
+                "a target on the traced GPU; use 'learned' or 'roofline' to predict another GPU",
             )
         shard = target.tp if op.tp_split else 1
         if self.per_op is not None:

@@ -229,7 +229,7 @@ def gpu(name: str) -> GPU:
     for g in GPUS.values():
         if want in (_norm(g.name), *map(_norm, g.aliases)):
             return g
-    raise ConfigError("gpu", name, f"one of {', '.join(GPUS)}")
+    raise ConfigError("gpu", name, f"one of {', '.join(GPUS)} (or a GPU of your own under `gpus:`)")
 
 
 def link(name: str) -> Link:

@@ -57,7 +57,9 @@ def define(spec: GPUSpec, where: str = "gpus") -> GPU:
     if not spec.name:
         raise ConfigError(f"{where}.name", spec.name, "a name for the GPU")
     if not spec.base:
-        raise ConfigError(f"{where}.base", spec.base, f"a catalogue GPU: {', '.join(SHIPPED)}")
+        raise ConfigError(
+            f"{where}.base", spec.base, f"a catalogue GPU: {', '.join(sorted(SHIPPED))}"
+        )
     if spec.name in SHIPPED or catalogue._norm(spec.name) in _shipped_names():
         raise ConfigError(
             f"{where}.name", spec.name, "a name the catalogue does not have (it is shipped)"
@@ -66,7 +68,7 @@ def define(spec: GPUSpec, where: str = "gpus") -> GPU:
         base = catalogue.gpu(spec.base)
     except ConfigError:
         raise ConfigError(
-            f"{where}.base", spec.base, f"a catalogue GPU: {', '.join(SHIPPED)}"
+            f"{where}.base", spec.base, f"a catalogue GPU: {', '.join(sorted(SHIPPED))}"
         ) from None
     peaks, vector = dict(base.peak_flops), dict(base.vector_flops)
     clock = base.boost_clock
