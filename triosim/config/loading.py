@@ -116,8 +116,9 @@ class TopLevel:
     )
     precision: PrecisionOptions = option(
         factory=PrecisionOptions,
-        help="the dtypes weights are gathered in and gradients reduced in "
-        "(triosim/trace/precision.py; torchtitan: params bfloat16, reduce float32)",
+        help="the dtypes weights are gathered in (params) and gradients reduced in "
+        "(reduce), FP8 products (matmul: float8) (triosim/trace/precision.py; torchtitan: "
+        "params bfloat16, reduce float32)",
     )
 
 
