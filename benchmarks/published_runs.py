@@ -144,19 +144,14 @@ def config(run) -> dict:
     }
 
 
-def megatron_flops(s, L, h, H, g, f, V) -> float:
-    """Forward + backward model FLOPs per sequence of a Llama-style model by Megatron-LM's
-    formula (megatron/training/training.py, num_floating_point_operations):
-    12 s L h^2 (1 + g/H + s/h + 1.5 f/h + V / (2 L h))."""
-    return 12 * s * L * h * h * (1 + g / H + s / h + 1.5 * f / h + V / (2 * L * h))
-
-
 def predicted(run, r, sim) -> float:
     """The row's metric at the predicted iteration time."""
     _, _, gpus, batch, seq, _, _, (_, unit), _, _ = run
     if unit == "tokens":
         return batch * seq / gpus / r.iteration_time
     if unit == "megatron_tflops":  # Llama 3 8B's model FLOPs, as NeMo counts them
+        from benchmarks.llm_parallelism import megatron_flops
+
         flops = megatron_flops(s=seq, L=32, h=4096, H=32, g=8, f=14336, V=128256)
     else:  # the trace's forward and backward FLOPs per sequence
         ops = sim.trace.operators

@@ -3,6 +3,8 @@ blocks FSDP shards and activation checkpointing recomputes), and recomputation p
 
 from __future__ import annotations
 
+from triosim.trace.precision import in_numbered_block
+
 ATTENTION_CORE = ("softmax", "dropout", "bmm", "baddbmm", "scaled_dot_product", "matmul")
 
 
@@ -92,7 +94,7 @@ def with_recompute(ops, policy: str, unit_of: dict, names=None, every: int = 1) 
         return [(op, False) for op in ops]
     blocks = None
     if names is not None and policy != "selective":
-        numbered = [u for u, n in enumerate(names) if any(p.isdigit() for p in n.split("."))]
+        numbered = [u for u, n in enumerate(names) if in_numbered_block(n)]
         blocks = set(numbered or range(len(names)))
         if every > 1:
             blocks = {u for k, u in enumerate(sorted(blocks), start=1) if k % every == 0}

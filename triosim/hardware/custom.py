@@ -60,7 +60,11 @@ def define(spec: GPUSpec, where: str = "gpus") -> GPU:
         raise ConfigError(
             f"{where}.base", spec.base, f"a catalogue GPU: {', '.join(sorted(SHIPPED))}"
         )
-    if spec.name in SHIPPED or catalogue._norm(spec.name) in _shipped_names():
+    try:  # the catalogue's lookup (names and aliases) says whether it is shipped
+        taken = catalogue.gpu(spec.name).name in SHIPPED
+    except ConfigError:
+        taken = False
+    if taken:
         raise ConfigError(
             f"{where}.name", spec.name, "a name the catalogue does not have (it is shipped)"
         )
@@ -101,12 +105,3 @@ def define(spec: GPUSpec, where: str = "gpus") -> GPU:
     )
     catalogue.GPUS[g.name] = g
     return g
-
-
-def _shipped_names() -> set[str]:
-    return {
-        catalogue._norm(n)
-        for g in catalogue.GPUS.values()
-        if g.name in SHIPPED
-        for n in (g.name, *g.aliases)
-    }

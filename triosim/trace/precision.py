@@ -43,7 +43,7 @@ CASTS = ("aten::to", "aten::_to_copy")  # what a weight cast to the compute dtyp
 MATMULS = ("aten::linear", "aten::mm", "aten::matmul", "aten::addmm")  # TE's Linear's products
 
 
-def _in_block(layer: str) -> bool:
+def in_numbered_block(layer: str) -> bool:
     """A layer of a numbered block (`layers.3.attention.wq`), not the model's head."""
     return any(p.isdigit() for p in layer.split("."))
 
@@ -91,7 +91,7 @@ class Precision:
                 for op in trace.operators
                 if op.phase == "forward"
                 and op.name in MATMULS
-                and _in_block(op.layer)
+                and in_numbered_block(op.layer)
                 and any(not trace.tensors[i].scales_with_batch for i in op.inputs)
             }
             back = {op.id for op in trace.operators if op.fwd_id in linear}
