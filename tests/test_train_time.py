@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 from triosim.studies.train_time import (
-    LLAMA3_MTBF_GPU,
     TrainTimeOptions,
     best_interval,
     estimate,
@@ -66,12 +65,33 @@ def test_an_estimate_by_hand():
     t = estimate(1.5, 4 * 2**20, 16384, 2e12, o)
     assert t.steps == pytest.approx(15e12 / 2**22)
     assert t.work == pytest.approx(t.steps * 1.5)
-    assert t.mtbf == pytest.approx(LLAMA3_MTBF_GPU / 16384) and t.mtbf / H == pytest.approx(
+    # Llama 3's cluster itself (2,048 hosts of 8, a NIC link a GPU): its 419 in 54 days
+    assert (t.nodes, t.links) == (2048, 16384)
+    assert t.mtbf == pytest.approx(54 * 24 * H / 419) and t.mtbf / H == pytest.approx(
         3.09, abs=0.01
     )
     assert t.checkpoint_write == pytest.approx(1.0)
     first_order = 1 - math.sqrt(2 * 1.0 / t.mtbf) - o.restart / t.mtbf
     assert first_order < t.goodput < 1
+
+
+def test_failures_add_up_by_component():
+    """Llama 3's Table 5 split by component, by hand: 246 GPU issues on 16,384 GPUs, 138
+    others on 2,048 hosts, 35 switch and cable failures on 16,384 GPUs' links, all in 54
+    days. One node of 8 GPUs has no link into a network: 8/m_gpu + 1/m_node; 64 GPUs on 8
+    nodes add 64 links."""
+    day = 24 * H
+    m_gpu, m_node, m_link = 16384 * 54 * day / 246, 2048 * 54 * day / 138, 16384 * 54 * day / 35
+    o = TrainTimeOptions(tokens=1e12)
+    assert o.mtbf_gpu / day == pytest.approx(3596.5, abs=0.1)
+    one = estimate(1.0, 1e6, 8, 1e9, o)
+    assert (one.nodes, one.links) == (1, 0)
+    assert one.mtbf == pytest.approx(1 / (8 / m_gpu + 1 / m_node))
+    eight = estimate(1.0, 1e6, 64, 1e9, o, nodes=8)
+    assert eight.links == 64
+    assert eight.mtbf == pytest.approx(1 / (64 / m_gpu + 8 / m_node + 64 / m_link))
+    # 4 GPUs a node: twice the hosts of the same GPUs, so more failures
+    assert estimate(1.0, 1e6, 64, 1e9, o, nodes=16).mtbf < eight.mtbf
 
 
 def test_the_command_plots_goodput_against_the_interval(capsys, tmp_path):

@@ -3,6 +3,7 @@ factors, log-normal with mean 1, one draw per GPU and iteration; the step waits 
 slowest GPU, against the order statistics' closed form."""
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -103,3 +104,190 @@ def test_persistent_stragglers_by_hand_and_by_order_statistics():
     for q in (0.5, 0.9, 0.99):
         assert np.quantile(big, q) == pytest.approx(slowest_quantile(cv, n, q, slow, s), rel=0.01)
     assert slowest_factor(cv, n, slow, s) > s > slowest_factor(cv, n)  # they set the step
+
+
+def _sigma_mu(cv):
+    sigma = math.sqrt(math.log1p(cv * cv))
+    return sigma, -sigma * sigma / 2
+
+
+def test_operator_draws_by_hand():
+    """heterogeneity.op_cv: GPU k's operators x numpy's default_rng([seed, draw, 0,
+    k]).lognormal(mu, sigma) in the order it runs them (mean 1: sigma^2 = ln(1 + cv^2),
+    mu = -sigma^2 / 2). Mode dp by hand: the all-reduce starts when the slowest GPU's
+    forward and backward end, takes its deterministic time, then each GPU's optimizer: the
+    step ends with the slowest of those."""
+    det = Simulation(CFG, trace=chain_trace(batch=16)).run().timeline
+    mine = det[(det.gpu == 0) & (det.kind == "compute")].sort_values("start")
+    d = (mine.end - mine.start).to_numpy()
+    before = int((mine.phase != "optimizer").sum())
+    ar = det[(det.gpu == 0) & (det.kind == "comm")]
+    allreduce = float((ar.end - ar.start).sum())
+    sigma, mu = _sigma_mu(0.1)
+    pre, post, drawn = [], [], {}
+    for k in range(4):
+        x = d * np.random.default_rng([5, 2, 0, k]).lognormal(mu, sigma, len(d))
+        pre.append(x[:before].sum())
+        post.append(x[before:].sum())
+        drawn[k] = x
+    cfg = {**CFG, "seed": 5, "heterogeneity": {"op_cv": 0.1, "draw": 2}, "symmetry": "auto"}
+    with pytest.warns(UserWarning, match="op_cv"):
+        r = Simulation(cfg, trace=chain_trace(batch=16)).run()
+    assert r.iteration_time == pytest.approx(max(pre) + allreduce + max(post), rel=1e-12)
+    tl = r.timeline
+    two = tl[(tl.gpu == 2) & (tl.kind == "compute")].sort_values("start")
+    assert (two.end - two.start).to_numpy() == pytest.approx(drawn[2], rel=1e-12)
+
+
+def test_link_jitter_is_the_same_as_those_slowdowns_given_link_by_link():
+    """heterogeneity.link_cv: every link's bandwidth / (1 + |e|), e from numpy's
+    default_rng([seed, draw, 1]).normal(0, cv) in the topology's edge order; the same
+    factors given as heterogeneity.links (another path through the code) give the same
+    iteration, slower than without."""
+    cfg = {**CFG, "seed": 7, "heterogeneity": {"link_cv": 0.3, "draw": 1}}
+    edges = list(Simulation(CFG, trace=chain_trace(batch=16)).graph.edges())
+    e = np.random.default_rng([7, 1, 1]).normal(0.0, 0.3, len(edges))
+    links = [
+        {"src": a, "dst": b, "factor": 1 + abs(float(x))}
+        for (a, b), x in zip(edges, e, strict=True)
+    ]
+    jittered = Simulation(cfg, trace=chain_trace(batch=16)).run().iteration_time
+    given = {**CFG, "heterogeneity": {"links": links}}
+    by_hand = Simulation(given, trace=chain_trace(batch=16)).run().iteration_time
+    plain = Simulation(CFG, trace=chain_trace(batch=16)).run().iteration_time
+    assert jittered == pytest.approx(by_hand, rel=1e-12) and jittered > plain
+
+
+def test_operator_draws_average_out_within_a_gpu():
+    """A GPU's compute is a sum of n drawn operators: its coefficient of variation is
+    op_cv x sqrt(sum t^2) / sum t (independent draws of mean 1), far below op_cv; over 60
+    seeded runs of mode dp (the study's draws) the GPUs' compute sums have that spread
+    (within 30 %: 240 samples), and a zero op_cv is the deterministic run."""
+    det = Simulation(CFG, trace=chain_trace(batch=16)).run()
+    tl = det.timeline
+    d = (lambda c: (c.end - c.start).to_numpy())(tl[(tl.gpu == 0) & (tl.kind == "compute")])
+    want = 0.2 * math.sqrt((d**2).sum()) / d.sum()
+    sums = []
+
+    seen = []
+    real = Simulation.run
+
+    def keep(self, *a, **k):
+        r = real(self, *a, **k)
+        seen.append(r.timeline)
+        return r
+
+    try:
+        Simulation.run = keep
+        times, _, _ = iteration_times(CFG, 0.0, 60, seed=9, trace=chain_trace(batch=16), op_cv=0.2)
+    finally:
+        Simulation.run = real
+    for t in seen:
+        c = t[t.kind == "compute"]
+        sums.extend((c.end - c.start).groupby(c.gpu).sum().to_numpy())
+    sums = np.array(sums)
+    # the mean within 4 standard errors (runs' GPUs are independent draws)
+    assert abs(sums.mean() - d.sum()) < 4 * want * d.sum() / math.sqrt(len(sums))
+    assert sums.std(ddof=1) / sums.mean() == pytest.approx(want, rel=0.3)
+    from triosim.studies.variability import effective_cv
+
+    assert effective_cv(0.0, 0.2, d) == pytest.approx(want, rel=1e-12)
+    assert effective_cv(0.03, 0.2, d) ** 2 == pytest.approx((1.0009) * (1 + want**2) - 1)
+    assert len(set(times)) == 60
+    zero, _, _ = iteration_times(CFG, 0.0, 2, seed=9, trace=chain_trace(batch=16), op_cv=0.0)
+    assert (zero == det.iteration_time).all()
+
+
+def test_the_command_takes_operator_and_network_draws(capsys):
+    from pathlib import Path
+
+    from tests.conftest import run_cli
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "ddp.yaml"
+    code, out, err = run_cli(
+        capsys, "variability", str(example), "--op-cv", "0.05", "--net-cv", "0.1", "--runs", "2"
+    )
+    assert code == 0, err
+    assert "2 runs, 4 GPUs, compute cv 0 per GPU, 0.05 per operator, links cv 0.1" in out
+    code, _, err = run_cli(capsys, "variability", str(example), "--op-cv", "1.5")
+    assert code == 2 and "--op-cv 1.5: a coefficient of variation in [0, 1)" in err
+
+
+@pytest.mark.parametrize("field", ["op_cv", "link_cv"])
+def test_a_chakra_export_refuses_draws_it_cannot_carry(field):
+    from triosim.common.errors import ConfigError
+    from triosim.simulation.chakra_export import workload_nodes
+
+    sim = Simulation({**CFG, "heterogeneity": {field: 0.1}}, trace=chain_trace(batch=16))
+    with pytest.raises(ConfigError, match=f"heterogeneity.{field}"):
+        workload_nodes(sim)
+
+
+def test_the_step_at_scale_is_every_gpu_at_the_slowest_factor():
+    """Mode dp: with every GPU x f the step is T_compute x f + the rest (by hand from the
+    deterministic timeline), so the mean of seeded runs is that at the slowest factor's
+    mean (linear: exact), here within 4 standard errors of 120 runs."""
+    from triosim.studies.variability import uniform_step
+
+    t, compute = deterministic()
+    for f in (1.0, 1.1, 1.37):
+        want = compute * f + (t - compute)
+        assert uniform_step(CFG, f, trace=chain_trace(batch=16)) == pytest.approx(want, rel=1e-12)
+    times, _, _ = iteration_times(CFG, 0.05, 120, seed=21, trace=chain_trace(batch=16))
+    at = uniform_step(CFG, slowest_factor(0.05, 4), trace=chain_trace(batch=16))
+    assert abs(times.mean() - at) < 4 * times.std(ddof=1) / math.sqrt(len(times))
+
+
+def test_with_pipeline_stages_every_gpu_at_the_slowest_is_an_upper_bound():
+    """1F1B over 2 stages x 2 replicas: only the slowest GPU is that slow, so each draw's
+    step is at most the step with every GPU at its draw's largest factor (a slower GPU
+    never makes a run faster), and more than with every GPU at its smallest."""
+    from triosim.studies.variability import uniform_step
+
+    cfg = {**CFG, "parallelism": {"mode": "3d", "pp": 2, "dp": 2, "microbatches": 4}}
+    trace = chain_trace(batch=16)
+    times, drawn, _ = iteration_times(cfg, 0.1, 4, seed=2, trace=trace)
+    for step, f in zip(times, drawn, strict=True):
+        assert uniform_step(cfg, float(f.min()), trace=trace) <= step
+        assert step <= uniform_step(cfg, float(f.max()), trace=trace) * (1 + 1e-12)
+
+
+def test_the_command_plots_the_step_at_scale(capsys, tmp_path):
+    """--runs 0 --at: no seeded runs, the step at each count (every GPU at the slowest's
+    factor); mode dp's config, so by hand T_compute x f + the rest; --plot a PNG."""
+    import yaml
+
+    from tests.conftest import run_cli
+    from triosim.studies.variability import effective_cv
+
+    trace = Path(__file__).resolve().parents[1] / "traces" / "cpu" / "gpt2-small-b8.trace.json.gz"
+    cfg = {**CFG, "trace": str(trace), "batch_size": 8}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    png = tmp_path / "steps.png"
+    code, out, err = run_cli(
+        capsys,
+        "variability",
+        str(path),
+        "--cv",
+        "0.04",
+        "--runs",
+        "0",
+        "--at",
+        "64,4096",
+        "--plot",
+        str(png),
+    )
+    assert code == 0, err
+    det = Simulation(cfg).run()
+    tl = det.timeline
+    mine = tl[(tl.gpu == 0) & (tl.kind == "compute")]
+    compute = float((mine.end - mine.start).sum())
+    assert effective_cv(0.04, 0.0, [1.0]) == pytest.approx(0.04)
+    f = slowest_factor(0.04, 4096)
+    want = (compute * f + det.iteration_time - compute) * 1e3
+    line = next(x for x in out.splitlines() if x.startswith("step at 4,096 GPUs"))
+    assert float(line.split("mean")[1].split("ms")[0]) == pytest.approx(want, abs=1e-4)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {png}" in out
+    code, _, err = run_cli(capsys, "variability", str(path), "--runs", "0")
+    assert code == 2 and "--runs 0 without --at" in err

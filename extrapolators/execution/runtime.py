@@ -52,8 +52,11 @@ class Runtime(Meetings):
         compute_scale: dict | None = None,
         symmetry=None,
         host=None,
+        noise: dict | None = None,
     ):
         self.env = env
+        # GPU -> n -> n factors on its next n computes (heterogeneity.op_cv), or None
+        self.noise = noise
         # perfmodel.host.HostModel (launch_latency, comm_cost) or None: each GPU's host
         # issues its operators in order, `_clock[gpu]` the instant it finished the last
         self.host = host
@@ -106,6 +109,7 @@ class Runtime(Meetings):
         gpu, stream, it = who
         here = who  # (gpu, stream, the current iteration): a block's `who`
         scale = self.compute_scale.get(gpu, 1.0)
+        noise = self.noise.get(gpu) if self.noise else None
 
         def log(kind, name, layer, phase, t0, t1, nbytes, key):  # one row of COLUMNS
             rows.append((gpu, stream, kind, name, layer, phase, t0, t1, nbytes, key, it, -1, -1))
@@ -139,9 +143,9 @@ class Runtime(Meetings):
                     count = len(task.tasks)
                     self.tasks_started += count - 1
                     if host is not None and task.hosts is not None:
-                        acc, starts, t = self._hosted(gpu, task, start, scale)
+                        acc, starts, t = self._hosted(gpu, task, start, scale, noise)
                     else:
-                        (acc, t), starts = self._timed(task, start, scale), None
+                        (acc, t), starts = self._timed(task, start, scale, noise), None
                     if t != start:
                         yield self._at(t)
                     if here[2] != it:
@@ -149,7 +153,7 @@ class Runtime(Meetings):
                     rows.append(Block(here, task, acc, starts))
                     self.tasks_finished += count
                     continue
-                yield from self._computes((gpu, stream, it), run, scale)
+                yield from self._computes((gpu, stream, it), run, scale, noise)
             elif type(task) is Collective:
                 if host is not None:  # its launch costs the host (it does not wait for it)
                     self._clock[gpu] = self._clock.get(gpu, 0.0) + host.comm_cost
@@ -217,7 +221,7 @@ class Runtime(Meetings):
                 )
             )
 
-    def _computes(self, who, run, scale):
+    def _computes(self, who, run, scale, noise=None):
         """A run of several pieces (Computes, ComputeRuns) that `_run` collected; counts
         them as tasks. Plain computes are timed one by one (the straightforward path, kept
         for streams that do not emit ComputeRuns): one event at the run's end, one row per
@@ -227,7 +231,7 @@ class Runtime(Meetings):
         if self.host is not None and any(c.host for c in run if type(c) is Compute):
             plain = False  # timed with its host by _compute_run
         if not plain:
-            yield from self._compute_run(who, run, scale)
+            yield from self._compute_run(who, run, scale, noise)
             self.tasks_finished += count - 1
             return
         gpu, stream, it = who
@@ -236,6 +240,8 @@ class Runtime(Meetings):
         for c in run:
             if c.duration:
                 d = c.duration * scale if scale != 1.0 else c.duration
+                if noise is not None:
+                    d = d * float(noise(1)[0])
                 if d < 0:
                     raise ValueError(f"Negative delay {d}")  # as simpy's timeout
                 t = t + d
@@ -264,7 +270,7 @@ class Runtime(Meetings):
             t0 = t1
         self.tasks_finished += count - 1
 
-    def _compute_run(self, who, run, scale):
+    def _compute_run(self, who, run, scale, noise=None):
         """Several pieces, ComputeRuns among them (rare: templates emit whole runs; a run
         of one ComputeRun is timed inline in `_run`): one ComputeRun for this GPU, with the
         same sequential sums as `_computes` (numpy's cumsum adds left to right; adding a
@@ -274,17 +280,19 @@ class Runtime(Meetings):
             c for piece in run for c in ((piece,) if type(piece) is Compute else piece.tasks)
         )
         if self.host is not None and block.hosts is not None:
-            acc, starts, t = self._hosted(who[0], block, start, scale)
+            acc, starts, t = self._hosted(who[0], block, start, scale, noise)
         else:
-            (acc, t), starts = _cumsum(block, start, scale), None
+            (acc, t), starts = _cumsum(block, start, scale, noise), None
         if t != start:
             yield self._at(t)
         self._log.append(Block(who, block, acc, starts))
 
-    def _timed(self, block: ComputeRun, start: float, scale: float) -> tuple:
+    def _timed(self, block: ComputeRun, start: float, scale: float, noise=None) -> tuple:
         """(instants, end) of `block` run from `start`. GPUs in lock step run a shared
         block from the same instant: the same sums, so the last result is reused (the
-        array is shared, never written after)."""
+        array is shared, never written after); drawn durations (`noise`) never are."""
+        if noise is not None:
+            return _cumsum(block, start, scale, noise)
         last = self._last_acc.get(id(block))
         if last is not None and last[0] is block and last[1] == start and last[2] == scale:
             return last[3], last[4]
@@ -292,7 +300,7 @@ class Runtime(Meetings):
         self._last_acc[id(block)] = (block, start, scale, acc, t)
         return acc, t
 
-    def _hosted(self, gpu, block: ComputeRun, start: float, scale: float) -> tuple:
+    def _hosted(self, gpu, block: ComputeRun, start: float, scale: float, noise=None) -> tuple:
         """(ends, starts, end) of `block` on a stream free from `start` whose GPU's host
         issues its tasks from `_clock[gpu]` on (perfmodel.host): a task starts when the
         stream is free and the host has issued it plus the launch latency; the host waits
@@ -301,10 +309,10 @@ class Runtime(Meetings):
         clock = self._clock.get(gpu, 0.0)
         key = (id(block), start, scale, clock)
         last = self._last_acc.get(key[0])
-        if last is not None and last[0] is block and last[1] == key:
+        if noise is None and last is not None and last[0] is block and last[1] == key:
             acc, starts, t, self._clock[gpu] = last[2]
             return acc, starts, t
-        d = _durations(block, scale)
+        d = _durations(block, scale, noise)
         acc, starts, clock = host_schedule(
             d, block.hosts, block.syncs, start, clock, self.host.launch_latency
         )
@@ -382,9 +390,9 @@ class Runtime(Meetings):
             raise DeadlockError(stuck)
 
 
-def _cumsum(block: ComputeRun, start: float, scale: float) -> tuple:
+def _cumsum(block: ComputeRun, start: float, scale: float, noise=None) -> tuple:
     """The instants a block's tasks end at, from `start` (acc[0]), and its end."""
-    d = _durations(block, scale)
+    d = _durations(block, scale, noise)
     acc = np.empty(len(d) + 1)
     acc[0] = start
     acc[1:] = d
@@ -392,9 +400,12 @@ def _cumsum(block: ComputeRun, start: float, scale: float) -> tuple:
     return acc, float(acc[-1])
 
 
-def _durations(block: ComputeRun, scale: float) -> np.ndarray:
-    """A block's durations on a GPU computing `scale` times slower, checked."""
+def _durations(block: ComputeRun, scale: float, noise=None) -> np.ndarray:
+    """A block's durations on a GPU computing `scale` times slower (and x its next draws
+    where `noise` is given), checked."""
     d = block.durations * scale if scale != 1.0 else block.durations
+    if noise is not None:
+        d = d * noise(len(d))
     if len(d) and d.min() < 0:
         raise ValueError(f"Negative delay {d[d < 0][0]}")  # as simpy's timeout
     return d

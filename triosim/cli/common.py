@@ -77,10 +77,10 @@ def writable(folder: Path) -> Path:
     return writable_folder(folder)
 
 
-def check_cv(cv: float) -> float:
-    """A per-GPU compute variability's coefficient of variation (`--cv`), checked."""
+def check_cv(cv: float, flag: str = "--cv") -> float:
+    """A variability's coefficient of variation (`--cv`, `--op-cv`, `--net-cv`), checked."""
     if not 0 <= cv < 1:
-        raise InputError(f"--cv {cv}: a coefficient of variation in [0, 1)")
+        raise InputError(f"{flag} {cv}: a coefficient of variation in [0, 1)")
     return cv
 
 

@@ -44,7 +44,15 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("config", help="the config (YAML) of one training iteration")
     p.add_argument("--tokens", required=True, type=tokens, help="tokens to train on (15T)")
-    p.add_argument("--mtbf-gpu", help="mean time between failures per GPU (default: Llama 3's)")
+    p.add_argument("--mtbf-gpu", help="mean time between GPU failures per GPU (default: Llama 3's)")
+    p.add_argument(
+        "--mtbf-node",
+        help="mean time between failures per node: host, software, NIC (default: Llama 3's)",
+    )
+    p.add_argument(
+        "--mtbf-link",
+        help="mean time between failures per GPU's link into the network (default: Llama 3's)",
+    )
     p.add_argument("--storage-bandwidth", help="checkpoint write bandwidth (default: 2 TB/s)")
     p.add_argument("--restart", help="time from a failure to training again (default: 600 s)")
     p.add_argument(
@@ -85,6 +93,8 @@ def cmd_train_time(args) -> int:
     given = {"tokens": args.tokens}
     for field, text, parse in (
         ("mtbf_gpu", args.mtbf_gpu, parse_seconds),
+        ("mtbf_node", args.mtbf_node, parse_seconds),
+        ("mtbf_link", args.mtbf_link, parse_seconds),
         ("storage_bandwidth", args.storage_bandwidth, parse_bandwidth),
         ("restart", args.restart, parse_seconds),
         ("checkpoint_interval", args.checkpoint_interval, parse_seconds),
@@ -115,7 +125,7 @@ def cmd_train_time(args) -> int:
             f"step with cv {args.cv:g}       mean {step * 1e3:.4f} ms, P50 {p50:.4f}, P99 "
             f"{p99:.4f} ({args.runs} runs; deterministic {r.iteration_time * 1e3:.4f})"
         )
-    t = estimate(step, batch * seq, len(sim.gpus), state, o)
+    t = estimate(step, batch * seq, len(sim.gpus), state, o, nodes_of(sim))
     day = 86400.0
     print(
         f"iteration                {t.iteration * 1e3:.4f} ms ({len(sim.gpus)} GPUs, "
@@ -126,7 +136,11 @@ def cmd_train_time(args) -> int:
         f"training, no failures    {t.work / day:.3f} days (checkpoints included: "
         f"{t.no_failures / day:.3f})"
     )
-    print(f"run's MTBF               {t.mtbf / 3600:.3f} h (per GPU {o.mtbf_gpu / day:,.1f} days)")
+    print(
+        f"run's MTBF               {t.mtbf / 3600:.3f} h ({t.gpus:,} GPUs x 1 per "
+        f"{o.mtbf_gpu / day:,.1f} days, {t.nodes:,} nodes x 1 per {o.mtbf_node / day:,.1f}, "
+        f"{t.links:,} links x 1 per {o.mtbf_link / day:,.1f})"
+    )
     print(
         f"checkpoint               {t.state_bytes / 1e9:,.1f} GB in {t.checkpoint_write:.3g} s "
         f"at {o.storage_bandwidth / 1e12:g} TB/s"
@@ -141,6 +155,13 @@ def cmd_train_time(args) -> int:
         plot_goodput(t, o, png)
         print(f"wrote {png}")
     return 0
+
+
+def nodes_of(sim) -> int | None:
+    """The nodes the topology puts its GPUs in (its builders' `node` attribute), or None
+    where it names none."""
+    nodes = {sim.graph.nodes[g].get("node") for g in sim.gpus}
+    return None if None in nodes else len(nodes)
 
 
 def plot_goodput(t, o, png) -> None:

@@ -2,12 +2,13 @@
 each GPU's compute varies from iteration to iteration (triosim.studies.variability), and
 by order statistics how slow the slowest GPU is at larger scales (`--at 1024,16384`);
 `--slow 0.001 --slow-factor 1.2`: persistent stragglers, a fraction of GPUs slower in every
-iteration.
+iteration; `--op-cv 0.05`: every operator on every GPU drawn apart too; `--net-cv 0.1`:
+network jitter, every link's bandwidth drawn per run (heterogeneity.op_cv / link_cv).
 """
 
 from __future__ import annotations
 
-from triosim.cli.common import check_cv, positive_int
+from triosim.cli.common import check_cv, nonnegative_int
 
 
 def add_parser(subparsers) -> None:
@@ -20,8 +21,27 @@ def add_parser(subparsers) -> None:
         "those GPU counts by order statistics (no simulation).",
     )
     p.add_argument("config", help="the config (YAML) of one training iteration")
-    p.add_argument("--cv", type=float, required=True, help="coefficient of variation (0.03)")
-    p.add_argument("--runs", type=positive_int, default=50, help="simulations (default 50)")
+    p.add_argument(
+        "--cv", type=float, default=0.0, help="per-GPU compute coefficient of variation (0.03)"
+    )
+    p.add_argument(
+        "--op-cv",
+        type=float,
+        default=0.0,
+        help="per-operator coefficient of variation: each operator on each GPU drawn apart",
+    )
+    p.add_argument(
+        "--net-cv",
+        type=float,
+        default=0.0,
+        help="network jitter: each link's bandwidth / (1 + |N(0, cv)|), drawn per run",
+    )
+    p.add_argument(
+        "--runs",
+        type=nonnegative_int,
+        default=50,
+        help="simulations (default 50; 0: none, only the --at estimates)",
+    )
     p.add_argument("--seed", type=int, default=0, help="the draws' seed (default 0)")
     p.add_argument("--at", help="GPU counts for the order statistics, comma-separated")
     p.add_argument(
@@ -36,6 +56,11 @@ def add_parser(subparsers) -> None:
         default=1.0,
         help="how much slower a slow GPU computes (>= 1; e.g. 1.2)",
     )
+    p.add_argument(
+        "--plot",
+        help="PNG: the step's distribution at the config's size (the runs) and at each --at",
+    )
+    p.add_argument("--force", action="store_true", help="overwrite the --plot PNG if it exists")
     p.set_defaults(func=cmd_variability)
 
 
@@ -49,6 +74,8 @@ def cmd_variability(args) -> int:
     from triosim.studies.variability import iteration_times, slowest_factor, slowest_quantile
 
     check_cv(args.cv)
+    check_cv(args.op_cv, "--op-cv")
+    check_cv(args.net_cv, "--net-cv")
     if not 0 <= args.slow < 1:
         raise InputError(f"--slow {args.slow}: a fraction of the GPUs, 0 <= f < 1")
     if not args.slow_factor >= 1:
@@ -59,15 +86,47 @@ def cmd_variability(args) -> int:
             try:
                 at.append(int(x))
             except ValueError:
-                raise InputError(f"--at {args.at!r}: GPU counts such as 1024,16384") from None
+                at.append(0)
+            if at[-1] < 1:
+                raise InputError(f"--at {args.at!r}: GPU counts such as 1024,16384")
     path = Path(args.config)
+    if not args.runs and not at:
+        raise InputError("--runs 0 without --at: nothing to simulate")
     slow = (args.slow, args.slow_factor)
+    config = read_yaml(path)
+    png = None
+    if args.plot:
+        from triosim.common.outputs import check_output_file
+        from triosim.config.inputs import input_files
+        from triosim.config.loading import from_dict
+
+        if not str(args.plot).lower().endswith(".png"):
+            raise InputError(f"--plot {args.plot}: name a .png file")
+        if not at:
+            raise InputError("--plot draws the step at the --at GPU counts: give --at")
+        cfg = from_dict(config, base_dir=path.parent)
+        png = check_output_file(args.plot, args.force, inputs=input_files(cfg, path), what="--plot")
+    if not args.runs:
+        return _at_scale(config, path.parent, args, at, slow, png=png)
     times, _, gpus = iteration_times(
-        read_yaml(path), args.cv, args.runs, args.seed, path.parent, None, *slow
+        config,
+        args.cv,
+        args.runs,
+        args.seed,
+        path.parent,
+        None,
+        *slow,
+        op_cv=args.op_cv,
+        link_cv=args.net_cv,
     )
     ms = times * 1e3
     p50, p90, p99 = np.percentile(ms, [50, 90, 99])
-    print(f"{args.runs} runs, {len(gpus)} GPUs, compute cv {args.cv:g} per GPU (seed {args.seed})")
+    drawn = f"compute cv {args.cv:g} per GPU"
+    if args.op_cv:
+        drawn += f", {args.op_cv:g} per operator"
+    if args.net_cv:
+        drawn += f", links cv {args.net_cv:g}"
+    print(f"{args.runs} runs, {len(gpus)} GPUs, {drawn} (seed {args.seed})")
     if args.slow:
         k = round(args.slow * len(gpus))
         print(f"persistent stragglers     {k} of {len(gpus)} GPUs x {args.slow_factor:g}")
@@ -79,4 +138,92 @@ def cmd_variability(args) -> int:
             f"slowest of {n:,} GPUs    factor mean {slowest_factor(args.cv, n, *slow):.4f}  "
             f"P99 {slowest_quantile(args.cv, n, 0.99, *slow):.4f}"
         )
+    if at:
+        _at_scale(config, path.parent, args, at, slow, times, png)
     return 0
+
+
+def _at_scale(config: dict, base_dir, args, at, slow, runs=None, png=None) -> int:
+    """The step at each --at GPU count: the config with every GPU at the slowest-of-N
+    factor's mean and P99 (triosim.studies.variability.uniform_step; an upper bound except
+    where compute ends in a collective all GPUs wait for)."""
+    from triosim.config.loading import from_dict
+    from triosim.simulation.wiring import Simulation
+    from triosim.studies.variability import (
+        effective_cv,
+        slowest_factor,
+        slowest_quantile,
+        uniform_step,
+    )
+
+    det = Simulation(from_dict(config, base_dir=base_dir)).run()
+    tl = det.timeline
+    mine = tl[(tl.gpu == det.gpus[0]) & (tl.kind == "compute")]
+    cv = effective_cv(args.cv, args.op_cv, (mine.end - mine.start).to_numpy())
+    print(
+        f"deterministic iteration  {det.iteration_time * 1e3:.4f} ms ({len(det.gpus):,} GPUs); "
+        f"a GPU's compute cv {cv:.4g}"
+    )
+    known = {1.0: det.iteration_time}  # T(f): the step with every GPU at f
+    for n in at:
+        fm, f99 = slowest_factor(cv, n, *slow), slowest_quantile(cv, n, 0.99, *slow)
+        for f in (fm, f99):
+            known[f] = known.get(f) or uniform_step(config, f, base_dir)
+        print(
+            f"step at {n:,} GPUs      mean {known[fm] * 1e3:.4f} ms  P99 {known[f99] * 1e3:.4f} ms"
+            f"  (every GPU at the slowest's factor {fm:.4f} / {f99:.4f})"
+        )
+    if png is not None:
+        plot_steps(png, known, cv, at, slow, runs, len(det.gpus))
+        print(f"wrote {png}")
+    return 0
+
+
+def plot_steps(png, known: dict, cv: float, at, slow, runs, gpus: int) -> None:
+    """The step's distribution function at each --at count: T(F) at the quantiles of the
+    slowest-of-N factor F, T interpolated linearly between the simulated points (exact
+    where the step is linear in the factor, as in mode dp); the seeded runs' empirical one
+    at the config's size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    from triosim.common.outputs import replacing
+    from triosim.studies.variability import slowest_quantile
+
+    fs = np.array(sorted(known))
+    ts = np.array([known[f] for f in fs]) * 1e3
+
+    def step(f):  # linear through the points, extended by the last segment's slope
+        if len(fs) == 1:
+            return np.full_like(f, ts[0])
+        inside = np.interp(f, fs, ts)
+        k = (ts[-1] - ts[-2]) / (fs[-1] - fs[-2])
+        return np.where(f > fs[-1], ts[-1] + k * (f - fs[-1]), inside)
+
+    qs = np.linspace(0.005, 0.995, 199)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if runs is not None and len(runs):
+        x = np.sort(np.asarray(runs) * 1e3)
+        ax.step(
+            x,
+            np.arange(1, len(x) + 1) / len(x),
+            where="post",
+            color="k",
+            lw=1.2,
+            label=f"{gpus:,} GPUs: {len(x)} simulated runs",
+        )
+    for i, n in enumerate(at):
+        f = np.array([slowest_quantile(cv, n, q, *slow) for q in qs])
+        ax.plot(step(f), qs, color=f"C{i}", label=f"{n:,} GPUs (order statistics)")
+    ax.set_xlabel("iteration time (ms)")
+    ax.set_ylabel("probability the step is at most")
+    ax.set_title(f"the step waits for the slowest GPU (a GPU's compute cv {cv:.3g})", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    with replacing(png) as tmp:
+        fig.savefig(tmp, dpi=120)
+    plt.close(fig)

@@ -6,10 +6,23 @@
       links: [{src: 0, dst: 1, factor: 3}]   # one link (one direction unless both)
       random:                      # the paper's Hop study: each GPU's bandwidth slowed by a
         - {target: bandwidth, low: 1, high: 10}   # factor drawn uniformly in [1, 10]
+      op_cv: 0.05                  # every operator on every GPU x a log-normal draw
+      link_cv: 0.1                 # every link's bandwidth / (1 + |a normal draw|)
 
 Factors divide speeds (a factor of 2 halves a bandwidth and doubles a compute time); a link
 between two slowed GPUs runs at the slower end's rate. Random draws use the config's seed
 (or their own), one draw per GPU in GPU order, so a run is reproducible.
+
+Run-to-run variability (`triosim variability` sets `draw` to the run's number):
+- `op_cv`: each operator's GPU time on each GPU x a factor drawn per GPU and operator,
+  log-normal with mean 1 and coefficient of variation op_cv (kernels vary from run to
+  run); GPU k's draws come from numpy's default_rng([seed, draw, 0, k]) (k its position
+  in the topology), in the order its streams run its operators.
+- `link_cv`: network jitter: each link's bandwidth divided by 1 + |e|, e normal with
+  standard deviation link_cv, drawn per link (default_rng([seed, draw, 1]), in the
+  topology's edge order): a link is never faster than its rating, and on average
+  1 + link_cv x sqrt(2 / pi) slower.
+Either makes every GPU different, so such a run is never symmetric.
 """
 
 from __future__ import annotations
@@ -56,9 +69,59 @@ class Heterogeneity:
     )
     links: list[LinkSlowdown] = option(factory=list, help="per-link slow-downs")
     random: list[RandomSlowdown] = option(factory=list, help="random per-GPU slow-downs")
+    op_cv: float = option(
+        0.0,
+        ge=0,
+        lt=1,
+        help="each operator's time on each GPU x a log-normal draw of mean 1 and this "
+        "coefficient of variation (seeded; kernels' run-to-run variability)",
+    )
+    link_cv: float = option(
+        0.0,
+        ge=0,
+        lt=1,
+        help="network jitter: each link's bandwidth / (1 + |e|), e normal with this standard "
+        "deviation, drawn per link (seeded)",
+    )
+    draw: int = option(
+        0,
+        ge=0,
+        help="which draw of op_cv and link_cv for the config's seed (triosim variability "
+        "takes one per run)",
+    )
 
     def is_empty(self) -> bool:
-        return not (self.compute or self.bandwidth or self.links or self.random)
+        return not (
+            self.compute
+            or self.bandwidth
+            or self.links
+            or self.random
+            or self.op_cv
+            or self.link_cv
+        )
+
+    def op_noise(self, gpus, seed: int) -> dict | None:
+        """GPU -> a function n -> n factors for its next n operators (module docstring), or
+        None without op_cv."""
+        if not self.op_cv:
+            return None
+        sigma = float(np.sqrt(np.log1p(self.op_cv**2)))
+        mu = -sigma * sigma / 2
+
+        def draws(rng):
+            return lambda n: rng.lognormal(mu, sigma, n)
+
+        key = [seed, self.draw]
+        return {g: draws(np.random.default_rng([*key, 0, k])) for k, g in enumerate(gpus)}
+
+    def jittered(self, graph, seed: int):
+        """A copy of the topology with every link's bandwidth / (1 + |N(0, link_cv)|)."""
+        g = graph.copy()
+        edges = list(g.edges(data=True))
+        rng = np.random.default_rng([seed, self.draw, 1])  # apart from the GPUs' [.., 0, k]
+        for (_, _, d), e in zip(edges, rng.normal(0.0, self.link_cv, len(edges)), strict=True):
+            d["bandwidth"] = d["bandwidth"] / (1.0 + abs(float(e)))
+        return g
 
     def factors(self, gpus, seed: int) -> tuple[dict, dict]:
         """(compute factor per GPU, bandwidth factor per GPU), random draws included."""

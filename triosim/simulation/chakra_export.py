@@ -219,6 +219,15 @@ def _scaled(c: Compute, scale: float) -> Compute:
 def workload_nodes(sim: Simulation) -> tuple[list, dict]:
     """([(metadata, nodes)] by rank, {pg_name: ranks}) of one iteration of `sim`'s plan."""
     ex, mode = sim.extrapolator, sim.config.parallelism.mode
+    het = sim.config.heterogeneity
+    for name in ("op_cv", "link_cv"):
+        if getattr(het, name):
+            raise ConfigError(
+                f"heterogeneity.{name}",
+                getattr(het, name),
+                "0 to export: a workload carries one iteration's fixed times and a topology "
+                "its rated links, not the draws (simulate each draw instead)",
+            )
     mesh = getattr(ex, "mesh", None)
     if mesh is not None and mesh.cp > 1 and ex.options.cp_comm == "p2p":
         raise ConfigError(

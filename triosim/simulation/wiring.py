@@ -128,6 +128,8 @@ class Simulation:
         self.compute_slowdown, bandwidth = het.factors(self.gpus, cfg.seed)
         if het.links or any(f != 1.0 for f in bandwidth.values()):
             self.graph = het.apply_to_graph(self.graph, bandwidth)
+        if het.link_cv:
+            self.graph = het.jittered(self.graph, cfg.seed)
         stage("ordering the ring")
         ring = ring_order(self.graph, self.gpus) if len(self.gpus) > 2 else tuple(self.gpus)
         stage("planning the streams")
@@ -194,6 +196,9 @@ class Simulation:
             return None, f"mode '{self.config.parallelism.mode}' declares no symmetry"
         if ex.owns_iterations:
             return None, "the mode runs its iterations itself"
+        het = self.config.heterogeneity
+        if het.op_cv or het.link_cv:
+            return None, "heterogeneity.op_cv / link_cv draw every GPU's operators and links apart"
         why = sym.problem(self.gpus)
         if why is None:
             why = sym.equal_within_classes(self.compute_slowdown, "the compute factor")
@@ -215,7 +220,13 @@ class Simulation:
         c = cfg.communication
         comm = comm_class(c.kind)(env, net, c.options, gpu=self.target_gpu(), base_dir=cfg.base_dir)
         runtime = Runtime(
-            env, net, comm, compute_scale=self.compute_slowdown, symmetry=sym, host=self.host
+            env,
+            net,
+            comm,
+            compute_scale=self.compute_slowdown,
+            symmetry=sym,
+            host=self.host,
+            noise=cfg.heterogeneity.op_noise(self.gpus, cfg.seed),
         )
         if sym is not None:  # a second set of streams: checking consumes them
             sym.check_streams(self.extrapolator.streams())

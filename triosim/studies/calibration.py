@@ -93,8 +93,16 @@ def slowed(cfg: Config, graph):
             "factors are",
             stacklevel=2,
         )
+    if het.op_cv:
+        warnings.warn(
+            "heterogeneity.op_cv: operator draws slow compute tasks only, so a "
+            "collective's time is the same; not applied here",
+            stacklevel=2,
+        )
     if het.links or any(f != 1.0 for f in bandwidth.values()):
         graph = het.apply_to_graph(graph, bandwidth)
+    if het.link_cv:
+        graph = het.jittered(graph, cfg.seed)
     return graph
 
 

@@ -4,8 +4,10 @@ failures, checkpoints and restarts of a large run (`triosim train-time`).
 Inputs (each a field of `TrainTimeOptions`, its default's source in its help):
   - the iteration time t and the tokens per step (global batch x sequence) of a simulated
     config: steps S = tokens / tokens per step, failure-free work W = S x t;
-  - failures, exponential (a memoryless rate), a mean time between failures per GPU: the
-    run fails at rate lambda = GPUs / mtbf_gpu (system MTBF M = 1 / lambda);
+  - failures, exponential (a memoryless rate), a mean time between failures per component:
+    per GPU, per node (its host, software, NICs, storage) and per link into the network
+    (one a GPU where the run spans nodes): the run fails at rate lambda = GPUs / mtbf_gpu +
+    nodes / mtbf_node + links / mtbf_link (system MTBF M = 1 / lambda);
   - a checkpoint every tau seconds of work, written in delta = state bytes / storage
     bandwidth (the state: weights and optimizer states every GPU holds, from the memory
     model), the training stopped while it is written;
@@ -30,9 +32,15 @@ import numpy as np
 from triosim.common.schema import option
 
 DAY = 86400.0
-# Llama 3 (Dubey et al. 2024, "The Llama 3 Herd of Models", section 3.3.4): 419 unexpected
-# interruptions in 54 days of pre-training on up to 16,384 H100s: one per 2,111.5 GPU-days
-LLAMA3_MTBF_GPU = 16384 * 54 * DAY / 419
+# Llama 3 (Dubey et al. 2024, "The Llama 3 Herd of Models", section 3.3.4, Table 5): 419
+# unexpected interruptions in 54 days of pre-training on 16,384 H100s (2,048 hosts of 8):
+# 246 (58.7 %) GPU issues (faulty GPU 148, HBM3 72, SRAM 19, GPU system processor 17, ...),
+# 35 (8.4 %) network switches and cables, the other 138 software, hosts, NICs and storage
+LLAMA3_GPUS, LLAMA3_NODES, LLAMA3_DAYS = 16384, 2048, 54
+LLAMA3_MTBF_GPU = LLAMA3_GPUS * LLAMA3_DAYS * DAY / 246
+LLAMA3_MTBF_NODE = LLAMA3_NODES * LLAMA3_DAYS * DAY / 138
+LLAMA3_MTBF_LINK = LLAMA3_GPUS * LLAMA3_DAYS * DAY / 35  # a GPU's one NIC link there
+GPUS_PER_NODE = 8  # where the topology names no nodes
 # the same paper (section 3.3.1): Tectonic, Meta's storage for checkpoints, sustains 2 TB/s
 LLAMA3_STORAGE = 2e12
 
@@ -44,8 +52,23 @@ class TrainTimeOptions:
         LLAMA3_MTBF_GPU,
         unit="seconds",
         gt=0,
-        help="mean time between failures per GPU (default: Llama 3's 419 interruptions in 54 "
-        "days on 16,384 H100s, 2,111.5 GPU-days)",
+        help="mean time between GPU failures per GPU (default: Llama 3's 246 GPU issues in 54 "
+        "days on 16,384 H100s, 3,596.5 GPU-days)",
+    )
+    mtbf_node: float = option(
+        LLAMA3_MTBF_NODE,
+        unit="seconds",
+        gt=0,
+        help="mean time between other failures per node: host, software, NICs, storage "
+        "(default: Llama 3's other 138 interruptions on 2,048 hosts, 801.4 node-days)",
+    )
+    mtbf_link: float = option(
+        LLAMA3_MTBF_LINK,
+        unit="seconds",
+        gt=0,
+        help="mean time between failures per link into the network, a GPU's where the run "
+        "spans nodes (default: Llama 3's 35 switch and cable failures on 16,384 GPUs' "
+        "links, 25,278.2 link-days)",
     )
     storage_bandwidth: float = option(
         LLAMA3_STORAGE,
@@ -139,6 +162,8 @@ class TrainTime:
     state_bytes: float  # what a checkpoint writes
     checkpoint_write: float  # delta
     mtbf: float  # the run's (system) MTBF
+    nodes: int
+    links: int
     interval: float  # checkpoint interval used
     best: float  # the interval minimising the expected time
     young: float
@@ -150,14 +175,28 @@ class TrainTime:
         return self.work / self.expected
 
 
+def run_mtbf(o: TrainTimeOptions, gpus: int, nodes: int, links: int) -> float:
+    """The run's mean time between failures: its components' rates add."""
+    return 1.0 / (gpus / o.mtbf_gpu + nodes / o.mtbf_node + links / o.mtbf_link)
+
+
 def estimate(
-    iteration: float, tokens_per_step: float, gpus: int, state_bytes: float, o: TrainTimeOptions
+    iteration: float,
+    tokens_per_step: float,
+    gpus: int,
+    state_bytes: float,
+    o: TrainTimeOptions,
+    nodes: int | None = None,
 ) -> TrainTime:
-    """The time to train `o.tokens` tokens (module docstring)."""
+    """The time to train `o.tokens` tokens (module docstring); `nodes`: the hosts the GPUs
+    are in (default: GPUS_PER_NODE a node); a run on more than one has a link into the
+    network a GPU."""
+    nodes = nodes or -(-gpus // GPUS_PER_NODE)
+    links = gpus if nodes > 1 else 0
     steps = o.tokens / tokens_per_step
     work = steps * iteration
     delta = state_bytes / o.storage_bandwidth
-    mtbf = o.mtbf_gpu / gpus
+    mtbf = run_mtbf(o, gpus, nodes, links)
     best = best_interval(work, delta, o.restart, mtbf)
     tau = o.checkpoint_interval or best
     return TrainTime(
@@ -168,6 +207,8 @@ def estimate(
         state_bytes=state_bytes,
         checkpoint_write=delta,
         mtbf=mtbf,
+        nodes=nodes,
+        links=links,
         interval=tau,
         best=best,
         young=young_interval(delta, mtbf),

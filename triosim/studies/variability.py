@@ -14,6 +14,13 @@ ln(1 + cv^2), mu = -sigma^2 / 2). Where the iteration is compute then a collecti
 waits for every GPU (mode dp: the step is T_compute x the slowest factor + the rest),
 that is the step's distribution at any scale: at 16,384 GPUs as at 4.
 
+The step at a scale not simulated (`uniform_step`): the config's iteration with every
+GPU's compute x the slowest-of-N factor. Exact where compute ends in a collective every GPU
+waits for (mode dp: T_compute x f + the rest); elsewhere an upper bound, since only the
+slowest GPU is that slow: with pipeline stages, the slow stage's neighbours are not, so
+the fill and drain cost less than with every stage slowed (tested against seeded runs).
+Per-operator draws (`op_cv`) add to a GPU's factor as `effective_cv` says.
+
 Persistent stragglers (`slow`: a fraction of the GPUs, chosen once from the seed, slower by
 `slow_factor` >= 1 in every iteration: a throttled or degraded GPU, a slow node): a GPU's
 factor is its draw x slow_factor where it is slow. With k = round(slow x n) slow GPUs the
@@ -96,6 +103,40 @@ def slowest_factor(cv: float, n: int, slow: float = 0.0, slow_factor: float = 1.
     return value
 
 
+def effective_cv(cv: float, op_cv: float, durations) -> float:
+    """The coefficient of variation of a GPU's compute factor: its own draw (cv) times the
+    mean of its operators' draws weighted by their times, whose cv is op_cv x sqrt(sum
+    t^2) / sum t (independent draws of mean 1); the two independent factors' product has
+    (1 + cv^2)(1 + cv_op^2) - 1 for its squared cv. Taken as log-normal for the order
+    statistics (the sum of many operators' draws is nearly normal, and its cv small)."""
+    d = np.asarray(durations, dtype=float)
+    within = op_cv * math.sqrt(float((d * d).sum())) / float(d.sum()) if d.sum() > 0 else 0.0
+    return math.sqrt((1 + cv * cv) * (1 + within * within) - 1)
+
+
+def uniform_step(config: dict, factor: float, base_dir=".", trace=None) -> float:
+    """The config's iteration with every GPU's compute `factor` x slower (on top of its own
+    heterogeneity): the step when the slowest GPU's factor holds everyone back. Every GPU
+    alike, so a symmetric config stays symmetric."""
+    from triosim.config.loading import from_dict
+    from triosim.simulation.wiring import Simulation
+
+    def build(cfg):
+        return Simulation(
+            cfg if trace is not None else from_dict(cfg, base_dir=base_dir), trace=trace
+        )
+
+    if factor == 1.0:
+        return build(config).run().iteration_time
+    cfg = copy.deepcopy(config)
+    het = dict(cfg.get("heterogeneity") or {})
+    compute = dict(het.get("compute") or {})
+    gpus = build(config).gpus
+    het["compute"] = {g: compute.get(g, 1.0) * factor for g in gpus}
+    cfg["heterogeneity"] = het
+    return build(cfg).run().iteration_time
+
+
 def iteration_times(
     config: dict,
     cv: float,
@@ -105,8 +146,12 @@ def iteration_times(
     trace=None,
     slow: float = 0.0,
     slow_factor: float = 1.0,
+    op_cv: float = 0.0,
+    link_cv: float = 0.0,
 ):
-    """(iteration times of `runs` seeded draws, the compute factors drawn, GPU ids)."""
+    """(iteration times of `runs` seeded draws, the compute factors drawn, GPU ids); with
+    `op_cv` / `link_cv`, run k also draws every operator's time and every link's bandwidth
+    (heterogeneity.op_cv / link_cv with draw k; the config's seed + `seed` as their seed)."""
     from triosim.config.loading import from_dict
     from triosim.simulation.wiring import Simulation
 
@@ -127,6 +172,9 @@ def iteration_times(
         for g, f in zip(gpus, drawn[k], strict=True):
             compute[g] = compute.get(g, 1.0) * float(f)
         het["compute"] = compute
+        if op_cv or link_cv:
+            het.update(op_cv=op_cv, link_cv=link_cv, draw=k)
+            cfg["seed"] = int(cfg.get("seed") or 0) + seed
         cfg["symmetry"] = "off"  # the GPUs differ now
         out[k] = build(cfg).run().iteration_time
     return out, drawn, gpus
