@@ -57,9 +57,9 @@ def is_traced_setting(trace: Trace, target: Target, gpu: str | None = None) -> b
     """Whether `target` is the setting the trace was taken at: its GPU (`gpu`, else the
     trace's; a catalogue alias counts as the same GPU), its batch size, no TP sharding."""
     traced = gpu or trace.metadata.get("gpu")
-    same_gpu = target.gpu is None or target.gpu == traced or _same_gpu(target.gpu, traced or "")
+    on_it = target.gpu is None or target.gpu == traced or same_gpu(target.gpu, traced or "")
     same_batch = target.batch_size is None or target.batch_size == trace.batch_size
-    return same_gpu and same_batch and target.tp == 1
+    return on_it and same_batch and target.tp == 1
 
 
 def has_measured_times(trace: Trace) -> bool:
@@ -97,7 +97,7 @@ class OperatorModel:
     def check_target(self, gpu: str | None) -> None:
         """Raise ConfigError, before a run, if this model cannot time operators on `gpu`."""
         traced = self.trace.metadata.get("gpu")
-        if gpu is None or (traced and _same_gpu(gpu, traced)):
+        if gpu is None or (traced and same_gpu(gpu, traced)):
             return
         if not traced:
             raise ConfigError(
@@ -138,7 +138,7 @@ class CatalogueGPUModel(OperatorModel):
         self._gpu(gpu)
 
 
-def _same_gpu(a: str, b: str) -> bool:
+def same_gpu(a: str, b: str) -> bool:
     from triosim.hardware import catalogue as hardware
 
     try:

@@ -24,6 +24,7 @@ from perfmodel.base import (
     is_traced_setting,
     op_features,
     register,
+    same_gpu,
 )
 from triosim.common.errors import ConfigError
 from triosim.common.schema import option
@@ -167,7 +168,8 @@ class LinearRegressionModel(OperatorModel):
     def time(self, op, target: Target = Target()) -> float:
         if is_traced_setting(self.trace, target):
             return op.time
-        if target.gpu is not None and target.gpu != self.trace.metadata.get("gpu"):
+        traced = self.trace.metadata.get("gpu") or ""
+        if target.gpu is not None and not same_gpu(target.gpu, traced):
             raise ConfigError(
                 "perfmodel.kind",
                 "regression",

@@ -151,3 +151,21 @@ def test_an_optimizer_step_reading_a_scalar_takes_its_time_at_any_batch():
     model = make_model("regression", t)
     times = [model.time(step, Target(batch_size=b)) for b in (2, 8, 32)]
     assert times == pytest.approx([step.time] * 3, rel=1e-12)
+
+
+def test_the_catalogue_name_of_the_traced_gpu_is_the_traced_gpu():
+    """A real trace records the device's own name ("NVIDIA H100 80GB HBM3"); `gpu: H100-SXM`
+    names the same GPU, so the regression model scales it to another batch as with no
+    `gpu` at all (it refused: "a target on the traced GPU"), and another GPU is refused."""
+    from pathlib import Path
+
+    from triosim.trace.model import load
+
+    t = load(Path(__file__).resolve().parents[1] / "traces/h100/resnet50-b128.trace.json.gz")
+    assert t.metadata["gpu"] == "NVIDIA H100 80GB HBM3"
+    m = LinearRegressionModel(t)
+    op = next(o for o in t.operators if o.name == "aten::conv2d")
+    at = m.time(op, Target(batch_size=64))
+    assert m.time(op, Target(gpu="H100-SXM", batch_size=64)) == at != op.time
+    with pytest.raises(ConfigError, match="roofline"):
+        m.time(op, Target(gpu="A100-80GB", batch_size=64))
