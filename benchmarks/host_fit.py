@@ -4,11 +4,14 @@
    imported H100 profiles (traces/h100/imported, host columns): the GPU's idle time that is
    not host wait, per kernel, in the GPU-bound profiles (the gap between queued kernels) and
    in the host-bound ones (launched, then started: the launch latency).
-2. `op_cost`, fitted per host machine on one host-bound trace (triosim/studies/host_fit.py)
-   and used to predict every other real trace of that machine (one-GPU replay, mode single,
-   perfmodel trace) against its plain measured time: the tracer's traces (`timings.json`
-   machine) fitted on ResNet-152 b64 and, the other way, on DenseNet-121 b64; the profiled
-   pairs' machine (`et_pairs/README.json`) fitted on DenseNet-121 b32.
+2. `op_cost`, fitted per host-bound run (triosim/studies/host_fit.py; a run within 5 % of
+   its GPU's work alone is refused: ResNet-152 b64) of the tracer's machine
+   (`timings.json`): ResNet-152 b32 and DenseNet-121 b32 from their b64 traces (operators
+   scaled by the regression model), DenseNet-121 b64 replayed (their median beside the
+   default, perfmodel/host.py OP_COST, which is not it: see there). Leave one model out:
+   each model's fits predict the other's b32 run. Then every real trace of that machine
+   replayed with the default against its plain measured time; the profiled pairs' machine
+   (`et_pairs/README.json`) fitted on DenseNet-121 b32.
 3. Why the trace's own host column is not the default source: the same fit with `source:
    trace` (the profiled host spans x a fitted `trace_scale`) on DenseNet-121 b32 predicts
    the pairs.
@@ -24,7 +27,8 @@ import statistics
 import sys
 from pathlib import Path
 
-from perfmodel.host import HostOptions
+from perfmodel.host import OP_COST, HostOptions
+from triosim.common.errors import ConfigError
 from triosim.studies.host_fit import fit_kernel_gap, fit_op_cost, fit_option, replay_time
 from triosim.trace.model import load
 
@@ -112,17 +116,51 @@ def main() -> int:
     t, plain = tracer[gap_on]
     gap = fit_kernel_gap(t, plain)
     print(f"\nkernel gap fitted on {gap_on} (plain {plain * 1e3:.2f} ms): {gap * 1e6:.3f} us")
-    for fit_on in ("h100 resnet152 b64", "h100 densenet121 b64"):
-        t, plain = tracer[fit_on]
-        cost = fit_op_cost(t, plain, HostOptions(kernel_gap=gap))
-        rows = predict(
-            tracer, (fit_on, gap_on), HostOptions(model="on", op_cost=cost, kernel_gap=gap)
+    doc = json.loads((SHARED / "timings.json").read_text())
+    plain_ms = {(r["model"], r["batch"]): r["mean_ms"] * 1e-3 for r in doc["h100"]["timing"]}
+    runs = {  # host-bound runs: (trace, batch or None for its own, measured)
+        "resnet152 b32": ("h100 resnet152 b64", 32),
+        "densenet121 b32": ("h100 densenet121 b64", 32),
+        "densenet121 b64": ("h100 densenet121 b64", None),
+    }
+    try:
+        fit_op_cost(*tracer["h100 resnet152 b64"])
+    except ConfigError as e:
+        print(f"\nResNet-152 b64 (80.50 ms) refused: {e}")
+    print("\n| host-bound run | measured ms | op_cost fitted, us |\n|---|---|---|")
+    fits = {}
+    for name, (key, batch) in runs.items():
+        model, b = name.split(" b")
+        measured = plain_ms[(model, int(b))]
+        kind = "regression" if batch else "trace"
+        fits[name] = fit_op_cost(tracer[key][0], measured, None, batch, kind)
+        print(f"| {name} | {measured * 1e3:.2f} | {fits[name] * 1e6:.3f} |")
+    default = statistics.median(fits.values())
+    print(
+        f"\nmedian {default * 1e6:.3f} us (the default, perfmodel/host.py OP_COST: "
+        f"{OP_COST * 1e6:g} us)"
+    )
+    print("\nleave one model out: one model's fits (median) predict the other's b32 run\n")
+    print("| fitted on | op_cost us | predicted run | measured ms | predicted ms | error % |")
+    print("|---|---|---|---|---|---|")
+    for on, other in (("resnet152", "densenet121"), ("densenet121", "resnet152")):
+        cost = statistics.median(v for k, v in fits.items() if k.startswith(on))
+        key, batch = runs[f"{other} b32"]
+        sim = replay_time(
+            tracer[key][0], HostOptions(model="on", op_cost=cost), batch, "regression"
         )
-        table(
-            f"Tracer traces (timings.json machine), op_cost {cost * 1e6:.2f} us fitted on "
-            f"{fit_on}, kernel gap on {gap_on}:",
-            rows,
+        measured = plain_ms[(other, 32)]
+        print(
+            f"| {on} | {cost * 1e6:.2f} | {other} b32 | {measured * 1e3:.2f} | {sim * 1e3:.2f} "
+            f"| {(sim / measured - 1) * 100:+.1f} |"
         )
+    fitted = (gap_on,)
+    rows = predict(tracer, fitted, HostOptions(model="on", op_cost=OP_COST, kernel_gap=gap))
+    table(
+        f"Tracer traces (timings.json machine) at their own batch, op_cost {OP_COST * 1e6:g} us "
+        f"(the default), kernel gap on {gap_on}:",
+        rows,
+    )
 
     pairs = pair_traces()
     fit_on = "densenet121-b32"

@@ -1,12 +1,17 @@
 """`triosim fit-host TRACE --measured TIME`: the host model's CPU cost for your machine.
 
-    triosim fit-host traces/h100/resnet152-b64.trace.json.gz --measured 80.50ms
+    triosim fit-host traces/h100/densenet121-b64.trace.json.gz --measured 66.21ms
 fits `host.op_cost` (seconds per operator dispatch and kernel launch) so that the one-GPU
 replay of TRACE takes the measured plain iteration time, and prints the config lines that
-use it. `--kernel-gap` fits the GPU's gap per kernel instead, on a GPU-bound trace.
+use it; a run the GPU decides (within 5 % of its GPU work alone) is refused. `--batch-size
+32 --perfmodel learned` fits a run at another batch than the trace's (ResNet-152's b64
+trace and its b32 run). `--kernel-gap` fits the GPU's gap per kernel instead, on a
+GPU-bound trace.
 """
 
 from __future__ import annotations
+
+from triosim.cli.common import positive_int
 
 
 def add_parser(subparsers) -> None:
@@ -27,20 +32,50 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--kernel-gap", action="store_true", help="fit host.kernel_gap instead of op_cost"
     )
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        help="the measured run's batch, if not the trace's (its operators then scaled by "
+        "--perfmodel)",
+    )
+    p.add_argument(
+        "--perfmodel",
+        default=None,
+        help="operator model for another batch: regression (default with --batch-size), "
+        "learned, roofline, calibrated; without --batch-size the trace's own times",
+    )
     p.set_defaults(func=cmd_fit_host)
 
 
 def cmd_fit_host(args) -> int:
+    import functools
+
+    from triosim.common.errors import InputError
     from triosim.common.units import parse_seconds
     from triosim.studies.host_fit import fit_kernel_gap, fit_op_cost, fit_spread
     from triosim.trace.files import load_any_trace
 
     measured = parse_seconds(args.measured, "measured")
     trace = load_any_trace(args.trace)
+    kinds = ("regression", "learned", "roofline", "calibrated")
+    if args.perfmodel is not None and args.perfmodel not in (*kinds, "trace"):
+        raise InputError(f"--perfmodel {args.perfmodel!r}: one of {', '.join(kinds)}")
+    if args.batch_size is None and args.perfmodel not in (None, "trace"):
+        raise InputError(
+            f"--perfmodel {args.perfmodel}: with --batch-size (at the trace's batch its own "
+            "operator times are replayed)"
+        )
+    if args.batch_size is not None and args.kernel_gap:
+        raise InputError("--batch-size: for op_cost (fit kernel_gap on the trace's own run)")
     field, fit = ("kernel_gap", fit_kernel_gap) if args.kernel_gap else ("op_cost", fit_op_cost)
+    at = ""
+    if args.batch_size is not None:
+        kind = args.perfmodel or "regression"
+        fit = functools.partial(fit_op_cost, batch_size=args.batch_size, perfmodel=kind)
+        at = f" at batch {args.batch_size} ({kind} operator model)"
     value = fit(trace, measured)
     print(
-        f"host.{field} = {value * 1e6:.3f} us: the one-GPU replay of {args.trace} then "
+        f"host.{field} = {value * 1e6:.3f} us: the one-GPU replay of {args.trace}{at} then "
         f"takes {measured * 1e3:.3f} ms"
     )
     print(f"config:\nhost:\n  {field}: {value * 1e6:.3f} us")

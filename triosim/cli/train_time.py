@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from triosim.cli.common import check_cv, positive_int
+from triosim.cli.common import check_cv, nonnegative_int
 from triosim.common.errors import InputError
 
 SUFFIX = {"k": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12}
@@ -64,9 +64,15 @@ def add_parser(subparsers) -> None:
         type=float,
         default=0.0,
         help="per-GPU compute variability (as `triosim variability`): the steps' mean over "
-        "--runs seeded simulations is the step, their P50 and P99 printed",
+        "--runs seeded simulations is the step, their P50 and P99 printed; with --runs 0, "
+        "the step with every GPU at the slowest GPU's mean factor (order statistics)",
     )
-    p.add_argument("--runs", type=positive_int, default=20, help="with --cv: simulations")
+    p.add_argument(
+        "--runs",
+        type=nonnegative_int,
+        default=20,
+        help="with --cv: simulations (0: the order statistics' step instead)",
+    )
     p.add_argument("--seed", type=int, default=0, help="with --cv: the draws' seed")
     p.add_argument("--plot", help="PNG: goodput against the checkpoint interval")
     p.add_argument("--force", action="store_true", help="overwrite the --plot PNG if it exists")
@@ -113,7 +119,16 @@ def cmd_train_time(args) -> int:
         )
     state = model_state_bytes(sim.trace, sim.config.memory)
     step = r.iteration_time
-    if args.cv:
+    if args.cv and not args.runs:
+        from triosim.studies.variability import slowest_factor, uniform_step
+
+        f = slowest_factor(args.cv, len(sim.gpus))
+        step = uniform_step(cfg.to_dict(), f, cfg.base_dir)
+        print(
+            f"step with cv {args.cv:g}       {step * 1e3:.4f} ms: every GPU at the slowest of "
+            f"{len(sim.gpus):,}'s mean factor {f:.4f} (deterministic {r.iteration_time * 1e3:.4f})"
+        )
+    elif args.cv:
         import numpy as np
 
         from triosim.studies.variability import iteration_times

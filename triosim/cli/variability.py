@@ -8,7 +8,7 @@ network jitter, every link's bandwidth drawn per run (heterogeneity.op_cv / link
 
 from __future__ import annotations
 
-from triosim.cli.common import check_cv, nonnegative_int
+from triosim.cli.common import check_cv, config_with_sets, nonnegative_int
 
 
 def add_parser(subparsers) -> None:
@@ -43,6 +43,7 @@ def add_parser(subparsers) -> None:
         help="simulations (default 50; 0: none, only the --at estimates)",
     )
     p.add_argument("--seed", type=int, default=0, help="the draws' seed (default 0)")
+    p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a field")
     p.add_argument("--at", help="GPU counts for the order statistics, comma-separated")
     p.add_argument(
         "--slow",
@@ -93,7 +94,7 @@ def cmd_variability(args) -> int:
     if not args.runs and not at:
         raise InputError("--runs 0 without --at: nothing to simulate")
     slow = (args.slow, args.slow_factor)
-    config = read_yaml(path)
+    config = read_yaml(path) if not args.set else config_with_sets(path, args.set).to_dict()
     png = None
     if args.plot:
         from triosim.common.outputs import check_output_file
