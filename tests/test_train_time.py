@@ -164,3 +164,14 @@ def test_with_variability_the_step_is_the_mean_of_the_seeded_runs(capsys, tmp_pa
     assert code == 0, err
     assert f"iteration                {times.mean() * 1e3:.4f} ms" in out
     assert "P99" in out
+    # --runs 0: the step with every GPU at the slowest of 4's mean factor (mode dp: the
+    # compute x that factor + the rest, exactly)
+    from triosim.studies.variability import slowest_factor, uniform_step
+
+    step = uniform_step(cfg, slowest_factor(0.05, 4), tmp_path)
+    code, out, err = run_cli(
+        capsys, "train-time", str(path), "--tokens", "1e9", "--cv", "0.05", "--runs", "0"
+    )
+    assert code == 0, err
+    assert f"iteration                {step * 1e3:.4f} ms" in out
+    assert step > times.min() and "slowest of 4's mean factor 1.05" in out
