@@ -116,10 +116,7 @@ def _nested(tp):
 def _table(cls, prefix: str, later: list) -> list[str]:
     """One row per field of `cls`; nested options are queued in `later` as (title, cls)."""
     hints = typing.get_type_hints(cls)
-    rows = [
-        "| field | type | unit | default | bounds | what it is |",
-        "|---|---|---|---|---|---|",
-    ]
+    rows = ["| field | type, unit, bounds | default | what it is |", "|---|---|---|---|"]
     for f in fields(cls):
         if not f.init or f.metadata.get("flatten"):
             continue
@@ -130,20 +127,11 @@ def _table(cls, prefix: str, later: list) -> list[str]:
         if nested is not None:
             later.append((name + ("[]" if typing.get_origin(tp) is list else ""), nested))
         unit = md.get("unit")
-        rows.append(
-            "| "
-            + " | ".join(
-                [
-                    f"`{name}`",
-                    _cell(_type(tp)),
-                    UNITS.get(unit, unit or ""),
-                    _cell(_default(f, unit)),
-                    _cell(_bounds(md)),
-                    _cell(md.get("help", "")),
-                ]
-            )
-            + " |"
-        )
+        kind = _type(tp) + (f", {UNITS.get(unit, unit)}" if unit else "")
+        bounds = _bounds(md)
+        kind += f"; {bounds}" if bounds else ""
+        cells = [f"`{name}`", kind, _default(f, unit), md.get("help", "")]
+        rows.append("| " + " | ".join(map(_cell, cells)) + " |")
     return rows
 
 

@@ -3,6 +3,8 @@ from the code and the architecture figure is redrawn, at every build, so none ca
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 import sys
 from pathlib import Path
@@ -38,4 +40,5 @@ def on_post_build(config):
     sys.path.insert(0, str(DOCS))
     import architecture_figure
 
-    architecture_figure.draw(Path(config["site_dir"]) / "img" / "architecture.png")
+    with contextlib.redirect_stdout(io.StringIO()):  # its "wrote ..." line: not in a build's log
+        architecture_figure.draw(Path(config["site_dir"]) / "img" / "architecture.png")
