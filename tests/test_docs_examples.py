@@ -148,7 +148,7 @@ def run_page(path: Path, folder: Path) -> int:
     return done
 
 
-MARKED = [p for p in PAGES if RUN in p.read_text()]
+MARKED = [p for p in PAGES if any(b.mark == RUN for b in blocks(p))]
 
 
 @pytest.mark.parametrize("path", MARKED, ids=[str(p.relative_to(ROOT)) for p in MARKED])
