@@ -21,7 +21,7 @@ runs the schedule; this module says what each operator costs the host and the GP
 - an operator marked `sync` (item, a copy to the host) blocks the host until its GPU work
   ends.
 
-Where the numbers come from (`python benchmarks/host_fit.py` prints them; README "Host"):
+Where the numbers come from (`python benchmarks/host_fit.py` prints them; docs/models.md, "The host"):
 `op_cost` 12.7 us is fitted on the one host-bound real trace with a steady plain time
 (traces/h100 ResNet-152 b64: 80.50 +- 0.47 ms): the value at which its one-GPU replay takes
 that long. `kernel_gap` 1.07 us is fitted the same way on a GPU-bound one (ResNet-50 b128,
