@@ -14,7 +14,7 @@ import pytest
 from tests.conftest import ROOT
 from triosim.common.schema import option
 
-sys.path.insert(0, str(ROOT / "docs"))
+sys.path.append(str(ROOT / "docs"))  # last: docs/ holds scripts, not packages
 
 import gen_reference  # noqa: E402  (docs/ is not a package)
 
