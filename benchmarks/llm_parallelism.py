@@ -33,7 +33,7 @@ PP 4 with virtual pipeline 8 (Megatron's interleaved 1F1B) over 16 micro-batches
 sequence per pipeline (global batch 256 over DP 16), DeepSeek-V3 PP 16 x EP 64 with 1F1B
 over 32 micro-batches on 1024 GPUs (expert-DP 1; published: 2048 GPUs, expert-DP 2, 120
 micro-batches, DualPipe). Without the pipelines (EP 8 x DP 8, 4 accumulation steps; EP 64
-on 64 GPUs, 8 steps) the rows give 0.86 and 0.48; with them 0.82 and 0.29 (README).
+on 64 GPUs, 8 steps) the rows give 0.86 and 0.48; with them 0.82 and 0.29 (docs/accuracy.md).
 
 What still differs (so the rows bound what the model leaves out, they do not validate
 it): its all-to-alls are not overlapped with compute, DeepSeek-V3's schedule is 1F1B over

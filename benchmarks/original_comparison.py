@@ -1,6 +1,6 @@
 """The original TrioSim's sample traces through this simulator, beside what the Go
 simulator printed (shared/README.md), with the same 65 GB/s links and no latency; and
-tensor parallelism against hand calculations (README, "Tensor parallelism").
+tensor parallelism against hand calculations (docs/tensor-context.md, "Tensor parallelism").
 
 Differences from the Go numbers are expected where the original had defects: it split
 bandwidth equally, scaled weight gradients with the batch, and reduced gradients as one

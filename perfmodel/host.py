@@ -21,7 +21,8 @@ runs the schedule; this module says what each operator costs the host and the GP
 - an operator marked `sync` (item, a copy to the host) blocks the host until its GPU work
   ends.
 
-Where the numbers come from (`python benchmarks/host_fit.py` prints them; README "Host"):
+Where the numbers come from (`python benchmarks/host_fit.py` prints them; docs/models.md,
+"The host"):
 `op_cost` 12.7 us was fitted on ResNet-152 b64 (80.50 ms), which `triosim fit-host` now
 refuses: 0.8 % above its GPU's work alone, so the fit found the knee where the host starts
 to matter, not its cost. The host-bound runs of that machine (`triosim fit-host`, a run

@@ -16,7 +16,7 @@ textbook collectives) and every collective at sizes from 1 KiB to 256 MiB:
   1.9 % sooner);
 - a link slowed by f makes a call at most f times slower (bounded sensitivity).
 With NCCL's own pick (the default), a slower link can move NCCL's tuner to a pair that
-runs faster, as it can on a real system (README: "A slower link is never faster"); there
+runs faster, as it can on a real system (docs/communication.md: "A slower link is never faster"); there
 the bound asserted is that the slowed system is never faster than the fastest pair was on
 the system before.
 

@@ -6,7 +6,7 @@ tuning formulas), src/include/comm.h (thread thresholds), src/include/device.h (
 counts), src/graph/topo.h (NVLink and PCIe bandwidths NCCL assumes), src/graph/search.cc
 (per-channel speeds), src/transport/nvls.cc (NVLS channels). Units as in NCCL:
 microseconds and GB/s (1e9 B/s); the model converts. Numbers marked [derived] follow from
-these (see the README's "Communication model").
+these (see docs/communication.md).
 """
 
 from __future__ import annotations

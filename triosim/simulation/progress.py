@@ -28,7 +28,7 @@ import threading
 import time
 
 # from this many GPUs a run says up front that it will be long: DDP at 16,384 GPUs takes
-# ~5 s and 0.6 GB (README, "Simulator speed"), and both grow at least linearly with GPUs
+# ~5 s and 0.6 GB (docs/speed.md, "Simulator speed"), and both grow at least linearly with GPUs
 BIG_RUN_GPUS = 100_000
 
 

@@ -88,7 +88,7 @@ class NcclOptions:
         "nccl",
         help="nccl: the (algorithm, protocol) NCCL's tuner picks by its formula, as "
         "the real library does; fastest: the pair whose whole modelled time is least, "
-        "which a slower link can never make faster (NCCL's pick can: README)",
+        "which a slower link can never make faster (NCCL's pick can: docs/communication.md)",
     )
     nvls: bool = option(True, help="use NVLS where the NVSwitch reduces (NCCL_NVLS_ENABLE)")
     sharp: bool = option(True, help="use SHARP (CollNet) where the fabric reduces")
