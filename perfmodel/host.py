@@ -151,20 +151,18 @@ class HostModel:
     def describe(self) -> str:
         o = self.options
         cost = (
-            f"op_cost {o.op_cost * 1e6:.4g} us per operator and launch"
+            f"op_cost {o.op_cost * 1e6:.3g} us per operator and launch"
             if o.source == "launches"
             else f"the trace's host_time x {o.trace_scale:g}"
         )
-        if o.source == "launches" and o.op_cost == OP_COST:
-            lo, hi = OP_COST_SPREAD
-            cost += (
-                f" (default: {lo * 1e6:.3g}-{hi * 1e6:.3g} us fitted across models and two "
-                "H100 machines; triosim fit-host fits yours)"
-            )
-        return (
+        out = (
             f"on ({cost}, launch latency {o.launch_latency * 1e6:.3g} us, kernel gap "
             f"{o.kernel_gap * 1e6:.3g} us)"
         )
+        if o.source == "launches" and o.op_cost == OP_COST:
+            lo, hi = OP_COST_SPREAD
+            out += f"; op_cost a default: {lo * 1e6:.3g}-{hi * 1e6:.3g} us on the hosts measured"
+        return out
 
     @staticmethod
     def off_reason(trace: Trace, options: HostOptions | None) -> str:

@@ -342,7 +342,10 @@ def test_yaml_on_and_off_and_the_summary_line():
         data = yaml.safe_load(f"trace: x.json\nhost:\n  model: {text}\n")
         assert from_dict(data).host.model == want
     t = tiny_trace([10, 50, 10, 10])
-    assert run(t).host.startswith("on (op_cost 12.7 us per operator and launch (default: 8.97-15.3")
+    assert run(t).host == (
+        "on (op_cost 12.7 us per operator and launch, launch latency 8 us, kernel gap 1.07 us);"
+        " op_cost a default: 8.97-15.3 us on the hosts measured"
+    )
     assert run(t, model="off").host == "off (host.model: off)"
     assert "host model" in run(t).summary()
     assert run(tiny_trace([10], device="cpu")).host.startswith("off (not a GPU trace")
