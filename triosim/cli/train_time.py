@@ -165,7 +165,10 @@ def cmd_train_time(args) -> int:
         f"Young's sqrt(2 x write x MTBF) {t.young / 60:.1f})"
     )
     print(f"restart                  {o.restart / 60:.1f} min")
-    print(f"expected wall time       {t.expected / day:.3f} days; goodput {t.goodput:.1%}")
+    print(
+        f"expected wall time       {t.expected / day:.3f} days (P10 {t.spread[0] / day:.3f}, "
+        f"P90 {t.spread[1] / day:.3f}); goodput {t.goodput:.1%}"
+    )
     if png is not None:
         plot_goodput(t, o, png)
         print(f"wrote {png}")
