@@ -167,12 +167,14 @@ def _at_scale(config: dict, base_dir, args, at, slow, runs=None, png=None) -> in
     )
     known = {1.0: det.iteration_time}  # T(f): the step with every GPU at f
     for n in at:
-        fm, f99 = slowest_factor(cv, n, *slow), slowest_quantile(cv, n, 0.99, *slow)
-        for f in (fm, f99):
+        f50, fm = slowest_quantile(cv, n, 0.5, *slow), slowest_factor(cv, n, *slow)
+        f99 = slowest_quantile(cv, n, 0.99, *slow)
+        for f in (f50, fm, f99):
             known[f] = known.get(f) or uniform_step(config, f, base_dir)
         print(
-            f"step at {n:,} GPUs      mean {known[fm] * 1e3:.4f} ms  P99 {known[f99] * 1e3:.4f} ms"
-            f"  (every GPU at the slowest's factor {fm:.4f} / {f99:.4f})"
+            f"step at {n:,} GPUs      P50 {known[f50] * 1e3:.4f}  mean {known[fm] * 1e3:.4f}  "
+            f"P99 {known[f99] * 1e3:.4f} ms  (every GPU at the slowest's factor {f50:.4f} / "
+            f"{fm:.4f} / {f99:.4f})"
         )
     if png is not None:
         plot_steps(png, known, cv, at, slow, runs, len(det.gpus))
