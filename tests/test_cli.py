@@ -130,3 +130,12 @@ def test_a_symmetry_fallback_is_a_warning_line_with_its_reason(capsys):
     assert "warning: symmetry: auto fell back to the full simulation: every GPU is its own" in err
     assert "SymmetryWarning" not in err and ".py:" not in err
     assert "off (fell back: every GPU is its own class" in out
+
+
+def test_the_package_version_is_pyprojects():
+    import tomllib
+
+    import triosim
+
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert triosim.__version__ == pyproject["project"]["version"] == version("triosim")

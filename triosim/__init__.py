@@ -12,7 +12,12 @@ output); then `config/`, `simulation/` and `results/` (one run); `studies/` (man
 sweeps, search, comparisons, calibration); `cli/` (the command line).
 """
 
-__version__ = "0.1.0"
+from importlib.metadata import PackageNotFoundError, version
+
+try:  # one source: pyproject.toml's version, as installed
+    __version__ = version("triosim")
+except PackageNotFoundError:  # a checkout on the path, not installed
+    __version__ = "unknown"
 
 
 def __getattr__(name):
