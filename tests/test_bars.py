@@ -2,6 +2,7 @@
 nothing for minutes into a log, or a bar of carriage returns): plain lines."""
 
 import io
+import re
 
 from triosim.common.bars import LineBar, bar
 
@@ -103,3 +104,70 @@ def test_a_heartbeat_names_the_stage_while_work_that_counts_nothing_runs():
     with Heartbeat("tracing tiny", every=10.0, file=quiet):
         pass
     assert quiet.getvalue() == ""
+
+
+# -- the commands use them (items 12, 13: the helpers alone were tested) -----------------------
+def _cli_config(tmp_path):
+    from pathlib import Path
+
+    trace = Path(__file__).resolve().parents[1] / "traces" / "cpu" / "gpt2-small-b8.trace.json.gz"
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(
+        f"trace: {trace}\nnum_gpus: 2\nbatch_size: 16\nparallelism: {{mode: ddp}}\n"
+        "perfmodel: {kind: trace}\n"
+    )
+    return cfg, trace
+
+
+def test_sweep_and_search_off_a_terminal_print_progress_lines(capsys, monkeypatch, tmp_path):
+    """`triosim sweep` and `triosim search` into a log (capsys is no terminal) print plain
+    progress lines; a clock that moves 11 s at each look stands in for a long run (before:
+    tqdm, which prints nothing off a terminal)."""
+    import types
+
+    import triosim.common.bars as bars
+    from tests.conftest import run_cli
+
+    clock = Clock()
+
+    def tick():
+        clock.t += 11.0
+        return clock.t
+
+    # the bars' clock only (the simulation's own clock stays)
+    monkeypatch.setattr(bars, "time", types.SimpleNamespace(monotonic=tick))
+    cfg, _ = _cli_config(tmp_path)
+    grid = tmp_path / "g.yaml"
+    grid.write_text("base: tiny.yaml\ngrid:\n  topology.bandwidth: [10 GB/s, 20 GB/s]\n")
+    code, out, err = run_cli(capsys, "sweep", grid, "--out", tmp_path / "o", "--workers", "1")
+    assert code == 0, err
+    assert "sweep: 2/2 points (" in err and "\r" not in err, err
+    code, out, err = run_cli(capsys, "search", cfg, "--out", tmp_path / "best.yaml")
+    assert code == 0, err
+    assert re.search(r"search: (\d+)/\1 plans \(", err) and "\r" not in err, err
+
+
+def test_trace_prints_what_it_runs_while_it_runs(capsys, monkeypatch, tmp_path):
+    """`triosim trace` of a model that takes a while: a line naming the stage while it runs
+    and one when it is done (before: nothing for minutes). The model is stood in for by a
+    sleep and the saved trace; the heartbeat's interval is made short."""
+    import time as _time
+
+    import tracer.cli
+    import triosim.common.bars as bars
+    from tests.conftest import run_cli
+    from triosim.trace.model import load
+
+    _, path = _cli_config(tmp_path)
+
+    def slow_model(*a, **k):
+        _time.sleep(0.3)
+        return load(path)
+
+    monkeypatch.setattr(tracer.cli, "trace_model", slow_model)
+    monkeypatch.setattr(bars.Heartbeat.__init__, "__defaults__", (0.05, None))
+    code, out, err = run_cli(capsys, "trace", "resnet18", "--batch-size", "2", "--out", tmp_path)
+    assert code == 0, err
+    lines = err.splitlines()
+    assert lines[0].startswith("tracing resnet18: running the model ("), err
+    assert lines[-1].startswith("tracing resnet18 done ("), err
