@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from triosim.cli.common import out_path
+
 
 def add_parser(subparsers) -> None:
     """Add `export-chakra` to triosim's sub-commands."""
@@ -21,7 +23,7 @@ def add_parser(subparsers) -> None:
         "MLCommons Chakra execution traces: OUT/<prefix>.<rank>.et and OUT/comm_group.json.",
     )
     p.add_argument("config", help="the config (YAML) to simulate and export")
-    p.add_argument("--out", required=True, help="folder to write the files into")
+    p.add_argument("--out", required=True, type=out_path, help="folder to write the files into")
     p.add_argument("--prefix", default="workload", help="file name prefix (default: workload)")
     p.add_argument(
         "--set",

@@ -31,14 +31,20 @@ def add_parser(subparsers) -> None:
 
 
 def cmd_fit_host(args) -> int:
+    from triosim.common.errors import ConfigError
     from triosim.common.units import parse_seconds
     from triosim.studies.host_fit import fit_kernel_gap, fit_op_cost, fit_spread
     from triosim.trace.files import load_any_trace
 
-    measured = parse_seconds(args.measured, "measured")
+    measured = parse_seconds(args.measured, "--measured")
     trace = load_any_trace(args.trace)
     field, fit = ("kernel_gap", fit_kernel_gap) if args.kernel_gap else ("op_cost", fit_op_cost)
-    value = fit(trace, measured)
+    try:
+        value = fit(trace, measured)
+    except ConfigError as e:  # the fit's argument is this command's --measured
+        if e.field != "measured":
+            raise
+        raise ConfigError("--measured", args.measured, e.allowed) from None
     print(
         f"host.{field} = {value * 1e6:.3f} us: the one-GPU replay of {args.trace} then "
         f"takes {measured * 1e3:.3f} ms"

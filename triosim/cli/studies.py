@@ -10,6 +10,7 @@ from pathlib import Path
 
 from triosim.cli.common import (
     clear_earlier,
+    out_path,
     parse_assignment,
     positive_int,
     spare_inputs,
@@ -302,6 +303,7 @@ def sweep_arguments(sub) -> None:
     w.add_argument("grid", help="grid file (YAML): base, grid and/or zip")
     w.add_argument(
         "--out",
+        type=out_path,
         help="output folder (default: out/<grid name>/, resumed when it "
         "holds this grid's table, else out/<grid name>-2/, ...)",
     )
@@ -344,7 +346,7 @@ def compare_arguments(sub) -> None:
     c.add_argument(
         "runs", nargs="+", metavar="RUN", help="a config file or a result folder (two or more)"
     )
-    c.add_argument("--out", help="write a grouped bar chart to this PNG")
+    c.add_argument("--out", type=out_path, help="write a grouped bar chart to this PNG")
     c.add_argument("--force", action="store_true", help="overwrite the --out PNG if it exists")
     c.set_defaults(func=cmd_compare)
 
@@ -364,6 +366,7 @@ def plot_arguments(sub) -> None:
     )
     pl.add_argument(
         "--out",
+        type=out_path,
         help="PNG to write (default: plot-<what>.png in the folder, or "
         "plot-<what>-2.png, ... when it exists)",
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from triosim.cli.common import check_cv, positive_int
+from triosim.cli.common import cv_arg, out_path, positive_int
 from triosim.common.errors import InputError
 
 SUFFIX = {"k": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12}
@@ -53,26 +53,25 @@ def add_parser(subparsers) -> None:
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a field")
     p.add_argument(
         "--cv",
-        type=float,
+        type=cv_arg,
         default=0.0,
         help="per-GPU compute variability (as `triosim variability`): the steps' mean over "
         "--runs seeded simulations is the step, their P50 and P99 printed",
     )
     p.add_argument("--runs", type=positive_int, default=20, help="with --cv: simulations")
     p.add_argument("--seed", type=int, default=0, help="with --cv: the draws' seed")
-    p.add_argument("--plot", help="PNG: goodput against the checkpoint interval")
+    p.add_argument("--plot", type=out_path, help="PNG: goodput against the checkpoint interval")
     p.add_argument("--force", action="store_true", help="overwrite the --plot PNG if it exists")
     p.set_defaults(func=cmd_train_time)
 
 
 def cmd_train_time(args) -> int:
     from triosim.cli.common import config_with_sets
-    from triosim.common.units import parse_bandwidth, parse_seconds
+    from triosim.common import schema
     from triosim.results.memory import model_state_bytes
     from triosim.simulation.wiring import Simulation
     from triosim.studies.train_time import TrainTimeOptions, estimate
 
-    check_cv(args.cv)  # before the (long) simulations
     cfg = config_with_sets(args.config, args.set)
     png = None
     if args.plot:
@@ -83,14 +82,12 @@ def cmd_train_time(args) -> int:
             raise InputError(f"--plot {args.plot}: name a .png file")
         png = check_output_file(args.plot, args.force, inputs=input_files(cfg, args.config))
     given = {"tokens": args.tokens}
-    for field, text, parse in (
-        ("mtbf_gpu", args.mtbf_gpu, parse_seconds),
-        ("storage_bandwidth", args.storage_bandwidth, parse_bandwidth),
-        ("restart", args.restart, parse_seconds),
-        ("checkpoint_interval", args.checkpoint_interval, parse_seconds),
-    ):
-        if text is not None:
-            given[field] = parse(text, "--" + field.replace("_", "-"))
+    for field in ("mtbf_gpu", "storage_bandwidth", "restart", "checkpoint_interval"):
+        text = getattr(args, field)
+        if text is not None:  # each by its option's unit and bounds (0 s MTBF was a math error)
+            given[field] = schema.convert_field(
+                TrainTimeOptions, field, text, "--" + field.replace("_", "-")
+            )
     o = TrainTimeOptions(**given)
     sim = Simulation(cfg)
     r = sim.run()

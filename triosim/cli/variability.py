@@ -7,7 +7,7 @@ iteration.
 
 from __future__ import annotations
 
-from triosim.cli.common import check_cv, positive_int
+from triosim.cli.common import cv_arg, positive_int
 
 
 def add_parser(subparsers) -> None:
@@ -20,7 +20,7 @@ def add_parser(subparsers) -> None:
         "those GPU counts by order statistics (no simulation).",
     )
     p.add_argument("config", help="the config (YAML) of one training iteration")
-    p.add_argument("--cv", type=float, required=True, help="coefficient of variation (0.03)")
+    p.add_argument("--cv", type=cv_arg, required=True, help="coefficient of variation (0.03)")
     p.add_argument("--runs", type=positive_int, default=50, help="simulations (default 50)")
     p.add_argument("--seed", type=int, default=0, help="the draws' seed (default 0)")
     p.add_argument("--at", help="GPU counts for the order statistics, comma-separated")
@@ -48,18 +48,30 @@ def cmd_variability(args) -> int:
     from triosim.config.loading import read_yaml
     from triosim.studies.variability import iteration_times, slowest_factor, slowest_quantile
 
-    check_cv(args.cv)
     if not 0 <= args.slow < 1:
-        raise InputError(f"--slow {args.slow}: a fraction of the GPUs, 0 <= f < 1")
+        raise InputError(f"--slow {args.slow:g}: a fraction of the GPUs, 0 <= f < 1")
     if not args.slow_factor >= 1:
-        raise InputError(f"--slow-factor {args.slow_factor}: at least 1 (how much slower)")
+        raise InputError(f"--slow-factor {args.slow_factor:g}: at least 1 (how much slower)")
+    # each without the other slows nothing: refused rather than ignored
+    if args.slow_factor != 1 and not args.slow:
+        raise InputError(
+            f"--slow-factor {args.slow_factor:g}: only with --slow (the fraction of GPUs it "
+            "slows); without it no GPU is slower"
+        )
+    if args.slow and args.slow_factor == 1:
+        raise InputError(
+            f"--slow {args.slow:g}: with --slow-factor above 1 (how much slower those GPUs "
+            "compute); at the default 1 they are not slower"
+        )
     at = []
     for x in (args.at or "").split(","):
         if x.strip():
             try:
                 at.append(int(x))
             except ValueError:
-                raise InputError(f"--at {args.at!r}: GPU counts such as 1024,16384") from None
+                at.append(0)
+            if at[-1] < 1:
+                raise InputError(f"--at {args.at!r}: GPU counts (integers >= 1) such as 1024,16384")
     path = Path(args.config)
     slow = (args.slow, args.slow_factor)
     times, _, gpus = iteration_times(

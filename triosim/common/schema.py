@@ -114,6 +114,13 @@ def load(
     return instance
 
 
+def convert_field(cls, name: str, value, where: str):
+    """One field of options class `cls` from `value` (a command-line flag's text, say), by
+    the field's type, unit and bounds, as `load` does; `where` names it in an error."""
+    f = next(f for f in fields(cls) if f.name == name)
+    return convert(value, _hints(cls)[name], where, f.metadata)
+
+
 # objects `load` made (their values have been warned about) and whether `check` is
 # re-checking one: a run checks its options again in each part, and one implausible value
 # is one warning, not one per part
