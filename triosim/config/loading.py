@@ -20,6 +20,7 @@ from typing import Literal
 import yaml
 
 from perfmodel.host import HostOptions
+from perfmodel.host import check_fields as check_host_fields
 from triosim.common import schema
 from triosim.common.errors import ConfigError
 from triosim.common.schema import option
@@ -329,6 +330,7 @@ def from_dict(data: dict, base_dir=".") -> Config:
         also=tuple(sections),  # a misspelt section gets its "did you mean" too
     )
     cfg = Config(**{f.name: getattr(top, f.name) for f in fields(TopLevel)}, base_dir=str(base_dir))
+    check_host_fields(cfg.host, top_data.get("host"))
     cfg.gpus = _define_gpus(cfg.gpus)
     if cfg.gpu is not None:
         from triosim.hardware import catalogue as hardware
