@@ -854,7 +854,10 @@ def test_a_set_that_changes_the_mode_leaves_out_the_old_modes_fields_and_says_so
     assert "'parallelism.microbatches' = 2" in msg
 
 
-@pytest.mark.parametrize("command", ["simulate", "sweep", "export-chakra", "search", "calibrate"])
+@pytest.mark.parametrize(
+    "command",
+    ["simulate", "sweep", "export-chakra", "search", "calibrate", "compare", "train-time"],
+)
 def test_no_writer_writes_over_its_configs_trace_with_force(capsys, measured, tmp_path, command):
     """Issue 44's property over the writing commands: the trace a config names, sitting
     where the command writes (under the name it writes, for a folder's outputs), is never
@@ -871,9 +874,11 @@ def test_no_writer_writes_over_its_configs_trace_with_force(capsys, measured, tm
         "export-chakra": out / "comm_group.json",
         "search": out / "best.yaml",
         "calibrate": out / "calib.yaml",
+        "compare": out / "chart.png",
+        "train-time": out / "goodput.png",
     }[command]
     shutil.copy(TRACE, target)
-    if target.suffix == ".json":  # a plain JSON trace by that name
+    if target.suffix in (".json", ".png"):  # a plain JSON trace by that name
         import gzip
 
         target.write_bytes(gzip.decompress(TRACE.read_bytes()))
@@ -900,6 +905,8 @@ def test_no_writer_writes_over_its_configs_trace_with_force(capsys, measured, tm
         "export-chakra": ["export-chakra", path, "--out", out, "--force"],
         "search": ["search", path, "--out", target, "--force"],
         "calibrate": ["calibrate", log, "--config", path, "--out", target, "--force"],
+        "compare": ["compare", path, path, "--out", target, "--force"],
+        "train-time": ["train-time", path, "--tokens", "1e9", "--plot", target, "--force"],
     }[command]
     msg = user_error(capsys, *args)
     assert "input" in msg and "not even with --force" in msg, msg

@@ -177,11 +177,19 @@ def cmd_sweep(args) -> int:
 # -- compare -----------------------------------------------------------------------------------------
 
 
-def _png_out(out, default: Path, force: bool) -> Path:
-    """Where a figure goes: --out (refused if it exists, unless --force), else `default`
-    or the first free NAME-2.png, -3.png, ... beside it."""
+def _png_out(out, default: Path, force: bool, inputs=()) -> Path:
+    """Where a figure goes: --out (refused if it is one of `inputs`, always, or exists,
+    unless --force), else `default` or the first free NAME-2.png, -3.png, ... beside it."""
+    from triosim.common.outputs import same_file
+
     if out is not None:
         path = Path(out)
+        for i in inputs:
+            if same_file(path, i):
+                raise InputError(
+                    f"--out {path} is the input {i}; name another file (an input is never "
+                    "overwritten, not even with --force)"
+                )
         if path.is_dir():
             raise InputError(f"--out {path} is a folder; name a .png file")
         if path.suffix.lower() != ".png":
@@ -203,16 +211,20 @@ def cmd_compare(args) -> int:
 
     if len(args.runs) < 2:
         raise InputError("compare needs two runs or more (configs or result folders)")
+    from triosim.config.inputs import input_files
+
+    inputs: list = []  # what the runs read: never the chart
     for a in args.runs:  # every mistake before the first simulation
         p = Path(a)
         if p.is_dir():
             if not (p / "summary.json").is_file():
                 raise InputError(f"{p} is a folder without summary.json: not a saved result")
+            inputs += list(p.iterdir())
         elif p.exists():
-            from_dict(read_yaml(p), base_dir=p.parent)
+            inputs += input_files(from_dict(read_yaml(p), base_dir=p.parent), p)
         else:
             raise InputError(f"{p} does not exist (give a config file or a result folder)")
-    png = _png_out(args.out, Path(), args.force) if args.out else None
+    png = _png_out(args.out, Path(), args.force, inputs) if args.out else None
     runs = [compare.load(a) for a in args.runs]
     print(compare.format_table(runs))
     if png is not None:
