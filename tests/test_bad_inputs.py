@@ -105,6 +105,20 @@ CASES = {
         [*VAR, "--cv", "0.1", "--slow", "0.5"],
         ["--slow 0.5", "--slow-factor", "above 1"],
     ),
+    "variability --seed -1": (
+        [*VAR, "--cv", "0.1", "--seed", "-1"],
+        ["--seed", "'-1'", "an integer >= 0"],
+    ),
+    "train-time --seed -1": (
+        [*TT, "--cv", "0.1", "--seed", "-1"],
+        ["--seed", "'-1'", "an integer >= 0"],
+    ),
+    "train-time --runs without --cv": ([*TT, "--runs", "5"], ["--runs 5", "only with --cv"]),
+    # export-chakra's prefix: a file name ('..' wrote ex/...0.et and pointed ASTRA-sim at ex/..)
+    "export-chakra --prefix ..": (
+        ["export-chakra", "good.yaml", "--out", "ex", "--prefix", ".."],
+        ["prefix '..'", "a plain name"],
+    ),
     "variability --cv abc": ([*VAR, "--cv", "abc"], ["--cv", "'abc'", "[0, 1)"]),
     "train-time --cv abc": ([*TT, "--cv", "abc"], ["--cv", "'abc'", "[0, 1)"]),
     # the host model's fields where it is off or where its source does not read them

@@ -655,10 +655,19 @@ def test_calibrate_op_that_contradicts_the_log(capsys, measured, tmp_path):
         "broadcast",
     )
     assert msg.startswith(f"error: --op broadcast: table 0 of {real} is all_reduce_perf's")
-    # a log that does not name its test (as `triosim collectives` prints it): fitted as
-    # all_reduce, and said so
+    # `triosim collectives` names its test in its header: a contradicting --op is refused
+    # (it was fitted as broadcast without a word)
     log, cfg = measured
-    code, _, err = triosim(capsys, "calibrate", log, "--config", cfg, "--out", tmp_path / "d.yaml")
+    msg = user_error(
+        capsys, "calibrate", log, "--config", cfg, "--out", tmp_path / "b.yaml", "--op", "broadcast"
+    )
+    assert msg.startswith(f"error: --op broadcast: table 0 of {log} is all_reduce_perf's")
+    # a log that does not name its test (that header cut off): fitted as all_reduce, and said so
+    unnamed = tmp_path / "unnamed.log"
+    unnamed.write_text("".join(log.read_text().splitlines(keepends=True)[1:]))
+    code, _, err = triosim(
+        capsys, "calibrate", unnamed, "--config", cfg, "--out", tmp_path / "d.yaml"
+    )
     assert code == 0 and "does not name its test: fitting table 0 as all_reduce" in err
 
 

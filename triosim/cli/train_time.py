@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from triosim.cli.common import cv_arg, out_path, positive_int
+from triosim.cli.common import cv_arg, nonnegative_int, out_path, positive_int
 from triosim.common.errors import InputError
 
 SUFFIX = {"k": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12}
@@ -58,8 +58,8 @@ def add_parser(subparsers) -> None:
         help="per-GPU compute variability (as `triosim variability`): the steps' mean over "
         "--runs seeded simulations is the step, their P50 and P99 printed",
     )
-    p.add_argument("--runs", type=positive_int, default=20, help="with --cv: simulations")
-    p.add_argument("--seed", type=int, default=0, help="with --cv: the draws' seed")
+    p.add_argument("--runs", type=positive_int, help="with --cv: simulations (default 20)")
+    p.add_argument("--seed", type=nonnegative_int, help="with --cv: the draws' seed (default 0)")
     p.add_argument("--plot", type=out_path, help="PNG: goodput against the checkpoint interval")
     p.add_argument("--force", action="store_true", help="overwrite the --plot PNG if it exists")
     p.set_defaults(func=cmd_train_time)
@@ -72,6 +72,12 @@ def cmd_train_time(args) -> int:
     from triosim.simulation.wiring import Simulation
     from triosim.studies.train_time import TrainTimeOptions, estimate
 
+    for flag in ("runs", "seed"):  # without variability nothing is drawn: refused, not ignored
+        if getattr(args, flag) is not None and not args.cv:
+            raise InputError(
+                f"--{flag} {getattr(args, flag)}: only with --cv (the variability drawn)"
+            )
+    runs, seed = args.runs or 20, args.seed or 0
     cfg = config_with_sets(args.config, args.set)
     png = None
     if args.plot:
@@ -105,12 +111,12 @@ def cmd_train_time(args) -> int:
 
         from triosim.studies.variability import iteration_times
 
-        times, _, _ = iteration_times(cfg.to_dict(), args.cv, args.runs, args.seed, cfg.base_dir)
+        times, _, _ = iteration_times(cfg.to_dict(), args.cv, runs, seed, cfg.base_dir)
         step = float(times.mean())  # a run's steps add up: their mean (S is large)
         p50, p99 = np.percentile(times, [50, 99]) * 1e3
         print(
             f"step with cv {args.cv:g}       mean {step * 1e3:.4f} ms, P50 {p50:.4f}, P99 "
-            f"{p99:.4f} ({args.runs} runs; deterministic {r.iteration_time * 1e3:.4f})"
+            f"{p99:.4f} ({runs} runs; deterministic {r.iteration_time * 1e3:.4f})"
         )
     t = estimate(step, batch * seq, len(sim.gpus), state, o)
     day = 86400.0

@@ -7,7 +7,7 @@ iteration.
 
 from __future__ import annotations
 
-from triosim.cli.common import cv_arg, positive_int
+from triosim.cli.common import cv_arg, nonnegative_int, positive_int
 
 
 def add_parser(subparsers) -> None:
@@ -22,7 +22,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("config", help="the config (YAML) of one training iteration")
     p.add_argument("--cv", type=cv_arg, required=True, help="coefficient of variation (0.03)")
     p.add_argument("--runs", type=positive_int, default=50, help="simulations (default 50)")
-    p.add_argument("--seed", type=int, default=0, help="the draws' seed (default 0)")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="the draws' seed (default 0)")
     p.add_argument("--at", help="GPU counts for the order statistics, comma-separated")
     p.add_argument(
         "--slow",
