@@ -40,6 +40,10 @@ def here(tmp_path, monkeypatch):
     save(t, tmp_path / "nobatch.trace.json.gz")
     nobatch = {**cfg, "trace": "nobatch.trace.json.gz", "batch_size": 4}
     (tmp_path / "nobatch.yaml").write_text(yaml.safe_dump(nobatch))
+    peaks = {**cfg, "gpus": [{"name": "X1", "base": "H100-SXM", "peak_tflops": 0}], "gpu": "X1"}
+    (tmp_path / "peaks.yaml").write_text(yaml.safe_dump(peaks))
+    links = {**cfg, "heterogeneity": {"links": {"0-1": 0.5}}}
+    (tmp_path / "links.yaml").write_text(yaml.safe_dump(links))
     hybrid = {**cfg, "parallelism": {"mode": "hybrid", "tp": 2}}
     (tmp_path / "hybrid.yaml").write_text(yaml.safe_dump(hybrid))
     (tmp_path / "go").mkdir()
@@ -139,6 +143,15 @@ CASES = {
     "hybrid with tp": (
         ["simulate", "hybrid.yaml", "--no-save"],
         ["'parallelism.tp' = 2", "not of parallelism mode 'hybrid' with inner 'single'"],
+    ),
+    # a container field says what it holds (it said "a mapping", "a list")
+    "gpus[].peak_tflops a number": (
+        ["simulate", "peaks.yaml", "--no-save"],
+        ["'gpus[0].peak_tflops' = 0", "a mapping, each key", "per math mode"],
+    ),
+    "heterogeneity.links a mapping": (
+        ["simulate", "links.yaml", "--no-save"],
+        ["'heterogeneity.links' = {'0-1': 0.5}", "a list of mappings {src, dst, factor"],
     ),
 }
 
