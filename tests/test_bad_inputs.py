@@ -87,6 +87,10 @@ CASES = {
         [*TT, "--storage-bandwidth", "fast"],
         ["error: --storage-bandwidth 'fast'", "bandwidth in bytes/s"],
     ),
+    "fit-host on a CPU trace": (
+        ["fit-host", "t.trace.json.gz", "--measured", "100ms"],
+        ["t.trace.json.gz: device 'cpu'", "a trace recorded on the GPU machine"],
+    ),
     "fit-host --measured 0ms": (
         ["fit-host", "t.trace.json.gz", "--measured", "0ms"],
         ["error: --measured '0ms'", "a positive iteration time"],

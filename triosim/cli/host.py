@@ -31,13 +31,21 @@ def add_parser(subparsers) -> None:
 
 
 def cmd_fit_host(args) -> int:
-    from triosim.common.errors import ConfigError
+    from triosim.common.errors import ConfigError, InputError
     from triosim.common.units import parse_seconds
     from triosim.studies.host_fit import fit_kernel_gap, fit_op_cost, fit_spread
     from triosim.trace.files import load_any_trace
 
     measured = parse_seconds(args.measured, "--measured")
+    if not measured > 0:  # before loading the trace
+        raise ConfigError("--measured", args.measured, "a positive iteration time in seconds")
     trace = load_any_trace(args.trace)
+    device = str(trace.metadata.get("device") or "")
+    if device == "cpu":  # (a fit there ran and printed a cost no GPU run has)
+        raise InputError(
+            f"trace {args.trace}: device 'cpu'; fit-host needs a trace recorded on the GPU "
+            "machine (device cuda): on the CPU the operators ran on the host that issues them"
+        )
     field, fit = ("kernel_gap", fit_kernel_gap) if args.kernel_gap else ("op_cost", fit_op_cost)
     try:
         value = fit(trace, measured)
