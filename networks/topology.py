@@ -202,6 +202,8 @@ def fat_tree(n: int, bandwidth: float, latency: float = 0.0, radix: int = 64):
     """
     _check_count(n)
     _check_count(radix, "radix", 2)
+    if radix % 2:  # half the ports down, half up: an odd one would be dropped without a word
+        raise ConfigError("topology.radix", radix, "an even number of switch ports")
     down = radix // 2
     leaves = math.ceil(n / down)
     if leaves > radix:

@@ -44,6 +44,8 @@ def here(tmp_path, monkeypatch):
     (tmp_path / "peaks.yaml").write_text(yaml.safe_dump(peaks))
     links = {**cfg, "heterogeneity": {"links": {"0-1": 0.5}}}
     (tmp_path / "links.yaml").write_text(yaml.safe_dump(links))
+    odd = {**cfg, "topology": {"kind": "fat_tree", "radix": 3}}
+    (tmp_path / "radix.yaml").write_text(yaml.safe_dump(odd))
     hybrid = {**cfg, "parallelism": {"mode": "hybrid", "tp": 2}}
     (tmp_path / "hybrid.yaml").write_text(yaml.safe_dump(hybrid))
     (tmp_path / "go").mkdir()
@@ -156,6 +158,11 @@ CASES = {
     "heterogeneity.links a mapping": (
         ["simulate", "links.yaml", "--no-save"],
         ["'heterogeneity.links' = {'0-1': 0.5}", "a list of mappings {src, dst, factor"],
+    ),
+    # a fat tree's switch: half its ports down, half up (radix 3 ran as radix 2)
+    "fat_tree radix 3": (
+        ["simulate", "radix.yaml", "--no-save"],
+        ["'topology.radix' = 3", "an even number"],
     ),
 }
 
