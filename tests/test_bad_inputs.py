@@ -193,3 +193,20 @@ def test_a_set_that_turns_the_host_model_off_leaves_out_its_costs_and_says_so(ca
     )
     assert code == 0, err
     assert "--set: left out host.op_cost" in out
+
+
+def test_out_of_memory_is_one_error_line(capsys, here, monkeypatch):
+    """A run too large for the machine (num_gpus 10,000,000 of DDP: MemoryError while
+    building the topology) ends in one error line saying so, not a traceback."""
+    from triosim.simulation import wiring
+
+    def too_big(*a, **k):
+        raise MemoryError
+
+    monkeypatch.setattr(wiring.Simulation, "run", too_big)
+    code, out, err = run_cli(capsys, "simulate", "good.yaml", "--no-save")
+    assert code == 1 and "Traceback" not in err
+    assert [line for line in err.splitlines() if "error" in line] == [
+        line for line in err.splitlines() if line.startswith("error: out of memory")
+    ]
+    assert "error: out of memory" in err and "symmetry: auto" in err
