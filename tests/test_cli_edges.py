@@ -863,14 +863,18 @@ def test_a_set_that_changes_the_mode_leaves_out_the_old_modes_fields_and_says_so
     assert "'parallelism.microbatches' = 2" in msg
 
 
+@pytest.mark.parametrize("input_kind", ["trace", "calibration"])
 @pytest.mark.parametrize(
     "command",
     ["simulate", "sweep", "export-chakra", "search", "calibrate", "compare", "train-time"],
 )
-def test_no_writer_writes_over_its_configs_trace_with_force(capsys, measured, tmp_path, command):
-    """Issue 44's property over the writing commands: the trace a config names, sitting
-    where the command writes (under the name it writes, for a folder's outputs), is never
-    written over, not even with --force: each refuses naming the input."""
+def test_no_writer_writes_over_its_configs_trace_with_force(
+    capsys, measured, tmp_path, command, input_kind
+):
+    """Issue 44's property over the writing commands: the trace a config names, or another
+    input path of it (communication.calibration), sitting where the command writes (under
+    the name it writes, for a folder's outputs), is never written over, not even with
+    --force: each refuses naming the input."""
     import shutil
 
     log, _ = measured
@@ -891,7 +895,6 @@ def test_no_writer_writes_over_its_configs_trace_with_force(capsys, measured, tm
         import gzip
 
         target.write_bytes(gzip.decompress(TRACE.read_bytes()))
-    before = target.read_bytes()
     cfg = {
         "trace": str(target),
         "num_gpus": 2,
@@ -899,6 +902,11 @@ def test_no_writer_writes_over_its_configs_trace_with_force(capsys, measured, tm
         "parallelism": {"mode": "ddp"},
         **({"gpu": "A100-80GB", "topology": SYSTEM["topology"]} if command == "calibrate" else {}),
     }
+    if input_kind == "calibration":  # the NCCL model's calibration file by that name instead
+        target.write_text("tuning:\n  latency_scale: 1.0\n")
+        cfg["trace"] = str(TRACE)
+        cfg["communication"] = {"kind": "nccl", "calibration": str(target)}
+    before = target.read_bytes()
     path = write(tmp_path, cfg, "c.yaml")
     args = {
         "simulate": ["simulate", path, "--out", out, "--force"],
