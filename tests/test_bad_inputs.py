@@ -210,3 +210,13 @@ def test_out_of_memory_is_one_error_line(capsys, here, monkeypatch):
         line for line in err.splitlines() if line.startswith("error: out of memory")
     ]
     assert "error: out of memory" in err and "symmetry: auto" in err
+
+
+def test_import_help_and_refusal_agree_that_both_csv_files_are_needed(capsys, here):
+    """Issue 44: `import --help` said a folder with only trace.csv was fine, and import
+    refused it; the help says both files are needed, and the refusal names the missing one."""
+    code, out, _ = run_cli(capsys, "import", "--help")
+    assert code == 0 and "both are needed" in " ".join(out.split())
+    (here / "go" / "tensor.csv").unlink()
+    code, out, err = run_cli(capsys, "import", "go", "o.trace.json.gz")
+    assert code == 2 and "tensor.csv: no such file" in err
