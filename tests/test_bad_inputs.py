@@ -52,6 +52,7 @@ def here(tmp_path, monkeypatch):
     (tmp_path / "go" / "trace.csv").write_text(TRACE_CSV)
     (tmp_path / "go" / "tensor.csv").write_text(TENSOR_CSV)
     (tmp_path / "folder").mkdir()
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
     (tmp_path / "nccl.log").write_text("")
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -149,6 +150,15 @@ CASES = {
     "hybrid with tp": (
         ["simulate", "hybrid.yaml", "--no-save"],
         ["'parallelism.tp' = 2", "not of parallelism mode 'hybrid' with inner 'single'"],
+    ),
+    # a file that is not a mapping is named (it was `config field 'config'`, whichever file)
+    "compare: a config that is a list": (
+        ["compare", "good.yaml", "list.yaml"],
+        ["config file list.yaml: ['a', 'b'] is not a mapping of fields"],
+    ),
+    "sweep: a grid file that is a list": (
+        ["sweep", "list.yaml", "--out", "s"],
+        ["grid file list.yaml: ['a', 'b'] is not a mapping"],
     ),
     # a container field says what it holds (it said "a mapping", "a list")
     "gpus[].peak_tflops a number": (
