@@ -44,6 +44,9 @@ def here(tmp_path, monkeypatch):
     (tmp_path / "peaks.yaml").write_text(yaml.safe_dump(peaks))
     links = {**cfg, "heterogeneity": {"links": {"0-1": 0.5}}}
     (tmp_path / "links.yaml").write_text(yaml.safe_dump(links))
+    (tmp_path / "rows.yaml").write_text(
+        yaml.safe_dump({**cfg, "topology": {"kind": "mesh2d", "rows": 3}})
+    )
     odd = {**cfg, "topology": {"kind": "fat_tree", "radix": 3}}
     (tmp_path / "radix.yaml").write_text(yaml.safe_dump(odd))
     hybrid = {**cfg, "parallelism": {"mode": "hybrid", "tp": 2}}
@@ -168,6 +171,11 @@ CASES = {
     "heterogeneity.links a mapping": (
         ["simulate", "links.yaml", "--no-save"],
         ["'heterogeneity.links' = {'0-1': 0.5}", "a list of mappings {src, dst, factor"],
+    ),
+    # one side of a 2D mesh: a divisor (it said "rows x cols = num_gpus (2); got 3 x 0")
+    "mesh2d rows 3 of 2 GPUs": (
+        ["simulate", "rows.yaml", "--no-save"],
+        ["'topology.rows' = 3", "a divisor of num_gpus (2)"],
     ),
     # a fat tree's switch: half its ports down, half up (radix 3 ran as radix 2)
     "fat_tree radix 3": (
