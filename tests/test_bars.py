@@ -171,3 +171,45 @@ def test_trace_prints_what_it_runs_while_it_runs(capsys, monkeypatch, tmp_path):
     lines = err.splitlines()
     assert lines[0].startswith("tracing resnet18: running the model ("), err
     assert lines[-1].startswith("tracing resnet18 done ("), err
+
+
+def test_import_and_export_print_what_they_run_while_they_run(capsys, monkeypatch, tmp_path):
+    """Issue 44 ("progress everywhere a run can take more than ~10 s: ... import, export"):
+    `import ET KINETO OUT` and `export-chakra` say what runs while it runs and when it is
+    done (before: nothing). Each stand-in sleeps; the heartbeat's interval is made short."""
+    import time as _time
+
+    import tracer.profile_import
+    import triosim.common.bars as bars
+    import triosim.simulation.chakra_export as chakra_export
+    from tests.conftest import run_cli
+    from triosim.trace.model import load
+
+    cfg, trace = _cli_config(tmp_path)
+    monkeypatch.setattr(bars.Heartbeat.__init__, "__defaults__", (0.05, None))
+
+    def slow_import(*a, **k):
+        _time.sleep(0.3)
+        t = load(trace)
+        t.metadata.update(profiled_step="ProfilerStep#2", batch_size_source="given")
+        return t
+
+    monkeypatch.setattr(tracer.profile_import, "import_profile", slow_import)
+    for name in ("a.et.json", "a.kineto.json"):
+        (tmp_path / name).write_text("{}")
+    pair = [tmp_path / "a.et.json", tmp_path / "a.kineto.json", tmp_path / "a.trace.json.gz"]
+    code, out, err = run_cli(capsys, "import", *pair, "--batch-size", "8")
+    assert code == 0, err
+    assert err.startswith("importing a.et.json: reading the Execution Trace"), err
+    assert err.splitlines()[-1].startswith("importing a.et.json done ("), err
+    real = chakra_export.export_chakra
+
+    def slow_export(*a, **k):
+        _time.sleep(0.3)
+        return real(*a, **k)
+
+    monkeypatch.setattr(chakra_export, "export_chakra", slow_export)
+    code, out, err = run_cli(capsys, "export-chakra", cfg, "--out", tmp_path / "ex")
+    assert code == 0, err
+    assert err.startswith("exporting tiny.yaml: simulating 2 GPUs and writing"), err
+    assert err.splitlines()[-1].startswith("exporting tiny.yaml done ("), err

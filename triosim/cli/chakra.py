@@ -50,7 +50,12 @@ def cmd_export_chakra(args) -> int:
     for s in args.set or []:
         set_field(data, *assignment(s))
     cfg = from_dict(data, base_dir=path.parent)
-    ex = export_chakra(cfg, args.out, prefix=args.prefix, force=args.force, inputs=(path,))
+    from triosim.common.bars import Heartbeat
+
+    # simulating and encoding thousands of ranks takes minutes: a line every 10 s says so
+    with Heartbeat(f"exporting {path.name}") as beat:
+        beat.stage(f"simulating {cfg.num_gpus:,} GPUs and writing their workloads")
+        ex = export_chakra(cfg, args.out, prefix=args.prefix, force=args.force, inputs=(path,))
     r = ex.result
     print(
         f"{cfg.parallelism.mode} on {len(ex.nodes)} GPUs: iteration time "

@@ -173,16 +173,19 @@ def _import_profile(args) -> int:
     except ConfigError as e:
         raise InputError(f"--gpu {args.gpu!r} is not in the catalogue: {e.allowed}") from None
     from tracer.profile_import import import_profile
+    from triosim.common.bars import Heartbeat
 
-    t = import_profile(
-        et,
-        kineto,
-        batch_size=args.batch_size,
-        gpu=gpu,
-        step=args.step,
-        cudnn_tf32=args.cudnn_tf32,
-        matmul_tf32=args.matmul_tf32,
-    )
+    with Heartbeat(f"importing {et.name}") as beat:  # a large model's pair: minutes
+        beat.stage("reading the Execution Trace and the Kineto profile")
+        t = import_profile(
+            et,
+            kineto,
+            batch_size=args.batch_size,
+            gpu=gpu,
+            step=args.step,
+            cudnn_tf32=args.cudnn_tf32,
+            matmul_tf32=args.matmul_tf32,
+        )
     try:
         save(t, out)
     except OSError as e:
