@@ -37,6 +37,22 @@ def test_off_a_terminal_a_line_every_interval_and_one_at_the_end(monkeypatch):
     assert "\r" not in out.getvalue()
 
 
+def test_the_last_count_is_not_repeated_on_close(monkeypatch):
+    """A line at the last point is the end: closing does not print the same count again
+    (a sweep's log ended `2/2 points (0:00:44)`, `2/2 points (0:00:55)`)."""
+    import triosim.common.bars as bars
+
+    clock = Clock()
+    monkeypatch.setattr(bars.time, "monotonic", clock)
+    out = io.StringIO()
+    for _ in bar(range(2), desc="sweep", unit="point", file=out, every=10.0):
+        clock.t += 11.0
+    assert out.getvalue().splitlines() == [
+        "sweep: 1/2 points (0:00:11)",
+        "sweep: 2/2 points (0:00:22)",
+    ]
+
+
 def test_a_short_run_writes_nothing_and_disabled_writes_nothing():
     out = io.StringIO()
     assert list(bar(range(3), desc="search", file=out)) == [0, 1, 2]
