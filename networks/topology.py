@@ -202,6 +202,8 @@ def fat_tree(n: int, bandwidth: float, latency: float = 0.0, radix: int = 64):
     """
     _check_count(n)
     _check_count(radix, "radix", 2)
+    if radix % 2:  # half the ports down, half up: an odd one would be dropped without a word
+        raise ConfigError("topology.radix", radix, "an even number of switch ports")
     down = radix // 2
     leaves = math.ceil(n / down)
     if leaves > radix:
@@ -493,6 +495,10 @@ def _grid(n, o) -> tuple[int, int]:
     rows, cols = o.rows, o.cols
     if rows is None and cols is None:
         rows = next(r for r in range(math.isqrt(n), 0, -1) if n % r == 0)
+    elif (rows is None) != (cols is None):  # one given: the other is num_gpus / it (was "3 x 0")
+        name, given = ("rows", rows) if cols is None else ("cols", cols)
+        if n % given:
+            raise ConfigError(f"topology.{name}", given, f"a divisor of num_gpus ({n})")
     rows = rows or n // cols
     cols = cols or n // rows
     if rows * cols != n:

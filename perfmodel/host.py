@@ -93,6 +93,30 @@ class HostOptions:
     trace_scale: float = option(1.0, gt=0, help="factor on the trace's host_time (source: trace)")
 
 
+def check_fields(o: HostOptions, given=None) -> None:
+    """Every field of a config's `host` section is read, or refused when set (off its
+    default): with model off nothing reads the others, and trace_scale scales only source
+    trace's times. `given`: the section as written, for the value as the user gave it."""
+    given = given if isinstance(given, dict) else {}
+    default = HostOptions()
+    if o.model == "off":
+        unused = ("source", "op_cost", "launch_latency", "kernel_gap", "trace_scale")
+    else:
+        unused = () if o.source == "trace" else ("trace_scale",)
+    for name in unused:
+        if getattr(o, name) != getattr(default, name):
+            why = (
+                "host.model off (nothing reads it): set model on or auto"
+                if o.model == "off"
+                else "host.source launches (it scales the trace's host times): set source trace"
+            )
+            raise ConfigError(
+                f"host.{name}",
+                given.get(name, getattr(o, name)),
+                f"unset with {why}, or leave it out",
+            )
+
+
 def runs_on_gpu(trace: Trace) -> bool:
     """Whether the trace's operators ran on (or were modelled for) a GPU, so that a host
     issued them: what `model: auto` turns the host model on for."""

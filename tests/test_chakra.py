@@ -808,17 +808,21 @@ def test_an_uneven_all_to_all_comes_back_with_its_per_pair_bytes(tmp_path):
         assert rows(back, g) == rows(ex.result, g), f"GPU {g}"
 
 
-def test_ring_attention_is_refused_naming_cp_comm_and_ulysses_exports(tmp_path):
+@pytest.mark.parametrize(
+    "mode, par", [("cp", {"cp": 2}), ("3d", {"dp": 2, "tp": 1, "pp": 1, "cp": 2})]
+)
+def test_ring_attention_is_refused_naming_cp_comm_and_ulysses_exports(tmp_path, mode, par):
     """Issue 44: ring attention's sends wait for both GPUs to reach each step (across
     ranks: no Chakra form); the export refuses it naming parallelism.cp_comm (it named
-    `parallelism.mode = ''`), and Ulysses (a2a) exports and comes back to the same time."""
+    `parallelism.mode = ''`), and Ulysses (a2a) exports and comes back to the same time;
+    in mode cp and in 3d with cp 2 (item 14 named both)."""
     from tests.test_context_parallel import attention_trace
 
     tr = attention_trace(b=2, s=256, H=8, d=64)
     with pytest.raises(ConfigError, match=r"parallelism\.cp_comm' = 'p2p'.*a2a"):
-        export_chakra({**config("cp", 4, cp=2), "batch_size": 2}, tmp_path / "p2p", trace=tr)
+        export_chakra({**config(mode, 4, **par), "batch_size": 2}, tmp_path / "p2p", trace=tr)
     ex = export_chakra(
-        {**config("cp", 4, cp=2, cp_comm="a2a"), "batch_size": 2}, tmp_path / "a2a", trace=tr
+        {**config(mode, 4, **par, cp_comm="a2a"), "batch_size": 2}, tmp_path / "a2a", trace=tr
     )
     back = Simulation(config("chakra", 4, path=str(tmp_path / "a2a"))).run()
     assert back.iteration_time == ex.result.iteration_time

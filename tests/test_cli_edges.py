@@ -655,10 +655,19 @@ def test_calibrate_op_that_contradicts_the_log(capsys, measured, tmp_path):
         "broadcast",
     )
     assert msg.startswith(f"error: --op broadcast: table 0 of {real} is all_reduce_perf's")
-    # a log that does not name its test (as `triosim collectives` prints it): fitted as
-    # all_reduce, and said so
+    # `triosim collectives` names its test in its header: a contradicting --op is refused
+    # (it was fitted as broadcast without a word)
     log, cfg = measured
-    code, _, err = triosim(capsys, "calibrate", log, "--config", cfg, "--out", tmp_path / "d.yaml")
+    msg = user_error(
+        capsys, "calibrate", log, "--config", cfg, "--out", tmp_path / "b.yaml", "--op", "broadcast"
+    )
+    assert msg.startswith(f"error: --op broadcast: table 0 of {log} is all_reduce_perf's")
+    # a log that does not name its test (that header cut off): fitted as all_reduce, and said so
+    unnamed = tmp_path / "unnamed.log"
+    unnamed.write_text("".join(log.read_text().splitlines(keepends=True)[1:]))
+    code, _, err = triosim(
+        capsys, "calibrate", unnamed, "--config", cfg, "--out", tmp_path / "d.yaml"
+    )
     assert code == 0 and "does not name its test: fitting table 0 as all_reduce" in err
 
 
@@ -807,9 +816,8 @@ def test_unclear_messages_of_issue_44_name_the_field_and_what_is_expected(capsys
     cfg = write(tmp_path, {"trace": str(TRACE), "num_gpus": 2, "parallelism": None}, "n.yaml")
     msg = user_error(capsys, "simulate", cfg, "--no-save")
     assert "'num_gpus' = 2" in msg and "name a mode" in msg
-    assert user_error(capsys, "simulate", tiny, "--out", "") == (
-        "error: --out '': a folder name (an empty one is none)"
-    )
+    msg = user_error(capsys, "simulate", tiny, "--out", "")  # (every command: test_bad_inputs)
+    assert "--out: '': a file or folder name (an empty one is none)" in msg
     import dataclasses
 
     (kind,) = [f for f in dataclasses.fields(PerfModelConfig) if f.name == "kind"]
@@ -855,11 +863,18 @@ def test_a_set_that_changes_the_mode_leaves_out_the_old_modes_fields_and_says_so
     assert "'parallelism.microbatches' = 2" in msg
 
 
-@pytest.mark.parametrize("command", ["simulate", "sweep", "export-chakra", "search", "calibrate"])
-def test_no_writer_writes_over_its_configs_trace_with_force(capsys, measured, tmp_path, command):
-    """Issue 44's property over the writing commands: the trace a config names, sitting
-    where the command writes (under the name it writes, for a folder's outputs), is never
-    written over, not even with --force: each refuses naming the input."""
+@pytest.mark.parametrize("input_kind", ["trace", "calibration"])
+@pytest.mark.parametrize(
+    "command",
+    ["simulate", "sweep", "export-chakra", "search", "calibrate", "compare", "train-time"],
+)
+def test_no_writer_writes_over_its_configs_trace_with_force(
+    capsys, measured, tmp_path, command, input_kind
+):
+    """Issue 44's property over the writing commands: the trace a config names, or another
+    input path of it (communication.calibration), sitting where the command writes (under
+    the name it writes, for a folder's outputs), is never written over, not even with
+    --force: each refuses naming the input."""
     import shutil
 
     log, _ = measured
@@ -872,13 +887,14 @@ def test_no_writer_writes_over_its_configs_trace_with_force(capsys, measured, tm
         "export-chakra": out / "comm_group.json",
         "search": out / "best.yaml",
         "calibrate": out / "calib.yaml",
+        "compare": out / "chart.png",
+        "train-time": out / "goodput.png",
     }[command]
     shutil.copy(TRACE, target)
-    if target.suffix == ".json":  # a plain JSON trace by that name
+    if target.suffix in (".json", ".png"):  # a plain JSON trace by that name
         import gzip
 
         target.write_bytes(gzip.decompress(TRACE.read_bytes()))
-    before = target.read_bytes()
     cfg = {
         "trace": str(target),
         "num_gpus": 2,
@@ -886,6 +902,11 @@ def test_no_writer_writes_over_its_configs_trace_with_force(capsys, measured, tm
         "parallelism": {"mode": "ddp"},
         **({"gpu": "A100-80GB", "topology": SYSTEM["topology"]} if command == "calibrate" else {}),
     }
+    if input_kind == "calibration":  # the NCCL model's calibration file by that name instead
+        target.write_text("tuning:\n  latency_scale: 1.0\n")
+        cfg["trace"] = str(TRACE)
+        cfg["communication"] = {"kind": "nccl", "calibration": str(target)}
+    before = target.read_bytes()
     path = write(tmp_path, cfg, "c.yaml")
     args = {
         "simulate": ["simulate", path, "--out", out, "--force"],
@@ -901,6 +922,8 @@ def test_no_writer_writes_over_its_configs_trace_with_force(capsys, measured, tm
         "export-chakra": ["export-chakra", path, "--out", out, "--force"],
         "search": ["search", path, "--out", target, "--force"],
         "calibrate": ["calibrate", log, "--config", path, "--out", target, "--force"],
+        "compare": ["compare", path, path, "--out", target, "--force"],
+        "train-time": ["train-time", path, "--tokens", "1e9", "--plot", target, "--force"],
     }[command]
     msg = user_error(capsys, *args)
     assert "input" in msg and "not even with --force" in msg, msg

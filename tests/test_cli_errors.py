@@ -89,7 +89,7 @@ def test_config_that_is_not_a_mapping_with_set(capsys, tmp_path):
     bad = tmp_path / "list.yaml"
     bad.write_text("- 1\n- 2\n")
     msg = user_error(capsys, "simulate", bad, "--set", "num_gpus=2")
-    assert "config field 'config'" in msg and "a mapping of fields" in msg
+    assert f"config file {bad}: [1, 2] is not a mapping of fields" in msg
 
 
 def test_set_without_equals(capsys, config):

@@ -457,6 +457,26 @@ def test_an_imported_language_models_batch_is_its_token_ids_first_dimension(run)
 
 
 @pytest.mark.skipif(PAIRS is None, reason="shared/gpu/et_pairs absent (set TRIOSIM_SHARED)")
+def test_import_says_an_inferred_batch_and_how_to_set_it(capsys, tmp_path):
+    """Issue 44 ("no guess without a word"): `triosim import ET KINETO OUT` without
+    --batch-size prints the batch it inferred, where from, and the flag that sets it; with
+    --batch-size, nothing of the kind."""
+    from tests.conftest import run_cli
+
+    tag = "llama3-8b-b1-s2048-l2"
+    pair = [PAIRS / f"{tag}.et.json.gz", PAIRS / f"{tag}.kineto.json.gz"]
+    code, out, err = run_cli(capsys, "import", *pair, tmp_path / "a.trace.json.gz")
+    assert code == 0, err
+    assert "batch size 1: inferred: first dimension of the first pre-existing integer" in out
+    assert "--batch-size sets it" in out
+    code, out, err = run_cli(
+        capsys, "import", *pair, tmp_path / "b.trace.json.gz", "--batch-size", "1"
+    )
+    assert code == 0, err
+    assert "batch size 1: inferred" not in out and "--batch-size sets it" not in out
+
+
+@pytest.mark.skipif(PAIRS is None, reason="shared/gpu/et_pairs absent (set TRIOSIM_SHARED)")
 @pytest.mark.parametrize("run", RUNS, ids=[r["tag"] for r in RUNS])
 def test_shared_pair_imports_and_replays(run):
     from triosim.config.loading import from_dict

@@ -81,7 +81,7 @@ def test_the_command_prints_percentiles_and_the_slowest_at_scale(capsys):
     assert "3 runs, 4 GPUs" in out and "P99" in out
     assert f"slowest of 16,384 GPUs    factor mean {slowest_factor(0.03, 16384):.4f}" in out
     code, _, err = run_cli(capsys, "variability", str(example), "--cv", "2")
-    assert code == 2 and "--cv 2.0: a coefficient of variation in [0, 1)" in err
+    assert code == 2 and "--cv: a coefficient of variation in [0, 1), got '2'" in err
 
 
 def test_persistent_stragglers_by_hand_and_by_order_statistics():

@@ -72,19 +72,30 @@ class Extrapolator:
         self.batch_size, self.gpu = batch_size, gpu
         self.graph = graph  # the topology (networkx), for modes that follow its links
         self.batch = batch_size if batch_size is not None else trace.batch_size
+        if batch_size is not None and not trace.batch_size and self.uses_trace:
+            # (it surfaced later as a per-GPU `batch_size = 2.0`, a value never written)
+            raise ConfigError(
+                "batch_size",
+                batch_size,
+                "none, or a trace whose metadata gives its batch size: operator times scale "
+                "from the traced batch, which this trace does not say (triosim import "
+                "--batch-size N records it)",
+            )
         self._times: dict = {}  # target -> {(op id, scale): seconds}, shared by all GPUs
         self.check()
 
     @classmethod
-    def load_options(cls, data: dict, where: str, elsewhere: dict, also: tuple = ()):
+    def load_options(
+        cls, data: dict, where: str, elsewhere: dict, also: tuple = (), owner: str | None = None
+    ):
         """This mode's options from the config section's mode-specific fields (`also`: the
-        section's common fields, for messages)."""
+        section's common fields, `owner`: whose they are, for messages)."""
         return schema.load(
             cls.Options,
             data,
             where,
             elsewhere=elsewhere,
-            owner=f"parallelism mode '{cls.name}'",
+            owner=owner or f"parallelism mode '{cls.name}'",
             also=also,
         )
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from triosim.cli.common import out_path
+
 
 def add_parser(subparsers) -> None:
     """Add `export-chakra` to triosim's sub-commands."""
@@ -21,7 +23,7 @@ def add_parser(subparsers) -> None:
         "MLCommons Chakra execution traces: OUT/<prefix>.<rank>.et and OUT/comm_group.json.",
     )
     p.add_argument("config", help="the config (YAML) to simulate and export")
-    p.add_argument("--out", required=True, help="folder to write the files into")
+    p.add_argument("--out", required=True, type=out_path, help="folder to write the files into")
     p.add_argument("--prefix", default="workload", help="file name prefix (default: workload)")
     p.add_argument(
         "--set",
@@ -48,7 +50,12 @@ def cmd_export_chakra(args) -> int:
     for s in args.set or []:
         set_field(data, *assignment(s))
     cfg = from_dict(data, base_dir=path.parent)
-    ex = export_chakra(cfg, args.out, prefix=args.prefix, force=args.force, inputs=(path,))
+    from triosim.common.bars import Heartbeat
+
+    # simulating and encoding thousands of ranks takes minutes: a line every 10 s says so
+    with Heartbeat(f"exporting {path.name}") as beat:
+        beat.stage(f"simulating {cfg.num_gpus:,} GPUs and writing their workloads")
+        ex = export_chakra(cfg, args.out, prefix=args.prefix, force=args.force, inputs=(path,))
     r = ex.result
     print(
         f"{cfg.parallelism.mode} on {len(ex.nodes)} GPUs: iteration time "

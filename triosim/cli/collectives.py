@@ -16,6 +16,7 @@ import argparse
 import math
 from pathlib import Path
 
+from triosim.cli.common import out_path
 from triosim.common.errors import InputError
 
 # -- what the commands' arguments take (triosim.cli.main uses these too) ----------------------------
@@ -259,7 +260,10 @@ def add_commands(sub) -> None:
     k.add_argument("log", help="nccl-tests output (MPI prefixes, NCCL INFO lines are fine)")
     k.add_argument("--config", required=True, help="YAML config describing the measured system")
     k.add_argument(
-        "--out", required=True, help="calibration YAML to write (never the log or the config)"
+        "--out",
+        required=True,
+        type=out_path,
+        help="calibration YAML to write (never the log or the config)",
     )
     k.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     k.add_argument("--op", choices=sorted(OPS), help="the test, if the log does not say")

@@ -4,9 +4,18 @@ over files of an earlier run without --force, only those files removed), and arg
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 from triosim.common.errors import InputError
+
+
+def out_path(text: str) -> str:
+    """argparse type of every output path (--out, --plot, import's OUT): a name. An empty
+    one would be Path(''), the working folder, which is never what an empty value meant."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: a file or folder name (an empty one is none)")
+    return text
 
 
 def parse_assignment(text: str) -> tuple[str, object]:
@@ -53,8 +62,6 @@ def out_folder(out, stem: str, force: bool) -> Path:
     out/<stem>/, else the first free out/<stem>-2/, -3/, ... Created and test-written now,
     before simulating, so that a finished run is never lost to an unwritable folder."""
     if out is not None:
-        if not str(out).strip():  # Path('') is '.': the working folder, not what was meant
-            raise InputError(f"--out {out!r}: a folder name (an empty one is none)")
         folder = Path(out)
         if folder.exists() and not folder.is_dir():
             raise InputError(f"--out {folder} is a file, expected a folder")
@@ -77,10 +84,15 @@ def writable(folder: Path) -> Path:
     return writable_folder(folder)
 
 
-def check_cv(cv: float, flag: str = "--cv") -> float:
-    """A variability's coefficient of variation (`--cv`, `--op-cv`, `--net-cv`), checked."""
+def cv_arg(text: str) -> float:
+    """argparse type of a variability's coefficient of variation (`--cv`, `--op-cv`,
+    `--net-cv`)."""
+    try:
+        cv = float(text)
+    except ValueError:
+        cv = math.nan
     if not 0 <= cv < 1:
-        raise InputError(f"{flag} {cv}: a coefficient of variation in [0, 1)")
+        raise argparse.ArgumentTypeError(f"a coefficient of variation in [0, 1), got {text!r}")
     return cv
 
 

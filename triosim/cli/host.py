@@ -50,13 +50,21 @@ def add_parser(subparsers) -> None:
 def cmd_fit_host(args) -> int:
     import functools
 
-    from triosim.common.errors import InputError
+    from triosim.common.errors import ConfigError, InputError
     from triosim.common.units import parse_seconds
     from triosim.studies.host_fit import fit_kernel_gap, fit_op_cost, fit_spread
     from triosim.trace.files import load_any_trace
 
-    measured = parse_seconds(args.measured, "measured")
+    measured = parse_seconds(args.measured, "--measured")
+    if not measured > 0:  # before loading the trace
+        raise ConfigError("--measured", args.measured, "a positive iteration time in seconds")
     trace = load_any_trace(args.trace)
+    device = str(trace.metadata.get("device") or "")
+    if device == "cpu":  # (a fit there ran and printed a cost no GPU run has)
+        raise InputError(
+            f"trace {args.trace}: device 'cpu'; fit-host needs a trace recorded on the GPU "
+            "machine (device cuda): on the CPU the operators ran on the host that issues them"
+        )
     kinds = ("regression", "learned", "roofline", "calibrated")
     if args.perfmodel is not None and args.perfmodel not in (*kinds, "trace"):
         raise InputError(f"--perfmodel {args.perfmodel!r}: one of {', '.join(kinds)}")
@@ -73,7 +81,12 @@ def cmd_fit_host(args) -> int:
         kind = args.perfmodel or "regression"
         fit = functools.partial(fit_op_cost, batch_size=args.batch_size, perfmodel=kind)
         at = f" at batch {args.batch_size} ({kind} operator model)"
-    value = fit(trace, measured)
+    try:
+        value = fit(trace, measured)
+    except ConfigError as e:  # the fit's argument is this command's --measured
+        if e.field != "measured":
+            raise
+        raise ConfigError("--measured", args.measured, e.allowed) from None
     print(
         f"host.{field} = {value * 1e6:.3f} us: the one-GPU replay of {args.trace}{at} then "
         f"takes {measured * 1e3:.3f} ms"

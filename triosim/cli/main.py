@@ -94,6 +94,13 @@ def main(argv=None) -> int:
     except TrioSimError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except MemoryError:  # (num_gpus 10,000,000 ended in a traceback after its note)
+        print(
+            "error: out of memory: this run needs more than the machine has (for a large "
+            "num_gpus: symmetry: auto simulates representatives, or fewer GPUs)",
+            file=sys.stderr,
+        )
+        return 1
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from triosim.cli.common import (
     device_name,
     nonnegative_int,
     out_folder,
+    out_path,
     positive_int,
     spare_inputs,
     with_fields_help,
@@ -172,16 +173,19 @@ def _import_profile(args) -> int:
     except ConfigError as e:
         raise InputError(f"--gpu {args.gpu!r} is not in the catalogue: {e.allowed}") from None
     from tracer.profile_import import import_profile
+    from triosim.common.bars import Heartbeat
 
-    t = import_profile(
-        et,
-        kineto,
-        batch_size=args.batch_size,
-        gpu=gpu,
-        step=args.step,
-        cudnn_tf32=args.cudnn_tf32,
-        matmul_tf32=args.matmul_tf32,
-    )
+    with Heartbeat(f"importing {et.name}") as beat:  # a large model's pair: minutes
+        beat.stage("reading the Execution Trace and the Kineto profile")
+        t = import_profile(
+            et,
+            kineto,
+            batch_size=args.batch_size,
+            gpu=gpu,
+            step=args.step,
+            cudnn_tf32=args.cudnn_tf32,
+            matmul_tf32=args.matmul_tf32,
+        )
     try:
         save(t, out)
     except OSError as e:
@@ -339,6 +343,7 @@ def simulate_arguments(sub) -> None:
     s.add_argument("config", help="YAML config (see examples/)")
     s.add_argument(
         "--out",
+        type=out_path,
         help="output folder (default: out/<config name>/, or out/<config name>-2/, "
         "-3/, ... when that one already holds files)",
     )
@@ -381,8 +386,12 @@ def import_arguments(sub) -> None:
         help="a folder holding trace.csv and tensor.csv (or the path of trace.csv, its "
         "tensor.csv beside it: both are needed), or the ET JSON",
     )
-    im.add_argument("out", help="output .trace.json or .trace.json.gz, or the Kineto JSON")
-    im.add_argument("profile_out", nargs="?", help="with an ET + Kineto pair: the output file")
+    im.add_argument(
+        "out", type=out_path, help="output .trace.json or .trace.json.gz, or the Kineto JSON"
+    )
+    im.add_argument(
+        "profile_out", nargs="?", type=out_path, help="with an ET + Kineto pair: the output file"
+    )
     im.add_argument(
         "--step",
         type=positive_int,
@@ -427,6 +436,7 @@ def trace_arguments(sub) -> None:
     t.add_argument(
         "--out",
         required=True,
+        type=out_path,
         help="output folder (the trace file's name is the "
         "model's and the batch's; an existing one is refused without --force)",
     )
@@ -493,6 +503,7 @@ def search_arguments(sub) -> None:
     se.add_argument(
         "--out",
         default="best.yaml",
+        type=out_path,
         help="where the best config goes (checked before the search; never the config)",
     )
     se.add_argument("--force", action="store_true", help="overwrite --out")

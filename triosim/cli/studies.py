@@ -10,6 +10,7 @@ from pathlib import Path
 
 from triosim.cli.common import (
     clear_earlier,
+    out_path,
     parse_assignment,
     positive_int,
     spare_inputs,
@@ -176,11 +177,19 @@ def cmd_sweep(args) -> int:
 # -- compare -----------------------------------------------------------------------------------------
 
 
-def _png_out(out, default: Path, force: bool) -> Path:
-    """Where a figure goes: --out (refused if it exists, unless --force), else `default`
-    or the first free NAME-2.png, -3.png, ... beside it."""
+def _png_out(out, default: Path, force: bool, inputs=()) -> Path:
+    """Where a figure goes: --out (refused if it is one of `inputs`, always, or exists,
+    unless --force), else `default` or the first free NAME-2.png, -3.png, ... beside it."""
+    from triosim.common.outputs import same_file
+
     if out is not None:
         path = Path(out)
+        for i in inputs:
+            if same_file(path, i):
+                raise InputError(
+                    f"--out {path} is the input {i}; name another file (an input is never "
+                    "overwritten, not even with --force)"
+                )
         if path.is_dir():
             raise InputError(f"--out {path} is a folder; name a .png file")
         if path.suffix.lower() != ".png":
@@ -202,16 +211,20 @@ def cmd_compare(args) -> int:
 
     if len(args.runs) < 2:
         raise InputError("compare needs two runs or more (configs or result folders)")
+    from triosim.config.inputs import input_files
+
+    inputs: list = []  # what the runs read: never the chart
     for a in args.runs:  # every mistake before the first simulation
         p = Path(a)
         if p.is_dir():
             if not (p / "summary.json").is_file():
                 raise InputError(f"{p} is a folder without summary.json: not a saved result")
+            inputs += list(p.iterdir())
         elif p.exists():
-            from_dict(read_yaml(p), base_dir=p.parent)
+            inputs += input_files(from_dict(read_yaml(p), base_dir=p.parent), p)
         else:
             raise InputError(f"{p} does not exist (give a config file or a result folder)")
-    png = _png_out(args.out, Path(), args.force) if args.out else None
+    png = _png_out(args.out, Path(), args.force, inputs) if args.out else None
     runs = [compare.load(a) for a in args.runs]
     print(compare.format_table(runs))
     if png is not None:
@@ -302,6 +315,7 @@ def sweep_arguments(sub) -> None:
     w.add_argument("grid", help="grid file (YAML): base, grid and/or zip")
     w.add_argument(
         "--out",
+        type=out_path,
         help="output folder (default: out/<grid name>/, resumed when it "
         "holds this grid's table, else out/<grid name>-2/, ...)",
     )
@@ -344,7 +358,7 @@ def compare_arguments(sub) -> None:
     c.add_argument(
         "runs", nargs="+", metavar="RUN", help="a config file or a result folder (two or more)"
     )
-    c.add_argument("--out", help="write a grouped bar chart to this PNG")
+    c.add_argument("--out", type=out_path, help="write a grouped bar chart to this PNG")
     c.add_argument("--force", action="store_true", help="overwrite the --out PNG if it exists")
     c.set_defaults(func=cmd_compare)
 
@@ -364,6 +378,7 @@ def plot_arguments(sub) -> None:
     )
     pl.add_argument(
         "--out",
+        type=out_path,
         help="PNG to write (default: plot-<what>.png in the folder, or "
         "plot-<what>-2.png, ... when it exists)",
     )

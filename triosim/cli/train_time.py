@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from triosim.cli.common import check_cv, nonnegative_int
+from triosim.cli.common import cv_arg, nonnegative_int, out_path
 from triosim.common.errors import InputError
 
 SUFFIX = {"k": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12}
@@ -61,7 +61,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a field")
     p.add_argument(
         "--cv",
-        type=float,
+        type=cv_arg,
         default=0.0,
         help="per-GPU compute variability (as `triosim variability`): the steps' mean over "
         "--runs seeded simulations is the step, their P50 and P99 printed; with --runs 0, "
@@ -70,23 +70,28 @@ def add_parser(subparsers) -> None:
     p.add_argument(
         "--runs",
         type=nonnegative_int,
-        default=20,
-        help="with --cv: simulations (0: the order statistics' step instead)",
+        help="with --cv: simulations (default 20; 0: the order statistics' step instead)",
     )
-    p.add_argument("--seed", type=int, default=0, help="with --cv: the draws' seed")
-    p.add_argument("--plot", help="PNG: goodput against the checkpoint interval")
+    p.add_argument("--seed", type=nonnegative_int, help="with --cv: the draws' seed (default 0)")
+    p.add_argument("--plot", type=out_path, help="PNG: goodput against the checkpoint interval")
     p.add_argument("--force", action="store_true", help="overwrite the --plot PNG if it exists")
     p.set_defaults(func=cmd_train_time)
 
 
 def cmd_train_time(args) -> int:
     from triosim.cli.common import config_with_sets
-    from triosim.common.units import parse_bandwidth, parse_seconds
+    from triosim.common import schema
     from triosim.results.memory import model_state_bytes
     from triosim.simulation.wiring import Simulation
     from triosim.studies.train_time import TrainTimeOptions, estimate
 
-    check_cv(args.cv)  # before the (long) simulations
+    for flag in ("runs", "seed"):  # without variability nothing is drawn: refused, not ignored
+        if getattr(args, flag) is not None and not args.cv:
+            raise InputError(
+                f"--{flag} {getattr(args, flag)}: only with --cv (the variability drawn)"
+            )
+    runs = 20 if args.runs is None else args.runs
+    seed = args.seed or 0
     cfg = config_with_sets(args.config, args.set)
     png = None
     if args.plot:
@@ -97,16 +102,19 @@ def cmd_train_time(args) -> int:
             raise InputError(f"--plot {args.plot}: name a .png file")
         png = check_output_file(args.plot, args.force, inputs=input_files(cfg, args.config))
     given = {"tokens": args.tokens}
-    for field, text, parse in (
-        ("mtbf_gpu", args.mtbf_gpu, parse_seconds),
-        ("mtbf_node", args.mtbf_node, parse_seconds),
-        ("mtbf_link", args.mtbf_link, parse_seconds),
-        ("storage_bandwidth", args.storage_bandwidth, parse_bandwidth),
-        ("restart", args.restart, parse_seconds),
-        ("checkpoint_interval", args.checkpoint_interval, parse_seconds),
+    for field in (
+        "mtbf_gpu",
+        "mtbf_node",
+        "mtbf_link",
+        "storage_bandwidth",
+        "restart",
+        "checkpoint_interval",
     ):
-        if text is not None:
-            given[field] = parse(text, "--" + field.replace("_", "-"))
+        text = getattr(args, field)
+        if text is not None:  # each by its option's unit and bounds (0 s MTBF was a math error)
+            given[field] = schema.convert_field(
+                TrainTimeOptions, field, text, "--" + field.replace("_", "-")
+            )
     o = TrainTimeOptions(**given)
     sim = Simulation(cfg)
     r = sim.run()
@@ -119,7 +127,7 @@ def cmd_train_time(args) -> int:
         )
     state = model_state_bytes(sim.trace, sim.config.memory)
     step = r.iteration_time
-    if args.cv and not args.runs:
+    if args.cv and not runs:
         from triosim.studies.variability import slowest_factor, uniform_step
 
         f = slowest_factor(args.cv, len(sim.gpus))
@@ -133,12 +141,12 @@ def cmd_train_time(args) -> int:
 
         from triosim.studies.variability import iteration_times
 
-        times, _, _ = iteration_times(cfg.to_dict(), args.cv, args.runs, args.seed, cfg.base_dir)
+        times, _, _ = iteration_times(cfg.to_dict(), args.cv, runs, seed, cfg.base_dir)
         step = float(times.mean())  # a run's steps add up: their mean (S is large)
         p50, p99 = np.percentile(times, [50, 99]) * 1e3
         print(
             f"step with cv {args.cv:g}       mean {step * 1e3:.4f} ms, P50 {p50:.4f}, P99 "
-            f"{p99:.4f} ({args.runs} runs; deterministic {r.iteration_time * 1e3:.4f})"
+            f"{p99:.4f} ({runs} runs; deterministic {r.iteration_time * 1e3:.4f})"
         )
     t = estimate(step, batch * seq, len(sim.gpus), state, o, nodes_of(sim))
     day = 86400.0

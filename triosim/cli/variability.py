@@ -8,7 +8,7 @@ network jitter, every link's bandwidth drawn per run (heterogeneity.op_cv / link
 
 from __future__ import annotations
 
-from triosim.cli.common import check_cv, config_with_sets, nonnegative_int
+from triosim.cli.common import config_with_sets, cv_arg, nonnegative_int, out_path
 
 
 def add_parser(subparsers) -> None:
@@ -22,17 +22,17 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument("config", help="the config (YAML) of one training iteration")
     p.add_argument(
-        "--cv", type=float, default=0.0, help="per-GPU compute coefficient of variation (0.03)"
+        "--cv", type=cv_arg, default=0.0, help="per-GPU compute coefficient of variation (0.03)"
     )
     p.add_argument(
         "--op-cv",
-        type=float,
+        type=cv_arg,
         default=0.0,
         help="per-operator coefficient of variation: each operator on each GPU drawn apart",
     )
     p.add_argument(
         "--net-cv",
-        type=float,
+        type=cv_arg,
         default=0.0,
         help="network jitter: each link's bandwidth / (1 + |N(0, cv)|), drawn per run",
     )
@@ -42,7 +42,7 @@ def add_parser(subparsers) -> None:
         default=50,
         help="simulations (default 50; 0: none, only the --at estimates)",
     )
-    p.add_argument("--seed", type=int, default=0, help="the draws' seed (default 0)")
+    p.add_argument("--seed", type=nonnegative_int, default=0, help="the draws' seed (default 0)")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a field")
     p.add_argument("--at", help="GPU counts for the order statistics, comma-separated")
     p.add_argument(
@@ -59,6 +59,7 @@ def add_parser(subparsers) -> None:
     )
     p.add_argument(
         "--plot",
+        type=out_path,
         help="PNG: the step's distribution at the config's size (the runs) and at each --at",
     )
     p.add_argument("--force", action="store_true", help="overwrite the --plot PNG if it exists")
@@ -74,13 +75,21 @@ def cmd_variability(args) -> int:
     from triosim.config.loading import read_yaml
     from triosim.studies.variability import iteration_times, slowest_factor, slowest_quantile
 
-    check_cv(args.cv)
-    check_cv(args.op_cv, "--op-cv")
-    check_cv(args.net_cv, "--net-cv")
     if not 0 <= args.slow < 1:
-        raise InputError(f"--slow {args.slow}: a fraction of the GPUs, 0 <= f < 1")
+        raise InputError(f"--slow {args.slow:g}: a fraction of the GPUs, 0 <= f < 1")
     if not args.slow_factor >= 1:
-        raise InputError(f"--slow-factor {args.slow_factor}: at least 1 (how much slower)")
+        raise InputError(f"--slow-factor {args.slow_factor:g}: at least 1 (how much slower)")
+    # each without the other slows nothing: refused rather than ignored
+    if args.slow_factor != 1 and not args.slow:
+        raise InputError(
+            f"--slow-factor {args.slow_factor:g}: only with --slow (the fraction of GPUs it "
+            "slows); without it no GPU is slower"
+        )
+    if args.slow and args.slow_factor == 1:
+        raise InputError(
+            f"--slow {args.slow:g}: with --slow-factor above 1 (how much slower those GPUs "
+            "compute); at the default 1 they are not slower"
+        )
     at = []
     for x in (args.at or "").split(","):
         if x.strip():
@@ -89,7 +98,7 @@ def cmd_variability(args) -> int:
             except ValueError:
                 at.append(0)
             if at[-1] < 1:
-                raise InputError(f"--at {args.at!r}: GPU counts such as 1024,16384")
+                raise InputError(f"--at {args.at!r}: GPU counts (integers >= 1) such as 1024,16384")
     path = Path(args.config)
     if not args.runs and not at:
         raise InputError("--runs 0 without --at: nothing to simulate")

@@ -48,7 +48,7 @@ class LineBar:
         self.file = file if file is not None else sys.stderr
         self.every = every
         self._t0 = self._last = time.monotonic()
-        self._wrote = False
+        self._wrote, self._shown = False, 0
 
     def __iter__(self):
         for x in self.iterable:
@@ -67,12 +67,12 @@ class LineBar:
         of = f"/{self.total}" if self.total is not None else ""
         took = datetime.timedelta(seconds=int(time.monotonic() - self._t0))
         print(f"{self.desc}: {self.n}{of} {self.unit}s ({took})", file=self.file, flush=True)
-        self._wrote = True
+        self._wrote, self._shown = True, self.n
 
     def close(self) -> None:
-        if self._wrote:
+        if self._wrote and self._shown != self.n:  # (a count already shown is not repeated)
             self._line()
-            self._wrote = False
+        self._wrote = False
 
     def __enter__(self):
         return self

@@ -38,7 +38,9 @@ class ConfigError(TrioSimError, ValueError):
         shown = repr(value)
         if len(shown) > 200:  # a 400-digit number or a pasted list: its start says enough
             shown = f"{shown[:80]}... ({len(shown)} characters)"
-        self.message = f"config field '{field}' = {shown} is not allowed: {allowed}"
+        # a command-line flag (`--measured`) is named as the user typed it, not as a field
+        what = f"{field} {shown}" if field.startswith("-") else f"config field '{field}' = {shown}"
+        self.message = f"{what} is not allowed: {allowed}"
         super().__init__(field, value, allowed)
 
 

@@ -114,6 +114,13 @@ def load(
     return instance
 
 
+def convert_field(cls, name: str, value, where: str):
+    """One field of options class `cls` from `value` (a command-line flag's text, say), by
+    the field's type, unit and bounds, as `load` does; `where` names it in an error."""
+    f = next(f for f in fields(cls) if f.name == name)
+    return convert(value, _hints(cls)[name], where, f.metadata)
+
+
 # objects `load` made (their values have been warned about) and whether `check` is
 # re-checking one: a run checks its options again in each part, and one implausible value
 # is one warning, not one per part
@@ -180,7 +187,7 @@ def convert(value, tp, where: str, md=None):
         return [convert(v, item, f"{where}[{k}]") for k, v in enumerate(value)]
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
-            raise ConfigError(where, value, "a mapping")
+            raise ConfigError(where, value, describe_type(tp, md))
         if not args:
             return dict(value)
         kt, vt = args
@@ -265,10 +272,21 @@ def describe_type(tp, md=None) -> str:
         return "true or false"
     if tp is str:
         return "a non-empty string"
+    # a container says what it holds (and the field's help): "a list" alone said too little
+    about = f" ({md['help']})" if md.get("help") else ""
     if origin is list or tp is list:
-        return "a list"
+        if not args:
+            return "a list" + about
+        if dataclasses.is_dataclass(args[0]):
+            names = ", ".join(f.name for f in fields(args[0]) if f.init)
+            return f"a list of mappings {{{names}}}" + about
+        return f"a list, each {describe_type(args[0])}" + about
+    if (origin is dict or tp is dict) and args:
+        bounds_only = {k: v for k, v in md.items() if k != "help"}  # the values' unit, bounds
+        key, value = describe_type(args[0]), describe_type(args[1], bounds_only)
+        return f"a mapping, each key {key} and value {value}{about}"
     if origin is dict or tp is dict or dataclasses.is_dataclass(tp):
-        return "a mapping"
+        return "a mapping" + about
     return "any value"
 
 

@@ -20,8 +20,9 @@ from typing import Literal
 import yaml
 
 from perfmodel.host import HostOptions
+from perfmodel.host import check_fields as check_host_fields
 from triosim.common import schema
-from triosim.common.errors import ConfigError
+from triosim.common.errors import ConfigError, InputError
 from triosim.common.schema import option
 from triosim.common.yaml_text import parse_yaml  # noqa: F401  (re-exported: its old home)
 from triosim.config.heterogeneity import Heterogeneity
@@ -329,6 +330,7 @@ def from_dict(data: dict, base_dir=".") -> Config:
         also=tuple(sections),  # a misspelt section gets its "did you mean" too
     )
     cfg = Config(**{f.name: getattr(top, f.name) for f in fields(TopLevel)}, base_dir=str(base_dir))
+    check_host_fields(cfg.host, top_data.get("host"))
     cfg.gpus = _define_gpus(cfg.gpus)
     if cfg.gpu is not None:
         from triosim.hardware import catalogue as hardware
@@ -437,15 +439,17 @@ def set_field(data: dict, dotted: str, value) -> None:
     node[parts[-1]] = value
 
 
-def read_yaml(path) -> dict:
-    """A config file's mapping; every way a file can be wrong is a clear error."""
+def read_yaml(path, what: str = "config file") -> dict:
+    """A config file's mapping (`what`: the kind of file, for messages); every way a file
+    can be wrong is a clear error."""
     from triosim.trace.files import read_text
 
-    data = parse_yaml(read_text(path, "config file"), f"config file {path}")
+    data = parse_yaml(read_text(path, what), f"{what} {path}")
     if data is None:
         return {}
-    if not isinstance(data, dict):
-        raise ConfigError("config", data, "a mapping of fields")
+    if not isinstance(data, dict):  # (it said `config field 'config'`, naming no file)
+        shown = repr(data) if len(repr(data)) <= 80 else f"{repr(data)[:80]}..."
+        raise InputError(f"{what} {path}: {shown} is not a mapping of fields (field: value lines)")
     return data
 
 

@@ -14,6 +14,8 @@ from triosim.common.errors import ConfigError
 
 # the field of a section that selects its part
 SELECTORS = {"parallelism": "mode", "topology": "kind", "network": "kind", "perfmodel": "kind"}
+# and of a section whose other fields it turns off (host.model off reads none of them)
+SWITCHES = {**SELECTORS, "host": "model"}
 
 
 def with_overrides(base: dict, overrides: dict, base_dir) -> tuple:
@@ -36,7 +38,7 @@ def with_overrides(base: dict, overrides: dict, base_dir) -> tuple:
 
 def _drop(data: dict, base: dict, overrides: dict, dotted: str) -> bool:
     section, _, name = dotted.partition(".")
-    selector = SELECTORS.get(section)
+    selector = SWITCHES.get(section)
     key = f"{section}.{selector}"
     changed = key in overrides and overrides[key] != (base.get(section) or {}).get(selector)
     own = data.get(section)

@@ -225,7 +225,9 @@ def parse(text: str, op: str | None = None) -> list[Table]:
             cur.meta[k.strip()] = v.strip()
             continue
         m = _TEST.search(s)
-        if m and ("Collective test starting" in s or s.startswith("#!") or "./" in s):
+        # (triosim collectives' header names its test too: `# triosim collectives: X_perf`)
+        starts = s.startswith(("#!", "# triosim collectives:"))
+        if m and ("Collective test starting" in s or starts or "./" in s):
             if cur.rows:
                 close()
             cur.op = op or m.group(1)

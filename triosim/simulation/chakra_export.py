@@ -90,8 +90,8 @@ def export_chakra(
             "a mode whose iterations the runtime drives (this one waits for k of n events, "
             "which Chakra's dependencies cannot say)",
         )
-    if not prefix or "/" in prefix or "\\" in prefix:
-        raise InputError(f"Chakra file prefix {prefix!r}: give a plain name")
+    if not prefix.strip() or "/" in prefix or "\\" in prefix or prefix in (".", ".."):
+        raise InputError(f"Chakra file prefix {prefix!r}: give a plain name (not a folder's)")
     names = [f"{prefix}.{r}.et" for r in range(len(sim.gpus))] + [et.GROUPS_FILE]
     earlier = [n for n in written_before(out, KIND) if n not in names] if force else []
     _check_targets(out, names, earlier, [*inputs, *_inputs(sim)])

@@ -79,7 +79,7 @@ class GridSpec:
 def read_grid(path, sets=()) -> GridSpec:
     """Read a grid file; `sets` are (field, value) overrides of the base config."""
     path = Path(path)
-    data = read_yaml(path)
+    data = read_yaml(path, "grid file")
     unknown = sorted(set(data) - set(GRID_KEYS))
     if unknown:
         raise InputError(

@@ -197,7 +197,14 @@ class Hybrid(MeshMode):
                 f"{where}.inner", o.inner, f"a mode that hybrid replicates: {', '.join(allowed)}"
             )
         rest = {k: v for k, v in data.items() if k not in own}
-        inner = inner_cls.load_options(rest, where, elsewhere, also=(*also, "dp", "inner"))
+        # (a field of neither is named as hybrid's, not as the inner mode's alone)
+        inner = inner_cls.load_options(
+            rest,
+            where,
+            elsewhere,
+            also=(*also, "dp", "inner"),
+            owner=f"parallelism mode 'hybrid' with inner '{o.inner}'",
+        )
         return dataclasses.replace(o, inner_options=inner)
 
     def check(self):
