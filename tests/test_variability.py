@@ -210,7 +210,7 @@ def test_the_command_takes_operator_and_network_draws(capsys):
     assert code == 0, err
     assert "2 runs, 4 GPUs, compute cv 0 per GPU, 0.05 per operator, links cv 0.1" in out
     code, _, err = run_cli(capsys, "variability", str(example), "--op-cv", "1.5")
-    assert code == 2 and "--op-cv 1.5: a coefficient of variation in [0, 1)" in err
+    assert code == 2 and "argument --op-cv: a coefficient of variation in [0, 1), got '1.5'" in err
 
 
 @pytest.mark.parametrize("field", ["op_cv", "link_cv"])
