@@ -182,3 +182,67 @@ def test_a_changed_number_fails(tmp_path, monkeypatch):
     monkeypatch.chdir(work)
     with pytest.raises(pytest.fail.Exception, match=r"(?s)README.md:\d+: .*71\.5551 ms"):
         run_page(bad, work)
+
+
+def all_yaml_blocks():
+    """(where, text) of every ```yaml block in the pages, marked or not."""
+    out = []
+    for path in PAGES:
+        lines = path.read_text().split("\n")
+        for i, line in enumerate(lines):
+            if re.match(r"^\s*```yaml\b", line):
+                indent = len(line) - len(line.lstrip())
+                end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "```")
+                body = "\n".join(x[indent:] for x in lines[i + 1 : end])
+                out.append((f"{path.relative_to(ROOT)}:{i + 1}", body))
+    return out
+
+
+YAML_BLOCKS = all_yaml_blocks()
+
+
+class _NoDuplicates(__import__("yaml").SafeLoader):
+    """A YAML loader that refuses a key given twice in one mapping (YAML keeps the last)."""
+
+
+def _mapping(loader, node, deep=False):
+    keys = [loader.construct_object(k, deep=deep) for k, _ in node.value]
+    dup = {k for k in keys if keys.count(k) > 1}
+    assert not dup, f"line {node.start_mark.line + 1}: {sorted(dup)} given twice"
+    return loader.construct_mapping(node, deep)
+
+
+_NoDuplicates.add_constructor(
+    __import__("yaml").resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping
+)
+
+
+@pytest.mark.parametrize("where, text", YAML_BLOCKS, ids=[w for w, _ in YAML_BLOCKS])
+def test_every_yaml_example_is_a_valid_config(where, text, tmp_path):
+    """Every YAML example in the docs, run or not, is what the loader takes: a whole config
+    or a part of one (its sections checked field by field, units and bounds included, on a
+    config with a placeholder trace), or a sweep's grid file (its base and every point);
+    no key given twice (YAML would keep the last without a word)."""
+    import yaml
+
+    from triosim.config.loading import from_dict
+
+    data = yaml.load(text, Loader=_NoDuplicates)  # noqa: S506 (a safe loader's subclass)
+    assert isinstance(data, dict), f"{where}: a mapping of config fields"
+    if "grid" in data or "zip" in data:  # a sweep's grid file, where the examples' are
+        from triosim.studies.sweep import points, read_grid
+
+        (tmp_path / "sweeps").mkdir()
+        for f in (ROOT / "examples").glob("*.yaml"):
+            (tmp_path / f.name).write_text(f.read_text().replace("../traces", str(ROOT / "traces")))
+        grid = tmp_path / "sweeps" / "grid.yaml"
+        grid.write_text(text)
+        spec = read_grid(grid)
+        assert points(spec.base, spec.grid, spec.zipped, spec.base_dir, spec.grid_dir)
+        return
+    mode = (data.get("parallelism") or {}).get("mode")
+    cfg = data if mode == "chakra" else {"trace": "placeholder.trace.json", **data}
+    try:
+        from_dict(cfg, base_dir=ROOT / "examples")
+    except Exception as e:  # the message names the field
+        pytest.fail(f"{where}: {e}", pytrace=False)
