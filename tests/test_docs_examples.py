@@ -116,9 +116,18 @@ def _console(where: str, text: str) -> None:
 
 
 def _python(code: str) -> str:
+    import sys
+    import types
+
+    # a module of its own, as a script's: dataclasses look their class's module up
+    module = types.ModuleType("__doc_example__")
+    sys.modules[module.__name__] = module
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        exec(compile(code, "<doc example>", "exec"), {"__name__": "__doc_example__"})
+    try:
+        with contextlib.redirect_stdout(buf):
+            exec(compile(code, "<doc example>", "exec"), module.__dict__)
+    finally:
+        del sys.modules[module.__name__]
     return buf.getvalue()
 
 
@@ -152,7 +161,8 @@ MARKED = [p for p in PAGES if any(b.mark == RUN for b in blocks(p))]
 
 
 @pytest.mark.parametrize("path", MARKED, ids=[str(p.relative_to(ROOT)) for p in MARKED])
-def test_page_examples(path, tmp_path, monkeypatch):
+def test_page_examples(path, tmp_path, monkeypatch, scratch_registries):
+    # (a page may register a part of its own, docs/extending.md a network: gone after it)
     monkeypatch.chdir(tmp_path)
     assert run_page(path, tmp_path) > 0
 
