@@ -147,7 +147,7 @@ def configuration_page() -> str:
     from triosim.common import schema
     from triosim.config.loading import TopLevel, _sections
     from triosim.hardware import catalogue
-    from triosim.hardware.custom import GPUSpec
+    from triosim.hardware.custom import SHIPPED, GPUSpec
 
     out = [
         GENERATED,
@@ -205,7 +205,8 @@ def configuration_page() -> str:
         "| name | also | memory GB | memory TB/s | float32 | tf32 | bfloat16 | float16 | float8 |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for g in sorted(catalogue.GPUS.values(), key=lambda g: g.name):
+    # the shipped GPUs: a config's own (`gpus:`) enter the catalogue of the process that ran it
+    for g in sorted((catalogue.GPUS[n] for n in SHIPPED), key=lambda g: g.name):
         peaks = [
             f"{g.peak_flops[m] / 1e12:g}" if m in g.peak_flops else ""
             for m in ("float32", "tf32", "bfloat16", "float16", "float8")

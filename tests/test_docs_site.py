@@ -107,3 +107,18 @@ def test_architecture_figure_counts_the_tree():
     assert drawn.keys() == now.keys()
     far = {m: (drawn[m], now[m]) for m in now if abs(drawn[m] - now[m]) > 0.25 * now[m]}
     assert not far, f"docs/img/architecture.png is stale (drawn, now): {far}"
+
+
+def test_the_reference_lists_the_shipped_gpus_only():
+    """A GPU a config defined earlier in the same process (`gpus:`, entered in the
+    catalogue) is not in the reference: the page depends on the code, not on what ran."""
+    from triosim.hardware import catalogue
+    from triosim.hardware.custom import GPUSpec, define
+
+    define(GPUSpec(name="doc-test-gpu", base="H100-SXM"))
+    try:
+        page = gen_reference.render("reference/configuration.md")
+    finally:
+        del catalogue.GPUS["doc-test-gpu"]
+    assert "doc-test-gpu" not in page and "`H100-SXM`" in page
+    assert page == (ROOT / "docs" / "reference" / "configuration.md").read_text()
