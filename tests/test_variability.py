@@ -291,3 +291,21 @@ def test_the_command_plots_the_step_at_scale(capsys, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"wrote {png}" in out
     code, _, err = run_cli(capsys, "variability", str(path), "--runs", "0")
     assert code == 2 and "--runs 0 without --at" in err
+
+
+def test_each_runs_slowest_gpu_is_the_one_with_the_largest_draw(capsys):
+    """Mode dp with per-GPU draws: a run's GPU with the most compute is the one drawn
+    slowest (the others wait for it at the all-reduce), and the command names the GPUs
+    most often slowest."""
+    slowest: list = []
+    _, drawn, gpus = iteration_times(
+        CFG, 0.05, 6, seed=3, trace=chain_trace(batch=16), slowest=slowest
+    )
+    assert slowest == [gpus[int(np.argmax(row))] for row in drawn]
+    from tests.conftest import run_cli
+
+    example = Path(__file__).resolve().parents[1] / "examples" / "ddp.yaml"
+    code, out, err = run_cli(capsys, "variability", str(example), "--cv", "0.03", "--runs", "4")
+    assert code == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("slowest GPUs (most compute)"))
+    assert line.count("of 4 runs") >= 1

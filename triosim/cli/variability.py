@@ -128,6 +128,7 @@ def cmd_variability(args) -> int:
         *slow,
         op_cv=args.op_cv,
         link_cv=args.net_cv,
+        slowest=(slowest := []),
     )
     ms = times * 1e3
     p50, p90, p99 = np.percentile(ms, [50, 90, 99])
@@ -143,6 +144,14 @@ def cmd_variability(args) -> int:
     print(
         f"iteration ms             mean {ms.mean():.4f}  P50 {p50:.4f}  P90 {p90:.4f}  P99 {p99:.4f}"
     )
+    if args.cv or args.op_cv or args.slow:
+        from collections import Counter
+
+        most = Counter(slowest).most_common(3)
+        print(
+            "slowest GPUs (most compute)  "
+            + ", ".join(f"GPU {g} in {n} of {args.runs} runs" for g, n in most)
+        )
     for n in [len(gpus), *at]:
         print(
             f"slowest of {n:,} GPUs    factor mean {slowest_factor(args.cv, n, *slow):.4f}  "

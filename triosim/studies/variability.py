@@ -148,8 +148,11 @@ def iteration_times(
     slow_factor: float = 1.0,
     op_cv: float = 0.0,
     link_cv: float = 0.0,
+    slowest: list | None = None,
 ):
-    """(iteration times of `runs` seeded draws, the compute factors drawn, GPU ids); with
+    """(iteration times of `runs` seeded draws, the compute factors drawn, GPU ids); a list
+    given as `slowest` gets each run's GPU with the most compute time (the one the others
+    wait for where compute ends in a collective); with
     `op_cv` / `link_cv`, run k also draws every operator's time and every link's bandwidth
     (heterogeneity.op_cv / link_cv with draw k; the config's seed + `seed` as their seed)."""
     from triosim.config.loading import from_dict
@@ -176,5 +179,8 @@ def iteration_times(
             het.update(op_cv=op_cv, link_cv=link_cv, draw=k)
             cfg["seed"] = int(cfg.get("seed") or 0) + seed
         cfg["symmetry"] = "off"  # the GPUs differ now
-        out[k] = build(cfg).run().iteration_time
+        result = build(cfg).run()
+        out[k] = result.iteration_time
+        if slowest is not None:
+            slowest.append(result.per_gpu()["compute"].idxmax())
     return out, drawn, gpus
