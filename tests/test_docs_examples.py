@@ -72,7 +72,7 @@ def matches(expected: str, actual: str) -> bool:
         if line == "...":
             parts.append(r"(?:[^\n]*\n)*?")
         else:
-            parts.append(".*?".join(map(re.escape, line.split("..."))) + r"\n")
+            parts.append(r"[^\n]*?".join(map(re.escape, line.split("..."))) + r"\n")
     text = "\n".join(x.rstrip() for x in actual.rstrip("\n").split("\n")) + "\n"
     return re.fullmatch("".join(parts), text, flags=re.DOTALL) is not None
 
@@ -178,6 +178,8 @@ def test_matching():
     assert not matches("a 1.5 ms", "a 1.6 ms")
     assert matches("head\n...\ntail", "head\nx\ny\ntail")
     assert not matches("head\ntail", "head\nx\ntail")
+    # an in-line `...` stays on its line (it spanned lines under DOTALL)
+    assert not matches("iteration ... ms", "iteration 1 ms\nextra line\nanother 2 ms")
 
 
 def test_a_changed_number_fails(tmp_path, monkeypatch):

@@ -68,6 +68,11 @@ def cmd_fit_host(args) -> int:
     kinds = ("regression", "learned", "roofline", "calibrated")
     if args.perfmodel is not None and args.perfmodel not in (*kinds, "trace"):
         raise InputError(f"--perfmodel {args.perfmodel!r}: one of {', '.join(kinds)}")
+    if args.batch_size is not None and args.perfmodel == "trace":
+        raise InputError(
+            f"--perfmodel trace with --batch-size {args.batch_size}: the trace's own times are "
+            f"of its own batch; name a model that scales them: {', '.join(kinds)}"
+        )
     if args.batch_size is None and args.perfmodel not in (None, "trace"):
         raise InputError(
             f"--perfmodel {args.perfmodel}: with --batch-size (at the trace's batch its own "

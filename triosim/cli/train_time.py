@@ -90,6 +90,8 @@ def cmd_train_time(args) -> int:
             raise InputError(
                 f"--{flag} {getattr(args, flag)}: only with --cv (the variability drawn)"
             )
+    if args.runs == 0 and args.seed is not None:
+        raise InputError(f"--seed {args.seed}: only with seeded runs (--runs 0 draws nothing)")
     runs = 20 if args.runs is None else args.runs
     seed = args.seed or 0
     cfg = config_with_sets(args.config, args.set)

@@ -42,7 +42,7 @@ def add_parser(subparsers) -> None:
         default=50,
         help="simulations (default 50; 0: none, only the --at estimates)",
     )
-    p.add_argument("--seed", type=nonnegative_int, default=0, help="the draws' seed (default 0)")
+    p.add_argument("--seed", type=nonnegative_int, help="the draws' seed (default 0)")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="override a field")
     p.add_argument("--at", help="GPU counts for the order statistics, comma-separated")
     p.add_argument(
@@ -73,7 +73,12 @@ def cmd_variability(args) -> int:
 
     from triosim.common.errors import InputError
     from triosim.config.loading import read_yaml
-    from triosim.studies.variability import iteration_times, slowest_factor, slowest_quantile
+    from triosim.studies.variability import (
+        effective_cv,
+        iteration_times,
+        slowest_factor,
+        slowest_quantile,
+    )
 
     if not 0 <= args.slow < 1:
         raise InputError(f"--slow {args.slow:g}: a fraction of the GPUs, 0 <= f < 1")
@@ -102,8 +107,18 @@ def cmd_variability(args) -> int:
     path = Path(args.config)
     if not args.runs and not at:
         raise InputError("--runs 0 without --at: nothing to simulate")
+    if not args.runs and args.seed is not None:
+        raise InputError(f"--seed {args.seed}: only with seeded runs (--runs 0 draws nothing)")
+    if not args.runs and args.net_cv:
+        raise InputError(
+            f"--net-cv {args.net_cv:g}: only with seeded runs; the step at scale (--runs 0 "
+            "--at) has no network jitter in it"
+        )
+    seed = args.seed or 0
     slow = (args.slow, args.slow_factor)
     config = read_yaml(path) if not args.set else config_with_sets(path, args.set).to_dict()
+    own = config.get("heterogeneity") or {}
+    op_cv, net_cv = args.op_cv or own.get("op_cv") or 0.0, args.net_cv or own.get("link_cv") or 0.0
     png = None
     if args.plot:
         from triosim.common.outputs import check_output_file
@@ -116,35 +131,41 @@ def cmd_variability(args) -> int:
             raise InputError("--plot draws the step at the --at GPU counts: give --at")
         cfg = from_dict(config, base_dir=path.parent)
         png = check_output_file(args.plot, args.force, inputs=input_files(cfg, path), what="--plot")
+    det, cv = None, args.cv
+    if at or op_cv:  # the deterministic step, and a GPU's compute cv with operator draws
+        det = _deterministic(config, path.parent)
+        tl = det.timeline
+        mine = tl[(tl.gpu == det.gpus[0]) & (tl.kind == "compute") & (tl.iteration == 0)]
+        cv = effective_cv(args.cv, op_cv, (mine.end - mine.start).to_numpy())
     if not args.runs:
-        return _at_scale(config, path.parent, args, at, slow, png=png)
+        return _at_scale(config, path.parent, det, cv, at, slow, png=png)
     times, _, gpus = iteration_times(
         config,
         args.cv,
         args.runs,
-        args.seed,
+        seed,
         path.parent,
         None,
         *slow,
-        op_cv=args.op_cv,
-        link_cv=args.net_cv,
+        op_cv=op_cv,
+        link_cv=net_cv,
         slowest=(slowest := []),
     )
     ms = times * 1e3
     p50, p90, p99 = np.percentile(ms, [50, 90, 99])
     drawn = f"compute cv {args.cv:g} per GPU"
-    if args.op_cv:
-        drawn += f", {args.op_cv:g} per operator"
-    if args.net_cv:
-        drawn += f", links cv {args.net_cv:g}"
-    print(f"{args.runs} runs, {len(gpus)} GPUs, {drawn} (seed {args.seed})")
+    if op_cv:
+        drawn += f", {op_cv:g} per operator"
+    if net_cv:
+        drawn += f", links cv {net_cv:g}"
+    print(f"{args.runs} runs, {len(gpus)} GPUs, {drawn} (seed {seed})")
     if args.slow:
         k = round(args.slow * len(gpus))
         print(f"persistent stragglers     {k} of {len(gpus)} GPUs x {args.slow_factor:g}")
     print(
         f"iteration ms             mean {ms.mean():.4f}  P50 {p50:.4f}  P90 {p90:.4f}  P99 {p99:.4f}"
     )
-    if args.cv or args.op_cv or args.slow:
+    if args.cv or op_cv or args.slow:
         from collections import Counter
 
         most = Counter(slowest).most_common(3)
@@ -154,31 +175,38 @@ def cmd_variability(args) -> int:
         )
     for n in [len(gpus), *at]:
         print(
-            f"slowest of {n:,} GPUs    factor mean {slowest_factor(args.cv, n, *slow):.4f}  "
-            f"P99 {slowest_quantile(args.cv, n, 0.99, *slow):.4f}"
+            f"slowest of {n:,} GPUs    factor mean {slowest_factor(cv, n, *slow):.4f}  "
+            f"P99 {slowest_quantile(cv, n, 0.99, *slow):.4f}"
         )
     if at:
-        _at_scale(config, path.parent, args, at, slow, times, png)
+        if net_cv:
+            print("(the step at scale below has no network jitter in it: compute draws only)")
+        _at_scale(config, path.parent, det, cv, at, slow, times, png)
     return 0
 
 
-def _at_scale(config: dict, base_dir, args, at, slow, runs=None, png=None) -> int:
-    """The step at each --at GPU count: the config with every GPU at the slowest-of-N
-    factor's mean and P99 (triosim.studies.variability.uniform_step; an upper bound except
-    where compute ends in a collective all GPUs wait for)."""
+def _deterministic(config: dict, base_dir):
+    """The config's run without its draws (op_cv, link_cv): the step every draw varies."""
+    import copy
+
     from triosim.config.loading import from_dict
     from triosim.simulation.wiring import Simulation
-    from triosim.studies.variability import (
-        effective_cv,
-        slowest_factor,
-        slowest_quantile,
-        uniform_step,
-    )
 
-    det = Simulation(from_dict(config, base_dir=base_dir)).run()
-    tl = det.timeline
-    mine = tl[(tl.gpu == det.gpus[0]) & (tl.kind == "compute")]
-    cv = effective_cv(args.cv, args.op_cv, (mine.end - mine.start).to_numpy())
+    cfg = copy.deepcopy(config)
+    het = dict(cfg.get("heterogeneity") or {})
+    for name in ("op_cv", "link_cv", "draw"):
+        het.pop(name, None)
+    cfg["heterogeneity"] = het
+    return Simulation(from_dict(cfg, base_dir=base_dir)).run()
+
+
+def _at_scale(config: dict, base_dir, det, cv, at, slow, runs=None, png=None) -> int:
+    """The step at each --at GPU count: the config with every GPU at the slowest-of-N
+    factor's P50, mean and P99 (triosim.studies.variability.uniform_step; an upper bound
+    except where compute ends in a collective all GPUs wait for); `det` the deterministic
+    run, `cv` a GPU's compute cv (its operator draws included)."""
+    from triosim.studies.variability import slowest_factor, slowest_quantile, uniform_step
+
     print(
         f"deterministic iteration  {det.iteration_time * 1e3:.4f} ms ({len(det.gpus):,} GPUs); "
         f"a GPU's compute cv {cv:.4g}"

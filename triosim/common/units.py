@@ -30,7 +30,10 @@ _PREFIX = {
 }
 BYTES = {p + "B": v for p, v in _PREFIX.items()}
 BITS = {p + "b": v / 8 for p, v in _PREFIX.items() if "i" not in p}  # in bytes
-SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "ps": 1e-12}
+SECONDS = {
+    **{"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "ps": 1e-12},
+    **{"min": 60.0, "h": 3600.0, "d": 86400.0},  # a training run's times (train-time)
+}
 RATES = {**{k + "/s": v for k, v in BYTES.items()}, **{k + "/s": v for k, v in BITS.items()}}
 
 _RE = re.compile(
@@ -148,6 +151,13 @@ PLAUSIBLE = {
         "one hop is ~100 ns (NVLink) to ~10 us (Ethernet), a launch "
         "or pipeline step ~1-10 us, an optical circuit set-up ~10 us to ~25 ms (MEMS)",
     ),
+    "duration": (
+        1.0,
+        3.2e9,
+        3600.0,
+        "a training run's times run from seconds (a restart, a checkpoint) to years (a GPU's "
+        "mean time between failures, thousands of days)",
+    ),
     "bytes": (
         1e3,
         1e13,
@@ -179,6 +189,7 @@ _SUGGEST = {
 _NAMES = {
     "bandwidth": "bandwidth",
     "seconds": "time",
+    "duration": "duration",
     "bytes": "size",
     "factor": "factor",
     "flops": "FLOP/s",

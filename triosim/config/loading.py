@@ -349,6 +349,11 @@ def from_dict(data: dict, base_dir=".") -> Config:
     if isinstance(edges, list):
         _once_each(edges, "topology.edges", both=True, what="entry")
     _once_each(cfg.heterogeneity.links, "heterogeneity.links", both=False, what="slow-down")
+    het = cfg.heterogeneity
+    if het.draw and not (het.op_cv or het.link_cv):  # a draw of nothing: refused, not ignored
+        raise ConfigError(
+            "heterogeneity.draw", het.draw, "0 without op_cv or link_cv (nothing is drawn)"
+        )
     _check_trace_given(cfg)
     cfg._as_loaded = cfg.to_dict()  # (what `checked` compares with)
     return cfg

@@ -128,8 +128,10 @@ class Simulation:
         self.compute_slowdown, bandwidth = het.factors(self.gpus, cfg.seed)
         if het.links or any(f != 1.0 for f in bandwidth.values()):
             self.graph = het.apply_to_graph(self.graph, bandwidth)
-        if het.link_cv:
-            self.graph = het.jittered(self.graph, cfg.seed)
+        # network jitter slows the links, not the plans: the ring hint and the mode's layout
+        # are chosen on the rated links, the network runs the drawn ones (NCCL's model still
+        # picks its rings on what the network has: it sees the jitter, a real NCCL would not)
+        self.net_graph = het.jittered(self.graph, cfg.seed) if het.link_cv else self.graph
         stage("ordering the ring")
         ring = ring_order(self.graph, self.gpus) if len(self.gpus) > 2 else tuple(self.gpus)
         stage("planning the streams")
@@ -216,7 +218,7 @@ class Simulation:
         if hasattr(progress, "stage"):  # (a monitor may have only attach: the documented hook)
             progress.stage("setting up the network")
         env = simpy.Environment()
-        net = network_class(cfg.network.kind)(env, self.graph, cfg.network.options)
+        net = network_class(cfg.network.kind)(env, self.net_graph, cfg.network.options)
         c = cfg.communication
         comm = comm_class(c.kind)(env, net, c.options, gpu=self.target_gpu(), base_dir=cfg.base_dir)
         runtime = Runtime(

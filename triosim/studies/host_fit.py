@@ -82,10 +82,10 @@ def fit_option(
         raise ConfigError(
             "measured",
             measured,
-            f"the time of a host-bound run: this one takes {floor:.6g} s with a free host, "
-            f"within {HOST_BOUND:.0%} of the measurement, so its GPU decides it and the fit "
-            "would be at most an upper bound; fit on a run the host decides (a model of many "
-            "small operators at a small batch: DenseNet, ResNet-152 at batch 32)",
+            f"the time of a host-bound run: this one takes {floor:.6g} s with a free host and "
+            f"the measurement is less than {HOST_BOUND:.0%} above that, so its GPU decides it "
+            "and the fit would be at most an upper bound; fit on a run the host decides (a "
+            "model of many small operators at a small batch: DenseNet, ResNet-152 at batch 32)",
         )
     if at(hi) < measured:
         raise ConfigError(

@@ -103,6 +103,10 @@ def slowest_factor(cv: float, n: int, slow: float = 0.0, slow_factor: float = 1.
     return value
 
 
+# draws a seed of `iteration_times` may take: run k of seed s is draw s x DRAWS + k
+DRAWS = 1 << 20
+
+
 def effective_cv(cv: float, op_cv: float, durations) -> float:
     """The coefficient of variation of a GPU's compute factor: its own draw (cv) times the
     mean of its operators' draws weighted by their times, whose cv is op_cv x sqrt(sum
@@ -116,8 +120,9 @@ def effective_cv(cv: float, op_cv: float, durations) -> float:
 
 def uniform_step(config: dict, factor: float, base_dir=".", trace=None) -> float:
     """The config's iteration with every GPU's compute `factor` x slower (on top of its own
-    heterogeneity): the step when the slowest GPU's factor holds everyone back. Every GPU
-    alike, so a symmetric config stays symmetric."""
+    fixed slow-downs; without its draws, op_cv and link_cv): the step when the slowest
+    GPU's factor holds everyone back. Every GPU alike, so a symmetric config stays
+    symmetric."""
     from triosim.config.loading import from_dict
     from triosim.simulation.wiring import Simulation
 
@@ -126,14 +131,17 @@ def uniform_step(config: dict, factor: float, base_dir=".", trace=None) -> float
             cfg if trace is not None else from_dict(cfg, base_dir=base_dir), trace=trace
         )
 
-    if factor == 1.0:
-        return build(config).run().iteration_time
     cfg = copy.deepcopy(config)
     het = dict(cfg.get("heterogeneity") or {})
-    compute = dict(het.get("compute") or {})
-    gpus = build(config).gpus
-    het["compute"] = {g: compute.get(g, 1.0) * factor for g in gpus}
+    for name in ("op_cv", "link_cv", "draw"):  # one deterministic step: the spread is F's
+        het.pop(name, None)
     cfg["heterogeneity"] = het
+    if factor != 1.0:  # every GPU x factor: a "draw" from [factor, factor], so that no
+        # GPU list is needed (building the plan once more only to learn it costs minutes)
+        het["random"] = [
+            *(het.get("random") or []),
+            {"target": "compute", "low": factor, "high": factor},
+        ]
     return build(cfg).run().iteration_time
 
 
@@ -152,9 +160,10 @@ def iteration_times(
 ):
     """(iteration times of `runs` seeded draws, the compute factors drawn, GPU ids); a list
     given as `slowest` gets each run's GPU with the most compute time (the one the others
-    wait for where compute ends in a collective); with
-    `op_cv` / `link_cv`, run k also draws every operator's time and every link's bandwidth
-    (heterogeneity.op_cv / link_cv with draw k; the config's seed + `seed` as their seed)."""
+    wait for where compute ends in a collective). Run k of seed s draws every operator's
+    time and every link's bandwidth where op_cv / link_cv (the arguments, else the config's
+    heterogeneity.op_cv / link_cv) are set, as draw s x DRAWS + k of the config's seed (the
+    config's seed and its other random slow-downs stay as they are)."""
     from triosim.config.loading import from_dict
     from triosim.simulation.wiring import Simulation
 
@@ -166,6 +175,10 @@ def iteration_times(
     first = build(config)
     gpus = list(first.gpus)
     drawn = factors(cv, len(gpus), runs, seed, slow, slow_factor)
+    own = config.get("heterogeneity") or {}
+    op_cv, link_cv = op_cv or own.get("op_cv") or 0.0, link_cv or own.get("link_cv") or 0.0
+    if runs > DRAWS:
+        raise ValueError(f"at most {DRAWS} runs a seed, got {runs}")
     out = np.empty(runs)
     for k in range(runs):
         cfg = copy.deepcopy(config)
@@ -176,8 +189,7 @@ def iteration_times(
             compute[g] = compute.get(g, 1.0) * float(f)
         het["compute"] = compute
         if op_cv or link_cv:
-            het.update(op_cv=op_cv, link_cv=link_cv, draw=k)
-            cfg["seed"] = int(cfg.get("seed") or 0) + seed
+            het.update(op_cv=op_cv, link_cv=link_cv, draw=seed * DRAWS + k)
         cfg["symmetry"] = "off"  # the GPUs differ now
         result = build(cfg).run()
         out[k] = result.iteration_time
