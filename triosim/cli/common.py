@@ -84,6 +84,17 @@ def writable(folder: Path) -> Path:
     return writable_folder(folder)
 
 
+def plot_file(plot, force: bool, cfg, config_path) -> Path:
+    """A command's `--plot` PNG for a run of `cfg` (read from `config_path`): a .png name,
+    never one of the run's inputs, an existing one only with --force."""
+    from triosim.common.outputs import check_output_file
+    from triosim.config.inputs import input_files
+
+    if not str(plot).lower().endswith(".png"):
+        raise InputError(f"--plot {plot}: name a .png file")
+    return check_output_file(plot, force, inputs=input_files(cfg, config_path), what="--plot")
+
+
 def cv_arg(text: str) -> float:
     """argparse type of a variability's coefficient of variation (`--cv`, `--op-cv`,
     `--net-cv`)."""

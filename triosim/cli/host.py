@@ -65,7 +65,9 @@ def cmd_fit_host(args) -> int:
             f"trace {args.trace}: device 'cpu'; fit-host needs a trace recorded on the GPU "
             "machine (device cuda): on the CPU the operators ran on the host that issues them"
         )
-    kinds = ("regression", "learned", "roofline", "calibrated")
+    from perfmodel import MODELS
+
+    kinds = [k for k in MODELS.names() if k != "trace"]  # the models that scale operators
     if args.perfmodel is not None and args.perfmodel not in (*kinds, "trace"):
         raise InputError(f"--perfmodel {args.perfmodel!r}: one of {', '.join(kinds)}")
     if args.batch_size is not None and args.perfmodel == "trace":

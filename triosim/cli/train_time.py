@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from triosim.cli.common import cv_arg, nonnegative_int, out_path
+from triosim.cli.common import cv_arg, nonnegative_int, out_path, plot_file
 from triosim.common.errors import InputError
 
 SUFFIX = {"k": 1e3, "M": 1e6, "G": 1e9, "B": 1e9, "T": 1e12}
@@ -95,14 +95,7 @@ def cmd_train_time(args) -> int:
     runs = 20 if args.runs is None else args.runs
     seed = args.seed or 0
     cfg = config_with_sets(args.config, args.set)
-    png = None
-    if args.plot:
-        from triosim.common.outputs import check_output_file
-        from triosim.config.inputs import input_files
-
-        if not str(args.plot).lower().endswith(".png"):
-            raise InputError(f"--plot {args.plot}: name a .png file")
-        png = check_output_file(args.plot, args.force, inputs=input_files(cfg, args.config))
+    png = plot_file(args.plot, args.force, cfg, args.config) if args.plot else None
     given = {"tokens": args.tokens}
     for field in (
         "mtbf_gpu",

@@ -8,7 +8,7 @@ network jitter, every link's bandwidth drawn per run (heterogeneity.op_cv / link
 
 from __future__ import annotations
 
-from triosim.cli.common import config_with_sets, cv_arg, nonnegative_int, out_path
+from triosim.cli.common import config_with_sets, cv_arg, nonnegative_int, out_path, plot_file
 
 
 def add_parser(subparsers) -> None:
@@ -74,10 +74,12 @@ def cmd_variability(args) -> int:
     from triosim.common.errors import InputError
     from triosim.config.loading import read_yaml
     from triosim.studies.variability import (
+        draws_of,
         effective_cv,
         iteration_times,
         slowest_factor,
         slowest_quantile,
+        step_run,
     )
 
     if not 0 <= args.slow < 1:
@@ -117,23 +119,17 @@ def cmd_variability(args) -> int:
     seed = args.seed or 0
     slow = (args.slow, args.slow_factor)
     config = read_yaml(path) if not args.set else config_with_sets(path, args.set).to_dict()
-    own = config.get("heterogeneity") or {}
-    op_cv, net_cv = args.op_cv or own.get("op_cv") or 0.0, args.net_cv or own.get("link_cv") or 0.0
+    op_cv, net_cv = draws_of(config, args.op_cv, args.net_cv)
     png = None
     if args.plot:
-        from triosim.common.outputs import check_output_file
-        from triosim.config.inputs import input_files
         from triosim.config.loading import from_dict
 
-        if not str(args.plot).lower().endswith(".png"):
-            raise InputError(f"--plot {args.plot}: name a .png file")
         if not at:
             raise InputError("--plot draws the step at the --at GPU counts: give --at")
-        cfg = from_dict(config, base_dir=path.parent)
-        png = check_output_file(args.plot, args.force, inputs=input_files(cfg, path), what="--plot")
+        png = plot_file(args.plot, args.force, from_dict(config, base_dir=path.parent), path)
     det, cv = None, args.cv
     if at or op_cv:  # the deterministic step, and a GPU's compute cv with operator draws
-        det = _deterministic(config, path.parent)
+        det = step_run(config, 1.0, path.parent)
         tl = det.timeline
         mine = tl[(tl.gpu == det.gpus[0]) & (tl.kind == "compute") & (tl.iteration == 0)]
         cv = effective_cv(args.cv, op_cv, (mine.end - mine.start).to_numpy())
@@ -183,21 +179,6 @@ def cmd_variability(args) -> int:
             print("(the step at scale below has no network jitter in it: compute draws only)")
         _at_scale(config, path.parent, det, cv, at, slow, times, png)
     return 0
-
-
-def _deterministic(config: dict, base_dir):
-    """The config's run without its draws (op_cv, link_cv): the step every draw varies."""
-    import copy
-
-    from triosim.config.loading import from_dict
-    from triosim.simulation.wiring import Simulation
-
-    cfg = copy.deepcopy(config)
-    het = dict(cfg.get("heterogeneity") or {})
-    for name in ("op_cv", "link_cv", "draw"):
-        het.pop(name, None)
-    cfg["heterogeneity"] = het
-    return Simulation(from_dict(cfg, base_dir=base_dir)).run()
 
 
 def _at_scale(config: dict, base_dir, det, cv, at, slow, runs=None, png=None) -> int:

@@ -37,6 +37,13 @@ from triosim.common.errors import ConfigError
 from triosim.common.schema import option
 
 
+def lognormal(cv: float) -> tuple[float, float]:
+    """(mu, sigma) of the log-normal with mean 1 and coefficient of variation cv: sigma^2 =
+    ln(1 + cv^2), mu = -sigma^2 / 2 (op_cv's draws here, triosim variability's per GPU)."""
+    sigma = math.sqrt(math.log1p(cv * cv))
+    return -sigma * sigma / 2, sigma
+
+
 @dataclass(frozen=True)
 class LinkSlowdown:
     src: int | str = option(help="one end")
@@ -105,8 +112,7 @@ class Heterogeneity:
         None without op_cv."""
         if not self.op_cv:
             return None
-        sigma = float(np.sqrt(np.log1p(self.op_cv**2)))
-        mu = -sigma * sigma / 2
+        mu, sigma = lognormal(self.op_cv)
 
         def draws(rng):
             return lambda n: rng.lognormal(mu, sigma, n)

@@ -36,11 +36,7 @@ import math
 import numpy as np
 from scipy import integrate, optimize, stats
 
-
-def _lognormal(cv: float) -> tuple[float, float]:
-    """(mu, sigma) of the log-normal with mean 1 and coefficient of variation cv."""
-    sigma = math.sqrt(math.log1p(cv * cv))
-    return -sigma * sigma / 2, sigma
+from triosim.config.heterogeneity import lognormal
 
 
 def factors(
@@ -51,7 +47,7 @@ def factors(
     rng = np.random.default_rng(seed)
     out = np.ones((runs, n))
     if cv > 0:
-        mu, sigma = _lognormal(cv)
+        mu, sigma = lognormal(cv)
         out = rng.lognormal(mu, sigma, size=(runs, n))
     k = round(slow * n)
     if k and slow_factor != 1.0:
@@ -62,7 +58,7 @@ def factors(
 def _max_cdf(cv: float, n: int, slow: float, slow_factor: float):
     """x -> P(the largest of n factors <= x): n - k draws and k = round(slow x n) draws x
     slow_factor (module docstring)."""
-    mu, sigma = _lognormal(cv)
+    mu, sigma = lognormal(cv)
     base = stats.lognorm(s=sigma, scale=math.exp(mu)).cdf
     k = round(slow * n)
     return lambda x: base(x) ** (n - k) * base(x / slow_factor) ** k
@@ -79,7 +75,7 @@ def slowest_quantile(
     if _plain(cv, n, slow, slow_factor):
         if cv == 0:
             return 1.0
-        mu, sigma = _lognormal(cv)
+        mu, sigma = lognormal(cv)
         return math.exp(mu + sigma * stats.norm.ppf(q ** (1.0 / n)))
     if cv == 0:  # a slow GPU is always among them
         return slow_factor
@@ -92,7 +88,7 @@ def slowest_factor(cv: float, n: int, slow: float = 0.0, slow_factor: float = 1.
     plain = _plain(cv, n, slow, slow_factor)
     if cv == 0:
         return 1.0 if plain else slow_factor
-    mu, sigma = _lognormal(cv)
+    mu, sigma = lognormal(cv)
     dist = stats.lognorm(s=sigma, scale=math.exp(mu))
     hi = dist.ppf(1 - 1e-12 / max(n, 1))
     if plain:
@@ -123,26 +119,48 @@ def uniform_step(config: dict, factor: float, base_dir=".", trace=None) -> float
     fixed slow-downs; without its draws, op_cv and link_cv): the step when the slowest
     GPU's factor holds everyone back. Every GPU alike, so a symmetric config stays
     symmetric."""
-    from triosim.config.loading import from_dict
-    from triosim.simulation.wiring import Simulation
+    return step_run(config, factor, base_dir, trace).iteration_time
 
-    def build(cfg):
-        return Simulation(
-            cfg if trace is not None else from_dict(cfg, base_dir=base_dir), trace=trace
-        )
 
-    cfg = copy.deepcopy(config)
-    het = dict(cfg.get("heterogeneity") or {})
-    for name in ("op_cv", "link_cv", "draw"):  # one deterministic step: the spread is F's
-        het.pop(name, None)
-    cfg["heterogeneity"] = het
+def step_run(config: dict, factor: float = 1.0, base_dir=".", trace=None):
+    """The Result of `uniform_step`'s run (factor 1: the config without its draws)."""
+    cfg = without_draws(config)
+    het = cfg["heterogeneity"]
     if factor != 1.0:  # every GPU x factor: a "draw" from [factor, factor], so that no
         # GPU list is needed (building the plan once more only to learn it costs minutes)
         het["random"] = [
             *(het.get("random") or []),
             {"target": "compute", "low": factor, "high": factor},
         ]
-    return build(cfg).run().iteration_time
+    return _simulation(cfg, base_dir, trace).run()
+
+
+def without_draws(config: dict) -> dict:
+    """A copy of the config without its draws (heterogeneity op_cv, link_cv, draw): the
+    deterministic step that every draw varies."""
+    cfg = copy.deepcopy(config)
+    het = dict(cfg.get("heterogeneity") or {})
+    for name in ("op_cv", "link_cv", "draw"):
+        het.pop(name, None)
+    cfg["heterogeneity"] = het
+    return cfg
+
+
+def draws_of(config: dict, op_cv: float = 0.0, link_cv: float = 0.0) -> tuple[float, float]:
+    """(op_cv, link_cv) a run draws: the given ones, else the config's own."""
+    own = config.get("heterogeneity") or {}
+    return op_cv or own.get("op_cv") or 0.0, link_cv or own.get("link_cv") or 0.0
+
+
+def _simulation(config: dict, base_dir, trace):
+    """The Simulation of a config mapping: a Python caller's trace object, or the config's
+    own trace file (relative to base_dir)."""
+    from triosim.config.loading import from_dict
+    from triosim.simulation.wiring import Simulation
+
+    return Simulation(
+        config if trace is not None else from_dict(config, base_dir=base_dir), trace=trace
+    )
 
 
 def iteration_times(
@@ -164,19 +182,10 @@ def iteration_times(
     time and every link's bandwidth where op_cv / link_cv (the arguments, else the config's
     heterogeneity.op_cv / link_cv) are set, as draw s x DRAWS + k of the config's seed (the
     config's seed and its other random slow-downs stay as they are)."""
-    from triosim.config.loading import from_dict
-    from triosim.simulation.wiring import Simulation
-
-    def build(cfg):  # a Python caller's trace object, or the config's own trace file
-        return Simulation(
-            cfg if trace is not None else from_dict(cfg, base_dir=base_dir), trace=trace
-        )
-
-    first = build(config)
+    first = _simulation(config, base_dir, trace)
     gpus = list(first.gpus)
     drawn = factors(cv, len(gpus), runs, seed, slow, slow_factor)
-    own = config.get("heterogeneity") or {}
-    op_cv, link_cv = op_cv or own.get("op_cv") or 0.0, link_cv or own.get("link_cv") or 0.0
+    op_cv, link_cv = draws_of(config, op_cv, link_cv)
     if runs > DRAWS:
         raise ValueError(f"at most {DRAWS} runs a seed, got {runs}")
     out = np.empty(runs)
@@ -191,7 +200,7 @@ def iteration_times(
         if op_cv or link_cv:
             het.update(op_cv=op_cv, link_cv=link_cv, draw=seed * DRAWS + k)
         cfg["symmetry"] = "off"  # the GPUs differ now
-        result = build(cfg).run()
+        result = _simulation(cfg, base_dir, trace).run()
         out[k] = result.iteration_time
         if slowest is not None:
             slowest.append(result.per_gpu()["compute"].idxmax())
