@@ -180,16 +180,11 @@ def cmd_sweep(args) -> int:
 def _png_out(out, default: Path, force: bool, inputs=()) -> Path:
     """Where a figure goes: --out (refused if it is one of `inputs`, always, or exists,
     unless --force), else `default` or the first free NAME-2.png, -3.png, ... beside it."""
-    from triosim.common.outputs import same_file
+    from triosim.common.outputs import refuse_inputs
 
     if out is not None:
         path = Path(out)
-        for i in inputs:
-            if same_file(path, i):
-                raise InputError(
-                    f"--out {path} is the input {i}; name another file (an input is never "
-                    "overwritten, not even with --force)"
-                )
+        refuse_inputs(path, inputs)
         if path.is_dir():
             raise InputError(f"--out {path} is a folder; name a .png file")
         if path.suffix.lower() != ".png":

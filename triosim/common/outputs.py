@@ -26,16 +26,21 @@ def same_file(a, b) -> bool:
         return a.resolve() == b.resolve()
 
 
-def check_output_file(path, force: bool, inputs=(), what: str = "--out") -> Path:
-    """Refuse an output file that is one of `inputs` (always), a folder, or an existing
-    file without `force`; make sure its folder can be written. Call it before the work."""
-    path = Path(path)
+def refuse_inputs(path, inputs, what: str = "--out") -> None:
+    """An output is never one of its run's `inputs` (the one rule of every writer)."""
     for i in inputs:
         if i is not None and same_file(path, i):
             raise InputError(
                 f"{what} {path} is the input {i}; name another file (an input "
                 "is never overwritten, not even with --force)"
             )
+
+
+def check_output_file(path, force: bool, inputs=(), what: str = "--out") -> Path:
+    """Refuse an output file that is one of `inputs` (always), a folder, or an existing
+    file without `force`; make sure its folder can be written. Call it before the work."""
+    path = Path(path)
+    refuse_inputs(path, inputs, what)
     if path.is_dir():
         raise InputError(f"{what} {path} is a folder; name a file")
     if path.exists() and not force:
