@@ -336,7 +336,7 @@ def test_a_symmetric_run_is_the_exact_run(par):
     switch = {"kind": "switch", "bandwidth": 10 * GB, "latency": 1e-6}  # every copy alike
     exact = run(t, n, par, switch, batch=batch)
     sym = run(t, n, par, switch, batch=batch, symmetry="auto")
-    copies = max(par["dp_replicate"], par["dp_shard"], par["tp"])
+    copies = par["dp_replicate"] * par["dp_shard"] * par["tp"]  # along each of them
     if copies > 1:  # it ran symmetric: the representatives of one copy
         assert sym.symmetry == f"auto: {n // copies} representative{'s' * (n > copies)} of {n} GPUs"
     else:

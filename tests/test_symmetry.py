@@ -8,7 +8,7 @@ import warnings
 import numpy as np
 import pytest
 
-from extrapolators.execution.symmetry import Symmetry, SymmetryWarning
+from extrapolators.execution.symmetry import Symmetry, SymmetryBroken, SymmetryWarning
 from tests.conftest import ROOT, chain_trace
 from triosim.common.errors import ConfigError
 from triosim.config.loading import from_dict, parse_yaml
@@ -161,7 +161,8 @@ def test_3d_replica_zero_represents_the_others(gpt2, topology):
     full, _ = run(threed("off", topology=topology), gpt2)
     sym, warned = run(threed("auto", topology=topology), gpt2)
     assert not warned
-    assert sym.symmetry == "auto: 4 representatives of 16 GPUs"
+    # copies along dp and tp (4 x 2): one representative per pipeline stage
+    assert sym.symmetry == "auto: 2 representatives of 16 GPUs"
     assert_same_run(sym, full)
     assert_same_transfers(sym, full)
     # "send to" / "recv from" name the image's own peer
@@ -181,7 +182,7 @@ def test_interleaved_and_unbucketed_3d(gpt2, par):
     cfg["parallelism"] = {**cfg["parallelism"], **par}
     full, _ = run(cfg, gpt2)
     sym, warned = run({**cfg, "symmetry": "auto"}, gpt2)
-    assert not warned and sym.symmetry == "auto: 4 representatives of 16 GPUs"
+    assert not warned and sym.symmetry == "auto: 2 representatives of 16 GPUs"
     assert_same_run(sym, full)
 
 
@@ -193,15 +194,16 @@ def test_3d_on_the_rail_cluster_sends_across_rails_alike_in_every_replica(gpt2):
     # replica differently, and the run fell back
     cfg = threed("auto", dp=2, tp=2, pp=4, topology=RAIL)
     sym, warned = run(cfg, gpt2)
-    assert not warned and sym.symmetry == "auto: 8 representatives of 16 GPUs"
+    assert not warned and sym.symmetry == "auto: 4 representatives of 16 GPUs"  # one a stage
     full, _ = run({**cfg, "symmetry": "off"}, gpt2)
     assert_same_run(sym, full)
     assert_same_transfers(sym, full)
     x = full.transfers()
     hops = set(zip(x["src"], x["dst"], strict=True))
     assert (2, 4) in hops and (10, 12) in hops  # the cross-rail sends are there
-    # replica 1 (GPUs 8-15) is represented by replica 0 at the same grid position
-    assert sym.represented_by().to_dict() == {g: g % 8 for g in range(16)}
+    # replica 1 (GPUs 8-15) is represented by replica 0 at the same grid position, a TP
+    # rank by TP rank 0 of its group (ranks tp-fastest: GPU g's group starts at g - g % 2)
+    assert sym.represented_by().to_dict() == {g: g % 8 - g % 2 for g in range(16)}
     assert full.represented_by().to_dict() == {g: g for g in range(16)}
 
 
@@ -232,7 +234,7 @@ def test_ddp_stays_symmetric_behind_a_slower_link(resnet):
         ("tp", {}, 1),
         ("dp", {"accumulation_steps": 2}, 1),
         ("hybrid", {"dp": 2, "inner": "1f1b", "microbatches": 2}, 4),
-        ("hybrid", {"dp": 4, "inner": "tp"}, 2),
+        ("hybrid", {"dp": 4, "inner": "tp"}, 1),  # copies along dp x tp
     ],
 )
 def test_other_modes_that_declare_classes(mode, par, reps):
@@ -268,6 +270,52 @@ def test_a_slower_link_in_one_replica_falls_back(gpt2):
     assert "after the representatives'" in sym.symmetry  # the slow replica ends later
     full, _ = run(threed("off", topology=slow), gpt2)
     assert_same_run(sym, full)
+
+
+def test_a_slower_tp_rank_falls_back_to_copies_along_dp_alone(gpt2):
+    # dp 4 x tp 2 x pp 2 (rank = t + 2 (d + 4 p)): every TP rank 1 (the odd GPUs) reaches
+    # the switch at a quarter of the bandwidth. The data-parallel copies stay alike, the TP
+    # ones do not: GPU 1's send to GPU 9 (copy (0, 1) of GPU 0's to GPU 8) ends later than
+    # the representatives'. The run falls back to copies along dp (4 representatives: both
+    # TP ranks of both stages), says so, and is the full run.
+    het = {"bandwidth": {g: 4.0 for g in range(1, 16, 2)}}
+    sym, warned = run(threed("auto", heterogeneity=het), gpt2)
+    assert not warned
+    assert sym.symmetry.startswith(
+        "auto: 4 representatives of 16 GPUs (fell back from 2 representatives of 16 GPUs: "
+        "another replica's copy of send"
+    )
+    full, _ = run(threed("off", heterogeneity=het), gpt2)
+    assert_same_run(sym, full)
+    assert_same_transfers(sym, full)
+
+
+def test_copies_along_two_axes_by_hand():
+    # representatives a (stage 0) and b (stage 1); copies (d, t) on axes (2, 3), t fastest:
+    # copy k = 3 d + t, a's copies 0-5 are GPUs 0-5, b's 10-15
+    sym = Symmetry({0: tuple(range(6)), 10: tuple(range(10, 16))}, axes=(2, 3))
+    assert sym.problem(list(range(6)) + list(range(10, 16))) is None
+    assert sym.digits(5) == (1, 2) and sym.compose(5, 4) == 3 * 0 + 0  # (1+1, 2+1) mod (2, 3)
+    assert sym.image(4, 2) == 3  # GPU 4 is copy (1, 1) of a; copy (0, 2) of it is (1, 0)
+    # a TP group (copies (0, 0..2) of a): met by a alone, run again at d = 1
+    tp = (0, 1, 2)
+    left, images = sym.plan(tp)
+    assert left == {0} and images == [(3, 4, 5)] and sym.image_copies(tp) == [3]
+    # a DP group (copies (0..1, 0) of a and b): met by both, run again at t = 1 and t = 2
+    dp = (0, 3, 10, 13)
+    left, images = sym.plan(dp)
+    assert left == {0, 10} and images == [(1, 4, 11, 14), (2, 5, 12, 15)]
+    # within the representatives: every other copy; whole classes: once
+    assert sym.plan((0, 10))[1] == [(k, 10 + k) for k in range(1, 6)]
+    assert sym.plan(tuple(range(6)))[1] is None
+    for bad, why in (
+        ((0, 4), "not whole axes"),  # copies (0, 0) and (1, 1): a diagonal, no axis
+        ((0, 11), "mixes classes"),  # a at copy 0, b only at copy 1
+        ((1, 2), "no representative"),
+    ):
+        with pytest.raises(SymmetryBroken, match=why):
+            sym.plan(bad)
+    assert "do not multiply" in Symmetry({0: (0, 1, 2, 3)}, axes=(2, 3)).problem(range(4))
 
 
 def test_a_slower_gpu_falls_back(gpt2):

@@ -64,7 +64,7 @@ class Meetings:
         if task.sizes is not None:  # an all-to-all of uneven sizes: each copy's on its own
             if images:
                 twins = Twins(self, f"collective {task.key!r}")
-                for k, group in enumerate(images, start=1):
+                for k, group in zip(self.symmetry.image_copies(task.group), images, strict=True):
                     self.open_images += 1
                     self.env.process(self._image_collective(task, group, k, twins))
             yield from self.comm.run(
@@ -83,7 +83,7 @@ class Meetings:
             return
         if images:  # the same collective in every copy, started at the same instant
             twins = Twins(self, f"collective {task.key!r}")
-            for k, group in enumerate(images, start=1):
+            for k, group in zip(self.symmetry.image_copies(task.group), images, strict=True):
                 self.open_images += 1
                 self.env.process(self._image_collective(task, group, k, twins))
         yield from self.comm.run(
@@ -101,7 +101,7 @@ class Meetings:
         representatives' (as `_image_collective` would, without a process per copy)."""
         roots = [task.root] + [
             None if task.root is None else self.symmetry.image(task.root, k)
-            for k in range(1, len(images) + 1)
+            for k in self.symmetry.image_copies(task.group)
         ]
         ends = yield from self.comm.run_many(
             task.op,

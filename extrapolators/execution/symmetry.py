@@ -13,6 +13,11 @@ The runtime then runs only R's streams:
 - a collective whose group is a union of whole classes (the data-parallel all-reduce at
   one grid position, DDP's all-reduce over every GPU) is met by its representatives and
   runs once, over the whole group, as in the full run;
+- with copies along several axes (`axes`: copy k is a point of Z_n1 x ... x Z_nm, the
+  last axis fastest; copy k of copy h is their sum, axis by axis), a collective whose group
+  is some representatives at every copy of whole axes (a TP group when TP is an axis: one
+  representative at its TP copies) is met by those representatives and runs over the group
+  and over its image in one copy of every other coset (the full run's other such groups);
 - a send between representatives also sends every image s_k(a) -> s_k(b);
 - anything else (a group or a send that mixes classes otherwise) breaks the symmetry.
 
@@ -25,6 +30,8 @@ simulation then falls back to the full run and says why.
 """
 
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 
@@ -78,18 +85,26 @@ class Symmetry:
     # one shared plan (the mesh's stage templates) may sample fewer
     sample = SAMPLED_COPIES
 
-    def __init__(self, orbits: dict, image_group=None):
+    # a coarser declaration the run tries where this one breaks (the mesh: copies along one
+    # axis where several broke), before the full run
+    fallback = None
+
+    def __init__(self, orbits: dict, image_group=None, axes=None):
         self.orbits = {r: tuple(o) for r, o in orbits.items()}
         self.reps = tuple(self.orbits)
         self.copies = len(next(iter(self.orbits.values()))) if self.orbits else 0
+        self.axes = tuple(axes) if axes else (self.copies,)
         self._image_group = image_group
-        self._plans: dict = {}  # id(group) -> (group, members in R, image groups or None)
+        self._plans: dict = {}  # id(group) -> (group, members in R, image groups, their copies)
+        self._where: dict | None = None  # GPU -> (its representative, its copy)
+        self._image_groups: dict = {}  # (id(group), k) -> (group, its image in copy k)
 
     @classmethod
-    def of_replicas(cls, replicas, image_group=None) -> Symmetry:
+    def of_replicas(cls, replicas, image_group=None, axes=None) -> Symmetry:
         """K position-aligned lists of GPUs: replica 0's are the representatives."""
         first = list(replicas[0])
-        return cls({g: tuple(rep[i] for rep in replicas) for i, g in enumerate(first)}, image_group)
+        orbits = {g: tuple(rep[i] for rep in replicas) for i, g in enumerate(first)}
+        return cls(orbits, image_group, axes)
 
     @classmethod
     def one_class(cls, gpus) -> Symmetry:
@@ -109,6 +124,8 @@ class Symmetry:
             return "the mode declared no representatives"
         if self.copies < 2:
             return "every GPU is its own class (no identical replicas to share a simulation)"
+        if int(np.prod(self.axes)) != self.copies:
+            return f"the copies' axes {self.axes} do not multiply to the {self.copies} copies"
         seen: set = set()
         for r, orbit in self.orbits.items():
             if len(orbit) != self.copies or orbit[0] != r:
@@ -129,13 +146,49 @@ class Symmetry:
         return None
 
     # -- what the runtime asks ---------------------------------------------------------------
+    # -- copies as points of the axes' product ---------------------------------------------------
+    def digits(self, k: int) -> tuple:
+        """Copy k's coordinates along the axes (the last axis fastest)."""
+        out = []
+        for n in reversed(self.axes):
+            k, d = divmod(k, n)
+            out.append(d)
+        return tuple(reversed(out))
+
+    def compose(self, k: int, h: int) -> int:
+        """Copy k of copy h: the two added axis by axis (modulo each axis)."""
+        if len(self.axes) == 1:
+            return (k + h) % self.copies
+        out = 0
+        for n, a, b in zip(self.axes, self.digits(k), self.digits(h), strict=True):
+            out = out * n + (a + b) % n
+        return out
+
+    def where(self, g) -> tuple:
+        """(g's representative, g's copy)."""
+        if self._where is None:
+            self._where = {x: (r, k) for r, o in self.orbits.items() for k, x in enumerate(o)}
+        return self._where[g]
+
+    # -- what the runtime asks ---------------------------------------------------------------
     def image(self, g, k: int):
-        return self.orbits[g][k]
+        """GPU g's image in copy k (g a representative, or any GPU: copy k of its copy)."""
+        o = self.orbits.get(g)
+        if o is not None:
+            return o[k]
+        r, h = self.where(g)
+        return self.orbits[r][self.compose(k, h)]
 
     def image_group(self, group: tuple, k: int) -> tuple:
+        hit = self._image_groups.get((id(group), k))
+        if hit is not None and hit[0] is group:
+            return hit[1]
         if self._image_group is not None:
-            return tuple(self._image_group(group, k))
-        return tuple(self.orbits[g][k] for g in group)
+            out = tuple(self._image_group(group, k))
+        else:
+            out = tuple(self.image(g, k) for g in group)
+        self._image_groups[id(group), k] = (group, out)
+        return out
 
     def plan(self, group: tuple):
         """(representatives that meet for a collective over `group`, the image groups it
@@ -149,17 +202,51 @@ class Symmetry:
         if not members:
             raise SymmetryBroken(f"a collective over {_short(group)} has no representative")
         if len(members) == len(group):
-            images = [self.image_group(group, k) for k in range(1, self.copies)]
+            ks = list(range(1, self.copies))
         else:
-            whole = {g for r in members for g in orbits[r]}
-            if len(group) != len(whole) or whole != set(group):
-                raise SymmetryBroken(
-                    f"the group {_short(group)} mixes classes: neither within "
-                    "the representatives nor whole classes"
-                )
-            images = None
-        self._plans[id(group)] = (group, frozenset(members), images)
+            ks = self._cosets(group, members)
+        images = None if ks is None else [self.image_group(group, k) for k in ks]
+        self._plans[id(group)] = (group, frozenset(members), images, ks)
         return set(members), images
+
+    def image_copies(self, group: tuple) -> list:
+        """The copies whose images `plan(group)` runs (in its order)."""
+        self.plan(group)
+        return self._plans[id(group)][3]
+
+    def _cosets(self, group: tuple, members: list):
+        """A group of representatives M at the copies H of some whole axes: None where H is
+        every copy (whole classes: the group runs once), else one copy of each other coset
+        k + H (its image there is another group of the full run); SymmetryBroken where the
+        group is of no such form."""
+        pairs = {self.where(g) for g in group}
+        hs = {k for _, k in pairs}
+        if (
+            len(pairs) != len(group)
+            or {r for r, _ in pairs} != set(members)
+            or len(pairs) != len(members) * len(hs)
+        ):  # pairs within M x H, as many: every representative at every copy of H
+            raise SymmetryBroken(
+                f"the group {_short(group)} mixes classes: neither within the representatives "
+                "nor the same representatives at the same copies"
+            )
+        if len(hs) == self.copies:
+            return None
+        axes = self.axes
+        moving = {a for k in hs for a, d in enumerate(self.digits(k)) if d}
+        if int(np.prod([axes[a] for a in moving])) != len(hs):
+            raise SymmetryBroken(
+                f"the group {_short(group)} lies at copies that are not whole axes of {axes}"
+            )
+        rest = [range(1) if a in moving else range(n) for a, n in enumerate(axes)]
+        out = []
+        for ds in itertools.product(*rest):
+            k = 0
+            for n, d in zip(axes, ds, strict=True):
+                k = k * n + d
+            if k:
+                out.append(k)
+        return out
 
     def send_images(self, src, dst) -> list[tuple]:
         """The (source, destination) of every image of a send src -> dst."""
@@ -240,11 +327,11 @@ class Symmetry:
             ):
                 return False
             if (a.root is None) != (b.root is None) or (
-                a.root is not None and self.orbits.get(a.root, (None,) * (k + 1))[k] != b.root
+                a.root is not None and self.image(a.root, k) != b.root
             ):
                 return False
             _, images = self.plan(a.group)
-            want = a.group if images is None else images[k - 1]
+            want = a.group if images is None else self.image_group(a.group, k)
             return b.group is want or tuple(b.group) == tuple(want)
         if t is Send:
             o = self.orbits.get(a.dst)

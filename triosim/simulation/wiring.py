@@ -163,16 +163,22 @@ class Simulation:
         wall = time.perf_counter()
         reason = "symmetry: off"
         if self.config.symmetry == "auto":
-            abandoned = False
+            abandoned, n = False, len(self.gpus)
             sym, reason = self._symmetry()
-            if sym is not None:
+            while sym is not None:  # the declaration, then its coarser fallbacks
                 try:
                     result = self._run(progress, sym, wall)
                 except (SymmetryBroken, DeadlockError) as e:
                     reason = f"the symmetric run stopped: {e}"
+                    if not abandoned:
+                        finer = f"{sym.describe(n)[len('auto: ') :]}: {e}"
                     abandoned = True
+                    gc.collect()
+                    sym = self._checked(sym.fallback)
                 else:
-                    result.symmetry = sym.describe(len(self.gpus))
+                    result.symmetry = sym.describe(n)
+                    if abandoned:  # a finer declaration broke first
+                        result.symmetry += f" (fell back from {finer})"
                     return result
             if abandoned:  # its environment is cycles of generators: free it before the next
                 gc.collect()
@@ -201,13 +207,29 @@ class Simulation:
         het = self.config.heterogeneity
         if het.op_cv or het.link_cv:
             return None, "heterogeneity.op_cv / link_cv draw every GPU's operators and links apart"
+        while sym is not None:  # the first declaration (or fallback) whose checks hold
+            why = self._problem(sym)
+            if why is None or sym.fallback is None:
+                return (None, why) if why else (sym, None)
+            sym = sym.fallback
+        return None, why
+
+    def _checked(self, sym):
+        """`sym` or the first of its fallbacks whose checks before the run hold, or None."""
+        while sym is not None and self._problem(sym) is not None:
+            sym = sym.fallback
+        return sym
+
+    def _problem(self, sym) -> str | None:
+        """Why `sym` cannot stand for this run (checked before it), or None."""
+        ex = self.extrapolator
         why = sym.problem(self.gpus)
         if why is None:
             why = sym.equal_within_classes(self.compute_slowdown, "the compute factor")
         if why is None:
             held = {g: (ex.held_weight_bytes(g), ex.buffer_bytes(g)) for g in self.gpus}
             why = sym.equal_within_classes(held, "(held weight bytes, buffer bytes)")
-        return (None, why) if why else (sym, None)
+        return why
 
     def _run(self, progress, sym, wall) -> Result:
         with fewer_collections():
