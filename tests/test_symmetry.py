@@ -450,15 +450,41 @@ def test_run_many_gives_a_slower_group_its_later_end():
     assert got["ends"][0] == env0.now and got["ends"][1] > 2 * got["ends"][0]
 
 
-@pytest.mark.parametrize("kept", [0, 32])
-def test_run_many_again_ends_as_the_groups_own_runs(kept, monkeypatch):
-    # the same groups run three times, at two sizes and with and without roots: with the
-    # calls' plans and streams kept (32) or not (0) every group ends where a run of its
-    # own, the same calls one after another, ends (a kept call matched on anything less
-    # than its groups, size and roots would reuse another's streams)
+def test_run_many_keeps_the_calls_it_used_last(monkeypatch):
+    # room for two calls' groups (2 x 8 GPU slots): calls A, B, C, C, C prepare A, B and C
+    # once each (C kept in place of A, the least recently used); keeping the first calls
+    # that fit and making every later one again prepared C three times
     from extrapolators.communication.nccl.model import Nccl
 
-    monkeypatch.setattr(Nccl, "MANY_KEPT", kept)
+    monkeypatch.setattr(Nccl, "MANY_SLOTS", 16)
+    made = []
+    real = Nccl._prepared
+    monkeypatch.setattr(
+        Nccl, "_prepared", lambda self, op, *a: made.append(op) or real(self, op, *a)
+    )
+    groups = [(0, 1, 2, 3), (4, 5, 6, 7)]
+    env, model = _nccl_on({"kind": "switch", "bandwidth": "50 GB/s", "latency": "1 us"}, 8)
+
+    def calls():
+        for op in ("allreduce", "all_gather", "reduce_scatter", "reduce_scatter", "allreduce"):
+            yield from model.run_many(op, groups, 8e6)
+
+    env.process(calls())
+    env.run()
+    # A, B, C, then C twice from what was kept; A was dropped for C: made again
+    assert made == ["allreduce", "all_gather", "reduce_scatter", "allreduce"]
+
+
+@pytest.mark.parametrize("slots", [0, 8, 4_000_000])
+def test_run_many_again_ends_as_the_groups_own_runs(slots, monkeypatch):
+    # the same groups run three times, at two sizes and with and without roots: with the
+    # calls' plans and streams kept (all, the last call's 8 GPU slots, or only the last)
+    # every group ends where a run of its own, the same calls one after another, ends (a
+    # kept call matched on anything less than its groups, size and roots would reuse
+    # another's streams)
+    from extrapolators.communication.nccl.model import Nccl
+
+    monkeypatch.setattr(Nccl, "MANY_SLOTS", slots)
     groups = [(0, 1, 2, 3), (4, 5, 6, 7)]
     calls = [("allreduce", 8e6, None), ("allreduce", 16e6, None), ("broadcast", 8e6, 0)]
     calls += [("broadcast", 8e6, 3)]
@@ -490,7 +516,7 @@ def test_run_many_again_ends_as_the_groups_own_runs(kept, monkeypatch):
     p = env.process(many())
     env.run()
     assert [list(e) for e in zip(*p.value, strict=True)] == alone
-    assert len(model._many) == (0 if kept == 0 else 4)
+    assert len(model._many) == (4 if slots > 8 else 1)  # 4 distinct calls, 8 slots each
 
 
 # -- expert parallelism --------------------------------------------------------------------------
