@@ -35,11 +35,11 @@ from extrapolators.modes import dist_optimizer
 from extrapolators.modes.base import Extrapolator
 from extrapolators.modes.blocks import block_depth, layer_units, with_recompute
 from extrapolators.modes.cp_plan import plan_attention
-from extrapolators.modes.dist_optimizer import grad_reduction
 from extrapolators.modes.mesh.dims import DIMS, Layout, parse_order, resolve
 from extrapolators.modes.mesh.experts import ExpertPlan, check_load_fields
 from extrapolators.modes.mesh.moe_tp import DenseTensorParallel, moe_block_ops
 from extrapolators.modes.mesh.options import MeshOptions
+from extrapolators.modes.mesh.rules import field_rules
 from extrapolators.modes.mesh.sharding import ShardPlan
 from extrapolators.modes.mesh.streams import MeshStreams
 from extrapolators.modes.mesh.symmetry import mesh_symmetry
@@ -101,7 +101,9 @@ class MeshMode(Extrapolator):
             mesh = type(mesh)(*mesh.shape, order=parse_order(o.order))
         self.mesh = mesh
         self.layout = Layout(mesh, self.gpus, self.ring, placement)
-        self._check_options()
+        r = field_rules(o, mesh)
+        self.zero, self.fsdp, self.reduction = r.zero, r.fsdp, r.reduction
+        self.params_after_step = r.params_after_step
         self.v = o.virtual_stages
         order_of = schedule(o.schedule)
         M = o.microbatches
@@ -182,63 +184,6 @@ class MeshMode(Extrapolator):
         self.builder = MeshStreams(self)  # its stage templates, built once
 
     # -- the plan's parts -----------------------------------------------------------------
-    def _check_options(self):
-        """What the degrees allow of the other fields (each message names its field)."""
-        o, mesh = self.options, self.mesh
-        zero = o.zero if o.zero is not None else (3 if mesh.dp_shard > 1 else 0)
-        self.zero = zero if mesh.dp_shard * mesh.cp > 1 else 0  # the level that shards
-        self.fsdp = self.zero == 3
-        if o.sequence_parallel and mesh.tp == 1:
-            raise ConfigError(
-                "parallelism.sequence_parallel", True, "false without tensor parallelism (tp 1)"
-            )
-        if o.virtual_stages > 1 and mesh.pp < 2:
-            raise ConfigError(
-                "parallelism.virtual_stages",
-                o.virtual_stages,
-                "1 without pipeline stages (pp >= 2 to interleave)",
-            )
-        if o.distributed_optimizer and self.zero:
-            raise ConfigError(
-                "parallelism.distributed_optimizer",
-                True,
-                f"false with zero {self.zero} (FSDP and ZeRO shard the optimizer states already)",
-            )
-        if self.zero in (1, 2) and mesh.dp_replicate > 1:
-            raise ConfigError(
-                "parallelism.zero",
-                self.zero,
-                "3 or 0 with dp_replicate > 1 (HSDP is FSDP's; ZeRO-1/2 shard over all "
-                "data-parallel GPUs: dp_shard x cp)",
-            )
-        if o.reshard_after_forward != "default" and zero != 3:  # (asked for FSDP: kept)
-            raise ConfigError(
-                "parallelism.reshard_after_forward",
-                o.reshard_after_forward,
-                f"default with zero {zero}: only FSDP (zero 3) gathers parameters to keep or free",
-            )
-        if o.tp_comm_overlap and mesh.tp == 1:
-            raise ConfigError(
-                "parallelism.tp_comm_overlap", True, "false without tensor parallelism (tp 1)"
-            )
-        if o.recompute_every > 1 and o.recompute not in ("full", "op"):
-            raise ConfigError(
-                "parallelism.recompute_every",
-                o.recompute_every,
-                f"1 with recompute {o.recompute} (only full and op recompute whole blocks)",
-            )
-        if o.overlap_param_gather and not o.distributed_optimizer:
-            raise ConfigError(
-                "parallelism.overlap_param_gather",
-                True,
-                "false without distributed_optimizer (only the distributed optimizer "
-                "all-gathers parameters)",
-            )
-        self.params_after_step = (
-            o.distributed_optimizer or self.zero in (1, 2)
-        ) and not o.overlap_param_gather
-        self.reduction = grad_reduction(o.distributed_optimizer or self.zero == 2)
-
     def _tp_plan(self, group0):
         """The TP plan on the first TP group: Megatron's (tensor_parallel.py), with experts
         on the mesh the dense layers' only (moe_tp.py: the router whole, the routed

@@ -1,0 +1,79 @@
+"""What a mesh's degrees allow of its other fields, checked in one place before any
+simulation (each message names its field), and what follows from them: the ZeRO level that
+shards, whether that is FSDP, whether the parameters come back after the optimizer step,
+and the gradients' reduction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from extrapolators.modes.dist_optimizer import grad_reduction
+from triosim.common.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Rules:
+    zero: int  # the ZeRO level that shards (0 with one data-parallel GPU)
+    fsdp: bool  # zero 3: FSDP2 per unit
+    params_after_step: bool  # the distributed optimizer / ZeRO-1/2 gather them after it
+    reduction: str  # the gradients' collective
+
+
+def field_rules(o, mesh) -> Rules:
+    """What the degrees allow of the other fields (each message names its field), and
+    what follows from them."""
+    zero = o.zero if o.zero is not None else (3 if mesh.dp_shard > 1 else 0)
+    zero_at = zero if mesh.dp_shard * mesh.cp > 1 else 0  # the level that shards
+    if o.sequence_parallel and mesh.tp == 1:
+        raise ConfigError(
+            "parallelism.sequence_parallel", True, "false without tensor parallelism (tp 1)"
+        )
+    if o.virtual_stages > 1 and mesh.pp < 2:
+        raise ConfigError(
+            "parallelism.virtual_stages",
+            o.virtual_stages,
+            "1 without pipeline stages (pp >= 2 to interleave)",
+        )
+    if o.distributed_optimizer and zero_at:
+        raise ConfigError(
+            "parallelism.distributed_optimizer",
+            True,
+            f"false with zero {zero_at} (FSDP and ZeRO shard the optimizer states already)",
+        )
+    if zero_at in (1, 2) and mesh.dp_replicate > 1:
+        raise ConfigError(
+            "parallelism.zero",
+            zero_at,
+            "3 or 0 with dp_replicate > 1 (HSDP is FSDP's; ZeRO-1/2 shard over all "
+            "data-parallel GPUs: dp_shard x cp)",
+        )
+    if o.reshard_after_forward != "default" and zero != 3:  # (asked for FSDP: kept)
+        raise ConfigError(
+            "parallelism.reshard_after_forward",
+            o.reshard_after_forward,
+            f"default with zero {zero}: only FSDP (zero 3) gathers parameters to keep or free",
+        )
+    if o.tp_comm_overlap and mesh.tp == 1:
+        raise ConfigError(
+            "parallelism.tp_comm_overlap", True, "false without tensor parallelism (tp 1)"
+        )
+    if o.recompute_every > 1 and o.recompute not in ("full", "op"):
+        raise ConfigError(
+            "parallelism.recompute_every",
+            o.recompute_every,
+            f"1 with recompute {o.recompute} (only full and op recompute whole blocks)",
+        )
+    if o.overlap_param_gather and not o.distributed_optimizer:
+        raise ConfigError(
+            "parallelism.overlap_param_gather",
+            True,
+            "false without distributed_optimizer (only the distributed optimizer "
+            "all-gathers parameters)",
+        )
+    return Rules(
+        zero=zero_at,
+        fsdp=zero_at == 3,
+        params_after_step=(o.distributed_optimizer or zero_at in (1, 2))
+        and not o.overlap_param_gather,
+        reduction=grad_reduction(o.distributed_optimizer or zero_at == 2),
+    )
