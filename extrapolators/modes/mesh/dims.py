@@ -132,6 +132,14 @@ class Mesh:
         return out
 
 
+class RankOrdered(tuple):
+    """A group whose members are in rank order, not the topology's ring order (the expert
+    mesh's groups: EP, expert-TP, an expert's replicas); its image in another copy of a
+    symmetric run is in rank order too (mesh/symmetry.py)."""
+
+    __slots__ = ()
+
+
 class Layout:
     """The mesh on GPU ids: `at[coords]` and `coord[gpu]`, and `group(coords, dims)`, each
     group's members in the topology's ring order (module docstring)."""

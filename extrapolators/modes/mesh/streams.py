@@ -36,7 +36,7 @@ from extrapolators.execution.tasks import Collective, ComputeRun, Recv, Signal, 
 from extrapolators.modes.cp_attention import ring_compute, ring_sends, ulysses
 from extrapolators.modes.cp_plan import kv_block_bytes, ulysses_bytes
 from extrapolators.modes.dist_optimizer import param_gather
-from extrapolators.modes.mesh.dims import CP, PP, REP, SHARD, TP
+from extrapolators.modes.mesh.dims import CP, PP, REP, SHARD, TP, RankOrdered
 from extrapolators.modes.mesh.template import (
     A2A,
     ATTN,
@@ -85,7 +85,7 @@ class MeshStreams:
         g = self._groups.get(key)
         if g is None:
             members = getattr(ex, f"{which}_group")(x)
-            g = tuple(at[y] for y in members)
+            g = RankOrdered(at[y] for y in members)
             for y in members:  # one tuple per group, shared by its members
                 self._groups[which, y] = g
         return g

@@ -4,61 +4,105 @@ bytes as images (extrapolators.execution.symmetry)."""
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 
 from extrapolators.execution.symmetry import Symmetry
-from extrapolators.modes.mesh.dims import REP, SHARD, TP
+from extrapolators.modes.mesh.dims import REP, SHARD, TP, RankOrdered
 
 
 def mesh_symmetry(mode) -> Symmetry:
-    """Copies of a stage's GPUs (numbered in the dense order, dims.Mesh.local) along every
-    axis whose ranks run the same streams: the data-parallel dimensions (dp_replicate,
-    dp_shard) and TP (its ranks run the same operators on their shards). Copy 0's GPUs
-    (every stage of it) represent the others, mapped by moving the axes' coordinates
-    (modulo each degree); a group along some of the axes (TP's, FSDP's) is a
-    representative at the copies of those axes, its images the other cosets' groups
-    (execution.symmetry). Where that breaks in the run (a network that treats the copies
-    apart), the fallback is one axis (`one_axis`). With experts on the mesh: one axis only
-    (`copy_axis`)."""
-    if mode.experts is not None:
-        return one_axis(mode)
-    mesh = mode.mesh
-    dims = [k for k in (REP, SHARD, TP) if mesh.shape[k] > 1]
-    if len(dims) < 2:
-        return one_axis(mode)
-    sym = _along(mode, dims)
-    sym.fallback = one_axis(mode)
+    """Copies of a stage's GPUs along every digit of their local index (dims.Mesh.local,
+    Megatron-Core's dense order) whose ranks run the same streams: the digits of the
+    data-parallel dimensions (dp_replicate, dp_shard) and of TP; with experts on the mesh
+    the digits of the common refinement of the dense and the expert mesh (`digits`), EP's
+    only where every EP rank keeps the same tokens. CP's digits never (ring attention
+    sends to the neighbouring CP rank, not to a copy). Every group of the mesh is a product
+    of whole digits, so a copy (a shift of each digit, modulo its radix) maps groups to
+    groups. Copy 0's GPUs (every stage of it) represent the others; a group along some of
+    the digits is a representative at the copies of those digits, its images the other
+    cosets' groups (execution.symmetry). Where that breaks in the run (a network that
+    treats the copies apart: a data-parallel ring that leaves a host at one GPU of it
+    tells the EP ranks of the host apart), the fallbacks are the same without EP's
+    digits, then one axis (`one_axis`)."""
+    radices, shifts, ep = digits(mode)
+    chain = []  # the declarations to try, finest first
+    if radices is not None:
+        for ds in (shifts, [d for d in shifts if d not in ep]):
+            ds = [d for d in ds if radices[d] > 1]
+            if len(ds) >= 2 and all(c[1] != ds for c in chain):
+                chain.append((radices, ds))
+    sym = one_axis(mode)
+    for radices, ds in reversed(chain):  # each falls back to the next coarser
+        finer = _along(mode, radices, ds)
+        finer.fallback, sym = sym, finer
     return sym
 
 
-def _along(mode, dims: list) -> Symmetry:
-    """Copies along the mesh dimensions `dims` (outermost first: the last is the fastest
-    axis of a copy's index)."""
+def digits(mode):
+    """(radices of a stage's local index, fastest first; the digits copies shift; EP's
+    digits), or (None, None, None) where the dense and the expert mesh have no common
+    refinement."""
+    mesh, ex = mode.mesh, mode.experts
+    dense = [mesh.tp, mesh.cp, mesh.dp_shard, mesh.dp_replicate]
+    cuts = {math.prod(dense[: i + 1]) for i in range(4)}
+    if ex is not None:
+        cuts |= {ex.etp, ex.etp * ex.ep, mesh.stage_size}
+    bounds = sorted(cuts)
+    radices, prev = [], 1
+    for b in bounds:
+        if b % prev:
+            return None, None, None
+        if b > prev:
+            radices.append(b // prev)
+        prev = b
+    ends = list(itertools.accumulate(radices, operator.mul))  # each digit's upper bound
+    starts = [e // r for e, r in zip(ends, radices, strict=True)]
+    cp_lo, cp_hi = mesh.tp, mesh.tp * mesh.cp  # CP's digits: between these
+    shifts, ep = [], []
+    for d, (lo, hi) in enumerate(zip(starts, ends, strict=True)):
+        if ex is not None and lo >= ex.etp and hi <= ex.etp * ex.ep:
+            ep.append(d)
+            if not ex.uniform:
+                continue  # EP ranks with other loads
+        if lo >= cp_lo and hi <= cp_hi and mesh.cp > 1:
+            continue
+        shifts.append(d)
+    return radices, shifts, ep
+
+
+def _along(mode, radices: list, shifts: list) -> Symmetry:
+    """Copies shifting the local index's digits `shifts` (of `radices`, fastest first)."""
     mesh, at, layout = mode.mesh, mode.layout.at, mode.layout
     coord = layout.coord
-    axes = [mesh.shape[k] for k in dims]
-    first = sorted(x for x in at if all(x[k] == 0 for k in dims))
+    axes = [radices[d] for d in reversed(shifts)]  # the slowest first (Symmetry's order)
+    weights = list(itertools.accumulate([1] + radices[:-1], operator.mul))
 
-    def offsets(k: int) -> list:
-        out = []
-        for n in reversed(axes):
-            k, d = divmod(k, n)
-            out.append(d)
-        return out[::-1]
+    def offsets(k: int) -> dict:
+        out = {}
+        for d in shifts:  # the fastest axis last in k
+            k, out[d] = divmod(k, radices[d])
+        return out
 
     def moved(x, k):
-        c = list(x)
-        for dim, n, d in zip(dims, axes, offsets(k), strict=True):
-            c[dim] = (c[dim] + d) % n
-        return tuple(c)
+        i, step = mesh.local(x), offsets(k)
+        j = 0
+        for d, (r, w) in enumerate(zip(radices, weights, strict=True)):
+            j += ((i // w % r + step.get(d, 0)) % r) * w
+        return mesh.from_local(x[0], j)
 
+    first = sorted(
+        x for x in at if all(mesh.local(x) // weights[d] % radices[d] == 0 for d in shifts)
+    )
     copies = math.prod(axes)
     replicas = [[at[moved(x, k)] for x in first] for k in range(copies)]
 
     def image_group(group, k):
         images = tuple(at[moved(coord[g], k)] for g in group)
-        ring = layout.ring_order(group)
-        return layout.ring_order(images) if tuple(group) == ring else images
+        if isinstance(group, RankOrdered):  # the expert mesh's groups, in rank order
+            return RankOrdered(sorted(images, key=lambda g: mesh.local(coord[g])))
+        return layout.ring_order(images)  # the mesh's groups: in ring order
 
     sym = Symmetry.of_replicas(replicas, image_group, axes)
     sym.sample = 2  # the streams come from shared stage templates (one_axis says more)
