@@ -119,6 +119,10 @@ class Extrapolator:
 
     def compute(self, op, target: Target, scale: float = 1.0, mb: int = 0, phase=None):
         """The task for `op` at `target`; `phase` overrides the trace's ("recompute")."""
+        return self.timed(op, self.seconds(op, target, scale), mb, phase)
+
+    def seconds(self, op, target: Target, scale: float = 1.0) -> float:
+        """`op`'s GPU seconds at `target`, times `scale` (kept per target and op)."""
         # the per-target table is looked up by identity first: hashing a Target per task
         # was most of the cost of emitting DDP's streams
         last = getattr(self, "_last_target", None)
@@ -134,7 +138,7 @@ class Extrapolator:
             if op.id in self.precision.fp8:
                 t = self._fp8_time(op, target, t)
             t = table[key] = t * scale
-        return self.timed(op, t, mb, phase)
+        return t
 
     def _fp8_time(self, op, target: Target, t: float) -> float:
         """A linear's product in FP8 (triosim.trace.precision, `matmul: float8`): its

@@ -281,9 +281,13 @@ class MeshMode(Extrapolator):
 
     # -- timing ---------------------------------------------------------------------------
     def op_time(self, op, split, whole, m, phase=None, scale=1.0, j=0):
-        """`op` at the micro-batch on its TP role's shard, times `scale`; a routed expert's
-        on EP rank j's experts (experts.py), the router whole on the GPU's tokens; a weight
-        cast as the precision has it (triosim.trace.precision)."""
+        """The task for `op` at micro-batch m (`op_seconds`)."""
+        return self.timed(op, self.op_seconds(op, split, whole, scale, j), m, phase)
+
+    def op_seconds(self, op, split, whole, scale=1.0, j=0) -> float:
+        """`op`'s GPU seconds at the micro-batch on its TP role's shard, times `scale`; a
+        routed expert's on EP rank j's experts (experts.py), the router whole on the GPU's
+        tokens; a weight cast as the precision has it (triosim.trace.precision)."""
         if self.cast_scale:
             scale *= self.cast_scale.get(op.id, 1.0)
         ex = self.experts
@@ -292,12 +296,12 @@ class MeshMode(Extrapolator):
                 t = ex.time(op, j)
                 if op.id in self.precision.fp8:  # TE's grouped GEMM in FP8
                     t = self._fp8_time(op, self.target(ex.tokens_batch), t)
-                return self.timed(op, t * scale, m, phase)
+                return t * scale
             tpx = self.tpx
             if op.tp_split and op.id in tpx.moe_ops and tpx.roles.get(op.id) in SHARDED:
-                return self.compute(op, self.target(ex.tokens_batch), scale, m, phase)
+                return self.seconds(op, self.target(ex.tokens_batch), scale)
         target, s = self.tpx.shard(op, split, whole, scale)
-        return self.compute(op, target, s, m, phase)
+        return self.seconds(op, target, s)
 
     def token_ratio(self) -> float:
         """The GPU's share of the trace's batch-sized tensors: its tokens of a micro-batch."""

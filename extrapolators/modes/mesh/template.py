@@ -104,6 +104,15 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
             other((TPWAIT, i))
         pending.clear()
 
+    secs: dict = {}  # op id -> its seconds (the same at every micro-batch)
+    timed = mode.timed
+
+    def seconds(op):
+        t = secs.get(op.id)
+        if t is None:
+            t = secs[op.id] = mode.op_seconds(op, split, whole, 1.0, ep_rank)
+        return t
+
     def op_tasks(op, m, again):
         phase = "recompute" if again else None
         re = ":re" if again else ""
@@ -121,7 +130,7 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
                 if moe:
                     for layer, kind in ex.before.get(op.id, ()):
                         tokens(layer, kind, m, again, True)
-                run.append(mode.op_time(op, split, whole, m, phase, 1.0, ep_rank))
+                run.append(timed(op, seconds(op), m, phase))
                 if op.id in main:  # the layer's product: its collectives end with it
                     flush()
                 return
@@ -135,7 +144,7 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
             scale = 1 / mesh.cp if p2p else 1.0
             other((ATTN, op, mode.op_time(op, split, whole, m, phase, scale, ep_rank), m))
         else:
-            run.append(mode.op_time(op, split, whole, m, phase, 1.0, ep_rank))
+            run.append(timed(op, seconds(op), m, phase))
         if comm:
             for c in tpx.after.get(op.id, ()):
                 other((COLL, c, f"m{m}/{c.key}{re}", again))
