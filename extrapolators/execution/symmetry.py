@@ -62,9 +62,12 @@ SAMPLED_COPIES = 16  # copies whose streams `check_streams` compares (all when K
 class SymmetryBroken(SimulationError):
     """The declared symmetry does not hold for this run (the message says where)."""
 
-    def __init__(self, message: str):
-        self.message = message
-        super().__init__(message)
+    def __init__(self, message: str, hint: str = ""):
+        self.message, self.hint = message, hint  # what broke; the likely causes
+        super().__init__(message, hint)  # (SimPy rebuilds a failed process's error from args)
+
+    def __str__(self) -> str:
+        return f"{self.message}: {self.hint}" if self.hint else self.message
 
 
 class SymmetryWarning(UserWarning):
@@ -405,10 +408,11 @@ class Twins:
                 raise SymmetryBroken(
                     f"another replica's copy of {self.what} ended {abs(gap):.3g} us "
                     f"{'after' if gap > 0 else 'before'} the representatives' (at "
-                    f"{t * 1e3:.6f} ms, not {e * 1e3:.6f} ms): the replicas do not see the "
+                    f"{t * 1e3:.6f} ms, not {e * 1e3:.6f} ms)",
+                    "the replicas do not see the "
                     "same network, e.g. a slower link in one of them, or routes that "
                     "differ per replica (ECMP on a fat tree spreads each replica's traffic "
-                    "over the spines differently)"
+                    "over the spines differently)",
                 )
             rt = self.runtime
             rt.symmetry_skew = max(rt.symmetry_skew, skew)

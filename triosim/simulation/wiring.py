@@ -170,8 +170,9 @@ class Simulation:
                     result = self._run(progress, sym, wall)
                 except (SymmetryBroken, DeadlockError) as e:
                     reason = f"the symmetric run stopped: {e}"
-                    if not abandoned:
-                        finer = f"{sym.describe(n)[len('auto: ') :]}: {e}"
+                    if not abandoned:  # (what broke, without the hint: a summary line)
+                        what = getattr(e, "message", str(e))
+                        finer = f"{sym.describe(n)[len('auto: ') :]}: {what}"
                     abandoned = True
                     gc.collect()
                     sym = self._checked(sym.fallback)
