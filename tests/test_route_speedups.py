@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from extrapolators.communication.nccl import streams as nccl_streams
-from extrapolators.communication.nccl.groups import _Group
+from extrapolators.communication.nccl.groups import GroupAnalysis, _Group
 from extrapolators.communication.nccl.model import Nccl, Plan, Terms
 from extrapolators.communication.nccl.options import NcclOptions
 from extrapolators.communication.nccl.streams import hops as _hops
@@ -355,17 +355,17 @@ def test_all_to_all_on_both_engines_ends_alike(name):
 
 
 # -- the NCCL model before its path data were batched and cached -----------------------------
-class _OldNccl(Nccl):
-    """The planning code's path data as first written: one route and one numpy reduction
-    per hop, per call (the choice among layouts and pairs is the model's own)."""
+class _OldAnalysis(GroupAnalysis):
+    """The group analysis's path data as first written: one route and one numpy
+    reduction per hop, per call."""
 
     def _analyse(self, group, s=None, rings=None) -> _Group:
         s = s or System(
-            self.graph, group, self.routes, self._partition, self.capacity * self.efficiency
+            self.graph, group, self.routes, self.partition, self.capacity * self.efficiency
         )
         rings = rings if rings is not None else s.rings()
         info = _Group(
-            s, None, rings, [1.0 / len(rings)] * len(rings), [self._both_ways(r) for r in rings]
+            s, None, rings, [1.0 / len(rings)] * len(rings), [self.both_ways(r) for r in rings]
         )
         fresh = super()._analyse(group, s, rings)  # the tuner graphs: compared through plans
         info.graphs = fresh.graphs
@@ -374,10 +374,10 @@ class _OldNccl(Nccl):
     def _path(self, a, b):
         return self.routes.walk_links(a, b)
 
-    def _both_ways(self, ring) -> bool:
+    def both_ways(self, ring) -> bool:
         return all(len(self._path(b, a)) == len(self._path(a, b)) for a, b in _hops(ring))
 
-    def _unit_time(self, streams, effective=False) -> float:
+    def unit_time(self, streams, effective=False) -> float:
         load = np.zeros(len(self.links))
         for a, b, x in streams:
             np.add.at(load, self._path(a, b), x)
@@ -385,13 +385,23 @@ class _OldNccl(Nccl):
         with np.errstate(divide="ignore", invalid="ignore"):
             return float(np.max(np.where(load > 0, load / cap, 0.0), initial=0.0))
 
+
+class _OldNccl(Nccl):
+    """The planning code's path data as first written (`_OldAnalysis`), per call (the
+    choice among layouts and pairs is the model's own)."""
+
+    def __init__(self, env, net, options=None, **kwargs):
+        super().__init__(env, net, options, **kwargs)
+        self.analysis = _OldAnalysis(net, self.options, self.arch)
+
     def _p2p_terms(self, info, op, nbytes) -> Terms:
-        streams = self.structure(info, op, "p2p")
-        unit = self._unit_time(streams, effective=True)
+        a = self.analysis
+        streams = a.structure(info, op, "p2p")
+        unit = a.unit_time(streams, effective=True)
         hw = "net" if info.system.N > 1 else info.system.intra_hw
         lat_us = P.BASE_LAT["ring"][2] + P.HW_LAT[hw]["ring"][2]
         bw = 1 / unit / 1e9 if unit > 0 else math.inf
-        raw = self._unit_time(streams)
+        raw = a.unit_time(streams)
         return Terms(op, "p2p", "Simple", float(nbytes), lat_us, bw, 0.0, 0, 0, streams, raw, info)
 
     def _pair_terms(self, info, op, group, algo, proto, nbytes, root) -> Terms | None:
@@ -408,11 +418,13 @@ class _OldNccl(Nccl):
         bw *= tuner.tree_correction(op, algo, proto, nbytes)
         lat_us *= tuner.plateau(g, op, algo, proto, nbytes)
         root = root if root in group else group[0]
-        streams = self.structure(info, op, algo, root if op in ("broadcast", "reduce") else None)
+        streams = self.analysis.structure(
+            info, op, algo, root if op in ("broadcast", "reduce") else None
+        )
         extra = self._old_extra(info, op, algo, proto, streams)
         staged = algo in PIPELINED or op in ("broadcast", "reduce")
         depth = self._depth(info, op, algo) if staged else 0
-        raw = self._unit_time(streams) * PROTO_WIRE[proto]
+        raw = self.analysis.unit_time(streams) * PROTO_WIRE[proto]
         return Terms(
             op, algo, proto, float(nbytes), lat_us, bw, extra, depth, used, streams, raw, info
         )
@@ -425,7 +437,8 @@ class _OldNccl(Nccl):
         wire = PROTO_WIRE[terms.proto] * nbytes
         out = [(a, b, x * wire) for a, b, x in terms.streams if x * wire > 0]
         out = [(a, b, y, y / bw_time if bw_time > 0 else math.inf) for a, b, y in out]
-        path_lat = [float(self.link_latency[self._path(a, b)].sum()) for a, b, *_ in out]
+        a = self.analysis
+        path_lat = [float(a.link_latency[a._path(x, y)].sum()) for x, y, *_ in out]
         return Plan(
             op,
             terms.algo,
@@ -447,16 +460,18 @@ class _OldNccl(Nccl):
             True: P.HW_LAT["net"][algo][p] * 1e-6,
         }
 
+        an = self.analysis
+
         def excess(a, b):
-            links = self._path(a, b)
-            is_net = bool((self.link_kind[links] == "net").any())
-            return max(0.0, float(self.link_latency[links].sum()) - kind_lat[is_net])
+            links = an._path(a, b)
+            is_net = bool((an.link_kind[links] == "net").any())
+            return max(0.0, float(an.link_latency[links].sum()) - kind_lat[is_net])
 
         if algo == "ring" and op in ("allreduce", "all_gather", "reduce_scatter"):
             steps = 2 * (s.n - 1) if op == "allreduce" else s.n - 1
             worst = 0.0
             for ring in info.rings:
-                for order in (ring, ring[::-1]) if self._both_ways(ring) else (ring,):
+                for order in (ring, ring[::-1]) if an.both_ways(ring) else (ring,):
                     e = np.array([excess(a, b) for a, b in _hops(order)])
                     worst = max(worst, _old_window_max(e, steps))
             return worst
@@ -516,7 +531,7 @@ def test_nccl_plans_are_those_of_the_per_hop_code(name):
         net = PacketSwitchNetwork(env, build())
         m = cls(env, net, NcclOptions(), gpu="H100")
         if cls is _OldNccl:
-            m.routes = Routes(net.graph)  # its own routes, walked pair by pair
+            m.analysis.routes = Routes(net.graph)  # its own routes, walked pair by pair
         models.append(m)
     new, old = models
     gpus = list(new.net.gpus)
@@ -568,7 +583,9 @@ def test_ring_streams_unit_time_is_the_per_stream_sum():
     rings = [list(range(9)), [0, 4, 8, 3, 7, 2, 6, 1, 5]]
     streams = nccl_streams.ring(rings, [0.3, 0.7], [True, False], 16 / 9)
     for eff in (False, True):
-        assert new._unit_time(streams, eff).hex() == old._unit_time(streams, eff).hex()
+        assert (
+            new.analysis.unit_time(streams, eff).hex() == old.analysis.unit_time(streams, eff).hex()
+        )
 
 
 def _hop_rows_both_ways(g, group, mode="latency"):
