@@ -234,17 +234,17 @@ def test_hub_rows_that_do_not_fit_are_searched_again(monkeypatch):
     for rows in (0, 1, 3):
         monkeypatch.setattr(tuning, "HUB_ROWS_BYTES", max(1, rows * 8 * n_nodes))
         r = Routes(g)
-        assert r._hub, "the leaves serve 4 GPUs each: hubs stay on"
+        assert r.arrays.hub, "the leaves serve 4 GPUs each: hubs stay on"
         got = r.paths_links(pairs)
         assert all(same(x, y) for x, y in zip(got, want, strict=True)), rows
-        assert len(r._hub_rows) <= rows
+        assert len(r.rows._hub_rows) <= rows
         # one pair at a time, through the rows that were (or were not) kept
         assert all(same(r.walk_links(*pairs[i]), want[i]) for i in range(0, len(pairs), 37))
     # few GPUs per hub: off, as before (each source searches its own ball)
     monkeypatch.setattr(tuning, "HUB_SHARED", 10**6)
     monkeypatch.setattr(tuning, "HUB_ROWS_BYTES", 1)
     r = Routes(g)
-    assert not r._hub
+    assert not r.arrays.hub
     assert all(same(x, y) for x, y in zip(r.paths_links(pairs), want, strict=True))
 
 
@@ -275,10 +275,13 @@ def test_rows_through_the_core_equal_a_search_of_the_whole_graph(seed):
         for mode in ("latency", "hops"):
             r = Routes(h, mode)
             if h is g:
-                assert not {"q0", "q1"} & {r.nodes[k] for k in r._pend}
-            pendants += len(r._pend)
+                assert not {"q0", "q1"} & {r.nodes[k] for k in r.arrays.pend}
+            pendants += len(r.arrays.pend)
             for x in range(len(r.nodes)):
-                assert np.array_equal(r._search_row(x), dijkstra(r._csr, indices=x)), (h, x)
+                assert np.array_equal(r.rows.search_row(x), dijkstra(r.arrays.csr, indices=x)), (
+                    h,
+                    x,
+                )
     assert pendants > 0  # the core path was taken
 
 
@@ -776,7 +779,7 @@ def test_server_walks_are_the_reference_routes(name):
     pairs = [(a, b) for a in gpus for b in gpus if a != b]
     got = Routes(g).server_walks(pairs)
     want = dict(zip(pairs, reference_paths(g, pairs), strict=True))
-    local = Routes(g)._local
+    local = Routes(g).arrays.local
     idx = Routes(g).node_index
     inside = {p for p in pairs if local[idx[p[0]]] == local[idx[p[1]]]}
     assert set(got) == inside and inside
