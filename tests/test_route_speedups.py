@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from extrapolators.communication.nccl import streams as nccl_streams
-from extrapolators.communication.nccl.groups import _Group
+from extrapolators.communication.nccl.groups import GroupAnalysis, _Group
 from extrapolators.communication.nccl.model import Nccl, Plan, Terms
 from extrapolators.communication.nccl.options import NcclOptions
 from extrapolators.communication.nccl.streams import hops as _hops
@@ -234,17 +234,17 @@ def test_hub_rows_that_do_not_fit_are_searched_again(monkeypatch):
     for rows in (0, 1, 3):
         monkeypatch.setattr(tuning, "HUB_ROWS_BYTES", max(1, rows * 8 * n_nodes))
         r = Routes(g)
-        assert r._hub, "the leaves serve 4 GPUs each: hubs stay on"
+        assert r.arrays.hub, "the leaves serve 4 GPUs each: hubs stay on"
         got = r.paths_links(pairs)
         assert all(same(x, y) for x, y in zip(got, want, strict=True)), rows
-        assert len(r._hub_rows) <= rows
+        assert len(r.rows._hub_rows) <= rows
         # one pair at a time, through the rows that were (or were not) kept
         assert all(same(r.walk_links(*pairs[i]), want[i]) for i in range(0, len(pairs), 37))
     # few GPUs per hub: off, as before (each source searches its own ball)
     monkeypatch.setattr(tuning, "HUB_SHARED", 10**6)
     monkeypatch.setattr(tuning, "HUB_ROWS_BYTES", 1)
     r = Routes(g)
-    assert not r._hub
+    assert not r.arrays.hub
     assert all(same(x, y) for x, y in zip(r.paths_links(pairs), want, strict=True))
 
 
@@ -275,10 +275,13 @@ def test_rows_through_the_core_equal_a_search_of_the_whole_graph(seed):
         for mode in ("latency", "hops"):
             r = Routes(h, mode)
             if h is g:
-                assert not {"q0", "q1"} & {r.nodes[k] for k in r._pend}
-            pendants += len(r._pend)
+                assert not {"q0", "q1"} & {r.nodes[k] for k in r.arrays.pend}
+            pendants += len(r.arrays.pend)
             for x in range(len(r.nodes)):
-                assert np.array_equal(r._search_row(x), dijkstra(r._csr, indices=x)), (h, x)
+                assert np.array_equal(r.rows.search_row(x), dijkstra(r.arrays.csr, indices=x)), (
+                    h,
+                    x,
+                )
     assert pendants > 0  # the core path was taken
 
 
@@ -355,17 +358,17 @@ def test_all_to_all_on_both_engines_ends_alike(name):
 
 
 # -- the NCCL model before its path data were batched and cached -----------------------------
-class _OldNccl(Nccl):
-    """The planning code's path data as first written: one route and one numpy reduction
-    per hop, per call (the choice among layouts and pairs is the model's own)."""
+class _OldAnalysis(GroupAnalysis):
+    """The group analysis's path data as first written: one route and one numpy
+    reduction per hop, per call."""
 
     def _analyse(self, group, s=None, rings=None) -> _Group:
         s = s or System(
-            self.graph, group, self.routes, self._partition, self.capacity * self.efficiency
+            self.graph, group, self.routes, self.partition, self.capacity * self.efficiency
         )
         rings = rings if rings is not None else s.rings()
         info = _Group(
-            s, None, rings, [1.0 / len(rings)] * len(rings), [self._both_ways(r) for r in rings]
+            s, None, rings, [1.0 / len(rings)] * len(rings), [self.both_ways(r) for r in rings]
         )
         fresh = super()._analyse(group, s, rings)  # the tuner graphs: compared through plans
         info.graphs = fresh.graphs
@@ -374,10 +377,10 @@ class _OldNccl(Nccl):
     def _path(self, a, b):
         return self.routes.walk_links(a, b)
 
-    def _both_ways(self, ring) -> bool:
+    def both_ways(self, ring) -> bool:
         return all(len(self._path(b, a)) == len(self._path(a, b)) for a, b in _hops(ring))
 
-    def _unit_time(self, streams, effective=False) -> float:
+    def unit_time(self, streams, effective=False) -> float:
         load = np.zeros(len(self.links))
         for a, b, x in streams:
             np.add.at(load, self._path(a, b), x)
@@ -385,13 +388,23 @@ class _OldNccl(Nccl):
         with np.errstate(divide="ignore", invalid="ignore"):
             return float(np.max(np.where(load > 0, load / cap, 0.0), initial=0.0))
 
+
+class _OldNccl(Nccl):
+    """The planning code's path data as first written (`_OldAnalysis`), per call (the
+    choice among layouts and pairs is the model's own)."""
+
+    def __init__(self, env, net, options=None, **kwargs):
+        super().__init__(env, net, options, **kwargs)
+        self.analysis = _OldAnalysis(net, self.options, self.arch)
+
     def _p2p_terms(self, info, op, nbytes) -> Terms:
-        streams = self.structure(info, op, "p2p")
-        unit = self._unit_time(streams, effective=True)
+        a = self.analysis
+        streams = a.structure(info, op, "p2p")
+        unit = a.unit_time(streams, effective=True)
         hw = "net" if info.system.N > 1 else info.system.intra_hw
         lat_us = P.BASE_LAT["ring"][2] + P.HW_LAT[hw]["ring"][2]
         bw = 1 / unit / 1e9 if unit > 0 else math.inf
-        raw = self._unit_time(streams)
+        raw = a.unit_time(streams)
         return Terms(op, "p2p", "Simple", float(nbytes), lat_us, bw, 0.0, 0, 0, streams, raw, info)
 
     def _pair_terms(self, info, op, group, algo, proto, nbytes, root) -> Terms | None:
@@ -408,11 +421,13 @@ class _OldNccl(Nccl):
         bw *= tuner.tree_correction(op, algo, proto, nbytes)
         lat_us *= tuner.plateau(g, op, algo, proto, nbytes)
         root = root if root in group else group[0]
-        streams = self.structure(info, op, algo, root if op in ("broadcast", "reduce") else None)
+        streams = self.analysis.structure(
+            info, op, algo, root if op in ("broadcast", "reduce") else None
+        )
         extra = self._old_extra(info, op, algo, proto, streams)
         staged = algo in PIPELINED or op in ("broadcast", "reduce")
         depth = self._depth(info, op, algo) if staged else 0
-        raw = self._unit_time(streams) * PROTO_WIRE[proto]
+        raw = self.analysis.unit_time(streams) * PROTO_WIRE[proto]
         return Terms(
             op, algo, proto, float(nbytes), lat_us, bw, extra, depth, used, streams, raw, info
         )
@@ -425,7 +440,8 @@ class _OldNccl(Nccl):
         wire = PROTO_WIRE[terms.proto] * nbytes
         out = [(a, b, x * wire) for a, b, x in terms.streams if x * wire > 0]
         out = [(a, b, y, y / bw_time if bw_time > 0 else math.inf) for a, b, y in out]
-        path_lat = [float(self.link_latency[self._path(a, b)].sum()) for a, b, *_ in out]
+        a = self.analysis
+        path_lat = [float(a.link_latency[a._path(x, y)].sum()) for x, y, *_ in out]
         return Plan(
             op,
             terms.algo,
@@ -447,16 +463,18 @@ class _OldNccl(Nccl):
             True: P.HW_LAT["net"][algo][p] * 1e-6,
         }
 
+        an = self.analysis
+
         def excess(a, b):
-            links = self._path(a, b)
-            is_net = bool((self.link_kind[links] == "net").any())
-            return max(0.0, float(self.link_latency[links].sum()) - kind_lat[is_net])
+            links = an._path(a, b)
+            is_net = bool((an.link_kind[links] == "net").any())
+            return max(0.0, float(an.link_latency[links].sum()) - kind_lat[is_net])
 
         if algo == "ring" and op in ("allreduce", "all_gather", "reduce_scatter"):
             steps = 2 * (s.n - 1) if op == "allreduce" else s.n - 1
             worst = 0.0
             for ring in info.rings:
-                for order in (ring, ring[::-1]) if self._both_ways(ring) else (ring,):
+                for order in (ring, ring[::-1]) if an.both_ways(ring) else (ring,):
                     e = np.array([excess(a, b) for a, b in _hops(order)])
                     worst = max(worst, _old_window_max(e, steps))
             return worst
@@ -516,7 +534,7 @@ def test_nccl_plans_are_those_of_the_per_hop_code(name):
         net = PacketSwitchNetwork(env, build())
         m = cls(env, net, NcclOptions(), gpu="H100")
         if cls is _OldNccl:
-            m.routes = Routes(net.graph)  # its own routes, walked pair by pair
+            m.analysis.routes = Routes(net.graph)  # its own routes, walked pair by pair
         models.append(m)
     new, old = models
     gpus = list(new.net.gpus)
@@ -568,7 +586,9 @@ def test_ring_streams_unit_time_is_the_per_stream_sum():
     rings = [list(range(9)), [0, 4, 8, 3, 7, 2, 6, 1, 5]]
     streams = nccl_streams.ring(rings, [0.3, 0.7], [True, False], 16 / 9)
     for eff in (False, True):
-        assert new._unit_time(streams, eff).hex() == old._unit_time(streams, eff).hex()
+        assert (
+            new.analysis.unit_time(streams, eff).hex() == old.analysis.unit_time(streams, eff).hex()
+        )
 
 
 def _hop_rows_both_ways(g, group, mode="latency"):
@@ -759,7 +779,7 @@ def test_server_walks_are_the_reference_routes(name):
     pairs = [(a, b) for a in gpus for b in gpus if a != b]
     got = Routes(g).server_walks(pairs)
     want = dict(zip(pairs, reference_paths(g, pairs), strict=True))
-    local = Routes(g)._local
+    local = Routes(g).arrays.local
     idx = Routes(g).node_index
     inside = {p for p in pairs if local[idx[p[0]]] == local[idx[p[1]]]}
     assert set(got) == inside and inside

@@ -1,10 +1,12 @@
 """Routes through a topology: which links a transfer from one node to another crosses.
 
-`routes.py` holds the rule (its docstring) and `Routes`, put together in layers, a module
-each, each relying only on the ones below: `graph.py` (the topology as arrays, packed link
-weights), `rows.py` (distance rows), `spreads.py` (a big switch's shared hops),
-`reads.py` (which rows a batch of pairs reads), `walks.py` (the walk that picks the links);
-`tuning.py` holds memory budgets and thresholds, none of which changes a result.
+`routes.py` holds the rule (its docstring) and `Routes`, put together from objects, a
+module each, each owning one concern and its state: `graph.py` (`RouteGraph`: the topology
+as arrays, packed link weights), `rows.py` (`RouteRows`: distance rows), `servers.py`
+(`RouteServers`: what lies inside one server, searched there), `spreads.py`
+(`RouteSpreads`: a big switch's shared hops), `reads.py` (`RouteReads`: which rows a batch
+of pairs reads), `walks.py` (`RouteWalks`: the walk that picks the links); `tuning.py`
+holds memory budgets and thresholds, none of which changes a result.
 """
 
 from networks.routing.graph import link_weight

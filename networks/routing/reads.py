@@ -1,37 +1,43 @@
-"""Which distance rows each (source, destination) pair of a batch reads: the layer below
-the walks in networks.routing's `Routes`.
+"""Which distance rows each (source, destination) pair of a batch reads (`RouteReads`): the
+part below the walks in networks.routing's `Routes`.
 
 A pair reads K rows at K offsets: its distance to a node is the least over j of
 off[j] + row_j[node] (0 at its own source). A row is keyed ('h', hub) for a hub's full row,
 ('w', switch) for a switch's full row, ('s', source) for a source's own bounded ball,
 ('i', source) for its distances inside its server (servers.RouteServers); pairs
 from one source read the same rows, and GPUs on one hub or one rail share theirs.
-
-What the walks may rely on:
-- `_per_source(s_idx, d_idx)`: (row keys, per distinct source its K row numbers and
-  offsets, each pair's source number, hub and link into the hub), worked out once per
-  source;
-- `_bounded_reads` and `_tight_reads`: each pair's reads cut to those that can be on a
-  shortest path to its destination (`_keep_reads`); the least over the kept reads is the
-  least over all, exactly, wherever the walk back from the destination goes;
-- `_dist_rows(keys, kid, d_idx)`: the rows as a `_Rows`, each exact up to every
-  destination asked of it (`_Rows.at(r, v)`: row r's distance at node v, inf outside a
-  ball).
-What it needs: rows.RouteRows (`_full_row`, `_ball`), servers.RouteServers
-(`server_reads`, `server_row`) and graph's arrays.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from networks.routing.graph import RouteGraph
+from networks.routing.rows import RouteRows
 from networks.routing.servers import RouteServers
 
 
-class RouteReads(RouteServers):
-    """The rows a batch of pairs reads (see the module); it keeps no state of its own."""
+class RouteReads:
+    """The rows a batch of pairs reads (see the module); it keeps no state of its own.
 
-    def _per_source(self, s_idx: np.ndarray, d_idx: np.ndarray):
+    Gives (to walks.RouteWalks):
+    - `per_source(s_idx, d_idx)`: (row keys, per distinct source its K row numbers and
+      offsets, each pair's source number, hub and link into the hub), worked out once
+      per distinct source;
+    - `bounded_reads` and `tight_reads`: each pair's reads cut to those that can be on a
+      shortest path to its destination (`_keep_reads`); the least over the kept reads is
+      the least over all, exactly, wherever the walk back from the destination goes;
+    - `dist_rows(keys, kid, d_idx)`: the rows as a `_Rows`, each exact up to every
+      destination asked of it (`_Rows.at(r, v)`: row r's distance at node v, inf outside
+      a ball).
+    Needs: `arrays` (a graph.RouteGraph), `rows` (a rows.RouteRows: `full_row`, `ball`)
+    and `servers` (a servers.RouteServers: `server_reads`, `server_row`).
+    """
+
+    def __init__(self, arrays: RouteGraph, rows: RouteRows, servers: RouteServers):
+        self.arrays, self.rows, self.servers = arrays, rows, servers
+
+    def per_source(self, s_idx: np.ndarray, d_idx: np.ndarray):
         """Per pair, from its source: the distance rows it reads and their offsets (pairs x
         K arrays: its distance to a node is the least of offset + row there), its hub and
         its link into the hub (-1: none). Worked out once per distinct source:
@@ -44,14 +50,15 @@ class RouteReads(RouteServers):
         - anything else, or such a GPU asked only for GPUs of its own server (its bounded
           search stays in the server; a full row of the machine per NVSwitch cost 1.5 ms
           at 16,384 GPUs, and thousands of them do not stay cached): its own bounded ball
-          (`_ball`), offset 0.
+          (`RouteRows.ball`), offset 0.
         Rows a source reads fewer than K of are repeated (the least is the same)."""
+        g = self.arrays
         u, inv = np.unique(s_idx, return_inverse=True)
         far = np.zeros(len(u), bool)  # some destination outside the source's server
-        np.logical_or.at(far, inv, self._local[d_idx] != self._local[s_idx])
-        hub = self._hub_of[u]
+        np.logical_or.at(far, inv, g.local[d_idx] != g.local[s_idx])
+        hub = g.hub_of[u]
         on_hub = hub >= 0
-        via = np.flatnonzero(self._via_switches[u] & far & ~on_hub)
+        via = np.flatnonzero(g.via_switches[u] & far & ~on_hub)
         own = ~on_hub
         own[via] = False
         hubs, at_hub = np.unique(hub[on_hub], return_inverse=True)
@@ -59,15 +66,15 @@ class RouteReads(RouteServers):
         first = np.empty(len(u), np.int64)
         first[on_hub] = at_hub.reshape(-1)
         first[own] = len(hubs) + np.arange(int(own.sum()))
-        first_off = np.where(on_hub, self._hub_w[u], 0.0)
+        first_off = np.where(on_hub, g.hub_w[u], 0.0)
         # a GPU of a small server reads its server's own row (`server_reads`) and the rows
         # of the heads of the server's network links out, each offset by the way to the
         # link and the link: any path out leaves by one of them, and one that comes back
         # crosses another. A rail cluster's GPU then reads its server and the 8 rail
         # leaves, not its NVSwitch's row of the machine (16,384 of them at 131,072 GPUs)
-        csr, entries = self._csr, []
+        csr, entries = g.csr, []
         for s in u[via].tolist():
-            out = self.server_reads(s)
+            out = self.servers.server_reads(s)
             if out is None:
                 out = [
                     (("w", int(csr.indices[k])), float(csr.data[k]))
@@ -75,7 +82,7 @@ class RouteReads(RouteServers):
                 ]
             else:
                 # the own row last: the first read is the one a walk's big switches look
-                # candidates up by (`walks._equal_cost_step`), shared by a rail's GPUs
+                # candidates up by (walks: `_equal_cost_step`), shared by a rail's GPUs
                 out = [(("w", y), w) for y, w in out] + [(("i", s), 0.0)]
             entries.append(out)
         number: dict = {}  # row key -> its number, after the hubs' and the own balls'
@@ -91,17 +98,18 @@ class RouteReads(RouteServers):
             r = r + r[:1] * (width - len(r))  # read fewer than K: repeated (the least is the same)
             kid[i] = [k for k, _ in r]
             off[i] = [w for _, w in r]
-        return keys, kid, off, inv, hub[inv], self._hub_link_of[u][inv]
+        return keys, kid, off, inv, hub[inv], g.hub_link_of[u][inv]
 
-    def _bounded_reads(self, keys, reads, offs, d_idx):
+    def bounded_reads(self, keys, reads, offs, d_idx):
         """Reads (switch rows) that cannot be on a shortest path to the pair's destination
         dropped before their rows are searched for (replaced by the first kept). Each pair's
         most-read row (a rail's leaf, shared by the rail's GPUs) is searched first and
         bounds the distance from above; another read j is dropped when even a lower bound
         of it, off_j + (network links any path from switch j to the destination crosses)
-        x (the lightest network link), is longer. `_tight_reads` would drop it too, so the
+        x (the lightest network link), is longer. `tight_reads` would drop it too, so the
         paths are the same; an NVSwitch's row of the machine (1.5 ms at 16,384 GPUs) is
         then searched only where the NVSwitch can be on the way (PXN)."""
+        g = self.arrays
         m, width = reads.shape
         count = np.bincount(reads.ravel(), minlength=len(keys))
         first = reads[np.arange(m), np.argmax(count[reads], axis=1)]
@@ -110,38 +118,38 @@ class RouteReads(RouteServers):
             kind, x = keys[k]
             if kind in ("s", "i"):  # a source's own ball or server: no bound from it
                 continue
-            row = self._full_row(x, hub=kind == "h")
+            row = self.rows.full_row(x, hub=kind == "h")
             for j in range(width):
                 on = np.flatnonzero(reads[:, j] == k)
                 upper[on] = np.minimum(upper[on], offs[on, j] + row[d_idx[on]])
-        comp = self._local
+        comp = g.local
         nodes = np.array([x for _, x in keys], np.int64)
         lower = np.empty((m, width))
         for j in range(width):
-            lower[:, j] = offs[:, j] + self._net_bound(comp[nodes[reads[:, j]]], comp[d_idx])
-        own = np.array([kind == "i" for kind, _ in keys], bool)[reads]  # see `_tight_reads`
+            lower[:, j] = offs[:, j] + g.net_bound(comp[nodes[reads[:, j]]], comp[d_idx])
+        own = np.array([kind == "i" for kind, _ in keys], bool)[reads]  # see `tight_reads`
         return _keep_reads(reads, offs, ~(lower > upper[:, None]) | own)
 
-    def _dist_rows(self, keys, kid, d_idx) -> _Rows:
+    def dist_rows(self, keys, kid, d_idx) -> _Rows:
         """The distance rows of row keys `keys` (pairs read rows kid[p], destination
-        d_idx[p]): a hub's or a switch's full row, or a source's bounded ball (`_ball`, only
+        d_idx[p]): a hub's or a switch's full row, or a source's bounded ball (`rows.ball`, only
         ever its pairs' one row) grown until every destination asked of it is in. Any row
         exact up to the destination gives the same paths (see rows)."""
-        rows = _Rows(len(self.nodes), len(keys))
+        rows = _Rows(len(self.arrays.nodes), len(keys))
         first = kid[:, 0]
         order = np.argsort(first, kind="stable")
         bounds = np.searchsorted(first[order], np.arange(len(keys) + 1))
         for r, (kind, x) in enumerate(keys):
             if kind in ("h", "w"):
-                rows.add_full(r, self._full_row(x, hub=kind == "h"))
+                rows.add_full(r, self.rows.full_row(x, hub=kind == "h"))
                 continue
             if kind == "i":  # the source's distances inside its server
-                rows.add_ball(r, *self.server_row(x))
+                rows.add_ball(r, *self.servers.server_row(x))
                 continue
             ds = d_idx[order[bounds[r] : bounds[r + 1]]]
             out = ds[:1]
             while len(out):  # balls only grow: the last covers every earlier one
-                ball = self._ball(x, int(out[0]))
+                ball = self.rows.ball(x, int(out[0]))
                 out = ds[~_in_sorted(ball[1], ds)]
                 if len(out) and ball[0] == np.inf:
                     break  # the rest are unreachable
@@ -150,7 +158,7 @@ class RouteReads(RouteServers):
         return rows
 
     @staticmethod
-    def _tight_reads(rows, row, off, s_idx, d_idx):
+    def tight_reads(rows, row, off, s_idx, d_idx):
         """Each pair's reads cut to those on a shortest path to its destination (a first
         hop j with off_j + row_j[d] == the distance; the others replaced by the first such),
         and columns every pair now repeats dropped. Exact: every node u a walk back from d

@@ -1,21 +1,15 @@
-"""Hops and bottlenecks between GPUs of one server: a layer of networks.routing's `Routes`
-beside the spreads.
+"""Hops, bottlenecks and routes between GPUs of one server (`RouteServers`), a part of
+networks.routing's `Routes` beside the spreads.
 
-A server here is a component of the graph without its network links (`_local`: a node's
+A server here is a component of the graph without its network links (`local`: a node's
 GPUs and NVSwitch). A path that leaves it crosses a network link, which alone weighs
 NET_WEIGHT, more than any path inside it (latencies below ~1 ms, tuning.SERVER_NODES nodes
 at most), so between two nodes of one server the shortest paths are inside it: a search of
 the server's few nodes gives the distances a search of the machine gives. A tree takes one
 of the equal-cost paths; where their bottlenecks differ its answer would depend on the
-tie-break, so none is given then (as the spreads do).
-
-What a caller may rely on: `server_hop_rows(sources, targets)` gives, per source,
-(bottleneck bandwidth, packed distance, hops) over the targets exactly as a shortest-path
-tree from the source (`trees`) gives them, or None where it does not apply (nodes in
-several servers, a server of more than tuning.SERVER_NODES nodes, a target it cannot reach
-inside, or equal-cost paths with different bottlenecks). Why: a tensor-parallel group's
-ring search asked a tree of the whole machine per member (32,768 groups at 131,072 GPUs:
-O(groups x machine)). What it needs: rows.RouteRows (the graph's arrays and `_local`).
+tie-break, so none is given then (as the spreads do). Why: a tensor-parallel group's ring
+search asked a tree of the whole machine per member (32,768 groups at 131,072 GPUs:
+O(groups x machine)).
 """
 
 from __future__ import annotations
@@ -26,8 +20,7 @@ from typing import NamedTuple
 import numpy as np
 
 from networks.routing import tuning
-from networks.routing.graph import NET_WEIGHT, NS_WEIGHT
-from networks.routing.rows import RouteRows
+from networks.routing.graph import NET_WEIGHT, NS_WEIGHT, RouteGraph
 
 
 class _Server(NamedTuple):
@@ -44,11 +37,22 @@ class _Server(NamedTuple):
     shape: tuple  # what alike servers share: node count, tails, heads, weights
 
 
-class RouteServers(RouteRows):
-    """`server_hop_rows` from a search of one server (see the module)."""
+class RouteServers:
+    """Searches and walks of one server at a time (see the module).
 
-    def __init__(self, graph, mode: str = "latency"):
-        super().__init__(graph, mode)
+    Gives: `server_hop_rows(sources, targets)`: per source, (bottleneck bandwidth, packed
+    distance, hops) over the targets exactly as a shortest-path tree from the source
+    (rows.RouteRows.trees) gives them, or None where it does not apply (nodes in several
+    servers, a server of more than tuning.SERVER_NODES nodes, a target it cannot reach
+    inside, or equal-cost paths with different bottlenecks); `server_walks(pairs)`: the
+    routes of the pairs inside one server, as walks.RouteWalks would walk them;
+    `server_row(s)` and `server_reads(s)`: a node's distances inside its server, and the
+    network links out of it with their offsets (for reads.RouteReads).
+    Needs: `arrays`, a graph.RouteGraph.
+    """
+
+    def __init__(self, arrays: RouteGraph):
+        self.arrays = arrays
         self._servers: dict = {}  # component -> its sub-graph (`_server`), or None: too big
         self._comp_nodes = self._comp_ptr = None  # every component's nodes (`_server`)
         self._server_rows: dict = {}  # node -> its server's nodes and its distances there
@@ -60,13 +64,14 @@ class RouteServers(RouteRows):
         """`(bottleneck bandwidth, packed distance, hops)` arrays over `targets` for each
         source, as a shortest-path tree from the source gives them, or None (the module
         says when; the arrays are shared: a caller must not write into them)."""
-        idx = self.node_index
+        g = self.arrays
+        idx = g.node_index
         s = np.array([idx[v] for v in sources], np.int64)
         t = np.array([idx[v] for v in targets], np.int64)
         if not len(s) or not len(t):
             return None
-        comp = self._local[s[0]]
-        if (self._local[s] != comp).any() or (self._local[t] != comp).any():
+        comp = g.local[s[0]]
+        if (g.local[s] != comp).any() or (g.local[t] != comp).any():
             return None
         sub = self._server(int(comp))
         if sub is None:
@@ -86,8 +91,9 @@ class RouteServers(RouteRows):
         it is never on a shortest path: reaching it costs a network link). The others are
         left out. Why: a rail cluster's intra-server ring hops read switch rows of the
         whole machine (2,056 rows of 18,448 nodes at 16,384 GPUs: 11 s)."""
+        g = self.arrays
 
-        idx, local = self.node_index, self._local
+        idx, local = g.node_index, g.local
         small = np.diff(self._components()[1]) <= tuning.SERVER_NODES  # small enough to search
         s_idx = np.array([idx[a] for a, _ in pairs], np.int64)
         d_idx = np.array([idx[b] for _, b in pairs], np.int64)
@@ -151,7 +157,7 @@ class RouteServers(RouteRows):
         v = pd[act]
         tied = np.zeros(len(items), bool)
         steps = []
-        nodes = self.nodes
+        nodes = self.arrays.nodes
         while len(act):
             if len(steps) > m:  # a shortest path has fewer hops than the server has nodes
                 raise AssertionError("server walk went round a cycle")
@@ -187,7 +193,7 @@ class RouteServers(RouteRows):
         if got is None:
             from scipy.sparse.csgraph import dijkstra
 
-            sub = self._server(int(self._local[s]))
+            sub = self._server(int(self.arrays.local[s]))
             members = sub.members
             row = dijkstra(sub.csr, indices=int(np.searchsorted(members, s)))
             got = self._server_rows[s] = (members, row)
@@ -202,7 +208,7 @@ class RouteServers(RouteRows):
         head's distance there, exactly (integer-valued weights)."""
         if s in self._exits_of:
             return self._exits_of[s]
-        sub = self._server(int(self._local[s]))
+        sub = self._server(int(self.arrays.local[s]))
         if sub is None:
             self._exits_of[s] = None
             return None
@@ -219,16 +225,18 @@ class RouteServers(RouteRows):
     def _components(self) -> tuple:
         """Every node index grouped by component (sorted within each) and the offsets
         where each component's nodes start in it: built once."""
+        g = self.arrays
         if self._comp_ptr is None:
-            self._comp_nodes = np.argsort(self._local, kind="stable")
+            self._comp_nodes = np.argsort(g.local, kind="stable")
             self._comp_ptr = np.searchsorted(
-                self._local[self._comp_nodes], np.arange(int(self._local.max()) + 2)
+                g.local[self._comp_nodes], np.arange(int(g.local.max()) + 2)
             )
         return self._comp_nodes, self._comp_ptr
 
     def _server(self, comp: int) -> _Server | None:
         """Component `comp` as a `_Server`, built once; None over tuning.SERVER_NODES
         nodes."""
+        g = self.arrays
         if comp in self._servers:
             return self._servers[comp]
         from scipy.sparse import csr_matrix
@@ -238,29 +246,27 @@ class RouteServers(RouteRows):
         if len(members) > tuning.SERVER_NODES:
             self._servers[comp] = None
             return None
-        links = np.concatenate(
-            [self._in_link[self._in_ptr[v] : self._in_ptr[v + 1]] for v in members.tolist()]
-        )
-        links = np.sort(links[(self._local[self._u[links]] == comp) & ~self._net_link[links]])
-        tail = np.searchsorted(members, self._u[links])
-        head = np.searchsorted(members, self._v[links])
-        w = self.weight[links]
+        links = np.concatenate([g.in_link[g.in_ptr[v] : g.in_ptr[v + 1]] for v in members.tolist()])
+        links = np.sort(links[(g.local[g.u[links]] == comp) & ~g.net_link[links]])
+        tail = np.searchsorted(members, g.u[links])
+        head = np.searchsorted(members, g.v[links])
+        w = g.weight[links]
         m = len(members)
         # its network links out (tail inside), for `server_reads`: the heads of each
         # member's out-links from the graph's CSR, their links by `link_ids`
-        indptr, indices = self._csr.indptr, self._csr.indices
+        indptr, indices = g.csr.indptr, g.csr.indices
         tails = np.repeat(members, indptr[members + 1] - indptr[members])
         heads = np.concatenate([indices[indptr[v] : indptr[v + 1]] for v in members.tolist()])
-        outs = self.link_ids(tails, heads)
-        outs = np.sort(outs[self._net_link[outs]])
-        exits = (np.searchsorted(members, self._u[outs]), self._v[outs], self.weight[outs])
+        outs = g.link_ids(tails, heads)
+        outs = np.sort(outs[g.net_link[outs]])
+        exits = (np.searchsorted(members, g.u[outs]), g.v[outs], g.weight[outs])
         out = self._servers[comp] = _Server(
             members=members,
             csr=csr_matrix((w, (tail, head)), shape=(m, m)),
             tail=tail,
             head=head,
             w=w,
-            bw=self.link_values("bandwidth")[links],
+            bw=g.link_values("bandwidth")[links],
             links=links,
             exits=exits,
             shape=(m, tail.tobytes(), head.tobytes(), w.tobytes()),

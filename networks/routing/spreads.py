@@ -1,16 +1,10 @@
-"""Hop counts and bottlenecks shared by the GPUs under a big switch: a layer of
-networks.routing's `Routes` beside the walks.
+"""Hop counts and bottlenecks shared by the GPUs under a big switch (`RouteSpreads`), a part
+of networks.routing's `Routes` beside the servers.
 
 A search from each GPU under a switch of thousands of ports relaxes all of them (O(N) per
 GPU on a star). A switch's spread, by levels of its shortest-path DAG, gives the hops and
 the least and most bottleneck over all its shortest paths to every node, once for all
 the GPUs under it (`_spread`).
-
-What a caller may rely on: `hub_hop_rows(sources, targets)` gives, per source,
-(bottleneck bandwidth, packed distance, hops) over the targets exactly as a shortest-path
-tree from the source (`trees`) gives them, or None where it does not apply (then the
-caller builds the trees). What it needs: rows.RouteRows (its `_reads` and
-`_full_row`), which it extends.
 """
 
 from __future__ import annotations
@@ -18,14 +12,22 @@ from __future__ import annotations
 import numpy as np
 
 from networks.routing import tuning
+from networks.routing.graph import RouteGraph
 from networks.routing.rows import RouteRows
 
 
-class RouteSpreads(RouteRows):
-    """`hub_hop_rows` from switches' spreads (see the module)."""
+class RouteSpreads:
+    """`hub_hop_rows` from switches' spreads (see the module).
 
-    def __init__(self, graph, mode: str = "latency"):
-        super().__init__(graph, mode)
+    Gives: `hub_hop_rows(sources, targets)`: per source, (bottleneck bandwidth, packed
+    distance, hops) over the targets exactly as a shortest-path tree from the source
+    (rows.RouteRows.trees) gives them, or None where it does not apply (then the caller
+    builds the trees). Needs: `arrays` (a graph.RouteGraph) and `rows` (a rows.RouteRows:
+    its `switch_reads` and `full_row`).
+    """
+
+    def __init__(self, arrays: RouteGraph, rows: RouteRows):
+        self.arrays, self.rows = arrays, rows
         self._spreads: dict = {}  # switch index -> (hops, least and most bottleneck) rows
 
     def hub_hop_rows(self, sources, targets) -> list | None:
@@ -45,12 +47,13 @@ class RouteSpreads(RouteRows):
         most over all of them, and where the two differ over the tight k the answer would
         depend on the tree's tie-break, so None. Only for switches of more than
         tuning.SPREAD_DEGREE ports (a search from each GPU under one relaxes all of them)."""
-        idx = self.node_index
+        g = self.arrays
+        idx = g.node_index
         t_idx = np.array([idx[t] for t in targets], dtype=np.int64)
-        bandwidth = self.link_values("bandwidth")
+        bandwidth = g.link_values("bandwidth")
         out = []
         for s in (idx[v] for v in sources):
-            reads = self._reads(s, t_idx)
+            reads = self.rows.switch_reads(s, t_idx)
             if reads is None:
                 return None
             vals = np.array([w + row[t_idx] for _, w, _, row in reads])
@@ -85,16 +88,17 @@ class RouteSpreads(RouteRows):
         """Switch x's (hops, least bottleneck, most bottleneck) over all its shortest paths to
         each node, by levels of the shortest-path DAG (links with d[u] + w == d[v]); None
         when deeper than tuning.SPREAD_LEVELS. Kept while they fit tuning.HUB_ROWS_BYTES."""
+        g = self.arrays
         if x in self._spreads:
             return self._spreads[x]
-        d = self._full_row(x, hub=bool(self._hub_served[x]))
-        u, v, bw = self._u, self._v, self.link_values("bandwidth")
-        tight = np.flatnonzero(np.isfinite(d[u]) & (d[u] + self.weight == d[v]))
-        level = np.full(len(self.nodes), -1, np.int64)
-        least = np.zeros(len(self.nodes))
-        most = np.zeros(len(self.nodes))
+        d = self.rows.full_row(x, hub=bool(g.hub_served[x]))
+        u, v, bw = g.u, g.v, g.link_values("bandwidth")
+        tight = np.flatnonzero(np.isfinite(d[u]) & (d[u] + g.weight == d[v]))
+        level = np.full(len(g.nodes), -1, np.int64)
+        least = np.zeros(len(g.nodes))
+        most = np.zeros(len(g.nodes))
         level[x], least[x], most[x] = 0, np.inf, np.inf
-        frontier = np.zeros(len(self.nodes), bool)
+        frontier = np.zeros(len(g.nodes), bool)
         frontier[x] = True
         result = None  # deeper than tuning.SPREAD_LEVELS unless the walk runs out first
         for depth in range(1, tuning.SPREAD_LEVELS + 2):
@@ -113,6 +117,6 @@ class RouteSpreads(RouteRows):
             level[heads] = depth
             frontier[:] = False
             frontier[heads] = True
-        if (len(self._spreads) + 1) * len(self.nodes) * 24 <= tuning.HUB_ROWS_BYTES:
+        if (len(self._spreads) + 1) * len(g.nodes) * 24 <= tuning.HUB_ROWS_BYTES:
             self._spreads[x] = result
         return result

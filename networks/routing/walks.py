@@ -1,4 +1,5 @@
-"""The walk that picks a route's links: the top layer of networks.routing's `Routes`.
+"""The walk that picks a route's links (`RouteWalks`): the top part of networks.routing's
+`Routes`.
 
 A route is found by walking back from the destination: at each node, the in-links whose
 tail's distance from the source plus the link's weight is the node's distance are the
@@ -6,17 +7,6 @@ equal-cost candidates (in link order); where some are network links and some not
 the network ones stay (network hops as late as they can be: NVLink first, a PXN relay at
 the sender); the walk takes candidate crc32(f"{src!r}|{dst!r}|{node!r}") mod their
 number (ECMP), until it reaches the source.
-
-What a caller may rely on:
-- `path_links(src, dst)`: the route's link indices, source first (None: no path), cached
-  and handed out as they are kept: a caller must not write into them (a batch's are
-  read-only views of one array);
-- `paths_links(pairs)`: `path_links` of every pair, the same arrays bit for bit, the walks
-  of a batch done together, one numpy step per hop;
-- `walk_links(src, dst)`: the straightforward per-pair walk, the reference the batch is
-  checked against (tests/test_route_speedups.py); not cached.
-What it needs: reads.RouteReads (the rows each pair reads) and, below it, the rows
-and the graph's arrays, and servers.RouteServers (pairs inside one server walked there).
 """
 
 from __future__ import annotations
@@ -26,14 +16,32 @@ import zlib
 import numpy as np
 
 from networks.routing import tuning
+from networks.routing.graph import RouteGraph
 from networks.routing.reads import RouteReads
+from networks.routing.rows import RouteRows
+from networks.routing.servers import RouteServers
 
 
-class RouteWalks(RouteReads):
-    """Routes walked back from their destinations (see the module)."""
+class RouteWalks:
+    """Routes walked back from their destinations (see the module), kept.
 
-    def __init__(self, graph, mode: str = "latency"):
-        super().__init__(graph, mode)
+    Gives:
+    - `path_links(src, dst)`: the route's link indices, source first (None: no path),
+      cached and handed out as they are kept: a caller must not write into them (a
+      batch's are read-only views of one array);
+    - `paths_links(pairs)`: `path_links` of every pair, the same arrays bit for bit, the
+      walks of a batch done together, one numpy step per hop;
+    - `walk_links(src, dst)`: the straightforward per-pair walk, the reference the batch
+      is checked against (tests/test_route_speedups.py); not cached.
+    Needs: `arrays` (a graph.RouteGraph), `rows` (a rows.RouteRows: a single walk's
+    distances), `servers` (a servers.RouteServers: pairs inside one server walked there)
+    and `reads` (a reads.RouteReads: the rows each pair of a batch reads).
+    """
+
+    def __init__(
+        self, arrays: RouteGraph, rows: RouteRows, servers: RouteServers, reads: RouteReads
+    ):
+        self.arrays, self.rows, self.servers, self.reads = arrays, rows, servers, reads
         self._paths: dict = {}  # (src, dst) -> its links, or None
 
     def path_links(self, src, dst) -> np.ndarray | None:
@@ -50,7 +58,7 @@ class RouteWalks(RouteReads):
         paths = self._paths
         todo = [k for k in dict.fromkeys(pairs) if k not in paths]
         if len(todo) >= 8:  # pairs inside one server: a walk of the server alone
-            paths.update(self.server_walks(todo))
+            paths.update(self.servers.server_walks(todo))
             todo = [k for k in todo if k not in paths]
         if len(todo) < 8:  # a few: the plain walk costs less than the set-up
             for k in todo:
@@ -64,14 +72,15 @@ class RouteWalks(RouteReads):
         `walk_links`); store each pair's path (or None) in self._paths. Pairs go in chunks
         whose distance rows fit in tuning.HUB_ROWS_BYTES, sources taken in the order of the rows
         they read (each pair's path is its own, so any grouping gives the same paths)."""
-        idx = self.node_index
+        g = self.arrays
+        idx = g.node_index
         s_idx = np.array([idx[s] for s, _ in pairs], np.int64)
         d_idx = np.array([idx[d] for _, d in pairs], np.int64)
-        keys, kid, off, src, hub, link = self._per_source(s_idx, d_idx)
+        keys, kid, off, src, hub, link = self.reads.per_source(s_idx, d_idx)
         reads, offs = kid[src], off[src]
         if reads.shape[1] > 1:
-            reads, offs = self._bounded_reads(keys, reads, offs, d_idx)
-        budget = max(1, tuning.HUB_ROWS_BYTES // (8 * max(len(self.nodes), 1)))
+            reads, offs = self.reads.bounded_reads(keys, reads, offs, d_idx)
+        budget = max(1, tuning.HUB_ROWS_BYTES // (8 * max(len(g.nodes), 1)))
         if len(np.unique(reads)) <= budget:
             chunks = [np.arange(len(pairs))]
         else:
@@ -108,8 +117,9 @@ class RouteWalks(RouteReads):
         round, and store each pair's path (or None) in self._paths. A node with one
         in-link, or the source's hub, has one way back; elsewhere `_equal_cost_step`
         picks among the equal-cost in-links."""
-        rows = self._dist_rows(keys, row, d_idx)
-        row, off = self._tight_reads(rows, row, off, s_idx, d_idx)
+        g = self.arrays
+        rows = self.reads.dist_rows(keys, row, d_idx)
+        row, off = self.reads.tight_reads(rows, row, off, s_idx, d_idx)
         width = row.shape[1]
 
         def dist(p, v):
@@ -118,13 +128,13 @@ class RouteWalks(RouteReads):
                 d = np.minimum(d, off[p, j] + rows.at(row[p, j], v))
             return np.where(v == s_idx[p], 0.0, d)
 
-        m, n = len(pairs), len(self.nodes)
+        m, n = len(pairs), len(g.nodes)
         reader = _readers(row, off, hub, s_idx)
         reach = np.isfinite(dist(np.arange(m), d_idx))
         act = np.flatnonzero(reach & (s_idx != d_idx))
         v = d_idx[act]
         got_p, got_k = [], []  # per round: the pairs still walking and the link each took
-        in_ptr, in_link, in_from = self._in_ptr, self._in_link, self._in_from
+        in_ptr, in_link, in_from = g.in_ptr, g.in_link, g.in_from
         while len(act):
             if len(got_p) > n:  # a shortest path has fewer hops than there are nodes
                 raise AssertionError("route walk went round a cycle")
@@ -152,14 +162,15 @@ class RouteWalks(RouteReads):
         """One hop back for pairs p at nodes vm (each with several in-links): the link
         each takes and its tail, among the in-links on a shortest path from the pair's
         source (in link order), picked by a hash of (source, destination, node) (ECMP)."""
-        n = len(self.nodes)
+        g = self.arrays
+        n = len(g.nodes)
         # the equal-cost candidates depend on (rows, offsets, v) only (the source
         # itself is never a candidate here: its one out-link is the hub's, handled
         # by the caller, or its distance is 0 either way): find them once per distinct pair
         trip = reader[p] * n + vm
         _, first_u, inv = np.unique(trip, return_index=True, return_inverse=True)
         pu, vu = p[first_u], vm[first_u]
-        big = self._in_deg[vu] > tuning.BIG_IN
+        big = g.in_deg[vu] > tuning.BIG_IN
         if big.any():  # where several ask one (row, node): a sort for them all
             at = np.flatnonzero(big)
             _, c_inv, c_n = np.unique(
@@ -181,7 +192,7 @@ class RouteWalks(RouteReads):
         pick = (np.cumsum(cnt_u) - cnt_u)[inv]  # the first equal-cost candidate
         tie = np.flatnonzero(cnt > 1)
         if len(tie):  # several: spread by a hash of (source, destination, node) (ECMP)
-            nodes = self.nodes
+            nodes = g.nodes
             h = [
                 zlib.crc32(f"{pairs[q][0]!r}|{pairs[q][1]!r}|{nodes[x]!r}".encode())
                 for q, x in zip(p[tie].tolist(), vm[tie].tolist(), strict=True)
@@ -217,7 +228,7 @@ class RouteWalks(RouteReads):
         if not len(ks):
             return ks, tails, cnt
         item = np.repeat(np.arange(len(cnt)), cnt)
-        net = self._net_link[ks]
+        net = self.arrays.net_link[ks]
         mixed = np.bincount(item, weights=net, minlength=len(cnt)) > 0
         keep = net | ~mixed[item]
         if keep.all():
@@ -244,8 +255,9 @@ class RouteWalks(RouteReads):
         (every read is at least the distance, and the distance at u plus w is at least
         d_v), or u is the source itself and w == d_v. Per distinct (read, node) the
         in-links' row_j[u] + w are sorted once and each pair looks its value up."""
-        in_ptr, in_link, in_from, w = self._in_ptr, self._in_link, self._in_from, self.weight
-        n, width = len(self.nodes), row.shape[1]
+        g = self.arrays
+        in_ptr, in_link, in_from, w = g.in_ptr, g.in_link, g.in_from, g.weight
+        n, width = len(g.nodes), row.shape[1]
         qi = np.repeat(np.arange(len(pu)), width)
         qkey = row[pu].ravel()
         qv = np.repeat(vu, width)
@@ -258,9 +270,9 @@ class RouteWalks(RouteReads):
             if rows.slot[key] < 0:  # a ball (a server's own row): only its nodes' links
                 # into v can be tight (elsewhere the row is inf), not thousands of in-links
                 b_nodes, b_vals = rows.ball(key)
-                links = self._link_or_none(b_nodes, np.full(len(b_nodes), v))
+                links = g.link_or_none(b_nodes, np.full(len(b_nodes), v))
                 has = links >= 0
-                at_pos = self._in_pos[links[has]]
+                at_pos = g.in_pos[links[has]]
                 vals = b_vals[has] + w[links[has]]
             else:
                 lo, hi = int(in_ptr[v]), int(in_ptr[v + 1])
@@ -279,15 +291,13 @@ class RouteWalks(RouteReads):
                 owners.append(np.repeat(qi[q], cnt))
                 poss.append(order[at])
         # the source itself: dist 0, so its link u -> v is tight when w == d_v
-        link = self._link_or_none(s_idx[pu], vu)
+        link = g.link_or_none(s_idx[pu], vu)
         mine = np.flatnonzero(link >= 0)
         mine = mine[w[link[mine]] == dv[mine]]
         owners.append(mine)
-        poss.append(self._in_pos[link[mine]])
-        code = np.unique(
-            np.concatenate(owners) * (int(self._in_deg.max()) + 1) + np.concatenate(poss)
-        )
-        owner, pos = np.divmod(code, int(self._in_deg.max()) + 1)
+        poss.append(g.in_pos[link[mine]])
+        code = np.unique(np.concatenate(owners) * (int(g.in_deg.max()) + 1) + np.concatenate(poss))
+        owner, pos = np.divmod(code, int(g.in_deg.max()) + 1)
         at = in_ptr[vu[owner]] + pos
         return in_link[at], in_from[at], np.bincount(owner, minlength=len(pu))
 
@@ -296,7 +306,8 @@ class RouteWalks(RouteReads):
         the pair's source (in link order) and their tails, concatenated, and how many each
         has. In slices of about tuning.CANDIDATES in-links, so memory stays bounded (a leaf switch
         of a large fat tree has hundreds of in-links)."""
-        in_ptr, in_link, in_from, w = self._in_ptr, self._in_link, self._in_from, self.weight
+        g = self.arrays
+        in_ptr, in_link, in_from, w = g.in_ptr, g.in_link, g.in_from, g.weight
         if not len(vu):
             return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
         du = in_ptr[vu + 1] - in_ptr[vu]
@@ -321,32 +332,33 @@ class RouteWalks(RouteReads):
     def walk_links(self, src, dst) -> np.ndarray | None:
         """The straightforward per-pair walk `paths_links` replaces, kept as the reference
         it is checked against (tests/test_route_speedups.py); it does not cache."""
-        d_idx, s_idx = self.node_index[dst], self.node_index[src]
-        if s_idx in self._hub:
-            dist = self._hub_dist(s_idx)
-        elif self._via_switches[s_idx] and self._local[s_idx] != self._local[d_idx]:
-            dist = self._via_dist(s_idx, d_idx)
+        g = self.arrays
+        d_idx, s_idx = g.node_index[dst], g.node_index[src]
+        if s_idx in g.hub:
+            dist = self.rows.hub_dist(s_idx)
+        elif g.via_switches[s_idx] and g.local[s_idx] != g.local[d_idx]:
+            dist = self.rows.via_dist(s_idx, d_idx)
         else:
-            dist = self._row(s_idx, d_idx).__getitem__
+            dist = self.rows.row(s_idx, d_idx).__getitem__
         if not np.isfinite(dist(d_idx)):
             return None
         links, v = [], d_idx
-        hub = self._hub.get(s_idx, (None,))[0]
+        hub = g.hub.get(s_idx, (None,))[0]
         while v != s_idx:  # walk back, picking among equal-cost predecessors by hash (ECMP)
-            lo, hi = self._in_ptr[v], self._in_ptr[v + 1]
+            lo, hi = g.in_ptr[v], g.in_ptr[v + 1]
             if hi - lo == 1 or v == hub:
                 # the only candidate: v's one in-link, or the source's one out-link into its
                 # hub (any other way into the hub costs more than that link alone)
-                k = int(self._in_link[lo]) if hi - lo == 1 else self._hub_link[s_idx]
+                k = int(g.in_link[lo]) if hi - lo == 1 else g.hub_link[s_idx]
                 links.append(k)
-                v = int(self._in_from[lo]) if hi - lo == 1 else s_idx
+                v = int(g.in_from[lo]) if hi - lo == 1 else s_idx
                 continue
-            ks, tails = self._in_link[lo:hi], self._in_from[lo:hi]
-            ok = np.flatnonzero(dist(tails) + self.weight[ks] == dist(v))
-            net = self._net_link[ks[ok]]
+            ks, tails = g.in_link[lo:hi], g.in_from[lo:hi]
+            ok = np.flatnonzero(dist(tails) + g.weight[ks] == dist(v))
+            net = g.net_link[ks[ok]]
             if net.any():  # network links as late as they can be (`_network_last`)
                 ok = ok[net]
-            h = zlib.crc32(f"{src!r}|{dst!r}|{self.nodes[v]!r}".encode())
+            h = zlib.crc32(f"{src!r}|{dst!r}|{g.nodes[v]!r}".encode())
             j = ok[h % len(ok)]
             links.append(int(ks[j]))
             v = int(tails[j])

@@ -3,8 +3,8 @@ repeats the representatives' GPU for GPU, found without analysing them, so that 
 are the representatives' plan with the GPUs renamed.
 
 `fingerprints(model, groups)` gives each group a key, equal for two groups of one size when
-everything the model's analysis of a group reads (groups.py, system.py, families.py,
-rings.py) is the same in positions of the group:
+everything the model's analysis of a group (its groups.GroupAnalysis) reads (groups.py,
+system.py, families.py, rings.py) is the same in positions of the group:
 - the routes between every ordered pair of its GPUs, each link named by its first
   appearance among the group's routes, with its bandwidth, latency and kind: so the same
   path latencies, bottlenecks, hop counts, network crossings, and the same links shared
@@ -40,19 +40,20 @@ MAX_SIZE = 16  # groups up to this size are compared (n x (n - 1) routes each)
 
 def fingerprints(model, groups) -> list:
     """One hashable key per group (module docstring); None for a group too large."""
+    analysis = model.analysis
     groups = [tuple(g) for g in groups]
     keys: list = [None] * len(groups)
-    hint = _hint_positions(model.graph)
+    hint = _hint_positions(analysis.graph)
     todo = [i for i, g in enumerate(groups) if 2 <= len(g) <= MAX_SIZE and len(set(g)) == len(g)]
     if not todo or hint is False:
         return keys
-    routes = model.routes
+    routes = analysis.routes
     pairs, owner = [], []
     for i in todo:
         g = groups[i]
         pairs += [(a, b) for a in g for b in g if a != b]
         owner.append(len(g) * (len(g) - 1))
-    paths = model._paths(pairs)
+    paths = analysis.paths(pairs)
     lens = np.fromiter((len(p) for p in paths), np.int64, count=len(paths))
     flat = np.concatenate(paths).astype(np.int64) if len(paths) else np.zeros(0, np.int64)
     pair_group = np.repeat(np.arange(len(todo)), owner)
@@ -66,15 +67,15 @@ def fingerprints(model, groups) -> list:
     per = np.bincount(uk // m, minlength=len(todo))
     start = np.cumsum(per) - per
     canon = rank[inv.reshape(-1)] - start[occ_group]
-    attr = _link_attr_ids(model)[uk[order] % m]  # the links' attributes, in naming order
+    attr = _link_attr_ids(analysis)[uk[order] % m]  # the links' attributes, in naming order
     pair_end = np.cumsum(owner)
     occ_end = np.cumsum(lens)
     link_end = np.cumsum(per)
     index = routes.node_index
-    part = model._partition
-    rows = getattr(model, "_alike_rows", None)
-    if rows is None or rows.graph is not model.graph:
-        rows = model._alike_rows = _Rows(model.graph)
+    part = analysis.partition
+    rows = getattr(analysis, "_alike_rows", None)
+    if rows is None or rows.graph is not analysis.graph:
+        rows = analysis._alike_rows = _Rows(analysis.graph)
     for j, i in enumerate(todo):
         g = groups[i]
         p0, p1 = pair_end[j] - owner[j], pair_end[j]
@@ -86,7 +87,7 @@ def fingerprints(model, groups) -> list:
             canon[o0:o1].tobytes(),
             attr[link_end[j] - per[j] : link_end[j]].tobytes(),
             _neighbourhood(rows, g, part, index, hint),
-            _hop_metrics(model, g),
+            _hop_metrics(analysis, g),
         )
     return keys
 
@@ -112,26 +113,26 @@ def renamed(plan, rep: tuple, group: tuple):
     )
 
 
-def _link_attr_ids(model) -> np.ndarray:
+def _link_attr_ids(analysis) -> np.ndarray:
     """Per link of `routes.links`: one integer per distinct (bandwidth, latency, kind)."""
-    cached = getattr(model, "_alike_attr", None)
+    cached = getattr(analysis, "_alike_attr", None)
     if cached is None:
         seen: dict = {}
         ids = [
             seen.setdefault((d["bandwidth"], d.get("latency", 0.0), d.get("kind")), len(seen))
-            for d in model.routes.link_data
+            for d in analysis.routes.link_data
         ]
-        cached = model._alike_attr = np.array(ids, np.int64)
+        cached = analysis._alike_attr = np.array(ids, np.int64)
     return cached
 
 
-def _hop_metrics(model, group) -> bytes:
+def _hop_metrics(analysis, group) -> bytes:
     """The bottleneck, latency and hops between the members as NCCL's ring search reads
     them (`rings.hop_rows`: shortest-path trees, a server's or a switch's rows), which
     where equal-cost paths differ in bandwidth need not follow the routed paths."""
     if len(group) < 3:  # two GPUs: one ring, nothing searched
         return b""
-    bw, lat, hops = _metrics(model.graph, group, model.routes)
+    bw, lat, hops = _metrics(analysis.graph, group, analysis.routes)
     return bw.tobytes() + lat.tobytes() + hops.tobytes()
 
 

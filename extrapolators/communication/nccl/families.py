@@ -1,6 +1,6 @@
 """A group's candidate layouts for the NCCL model (extrapolators.communication.nccl.model), built and ranked.
 
-`make(model, group, system)` gives the group's Family: for a group of up to
+`make(analysis, group, system)` gives the group's Family: for a group of up to
 layouts.EXACT_LIMIT GPUs whose hops differ (in one node, or across nodes without a NIC
 per GPU), every ring order and every prefix of its extra rings, ranked by their features
 (extrapolators.communication.nccl.layouts); across nodes with a NIC per GPU, every order of up to
@@ -11,8 +11,8 @@ which the model then times with its own code (its analysis of a layout is the co
 a layout is (rings, both-ways flags[, a System of its own]), in GPUs or, where
 `positions`, in positions of the group).
 
-`model` is the Nccl instance: its pair data (`_pair_arrays`, `_paths`, `_both_ways`), the
-links' capacities as they are and as NCCL believes them, and the graph.
+`analysis` is the model's groups.GroupAnalysis: its pair data (`pair_arrays`, `paths`,
+`both_ways`), the links' capacities as they are and as NCCL believes them, and the graph.
 """
 
 from __future__ import annotations
@@ -45,26 +45,26 @@ class Family:
     fronts: dict = field(default_factory=dict)
 
 
-def make(model, group, s: System, rings=None) -> Family:
+def make(analysis, group, s: System, rings=None) -> Family:
     """Candidate layouts: every ring order (and prefixes of its extra rings) where the
     group is small, in one node and its hops differ; else the system's rings and, in
     one node, their prefixes."""
     n = s.n
     one_ring = s.N == 1 or s.rails == 1 or not s.uniform  # System.rings: [order]
     if one_ring and 3 <= n <= layouts.EXACT_LIMIT and s.alike is False:
-        return _exhaustive(model, group, s)
+        return _exhaustive(analysis, group, s)
     rings = rings if rings is not None else s.rings()
     if s.N > 1:  # rails: every order of the nodes, where they are few
         systems = [s] + (_node_orders(s) if s.N <= MAX_NODE_ORDERS else [])
         cands = []
         for x in systems:
             r = rings if x is s else x.rings()
-            cands.append((r, [model._both_ways(y) for y in r], x))
+            cands.append((r, [analysis.both_ways(y) for y in r], x))
         return Family(s, cands, None)
     cands = []
     for order in s.orders:  # the system's order first: the default
         more = [list(order)] + s._extra_rings(list(order)) if order != s.order else rings
-        both = [model._both_ways(r) for r in more]
+        both = [analysis.both_ways(r) for r in more]
         cands += [(more[:k], both[:k]) for k in range(len(more), 0, -1)]
     return Family(s, cands, None)
 
@@ -83,11 +83,11 @@ def _node_orders(s: System) -> list:
     return out
 
 
-def _exhaustive(model, group, s: System) -> Family:
+def _exhaustive(analysis, group, s: System) -> Family:
     n = s.n
     pairs = [(a, b) for a in group for b in group if a != b]
-    lat, net, _cap, nh = model._pair_arrays(pairs)
-    paths = model._paths(pairs)
+    lat, net, _cap, nh = analysis.pair_arrays(pairs)
+    paths = analysis.paths(pairs)
     full = np.full((n, n), -1, np.int64)
     full[~np.eye(n, dtype=bool)] = np.arange(len(pairs))
     used = np.unique(np.concatenate(paths)) if pairs else np.zeros(0, np.int64)
@@ -106,16 +106,16 @@ def _exhaustive(model, group, s: System) -> Family:
     if n <= 64:  # direct links both ways between the group's GPUs (extra rings)
         pos = {g: i for i, g in enumerate(group)}
         for i, u in enumerate(group):
-            for v in model.graph.adj[u]:
-                if v in pos and v != u and model.graph.has_edge(v, u):
+            for v in analysis.graph.adj[u]:
+                if v in pos and v != u and analysis.graph.has_edge(v, u):
                     adj[i].add(pos[v])
     shares = layouts.structure(hops, adj, MAX_EXTRA_RINGS)
     cands = shares.layouts
     feats = layouts.Features(
         shares,
         rows,
-        model.capacity[used],
-        (model.capacity * model.efficiency)[used],
+        analysis.capacity[used],
+        (analysis.capacity * analysis.efficiency)[used],
         pair_lat,
         pair_net,
     )

@@ -1,18 +1,7 @@
 """What the NCCL model (model.py) knows of a group of GPUs, worked out once per group: its
 candidate ring layouts (families.py), the graphs NCCL's tuner would see on each, its
-streams' routes, latencies and bottlenecks.
-
-`GroupAnalysis` is a part of `Nccl` (its mixin). What it provides, once `_init_groups(net)`
-has run: the network's links as arrays (`links`, `capacity`, `link_latency`, `link_kind`,
-`efficiency`: what NCCL believes each link kind carries), `graph` and `routes`;
-`family(group)` and `group_info(group)` (a group's candidate layouts, and its default one
-analysed), `_layout(family, k)` (layout k analysed: a `_Group`), `prepare(groups)` (many
-groups' routes found in one walk: the same results as one by one), `structure(...)` (a
-schedule's streams on a layout), and the per-pair and per-structure caches the plan reads:
-`_pair_arrays`, `_stream_paths`, `_stream_unit`, `_unit_time`, `_paths`, `_both_ways`
-(families.py calls these too). Nothing here depends on the tuning or on a call's size.
-What it needs of the class it is mixed into: `options` (nvls, sharp, cpu) and `arch` (the
-GPU architecture for NCCL's tables).
+streams' routes, latencies and bottlenecks. `GroupAnalysis` is an object the model holds
+(`Nccl.analysis`); its class docstring is the contract.
 """
 
 from __future__ import annotations
@@ -50,9 +39,24 @@ class _Group:
 
 
 class GroupAnalysis:
-    """The groups an NCCL model has met, analysed (module docstring: the contract)."""
+    """The groups of GPUs an NCCL model has met, analysed once each.
 
-    def _init_groups(self, net) -> None:
+    Gives: the network's links as arrays (`links`, `capacity`, `link_latency`,
+    `link_kind`, `efficiency`: what NCCL believes each link kind carries), `graph`,
+    `routes` and `partition` (each GPU's node); `family(group)` and `group_info(group)` (a
+    group's candidate layouts, and its default one analysed), `layout(family, k)` (layout
+    k analysed: a `_Group`), `prepare(groups)` (many groups' routes found in one walk: the
+    same results as one by one), `structure(...)` (a schedule's streams on a layout), and
+    the per-pair and per-structure data a plan reads, each worked out once: `pair_arrays`,
+    `stream_paths`, `stream_unit`, `unit_time`, `paths`, `both_ways` (families.py and
+    alike.py read these too). Nothing here depends on the tuning or on a call's size.
+
+    Needs: the network (its graph, and its `routes` where it has them, else its own), the
+    model's options (nvls, sharp, cpu) and `arch` (the GPU architecture for NCCL's tables).
+    """
+
+    def __init__(self, net, options, arch: int) -> None:
+        self.options, self.arch = options, arch
         graph = net.graph
         self.graph = graph
         self.routes = getattr(net, "routes", None) or Routes(graph)
@@ -67,7 +71,7 @@ class GroupAnalysis:
         # product of every link per group was 20 s of 32,768 groups at 131,072 GPUs)
         self._believed = self.capacity * self.efficiency
         self.switch_ends = bool(getattr(net, "reducing_endpoints", False))
-        self._partition = node_partition(graph)
+        self.partition = node_partition(graph)
         self._families: dict = {}
         # per (a, b) pair met so far: its number, then by number its path latency, whether
         # it crosses the network, its smallest link capacity and its hop count
@@ -77,7 +81,7 @@ class GroupAnalysis:
     def group_info(self, group) -> _Group:
         """The group's default layout: its least loaded ring set (see `family`)."""
         fam = self.family(group)
-        return self._layout(fam, fam.default)
+        return self.layout(fam, fam.default)
 
     def family(self, group) -> families.Family:
         group = tuple(group)
@@ -98,7 +102,7 @@ class GroupAnalysis:
         systems = [self._system(g) for g in new]
         rings = [s.rings() for s in systems]
         hops = [h for rs in rings for r in rs for h in _hops(r)]
-        self._pair_arrays(hops + [(b, a) for a, b in hops])
+        self.pair_arrays(hops + [(b, a) for a, b in hops])
         for g, s, rs in zip(new, systems, rings, strict=True):
             self._families[g] = families.make(self, g, s, rs)
 
@@ -108,12 +112,12 @@ class GroupAnalysis:
             self.graph,
             group,
             self.routes,
-            self._partition,
+            self.partition,
             self._believed,
             exact=False,
         )
 
-    def _layout(self, fam: families.Family, k: int) -> _Group:
+    def layout(self, fam: families.Family, k: int) -> _Group:
         """Layout k of a family, analysed (once)."""
         info = fam.infos.get(k)
         if info is None:
@@ -133,23 +137,23 @@ class GroupAnalysis:
         # equal shares, as NCCL splits a call's bytes over its channels (shares by each
         # ring's slowest hop could move load onto a link that a slower one relieved)
         weights = [1.0 / len(rings)] * len(rings)
-        info = _Group(s, None, rings, weights, [self._both_ways(r) for r in rings])
+        info = _Group(s, None, rings, weights, [self.both_ways(r) for r in rings])
         for ring, two in zip(rings, info.both, strict=True):
             info.ring_paths.append(
-                [self._pair_arrays(_hops(o))[:2] for o in ((ring, ring[::-1]) if two else (ring,))]
+                [self.pair_arrays(_hops(o))[:2] for o in ((ring, ring[::-1]) if two else (ring,))]
             )
         n = s.n
         # the ring graph's bus bandwidth NCCL would find: the ring streams' bottleneck
         # with what NCCL believes each link kind carries
         ring_bw = 0.0
         if n > 1:
-            t = self._unit_time(
+            t = self.unit_time(
                 nccl_streams.ring(rings, weights, info.both, 2 * (n - 1) / n), effective=True
             )
             ring_bw = 2 * (n - 1) / n / t / 1e9 if t > 0 else math.inf
         nvls_bw = 0.0
         if s.nvls and self.options.nvls and self.switch_ends and self.arch >= P.NVLS_MIN_ARCH:
-            t = self._unit_time(nccl_streams.nvls(s), effective=True)
+            t = self.unit_time(nccl_streams.nvls(s), effective=True)
             nvls_bw = 1 / t / 1e9 if t > 0 else math.inf
         net_bw = 0.0
         if s.N > 1:
@@ -192,7 +196,7 @@ class GroupAnalysis:
         )
         return info
 
-    def _paths(self, pairs) -> list:
+    def paths(self, pairs) -> list:
         """The routes of (a, b) pairs, found together (Routes.paths_links)."""
         paths = self.routes.paths_links(pairs)
         for (a, b), links in zip(pairs, paths, strict=True):
@@ -204,7 +208,7 @@ class GroupAnalysis:
                 )
         return paths
 
-    def _pair_arrays(self, pairs):
+    def pair_arrays(self, pairs):
         """Arrays over (a, b) pairs of: path latency (the float sum of its links'), whether
         the path crosses a network link, its smallest link capacity, and its hop count.
         Worked out once per pair: collectives of a group reuse their hops."""
@@ -212,7 +216,7 @@ class GroupAnalysis:
         cache = self._pair
         new = [k for k in dict.fromkeys(pairs) if k not in cache]
         if new:
-            paths = self._paths(new)
+            paths = self.paths(new)
             lats = path_latencies(self.link_latency, paths)
             nh = np.array([len(x) for x in paths], np.int64)
             net = np.zeros(len(paths), bool)
@@ -237,12 +241,12 @@ class GroupAnalysis:
         ids = np.fromiter((cache[k] for k in pairs), np.int64, count=len(pairs))
         return tuple(col[ids] for col in self._pair_cols)
 
-    def _both_ways(self, ring) -> bool:
+    def both_ways(self, ring) -> bool:
         """Run the ring both ways when every hop's way back is as short as the way there
         (not on a one-way ring, where it would go all the way round)."""
         hops = _hops(ring)
-        there = self._pair_arrays(hops)[3]
-        back = self._pair_arrays([(b, a) for a, b in hops])[3]
+        there = self.pair_arrays(hops)[3]
+        back = self.pair_arrays([(b, a) for a, b in hops])[3]
         return bool((there == back).all())
 
     def structure(self, info: _Group, op: str, algo: str, root=None) -> list:
@@ -254,23 +258,23 @@ class GroupAnalysis:
             )
         return info.structures[key]
 
-    def _stream_unit(self, info: _Group, key, streams, effective=False) -> float:
-        """`_unit_time` of a group's structure, worked out once."""
+    def stream_unit(self, info: _Group, key, streams, effective=False) -> float:
+        """`unit_time` of a group's structure, worked out once."""
         k = (key, effective)
         if k not in info.units:
-            info.units[k] = self._unit_time(streams, effective)
+            info.units[k] = self.unit_time(streams, effective)
         return info.units[k]
 
-    def _stream_paths(self, info: _Group, key, streams):
+    def stream_paths(self, info: _Group, key, streams):
         """(path latency, crosses the network) arrays of a group's structure's streams."""
         if key not in info.stream_paths:
-            info.stream_paths[key] = self._pair_arrays((a, b) for a, b, _ in streams)[:2]
+            info.stream_paths[key] = self.pair_arrays((a, b) for a, b, _ in streams)[:2]
         return info.stream_paths[key]
 
-    def _unit_time(self, streams, effective=False) -> float:
+    def unit_time(self, streams, effective=False) -> float:
         """Seconds per byte of the operation for the streams on the free network: the most
         loaded link's load / capacity (x what NCCL believes the link carries)."""
-        paths = self._paths([(a, b) for a, b, _ in streams])
+        paths = self.paths([(a, b) for a, b, _ in streams])
         if not paths:
             return 0.0
         # only the links the streams cross (a zeroed array of every link per group was

@@ -121,10 +121,16 @@ class Terms:
 
 
 @register("nccl")
-class Nccl(GroupAnalysis, CommModel):
+class Nccl(CommModel):
     """The model: what it knows of each group of GPUs is groups.GroupAnalysis' (worked out
     once per group); here, per call, the (algorithm, protocol) NCCL would pick and its
-    time's terms (`terms`, `plan`), and the run of a plan's streams through the network."""
+    time's terms (`terms`, `plan`), and the run of a plan's streams through the network.
+
+    Gives: CommModel's calls (`choose`, `plan`, `terms`, `predict`, `plan_uneven`, `run`,
+    `run_many`) and `choices` (calls per (op, algorithm, protocol)); `analysis` (its
+    GroupAnalysis), `routes` and `group_info` (the analysis'). Needs: the network it runs
+    on (`batch`, `transfer_all`, and its graph and routes for the analysis) and the
+    options' tuning (`resolve_tuning`)."""
 
     Options = NcclOptions
 
@@ -133,12 +139,17 @@ class Nccl(GroupAnalysis, CommModel):
         o = self.options
         self.arch = P.arch_of(gpu) if o.arch == "auto" else int(o.arch[2:])
         self.tuning = resolve_tuning(o, base_dir)
-        self._init_groups(net)
+        self.analysis = GroupAnalysis(net, o, self.arch)
+        self.routes = self.analysis.routes
         self._plans: dict = {}
         self._many: dict = {}  # run_many's calls: (groups, plans, batch), see _many_plans
         self._keys: dict = {}  # alike keys per groups met by run_many (_group_keys)
         self._slots: dict = {}  # id(cache) -> the GPU slots its kept entries hold (_held)
         self.choices: dict = {}  # (op, algo, proto) -> calls, for reports
+
+    def group_info(self, group) -> _Group:
+        """The group's default layout, analysed (GroupAnalysis.group_info)."""
+        return self.analysis.group_info(group)
 
     # -- the plan -------------------------------------------------------------------------
     def choose(self, op: str, group, nbytes: float, algorithm=None):
@@ -206,14 +217,15 @@ class Nccl(GroupAnalysis, CommModel):
         those the least time under this tuning."""
         check_op(op)
         group = tuple(group)
-        fam = self.family(group)
+        a = self.analysis
+        fam = a.family(group)
         if op in P2P_OPS:
-            return self._p2p_terms(self._layout(fam, fam.default), op, nbytes)
-        pairs = self._pairs(self._layout(fam, fam.default), op, algorithm)
+            return self._p2p_terms(a.layout(fam, fam.default), op, nbytes)
+        pairs = self._pairs(a.layout(fam, fam.default), op, algorithm)
         fastest = self.options.pick == "fastest"
         best, best_t = None, math.inf
         for k in families.candidates(fam, op, root, pairs):
-            info = self._layout(fam, k)
+            info = a.layout(fam, k)
             for algo, proto in pairs if fastest else [self._nccl_pick(info, op, nbytes, pairs)]:
                 t = self._pair_terms(info, op, group, algo, proto, nbytes, root)
                 if t is not None and t.time(self.tuning) < best_t:
@@ -235,11 +247,11 @@ class Nccl(GroupAnalysis, CommModel):
         bw *= tuner.tree_correction(op, algo, proto, nbytes)
         lat_us *= tuner.plateau(g, op, algo, proto, nbytes)
         skey = self._skey(op, group, algo, root)
-        streams = self.structure(info, *skey)
+        streams = self.analysis.structure(info, *skey)
         extra = self._slow_hop_extra(info, op, algo, proto, streams, skey)
         staged = algo in PIPELINED or op in ("broadcast", "reduce")
         depth = self._depth(info, op, algo) if staged else 0
-        raw = self._stream_unit(info, skey, streams) * PROTO_WIRE[proto]
+        raw = self.analysis.stream_unit(info, skey, streams) * PROTO_WIRE[proto]
         return Terms(
             op, algo, proto, float(nbytes), lat_us, bw, extra, depth, used, streams, raw, info
         )
@@ -247,13 +259,14 @@ class Nccl(GroupAnalysis, CommModel):
     def _p2p_terms(self, info: _Group, op, nbytes) -> Terms:
         """Send/receive (all-to-all, sendrecv): Simple protocol on each pair's own path, at
         what NCCL believes the link kinds carry; latency of one Simple step."""
+        a = self.analysis
         skey = self._skey(op, info.system.group, "p2p")
-        streams = self.structure(info, *skey)
-        unit = self._stream_unit(info, skey, streams, effective=True)
+        streams = a.structure(info, *skey)
+        unit = a.stream_unit(info, skey, streams, effective=True)
         hw = "net" if info.system.N > 1 else info.system.intra_hw
         lat_us = P.BASE_LAT["ring"][2] + P.HW_LAT[hw]["ring"][2]
         bw = 1 / unit / 1e9 if unit > 0 else math.inf
-        raw = self._stream_unit(info, skey, streams)
+        raw = a.stream_unit(info, skey, streams)
         return Terms(op, "p2p", "Simple", float(nbytes), lat_us, bw, 0.0, 0, 0, streams, raw, info)
 
     @staticmethod
@@ -274,7 +287,7 @@ class Nccl(GroupAnalysis, CommModel):
         out = [(a, b, x * wire) for a, b, x in terms.streams if x * wire > 0]
         out = [(a, b, y, y / bw_time if bw_time > 0 else math.inf) for a, b, y in out]
         skey = self._skey(op, group, terms.algo, root)
-        lat = self._stream_paths(terms.layout, skey, terms.streams)[0]
+        lat = self.analysis.stream_paths(terms.layout, skey, terms.streams)[0]
         kept = np.array([x for *_, x in terms.streams], float) * wire > 0  # as `out` keeps
         path_lat = lat[kept].tolist() if len(lat) else []
         return Plan(
@@ -319,7 +332,7 @@ class Nccl(GroupAnalysis, CommModel):
                 for lat, is_net in ways:
                     worst = max(worst, _window_max(excess(lat, is_net), steps))
             return worst
-        ex = excess(*self._stream_paths(info, skey, streams)).tolist()
+        ex = excess(*self.analysis.stream_paths(info, skey, streams)).tolist()
         if op in ("broadcast", "reduce"):
             return sum(sorted(ex)[-(s.n - 1) :]) if ex else 0.0
         return 2 * max(ex, default=0.0)
@@ -443,7 +456,7 @@ class Nccl(GroupAnalysis, CommModel):
                 if keys[k] is not None and keys[k] == keys[0] and same_root[k]:
                     plans[k] = alike.renamed(p0, groups[0], groups[k])
         rest = [k for k, p in enumerate(plans) if p is None]
-        self.prepare([groups[k] for k in rest])
+        self.analysis.prepare([groups[k] for k in rest])
         for k in rest:
             plans[k] = self.plan(op, groups[k], nbytes, roots[k], algorithm)
         return plans
