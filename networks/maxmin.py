@@ -60,7 +60,7 @@ on a torus) gains nothing over `max_min_rates`.
 
 The packet network's fast engine does not use `MaxMin`: it knows which flows came and went
 at each change, so it keeps component labels of its own (networks.packet.solve,
-`_solve_changed`) and avoids the O(flows) diff by key per call; it relies on the same
+`ComponentSolve.solve_changed`) and avoids the O(flows) diff by key per call; it relies on the same
 property (a component solved alone gives the same floats as within the whole table).
 """
 

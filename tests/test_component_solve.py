@@ -13,6 +13,7 @@ import simpy
 
 from networks import PacketSwitchNetwork
 from networks import topology as topo
+from networks.packet.solve import ComponentSolve
 
 GB = 1e9
 
@@ -20,11 +21,18 @@ GB = 1e9
 class Logged(PacketSwitchNetwork):
     """Logs (time, flows in the table, flows re-solved) at every solve."""
 
-    def _solve_changed(self):
-        n = len(self._rem)
-        out = super()._solve_changed()
-        self.log.append((self.env.now, n, self.resolved))
-        return out
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        solver = self._engine.solver
+        solve = solver.solve_changed
+
+        def logged():
+            n = len(solver.table.rem)
+            out = solve()
+            self.log.append((self.env.now, n, solver.resolved))
+            return out
+
+        solver.solve_changed = logged
 
 
 def _chain_graph():
@@ -181,20 +189,21 @@ def test_infinite_links():
 def _no_expansion(self, gone, new):
     """A broken component search: the new flows and the flows on their links only, not
     the rest of their components (and nothing for departures)."""
-    n = len(self._rem)
+    t = self.table
+    n = len(t.rem)
     dirty = np.zeros(n, bool)
     if new:
-        mark = np.zeros(len(self.links), bool)
-        tail = self._flat[len(self._flat) - int(self._nh[n - new :].sum()) :]
+        mark = np.zeros(len(self.capacity), bool)
+        tail = t.flat[len(t.flat) - int(t.nh[n - new :].sum()) :]
         mark[tail] = True
-        dirty = np.logical_or.reduceat(mark[self._flat], np.cumsum(self._nh) - self._nh)
-    return dirty, np.unique(self._flab[dirty & (self._flab >= 0)])
+        dirty = np.logical_or.reduceat(mark[t.flat], np.cumsum(t.nh) - t.nh)
+    return dirty, np.unique(t.flab[dirty & (t.flab >= 0)])
 
 
 def test_a_component_search_that_stops_early_fails(monkeypatch):
     # D's start changes B's rate, hence E's (they share 4->5) though E is on no link D
     # crosses: a search that stops at D's links misses E
-    monkeypatch.setattr(PacketSwitchNetwork, "_dirty", _no_expansion)
+    monkeypatch.setattr(ComponentSolve, "_dirty", _no_expansion)
     with pytest.raises(AssertionError, match="whole table"):
         _run("fast", _chain_graph(), MERGE_PLAN)
     ref = _run("reference", _chain_graph(), MERGE_PLAN)
@@ -204,13 +213,13 @@ def test_a_component_search_that_stops_early_fails(monkeypatch):
 
 def test_skipping_a_touched_component_fails(monkeypatch):
     # no re-solve at all when the table only shrinks: the flows left keep stale rates
-    real = PacketSwitchNetwork._dirty
+    real = ComponentSolve._dirty
 
     def lazy(self, gone, new):
         dirty, changed = real(self, gone, new)
         return (dirty, changed) if new else (np.zeros_like(dirty), changed[:0])
 
-    monkeypatch.setattr(PacketSwitchNetwork, "_dirty", lazy)
+    monkeypatch.setattr(ComponentSolve, "_dirty", lazy)
     ref = _run("reference", _chain_graph(), MERGE_PLAN)
     with pytest.raises(AssertionError):
         _same(ref, _run("fast", _chain_graph(), MERGE_PLAN, check=False))
@@ -218,17 +227,17 @@ def test_skipping_a_touched_component_fails(monkeypatch):
 
 def test_alone_path_that_ignores_sharing_fails(monkeypatch):
     # a new flow taken as alone on links that carry others gets their whole capacity
-    real = PacketSwitchNetwork._solve_alone
+    real = ComponentSolve._solve_alone
 
     def careless(self, seeds, new):
-        occ = self._occ
-        self._occ = np.minimum(occ, 1)
+        occ = self.table.occ
+        self.table.occ = np.minimum(occ, 1)
         try:
             return real(self, seeds, new)
         finally:
-            self._occ = occ
+            self.table.occ = occ
 
-    monkeypatch.setattr(PacketSwitchNetwork, "_solve_alone", careless)
+    monkeypatch.setattr(ComponentSolve, "_solve_alone", careless)
     with pytest.raises(AssertionError, match="whole table"):
         _run("fast", _chain_graph(), MERGE_PLAN)
     ref = _run("reference", _chain_graph(), MERGE_PLAN)
@@ -239,11 +248,11 @@ def test_alone_path_that_ignores_sharing_fails(monkeypatch):
 def test_labels_that_split_a_component_fail(monkeypatch):
     # a label per flow, whatever they share: a later change re-solves part of a component
     def apart(self, idx, links):
-        self._flab[idx] = self._labels + np.arange(len(idx))
-        self._llab[links] = self._labels
-        self._labels += len(idx)
+        self.table.flab[idx] = self.labels + np.arange(len(idx))
+        self.llab[links] = self.labels
+        self.labels += len(idx)
 
-    monkeypatch.setattr(PacketSwitchNetwork, "_relabel", apart)
+    monkeypatch.setattr(ComponentSolve, "_relabel", apart)
     with pytest.raises(AssertionError):
         _run("fast", _chain_graph(), MERGE_PLAN)
     ref = _run("reference", _chain_graph(), MERGE_PLAN)
@@ -270,9 +279,9 @@ def test_rate_capped_components_skip_the_rounds():
 def test_taking_caps_for_rates_when_a_link_binds_fails(monkeypatch):
     # the uncapped flow joining at 2 ms makes the caps no longer the rates
     def caps(self, idx, links):
-        return self._maxr[idx].copy(), True
+        return self.table.maxr[idx].copy(), True
 
-    monkeypatch.setattr(PacketSwitchNetwork, "_round_one", caps)
+    monkeypatch.setattr(ComponentSolve, "_round_one", caps)
     with pytest.raises(AssertionError, match="whole table"):
         _run("fast", _chain_graph(), CAPPED_PLAN)
     ref = _run("reference", _chain_graph(), CAPPED_PLAN)
@@ -308,11 +317,11 @@ def test_second_round_components_match():
 def test_a_first_round_without_the_local_minimum_test_fails(monkeypatch):
     # freezing every flow at its tightest share gives c->d's flow 5 instead of 8
     def greedy(self, idx, links):
-        share = self.capacity[links] / self._occ[links]
-        nh = self._nh[idx]
+        share = self.capacity[links] / self.table.occ[links]
+        nh = self.table.nh[idx]
         tight = np.minimum.reduceat(share, np.cumsum(nh) - nh)
-        return np.minimum(tight, self._maxr[idx]), False
+        return np.minimum(tight, self.table.maxr[idx]), False
 
-    monkeypatch.setattr(PacketSwitchNetwork, "_round_one", greedy)
+    monkeypatch.setattr(ComponentSolve, "_round_one", greedy)
     with pytest.raises(AssertionError, match="whole table"):
         _run("fast", _textbook(), TEXTBOOK_PLAN)

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from extrapolators.communication import collectives
 from networks import PacketSwitchNetwork
 from networks import topology as topo
+from networks.packet.above import SolveAbove
 
 GB = 1e9
 
@@ -248,8 +249,8 @@ def test_solves_above_a_level_notice_bugs(monkeypatch, bug):
     their rates, the departed flows' rates left on their links when solving, or left in
     the loads of the links no re-solved flow crosses, departures' level doubled, only the
     components of new flows re-solved, or only the flows on the changed links."""
-    solve, book = PacketSwitchNetwork._solve_above, PacketSwitchNetwork._after_above
-    reach = PacketSwitchNetwork._reach
+    solve, book = SolveAbove.solve, SolveAbove.book
+    reach = SolveAbove._reach
 
     def wrong_reach(self, rows, nh, finite, seeds, new):
         if bug == "reach_misses_departures":
@@ -277,8 +278,8 @@ def test_solves_above_a_level_notice_bugs(monkeypatch, bug):
     def wrong_book(self, *args):
         return book(self, *args[:-1], None if bug == "loads_kept" else args[-1])
 
-    monkeypatch.setattr(PacketSwitchNetwork, "_solve_above", wrong_solve)
-    monkeypatch.setattr(PacketSwitchNetwork, "_after_above", wrong_book)
+    monkeypatch.setattr(SolveAbove, "solve", wrong_solve)
+    monkeypatch.setattr(SolveAbove, "book", wrong_book)
     with pytest.raises(AssertionError, match="above a level differs|loads differ|busy"):
         for seed in range(30):
             for kind in (1, 2, 7):
@@ -352,18 +353,19 @@ def test_new_flow_level_is_the_least_root_of_the_link_loads(seed):
     net.transfer_all(pairs(int(rng.integers(1, 30))))
     env.run(until=1e-12)  # the old flows solved, none done
     net.transfer_all(pairs(int(rng.integers(1, 6))))
-    net._take_rows()
-    new, n = net._new, len(net._rem)
-    if not net._nh[n - new :].all():
+    t, above = net._engine.table, net._engine.solver.above
+    t.take_rows()
+    new, n = t.new, len(t.rem)
+    if not t.nh[n - new :].all():
         return
-    got = net._new_flow_level(net._flat[len(net._flat) - int(net._nh[n - new :].sum()) :])
-    ends = np.cumsum(net._nh)
+    got = above._new_flow_level(t.flat[len(t.flat) - int(t.nh[n - new :].sum()) :])
+    ends = np.cumsum(t.nh)
     flows_on = {}  # link -> rates of the old flows on it, and the count of new ones
     for f in range(n):
-        for link in net._flat[ends[f] - net._nh[f] : ends[f]].tolist():
+        for link in t.flat[ends[f] - t.nh[f] : ends[f]].tolist():
             old, fresh = flows_on.setdefault(link, ([], [0]))
             if f < n - new:
-                old.append(float(net._rate[f]))
+                old.append(float(t.rate[f]))
             else:
                 fresh[0] += 1
     want = np.inf
@@ -399,8 +401,9 @@ def test_new_flow_level_stays_below_the_root_next_to_a_far_faster_link():
         net = PacketSwitchNetwork(env, g, engine=engine)
         if engine == "fast":
             net.check_solves, net.above_min = True, 0
-            level = net._new_flow_level
-            net._new_flow_level = lambda t: seen.append(level(t)) or seen[-1]
+            above = net._engine.solver.above
+            level = above._new_flow_level
+            above._new_flow_level = lambda t: seen.append(level(t)) or seen[-1]
         ts = [("p", "q", 1e22)] + [("p", "q", 1e9, 2e5)] * 30
         ts += [("q", "r", 1e9), ("q", "r", 1e9, root * (1 + 1e-6))] + [("q", "r", 1e9, 1.0)] * 20
         for t in ts:
@@ -440,12 +443,13 @@ def test_load_check_after_solves_above_a_level_on_infinite_links():
     env.run(until=0.004)  # after the first fast flow left: a solve above a level booked
     assert net.above_solves >= 1
     inf_link, fin_link = net.links.index(("a", "s")), net.links.index(("s", "b"))
-    net._load[inf_link] *= 1 + 1e-9  # round-off of a far larger departed rate
-    net._check_loads(net.max_utilisation)
-    net._load[inf_link] = 0.0  # but an infinite link shown idle while it carries flows
+    solver = net._engine.solver
+    solver.load[inf_link] *= 1 + 1e-9  # round-off of a far larger departed rate
+    solver.checks.check_loads(net.max_utilisation)
+    solver.load[inf_link] = 0.0  # but an infinite link shown idle while it carries flows
     with pytest.raises(AssertionError, match="busy in one update only"):
-        net._check_loads(net.max_utilisation)
-    net._load[inf_link] = 1e14
-    net._load[fin_link] += 1e-9 * 1e14  # a finite link: 1e-9 of its capacity is too much
+        solver.checks.check_loads(net.max_utilisation)
+    solver.load[inf_link] = 1e14
+    solver.load[fin_link] += 1e-9 * 1e14  # a finite link: 1e-9 of its capacity is too much
     with pytest.raises(AssertionError, match="loads differ"):
-        net._check_loads(net.max_utilisation)
+        solver.checks.check_loads(net.max_utilisation)

@@ -424,7 +424,8 @@ def test_batches_with_a_link_twice_count_it_twice():
     net.transfer_all(shared)
     net.transfer_all(alone)
     rates = net.flow_rates()
-    assert list(net._occ[net.path_links(0, 2)]) == [1, 2] and net._occ[net.path_links(2, 3)][0] == 1
+    occ = net._engine.table.occ  # flows per link
+    assert list(occ[net.path_links(0, 2)]) == [1, 2] and occ[net.path_links(2, 3)][0] == 1
     assert rates.tolist() == [5 * GB, 5 * GB, 10 * GB]
     env.run()
     ls = net.link_stats()

@@ -1,25 +1,12 @@
-"""The packet network's solve above a level: re-solving part of a big component (a mixin).
+"""The packet network's solve above a level: re-solving part of a big component
+(`SolveAbove`).
 
 In a big component (a data-parallel all-reduce's ring steps over shared spine links, with
 pipeline sends coming and going) most changes cannot reach most flows: progressive filling
 runs as before up to the least rate a change can touch, so only the flows above that level
-are re-solved, over the capacity the others leave (`_solve_above`; exact up to round-off in
-the residual capacities, about 1e-15 relative, checked against whole solves to 1e-11 by
-networks.packet.checks).
-
-What a caller may rely on (networks.packet.solve calls these for `above_min` dirty flows
-or more): `_solve_above(idx, new, gone_e)` computes, changing nothing but counters (and
-restoring the scratch arrays), the new rates of the flows it re-solves, or None when most of `idx` would need
-solving (then the caller solves them all); `_after_above(...)` books them: rates, one
-label for the dirty flows, and the loads of the links that changed, summed from what the
-kept flows took (not in table order: these loads agree with a whole update to round-off;
-every `RELOAD_EVERY` solves they are summed afresh, so the drift stays bounded).
-
-What the host provides: `capacity`, the flow table (networks.packet.table) with its
-`_occ`; from networks.packet.solve, `_load` as of the last solve, `_finite`, the labels
-(`_labels`, `_llab`, `_capped`), the scratch arrays `_mark` and `_pos` (all False / free
-between uses), `_renumber` and `_land_infinite`; and `check_solves` and
-`_check_against_full` (networks.packet.checks).
+are re-solved, over the capacity the others leave (`SolveAbove.solve`; exact up to
+round-off in the residual capacities, about 1e-15 relative, checked against whole solves to
+1e-11 by networks.packet.checks).
 """
 
 from __future__ import annotations
@@ -30,18 +17,37 @@ from networks.maxmin import max_min_rates
 
 
 class SolveAbove:
-    def _init_above(self) -> None:
-        self.above_solves = 0  # solves of the flows above a level only (_solve_above)
+    """The rates of a big component's flows above the level a change can reach.
+
+    Gives (networks.packet.solve calls these for `above_min` dirty flows or more):
+    `solve(idx, new, gone_e)` computes, changing nothing but counters (and restoring the
+    scratch arrays), the new rates of the flows it re-solves, or None when most of `idx`
+    would need solving (then the caller solves them all); `book(...)` books them: rates,
+    one label for the dirty flows, and the loads of the links that changed, summed from
+    what the kept flows took (not in table order: these loads agree with a whole update
+    to round-off; every `RELOAD_EVERY` solves they are summed afresh, so the drift stays
+    bounded). Counters: `above_solves`, `above_capped`, `reach_solves`, `tight_levels`.
+
+    Needs: its `solver` (networks.packet.solve: `capacity`, `load` as of the last solve,
+    `finite`, the labels `labels`, `llab`, `capped`, the scratch arrays `mark` and `pos`,
+    `renumber`, `land_infinite`, `checks`), the flow table (networks.packet.table) and
+    the network (`check_solves`, the `max_utilisation` it raises).
+    """
+
+    def __init__(self, solver) -> None:
+        self.solver, self.table, self.net = solver, solver.table, solver.net
+        self.capacity = solver.capacity
+        self.above_solves = 0  # solves of the flows above a level only (`solve`)
         self.above_capped = 0  # ... with flows at a rate cap among them
         self.reach_solves = 0  # ... of the components a change reaches only
         self.tight_levels = 0  # ... from the rates on the new flows' links
 
-    above_min = 1024  # dirty flows from which _solve_above is tried (tests lower it)
+    above_min = 1024  # dirty flows from which `solve` is tried (tests lower it)
     ABOVE_MARGIN = 1e-9  # relative: flows this close below the level are re-solved too
     RELOAD_EVERY = 1024  # solves above a level between loads summed afresh (bounds drift)
     REACH_STEPS = 12  # steps of growing the reached components before solving them all
 
-    def _solve_above(self, idx, new: int, gone_e):
+    def solve(self, idx, new: int, gone_e):
         """Max-min rates of the dirty flows `idx` (a union of components; the last `new`
         are new; `gone_e`: the departed flows' entries as links, rates and labels, or
         None) by re-solving only those whose rates can change: (those flows, their
@@ -59,47 +65,49 @@ class SolveAbove:
         link's load at the last solve less the rates of the re-solved and departed flows on
         it. The rates equal a whole solve's to round-off (the residual capacities are
         summed in another order), not bit for bit."""
+        s = self.solver
+        t = self.table
         gl, ge, gb = gone_e if gone_e is not None else (None, None, None)
         picked = self._flows_above(idx, new, gl, ge, gb)
         if picked is None:
             return None
         above, k = picked
         solved = idx[above]
-        nh = self._nh[solved]
-        links = self._flat[self._entries(solved)]
-        prev = self._rate[solved]
+        nh = t.nh[solved]
+        links = t.flat[t.entries(solved)]
+        prev = t.rate[solved]
         old = prev  # new flows take nothing yet (split ring flows have rates)
         if new:
             old = old.copy()
             old[k - new :] = 0.0
         old = np.repeat(old, nh)
-        uniq, rows = self._renumber(links)
+        uniq, rows = s.renumber(links)
         taken = np.bincount(rows, weights=old, minlength=len(uniq))
         seeds = rows[:0]
         if gl is not None:  # the departed flows' rates on these links
-            mark, pos = self._mark, self._pos
+            mark, pos = s.mark, s.pos
             mark[uniq] = True
             pos[uniq] = np.arange(len(uniq))
             on = mark[gl]
             mark[uniq] = False
             seeds = pos[gl[on]]
             taken += np.bincount(seeds, weights=ge[on], minlength=len(uniq))
-        below = np.maximum(self._load[uniq] - taken, 0.0)  # what the kept flows take
+        below = np.maximum(s.load[uniq] - taken, 0.0)  # what the kept flows take
         with np.errstate(invalid="ignore"):  # inf - inf: an infinite link stays infinite
             capacity = np.where(
-                self._finite[uniq],
+                s.finite[uniq],
                 np.maximum(self.capacity[uniq] - below, 0.0),
                 self.capacity[uniq],
             )
-        maxr = self._maxr[solved]
+        maxr = t.maxr[solved]
         capped = np.flatnonzero(maxr < np.inf)
         ext, entries = nh, rows
         if len(capped):
             self.above_capped += 1
-            entries, ext = self._with_private_links(rows, nh, capped, len(uniq))
+            entries, ext = t.with_private_links(rows, nh, capped, len(uniq))
             capacity = np.concatenate([capacity, maxr[capped]])
         cols = np.repeat(np.arange(k), ext)
-        reach = self._reach(rows, nh, self._finite[uniq], seeds, new)
+        reach = self._reach(rows, nh, s.finite[uniq], seeds, new)
         if reach is None:
             rate = max_min_rates(entries, cols, k, capacity)
         else:  # the other components of the residual problem keep their rates
@@ -115,26 +123,27 @@ class SolveAbove:
         return solved, rate, uniq, rows, nh, below
 
     def _flows_above(self, idx, new: int, gl, ge, gb):
-        """Which of the dirty flows `idx` to re-solve (`_solve_above`): a mask, True for
+        """Which of the dirty flows `idx` to re-solve (`solve`): a mask, True for
         the new ones and those at or within ABOVE_MARGIN below the level, and how many;
         None when the level is 0 or most of them would be (`gl`, `ge`, `gb`: the departed
         flows' entries as links, rates and labels, or None)."""
-        n = len(self._rem)
+        t = self.table
+        n = len(t.rem)
         level = dep = np.inf if gl is None else self._departure_level(gl, ge, gb)
         if new:
-            nh = self._nh[n - new :]
+            nh = t.nh[n - new :]
             if not nh.all():
                 return None
-            tail = self._flat[len(self._flat) - int(nh.sum()) :]
-            share = self.capacity[tail] / self._occ[tail]  # inf on infinite links
+            tail = t.flat[len(t.flat) - int(nh.sum()) :]
+            share = self.capacity[tail] / t.occ[tail]  # inf on infinite links
             starts = np.cumsum(nh) - nh
             low = np.minimum.reduceat(share, starts) if new > 1 else share.min(keepdims=True)
-            level = min(level, float(np.minimum(low, self._maxr[n - new :]).min()))
+            level = min(level, float(np.minimum(low, t.maxr[n - new :]).min()))
         if not level > 0:  # 0 or nan: nothing to gain
             return None
 
         def at_or_above(level):  # the flows to re-solve: new ones, and those near or above
-            above = self._rate[idx] >= level * (1 - self.ABOVE_MARGIN)
+            above = t.rate[idx] >= level * (1 - self.ABOVE_MARGIN)
             above[len(idx) - new :] = True
             return above, int(np.count_nonzero(above))
 
@@ -190,34 +199,36 @@ class SolveAbove:
 
     def _new_flow_level(self, tail: np.ndarray) -> float:
         """A level below which the new flows (the last ones, each crossing some link;
-        `tail`: their entries, the last of `_flat`) saturate no link, from the rates of the flows already on their links: on a finite
-        link l with new flows n_l and old flows of rates r_1 <= ... <= r_k, the load at
-        level t is at most f(t) = sum_i min(r_i, t) + n_l t while the old flows fill as
+        `tail`: their entries, the last of the table's `flat`) saturate no link, from the
+        rates of the flows already on their links: on a finite link l with new flows n_l
+        and old flows of rates r_1 <= ... <= r_k, the load at level t is at most f(t) = sum_i min(r_i, t) + n_l t while the old flows fill as
         before (the new ones at most t each, less when capped), so l holds until f(t) =
         c_l. Each line g_j(t) = r_1 + ... + r_j + (k - j + n_l) t lies on or above f
         (min(r_i, t) <= r_i and <= t), and on f between r_j and r_(j+1), so the root of
         f is the largest of the lines' roots (c_l - r_1 - ... - r_j) / (k - j + n_l);
-        j = 0 is capacity / flows, the first bound of `_solve_above`. Below the least
+        j = 0 is capacity / flows, the first bound of `solve`. Below the least
         such level over the new flows' links (and the departures' level) the filling of
         the old flows runs as before, by induction over the filling's events: a link
         without new flows sees the same loads, and one with new flows that saturated
         before at t would make f(t) >= c_l. The new flows' rate caps only lower f. The
         roots are lowered by a bound on their sums' rounding: a root a hair too high would
         leave flows just below it unsolved (the solve's margin is 1e-9 relative)."""
-        e_old = len(self._flat) - len(tail)
-        tail = tail[self._finite[tail]]
+        s = self.solver
+        t = self.table
+        e_old = len(t.flat) - len(tail)
+        tail = tail[s.finite[tail]]
         if not len(tail):
             return np.inf
         links, fresh = np.unique(tail, return_counts=True)
-        mark = self._mark
+        mark = s.mark
         mark[links] = True
-        pos = np.flatnonzero(mark[self._flat[:e_old]])  # the old flows' entries there
+        pos = np.flatnonzero(mark[t.flat[:e_old]])  # the old flows' entries there
         mark[links] = False
         cap = self.capacity[links]
         level = cap / fresh  # j = k: every old flow frozen below the root
         if len(pos):
-            flow = np.searchsorted(np.cumsum(self._nh), pos, side="right")
-            lk, r = np.searchsorted(links, self._flat[pos]), self._rate[flow]
+            flow = np.searchsorted(np.cumsum(t.nh), pos, side="right")
+            lk, r = np.searchsorted(links, t.flat[pos]), t.rate[flow]
             order = np.lexsort((r, lk))  # by link, rates ascending within it
             lk, r = lk[order], r[order]
             k = np.bincount(lk, minlength=len(links))
@@ -248,55 +259,58 @@ class SolveAbove:
         later. So the filling runs as before up to the least such bound. (The highest rate
         on the link itself, one pass over the table away, gained nothing measurable: the
         departed flow is usually the highest.)"""
+        s = self.solver
         keep = gb >= 0
         if not keep.all():
             gl, ge = gl[keep], ge[keep]
         cap = self.capacity[gl]
-        sat = self._finite[gl] & (self._load[gl] >= cap * (1 - self.ABOVE_MARGIN))
+        sat = s.finite[gl] & (s.load[gl] >= cap * (1 - self.ABOVE_MARGIN))
         if not sat.any():
             return np.inf
         gl, ge, cap = gl[sat], ge[sat], cap[sat]
         _, inv, count = np.unique(gl, return_inverse=True, return_counts=True)
-        before = self._occ[gl] + count[inv.reshape(-1)]  # at least the flows there then
+        before = self.table.occ[gl] + count[inv.reshape(-1)]  # at least the flows there then
         return float(np.maximum(ge, cap / before).min())
 
-    def _after_above(self, solved, rate, uniq, rows, nh, below, idx, changed, new, seeds, gone_e):
+    def book(self, solved, rate, uniq, rows, nh, below, idx, changed, new, seeds, gone_e):
         """Book a solve above a level: rates, labels and loads, each updated for what
         changed only (no pass over the table). Labels: the dirty flows keep their one
         label, new flows take it (several labels are merged into a fresh one). Loads: a
         re-solved link carries what the kept flows take plus the new rates; another link
         of a departed flow loses the departed rates (0 once it holds no flow). These sums
         are in another order than a whole-table update's, so they agree to round-off."""
+        s = self.solver
+        t = self.table
         self.above_solves += 1
-        self.resolved = len(solved)
-        self._rate[solved] = rate
-        n = len(self._rem)
+        s.resolved = len(solved)
+        t.rate[solved] = rate
+        n = len(t.rem)
         if len(changed) == 1:
             lab = int(changed[0])
         else:
-            lab = self._labels
-            self._labels += 1
-            self._flab[idx] = lab
+            lab = s.labels
+            s.labels += 1
+            t.flab[idx] = lab
             if len(changed):
-                self._llab[np.isin(self._llab, changed)] = lab
-        self._capped.difference_update(changed.tolist())
+                s.llab[np.isin(s.llab, changed)] = lab
+        s.capped.difference_update(changed.tolist())
         if new:
-            tail = self._flat[len(self._flat) - int(self._nh[n - new :].sum()) :]
-            self._flab[n - new :] = lab
-            self._llab[tail[self._finite[tail]]] = lab
-        if self.check_solves:
-            self._check_against_full()
-        load = self._load
+            tail = t.flat[len(t.flat) - int(t.nh[n - new :].sum()) :]
+            t.flab[n - new :] = lab
+            s.llab[tail[s.finite[tail]]] = lab
+        if self.net.check_solves:
+            s.checks.check_rates()
+        load = s.load
         fin_rate = np.where(np.isfinite(rate), rate, 0.0)
         load[uniq] = below + np.bincount(rows, weights=np.repeat(fin_rate, nh), minlength=len(uniq))
         touched = uniq
         if self.above_solves % self.RELOAD_EVERY == 0:  # now and then afresh: booked sums drift
-            rate_e = np.repeat(np.where(np.isfinite(self._rate), self._rate, 0.0), self._nh)
-            load[:] = np.bincount(self._flat, weights=rate_e, minlength=len(load))
+            rate_e = np.repeat(np.where(np.isfinite(t.rate), t.rate, 0.0), t.nh)
+            load[:] = np.bincount(t.flat, weights=rate_e, minlength=len(load))
             gone_e = None  # their rates are gone from these sums already
         if gone_e is not None:
             gl, ge, _ = gone_e
-            mark = self._mark
+            mark = s.mark
             mark[uniq] = True
             other = ~mark[gl]
             mark[uniq] = False
@@ -304,12 +318,12 @@ class SolveAbove:
             if len(gl):
                 np.subtract.at(load, gl, ge)
                 gl = np.unique(gl)
-                load[gl] = np.where(self._occ[gl] > 0, np.maximum(load[gl], 0.0), 0.0)
+                load[gl] = np.where(t.occ[gl] > 0, np.maximum(load[gl], 0.0), 0.0)
                 touched = np.concatenate([uniq, gl])
-        self._busy = None
-        if not self._nan_util:
-            fin = touched[self._finite[touched]]
+        s.busy = None
+        if not s.nan_util:
+            fin = touched[s.finite[touched]]
             if len(fin):
                 util = float((load[fin] / self.capacity[fin]).max())
-                self.max_utilisation = max(self.max_utilisation, util)
-        return seeds[:0] if self._land_infinite(solved) else None
+                self.net.max_utilisation = max(self.net.max_utilisation, util)
+        return seeds[:0] if s.land_infinite(solved) else None

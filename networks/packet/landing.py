@@ -1,24 +1,7 @@
-"""Landing: how the packet network's fast engine hands transfers over on arrival (a mixin).
+"""Landing: how the packet network's fast engine hands transfers over on arrival (`Landing`).
 
-Transfers are kept per group (networks.groups.Group). `_register` gives a group an id,
-under which it stays in `_groups` until its last transfer lands; a flow in the table
-(its `_gid`, `_idx` columns) and a ring job name a transfer by (group id, index).
-
-What a caller may rely on:
-
-* `_deliver_fast(rows)` lands the table's flows `rows` one path latency from now;
-  `_land_later(arrival, delay, gids, idxs)` lands transfers at given times. Either way
-  with one timer per distinct arrival time, the transfers within one landing in the
-  order given (so records and events come in the order the reference engine gives).
-* `_land(gids, idxs)` lands transfers now: sets their arrival times, counts the bytes
-  delivered and the transfers in flight, fires each transfer's event (transfer_group)
-  and, when a group's last transfer lands, its `done` event with its Records
-  (transfer_all), and forgets the group.
-* A subclass that overrides `Network._deliver` (to count deliveries itself) gets one
-  `_deliver` call per transfer, with its record, instead.
-
-What the host provides: `env`, the table's `_lat`, `_gid` and `_idx` columns
-(networks.packet.table), and Network's `bytes_delivered` and `in_flight`.
+Transfers are kept per group (networks.groups.Group); a flow in the table (its `gid`,
+`idx` columns) and a ring job name a transfer by (group id, index).
 """
 
 from __future__ import annotations
@@ -30,25 +13,48 @@ from networks.groups import Group, Records, at, seq_sum
 
 
 class Landing:
-    def _init_landing(self) -> None:
-        self._groups: dict[int, Group] = {}  # groups with transfers not yet landed
-        self._next_gid = 0
-        # a subclass that counts deliveries itself gets one _deliver call per transfer
-        self._per_record = type(self)._deliver is not Network._deliver
+    """The transfer groups in flight, and their landing on arrival.
 
-    def _register(self, g: Group) -> int:
-        gid = self._next_gid
-        self._next_gid += 1
-        self._groups[gid] = g
+    Gives:
+    * `register(g)` gives a group an id, under which it stays in `groups` until its last
+      transfer lands.
+    * `deliver(rows)` lands the table's flows `rows` one path latency from now;
+      `land_later(arrival, delay, gids, idxs)` lands transfers at given times. Either way
+      with one timer per distinct arrival time, the transfers within one landing in the
+      order given (so records and events come in the order the reference engine gives).
+    * `land(gids, idxs)` lands transfers now: sets their arrival times, counts the bytes
+      delivered and the transfers in flight, fires each transfer's event (transfer_group)
+      and, when a group's last transfer lands, its `done` event with its Records
+      (transfer_all), and forgets the group.
+    * `per_record`: the network is of a subclass that overrides `Network._deliver` (to
+      count deliveries itself); it then gets one `_deliver` call per transfer, with its
+      record, instead.
+
+    Needs: the network (`env`, its counters `bytes_delivered` and `in_flight`, its
+    `_deliver`) and its flow table (networks.packet.table: `lat`, `gid`, `idx`).
+    """
+
+    def __init__(self, net: Network, table) -> None:
+        self.net, self.env, self.table = net, net.env, table
+        self.groups: dict[int, Group] = {}  # groups with transfers not yet landed
+        self.next_gid = 0
+        # a subclass that counts deliveries itself gets one _deliver call per transfer
+        self.per_record = type(net)._deliver is not Network._deliver
+
+    def register(self, g: Group) -> int:
+        gid = self.next_gid
+        self.next_gid += 1
+        self.groups[gid] = g
         return gid
 
-    def _deliver_fast(self, done: np.ndarray) -> None:
+    def deliver(self, done: np.ndarray) -> None:
         """Deliver the flows at indices `done`: at once without latency, else one timer per
         distinct arrival time (the order of delivery within it kept)."""
-        lat, gid, idx = self._lat[done], self._gid[done], self._idx[done]
-        self._land_later(self.env.now + lat, lat, gid, idx)
+        t = self.table
+        lat, gid, idx = t.lat[done], t.gid[done], t.idx[done]
+        self.land_later(self.env.now + lat, lat, gid, idx)
 
-    def _land_later(self, arrival, delay, gid, idx):
+    def land_later(self, arrival, delay, gid, idx):
         """Land transfers (gid, idx) at `arrival` (delay: arrival - now as a timeout sees
         it; None: schedule at the absolute time)."""
         now = self.env.now
@@ -63,35 +69,35 @@ class Landing:
             t = float(arrival[ks[0]])
             g, i = gid[ks], idx[ks]
             if t <= now:
-                self._land(g, i)
+                self.land(g, i)
             elif delay is not None:
                 self.env.timeout(float(delay[ks[0]])).callbacks.append(
-                    lambda _e, g=g, i=i: self._land(g, i)
+                    lambda _e, g=g, i=i: self.land(g, i)
                 )
             else:
-                at(self.env, t, lambda _e, g=g, i=i: self._land(g, i))
+                at(self.env, t, lambda _e, g=g, i=i: self.land(g, i))
 
-    def _land(self, gids, idxs) -> None:
+    def land(self, gids, idxs) -> None:
         """Transfers (group id, index) arrive now."""
-        now = self.env.now
-        if self._per_record:  # a subclass delivers record by record
+        now, net, groups = self.env.now, self.net, self.groups
+        if self.per_record:  # a subclass delivers record by record
             for g, i in zip(gids.tolist(), idxs.tolist(), strict=True):
-                grp = self._groups[g]
+                grp = groups[g]
                 rec = grp.record(i)
-                self._deliver(rec, grp if grp.events is None else grp.events[i])
+                net._deliver(rec, grp if grp.events is None else grp.events[i])
                 grp.ends[i] = rec.end
             return
         for g in dict.fromkeys(gids.tolist()):
-            grp = self._groups[g]
+            grp = groups[g]
             sel = idxs if gids[0] == gids[-1] == g else idxs[gids == g]
             grp.ends[sel] = now
-            self.bytes_delivered = seq_sum(self.bytes_delivered, grp.nb[sel])
-            self.in_flight -= len(sel)
+            net.bytes_delivered = seq_sum(net.bytes_delivered, grp.nb[sel])
+            net.in_flight -= len(sel)
             grp.pending -= len(sel)
             if grp.events is not None:
                 for i in sel.tolist():
                     grp.events[i].succeed(grp.record(i))
             if grp.pending == 0:
-                del self._groups[g]
+                del groups[g]
                 if grp.done is not None:
                     grp.done.succeed(Records(grp))

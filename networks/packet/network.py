@@ -16,28 +16,28 @@ runs a ring collective on links nothing else uses as one reserved job
 the same float expressions in the same order, so the results agree bit for bit on their
 own and to round-off under contention (checked by tests/test_engine_fuzz.py).
 
-`PacketSwitchNetwork` is put together from mixins, one concern each, that share the
-instance's attributes (so the solver's loops read them as directly as before):
+`PacketSwitchNetwork` holds the links, the routes and the counters, and one engine; each
+piece is an object owning one concern and its state, its class docstring its contract:
 
-* networks.packet.reference: the reference engine;
-* networks.packet.table: the fast engine's flow table (numpy columns) and its change log;
-* networks.packet.solve: the incremental max-min solve over the components that changed;
-* networks.packet.above: within a big component, re-solving the flows above a level only;
-* networks.packet.checks: whole-table checks of those solves (tests turn them on);
-* networks.packet.landing: transfer groups and their landing on arrival;
-* networks.packet.ringjobs: ring collectives as reserved jobs.
-
-This module holds the rest: the network's links and routes, and the fast engine's clock.
-A start (`_start_fast`) routes the transfers, adds their flows to the table and asks for
-one solve at this instant (`_solve_soon`), after every start queued there; a solve
-(`_finish_fast`) takes the queued rows, delivers the flows that are done, re-solves the
-rates (`_solve_changed`), updates the loads and sets one timer for the next flow to
-finish; a newer solve supersedes it (`_generation`). Between solves nothing moves but the
-clock: `_advance_fast` moves every flow forward at its rate.
+* networks.packet.reference: `ReferenceEngine`, the reference engine;
+* networks.packet.engine: `FastEngine`, the fast engine's clock: starts, the solve at each
+  change, the timer; it holds the pieces below;
+* networks.packet.table: `FlowTable`, the flows in flight as numpy columns and their
+  change log;
+* networks.packet.landing: `Landing`, transfer groups and their landing on arrival;
+* networks.packet.solve: `ComponentSolve`, the incremental max-min solve over the
+  components that changed, and the links' loads; it holds
+* networks.packet.above: `SolveAbove`, within a big component, re-solving the flows above
+  a level only, and
+* networks.packet.checks: `SolveChecks`, whole-table checks of those solves (tests turn
+  them on with `check_solves`);
+* networks.packet.ringjobs: `RingJobs`, ring collectives as reserved jobs
+  (networks.packet.ringjob: one job's step times).
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -45,22 +45,12 @@ import numpy as np
 import simpy
 
 from networks.base import Network, register
-from networks.groups import Group, seq_sum
-from networks.packet.above import SolveAbove
-from networks.packet.checks import SolveChecks
-from networks.packet.landing import Landing
-from networks.packet.reference import ReferenceEngine, _Flow
-from networks.packet.ringjob import REL_TOL as _REL_TOL
-from networks.packet.ringjob import TIME_TOL as _TIME_TOL
-from networks.packet.ringjobs import RingJobs
-from networks.packet.solve import ComponentSolve
-from networks.packet.table import FlowTable
+from networks.groups import Group
+from networks.packet.engine import FastEngine
+from networks.packet.reference import ReferenceEngine
 from networks.routing import Routes, path_latencies
 from triosim.common.errors import NetworkError
 from triosim.common.schema import option
-
-# one-row columns shared by point-to-point starts (only ever copied into the table)
-_ZERO_I, _ZERO_F = np.zeros(1, np.int64), np.zeros(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,12 +89,41 @@ class PacketOptions:
     )
 
 
+def _part(path: str, name: str) -> property:
+    """A property of the network that is attribute `name` of one of its parts (`path`:
+    attributes from the network, dotted), read and written there."""
+    owner = operator.attrgetter(path)
+
+    def get(self):
+        return getattr(owner(self), name)
+
+    def put(self, value):
+        setattr(owner(self), name, value)
+
+    return property(get, put, doc=f"`{path}.{name}` (the fast engine's)")
+
+
 @register("packet")
-class PacketSwitchNetwork(
-    RingJobs, ReferenceEngine, Landing, FlowTable, ComponentSolve, SolveAbove, SolveChecks, Network
-):
+class PacketSwitchNetwork(Network):
+    """Transfers as flows along shortest paths (networks.routing), each link shared
+    max-min fairly by the flows crossing it, the rates recomputed whenever a flow starts
+    or ends; a transfer's last byte lands one path latency after it left.
+
+    Holds the links, the routes and the counters, and one engine (the module docstring
+    says how the pieces fit). Gives: Network's interface (`transfer`, `transfer_group`,
+    `transfer_all`, `batch`, `ring`, `records`, `link_stats`, `stats`) and `path_links`,
+    `path`, `flow_rates`; the counters `link_bytes`, `link_busy`, `max_utilisation`,
+    `reallocations`; with the fast engine, its parts' counters and settings as
+    attributes of the network (below: `alone_solves`, ..., `above_min`, `SLIDE_MAX`).
+    `check_solves` (on the class or an instance) turns the fast engine's whole-table
+    checks on.
+
+    Needs: a topology graph (Network's) and its options (`routing`, `engine`).
+    """
+
     Options = PacketOptions
     reducing_endpoints = True  # a switch that reduces (NVLS, SHARP) may send and receive
+    check_solves = False  # tests: compare every solve with the whole-table one (checks.py)
 
     def __init__(self, env, graph, options=None, **kwargs):
         super().__init__(env, graph, options, **kwargs)
@@ -117,27 +136,29 @@ class PacketSwitchNetwork(
         self.link_bytes = np.zeros(len(self.links))
         self.link_busy = np.zeros(len(self.links))
         self.max_utilisation = 0.0  # highest load/capacity seen on any link (<= 1)
-        self._flows: list[_Flow] = []
-        self._load = np.zeros(len(self.links))
-        self._last = env.now
-        self._generation = 0
         self.reallocations = 0
         self._routing_tables()
-        if self.options.engine == "fast":
-            self._advance = self._advance_fast
-            self._on_timer = self._on_timer_fast
-            self._route_cache: dict = {}
-            self._busy: np.ndarray | None = np.zeros(0, np.int64)  # links with load > 0
-            self._solve_queued = False  # new flows wait for a solve at this instant
-            # the instant of the last done check, and the least remaining time found then
-            # (when at _tmin_at)
-            self._checked = self._tmin_at = None
-            self._tmin = np.inf
-            self._init_rings()
-            self._init_landing()
-            self._init_table()
-            self._init_solver()
-            self._init_above()
+        self._route_cache: dict = {}
+        self._fast = self.options.engine == "fast"
+        self._engine = FastEngine(self) if self._fast else ReferenceEngine(self)
+
+    # the fast engine's parts' counters and settings, as attributes of the network
+    alone_solves = _part("_engine.solver", "alone_solves")
+    component_solves = _part("_engine.solver", "component_solves")
+    full_solves = _part("_engine.solver", "full_solves")
+    round_one_solves = _part("_engine.solver", "round_one_solves")
+    capped_solves = _part("_engine.solver", "capped_solves")
+    capped_skips = _part("_engine.solver", "capped_skips")
+    resolved = _part("_engine.solver", "resolved")
+    above_solves = _part("_engine.solver.above", "above_solves")
+    above_capped = _part("_engine.solver.above", "above_capped")
+    reach_solves = _part("_engine.solver.above", "reach_solves")
+    tight_levels = _part("_engine.solver.above", "tight_levels")
+    above_min = _part("_engine.solver.above", "above_min")
+    RELOAD_EVERY = _part("_engine.solver.above", "RELOAD_EVERY")
+    SLIDE_MAX = _part("_engine.table", "SLIDE_MAX")
+    ring_jobs = _part("_engine.rings", "ring_jobs")
+    ring_splits = _part("_engine.rings", "ring_splits")
 
     # -- routing ----------------------------------------------------------------------
     def _routing_tables(self):
@@ -156,7 +177,6 @@ class PacketSwitchNetwork(
         links = self.path_links(src, dst)
         return [src] + [self.links[i][1] for i in links]
 
-    # -- the fast engine: starts, the clock and the solve at each change ------------------
     def _route(self, src, dst):
         return self._routes([(src, dst)])[0]
 
@@ -177,17 +197,24 @@ class PacketSwitchNetwork(
                 cache[key] = (links, lat)
         return [cache[k] for k in pairs]
 
+    # -- transfers ----------------------------------------------------------------------
+    def _start_group(self, records, events):
+        """Network.transfer_group's start (the reference engine's way)."""
+        self._engine.start_group(records, events)
+
     def transfer_group(self, transfers, tag: str = "", _member=None) -> list[simpy.Event]:
-        if self.options.engine == "reference":
+        if not self._fast:
             return super().transfer_group(transfers, tag, _member)
         srcs, dsts, sizes, caps = self._parse(transfers)
         events = [self.env.event() for _ in srcs]
         if srcs:
-            self._start_parsed(srcs, dsts, sizes, caps, tag, events=events)
+            b = self._prepare(srcs, dsts, sizes, caps)
+            g = Group(srcs, dsts, b.nb, b.maxr, self.env.now, tag, events)
+            self._engine.start(g, b.flat, b.nh, b.lat)
         return events
 
     def transfer_all(self, transfers, tag: str = "") -> simpy.Event:
-        if self.options.engine == "reference":
+        if not self._fast:
             return super().transfer_all(transfers, tag)
         done = self.env.event()
         if type(transfers) is _Batch and transfers.net is self:
@@ -200,13 +227,13 @@ class PacketSwitchNetwork(
                 return done.succeed([])
             b = self._prepare(srcs, dsts, sizes, caps)
         g = Group(b.srcs, b.dsts, b.nb, b.maxr, self.env.now, tag, None, done)
-        self._start_fast(g, b.flat, b.nh, b.lat, b.distinct)
+        self._engine.start(g, b.flat, b.nh, b.lat, b.distinct)
         return done
 
     def batch(self, transfers):
         """The transfers checked and routed once, for `transfer_all` to start many times
         (a collective's streams, every time it runs)."""
-        if self.options.engine == "reference":
+        if not self._fast:
             return super().batch(transfers)
         srcs, dsts, sizes, caps = self._parse(transfers)
         return self._prepare(srcs, dsts, sizes, caps) if srcs else []
@@ -222,149 +249,20 @@ class PacketSwitchNetwork(
             self, srcs, dsts, np.array(sizes, float), np.array(caps, float), flat, nh, lat, distinct
         )
 
-    def _start_parsed(self, srcs, dsts, sizes, caps, tag, events=None, done=None):
-        b = self._prepare(srcs, dsts, sizes, caps)
-        g = Group(srcs, dsts, b.nb, b.maxr, self.env.now, tag, events, done)
-        self._start_fast(g, b.flat, b.nh, b.lat)
-
-    def _start_fast(self, g: Group, flat, nh, lat, distinct: bool = False):
-        """Start the transfers of `g` (their routes' links `flat`, `nh` per transfer, path
-        latencies `lat`; `distinct`: no link twice in `flat`)."""
-        self._advance_fast()
-        if len(self._jobs) and (self._owner[flat] >= 0).any():
-            for jid in dict.fromkeys(self._owner[flat][self._owner[flat] >= 0].tolist()):
-                self._split(self._jobs[jid])
-        nb = g.nb
-        k = len(nb)
-        if distinct:  # each link gets one add: a buffered add is the unbuffered one
-            self.link_bytes[flat] += nb[0] if k == 1 else np.repeat(nb, nh)
-        else:  # one unbuffered add in flow order: the same sums as one add per flow
-            np.add.at(self.link_bytes, flat, np.repeat(nb, nh))
-        self.bytes_sent = seq_sum(self.bytes_sent, nb)
-        self.in_flight += k
-        self._log.append(g)
-        gid = self._register(g)
-        if k == 1:  # a point-to-point send (pipelines: hundreds of thousands at 16k GPUs)
-            self._add_flows(gid, g, _ZERO_I, nb, _ZERO_F, lat, nh, flat, distinct)
-        else:
-            self._add_flows(gid, g, np.arange(k), nb, np.zeros(k), lat, nh, flat, distinct)
-        self._solve_soon()
-
-    def _solve_soon(self) -> None:
-        """Solve once the events already queued for this instant have run: transfers
-        started at one instant by many processes (the pipeline sends of thousands of
-        replicas) then cost one solve, not one each. The flows wait in the table; nothing
-        moves before the solve, as the clock cannot pass this instant before it."""
-        if self._solve_queued:
-            return
-        self._solve_queued = True
-        ev = simpy.Event(self.env)
-        ev._ok, ev._value = True, None
-        ev.callbacks.append(self._solve_now)
-        self.env.schedule(ev)
-
-    def _solve_now(self, _event=None) -> None:
-        if self._solve_queued:
-            self._solve_queued = False
-            self._finish_fast()
-
-    def _advance_fast(self):
-        dt = self.env.now - self._last
-        if dt > 0 and len(self._rem):
-            self._rem -= self._rate * dt  # in place: the same floats as rem - rate * dt
-            # the links with load > 0 gain dt, the others 0.0 (which leaves them unchanged)
-            self.link_busy[self._busy_links()] += dt
-        self._last = self.env.now
-
-    def _busy_links(self) -> np.ndarray:
-        if self._busy is None:
-            self._busy = np.flatnonzero(self._load > 0)
-        return self._busy
-
-    def _finish_fast(self):
-        self._solve_queued = False  # a timer at this instant solves the queued flows too
-        if self._waiting_rows:
-            self._take_rows()
-        now = self.env.now
-        tick = _TIME_TOL * max(now, 1e-9)
-        n = len(self._rem)
-        if self._stale is not None and self._checked == now:
-            # the other flows were found not done at this instant and have not changed
-            cand = self._stale
-            if self._new:
-                cand = np.concatenate([cand, np.arange(n - self._new, n)])
-            done = cand[self._done(cand, tick)]
-        else:
-            done = np.flatnonzero(self._done(slice(None), tick))
-        if self.check_solves:
-            assert np.array_equal(done, np.flatnonzero(self._done(slice(None), tick)))
-        departed = len(done) > 0
-        if departed:
-            self._deliver_fast(done)
-            keep = np.ones(n, bool)
-            keep[done] = False
-            self._keep(keep)
-        self._checked, self._stale = now, None
-        self._generation += 1
-        if not len(self._rem):
-            self._load[:] = 0.0
-            self._busy = np.zeros(0, np.int64)
-            self._seeds, self._gone, self._new = [], [], 0
-            self._gone_links = []
-            self._stale, self._tmin_at = np.zeros(0, np.int64), None
-            return
-        self.reallocations += 1
-        peak = self.max_utilisation
-        touched = self._solve_changed()
-        if touched is None:  # no flow left
-            self._load[:] = 0.0
-            self._busy = np.zeros(0, np.int64)
-            self._stale, self._tmin_at = np.zeros(0, np.int64), None
-            return
-        if len(touched):
-            self._update_loads(touched)
-        if self.check_solves:
-            self._check_loads(peak)
-        k = self._solved_tail
-        with np.errstate(divide="ignore"):
-            if self._tmin_at == now and not departed and k >= 0:
-                # only the k flows at the end changed since the last minimum, at this instant
-                dt = (
-                    self._tmin
-                    if k == 0
-                    else min(self._tmin, float((self._rem[-k:] / self._rate[-k:]).min()))
-                )
-            else:
-                dt = float((self._rem / self._rate).min())
-            if self.check_solves:
-                assert dt == float((self._rem / self._rate).min())
-        self._tmin, self._tmin_at = dt, now
-        gen = self._generation
-        self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _e: self._on_timer_fast(gen))
-
-    def _done(self, sel, tick):
-        """Which flows `sel` are done: (almost) no bytes left, no links, or less time left
-        than the clock resolves."""
-        rem, rate = self._rem[sel], self._rate[sel]
-        return (
-            (rem <= _REL_TOL * self._nb[sel])
-            | (self._nh[sel] == 0)
-            | ((rate > 0) & (rem <= rate * tick))
-        )
-
-    def _on_timer_fast(self, gen):
-        if gen != self._generation:
-            return
-        self._advance_fast()
-        self._finish_fast()
+    def ring(self, group, chunk: float, steps: int, tag: str = "") -> simpy.Event:
+        """Network's ring; the fast engine runs it as a reserved job where its links are
+        free (networks.packet.ringjobs), unless a subclass counts deliveries itself."""
+        if not self._fast or self._engine.landing.per_record:
+            return super().ring(group, chunk, steps, tag)
+        return self._engine.rings.ring(group, chunk, steps, tag)
 
     # -- statistics --------------------------------------------------------------------
     def flow_rates(self) -> np.ndarray:
         """Rates (bytes/s) of the flows in flight, in the order they started."""
-        if self.options.engine == "fast":
-            self._solve_now()
-            return self._rate.copy()
-        return np.array([f.rate for f in self._flows])
+        if self._fast:
+            self._engine.solve_now()
+            return self._engine.table.rate.copy()
+        return np.array([f.rate for f in self._engine.flows])
 
     def stats(self) -> dict:
         return {"reallocations": self.reallocations, "max_utilisation": self.max_utilisation}
@@ -372,11 +270,12 @@ class PacketSwitchNetwork(
     def link_stats(self):
         import pandas as pd
 
-        self._advance()
-        if self.options.engine == "fast" and self._jobs:  # count what ring jobs did so far
-            for job in list(self._jobs.values()):
-                self._split(job)
-            self._finish_fast()
+        engine = self._engine
+        engine.advance()
+        if self._fast and engine.rings.jobs:  # count what ring jobs did so far
+            for job in list(engine.rings.jobs.values()):
+                engine.rings.split(job)
+            engine.finish()
         return pd.DataFrame(
             {
                 "src": [u for u, _ in self.links],

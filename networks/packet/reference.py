@@ -1,17 +1,13 @@
-"""The packet network's reference engine: one object per flow, a whole solve per change (a mixin).
+"""The packet network's reference engine: one object per flow, a whole solve per change
+(`ReferenceEngine`).
 
 The straightforward engine (`engine: reference`), kept to check the fast one: every start
-or end of a flow moves all flows forward to now (`_advance`), delivers the ones done, and
+or end of a flow moves all flows forward to now (`advance`), delivers the ones done, and
 re-solves max-min fairness over all the rest (networks.maxmin.max_min_rates), each rate-
 capped flow crossing a private link of its cap; one timer waits for the next to finish,
-and a newer solve supersedes it (`_generation`). A flow lands one path latency after its
-last byte left.
-
-What the host provides: `env`, `links`, `capacity`, `latency`, `path_links(src, dst)`
-and `_distances(sources)` (routing), the counters `link_bytes`, `link_busy`, `_load`,
-`max_utilisation`, `reallocations`, `_generation`, the clock `_last`, `_flows` (a list,
-empty at first) and Network's `_deliver`. The fast engine shares the done rule (REL_TOL,
-TIME_TOL) and evaluates the same float expressions in the same order.
+and a newer solve supersedes it (`generation`). A flow lands one path latency after its
+last byte left. The fast engine shares the done rule (REL_TOL, TIME_TOL) and evaluates the
+same float expressions in the same order.
 """
 
 from __future__ import annotations
@@ -38,31 +34,52 @@ class _Flow:
 
 
 class ReferenceEngine:
-    def _start_group(self, records, events):
-        self._advance()
-        self._distances([r.src for r in records])
+    """The reference engine's flows, rates and clock.
+
+    Gives: `start_group(records, events)` (Network's `_start_group`: the records' flows
+    start now), `advance()` (every flow moved forward to now), `flows` (the flows in
+    flight, in the order they started, each with its `rate`) and `load` (each link's load
+    as of the last solve).
+
+    Needs: the network (`env`, `links`, `capacity`, `latency`, `path_links(src, dst)` and
+    `_distances(sources)`, its counters `link_bytes`, `link_busy`, `max_utilisation`,
+    `reallocations`, and `_deliver`).
+    """
+
+    def __init__(self, net) -> None:
+        self.net, self.env = net, net.env
+        self.flows: list[_Flow] = []
+        self.load = np.zeros(len(net.links))
+        self.last = net.env.now  # the instant the flows were last moved forward to
+        self.generation = 0  # solves so far: a timer of an older one does nothing
+
+    def start_group(self, records, events):
+        net = self.net
+        self.advance()
+        net._distances([r.src for r in records])
         for rec, ev in zip(records, events, strict=True):
-            links = self.path_links(rec.src, rec.dst)
-            lat = float(self.latency[links].sum()) if len(links) else 0.0
-            self._flows.append(_Flow(rec, ev, links, lat, rec.nbytes))
-            np.add.at(self.link_bytes, links, rec.nbytes)
+            links = net.path_links(rec.src, rec.dst)
+            lat = float(net.latency[links].sum()) if len(links) else 0.0
+            self.flows.append(_Flow(rec, ev, links, lat, rec.nbytes))
+            np.add.at(net.link_bytes, links, rec.nbytes)
         self._finish_and_reallocate()
 
-    def _advance(self):
+    def advance(self):
         """Move every flow forward to now at its current rate."""
-        dt = self.env.now - self._last
-        if dt > 0 and self._flows:
-            for f in self._flows:
+        dt = self.env.now - self.last
+        if dt > 0 and self.flows:
+            for f in self.flows:
                 f.remaining -= f.rate * dt
-            self.link_busy += np.where(self._load > 0, dt, 0.0)
-        self._last = self.env.now
+            self.net.link_busy += np.where(self.load > 0, dt, 0.0)
+        self.last = self.env.now
 
     def _finish_and_reallocate(self):
+        net = self.net
         still = []
         # a flow whose remaining time is below the clock's resolution is done: otherwise
         # now + dt == now and the timer would fire forever without progress
         tick = _TIME_TOL * max(self.env.now, 1e-9)
-        for f in self._flows:
+        for f in self.flows:
             if (
                 f.remaining <= _REL_TOL * f.rec.nbytes
                 or len(f.links) == 0
@@ -71,12 +88,12 @@ class ReferenceEngine:
                 self._schedule_delivery(f)
             else:
                 still.append(f)
-        self._flows = still
-        self._generation += 1
+        self.flows = still
+        self.generation += 1
         if not still:
-            self._load[:] = 0.0
+            self.load[:] = 0.0
             return
-        self.reallocations += 1
+        net.reallocations += 1
         rows, cols, capacity = self._incidence(still)
         rates = max_min_rates(rows, cols, len(still), capacity)
         for f, r in zip(still, rates, strict=True):
@@ -85,25 +102,25 @@ class ReferenceEngine:
             for f in still:
                 if f.rate == np.inf:
                     self._schedule_delivery(f)
-            self._flows = still = [f for f in still if f.rate != np.inf]
+            self.flows = still = [f for f in still if f.rate != np.inf]
             if not still:
-                self._load[:] = 0.0
+                self.load[:] = 0.0
                 return
             rows, cols, _ = self._incidence(still)
             rates = np.array([f.rate for f in still])
-        real = rows < len(self.links)  # not the private rate-cap links
-        self._load = link_loads(rows[real], cols[real], rates, len(self.links))
+        real = rows < len(net.links)  # not the private rate-cap links
+        self.load = link_loads(rows[real], cols[real], rates, len(net.links))
         with np.errstate(divide="ignore", invalid="ignore"):
-            util = np.where(np.isfinite(self.capacity), self._load / self.capacity, 0.0)
-        self.max_utilisation = max(self.max_utilisation, float(util.max(initial=0.0)))
+            util = np.where(np.isfinite(net.capacity), self.load / net.capacity, 0.0)
+        net.max_utilisation = max(net.max_utilisation, float(util.max(initial=0.0)))
         with np.errstate(divide="ignore"):
             dt = min(f.remaining / f.rate for f in still)
-        gen = self._generation
+        gen = self.generation
         self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _e: self._on_timer(gen))
 
     def _incidence(self, flows):
         """Incidence of the flows over the links, plus one private link per capped flow."""
-        n = len(self.links)
+        n = len(self.net.links)
         capped = [k for k, f in enumerate(flows) if f.rec.max_rate < np.inf]
         extra = [np.array([n + j]) for j in range(len(capped))]
         paths = [f.links for f in flows]
@@ -111,18 +128,19 @@ class ReferenceEngine:
             paths[k] = np.concatenate([paths[k], extra[j]])
         rows, cols = incidence(paths)
         if not capped:
-            return rows, cols, self.capacity
+            return rows, cols, self.net.capacity
         caps = np.array([flows[k].rec.max_rate for k in capped])
-        return rows, cols, np.concatenate([self.capacity, caps])
+        return rows, cols, np.concatenate([self.net.capacity, caps])
 
     def _on_timer(self, gen):
-        if gen != self._generation:
+        if gen != self.generation:
             return  # superseded by a later reallocation
-        self._advance()
+        self.advance()
         self._finish_and_reallocate()
 
     def _schedule_delivery(self, f: _Flow):
+        net = self.net
         if f.latency > 0:
-            self.env.timeout(f.latency).callbacks.append(lambda _e: self._deliver(f.rec, f.event))
+            self.env.timeout(f.latency).callbacks.append(lambda _e: net._deliver(f.rec, f.event))
         else:
-            self._deliver(f.rec, f.event)
+            net._deliver(f.rec, f.event)

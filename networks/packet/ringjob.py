@@ -85,8 +85,8 @@ class Step:
 
 def run_step(t0: float, b: float, rates: tuple, until: float = math.inf) -> Step:
     """The per-step engine on one step of `b` bytes per transfer started at t0, up to the
-    last timer at or before `until`. Mirrors networks.packet `_finish_fast` and
-    `_advance_fast`: new transfers have rate 0 at the first done check."""
+    last timer at or before `until`. Mirrors networks.packet.engine's `FastEngine.finish`
+    and `advance`: new transfers have rate 0 at the first done check."""
     k_all = range(len(rates))
     rem, rate = [b] * len(rates), [0.0] * len(rates)
     done_at = [math.nan] * len(rates)

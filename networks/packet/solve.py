@@ -1,7 +1,7 @@
-"""The packet network's incremental max-min solve: only what changed (a mixin).
+"""The packet network's incremental max-min solve: only what changed (`ComponentSolve`).
 
 When flows start or end, the fast engine re-solves max-min fairness only on the connected
-components of the flow-link graph that changed (`_solve_changed`): components are tracked
+components of the flow-link graph that changed (`solve_changed`): components are tracked
 by labels, a new flow alone on its links (a pipeline send) takes its least capacity
 without looking at the table, and loads, utilisation and the done check are updated for
 the changed flows and links only. Max-min rates decompose over components and the solver
@@ -9,24 +9,6 @@ computes each with the same floats alone as within the table, so this changes no
 (`check_solves` compares every solve with the whole-table one, networks.packet.checks;
 tests/test_component_solve.py). Big components hand over to networks.packet.above, which
 re-solves only the flows above the level a change can reach.
-
-What a caller may rely on: `_solve_changed()`, called once the table holds the flows of
-this instant (networks.packet.table: its change log says what changed, and is cleared),
-sets `_rate` of every flow to the max-min rates (bit for bit those of a whole-table
-solve, to round-off after a solve above a level), relabels the components it solved
-(`_flab`, `_llab`: every component within one label), delivers the flows whose rate is
-infinite (over infinitely fast links only), and returns the links whose load may have
-changed (None: no flow left). It sets `resolved` (flows it solved), `_stale` (the flows
-whose rate changed, to check for done at this instant; None: all) and `_solved_tail`
-(k >= 0: only the last k flows changed rate; -1: unknown). `_update_loads(links)` then
-sums those links' loads (table order, as the reference engine) and the peak utilisation;
-whoever changes `_load` sets `_busy` to None.
-
-What the host provides: `capacity`, `links`, `_load`, `_busy`, `max_utilisation`, the
-flow table with its change log (networks.packet.table), `_deliver_fast`
-(networks.packet.landing), `_solve_above`, `_after_above` and `above_min`
-(networks.packet.above), and `check_solves` and `_check_against_full`
-(networks.packet.checks).
 """
 
 from __future__ import annotations
@@ -34,33 +16,78 @@ from __future__ import annotations
 import numpy as np
 
 from networks.maxmin import max_min_rates
+from networks.packet.above import SolveAbove
+from networks.packet.checks import SolveChecks
 
 
 class ComponentSolve:
-    def _init_solver(self) -> None:
-        n_links = len(self.links)
-        self._finite = np.isfinite(self.capacity)
+    """The max-min rates of the flows in the table, solved again only where they changed,
+    and the links' loads.
+
+    Gives: `solve_changed()`, called once the table holds the flows of this instant (its
+    change log says what changed, and is cleared), sets the table's `rate` of every flow
+    to the max-min rates (bit for bit those of a whole-table solve, to round-off after a
+    solve above a level), relabels the components it solved (the table's `flab`, and
+    `llab`: every component within one label), delivers the flows whose rate is infinite
+    (over infinitely fast links only), and returns the links whose load may have changed
+    (None: no flow left). It sets `resolved` (flows it solved), `stale` (the flows whose
+    rate changed, to check for done at this instant; None: all) and `solved_tail` (k >=
+    0: only the last k flows changed rate; -1: unknown). `update_loads(links)` then sums
+    those links' `load` (table order, as the reference engine) and the network's peak
+    utilisation; `busy_links()` are those with load > 0, and `idle()` says no flow is
+    left. `renumber`, `land_infinite`, the labels (`labels`, `llab`, `capped`), `finite`
+    and the scratch arrays `mark` and `pos` (all False / free between uses) are for
+    `above`. Counters: `alone_solves`, `component_solves`, `full_solves`,
+    `round_one_solves`, `capped_solves`, `capped_skips`.
+
+    Holds `above` (networks.packet.above: a big component's flows above a level) and
+    `checks` (networks.packet.checks, run when the network's `check_solves` is set).
+    Needs: the network (`capacity`, `check_solves`, the `max_utilisation` it raises), the
+    flow table (networks.packet.table) and the landing (`deliver`).
+    """
+
+    def __init__(self, net, table, landing) -> None:
+        self.net, self.table, self.landing = net, table, landing
+        self.capacity = net.capacity
+        n_links = len(self.capacity)
+        self.finite = np.isfinite(self.capacity)
         # a link of capacity 0 makes the whole-table utilisation max nan (0 / 0), which
         # max() then ignores: kept as is, so the counter stays what it always was
-        self._nan_util = bool((self.capacity == 0).any())
-        self._mark = np.zeros(n_links, bool)  # scratch, all False between uses
-        self._pos = np.zeros(n_links, np.int64)  # scratch
+        self.nan_util = bool((self.capacity == 0).any())
+        self.mark = np.zeros(n_links, bool)  # scratch, all False between uses
+        self.pos = np.zeros(n_links, np.int64)  # scratch
         # component labels (networks joined by shared finite links) of each flow and
         # link: every component within one label; -1: a new flow, or a link never used
-        self._llab = np.full(n_links, -1, np.int64)
-        self._labels = 0  # labels handed out so far (never reused)
-        self._capped: set[int] = set()  # labels whose flows all ran at their rate cap
+        self.llab = np.full(n_links, -1, np.int64)
+        self.labels = 0  # labels handed out so far (never reused)
+        self.capped: set[int] = set()  # labels whose flows all ran at their rate cap
         self.capped_solves = self.capped_skips = self.round_one_solves = 0
         self._r1_wait = self._r1_backoff = 0  # big sets to solve without _round_one
         # flows whose rate changed at the last solve (None: all), and how many at the end
         # of the table were solved alone (-1: not only those)
-        self._stale: np.ndarray | None = None
-        self._solved_tail = -1
+        self.stale: np.ndarray | None = None
+        self.solved_tail = -1
         # solves: of new flows alone on their links, of some components, of the table
         self.alone_solves = self.component_solves = self.full_solves = 0
         self.resolved = 0  # flows whose rate the last solve computed
+        self.load = np.zeros(n_links)  # each link's load as of the last solve
+        self.busy: np.ndarray | None = np.zeros(0, np.int64)  # links with load > 0 (None: unknown)
+        self.above = SolveAbove(self)
+        self.checks = SolveChecks(self)
 
-    def _solve_changed(self) -> np.ndarray | None:
+    def busy_links(self) -> np.ndarray:
+        """The links with load > 0."""
+        if self.busy is None:
+            self.busy = np.flatnonzero(self.load > 0)
+        return self.busy
+
+    def idle(self) -> None:
+        """No flow is left: every load 0, no flow to check (the last solve saw none)."""
+        self.load[:] = 0.0
+        self.busy = np.zeros(0, np.int64)
+        self.stale = np.zeros(0, np.int64)
+
+    def solve_changed(self) -> np.ndarray | None:
         """Max-min rates of the flows in the connected components (links joined by the
         flows crossing them; infinite links join nothing, as they never bind) that changed
         since the last solve: those of departed flows and those joined by new flows. The
@@ -74,81 +101,83 @@ class ComponentSolve:
         within one label, so the flows of the changed labels are a union of components.
         Flows with an infinite rate are delivered at once. Returns the links whose load
         may have changed, or None when no flow is left."""
-        seeds = self._seeds[0] if len(self._seeds) == 1 else np.concatenate(self._seeds or [[]])
+        t = self.table
+        seeds = t.seeds[0] if len(t.seeds) == 1 else np.concatenate(t.seeds or [[]])
         seeds = seeds.astype(np.int64, copy=False)  # links, repeats possible
-        gone = np.concatenate(self._gone) if self._gone else np.zeros(0, np.int64)
-        gone_links = self._gone_links
-        self._seeds, self._gone, self._gone_links = [], [], []
-        new, self._new = self._new, 0
-        self._solved_tail = -1  # flows at the end of the table solved alone, if >= 0
+        gone = np.concatenate(t.gone) if t.gone else np.zeros(0, np.int64)
+        gone_links = t.gone_links
+        t.seeds, t.gone, t.gone_links = [], [], []
+        new, t.new = t.new, 0
+        self.solved_tail = -1  # flows at the end of the table solved alone, if >= 0
         alone = self._solve_alone(seeds, new)
         if alone is not False:
             return alone
         gone = gone[gone >= 0]
-        if not new and len(gone) and all(x in self._capped for x in gone.tolist()):
+        if not new and len(gone) and all(x in self.capped for x in gone.tolist()):
             # flows left components in which every flow ran at its rate cap: the shares
             # of their links only grew, so each flow still gets its cap (see _round_one)
             self.resolved = 0
             self.capped_skips += 1
-            if self.check_solves:
-                self._check_against_full()
-            self._stale = np.zeros(0, np.int64)
+            if self.net.check_solves:
+                self.checks.check_rates()
+            self.stale = np.zeros(0, np.int64)
             return np.unique(seeds)
         dirty, changed = self._dirty(gone, new)
         idx = np.flatnonzero(dirty)
         self.resolved = n = len(idx)
         if not n:  # the changed links lost their last flows
-            self._stale = idx
+            self.stale = idx
             return np.unique(seeds)
-        if n >= self.above_min:
+        if n >= self.above.above_min:
             # the departed flows' entries (links, rates, labels), joined once for both
             gone_e = (
                 tuple(np.concatenate([x[j] for x in gone_links]) for j in range(3))
                 if gone_links
                 else None
             )
-            above = self._solve_above(idx, new, gone_e)
+            above = self.above.solve(idx, new, gone_e)
             if above is not None:
-                return self._after_above(*above, idx, changed, new, seeds, gone_e)
-        links = self._flat[self._entries(idx)]
+                return self.above.book(*above, idx, changed, new, seeds, gone_e)
+        links = t.flat[t.entries(idx)]
         one = self._try_round_one(idx, links)
         capped = one is not None and one[1]
         solved = idx  # the flows whose rates may have changed
         if one is not None:
             self.round_one_solves += 1
             self.capped_solves += capped
-            self._rate[idx] = one[0]
-        elif n == len(self._rem):
+            t.rate[idx] = one[0]
+        elif n == len(t.rem):
             self.full_solves += 1
-            rows, cols, capacity = self._incidence_fast()
-            self._rate[:] = max_min_rates(rows, cols, n, capacity)
+            rows, cols, capacity = t.incidence()
+            t.rate[:] = max_min_rates(rows, cols, n, capacity)
         else:
             self.component_solves += 1
-            self._rate[idx] = self._solve_flows(idx)
-        first = self._labels
+            t.rate[idx] = self._solve_flows(idx)
+        first = self.labels
         self._relabel(idx, links)
         if capped:
-            self._capped.update(range(first, self._labels))
-        if self.check_solves:
-            self._check_against_full()
-        mark = self._mark
+            self.capped.update(range(first, self.labels))
+        if self.net.check_solves:
+            self.checks.check_rates()
+        mark = self.mark
         mark[seeds] = True
         mark[links] = True
         touched = np.flatnonzero(mark)
         mark[touched] = False
-        return touched if self._land_infinite(solved) else None
+        return touched if self.land_infinite(solved) else None
 
-    def _land_infinite(self, solved: np.ndarray) -> bool:
+    def land_infinite(self, solved: np.ndarray) -> bool:
         """Deliver at once the flows of `solved` whose rate is infinite (over infinitely
         fast links only), else mark `solved` (new rates) to check again at this instant.
         False when no flow is left."""
-        inf = np.zeros(len(self._rem), bool)
-        inf[solved] = np.isinf(self._rate[solved])
+        t = self.table
+        inf = np.zeros(len(t.rem), bool)
+        inf[solved] = np.isinf(t.rate[solved])
         if inf.any():
-            self._deliver_fast(np.flatnonzero(inf))
-            self._keep(~inf, seed=False)
-            return len(self._rem) > 0
-        self._stale = solved
+            self.landing.deliver(np.flatnonzero(inf))
+            t.keep(~inf, seed=False)
+            return len(t.rem) > 0
+        self.stale = solved
         return True
 
     def _solve_alone(self, seeds: np.ndarray, new: int):
@@ -160,51 +189,52 @@ class ComponentSolve:
         labels, loads and the peak utilisation; returns no links left to update (None: no
         flow left), or False when the changed links hold anything else (the general
         path)."""
-        occ = self._occ
+        t = self.table
+        occ = t.occ
         if new:
-            nh = self._nh[-new:]
-            tail = self._flat[-int(nh.sum()) :]
+            nh = t.nh[-new:]
+            tail = t.flat[-int(nh.sum()) :]
             if (occ[tail] != 1).any() or np.count_nonzero(occ[seeds]) != len(tail):
                 return False
         elif occ[seeds].any():
             return False
-        self._load[seeds] = 0.0
-        self._busy = None
+        self.load[seeds] = 0.0
+        self.busy = None
         self.resolved = new
-        n = len(self._rem)
-        self._stale = np.arange(n - new, n)
+        n = len(t.rem)
+        self.stale = np.arange(n - new, n)
         if not new:
-            self._solved_tail = 0
+            self.solved_tail = 0
             return seeds[:0]
         self.alone_solves += 1
         caps = self.capacity[tail]
         rate = np.minimum.reduceat(caps, np.cumsum(nh) - nh) if new > 1 else caps.min(keepdims=True)
-        rate = np.minimum(rate, self._maxr[-new:])
-        self._rate[-new:] = rate
-        labels = np.arange(self._labels, self._labels + new)
-        self._labels += new
-        self._flab[-new:] = labels
-        self._llab[tail] = labels if new == 1 else np.repeat(labels, nh)
-        if self.check_solves:
-            self._check_against_full()
+        rate = np.minimum(rate, t.maxr[-new:])
+        t.rate[-new:] = rate
+        labels = np.arange(self.labels, self.labels + new)
+        self.labels += new
+        t.flab[-new:] = labels
+        self.llab[tail] = labels if new == 1 else np.repeat(labels, nh)
+        if self.net.check_solves:
+            self.checks.check_rates()
         sending = np.isfinite(rate)
         links = tail if sending.all() else tail[np.repeat(sending, nh)]
-        self._load[links] = np.repeat(rate[sending], nh[sending])
-        if not self._nan_util:
-            fin = links[self._finite[links]]
+        self.load[links] = np.repeat(rate[sending], nh[sending])
+        if not self.nan_util:
+            fin = links[self.finite[links]]
             if len(fin):
-                util = float((self._load[fin] / self.capacity[fin]).max())
-                self.max_utilisation = max(self.max_utilisation, util)
+                util = float((self.load[fin] / self.capacity[fin]).max())
+                self.net.max_utilisation = max(self.net.max_utilisation, util)
         if not sending.all():  # flows over infinitely fast links only: done at once
-            inf = np.zeros(len(self._rem), bool)
+            inf = np.zeros(len(t.rem), bool)
             inf[len(inf) - new :] = ~sending
-            self._deliver_fast(np.flatnonzero(inf))
-            self._keep(~inf, seed=False)
-            self._stale = None
-            if not len(self._rem):
+            self.landing.deliver(np.flatnonzero(inf))
+            t.keep(~inf, seed=False)
+            self.stale = None
+            if not len(t.rem):
                 return None
         else:
-            self._solved_tail = new
+            self.solved_tail = new
         return seeds[:0]
 
     def _try_round_one(self, idx: np.ndarray, links: np.ndarray):
@@ -231,17 +261,18 @@ class ComponentSolve:
         link of share cap / 1); a flow's tightest share is the least over its links; a
         link is locally minimal unless one of its flows has a tighter one (infinite links
         take no part); a flow freezes at its tightest share if one of its links is."""
-        maxr = self._maxr[idx]
-        nh = self._nh[idx]
-        share = self.capacity[links] / self._occ[links]  # inf on infinite links
+        t = self.table
+        maxr = t.maxr[idx]
+        nh = t.nh[idx]
+        share = self.capacity[links] / t.occ[links]  # inf on infinite links
         starts = np.cumsum(nh) - nh
         tight = np.minimum.reduceat(share, starts) if len(idx) > 1 else share.min(keepdims=True)
         tight = np.minimum(tight, maxr)
         if not np.isfinite(tight).all():
             return None  # a flow over infinite links only (rare): the solver's way
-        fin = self._finite[links]
+        fin = self.finite[links]
         beaten = links[fin & (np.repeat(tight, nh) < share)]  # links not locally minimal
-        mark = self._mark
+        mark = self.mark
         mark[beaten] = True
         local = fin & ~mark[links]
         mark[beaten] = False
@@ -256,17 +287,18 @@ class ComponentSolve:
         the `new` flows at the end of the table. A link's label is that of its flows (or
         a stale one once they left: then at worst a few more flows are re-solved). Also
         returns the labels that changed."""
-        n = len(self._rem)
+        t = self.table
+        n = len(t.rem)
         labels = [gone]
         if new:
-            tail = self._flat[len(self._flat) - int(self._nh[n - new :].sum()) :]
-            labels.append(self._llab[tail[self._finite[tail]]])
+            tail = t.flat[len(t.flat) - int(t.nh[n - new :].sum()) :]
+            labels.append(self.llab[tail[self.finite[tail]]])
         changed = np.unique(np.concatenate(labels))
         changed = changed[changed >= 0]
         if len(changed) == 1:
-            dirty = self._flab == changed[0]
+            dirty = t.flab == changed[0]
         elif len(changed):
-            dirty = np.isin(self._flab, changed)
+            dirty = np.isin(t.flab, changed)
         else:
             dirty = np.zeros(n, bool)
         dirty[n - new :] = True
@@ -280,12 +312,13 @@ class ComponentSolve:
         number over shared links, when they are few; else one label for them all (still
         holding every component whole; the labels are re-split when a later change
         re-solves a part small enough)."""
-        k, base = len(idx), self._labels
-        fin = self._finite[links]
+        t = self.table
+        k, base = len(idx), self.labels
+        fin = self.finite[links]
         lab = None
         if 1 < k and len(links) <= self.relabel_entries:
-            cols = np.repeat(np.arange(k), self._nh[idx])[fin]
-            uniq, inv = self._renumber(links[fin])
+            cols = np.repeat(np.arange(k), t.nh[idx])[fin]
+            uniq, inv = self.renumber(links[fin])
             lab = np.arange(k)
             for _ in range(64):
                 on_link = np.full(len(uniq), k)
@@ -298,23 +331,23 @@ class ComponentSolve:
             else:
                 lab = None
         if lab is None:  # one label
-            self._flab[idx] = base
-            self._llab[links[fin]] = base
-            self._labels += 1
+            t.flab[idx] = base
+            self.llab[links[fin]] = base
+            self.labels += 1
             return
         roots, flab = np.unique(lab, return_inverse=True)
-        self._flab[idx] = base + flab.reshape(-1)
-        self._llab[uniq] = base + np.searchsorted(roots, on_link)
-        self._labels += len(roots)
+        t.flab[idx] = base + flab.reshape(-1)
+        self.llab[uniq] = base + np.searchsorted(roots, on_link)
+        self.labels += len(roots)
 
-    def _renumber(self, links: np.ndarray):
+    def renumber(self, links: np.ndarray):
         """np.unique(links, return_inverse=True): the distinct links in order and each
         entry's index among them; by marking the links (no sort: 4-5x faster on the tens
         of thousands of entries of a big component) unless they are few."""
-        if 8 * len(links) < len(self._mark):
+        if 8 * len(links) < len(self.mark):
             uniq, rows = np.unique(links, return_inverse=True)
             return uniq, rows.reshape(-1).astype(np.int64, copy=False)
-        mark, pos = self._mark, self._pos
+        mark, pos = self.mark, self.pos
         mark[links] = True
         uniq = np.flatnonzero(mark)
         mark[uniq] = False
@@ -324,9 +357,10 @@ class ComponentSolve:
     def _solve_flows(self, idx: np.ndarray) -> np.ndarray:
         """max_min_rates of the flows `idx` (a union of components) alone, over their own
         links renumbered (which changes no float)."""
-        nh = self._nh[idx]
-        links = self._flat[self._entries(idx)]
-        maxr = self._maxr[idx]
+        t = self.table
+        nh = t.nh[idx]
+        links = t.flat[t.entries(idx)]
+        maxr = t.maxr[idx]
         capped = np.flatnonzero(maxr < np.inf)
         if len(idx) == 1 and len(links) <= 8 and len(set(links.tolist())) == len(links):
             # one flow: every link's share is its capacity, so the rate is the least one
@@ -335,40 +369,41 @@ class ComponentSolve:
                 caps = np.append(caps, maxr[0])
             caps = caps[np.isfinite(caps)]
             return np.array([caps.min()]) if len(caps) else np.array([np.inf])
-        uniq, rows = self._renumber(links)
+        uniq, rows = self.renumber(links)
         capacity = self.capacity[uniq]
         if len(capped):
-            rows, ext = self._with_private_links(rows, nh, capped, len(uniq))
+            rows, ext = t.with_private_links(rows, nh, capped, len(uniq))
             capacity = np.concatenate([capacity, maxr[capped]])
         else:
             ext = nh
         cols = np.repeat(np.arange(len(idx)), ext)
         return max_min_rates(rows, cols, len(idx), capacity)
 
-    def _update_loads(self, touched: np.ndarray) -> None:
+    def update_loads(self, touched: np.ndarray) -> None:
         """Recompute the load of the links `touched` (the flows on each summed in table
         order, as link_loads sums them) and the peak utilisation: the other links carry
         the same flows at the same rates as at the last solve, so their load is unchanged
         and their utilisation already counted."""
-        n_links, n_entries = len(self.links), len(self._flat)
-        rate_e = np.repeat(self._rate, self._nh)
+        t = self.table
+        n_links, n_entries = len(self.capacity), len(t.flat)
+        rate_e = np.repeat(t.rate, t.nh)
         if len(touched) == n_links or (4 * len(touched) > n_entries and n_links < 3 * n_entries):
             # many links: all of them at once is cheaper (the same sums for the others)
-            self._load = np.bincount(self._flat, weights=rate_e, minlength=n_links)
+            self.load = np.bincount(t.flat, weights=rate_e, minlength=n_links)
         else:
-            on = self._mark
+            on = self.mark
             on[touched] = True
-            sel = on[self._flat]
+            sel = on[t.flat]
             on[touched] = False
-            pos = self._pos
+            pos = self.pos
             pos[touched] = np.arange(len(touched))
-            self._load[touched] = np.bincount(
-                pos[self._flat[sel]], weights=rate_e[sel], minlength=len(touched)
+            self.load[touched] = np.bincount(
+                pos[t.flat[sel]], weights=rate_e[sel], minlength=len(touched)
             )
-        self._busy = None
-        if self._nan_util:
+        self.busy = None
+        if self.nan_util:
             return
-        fin = touched[self._finite[touched]]
+        fin = touched[self.finite[touched]]
         if len(fin):
-            util = float((self._load[fin] / self.capacity[fin]).max())
-            self.max_utilisation = max(self.max_utilisation, util)
+            util = float((self.load[fin] / self.capacity[fin]).max())
+            self.net.max_utilisation = max(self.net.max_utilisation, util)
