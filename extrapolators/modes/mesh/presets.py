@@ -338,10 +338,6 @@ class ContextParallel(MeshMode):
                 o.cp,
                 f"a degree with tp x cp ({o.tp} x {cp}) dividing num_gpus ({n})",
             )
-        if o.sequence_parallel and o.tp == 1:
-            raise ConfigError(
-                "parallelism.sequence_parallel", True, "false without tensor parallelism (tp 1)"
-            )
         if o.fsdp and o.distributed_optimizer:
             raise ConfigError(
                 "parallelism.distributed_optimizer",
