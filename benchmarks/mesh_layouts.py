@@ -25,6 +25,7 @@ Run: PYTHONPATH=. python benchmarks/mesh_layouts.py [--only NAME] [--no-1024]
 from __future__ import annotations
 
 import argparse
+import re
 import time
 import warnings
 from pathlib import Path
@@ -119,9 +120,14 @@ def main(argv=None) -> int:
             tf = tflops_per_gpu(r, cfg, load_any_trace(cfg.trace_path()))
             pub += f" (predicted {tf:.0f})"
         peak = max(r.peak_memory.values()) / 1e9 if r.peak_memory else float("nan")
+        sym = re.sub(
+            r" \(fell back from (\d+) representatives? of \d+ GPUs: .*\)$",
+            r" (fell back from \1)",
+            r.symmetry,
+        )
         print(
             f"| {name} | {cfg.num_gpus} | {r.iteration_time:.3f} | {tps:,.0f} | {pub} | {how} "
-            f"| {peak:.1f} | {r.symmetry} | {wall:.1f} | {big[0]} | {big[1]} |",
+            f"| {peak:.1f} | {sym} | {wall:.1f} | {big[0]} | {big[1]} |",
             flush=True,
         )
     if walls:
