@@ -52,12 +52,6 @@ from perfmodel.base import Target, batch_ratio
 from triosim.common.errors import ConfigError
 
 
-class _TensorParallel(TensorParallel):
-    """The mesh's TP plan: its degree is parallelism.tp."""
-
-    degree_field = "parallelism.tp"
-
-
 class MeshMode(Extrapolator):
     """The mode (module docstring)."""
 
@@ -192,7 +186,7 @@ class MeshMode(Extrapolator):
         args = (self.trace, self.model, group0, TPOptions(o.tp_style, o.sequence_parallel))
         kw = {"batch_size": self.op_micro, "gpu": self.gpu, "host": self.host}
         if ex is None:
-            return _TensorParallel(*args, **kw)
+            return TensorParallel(*args, **kw, degree_field="parallelism.tp")
         if self.mesh.tp > 1 and "." not in ex.moe["expert_module"]:
             raise ConfigError(
                 "trace",
