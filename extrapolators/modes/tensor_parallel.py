@@ -53,10 +53,11 @@ Each GPU holds 1/N of the split weights (a row-parallel bias and replicated laye
 so its optimizer step touches (held weight bytes) / (all weight bytes) and its time scales
 by that fraction.
 
-The plan is three modules: tp_roles.py finds each operator's role (how it is split),
-tp_collectives.py the collectives around the operators, and this one checks the plan
-against the degree and says at which size each operator runs; the mesh (mesh/, whose
-preset is mode tp) and mode ep put them on the GPUs' streams.
+The plan is three objects, a module each: tp_roles.TPRoles finds each operator's role (how
+it is split), tp_collectives.TPCollectives the collectives around the operators, and
+TensorParallel here holds both, checks the plan against the degree and says at which size
+each operator runs; the mesh (mesh/, whose preset is mode tp) and mode ep put them on the
+GPUs' streams.
 """
 
 from __future__ import annotations
@@ -88,16 +89,39 @@ class TPOptions:
     )
 
 
-class TensorParallel(TPRoles, TPCollectives, Extrapolator):
-    """The plan (mode tp is the mesh's preset; the mesh and mode ep hold one of these). It
-    is made of two parts, each in its own module: the roles (tp_roles.TPRoles: how each
-    operator is split) and the collectives around the operators (tp_collectives.
-    TPCollectives); this class checks the plan against the degree and says at which
-    target each operator is timed (`shard`)."""
+class TensorParallel(Extrapolator):
+    """The plan (mode tp is the mesh's preset; the mesh and mode ep hold one of these).
+
+    Made as any Extrapolator (its GPUs are the TP group, `batch_size` the batch each
+    GPU's operators process), and: `degree_field`, the config field that sets the degree,
+    named in messages (mode tp's num_gpus; the mesh's parallelism.tp); `moe_ops`, operators
+    left out of the plan (not layers, no orphan collective), and `expert_ops`, operators
+    given no role (`routed_ops`; an MoE model's, moe_tp.py).
+    It holds two parts, each in its own module with its contract: `tp_roles`
+    (tp_roles.TPRoles: how each operator is split) and `tp_collectives`
+    (tp_collectives.TPCollectives: the collectives around the operators), and hands on
+    what they give: `roles`, `before`, `after`, `roots`.
+    It gives: the checks of the plan against the degree (at construction); `shard` (at
+    which target and scale each operator is timed on a GPU of the group);
+    `sharded_weights()` and `optimizer_fraction()` (the weights each GPU holds 1/N of,
+    and its optimizer step's share); `op_batch()` and `activation_ratio(op)` for the
+    memory model.
+    """
 
     name = "tp"
     Options = TPOptions
-    degree_field = "num_gpus"  # the config field that sets the degree (3D: parallelism.tp)
+
+    def __init__(
+        self,
+        *args,
+        degree_field: str = "num_gpus",
+        moe_ops=frozenset(),
+        expert_ops=frozenset(),
+        **kw,
+    ):
+        self.degree_field = degree_field
+        self.moe_ops, self.routed_ops = frozenset(moe_ops), frozenset(expert_ops)
+        super().__init__(*args, **kw)
 
     def check(self):
         o = self.options
@@ -107,26 +131,41 @@ class TensorParallel(TPRoles, TPCollectives, Extrapolator):
                 True,
                 "false with tp_style 'channel' (sequence parallelism is Megatron's)",
             )
-        if len(self.gpus) > 1 and not any(self._is_layer(op) for op in self.ops("forward")):
+        fwd = self.ops("forward")
+        self.tp_roles = TPRoles(self.trace, o, fwd, self.moe_ops, self.routed_ops)
+        if len(self.gpus) > 1 and not any(self.tp_roles.is_layer(op) for op in fwd):
             raise ConfigError(
                 "parallelism.mode",
                 "tp",
                 "a trace with splittable layers (conv, linear, embedding): none "
                 "is marked tp_split and reads a weight in this trace",
             )
-        self._plan()
+        self.tp_roles.plan()
+        self.tp_collectives = TPCollectives(self.tp_roles, self.batch, self.ring, self.collective)
         if len(self.gpus) > 1:
             self._check_divisible()
             if o.tp_style == "megatron":
                 self._check_heads()
 
-    # -- the plan ------------------------------------------------------------------------------
-    def _plan(self):
-        """Roles (op id -> role), the backward operators of every layer (tp_roles), and the
-        collectives to run before / after each operator (tp_collectives)."""
-        fwd = self.ops("forward")
-        self._plan_roles(fwd)
-        self._plan_collectives(fwd)
+    @property
+    def roles(self) -> dict[int, str]:
+        """op id -> role (tp_roles.TPRoles)."""
+        return self.tp_roles.roles
+
+    @property
+    def roots(self) -> dict[int, int]:
+        """Weight-like tensors -> the parameter each comes from (tp_roles.TPRoles)."""
+        return self.tp_roles.roots
+
+    @property
+    def before(self) -> dict:
+        """op id -> the collectives before it (tp_collectives.TPCollectives)."""
+        return self.tp_collectives.before
+
+    @property
+    def after(self) -> dict:
+        """op id -> the collectives after it (tp_collectives.TPCollectives)."""
+        return self.tp_collectives.after
 
     # -- weights -------------------------------------------------------------------------------
     def _check_divisible(self):
@@ -137,7 +176,7 @@ class TensorParallel(TPRoles, TPCollectives, Extrapolator):
                 continue  # vocabularies are padded to a multiple of N (Megatron's
                 # make-vocab-size-divisible-by), tied or not
             axis, what = (1, "input") if role == "row" else (0, "output")
-            dims = {T[w].shape[axis] for w in self._weights(op) if len(T[w].shape) >= 2}
+            dims = {T[w].shape[axis] for w in self.tp_roles.weights(op) if len(T[w].shape) >= 2}
             for d in sorted(dims):
                 if d % n:
                     raise ConfigError(
@@ -154,7 +193,7 @@ class TensorParallel(TPRoles, TPCollectives, Extrapolator):
         num_attention_heads % tp and num_query_groups % tp), as attention.attention_heads
         reads them from the trace."""
         n = len(self.gpus)
-        for a in attention_heads(self.trace, self.ops("forward"), self._is_layer):
+        for a in attention_heads(self.trace, self.ops("forward"), self.tp_roles.is_layer):
             for what, count in (("attention heads", a.heads), ("key/value heads", a.kv_heads)):
                 if count % n:
                     raise ConfigError(
@@ -168,7 +207,7 @@ class TensorParallel(TPRoles, TPCollectives, Extrapolator):
 
     def sharded_weights(self) -> set[int]:
         """Weight tensors (parameters) each GPU holds 1/N of."""
-        return {self.roots[t] for t in self._split_weight_like()}
+        return {self.roots[t] for t in self.tp_roles.split_weight_like()}
 
     def optimizer_fraction(self) -> float:
         total = self.trace.weight_bytes()
@@ -182,7 +221,7 @@ class TensorParallel(TPRoles, TPCollectives, Extrapolator):
 
     def activation_ratio(self, op) -> float:
         r = super().activation_ratio(op)
-        roles = getattr(self, "roles", {})
+        roles = self.roles
         # outputs of column-parallel layers (and the vocabulary-parallel head, the channel
         # split) and of what runs on 1/N of the data are 1/N of the tensor
         sharded = SHARDED | {"column", "head", "channel"}
@@ -192,9 +231,9 @@ class TensorParallel(TPRoles, TPCollectives, Extrapolator):
         """(target, scale) to time `op` at on a GPU of the group: what its role splits (a
         layer on its weight shard at `split`, an unsplit operator on 1/N of the data), or
         the whole operator at `whole`; `scale` multiplies its time (a ring step's share)."""
-        role = self.roles.get(op.id)
+        role = self.tp_roles.roles.get(op.id)
         if role in SHARDED:
             return split, scale if op.tp_split else scale / len(self.gpus)
-        if op.tp_split and (role in SPLIT or op.id in self._orphan_ids):
+        if op.tp_split and (role in SPLIT or op.id in self.tp_roles.orphan_ids):
             return split, scale
         return whole, scale

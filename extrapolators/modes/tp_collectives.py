@@ -1,14 +1,7 @@
 """Tensor parallelism's collectives: what runs before and after each operator, and its bytes
 (tensor_parallel.py says which collectives each style and role gets, and why).
-
-`TPCollectives` is a part of `TensorParallel` (its mixin). What it provides, once
-`_plan_collectives(fwd)` has run: `before` and `after`, op id -> the Collective tasks to
-run on the compute stream before / after that operator (keyed `tp:<op id>:<what>`, over
-the group `ring`; a 3D grid re-keys and re-groups them), and the
-byte counts they are made of (`activation_bytes`, `loss_bytes`).
-What it needs: the roles of tp_roles.TPRoles already planned (`roles`, `bwd_of`,
-`orphans`, `loss_op`, `head_op`, `roots`, `_weights`), and of `Extrapolator`: `trace`,
-`options`, `ops(phase)`, `batch`, `ring` and `collective`.
+`TPCollectives` (its contract in its docstring) is the part of the plan `TensorParallel`
+holds that makes them.
 """
 
 from __future__ import annotations
@@ -27,9 +20,30 @@ def _floating(dtype: str) -> bool:
 
 
 class TPCollectives:
-    """The collectives of a tensor-parallel plan (module docstring: what it gives, needs)."""
+    """The collectives of a tensor-parallel plan, made at once from:
+      - `planned`, the plan's roles (a tp_roles.TPRoles after its `plan()`): it reads their
+        `trace`, `options` (`tp_style`, `sequence_parallel`), forward operators, `roles`,
+        `bwd_of`, `orphans`, `loss_op`, `head_op`, `roots` and `weights(op)`, and changes
+        none of them;
+      - `batch`, the batch each GPU's operators process (the bytes are at its size);
+      - `ring`, the TP group in ring order, and `collective`, the algorithm the collectives
+        ask for where there is one of that name for their kind (None: ring).
+    What it gives: `before` and `after`, op id -> the Collective tasks to run on the
+    compute stream before / after that operator (keyed `tp:<op id>:<what>`, over `ring`; a
+    3D grid re-keys and re-groups them), and the byte counts they are made of
+    (`activation_bytes(tensor ids)`, `loss_bytes()`).
+    """
 
-    def _plan_collectives(self, fwd) -> None:
+    def __init__(self, planned, batch, ring, collective=None):
+        self.trace, self.options = planned.trace, planned.options
+        self.roles, self.bwd_of, self.orphans = planned.roles, planned.bwd_of, planned.orphans
+        self.loss_op, self.head_op = planned.loss_op, planned.head_op
+        self.roots, self._weights = planned.roots, planned.weights
+        self.batch, self.ring, self.collective = batch, ring, collective
+        self.fwd = planned.fwd
+        self._plan(self.fwd)
+
+    def _plan(self, fwd) -> None:
         """`before` and `after` for the planned roles."""
         T = self.trace.tensors
         self.before: dict[int, list[Collective]] = {}
@@ -181,7 +195,7 @@ class TPCollectives:
                 self._add(self.after, ops[-1], "allreduce", nbytes, "sequence-grads", "backward")
 
     def _channel_collectives(self):
-        for op in self.ops("forward"):
+        for op in self.fwd:
             if self.roles.get(op.id) != "channel":
                 continue
             self._add(self.after, op, "all_gather", self._out(op), "output", "forward")

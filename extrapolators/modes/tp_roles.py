@@ -1,23 +1,6 @@
 """Tensor parallelism's roles: how each operator of the trace is split (see tensor_parallel.py
-for what each style does with them).
-
-`TPRoles` is a part of `TensorParallel` (its mixin). What it provides, once
-`_plan_roles(fwd)` has run over the forward operators:
-  - `roles`: op id -> role, for every operator that is split or runs on part of the data:
-    the layers' "column", "row", "vocab", "head", "gather" or "channel" (SPLIT: they hold a
-    shard of their weights), "replicated" (an embedding every GPU holds whole), and
-    "sharded", "loss" or "sequence" (SHARDED: unsplit operators on 1/N of the data); a
-    backward operator has its forward operator's role;
-  - `bwd_of`: a layer's op id -> its backward operators, in trace order; `orphans` (and
-    their ids, `_orphan_ids`): split backward operators no layer claims;
-  - `loss_op`, `head_op` (Megatron's style only): its vocabulary-parallel loss and the
-    head that feeds it, or None;
-  - `roots`, `_is_layer`, `_weights`: which tensors are weights (or made from one, as a
-    cast), which operators are layers and what they read, usable before the plan
-    (`check` asks `_is_layer` first); `_split_weight_like()`: the ones the split layers
-    shard.
-What it needs of the class it is mixed into: `trace`, `options` (its `tp_style` and
-`sequence_parallel`) and `ops(phase)`, as `Extrapolator` has them.
+for what each style does with them). `TPRoles` (its contract in its docstring) is the part of
+the plan `TensorParallel` holds that finds them.
 """
 
 from __future__ import annotations
@@ -53,44 +36,70 @@ def reads_weight(op, roots) -> bool:
 
 
 class TPRoles:
-    """The roles of a tensor-parallel plan (module docstring: what it gives, what it needs)."""
+    """The roles of a tensor-parallel plan: how each operator is split.
 
-    def _plan_roles(self, fwd) -> None:
-        """`roles`, `bwd_of`, `orphans`, `loss_op` and `head_op` for the forward operators
-        `fwd` (and the backward operators paired with them)."""
+    Made from the `trace`, the plan's `options` (its `tp_style` and `sequence_parallel`),
+    the forward operators `fwd`, and what the plan leaves out (an MoE model's, moe_tp.py):
+    `left_out`, operators that are not layers and get no orphan collective, and `routed`,
+    operators (both phases) that get no role. Usable at once:
+      - `roots`: weight-like tensors -> the parameter each comes from: every weight, and
+        what a forward operator makes from one weight-like tensor and nothing that grows
+        with the batch, at its size: the bfloat16 cast of a float32 parameter where it is
+        used (torchtitan's mixed precision), a view, a transpose, a copy. A layer that
+        reads one reads its parameter, so it is split as the parameter's layer would be;
+      - `is_layer(op)`: a splittable operator reading one of them (and not left out);
+        `weights(op)`: the ones it reads.
+    What `plan()` gives (once; until then `roles` is empty):
+      - `roles`: op id -> role, for every operator that is split or runs on part of the
+        data: the layers' "column", "row", "vocab", "head", "gather" or "channel" (SPLIT:
+        they hold a shard of their weights), "replicated" (an embedding every GPU holds
+        whole), and "sharded", "loss" or "sequence" (SHARDED: unsplit operators on 1/N of
+        the data); a backward operator has its forward operator's role;
+      - `bwd_of`: a layer's op id -> its backward operators, in trace order; `orphans` (and
+        their ids, `orphan_ids`): split backward operators no layer claims;
+      - `loss_op`, `head_op` (Megatron's style only): its vocabulary-parallel loss and the
+        head that feeds it, or None;
+      - `split_weight_like()`: the weight-like tensors the split layers shard.
+    It knows nothing of the GPUs, the degree or the batch: tp_collectives.TPCollectives
+    reads the roles to size the collectives, and TensorParallel says at which size each
+    operator runs.
+    """
+
+    def __init__(self, trace, options, fwd, left_out=frozenset(), routed=frozenset()):
+        self.trace, self.options, self.fwd = trace, options, fwd
+        self.left_out, self.routed = left_out, routed
+        self.roots: dict[int, int] = weight_roots(trace, fwd)
         self.roles: dict[int, str] = {}
+        self.loss_op = self.head_op = None
+
+    def plan(self) -> None:
+        """`roles`, `bwd_of`, `orphans`, `loss_op` and `head_op` for the forward operators
+        (and the backward operators paired with them)."""
+        fwd = self.fwd
         if self.options.tp_style == "channel":
             for op in fwd:
-                if self._is_layer(op):
+                if self.is_layer(op):
                     self.roles[op.id] = "channel"
         else:
             self._megatron_roles(fwd)
         self._copies(fwd)
         self._backward_pairs(fwd)
+        for i in self.routed:  # mode ep times and places them (both phases)
+            self.roles.pop(i, None)
+        self.orphans = [o for o in self.orphans if o.id not in self.left_out]
+        self.orphan_ids -= self.left_out
 
-    @property
-    def roots(self) -> dict[int, int]:
-        """Weight-like tensors -> the parameter each comes from: every weight, and what a
-        forward operator makes from one weight-like tensor and nothing that grows with the
-        batch, at its size: the bfloat16 cast of a float32 parameter where it is used
-        (torchtitan's mixed precision), a view, a transpose, a copy. A layer that reads
-        one reads its parameter, so it is split as the parameter's layer would be."""
-        got = self.__dict__.get("_roots")
-        if got is None:
-            got = self._roots = weight_roots(self.trace, self.ops("forward"))
-        return got
+    def is_layer(self, op) -> bool:
+        return op.id not in self.left_out and reads_weight(op, self.roots)
 
-    def _is_layer(self, op) -> bool:
-        return reads_weight(op, self.roots)
-
-    def _weights(self, op) -> list[int]:
+    def weights(self, op) -> list[int]:
         """The weight-like tensors a layer reads (a parameter, or its cast where used)."""
         return [t for t in op.inputs if t in self.roots]
 
     def _copies(self, fwd) -> None:
         """Forward operators that only copy a split parameter (its cast where used) copy
         each GPU's shard: they run on 1/N, and so does their backward."""
-        roots, split = self.roots, {self.roots[t] for t in self._split_weight_like()}
+        roots, split = self.roots, {self.roots[t] for t in self.split_weight_like()}
         for op in fwd:
             if (
                 op.id not in self.roles
@@ -105,18 +114,18 @@ class TPRoles:
         for k, op in enumerate(fwd):
             for t in set(op.inputs):
                 readers.setdefault(t, []).append(k)
-        layer = [self._is_layer(op) for op in fwd]
+        layer = [self.is_layer(op) for op in fwd]
         users: dict[int, int] = {}  # parameter -> layers that read it (or its cast)
         for k, op in enumerate(fwd):
             if layer[k]:
-                for w in {self.roots[t] for t in self._weights(op)}:
+                for w in {self.roots[t] for t in self.weights(op)}:
                     users[w] = users.get(w, 0) + 1
         embeddings = set()
         for k, op in enumerate(fwd):
             if layer[k] and "embedding" in op.name:
                 embeddings.add(k)
                 indexed_by_input = any(T[t].category == "input" for t in op.inputs)
-                tied = any(users[self.roots[w]] > 1 for w in self._weights(op))
+                tied = any(users[self.roots[w]] > 1 for w in self.weights(op))
                 roles[op.id] = "vocab" if indexed_by_input or tied else "replicated"
         self.loss_op = self.head_op = None
         for k, op in enumerate(fwd):
@@ -179,16 +188,16 @@ class TPRoles:
         """Group backward operators by the layer they differentiate and give every backward
         operator its forward operator's role."""
         trace, roles = self.trace, self.roles
-        layer_ids = {op.id for op in fwd if self._is_layer(op)}
+        layer_ids = {op.id for op in fwd if self.is_layer(op)}
         owners: dict[int, set] = {}  # a weight-like tensor (and its parameter) -> layers
         for op in fwd:
             if op.id in layer_ids:
-                for w in self._weights(op):
+                for w in self.weights(op):
                     owners.setdefault(w, set()).add(op.id)
                     owners.setdefault(self.roots[w], set()).add(op.id)
         self.bwd_of: dict[int, list] = {}
         self.orphans = []  # split backward operators no layer claims
-        self._orphan_ids = set()
+        self.orphan_ids = set()
         first_layer_bwd = None
         for op in trace.operators:
             if op.phase != "backward":
@@ -205,19 +214,19 @@ class TPRoles:
                     first_layer_bwd = op
             elif op.tp_split:
                 self.orphans.append(op)
-                self._orphan_ids.add(op.id)
+                self.orphan_ids.add(op.id)
             if self.options.tp_style == "channel" and first_layer_bwd is not None:
                 # after the first layer's backward every gradient is a channel shard
                 if roles.get(op.id) != "channel":
                     roles[op.id] = "sharded"
 
-    def _split_weight_like(self) -> set[int]:
+    def split_weight_like(self) -> set[int]:
         """The weight-like tensors split layers read and shard (a row layer's bias whole)."""
         T, out = self.trace.tensors, set()
-        for op in self.ops("forward"):
+        for op in self.fwd:
             role = self.roles.get(op.id)
             if role == "row":
-                out.update(w for w in self._weights(op) if len(T[w].shape) >= 2)
+                out.update(w for w in self.weights(op) if len(T[w].shape) >= 2)
             elif role in SPLIT:
-                out.update(self._weights(op))
+                out.update(self.weights(op))
         return out

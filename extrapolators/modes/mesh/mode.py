@@ -18,7 +18,8 @@ One plan per dimension, each checked here against the trace before any simulatio
     folded out of each stage's GPUs (experts.py), the MoE layers' all-to-alls and expert-TP
     collectives around their experts, the experts' gradients over their replicas, the
     dense layers' TP plan without the MoE layers (moe_tp.py: the router whole);
-  - recomputation per block (blocks.with_recompute) inside each chunk's backward pass.
+  - recomputation per block (blocks.with_recompute) inside each chunk's backward pass
+    (walks.py: each chunk's backward walk, with and without it).
 template.py lays out a stage's compute stream once, streams.py gives every GPU its
 streams; memory (what a GPU holds) and symmetry (representative replicas) are here.
 
@@ -33,7 +34,6 @@ from __future__ import annotations
 from extrapolators.execution.symmetry import Symmetry
 from extrapolators.modes import dist_optimizer
 from extrapolators.modes.base import Extrapolator
-from extrapolators.modes.blocks import block_depth, layer_units, with_recompute
 from extrapolators.modes.cp_plan import plan_attention
 from extrapolators.modes.mesh.dims import DIMS, Layout, parse_order, resolve
 from extrapolators.modes.mesh.experts import ExpertPlan, check_load_fields
@@ -43,6 +43,7 @@ from extrapolators.modes.mesh.rules import field_rules
 from extrapolators.modes.mesh.sharding import ShardPlan
 from extrapolators.modes.mesh.streams import MeshStreams
 from extrapolators.modes.mesh.symmetry import mesh_symmetry
+from extrapolators.modes.mesh.walks import ChunkWalks
 from extrapolators.modes.mesh.weights import StageWeights, param_buckets
 from extrapolators.modes.pipeline import PipelineOptions, StageCut
 from extrapolators.modes.schedules import schedule
@@ -50,12 +51,6 @@ from extrapolators.modes.tensor_parallel import TensorParallel, TPOptions
 from extrapolators.modes.tp_roles import SHARDED
 from perfmodel.base import Target, batch_ratio
 from triosim.common.errors import ConfigError
-
-
-class _TensorParallel(TensorParallel):
-    """The mesh's TP plan: its degree is parallelism.tp."""
-
-    degree_field = "parallelism.tp"
 
 
 class MeshMode(Extrapolator):
@@ -168,13 +163,13 @@ class MeshMode(Extrapolator):
         self.gather_before: list[dict] = [{} for _ in range(mesh.pp)]
         if o.overlap_param_gather:
             self._param_buckets()
-        self._walks()
+        self.walks = ChunkWalks(self.trace, o, self.pipe)  # each chunk's backward pass
         self.shard, self.units_done = None, {}
         if self.fsdp:
             self.shard = ShardPlan(
                 self.trace, o.wrap_depth, self.weights, o.reshard_after_forward, mesh.pp
             )
-            self._units_done()
+            self.units_done = self.walks.units_done(self.shard.unit_of)
         self.buckets = {}  # none without data-parallel peers: nothing to reduce
         if o.dp_overlap and not self.fsdp and mesh.dp * mesh.cp > 1:
             self.buckets = {
@@ -192,7 +187,7 @@ class MeshMode(Extrapolator):
         args = (self.trace, self.model, group0, TPOptions(o.tp_style, o.sequence_parallel))
         kw = {"batch_size": self.op_micro, "gpu": self.gpu, "host": self.host}
         if ex is None:
-            return _TensorParallel(*args, **kw)
+            return TensorParallel(*args, **kw, degree_field="parallelism.tp")
         if self.mesh.tp > 1 and "." not in ex.moe["expert_module"]:
             raise ConfigError(
                 "trace",
@@ -242,42 +237,6 @@ class MeshMode(Extrapolator):
             graph=self.graph if mesh.pp > 1 and self.v == 1 else None,
             host=self.host,
         )
-
-    def _walks(self):
-        """Each chunk's backward pass with the recomputed forward operators in it (and
-        without, for a micro-batch that is not recomputed)."""
-        o = self.options
-        policy, unit_of, names = o.recompute, {}, None
-        if policy == "stage":  # the chunk is one block
-            policy = "full"
-            unit_of = {op.id: 0 for op in self.trace.operators}
-        elif policy != "none":
-            depth = o.recompute_depth or block_depth(self.trace)
-            unit_of, names, _ = layer_units(self.trace, depth)
-        self.backward_walk, self._plain_walk = [], []
-        for fwd, bwd in zip(self.pipe.fwd_ops, self.pipe.bwd_ops, strict=True):
-            walk = with_recompute(fwd + bwd, policy, unit_of, names, o.recompute_every)
-            self.backward_walk.append(walk[len(fwd) :])
-            self._plain_walk.append([(op, False) for op in bwd])
-
-    def walk(self, c: int, m: int) -> list:
-        """[(op, recomputed)] of chunk c's backward pass for micro-batch m."""
-        o = self.options
-        if o.recompute_microbatches == "except_last" and m == o.microbatches - 1:
-            return self._plain_walk[c]
-        return self.backward_walk[c]
-
-    def _units_done(self):
-        """(chunk, op id) -> the (chunk, unit) pairs whose last backward operator in the
-        chunk that operator is."""
-        last: dict = {}
-        for c, walk in enumerate(self.backward_walk):
-            for op, again in walk:
-                if not again and op.phase == "backward":
-                    last[c, self.shard.unit_of.get(op.id, 0)] = op.id
-        self.units_done = {}
-        for (c, u), i in last.items():
-            self.units_done.setdefault((c, i), []).append((c, u))
 
     # -- timing ---------------------------------------------------------------------------
     def op_time(self, op, split, whole, m, phase=None, scale=1.0, j=0):

@@ -48,22 +48,11 @@ def moe_block_ops(trace, moe: dict) -> set:
 
 
 class DenseTensorParallel(TensorParallel):
-    """Mode tp's Megatron plan on the dense layers, the MoE layers' operators (`moe_ops`,
-    before the plan is made) left out: not layers, no role for the routed experts' (so
-    their weights are neither split nor reduced over the TP group), no orphan collective."""
-
-    degree_field = "parallelism.tp"
+    """Mode tp's Megatron plan on the dense layers of the mesh (its degree parallelism.tp),
+    the MoE layers' operators (`moe_ops`) left out: not layers, no role for the routed
+    experts' (`expert_ops`: so their weights are neither split nor reduced over the TP
+    group), no orphan collective (TensorParallel's arguments of those names)."""
 
     def __init__(self, *args, moe_ops=frozenset(), expert_ops=frozenset(), **kw):
-        self.moe_ops, self.routed_ops = frozenset(moe_ops), frozenset(expert_ops)
-        super().__init__(*args, **kw)
-
-    def _is_layer(self, op) -> bool:
-        return op.id not in self.moe_ops and super()._is_layer(op)
-
-    def _plan_roles(self, fwd) -> None:
-        super()._plan_roles(fwd)
-        for i in self.routed_ops:  # mode ep times and places them (both phases)
-            self.roles.pop(i, None)
-        self.orphans = [o for o in self.orphans if o.id not in self.moe_ops]
-        self._orphan_ids -= self.moe_ops
+        kw.setdefault("degree_field", "parallelism.tp")
+        super().__init__(*args, moe_ops=moe_ops, expert_ops=expert_ops, **kw)

@@ -172,7 +172,7 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
         else:
             if c < C - 1:
                 other((RECV, (c + 1) % S, f"grad{c + 1}.{m}", "backward"))
-            walk = mode.walk(c, m)
+            walk = mode.walks.walk(c, m)
             params = False
         final = kind == "B" and last_b[j] == step
         here: set = set()
