@@ -2,17 +2,16 @@
 same key); the last to arrive starts it through the communication model, with, in a
 symmetric run, the same collective of every copy of the representatives (its images).
 
-`Meetings` is a part of `Runtime` (its mixin). What it provides: `_arrive(gpu, task)`, a
+`Meetings(runtime)` is an object the runtime holds. What it gives: `arrive(gpu, task)`, a
 call (not a generator) that returns the meeting, a dict whose "done" event fires when the
 collective has ended and whose "begin" is then the instant it started; errors for a GPU
-outside the group, a second post, or posts that differ in group or operation; and
-`collective_bytes` kept up to date ({op: bytes}, every copy counted).
-What it needs of the class it is mixed into: `env`, `comm` (a CommModel; `run_many` is used
-where it has one), `symmetry` (None, or an extrapolators.execution.symmetry.Symmetry whose
-`plan` and `image` it calls), and the state `Runtime.__init__` makes: `_meet` (key -> the
-meeting in progress: `check_finished` reads who is missing), `collective_bytes` and
-`open_images` (image operations started and not ended, which the Twins it makes count
-down).
+outside the group, a second post, or posts that differ in group or operation; `open` (key
+-> the meeting in progress: the runtime's deadlock report reads who is missing); and the
+runtime's `collective_bytes` kept up to date ({op: bytes}, every copy counted).
+What it needs of the runtime: `env`, `comm` (a CommModel; `run_many` is used where it has
+one), `symmetry` (None, or an extrapolators.execution.symmetry.Symmetry whose `plan`,
+`image` and `image_copies` it calls), `collective_bytes`, and `open_images` (image
+operations started and not ended, which the Twins it makes count down).
 """
 
 from __future__ import annotations
@@ -25,10 +24,17 @@ from triosim.common.errors import SimulationError
 class Meetings:
     """The collectives' meetings of a runtime (module docstring: what it gives, needs)."""
 
-    def _arrive(self, gpu, task: Collective) -> dict:
+    def __init__(self, runtime):
+        self.runtime = runtime
+        self.env, self.comm = runtime.env, runtime.comm
+        self.symmetry = runtime.symmetry
+        self.collective_bytes = runtime.collective_bytes  # the runtime's dict, updated here
+        self.open: dict[str, dict] = {}  # key -> the meeting in progress
+
+    def arrive(self, gpu, task: Collective) -> dict:
         """Meet the other members; the last to arrive runs the algorithm. Returns the
         meeting: wait for its "done" event, then "begin" is the collective's start."""
-        meet = self._meet.get(task.key)
+        meet = self.open.get(task.key)
         if meet is None:
             if gpu not in task.group:
                 raise SimulationError(
@@ -38,7 +44,7 @@ class Meetings:
                 left, images = set(task.group), None
             else:  # the representatives in the group meet; images run with them
                 left, images = self.symmetry.plan(task.group)
-            meet = self._meet[task.key] = {
+            meet = self.open[task.key] = {
                 "left": left,
                 "done": self.env.event(),
                 "begin": None,
@@ -63,9 +69,9 @@ class Meetings:
         twins = None
         if task.sizes is not None:  # an all-to-all of uneven sizes: each copy's on its own
             if images:
-                twins = Twins(self, f"collective {task.key!r}")
+                twins = Twins(self.runtime, f"collective {task.key!r}")
                 for k, group in zip(self.symmetry.image_copies(task.group), images, strict=True):
-                    self.open_images += 1
+                    self.runtime.open_images += 1
                     self.env.process(self._image_collective(task, group, k, twins))
             yield from self.comm.run(
                 task.op, task.group, task.nbytes, tag=task.key, sizes=task.sizes
@@ -73,18 +79,18 @@ class Meetings:
             self._count_sized(task)
             if twins is not None:
                 twins.rep_done(self.env.now)
-            del self._meet[task.key]
+            del self.open[task.key]
             done.succeed()
             return
         if images and hasattr(self.comm, "run_many"):  # every copy's at once, one group
             yield from self._run_with_images(task, images)
-            del self._meet[task.key]
+            del self.open[task.key]
             done.succeed()
             return
         if images:  # the same collective in every copy, started at the same instant
-            twins = Twins(self, f"collective {task.key!r}")
+            twins = Twins(self.runtime, f"collective {task.key!r}")
             for k, group in zip(self.symmetry.image_copies(task.group), images, strict=True):
-                self.open_images += 1
+                self.runtime.open_images += 1
                 self.env.process(self._image_collective(task, group, k, twins))
         yield from self.comm.run(
             task.op, task.group, task.nbytes, tag=task.key, root=task.root, algorithm=task.algorithm
@@ -92,7 +98,7 @@ class Meetings:
         self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
         if twins is not None:
             twins.rep_done(self.env.now)
-        del self._meet[task.key]
+        del self.open[task.key]
         done.succeed()
 
     def _run_with_images(self, task: Collective, images):
@@ -113,7 +119,7 @@ class Meetings:
         )
         for _ in range(len(images) + 1):
             self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
-        Twins(self, f"collective {task.key!r}").check_all(ends[0], ends[1:])
+        Twins(self.runtime, f"collective {task.key!r}").check_all(ends[0], ends[1:])
 
     def _count_sized(self, task: Collective) -> None:
         """An all-to-all of uneven sizes counts its mean per-GPU buffer."""

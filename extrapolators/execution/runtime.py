@@ -40,7 +40,7 @@ from triosim.common.errors import DeadlockError, SimulationError
 __all__ = ["COLUMNS", "Runtime"]
 
 
-class Runtime(Meetings):
+class Runtime:
     """Runs the streams (`start`), one SimPy process each (`_run`); collectives meet
     through meetings.Meetings; the timeline and the deadlock check come from what ran."""
 
@@ -66,7 +66,6 @@ class Runtime(Meetings):
         self.compute_scale = compute_scale or {}  # GPU -> slow-down of its compute
         self._log: list = []  # timeline rows (tuples) and Blocks, in the order they ended
         self._events: dict[str, simpy.Event] = {}
-        self._meet: dict[str, dict] = {}
         self._waiting: dict[tuple, object] = {}  # (gpu, stream) -> task in progress
         self._procs: dict[tuple, simpy.Process] = {}
         self._last_acc: dict[int, tuple] = {}  # id(ComputeRun) -> its last timing (reuse)
@@ -79,6 +78,7 @@ class Runtime(Meetings):
         self.symmetry = symmetry
         self.open_images = 0  # image operations started and not yet ended
         self.symmetry_skew = 0.0  # largest relative gap between an image's end and its rep's
+        self._meetings = Meetings(self)  # where each collective's members meet
 
     def event(self, key: str) -> simpy.Event:
         ev = self._events.get(key)
@@ -157,7 +157,7 @@ class Runtime(Meetings):
             elif type(task) is Collective:
                 if host is not None:  # its launch costs the host (it does not wait for it)
                     self._clock[gpu] = self._clock.get(gpu, 0.0) + host.comm_cost
-                meet = self._arrive(gpu, task)  # (a call, not a generator per collective)
+                meet = self._meetings.arrive(gpu, task)  # (a call, not a generator per collective)
                 yield meet["done"]
                 begin, layer, phase = meet["begin"], task.layer, task.phase
                 if begin > start:
@@ -380,8 +380,8 @@ class Runtime(Meetings):
         stuck = []
         for who, task in sorted(self._waiting.items(), key=lambda kv: repr(kv[0])):
             what = _describe(task)
-            if isinstance(task, Collective) and task.key in self._meet:
-                what += f" (missing GPUs {sorted(self._meet[task.key]['left'], key=repr)})"
+            if isinstance(task, Collective) and task.key in self._meetings.open:
+                what += f" (missing GPUs {sorted(self._meetings.open[task.key]['left'], key=repr)})"
             stuck.append((_name(who), what))
         for who, proc in self._procs.items():
             if not proc.triggered and who not in self._waiting:
