@@ -148,7 +148,6 @@ class Symmetry:
                     return f"{what} of GPU {g!r} ({w}) differs from GPU {r!r}'s ({v})"
         return None
 
-    # -- what the runtime asks ---------------------------------------------------------------
     # -- copies as points of the axes' product ---------------------------------------------------
     def digits(self, k: int) -> tuple:
         """Copy k's coordinates along the axes (the last axis fastest)."""
@@ -158,14 +157,19 @@ class Symmetry:
             out.append(d)
         return tuple(reversed(out))
 
+    def index(self, ds) -> int:
+        """The copy at coordinates `ds` along the axes (`digits`' inverse)."""
+        k = 0
+        for n, d in zip(self.axes, ds, strict=True):
+            k = k * n + d
+        return k
+
     def compose(self, k: int, h: int) -> int:
         """Copy k of copy h: the two added axis by axis (modulo each axis)."""
         if len(self.axes) == 1:
             return (k + h) % self.copies
-        out = 0
-        for n, a, b in zip(self.axes, self.digits(k), self.digits(h), strict=True):
-            out = out * n + (a + b) % n
-        return out
+        pairs = zip(self.axes, self.digits(k), self.digits(h), strict=True)
+        return self.index([(a + b) % n for n, a, b in pairs])
 
     def where(self, g) -> tuple:
         """(g's representative, g's copy)."""
@@ -242,14 +246,7 @@ class Symmetry:
                 f"the group {_short(group)} lies at copies that are not whole axes of {axes}"
             )
         rest = [range(1) if a in moving else range(n) for a, n in enumerate(axes)]
-        out = []
-        for ds in itertools.product(*rest):
-            k = 0
-            for n, d in zip(axes, ds, strict=True):
-                k = k * n + d
-            if k:
-                out.append(k)
-        return out
+        return [k for k in map(self.index, itertools.product(*rest)) if k]
 
     def send_images(self, src, dst) -> list[tuple]:
         """The (source, destination) of every image of a send src -> dst."""

@@ -166,6 +166,8 @@ class Simulation:
             abandoned, n = False, len(self.gpus)
             sym, reason = self._symmetry()
             while sym is not None:  # the declaration, then its coarser fallbacks
+                if abandoned:  # the last attempt's environment is cycles of generators
+                    gc.collect()
                 try:
                     result = self._run(progress, sym, wall)
                 except (SymmetryBroken, DeadlockError) as e:
@@ -174,8 +176,7 @@ class Simulation:
                         what = getattr(e, "message", str(e))
                         finer = f"{sym.describe(n)[len('auto: ') :]}: {what}"
                     abandoned = True
-                    gc.collect()
-                    sym = self._checked(sym.fallback)
+                    sym = self._first_holding(sym.fallback)[0]
                 else:
                     result.symmetry = sym.describe(n)
                     if abandoned:  # a finer declaration broke first
@@ -208,18 +209,18 @@ class Simulation:
         het = self.config.heterogeneity
         if het.op_cv or het.link_cv:
             return None, "heterogeneity.op_cv / link_cv draw every GPU's operators and links apart"
-        while sym is not None:  # the first declaration (or fallback) whose checks hold
+        return self._first_holding(sym)
+
+    def _first_holding(self, sym):
+        """(`sym` or the first of its fallbacks whose checks before the run hold, None), or
+        (None, why the last of them cannot stand)."""
+        why = None
+        while sym is not None:
             why = self._problem(sym)
-            if why is None or sym.fallback is None:
-                return (None, why) if why else (sym, None)
+            if why is None:
+                return sym, None
             sym = sym.fallback
         return None, why
-
-    def _checked(self, sym):
-        """`sym` or the first of its fallbacks whose checks before the run hold, or None."""
-        while sym is not None and self._problem(sym) is not None:
-            sym = sym.fallback
-        return sym
 
     def _problem(self, sym) -> str | None:
         """Why `sym` cannot stand for this run (checked before it), or None."""

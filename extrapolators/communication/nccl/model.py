@@ -144,7 +144,6 @@ class Nccl(CommModel):
         self._plans: dict = {}
         self._many: dict = {}  # run_many's calls: (groups, plans, batch), see _many_plans
         self._keys: dict = {}  # alike keys per groups met by run_many (_group_keys)
-        self._slots: dict = {}  # id(cache) -> the GPU slots its kept entries hold (_held)
         self.choices: dict = {}  # (op, algo, proto) -> calls, for reports
 
     def group_info(self, group) -> _Group:
@@ -477,14 +476,11 @@ class Nccl(CommModel):
             cache[key] = cache.pop(key)  # the most recently used last
             return hit[1]
         value = make()
-        old = cache.pop(key, None)
-        slots = self._slots.get(id(cache), 0) - (0 if old is None else old[2])
-        weight = sum(map(len, groups))
-        cache[key] = (list(groups), value, weight)
-        slots += weight
+        cache.pop(key, None)
+        cache[key] = (list(groups), value, sum(map(len, groups)))
+        slots = sum(entry[2] for entry in cache.values())  # (made on a miss only)
         while slots > self.MANY_SLOTS and len(cache) > 1:
             slots -= cache.pop(next(iter(cache)))[2]
-        self._slots[id(cache)] = slots
         return value
 
     MANY_SLOTS = 4_000_000  # GPU slots (group members) in run_many's kept calls, per cache
