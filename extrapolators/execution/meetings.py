@@ -69,10 +69,7 @@ class Meetings:
         twins = None
         if task.sizes is not None:  # an all-to-all of uneven sizes: each copy's on its own
             if images:
-                twins = Twins(self.runtime, f"collective {task.key!r}")
-                for k, group in zip(self.symmetry.image_copies(task.group), images, strict=True):
-                    self.runtime.open_images += 1
-                    self.env.process(self._image_collective(task, group, k, twins))
+                twins = self._start_images(task, images)
             yield from self.comm.run(
                 task.op, task.group, task.nbytes, tag=task.key, sizes=task.sizes
             )
@@ -88,10 +85,7 @@ class Meetings:
             done.succeed()
             return
         if images:  # the same collective in every copy, started at the same instant
-            twins = Twins(self.runtime, f"collective {task.key!r}")
-            for k, group in zip(self.symmetry.image_copies(task.group), images, strict=True):
-                self.runtime.open_images += 1
-                self.env.process(self._image_collective(task, group, k, twins))
+            twins = self._start_images(task, images)
         yield from self.comm.run(
             task.op, task.group, task.nbytes, tag=task.key, root=task.root, algorithm=task.algorithm
         )
@@ -100,6 +94,15 @@ class Meetings:
             twins.rep_done(self.env.now)
         del self.open[task.key]
         done.succeed()
+
+    def _start_images(self, task: Collective, images) -> Twins:
+        """A process per image of `task` (each copy's group), their ends checked by the
+        Twins returned against the representatives'."""
+        twins = Twins(self.runtime, f"collective {task.key!r}")
+        for k, group in zip(self.symmetry.image_copies(task.group), images, strict=True):
+            self.runtime.open_images += 1
+            self.env.process(self._image_collective(task, group, k, twins))
+        return twins
 
     def _run_with_images(self, task: Collective, images):
         """The representatives' collective and its images through `comm.run_many`: one
