@@ -163,6 +163,14 @@ def test_3d_replica_zero_represents_the_others(gpt2, topology):
     assert not warned
     # copies along dp and tp (4 x 2): one representative per pipeline stage
     assert sym.symmetry == "auto: 2 representatives of 16 GPUs"
+    # one leaf: the copies see the same network, which moves one flow per orbit
+    # (networks.packet.quotient); on the ring the copies (dp and tp digits shifted, each
+    # modulo its own size) are no rotation: every copy's flows move
+    if topology is ONE_LEAF:
+        assert sym.symmetry_flows == "by orbits: one flow of every 8"
+    else:
+        assert sym.symmetry_flows.startswith("every copy's: the copies of")
+    assert full.symmetry_flows is None
     assert_same_run(sym, full)
     assert_same_transfers(sym, full)
     # "send to" / "recv from" name the image's own peer
@@ -195,6 +203,7 @@ def test_3d_on_the_rail_cluster_sends_across_rails_alike_in_every_replica(gpt2):
     cfg = threed("auto", dp=2, tp=2, pp=4, topology=RAIL)
     sym, warned = run(cfg, gpt2)
     assert not warned and sym.symmetry == "auto: 4 representatives of 16 GPUs"  # one a stage
+    assert sym.symmetry_flows == "by orbits: one flow of every 4"
     full, _ = run({**cfg, "symmetry": "off"}, gpt2)
     assert_same_run(sym, full)
     assert_same_transfers(sym, full)
@@ -218,12 +227,29 @@ def test_3d_on_a_fat_tree_whose_routes_differ_per_replica(gpt2):
         assert_same_run(sym, full)
 
 
+def test_a_run_by_orbits_that_breaks_in_the_run_runs_again_with_every_flow(gpt2, monkeypatch):
+    # without the check of every collective before the run, the ring's copies (no
+    # rotation) break the network by orbits half-way: the same declaration runs again,
+    # moving every copy's flows, and gives the full run
+    from extrapolators.execution.meetings import Meetings
+
+    monkeypatch.setattr(Meetings, "prepare", lambda self, tasks: None)
+    sym, warned = run(threed("auto", topology=RING), gpt2)
+    assert not warned and sym.symmetry == "auto: 2 representatives of 16 GPUs"
+    assert sym.symmetry_flows.startswith("every copy's: the copies of")
+    full, _ = run(threed("off", topology=RING), gpt2)
+    assert_same_run(sym, full)
+
+
 def test_ddp_stays_symmetric_behind_a_slower_link(resnet):
     # the all-reduce spans every GPU, so it runs in full: a slower link is simulated exactly
     slow = {**FAT, "links": [{"src": 5, "dst": "leaf1", "bandwidth": "5 GB/s", "both": True}]}
     full, _ = run(ddp(8, "off", topology=slow), resnet)
     sym, warned = run(ddp(8, "auto", topology=slow), resnet)
     assert not warned and sym.symmetry.startswith("auto")
+    assert sym.symmetry_flows == (
+        "every copy's: the collective 'dp:p0t0:bucket0' runs once over whole classes"
+    )
     assert_same_run(sym, full)
 
 

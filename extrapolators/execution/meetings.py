@@ -108,21 +108,39 @@ class Meetings:
         """The representatives' collective and its images through `comm.run_many`: one
         transfer group for all copies; each image's end checked against the
         representatives' (as `_image_collective` would, without a process per copy)."""
-        roots = [task.root] + [
-            None if task.root is None else self.symmetry.image(task.root, k)
-            for k in self.symmetry.image_copies(task.group)
-        ]
+        groups, roots = self._many_call(task, images)
         ends = yield from self.comm.run_many(
-            task.op,
-            [task.group, *images],
-            task.nbytes,
-            tag=task.key,
-            roots=roots,
-            algorithm=task.algorithm,
+            task.op, groups, task.nbytes, tag=task.key, roots=roots, algorithm=task.algorithm
         )
         for _ in range(len(images) + 1):
             self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
         Twins(self.runtime, f"collective {task.key!r}").check_all(ends[0], ends[1:])
+
+    def _many_call(self, task: Collective, images) -> tuple:
+        """(the groups, their roots) of `comm.run_many` for `task` and its images."""
+        roots = [task.root] + [
+            None if task.root is None else self.symmetry.image(task.root, k)
+            for k in self.symmetry.image_copies(task.group)
+        ]
+        return [task.group, *images], roots
+
+    def prepare(self, tasks) -> None:
+        """Prepare, before the run, the communication model's `run_many` of every
+        collective among `tasks` (the representatives') that runs with images: what the
+        run will ask, once each (a network moving flows by orbits checks each
+        collective's transfers there: `QuotientBroken` before the run, not in it)."""
+        seen: set = set()
+        for t in tasks:
+            if type(t) is not Collective or t.sizes is not None:
+                continue
+            key = (t.op, id(t.group), float(t.nbytes), t.algorithm, t.root)
+            if key in seen:
+                continue
+            seen.add(key)
+            images = self.symmetry.plan(t.group)[1]
+            if images:
+                groups, roots = self._many_call(t, images)
+                self.comm.prepare_many(t.op, groups, t.nbytes, roots, t.algorithm)
 
     def _count_sized(self, task: Collective) -> None:
         """An all-to-all of uneven sizes counts its mean per-GPU buffer."""

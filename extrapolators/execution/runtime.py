@@ -355,6 +355,11 @@ class Runtime:
                 e.callbacks.append(lambda _e: twins.image_done(self.env.now))
         return events[0]
 
+    def prepare_collectives(self, tasks) -> None:
+        """Prepare the communication model's calls for the representatives' collectives
+        with images before the run (meetings.Meetings.prepare)."""
+        self._meetings.prepare(tasks)
+
     def check_symmetry(self) -> None:
         """After the run: every image operation ended (at its representative's instant)."""
         if self.open_images:

@@ -101,6 +101,11 @@ class Symmetry:
         self._plans: dict = {}  # id(group) -> (group, members in R, image groups, their copies)
         self._where: dict | None = None  # GPU -> (its representative, its copy)
         self._image_groups: dict = {}  # (id(group), k) -> (group, its image in copy k)
+        self._table = None  # `images`' arrays, made when first asked
+        # why the network moves every copy's flows (check_streams says), None: by orbits;
+        # and the representatives' collectives, which a run by orbits prepares
+        self.all_flows: str | None = None
+        self.collectives: list = []
 
     @classmethod
     def of_replicas(cls, replicas, image_group=None, axes=None) -> Symmetry:
@@ -185,6 +190,30 @@ class Symmetry:
             return o[k]
         r, h = self.where(g)
         return self.orbits[r][self.compose(k, h)]
+
+    def images(self, gpus) -> np.ndarray:
+        """An int array (len(gpus), K): row i is `image(gpus[i], k)` for every copy k (the
+        GPUs numbered by ints; what a network moving flows by orbits reads)."""
+        if self._table is None:
+            reps = list(self.orbits)
+            where = self._where_arrays(reps)
+            digits = np.array([self.digits(k) for k in range(self.copies)], np.int64)
+            strides = np.cumprod((1,) + self.axes[:0:-1])[::-1].astype(np.int64)
+            orb = np.array([self.orbits[r] for r in reps], np.int64)
+            self._table = (where, digits, strides, orb)
+        (rep_of, copy_of), digits, strides, orb = self._table
+        g = np.asarray(gpus, np.int64)
+        ks = ((digits[copy_of[g]][:, None, :] + digits[None, :, :]) % self.axes) @ strides
+        return orb[rep_of[g][:, None], ks]
+
+    def _where_arrays(self, reps) -> tuple:
+        """(each GPU's representative's index in `reps`, its copy), as arrays by GPU."""
+        top = max(max(o) for o in self.orbits.values()) + 1
+        rep_of, copy_of = np.full(top, -1, np.int64), np.full(top, -1, np.int64)
+        for i, r in enumerate(reps):
+            o = np.array(self.orbits[r], np.int64)
+            rep_of[o], copy_of[o] = i, np.arange(len(o))
+        return rep_of, copy_of
 
     def image_group(self, group: tuple, k: int) -> tuple:
         hit = self._image_groups.get((id(group), k))
@@ -278,11 +307,28 @@ class Symmetry:
                     raise SymmetryBroken(
                         f"GPU {g!r} has streams {names.get(g)} where GPU {r!r} has {names.get(r)}"
                     )
+        self.all_flows, self.collectives = None, []
         for r in self.reps:
             for s in names.get(r, []):
                 ref = list(streams[r, s])
                 for k in ks:
                     self._compare(ref, streams[self.orbits[r][k], s], k, r, s)
+                self._note_collectives(ref)
+
+    def _note_collectives(self, tasks) -> None:
+        """Keep the representatives' collectives (`collectives`, what a run by orbits
+        prepares before it starts), and why the network cannot move their flows by orbits
+        (`all_flows`, networks.packet.quotient): a collective over whole classes runs once
+        (its streams, NCCL's rings over every GPU, need not map onto each other from copy
+        to copy); an all-to-all of uneven sizes runs copy by copy."""
+        for t in tasks:
+            if type(t) is Collective and self.all_flows is None:
+                if t.sizes is not None:
+                    self.all_flows = f"the all-to-all {t.key!r} has uneven sizes"
+                elif self.plan(t.group)[1] is None:
+                    self.all_flows = f"the collective {t.key!r} runs once over whole classes"
+                else:
+                    self.collectives.append(t)
 
     def _compare(self, ref: list, tasks, k: int, r, stream) -> None:
         g = self.orbits[r][k]

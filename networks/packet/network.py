@@ -47,9 +47,10 @@ import simpy
 from networks.base import Network, register
 from networks.groups import Group
 from networks.packet.engine import FastEngine
+from networks.packet.quotient import Quotient
 from networks.packet.reference import ReferenceEngine
 from networks.routing import Routes, path_latencies
-from triosim.common.errors import NetworkError
+from triosim.common.errors import NetworkError, QuotientBroken
 from triosim.common.schema import option
 
 
@@ -67,6 +68,10 @@ class _Batch:
     nh: np.ndarray
     lat: np.ndarray
     distinct: bool = False  # no link twice in `flat` (checked for short ones only)
+    # by orbits (networks.packet.quotient): every transfer's (srcs, dsts, nb, maxr), and
+    # each one's kept flow (an index into srcs); None: the batch is its transfers
+    full: tuple | None = None
+    expand: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.srcs)
@@ -141,6 +146,24 @@ class PacketSwitchNetwork(Network):
         self._route_cache: dict = {}
         self._fast = self.options.engine == "fast"
         self._engine = FastEngine(self) if self._fast else ReferenceEngine(self)
+        self.quotient: Quotient | None = None  # a symmetric run's flows by orbits
+
+    quotients = True  # may a symmetric run move its flows by orbits (tests turn it off)
+
+    def by_orbits(self, copies) -> bool:
+        """Move the flows of a symmetric run's copies by orbits from now on
+        (networks.packet.quotient; `copies`: its `copies`, `reps`, `images`), where this
+        network can: the fast engine of this class, `quotients` set. Says whether it does.
+        None: move every flow again (before any transfer started)."""
+        if copies is None:  # back to every flow: the kept links' capacities as built
+            if self.quotient is not None:
+                self.capacity[:] = self.quotient.capacity0
+            self.quotient = None
+            return False
+        if not (self.quotients and self._fast and type(self) is PacketSwitchNetwork):
+            return False
+        self.quotient = Quotient(self, copies)
+        return True
 
     # the fast engine's parts' counters and settings, as attributes of the network
     alone_solves = _part("_engine.solver", "alone_solves")
@@ -209,6 +232,8 @@ class PacketSwitchNetwork(Network):
         events = [self.env.event() for _ in srcs]
         if srcs:
             b = self._prepare(srcs, dsts, sizes, caps)
+            if b.expand is not None:
+                return self.quotient.start_group(b, tag)
             g = Group(srcs, dsts, b.nb, b.maxr, self.env.now, tag, events)
             self._engine.start(g, b.flat, b.nh, b.lat)
         return events
@@ -226,6 +251,8 @@ class PacketSwitchNetwork(Network):
             if not srcs:
                 return done.succeed([])
             b = self._prepare(srcs, dsts, sizes, caps)
+        if b.expand is not None:
+            return self.quotient.start_all(b, tag)
         g = Group(b.srcs, b.dsts, b.nb, b.maxr, self.env.now, tag, None, done)
         self._engine.start(g, b.flat, b.nh, b.lat, b.distinct)
         return done
@@ -239,6 +266,8 @@ class PacketSwitchNetwork(Network):
         return self._prepare(srcs, dsts, sizes, caps) if srcs else []
 
     def _prepare(self, srcs, dsts, sizes, caps) -> _Batch:
+        if self.quotient is not None:
+            return self.quotient.prepare(srcs, dsts, sizes, caps)
         self._distances(srcs)
         routes = self._routes(list(zip(srcs, dsts, strict=True)))
         nh = np.fromiter((len(r[0]) for r in routes), np.int64, count=len(routes))
@@ -249,9 +278,15 @@ class PacketSwitchNetwork(Network):
             self, srcs, dsts, np.array(sizes, float), np.array(caps, float), flat, nh, lat, distinct
         )
 
+    def batch_of(self, srcs, dsts, nb, maxr, flat, nh, lat, full=None, expand=None) -> _Batch:
+        """A batch of routed transfers (`flat`: their links, `nh` per transfer)."""
+        return _Batch(self, srcs, dsts, nb, maxr, flat, nh, lat, False, full, expand)
+
     def ring(self, group, chunk: float, steps: int, tag: str = "") -> simpy.Event:
         """Network's ring; the fast engine runs it as a reserved job where its links are
         free (networks.packet.ringjobs), unless a subclass counts deliveries itself."""
+        if self.quotient is not None:
+            raise QuotientBroken("a ring collective (reserved links) in a run by orbits")
         if not self._fast or self._engine.landing.per_record:
             return super().ring(group, chunk, steps, tag)
         return self._engine.rings.ring(group, chunk, steps, tag)
@@ -276,13 +311,16 @@ class PacketSwitchNetwork(Network):
             for job in list(engine.rings.jobs.values()):
                 engine.rings.split(job)
             engine.finish()
+        cap, nbytes, busy = self.capacity, self.link_bytes, self.link_busy
+        if self.quotient is not None:
+            cap, nbytes, busy = self.quotient.link_stats_columns(nbytes, busy)
         return pd.DataFrame(
             {
                 "src": [u for u, _ in self.links],
                 "dst": [v for _, v in self.links],
-                "bandwidth": self.capacity,
+                "bandwidth": cap,
                 "latency": self.latency,
-                "bytes": self.link_bytes,
-                "busy_time": self.link_busy,
+                "bytes": nbytes,
+                "busy_time": busy,
             }
         )

@@ -58,6 +58,11 @@ class SimulationError(TrioSimError, RuntimeError):
     """The simulation broke an invariant (work left over, bytes lost, overlapping tasks)."""
 
 
+class QuotientBroken(SimulationError):
+    """A symmetric run's network cannot move its flows by orbits (networks.packet.quotient):
+    the run is repeated moving every copy's flows."""
+
+
 class DeadlockError(SimulationError):
     """Events ran out while tasks were still waiting; names the stuck GPUs and tasks."""
 

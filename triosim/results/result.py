@@ -70,6 +70,9 @@ class Result:
         self.symmetry = "off"  # what ran: "off", "auto: ..." or "off (fell back: <why>)"
         self.host = "off"  # the host model (perfmodel.host): "on (its costs)" or "off (why)"
         self.symmetry_skew = 0.0  # largest relative gap between an image's end and its rep's
+        # with symmetry, how the network moved the copies' flows: "by orbits: ..." (one flow
+        # per orbit, networks.packet.quotient) or "every copy's: <why>"; None without
+        self.symmetry_flows: str | None = None
         self.gpus = list(gpus)
         self.config = config
         if self._log is not None:

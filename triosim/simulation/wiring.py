@@ -30,7 +30,13 @@ from networks.base import gpu_nodes, validate_graph
 from perfmodel import TraceTime, model_class
 from perfmodel.host import HostModel
 from triosim.common import schema
-from triosim.common.errors import ConfigError, DeadlockError, NetworkError, SimulationError
+from triosim.common.errors import (
+    ConfigError,
+    DeadlockError,
+    NetworkError,
+    QuotientBroken,
+    SimulationError,
+)
 from triosim.config.loading import IN_MEMORY, Config, checked, from_dict, load_config
 from triosim.results.memory import capacity, check_capacity, memory_curves
 from triosim.results.result import Result
@@ -73,6 +79,7 @@ class Simulation:
 
     def __init__(self, config, trace: Trace | None = None, topology=None, progress: bool = False):
         cfg = _as_config(config, trace)
+        self._all_flows = None  # why a symmetric run moves every copy's flows (None: by orbits)
         # with `progress`, a long preparation (a million-GPU topology) says what it is doing
         with RunProgress(
             f"preparing {cfg.num_gpus:,} GPUs", enabled=None if progress else False
@@ -163,13 +170,17 @@ class Simulation:
         wall = time.perf_counter()
         reason = "symmetry: off"
         if self.config.symmetry == "auto":
-            abandoned, n = False, len(self.gpus)
+            abandoned, n, finer = False, len(self.gpus), None
             sym, reason = self._symmetry()
             while sym is not None:  # the declaration, then its coarser fallbacks
                 if abandoned:  # the last attempt's environment is cycles of generators
                     gc.collect()
                 try:
                     result = self._run(progress, sym, wall)
+                except QuotientBroken as e:  # the same declaration, every copy's flows moved
+                    self._all_flows = str(e)
+                    abandoned = True
+                    continue
                 except (SymmetryBroken, DeadlockError) as e:
                     reason = f"the symmetric run stopped: {e}"
                     if not abandoned:  # (what broke, without the hint: a summary line)
@@ -179,7 +190,7 @@ class Simulation:
                     sym = self._first_holding(sym.fallback)[0]
                 else:
                     result.symmetry = sym.describe(n)
-                    if abandoned:  # a finer declaration broke first
+                    if finer is not None:  # a finer declaration broke first
                         result.symmetry += f" (fell back from {finer})"
                     return result
             if abandoned:  # its environment is cycles of generators: free it before the next
@@ -233,6 +244,26 @@ class Simulation:
             why = sym.equal_within_classes(held, "(held weight bytes, buffer bytes)")
         return why
 
+    def _by_orbits(self, sym, net, comm, runtime) -> str:
+        """Let the network move one flow per orbit of the copies (networks.packet.quotient)
+        where nothing known rules it out: a collective over whole classes or of uneven sizes
+        (`sym.all_flows`), a communication model without run_many (its image collectives
+        start one by one), an earlier attempt that broke it. Says which it is."""
+        why = self._all_flows or sym.all_flows
+        if why is None and not hasattr(comm, "run_many"):
+            why = "the communication model starts each copy's collective on its own"
+        by_orbits = getattr(net, "by_orbits", None)
+        if why is None and by_orbits is not None and by_orbits(sym):
+            try:  # every collective's transfers checked now, not half-way through the run
+                runtime.prepare_collectives(sym.collectives)
+            except QuotientBroken as e:
+                net.by_orbits(None)
+                comm.forget_batches()
+                why = str(e)
+            else:
+                return f"by orbits: one flow of every {sym.copies}"
+        return f"every copy's: {why or 'this network moves every flow'}"
+
     def _run(self, progress, sym, wall) -> Result:
         with fewer_collections():
             return self._run_once(progress, sym, wall)
@@ -256,6 +287,7 @@ class Simulation:
         )
         if sym is not None:  # a second set of streams: checking consumes them
             sym.check_streams(self.extrapolator.streams())
+            flows = self._by_orbits(sym, net, comm, runtime)
         self._start_iterations(runtime, cfg.iterations, sym)
         if progress is not None:
             progress.attach(env, runtime)
@@ -281,6 +313,7 @@ class Simulation:
             orbits=None if sym is None else sym.orbits,
         )
         result.symmetry_skew = runtime.symmetry_skew
+        result.symmetry_flows = flows if sym is not None else None
         describe = getattr(self.extrapolator, "describe", None)
         result.layout = describe() if describe is not None else None  # the mesh's degrees
         if self.host is not None:

@@ -439,6 +439,15 @@ class Nccl(CommModel):
             yield at_instant(self.env, ends[0], lambda _e: None)
         return ends
 
+    def prepare_many(self, op, groups, nbytes, roots, algorithm=None) -> None:
+        """What `run_many` of this call will need, made now and kept (its plans and
+        batch): a symmetric run's check before it starts (networks.packet.quotient)."""
+        self._many_plans(op, groups, nbytes, roots, algorithm)
+
+    def forget_batches(self) -> None:
+        """Drop the kept batches (the network now routes otherwise)."""
+        self._many.clear()
+
     def _alike_plans(self, op, groups, nbytes, roots, algorithm) -> list:
         """Each group's plan: groups[0]'s (the representatives') analysed; an image group
         whose analysis would repeat it GPU for GPU (`alike.fingerprints`, the same root
