@@ -253,15 +253,15 @@ class Simulation:
         if why is None and not hasattr(comm, "run_many"):
             why = "the communication model starts each copy's collective on its own"
         by_orbits = getattr(net, "by_orbits", None)
-        if why is None and by_orbits is not None and by_orbits(sym):
+        if why is None and by_orbits is not None:
             try:  # every collective's transfers checked now, not half-way through the run
-                runtime.prepare_collectives(sym.collectives)
+                if by_orbits(sym):
+                    runtime.prepare_collectives(sym.collectives)
+                    return f"by orbits: one flow of every {sym.copies}"
             except QuotientBroken as e:
-                net.by_orbits(None)
+                by_orbits(None)
                 comm.forget_batches()
                 why = str(e)
-            else:
-                return f"by orbits: one flow of every {sym.copies}"
         return f"every copy's: {why or 'this network moves every flow'}"
 
     def _run(self, progress, sym, wall) -> Result:
