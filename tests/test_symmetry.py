@@ -247,9 +247,11 @@ def test_ddp_stays_symmetric_behind_a_slower_link(resnet):
     full, _ = run(ddp(8, "off", topology=slow), resnet)
     sym, warned = run(ddp(8, "auto", topology=slow), resnet)
     assert not warned and sym.symmetry.startswith("auto")
-    assert sym.symmetry_flows == (
-        "every copy's: the collective 'dp:p0t0:bucket0' runs once over whole classes"
+    # its ring over the fat tree's leaves: GPU 0 -> 1 within a leaf, its copy 3 -> 4 across
+    assert (
+        sym.symmetry_flows == "every copy's: the copies of 0 -> 1 take paths of different lengths"
     )
+
     assert_same_run(sym, full)
 
 
@@ -547,17 +549,19 @@ def test_run_many_again_ends_as_the_groups_own_runs(slots, monkeypatch):
 
 # -- expert parallelism --------------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "par,n,reps",
+    "par,n,reps,orbits",
     [
         # uniform loads: copies along every digit of the dense and expert meshes' common
-        # refinement (EP, expert-TP, the experts' replicas): one representative a stage
-        ({"ep": 4}, 8, 1),
-        ({"ep": 2, "etp": 2, "dp_overlap": True}, 8, 1),
-        ({"ep": 2, "pp": 2, "accumulation_steps": 2, "distributed_optimizer": True}, 8, 2),
-        ({"ep": 2, "fsdp": True}, 4, 1),
+        # refinement (EP, expert-TP, the experts' replicas): one representative a stage.
+        # `orbits`: the network moves one flow per orbit (else a collective's transfers are
+        # no copies of each other: every copy's flows)
+        ({"ep": 4}, 8, 1, False),
+        ({"ep": 2, "etp": 2, "dp_overlap": True}, 8, 1, False),
+        ({"ep": 2, "pp": 2, "accumulation_steps": 2, "distributed_optimizer": True}, 8, 2, True),
+        ({"ep": 2, "fsdp": True}, 4, 1, True),
     ],
 )
-def test_expert_parallel_copies_stand_for_each_other(par, n, reps):
+def test_expert_parallel_copies_stand_for_each_other(par, n, reps, orbits):
     from tests.test_expert_parallel import moe_trace
 
     t = moe_trace(layers=2, experts=4, top_k=2)
@@ -573,7 +577,13 @@ def test_expert_parallel_copies_stand_for_each_other(par, n, reps):
     assert (
         not warned and sym.symmetry == f"auto: {reps} representative{'s' * (reps > 1)} of {n} GPUs"
     )
+    # the all-to-alls (per-pair sizes) of every copy in one transfer group
+    if orbits:
+        assert sym.symmetry_flows == f"by orbits: one flow of every {n // reps}"
+    else:
+        assert sym.symmetry_flows.startswith("every copy's: a transfer group is not")
     assert_same_run(sym, full)
+    assert_same_transfers(sym, full)
 
 
 def test_expert_parallel_with_uneven_loads_falls_back():
@@ -595,5 +605,7 @@ def test_expert_parallel_with_uneven_loads_falls_back():
     two = {**cfg, "num_gpus": 8, "batch_size": 16}  # 2 expert replicas: copies along them
     sym, warned = run(two, t)
     assert not warned and sym.symmetry == "auto: 4 representatives of 8 GPUs"
+    assert sym.symmetry_flows == "by orbits: one flow of every 2"  # skewed, alike per copy
     full, _ = run({**two, "symmetry": "off"}, t)
     assert_same_run(sym, full)
+    assert_same_transfers(sym, full)

@@ -67,6 +67,11 @@ class Meetings:
 
     def _run_collective(self, task: Collective, done, images=None):
         twins = None
+        if images and hasattr(self.comm, "run_many"):  # every copy's at once, one group
+            yield from self._run_with_images(task, images)
+            del self.open[task.key]
+            done.succeed()
+            return
         if task.sizes is not None:  # an all-to-all of uneven sizes: each copy's on its own
             if images:
                 twins = self._start_images(task, images)
@@ -76,11 +81,6 @@ class Meetings:
             self._count_sized(task)
             if twins is not None:
                 twins.rep_done(self.env.now)
-            del self.open[task.key]
-            done.succeed()
-            return
-        if images and hasattr(self.comm, "run_many"):  # every copy's at once, one group
-            yield from self._run_with_images(task, images)
             del self.open[task.key]
             done.succeed()
             return
@@ -110,10 +110,21 @@ class Meetings:
         representatives' (as `_image_collective` would, without a process per copy)."""
         groups, roots = self._many_call(task, images)
         ends = yield from self.comm.run_many(
-            task.op, groups, task.nbytes, tag=task.key, roots=roots, algorithm=task.algorithm
+            task.op,
+            groups,
+            task.nbytes,
+            tag=task.key,
+            roots=roots,
+            algorithm=task.algorithm,
+            **({} if task.sizes is None else {"sizes": task.sizes}),
         )
         for _ in range(len(images) + 1):
-            self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
+            if task.sizes is not None:
+                self._count_sized(task)
+            else:
+                self.collective_bytes[task.op] = (
+                    self.collective_bytes.get(task.op, 0.0) + task.nbytes
+                )
         Twins(self.runtime, f"collective {task.key!r}").check_all(ends[0], ends[1:])
 
     def _many_call(self, task: Collective, images) -> tuple:
@@ -125,22 +136,18 @@ class Meetings:
         return [task.group, *images], roots
 
     def prepare(self, tasks) -> None:
-        """Prepare, before the run, the communication model's `run_many` of every
-        collective among `tasks` (the representatives') that runs with images: what the
-        run will ask, once each (a network moving flows by orbits checks each
-        collective's transfers there: `QuotientBroken` before the run, not in it)."""
-        seen: set = set()
+        """Prepare, before the run, what the communication model will be asked for each of
+        the collectives `tasks` (the representatives', one of each call): `run_many` of
+        those with images, `run` of those over whole classes (a network moving flows by orbits
+        checks each collective's transfers there: `QuotientBroken` before the run, not in
+        it)."""
         for t in tasks:
-            if type(t) is not Collective or t.sizes is not None:
-                continue
-            key = (t.op, id(t.group), float(t.nbytes), t.algorithm, t.root)
-            if key in seen:
-                continue
-            seen.add(key)
             images = self.symmetry.plan(t.group)[1]
             if images:
                 groups, roots = self._many_call(t, images)
-                self.comm.prepare_many(t.op, groups, t.nbytes, roots, t.algorithm)
+                self.comm.prepare_many(t.op, groups, t.nbytes, roots, t.algorithm, t.sizes)
+            else:  # over whole classes: run once, over the whole group
+                self.comm.prepare_one(t.op, t.group, t.nbytes, t.root, t.algorithm, t.sizes)
 
     def _count_sized(self, task: Collective) -> None:
         """An all-to-all of uneven sizes counts its mean per-GPU buffer."""

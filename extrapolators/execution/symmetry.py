@@ -102,10 +102,10 @@ class Symmetry:
         self._where: dict | None = None  # GPU -> (its representative, its copy)
         self._image_groups: dict = {}  # (id(group), k) -> (group, its image in copy k)
         self._table = None  # `images`' arrays, made when first asked
-        # why the network moves every copy's flows (check_streams says), None: by orbits;
-        # and the representatives' collectives, which a run by orbits prepares
-        self.all_flows: str | None = None
+        # the representatives' collectives (check_streams keeps them), which a run by
+        # orbits prepares before it starts
         self.collectives: list = []
+        self._seen: set = set()
 
     @classmethod
     def of_replicas(cls, replicas, image_group=None, axes=None) -> Symmetry:
@@ -307,7 +307,7 @@ class Symmetry:
                     raise SymmetryBroken(
                         f"GPU {g!r} has streams {names.get(g)} where GPU {r!r} has {names.get(r)}"
                     )
-        self.all_flows, self.collectives = None, []
+        self.collectives, self._seen = [], set()
         for r in self.reps:
             for s in names.get(r, []):
                 ref = list(streams[r, s])
@@ -316,18 +316,14 @@ class Symmetry:
                 self._note_collectives(ref)
 
     def _note_collectives(self, tasks) -> None:
-        """Keep the representatives' collectives (`collectives`, what a run by orbits
-        prepares before it starts), and why the network cannot move their flows by orbits
-        (`all_flows`, networks.packet.quotient): a collective over whole classes runs once
-        (its streams, NCCL's rings over every GPU, need not map onto each other from copy
-        to copy); an all-to-all of uneven sizes runs copy by copy."""
+        """Keep the representatives' collectives, one of each call (`collectives`: what a
+        run whose network moves flows by orbits prepares before it starts)."""
+        seen = self._seen
         for t in tasks:
-            if type(t) is Collective and self.all_flows is None:
-                if t.sizes is not None:
-                    self.all_flows = f"the all-to-all {t.key!r} has uneven sizes"
-                elif self.plan(t.group)[1] is None:
-                    self.all_flows = f"the collective {t.key!r} runs once over whole classes"
-                else:
+            if type(t) is Collective:
+                key = (t.op, id(t.group), float(t.nbytes), t.algorithm, t.root, id(t.sizes))
+                if key not in seen:
+                    seen.add(key)
                     self.collectives.append(t)
 
     def _compare(self, ref: list, tasks, k: int, r, stream) -> None:

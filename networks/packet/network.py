@@ -77,7 +77,11 @@ class _Batch:
         return len(self.srcs)
 
     def tuples(self) -> list:
-        return list(zip(self.srcs, self.dsts, self.nb.tolist(), self.maxr.tolist(), strict=True))
+        """Every transfer (by orbits: the full group's, not only the kept flows)."""
+        srcs, dsts, nb, maxr = (
+            self.full if self.full is not None else (self.srcs, self.dsts, self.nb, self.maxr)
+        )
+        return list(zip(srcs, dsts, nb.tolist(), maxr.tolist(), strict=True))
 
 
 @dataclass(frozen=True)

@@ -246,10 +246,10 @@ class Simulation:
 
     def _by_orbits(self, sym, net, comm, runtime) -> str:
         """Let the network move one flow per orbit of the copies (networks.packet.quotient)
-        where nothing known rules it out: a collective over whole classes or of uneven sizes
-        (`sym.all_flows`), a communication model without run_many (its image collectives
-        start one by one), an earlier attempt that broke it. Says which it is."""
-        why = self._all_flows or sym.all_flows
+        where nothing rules it out: a communication model without run_many (its image
+        collectives start one by one), an earlier attempt that broke it, a collective whose
+        transfers the check before the run refuses. Says which it is."""
+        why = self._all_flows
         if why is None and not hasattr(comm, "run_many"):
             why = "the communication model starts each copy's collective on its own"
         by_orbits = getattr(net, "by_orbits", None)

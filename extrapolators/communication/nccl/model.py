@@ -407,15 +407,16 @@ class Nccl(CommModel):
         if rest > 0:
             yield self.env.timeout(rest)
 
-    def run_many(self, op, groups, nbytes, tag="", roots=None, algorithm=None):
+    def run_many(self, op, groups, nbytes, tag="", roots=None, algorithm=None, sizes=None):
         """`run` of one collective over several groups at the same instant (a symmetric
-        run's representatives and their images): all their streams as one transfer group
-        (one network update, not one per group). Returns each group's end instant, computed
+        run's representatives and their images; `sizes`: an all-to-all's per-pair bytes,
+        by position in each group): all their streams as one transfer group (one network
+        update, not one per group). Returns each group's end instant, computed
         with `run`'s float operations (its transfers' last arrival, then what is left of
         NCCL's latency); returns at the first group's end when every group's transfers
         arrived at that group's instant (the symmetric case), else at once."""
         roots = roots if roots is not None else [None] * len(groups)
-        plans, batch, m = self._many_plans(op, groups, nbytes, roots, algorithm)
+        plans, batch, m = self._many_plans(op, groups, nbytes, roots, algorithm, sizes)
         for k, count in m.choices:
             self.choices[k] = self.choices.get(k, 0) + count
         start = self.env.now
@@ -439,14 +440,26 @@ class Nccl(CommModel):
             yield at_instant(self.env, ends[0], lambda _e: None)
         return ends
 
-    def prepare_many(self, op, groups, nbytes, roots, algorithm=None) -> None:
+    def prepare_many(self, op, groups, nbytes, roots, algorithm=None, sizes=None) -> None:
         """What `run_many` of this call will need, made now and kept (its plans and
         batch): a symmetric run's check before it starts (networks.packet.quotient)."""
-        self._many_plans(op, groups, nbytes, roots, algorithm)
+        self._many_plans(op, groups, nbytes, roots, algorithm, sizes)
+
+    def prepare_one(self, op, group, nbytes, root=None, algorithm=None, sizes=None) -> None:
+        """What `run` of this call will need, made now and kept (its plan and batch): a
+        symmetric run's check before it starts (networks.packet.quotient)."""
+        if sizes is not None:
+            p = self.plan_uneven(group, sizes)
+        else:
+            p = self.plan(op, group, nbytes, root, algorithm)
+        if p.streams and p.batch is None:
+            p.batch = self.net.batch(p.streams)
 
     def forget_batches(self) -> None:
         """Drop the kept batches (the network now routes otherwise)."""
         self._many.clear()
+        for p in self._plans.values():
+            p.batch = None
 
     def _alike_plans(self, op, groups, nbytes, roots, algorithm) -> list:
         """Each group's plan: groups[0]'s (the representatives') analysed; an image group
@@ -494,21 +507,31 @@ class Nccl(CommModel):
 
     MANY_SLOTS = 4_000_000  # GPU slots (group members) in run_many's kept calls, per cache
 
-    def _many_plans(self, op, groups, nbytes, roots, algorithm):
+    def _many_plans(self, op, groups, nbytes, roots, algorithm, sizes=None):
         """(each group's plan, all their streams checked and routed as one batch), kept for
         the same groups (the same tuple objects: a symmetric run's images, held by its
         Symmetry), roots and call: at 131,072 GPUs each of a run's ~1,300 calls over
         32,768 tensor-parallel groups looked up 32,768 plans and checked and routed 131,072
         streams again. The same plans and the same streams in the same order, so the
         same transfers."""
-        key = (op, float(nbytes), algorithm, tuple(roots), tuple(map(id, groups)))
+        key = (op, float(nbytes), algorithm, tuple(roots), tuple(map(id, groups)), id(sizes))
+        held = groups if sizes is None else [*groups, sizes]  # (the sizes' object kept too)
         return self._held(
-            self._many, key, groups, lambda: self._prepared(op, groups, nbytes, roots, algorithm)
+            self._many,
+            key,
+            held,
+            lambda: self._prepared(op, groups, nbytes, roots, algorithm, sizes),
         )
 
-    def _prepared(self, op, groups, nbytes, roots, algorithm):
+    def _prepared(self, op, groups, nbytes, roots, algorithm, sizes=None):
         """`_many_plans` made: the plans, their streams as one batch, the arrays run_many reads."""
-        plans = self._alike_plans(op, groups, nbytes, roots, algorithm)
+        if sizes is not None:  # an uneven all-to-all: each group's plan as `run` makes it
+            check_op(op)
+            if op != "all_to_all":
+                raise ConfigError("collective", op, "all_to_all, for per-pair sizes")
+            plans = [self.plan_uneven(g, sizes) for g in groups]
+        else:
+            plans = self._alike_plans(op, groups, nbytes, roots, algorithm)
         streams = [x for p in plans for x in p.streams]
         batch = self.net.batch(streams) if streams else []
         counts = np.array([len(p.streams) for p in plans], np.int64)
