@@ -64,10 +64,25 @@ class Quotient:
         self.canon = np.full(n, -1, np.int64)  # each link's class (its kept link), -1: none
         self.size = np.zeros(n, np.int64)  # a kept link's class size
         self._paths: dict = {}  # (src, dst) -> (class path, its latency)
+        self._kept: dict = {}  # small transfer groups prepared: (srcs, dsts, ...) -> batch
 
     # -- transfers -------------------------------------------------------------------------
+    KEEP = 4096  # transfers up to which a prepared group is kept (a pipeline's sends repeat)
+
     def prepare(self, srcs, dsts, sizes, caps):
-        """The kept flows of `srcs[i] -> dsts[i]` as a network batch (see the module)."""
+        """The kept flows of `srcs[i] -> dsts[i]` as a network batch (see the module);
+        small groups kept, as a symmetric run's sends and their images come again."""
+        if len(srcs) > self.KEEP:
+            return self._prepare(srcs, dsts, sizes, caps)
+        key = (tuple(srcs), tuple(dsts), tuple(sizes), tuple(caps))
+        b = self._kept.get(key)
+        if b is None:
+            b = self._prepare(srcs, dsts, sizes, caps)
+            if len(self._kept) < 100_000:
+                self._kept[key] = b
+        return b
+
+    def _prepare(self, srcs, dsts, sizes, caps):
         s, d = _ints(srcs), _ints(dsts)
         nb, mx = np.asarray(sizes, float), np.asarray(caps, float)
         n, k = len(s), self.k
