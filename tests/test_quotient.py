@@ -218,3 +218,124 @@ def test_copies_that_are_no_symmetry_of_the_network_are_refused():
     net.batch([(0, 1, 1e6), (1, 0, 1e6)])
     with pytest.raises(QuotientBroken, match="group otherwise"):
         net.batch([(0, 2, 1e6), (1, 3, 1e6)])
+
+
+def _two_copies_graph():
+    """Switches A (GPUs 0, 1, 6) and B (2, 3, 7) on a core with GPUs 4 and 5; A and B's
+    uplinks 10 GB/s, the rest 100 GB/s."""
+    g = nx.DiGraph()
+    for sw in ("A", "B", "core"):
+        g.add_node(sw, kind="switch")
+    for x in range(8):
+        g.add_node(x, kind="gpu")
+    for sw, gpus in (("A", (0, 1, 6)), ("B", (2, 3, 7)), ("core", (4, 5))):
+        for x in gpus:
+            topo.add_link(g, x, sw, 100 * GB)
+    topo.add_link(g, "A", "core", 10 * GB)
+    topo.add_link(g, "B", "core", 10 * GB)
+    return g
+
+
+class Table:
+    """Copies given by a table: GPU -> its image in each copy."""
+
+    def __init__(self, table, reps):
+        self.table, self.reps = table, reps
+        self.copies = len(next(iter(table.values())))
+
+    def images(self, gpus):
+        return np.array([self.table[int(x)] for x in gpus])
+
+
+def test_a_class_met_again_as_part_of_itself_is_refused():
+    # 6 -> 4 and its copy 7 -> 5 make the class {A -> core, B -> core}; then 1 -> 4 and its
+    # copy 0 -> 5 cross A -> core both: that link alone, no class of its own. By orbits it
+    # would give both 20 ms (50 % of 10 GB/s each); the full network gives 30, 30, 30, 10
+    copies = Table({0: [0, 2], 1: [1, 0], 2: [2, 0], 3: [3, 2], 4: [4, 5], 5: [5, 4],
+                    6: [6, 7], 7: [7, 6]}, [1, 6])  # fmt: skip
+    net = PacketSwitchNetwork(simpy.Environment(), _two_copies_graph())
+    net.by_orbits(copies)
+    net.batch([(6, 4, 1e8), (7, 5, 1e8)])
+    with pytest.raises(QuotientBroken, match="group otherwise"):
+        net.batch([(1, 4, 1e8), (0, 5, 1e8)])
+
+
+def test_a_copy_behind_a_longer_latency_is_refused():
+    # by hops (latency does not pick the route): GPU 3's uplink 4 us instead of 3; the full
+    # network lands 1 -> 2 and its copy 3 -> 0 1 us apart
+    graph = _graph(1, 2, 2)
+    topo.set_link(graph, 3, "ib", latency=4e-6)
+    copies = Copies(2, 2)
+    net = PacketSwitchNetwork(simpy.Environment(), graph, routing="hops")
+    net.by_orbits(copies)
+    with pytest.raises(QuotientBroken, match="latency"):
+        net.batch(_orbit(copies, 1, 2, 1e6, np.inf))
+
+
+def test_a_path_through_a_class_twice_is_refused():
+    # a one-way ring of 4 and copies that rotate it by 2: 0 -> 3 crosses 0-1, 1-2, 2-3;
+    # its copy 2 -> 1 crosses 2-3, 3-0, 0-1: hops one and three fall in one class
+    ring = topo.ring(4, 10 * GB, 1e-6, bidirectional=False)
+    copies = Table({g: [g, (g + 2) % 4] for g in range(4)}, [0, 1])
+    net = PacketSwitchNetwork(simpy.Environment(), ring)
+    net.by_orbits(copies)
+    with pytest.raises(QuotientBroken, match="twice"):
+        net.batch([(0, 3, 1e6), (2, 1, 1e6)])
+
+
+def test_a_node_outside_the_copies_is_refused():
+    # a reducing switch named by an int (4) is no GPU of the copies: refused, not an
+    # IndexError from the copies' table
+    g = nx.DiGraph()
+    for x in range(4):
+        g.add_node(x, kind="gpu")
+    g.add_node(4, kind="switch", reduce="nvls")
+    for x in range(4):
+        topo.add_link(g, x, 4, 100 * GB)
+    net = PacketSwitchNetwork(simpy.Environment(), g)
+    net.by_orbits(Table({0: [0, 1], 1: [1, 0], 2: [2, 3], 3: [3, 2]}, [0, 2]))
+    with pytest.raises(QuotientBroken, match="outside the copies"):
+        net.batch([(0, 4, 1e6), (1, 4, 1e6), (2, 4, 1e6), (3, 4, 1e6)])
+    nx.relabel_nodes(g, {4: "sw"}, copy=False)  # named otherwise: no GPU at all
+    net = PacketSwitchNetwork(simpy.Environment(), g)
+    net.by_orbits(Table({0: [0, 1], 1: [1, 0], 2: [2, 3], 3: [3, 2]}, [0, 2]))
+    with pytest.raises(QuotientBroken, match="no GPU of the copies"):
+        net.batch([(0, "sw", 1e6), (1, "sw", 1e6), (2, "sw", 1e6), (3, "sw", 1e6)])
+
+
+def test_kept_groups_and_the_order_of_events_are_the_full_networks():
+    # the same group again (kept) and one of other sizes (not mixed up with it); process A
+    # resumes after its transfer_all at the instant process B's transfer_group lands: the
+    # order in which A and B go on is the full network's
+    copies = Copies(2, 2)
+    graph = _graph(1, 2, 2)
+    x = _orbit(copies, 0, 2, 4e6, np.inf)
+    y = _orbit(copies, 0, 2, 8e6, np.inf)
+
+    def run(by_orbits):
+        env = simpy.Environment()
+        net = PacketSwitchNetwork(env, graph)
+        if by_orbits:
+            net.by_orbits(copies)
+        order = []
+
+        def a():
+            yield net.transfer_all(x)
+            order.append("a")
+            yield net.transfer_all(y)
+            yield net.transfer_all(x)
+            order.append("a2")
+
+        def b():
+            yield net.transfer_group(_orbit(copies, 1, 3, 4e6, np.inf))[0]
+            order.append("b")
+
+        env.process(a())
+        env.process(b())
+        env.run()
+        return order, net.transfers().sort_values(["start", "src", "end"])
+
+    (o1, t1), (o2, t2) = run(False), run(True)
+    assert o1 == o2
+    assert list(t1["src"]) == list(t2["src"]) and list(t1["nbytes"]) == list(t2["nbytes"])
+    np.testing.assert_allclose(t2["end"].to_numpy(float), t1["end"].to_numpy(float), rtol=1e-9)

@@ -231,9 +231,9 @@ def test_a_run_by_orbits_that_breaks_in_the_run_runs_again_with_every_flow(gpt2,
     # without the check of every collective before the run, the ring's copies (no
     # rotation) break the network by orbits half-way: the same declaration runs again,
     # moving every copy's flows, and gives the full run
-    from extrapolators.execution.meetings import Meetings
+    from extrapolators.execution.runtime import Runtime
 
-    monkeypatch.setattr(Meetings, "prepare", lambda self, tasks: None)
+    monkeypatch.setattr(Runtime, "prepare_calls", lambda self, collectives, sends: None)
     sym, warned = run(threed("auto", topology=RING), gpt2)
     assert not warned and sym.symmetry == "auto: 2 representatives of 16 GPUs"
     assert sym.symmetry_flows.startswith("every copy's: the copies of")

@@ -343,22 +343,28 @@ class Runtime:
             if batch is None:
                 batch = self._sends[pair] = self.network.batch([pair])
             return self.network.transfer_all(batch, tag=task.key)
-        pairs = self.symmetry.send_images(gpu, task.dst)
-        nb = task.nbytes
-        group = [(gpu, task.dst, nb), *((a, b, nb) for a, b in pairs)]
+        group = self._send_group(gpu, task.dst, task.nbytes)
         events = self.network.transfer_group(group, tag=task.key)
-        if pairs:
+        if len(group) > 1:
             twins = Twins(self, f"send {task.key!r}")
             events[0].callbacks.append(lambda _e: twins.rep_done(self.env.now))
-            self.open_images += len(pairs)
+            self.open_images += len(group) - 1
             for e in events[1:]:
                 e.callbacks.append(lambda _e: twins.image_done(self.env.now))
         return events[0]
 
-    def prepare_collectives(self, tasks) -> None:
-        """Prepare the communication model's calls for the representatives' collectives
-        with images before the run (meetings.Meetings.prepare)."""
-        self._meetings.prepare(tasks)
+    def prepare_calls(self, collectives, sends) -> None:
+        """Before a symmetric run: prepare the communication model's calls for the
+        representatives' collectives (meetings.Meetings.prepare) and the network's transfer
+        groups for their sends ((source, destination, bytes)) with every copy's image, as
+        `_send` starts them (a network that moves flows by orbits checks them there)."""
+        self._meetings.prepare(collectives)
+        for gpu, dst, nb in sends:
+            self.network.batch(self._send_group(gpu, dst, nb))
+
+    def _send_group(self, gpu, dst, nb) -> list:
+        """A send and every copy's image of it, as one transfer group."""
+        return [(gpu, dst, nb), *((a, b, nb) for a, b in self.symmetry.send_images(gpu, dst))]
 
     def check_symmetry(self) -> None:
         """After the run: every image operation ended (at its representative's instant)."""

@@ -102,9 +102,10 @@ class Symmetry:
         self._where: dict | None = None  # GPU -> (its representative, its copy)
         self._image_groups: dict = {}  # (id(group), k) -> (group, its image in copy k)
         self._table = None  # `images`' arrays, made when first asked
-        # the representatives' collectives (check_streams keeps them), which a run by
-        # orbits prepares before it starts
+        # the representatives' collectives and sends (check_streams keeps them), which a
+        # run by orbits prepares before it starts
         self.collectives: list = []
+        self.sends: list = []
         self._seen: set = set()
 
     @classmethod
@@ -203,6 +204,8 @@ class Symmetry:
             self._table = (where, digits, strides, orb)
         (rep_of, copy_of), digits, strides, orb = self._table
         g = np.asarray(gpus, np.int64)
+        if len(g) and (g.min() < 0 or g.max() >= len(rep_of) or (rep_of[g] < 0).any()):
+            raise ValueError(f"a GPU outside the classes among {g[:8].tolist()}")
         ks = ((digits[copy_of[g]][:, None, :] + digits[None, :, :]) % self.axes) @ strides
         return orb[rep_of[g][:, None], ks]
 
@@ -307,17 +310,18 @@ class Symmetry:
                     raise SymmetryBroken(
                         f"GPU {g!r} has streams {names.get(g)} where GPU {r!r} has {names.get(r)}"
                     )
-        self.collectives, self._seen = [], set()
+        self.collectives, self.sends, self._seen = [], [], set()
         for r in self.reps:
             for s in names.get(r, []):
                 ref = list(streams[r, s])
                 for k in ks:
                     self._compare(ref, streams[self.orbits[r][k], s], k, r, s)
-                self._note_collectives(ref)
+                self._note_calls(r, ref)
 
-    def _note_collectives(self, tasks) -> None:
-        """Keep the representatives' collectives, one of each call (`collectives`: what a
-        run whose network moves flows by orbits prepares before it starts)."""
+    def _note_calls(self, gpu, tasks) -> None:
+        """Keep the representatives' collectives and sends, one of each call
+        (`collectives`; `sends`: (source, destination, bytes)): what a run whose network
+        moves flows by orbits prepares before it starts."""
         seen = self._seen
         for t in tasks:
             if type(t) is Collective:
@@ -325,6 +329,11 @@ class Symmetry:
                 if key not in seen:
                     seen.add(key)
                     self.collectives.append(t)
+            elif type(t) is Send:
+                key = (gpu, t.dst, t.nbytes)
+                if key not in seen:
+                    seen.add(key)
+                    self.sends.append(key)
 
     def _compare(self, ref: list, tasks, k: int, r, stream) -> None:
         g = self.orbits[r][k]

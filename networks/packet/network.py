@@ -159,10 +159,10 @@ class PacketSwitchNetwork(Network):
         (networks.packet.quotient; `copies`: its `copies`, `reps`, `images`), where this
         network can: the fast engine of this class, `quotients` set. Says whether it does.
         None: move every flow again (before any transfer started)."""
-        if copies is None:  # back to every flow: the kept links' capacities as built
-            if self.quotient is not None:
-                self.capacity[:] = self.quotient.capacity0
+        if self.quotient is not None:  # back to every flow: the capacities as built
+            self.capacity[:] = self.quotient.capacity0
             self.quotient = None
+        if copies is None:
             return False
         if not (self.quotients and self._fast and type(self) is PacketSwitchNetwork):
             return False

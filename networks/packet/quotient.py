@@ -65,9 +65,11 @@ class Quotient:
         self.size = np.zeros(n, np.int64)  # a kept link's class size
         self._paths: dict = {}  # (src, dst) -> (class path, its latency)
         self._kept: dict = {}  # small transfer groups prepared: (srcs, dsts, ...) -> batch
+        self._kept_transfers = 0
 
     # -- transfers -------------------------------------------------------------------------
     KEEP = 4096  # transfers up to which a prepared group is kept (a pipeline's sends repeat)
+    KEEP_ALL = 2_000_000  # transfers in all the kept groups
 
     def prepare(self, srcs, dsts, sizes, caps):
         """The kept flows of `srcs[i] -> dsts[i]` as a network batch (see the module);
@@ -78,12 +80,15 @@ class Quotient:
         b = self._kept.get(key)
         if b is None:
             b = self._prepare(srcs, dsts, sizes, caps)
-            if len(self._kept) < 100_000:
+            if self._kept_transfers + len(srcs) <= self.KEEP_ALL:
                 self._kept[key] = b
+                self._kept_transfers += len(srcs)
         return b
 
     def _prepare(self, srcs, dsts, sizes, caps):
         s, d = _ints(srcs), _ints(dsts)
+        if (s < 0).any() or (d < 0).any():
+            raise QuotientBroken("a transfer to or from a node that is no GPU of the copies")
         nb, mx = np.asarray(sizes, float), np.asarray(caps, float)
         n, k = len(s), self.k
         rep = self.is_rep
@@ -113,8 +118,7 @@ class Quotient:
         """Each transfer's kept flow (index into `kept`): the transfers must be exactly the
         kept flows' images in every copy, sizes and caps alike."""
         k = self.k
-        img_s = self.images(s[kept])  # (kept, K)
-        img_d = self.images(d[kept])
+        img_s, img_d = self._images(s[kept]), self._images(d[kept])  # (kept, K) each
         owner = np.repeat(np.arange(len(kept)), k)
         cols = (img_s.ravel(), img_d.ravel(), np.repeat(nb[kept], k), np.repeat(mx[kept], k))
         o_img = np.lexsort(cols[::-1])
@@ -136,7 +140,7 @@ class Quotient:
         hit = self._paths.get((a, b))
         if hit is not None:
             return hit
-        img = self.images(np.array([a, b]))
+        img = self._images(np.array([a, b]))
         routes = self.net._routes(list(zip(img[0].tolist(), img[1].tolist(), strict=True)))
         m = len(routes[0][0])
         if any(len(r[0]) != m for r in routes):
@@ -151,6 +155,14 @@ class Quotient:
         out = (path, routes[0][1])
         self._paths[a, b] = out
         return out
+
+    def _images(self, gpus) -> np.ndarray:
+        """`copies.images`, a node outside the copies' orbits refused (a switch named by
+        an int)."""
+        try:
+            return self.images(gpus)
+        except (IndexError, KeyError, ValueError) as e:
+            raise QuotientBroken(f"a transfer to or from a node outside the copies ({e})") from None
 
     def _class(self, col: np.ndarray, a, b) -> int:
         """The kept link of the class the K copies' links `col` form (made on first sight)."""
@@ -181,23 +193,16 @@ class Quotient:
         """transfer_all of a prepared batch: its event fires with every transfer's record."""
         net = self.net
         env = net.env
-        done, kdone = env.event(), env.event()
+        done = env.event()
         full = Group(*b.full, env.now, tag, None, done)
-        kept = Group(b.srcs, b.dsts, b.nb, b.maxr, env.now, tag, None, kdone)
+        kept = Group(b.srcs, b.dsts, b.nb, b.maxr, env.now, tag, None, None)
+        kept.done = _Landed(self, kept, full, b.expand)  # at once, as the full group's done
         self._start(b, kept, full)
-        extra = len(full.nb) - len(kept.nb)
-
-        def landed(_e):
-            full.ends[:] = kept.ends[b.expand]
-            self._landed(full.nb, kept.nb, extra)
-            done.succeed(Records(full))
-
-        kdone.callbacks.append(landed)
         return done
 
     def start_group(self, b, tag: str) -> list:
-        """transfer_group of a prepared batch: each transfer's event (an image's is its
-        kept flow's)."""
+        """transfer_group of a prepared batch: each transfer's event; an image's is its
+        kept flow's event (fires at the same instant; its value the kept flow's record)."""
         net = self.net
         env = net.env
         events = [env.event() for _ in b.srcs]
@@ -239,6 +244,22 @@ class Quotient:
         nbytes[on] = link_bytes[c[on]] * (self.k / self.size[c[on]])
         busy[on] = link_busy[c[on]]
         return self.capacity0, nbytes, busy
+
+
+class _Landed:
+    """The kept group's `done`: when its last flow lands (Landing calls `succeed`), the full
+    group's ends, counters and done event, at once (no event step between)."""
+
+    __slots__ = ("q", "kept", "full", "expand")
+
+    def __init__(self, q, kept, full, expand):
+        self.q, self.kept, self.full, self.expand = q, kept, full, expand
+
+    def succeed(self, _records=None) -> None:
+        full, kept = self.full, self.kept
+        full.ends[:] = kept.ends[self.expand]
+        self.q._landed(full.nb, kept.nb, len(full.nb) - len(kept.nb))
+        full.done.succeed(Records(full))
 
 
 def _ints(nodes) -> np.ndarray:

@@ -183,7 +183,7 @@ class Simulation:
                     continue
                 except (SymmetryBroken, DeadlockError) as e:
                     reason = f"the symmetric run stopped: {e}"
-                    if not abandoned:  # (what broke, without the hint: a summary line)
+                    if finer is None:  # (what broke, without the hint: a summary line)
                         what = getattr(e, "message", str(e))
                         finer = f"{sym.describe(n)[len('auto: ') :]}: {what}"
                     abandoned = True
@@ -256,7 +256,7 @@ class Simulation:
         if why is None and by_orbits is not None:
             try:  # every collective's transfers checked now, not half-way through the run
                 if by_orbits(sym):
-                    runtime.prepare_collectives(sym.collectives)
+                    runtime.prepare_calls(sym.collectives, sym.sends)
                     return f"by orbits: one flow of every {sym.copies}"
             except QuotientBroken as e:
                 by_orbits(None)

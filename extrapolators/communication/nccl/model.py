@@ -453,7 +453,9 @@ class Nccl(CommModel):
         else:
             p = self.plan(op, group, nbytes, root, algorithm)
         if p.streams and p.batch is None:
-            p.batch = self.net.batch(p.streams)
+            batch = self.net.batch(p.streams)  # (checked by the network, kept where `run` keeps it)
+            if len(p.streams) <= self.KEEP_BATCH:
+                p.batch = batch
 
     def forget_batches(self) -> None:
         """Drop the kept batches (the network now routes otherwise)."""
