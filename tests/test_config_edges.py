@@ -528,6 +528,7 @@ def test_each_direction_may_be_set_once():
 # -- big inputs: checks first, and long work says so -----------------------------------------
 
 
+@pytest.mark.no_cover
 def test_a_config_error_of_a_huge_run_comes_before_the_topology_is_built(monkeypatch):
     from tests.conftest import chain_trace
     from triosim.simulation import wiring as simulation

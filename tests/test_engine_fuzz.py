@@ -149,6 +149,7 @@ def _close(a, b):
     return a == b or abs(a - b) <= 1e-9 * max(abs(a), abs(b))
 
 
+@pytest.mark.no_cover
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31 - 1), kind=st.integers(0, 7))
 def test_fast_engine_matches_reference(seed, kind):
@@ -186,6 +187,7 @@ def _exercised(counters, seeds, kinds, above_min=None, capped=False) -> list[int
     return total
 
 
+@pytest.mark.no_cover
 @pytest.mark.parametrize("slide_max", [0, 10**9])
 def test_departed_rows_removed_either_way_match_reference(slide_max):
     """Departed flows leave the table by one gather (0) or by sliding the rows between
@@ -198,12 +200,14 @@ def test_departed_rows_removed_either_way_match_reference(slide_max):
             )
 
 
+@pytest.mark.no_cover
 def test_fuzz_exercises_ring_jobs_and_their_splits():
     """The scenarios reach the fast engine's ring jobs, split some mid-job, and agree."""
     jobs, splits = _exercised(("ring_jobs", "ring_splits"), 40, (0, 2, 6))
     assert jobs >= 20 and splits >= 5, (jobs, splits)
 
 
+@pytest.mark.no_cover
 def test_fuzz_exercises_partial_solves():
     """The scenarios reach all three solve paths: new flows alone on their links, some
     components of the table, and the whole table."""
@@ -212,6 +216,7 @@ def test_fuzz_exercises_partial_solves():
     assert alone >= 50 and comp >= 20 and full >= 20, (alone, comp, full)
 
 
+@pytest.mark.no_cover
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31 - 1), kind=st.integers(0, 7), heavy=st.booleans())
 def test_solves_above_a_level_match_reference(seed, kind, heavy):
@@ -224,6 +229,7 @@ def test_solves_above_a_level_match_reference(seed, kind, heavy):
     )
 
 
+@pytest.mark.no_cover
 def test_fuzz_exercises_solves_above_a_level():
     counters = ("above_solves", "above_capped", "reach_solves", "tight_levels")
     plain = _exercised(counters, 30, (1, 2, 7), above_min=0)
@@ -286,6 +292,7 @@ def test_solves_above_a_level_notice_bugs(monkeypatch, bug):
                 _scenario("fast", seed, kind, above_min=0, capped=bug.startswith("new_flow"))
 
 
+@pytest.mark.no_cover
 def test_fuzz_exercises_rate_capped_components():
     """Components whose flows all run at their rate caps are solved without max-min
     rounds, and departures from them re-solve nothing; both agree with the reference."""

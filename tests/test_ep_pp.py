@@ -166,6 +166,7 @@ def test_pp_1_is_mode_ep():
     assert a.memory.equals(b.memory)
 
 
+@pytest.mark.no_cover
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     pp=st.sampled_from([2, 3]),

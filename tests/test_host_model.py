@@ -386,6 +386,7 @@ def test_info_without_simpy_prints_the_host_time_alone(tmp_path, capsys, monkeyp
     )
 
 
+@pytest.mark.no_cover
 @pytest.mark.parametrize(
     "trace,par,n,batch",
     [

@@ -29,6 +29,7 @@ def _peak(trace) -> float:
     return Simulation(cfg, trace=trace).run().peak_memory[0]
 
 
+@pytest.mark.no_cover
 @needs_shared
 @pytest.mark.parametrize("path", TRACES, ids=_name)
 def test_real_gpu_trace_peak_within_5_percent(path):

@@ -133,6 +133,7 @@ def test_capacity_factor_is_for_moe_models_only():
     assert t.metadata["moe"]["dropless"] is False
 
 
+@pytest.mark.no_cover
 def test_latent_attention_runs_one_fused_attention_operator():
     t = trace_model("deepseek-v3", 1, small=True, seq_len=8, shapes_only=True)
     att = [o for o in t.operators if o.layer == "layers.0.attention"]

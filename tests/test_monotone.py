@@ -220,6 +220,7 @@ def test_a_slower_link_never_makes_a_collective_faster(data, system):
         _check(base, _times(slow, gpu, options, ops, simulate), f, loose=loose)
 
 
+@pytest.mark.no_cover
 @NCCL_PICK
 @given(data=st.data(), system=systems())
 def test_with_nccls_own_pick_a_slower_link_is_never_faster_than_the_fastest_pair_was(data, system):

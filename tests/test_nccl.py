@@ -202,6 +202,7 @@ def test_contention_shares_the_links():
     assert two - lat == pytest.approx(1.6 * (one - lat), rel=1e-6)
 
 
+@pytest.mark.no_cover
 @pytest.mark.parametrize(
     "build,gpu",
     [

@@ -70,6 +70,7 @@ def cases(draw):
     return name, graph, groups, op, root, nbytes
 
 
+@pytest.mark.no_cover
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
 def test_renamed_plans_are_the_groups_own(case):

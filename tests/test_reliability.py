@@ -26,6 +26,7 @@ def fingerprint() -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.no_cover
 def test_same_config_same_numbers_across_processes():
     # set and dict order of strings follows PYTHONHASHSEED: two processes with different
     # seeds (run side by side) and this one must agree to the last bit
@@ -61,6 +62,7 @@ def big_trace(n_ops=200_000):
     return Trace(ops, tensors, {"batch_size": 8})
 
 
+@pytest.mark.no_cover
 def test_200k_operator_trace_loads_and_simulates(tmp_path):
     # 200 000 operators of 1 us each, replayed on one GPU: 0.2 s
     t = load(save(big_trace(), tmp_path / "big.trace.json"), progress=True)
@@ -70,6 +72,7 @@ def test_200k_operator_trace_loads_and_simulates(tmp_path):
     assert json.loads(json.dumps(r.summary_dict()))["iteration_time_ms"] == pytest.approx(200)
 
 
+@pytest.mark.no_cover
 def test_run_memory_is_linear_in_timeline_rows():
     # a run keeps one timeline row per task (about 0.5 kB each with the DataFrame built
     # from them): its peak allocation per row stays under 2 kB and 4x the rows costs about

@@ -131,6 +131,7 @@ def builders():
     }
 
 
+@pytest.mark.no_cover
 @pytest.mark.parametrize("mode", ["latency", "hops"])
 @pytest.mark.parametrize("name", list(builders()))
 def test_batched_routes_are_the_reference_routes(name, mode):
@@ -167,6 +168,7 @@ def _by_value(walk, want):
         tuning.BIG_IN, tuning.SHARED_ASKS = old
 
 
+@pytest.mark.no_cover
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31), mode=st.sampled_from(["latency", "hops"]))
 def test_batched_routes_on_random_graphs(seed, mode):

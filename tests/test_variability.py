@@ -233,6 +233,7 @@ def test_a_chakra_export_refuses_draws_it_cannot_carry(field):
         workload_nodes(sim)
 
 
+@pytest.mark.no_cover
 def test_the_step_at_scale_is_every_gpu_at_the_slowest_factor():
     """Mode dp: with every GPU x f the step is T_compute x f + the rest (by hand from the
     deterministic timeline), so the mean of seeded runs is that at the slowest factor's
