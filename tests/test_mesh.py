@@ -49,7 +49,10 @@ def test_ranks_and_coordinates_are_one_to_one_and_groups_partition_the_gpus(shap
     mesh = Mesh(*shape, order=parse_order(order))
     n = mesh.size
     assert sorted(mesh.rank(mesh.coords(i)) for i in range(n)) == list(range(n))
+    # every rank's coordinates at once (the layout's) are each rank's own
+    assert mesh.all_coords() == [mesh.coords(i) for i in range(n)]
     layout = Layout(mesh, range(n), range(n))
+    assert all(layout.at[mesh.coords(i)] == i for i in range(n))
     innermost = parse_order(order)[0]
     k = DIMS.index(innermost)
     # the innermost dimension's groups are consecutive ranks

