@@ -3,6 +3,7 @@ gives the full simulation's results, row by row; where the classes are not ident
 falls back to the full simulation and says so."""
 
 import pickle
+import re
 import warnings
 
 import numpy as np
@@ -206,7 +207,9 @@ def test_3d_on_the_rail_cluster_sends_across_rails_alike_in_every_replica(gpt2):
     sym, warned = run(cfg, gpt2)
     assert not warned and sym.symmetry == "auto: 4 representatives of 16 GPUs"  # one a stage
     assert sym.symmetry_flows == "by orbits: one flow of every 4"
+    assert re.search(r"^symmetric flows +by orbits: one flow of every 4$", sym.summary(), re.M)
     full, _ = run({**cfg, "symmetry": "off"}, gpt2)
+    assert "symmetric flows" not in full.summary()
     assert_same_run(sym, full)
     assert_same_transfers(sym, full)
     x = full.transfers()

@@ -38,6 +38,7 @@ def summary_text(s: dict, verdict: str) -> str:
         ("fits in memory", verdict),
         ("simulated in", f"{s['simulation_wall_s']:.3f} s wall"),
         *([("symmetry", s["symmetry"])] if s["symmetry"] != "off" else []),
+        *([("symmetric flows", s["symmetry_flows"])] if s.get("symmetry_flows") else []),
         *([("host model", s["host"])] if "host" in s else []),
     ]
     w = max(len(k) for k, _ in rows)

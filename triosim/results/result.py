@@ -253,6 +253,7 @@ class Result:
             "collective_bytes": self.collective_bytes,
             "simulation_wall_s": self.wall_time,
             "symmetry": self.symmetry,
+            "symmetry_flows": getattr(self, "symmetry_flows", None),  # (results saved before it)
             "host": self.host,
         }
 
