@@ -93,7 +93,7 @@ class Quotient:
         n, k = len(s), self.k
         rep = self.is_rep
         keep = np.zeros(n, bool)
-        inside = (s >= 0) & (s < len(rep))
+        inside = s < len(rep)
         keep[inside] = rep[s[inside]]
         kept = np.flatnonzero(keep)
         if len(kept) * k != n:
@@ -108,7 +108,7 @@ class Quotient:
         lat = np.array([r[1] for r in routes], float)
         net = self.net
         ks = kept.tolist()
-        full = ([srcs[i] for i in range(n)], [dsts[i] for i in range(n)], nb, mx)
+        full = (list(srcs), list(dsts), nb, mx)
         return net.batch_of(
             [srcs[i] for i in ks], [dsts[i] for i in ks], nb[kept], mx[kept], flat, nh, lat,
             full=full, expand=expand,

@@ -378,27 +378,33 @@ class Nccl(CommModel):
             self._plans[key] = p
         return p
 
+    def _plan_of(self, op, group, nbytes, root=None, algorithm=None, sizes=None) -> Plan:
+        """`plan`, or with per-pair `sizes` (an all-to-all only) `plan_uneven`."""
+        if sizes is None:
+            return self.plan(op, group, nbytes, root, algorithm)
+        check_op(op)
+        if op != "all_to_all":
+            raise ConfigError("collective", op, "all_to_all, for per-pair sizes")
+        return self.plan_uneven(group, sizes)
+
+    def _batch_of(self, p: Plan):
+        """The plan's streams checked and routed by the network (one event for all of
+        them, not one per stream: 32k at 16k GPUs); kept with the plan for small groups
+        (called often; a machine-wide group's arrays would cost memory for little time)."""
+        batch = p.batch
+        if batch is None:
+            batch = self.net.batch(p.streams)
+            if len(p.streams) <= self.KEEP_BATCH:
+                p.batch = batch
+        return batch
+
     def run(self, op, group, nbytes, tag="", root=None, algorithm=None, sizes=None):
-        if sizes is not None:
-            check_op(op)
-            if op != "all_to_all":
-                raise ConfigError("collective", op, "all_to_all, for per-pair sizes")
-            p = self.plan_uneven(group, sizes)
-        else:
-            p = self.plan(op, group, nbytes, root, algorithm)
+        p = self._plan_of(op, group, nbytes, root, algorithm, sizes)
         k = (op, p.algo, p.proto)
         self.choices[k] = self.choices.get(k, 0) + 1
         rest = p.latency + p.fill
         if p.streams:
-            # one event for all streams (not one per stream: 32k at 16k GPUs), checked and
-            # routed once per plan; kept for small groups (called often; a machine-wide
-            # group's arrays would cost memory for little time)
-            batch = p.batch
-            if batch is None:
-                batch = self.net.batch(p.streams)
-                if len(p.streams) <= self.KEEP_BATCH:
-                    p.batch = batch
-            records = yield self.net.transfer_all(batch, tag=tag or op)
+            records = yield self.net.transfer_all(self._batch_of(p), tag=tag or op)
             # the network charged each stream its path latency after its last byte left;
             # NCCL's latency replaces it: wait what is left of it after the last byte left
             ends = records.ends() if hasattr(records, "ends") else [r.end for r in records]
@@ -448,14 +454,9 @@ class Nccl(CommModel):
     def prepare_one(self, op, group, nbytes, root=None, algorithm=None, sizes=None) -> None:
         """What `run` of this call will need, made now and kept (its plan and batch): a
         symmetric run's check before it starts (networks.packet.quotient)."""
-        if sizes is not None:
-            p = self.plan_uneven(group, sizes)
-        else:
-            p = self.plan(op, group, nbytes, root, algorithm)
-        if p.streams and p.batch is None:
-            batch = self.net.batch(p.streams)  # (checked by the network, kept where `run` keeps it)
-            if len(p.streams) <= self.KEEP_BATCH:
-                p.batch = batch
+        p = self._plan_of(op, group, nbytes, root, algorithm, sizes)
+        if p.streams:
+            self._batch_of(p)
 
     def forget_batches(self) -> None:
         """Drop the kept batches (the network now routes otherwise)."""
@@ -528,10 +529,7 @@ class Nccl(CommModel):
     def _prepared(self, op, groups, nbytes, roots, algorithm, sizes=None):
         """`_many_plans` made: the plans, their streams as one batch, the arrays run_many reads."""
         if sizes is not None:  # an uneven all-to-all: each group's plan as `run` makes it
-            check_op(op)
-            if op != "all_to_all":
-                raise ConfigError("collective", op, "all_to_all, for per-pair sizes")
-            plans = [self.plan_uneven(g, sizes) for g in groups]
+            plans = [self._plan_of(op, g, nbytes, sizes=sizes) for g in groups]
         else:
             plans = self._alike_plans(op, groups, nbytes, roots, algorithm)
         streams = [x for p in plans for x in p.streams]
