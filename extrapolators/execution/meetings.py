@@ -78,7 +78,7 @@ class Meetings:
             yield from self.comm.run(
                 task.op, task.group, task.nbytes, tag=task.key, sizes=task.sizes
             )
-            self._count_sized(task)
+            self._count(task)
             if twins is not None:
                 twins.rep_done(self.env.now)
             del self.open[task.key]
@@ -89,7 +89,7 @@ class Meetings:
         yield from self.comm.run(
             task.op, task.group, task.nbytes, tag=task.key, root=task.root, algorithm=task.algorithm
         )
-        self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
+        self._count(task)
         if twins is not None:
             twins.rep_done(self.env.now)
         del self.open[task.key]
@@ -119,12 +119,7 @@ class Meetings:
             **({} if task.sizes is None else {"sizes": task.sizes}),
         )
         for _ in range(len(images) + 1):
-            if task.sizes is not None:
-                self._count_sized(task)
-            else:
-                self.collective_bytes[task.op] = (
-                    self.collective_bytes.get(task.op, 0.0) + task.nbytes
-                )
+            self._count(task)
         Twins(self.runtime, f"collective {task.key!r}").check_all(ends[0], ends[1:])
 
     def _many_call(self, task: Collective, images) -> tuple:
@@ -149,23 +144,25 @@ class Meetings:
             else:  # over whole classes: run once, over the whole group
                 self.comm.prepare_one(t.op, t.group, t.nbytes, t.root, t.algorithm, t.sizes)
 
-    def _count_sized(self, task: Collective) -> None:
-        """An all-to-all of uneven sizes counts its mean per-GPU buffer."""
-        n = len(task.group)
-        self.collective_bytes[task.op] = (
-            self.collective_bytes.get(task.op, 0.0) + sum(map(sum, task.sizes)) / n
-        )
+    def _count(self, task: Collective) -> None:
+        """One run of `task` in `collective_bytes`: its bytes, or for an all-to-all of
+        uneven sizes its mean per-GPU buffer."""
+        if task.sizes is None:
+            nbytes = task.nbytes
+        else:
+            nbytes = sum(map(sum, task.sizes)) / len(task.group)
+        self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + nbytes
 
     def _image_collective(self, task: Collective, group, k: int, twins):
         """Copy k's image of a representatives' collective (its tag: the same key)."""
         if task.sizes is not None:  # the sizes are per position in the group: the same
             yield from self.comm.run(task.op, group, task.nbytes, tag=task.key, sizes=task.sizes)
-            self._count_sized(task)
+            self._count(task)
             twins.image_done(self.env.now)
             return
         root = None if task.root is None else self.symmetry.image(task.root, k)
         yield from self.comm.run(
             task.op, group, task.nbytes, tag=task.key, root=root, algorithm=task.algorithm
         )
-        self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + task.nbytes
+        self._count(task)
         twins.image_done(self.env.now)
