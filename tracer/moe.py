@@ -11,8 +11,11 @@ Where the numbers come from:
   intermediate 2048, top-8 with sigmoid affinities normalised among the chosen (times the
   routed scaling factor 2.5), a load-balancing bias added for the choice only; multi-head
   latent attention (128 heads, q rank 1536, kv rank 512, 128 + 64 rotary query/key head
-  dims, 128 value head dim); vocab 129280. Not modelled: node-limited routing (each token
-  to at most 4 nodes), multi-token prediction, FP8 training.
+  dims, 128 value head dim); vocab 129280; group-limited routing (`n_group` 8, `topk_group`
+  4: each token's experts within 4 of 8 groups of 32, so on at most 4 nodes where a node
+  holds a group), written to the metadata for DeepEP's dispatch (the traced routing is
+  plain top-k: the operators are the same). Not modelled: multi-token prediction, FP8
+  training.
 
 Routing with static shapes (so that a meta-tensor run, which cannot size a tensor by its
 data, traces the same operators as a real one): each expert takes a fixed number of token
@@ -74,6 +77,8 @@ MOE = {
         dense_layers=3,
         dense_ffn=18432,
         gate="sigmoid",
+        router_groups=8,
+        router_group_topk=4,
         attention="mla",
         rope_theta=10000.0,
     ),
@@ -83,7 +88,8 @@ MOE_SMALL = {
     "mixtral-8x7b": dict(MOE["mixtral-8x7b"], dim=64, layers=2, heads=4, kv_heads=2, vocab=256)
     | dict(expert_ffn=96),
     "deepseek-v3": dict(MOE["deepseek-v3"], dim=64, layers=2, heads=4, kv_heads=4, vocab=256)
-    | dict(experts=8, top_k=2, expert_ffn=32, dense_layers=1, dense_ffn=128),
+    | dict(experts=8, top_k=2, expert_ffn=32, dense_layers=1, dense_ffn=128)
+    | dict(router_groups=4, router_group_topk=2),
 }
 MLA = dict(q_rank=1536, kv_rank=512, nope=128, rope=64, v=128)  # DeepSeek-V3's MLA dims
 MLA_SMALL = dict(q_rank=32, kv_rank=16, nope=16, rope=8, v=16)
@@ -269,5 +275,7 @@ def moe_metadata(name, small, batch_size, seq_len, capacity_factor) -> dict:
         "tokens": tokens,
         "capacity": capacity(tokens, cfg["experts"], cfg["top_k"], capacity_factor),
         "dispatch_dtype": "bfloat16",
+        "router_groups": cfg.get("router_groups"),
+        "router_group_topk": cfg.get("router_group_topk"),
         "source": "tracer.moe." + ("MOE_SMALL" if small else "MOE") + f"[{name!r}]",
     }

@@ -76,7 +76,12 @@ class Meetings:
             if images:
                 twins = self._start_images(task, images)
             yield from self.comm.run(
-                task.op, task.group, task.nbytes, tag=task.key, sizes=task.sizes
+                task.op,
+                task.group,
+                task.nbytes,
+                tag=task.key,
+                algorithm=task.algorithm,
+                sizes=task.sizes,
             )
             self._count(task)
             if twins is not None:
@@ -156,7 +161,14 @@ class Meetings:
     def _image_collective(self, task: Collective, group, k: int, twins):
         """Copy k's image of a representatives' collective (its tag: the same key)."""
         if task.sizes is not None:  # the sizes are per position in the group: the same
-            yield from self.comm.run(task.op, group, task.nbytes, tag=task.key, sizes=task.sizes)
+            yield from self.comm.run(
+                task.op,
+                group,
+                task.nbytes,
+                tag=task.key,
+                algorithm=task.algorithm,
+                sizes=task.sizes,
+            )
             self._count(task)
             twins.image_done(self.env.now)
             return

@@ -114,3 +114,83 @@ def dispatch_sizes(kept: list[float], ep: int, token_bytes: float) -> tuple:
 def transpose(sizes: tuple) -> tuple:
     """The combine's sizes: every dispatched token goes back to where it came from."""
     return tuple(zip(*sizes, strict=True))
+
+
+# -- DeepEP's dispatch: one copy per node over the NICs, forwarded over NVLink ---------------
+def hit_probability(counts: list[int], group_size: int, top_groups: int, top_k: int) -> float:
+    """P(a token hits at least one expert of a set A): the token picks `top_groups` of the
+    len(counts) expert groups (group_size experts each) uniformly, then top_k distinct
+    experts uniformly among theirs (DeepSeek-V3's group-limited routing; one group of all
+    experts: plain top-k). counts[g] = |A and group g|.
+
+    P(miss A) = sum over the group choices S of C(m X - a_S, k) / C(m X, k) / C(G, m), a_S
+    the experts of A in S: the choices counted by a_S in a dynamic programme over the groups
+    (ways[c][s]: c groups chosen holding s experts of A)."""
+    G, m, X, k = len(counts), top_groups, group_size, top_k
+    if not 1 <= m <= G or not 1 <= k <= m * X:
+        raise ValueError(f"top_groups {m} of {G} groups of {X} experts, top_k {k}")
+    ways = [dict() for _ in range(m + 1)]
+    ways[0][0] = 1
+    for a in counts:
+        for c in range(min(m, G) - 1, -1, -1):  # each group chosen at most once
+            for s, w in ways[c].items():
+                ways[c + 1][s + a] = ways[c + 1].get(s + a, 0) + w
+    total = math.comb(m * X, k) * math.comb(G, m)
+    miss = sum(w * math.comb(m * X - s, k) for s, w in ways[m].items())
+    return 1.0 - miss / total
+
+
+def deepep_sizes(
+    sizes: tuple, node_of: list, experts: int, top_k: int, groups: int = 1, top_groups: int = 1
+) -> tuple:
+    """The dispatch's bytes matrix as DeepEP's normal (NVLink + RDMA) kernels move it, from
+    the all-to-all dispatcher's `sizes` (one copy per routed expert): EP rank i sends
+    - a GPU of its own node each token routed to that GPU's experts once (not once per
+      expert): sizes[i][j] x f_gpu[j];
+    - each other node B one copy of each token routed there, over the NICs to its gateway,
+      B's GPU at i's position in its node: sum over j in B of sizes[i][j] x f_node[B];
+      the gateway forwards each to B's GPUs holding its experts over NVLink (once per GPU:
+      sizes[i][j] x f_gpu[j] on the link gateway -> j, none to itself).
+    f = P(a token hits the GPU's / node's experts) / (the expert copies it sends there),
+    both under uniform group-limited routing (hit_probability; experts j x E/ep ... of
+    rank j, groups of E/groups consecutive experts): 1 where each token picks at most one
+    expert there. With uneven loads the uniform ratios scale the uneven copies.
+    `node_of[j]`: EP rank j's node; every node must hold as many ranks of the group (the
+    gateway is by position), else ValueError."""
+    ep = len(sizes)
+    members: dict = {}
+    for j, n in enumerate(node_of):
+        members.setdefault(n, []).append(j)
+    q = {len(v) for v in members.values()}
+    if len(q) != 1:
+        raise ValueError(
+            f"the EP group's {ep} GPUs are spread unevenly over nodes "
+            f"({sorted(len(v) for v in members.values())} per node)"
+        )
+    per_rank, X = experts // ep, experts // groups
+
+    def f(ranks) -> float:
+        held = [e for j in ranks for e in range(j * per_rank, (j + 1) * per_rank)]
+        counts = [0] * groups
+        for e in held:
+            counts[e // X] += 1
+        copies = top_k * len(held) / experts  # expected copies of a token sent there
+        return hit_probability(counts, X, top_groups, top_k) / copies
+
+    f_gpu = [f([j]) for j in range(ep)]
+    f_node = {n: f(v) for n, v in members.items()}
+    pos = {j: v.index(j) for v in members.values() for j in v}
+    out = [[0.0] * ep for _ in range(ep)]
+    for i in range(ep):
+        a = node_of[i]
+        for n, ranks in members.items():
+            if n == a:
+                for j in ranks:
+                    out[i][j] += sizes[i][j] * f_gpu[j]
+                continue
+            gate = ranks[pos[i]]
+            out[i][gate] += sum(sizes[i][j] for j in ranks) * f_node[n]
+            for j in ranks:
+                if j != gate:
+                    out[gate][j] += sizes[i][j] * f_gpu[j]
+    return tuple(tuple(row) for row in out)

@@ -343,17 +343,22 @@ class Nccl(CommModel):
 
     KEEP_BATCH = 4096  # streams up to which a plan keeps its prepared batch
 
-    def plan_uneven(self, group, sizes) -> Plan:
+    def plan_uneven(self, group, sizes, algorithm=None) -> Plan:
         """An all-to-all of uneven sizes, as NCCL runs one (grouped send/receive pairs on
         the p2p path, Simple protocol): each pair's stream at the rate the even
         all-to-all's streams get (NCCL's p2p bandwidth is per pair, not per buffer, so
         the rate does not depend on the size), the even one's latency; the call ends
-        when its largest pair has arrived."""
+        when its largest pair has arrived. algorithm "deepep" (DeepEP's dispatch and
+        combine kernels, which drive NVLink and the NICs themselves): no per-pair cap,
+        each stream at what the network gives it; the even one's latency; on a free
+        network, the busiest GPU's bytes at the even all-to-all's per-GPU rate."""
         from extrapolators.communication.collectives import check_sizes
 
         group = tuple(group)
         check_sizes(group, sizes)
-        key = ("all_to_all", group, sizes)
+        if algorithm not in (None, "deepep"):
+            raise ConfigError("algorithm", algorithm, "none or deepep, for per-pair sizes")
+        key = ("all_to_all", group, sizes, algorithm)
         cached = self._plans.get(key)
         if cached is not None:
             return cached
@@ -367,10 +372,18 @@ class Nccl(CommModel):
                 y = sizes[i][j]
                 if i == j or y <= 0 or (a, b) not in rate:
                     continue
-                streams.append((a, b, y, rate[a, b]))
+                streams.append((a, b, y, math.inf if algorithm else rate[a, b]))
                 path_lat.append(lat[a, b])
                 longest = max(longest, y / rate[a, b])
         mean = sum(map(sum, sizes)) / n
+        if algorithm:  # the busiest GPU, out or in, at the even all-to-all's rate per GPU
+            out = {a: 0.0 for a in group}
+            for a, b, *_ in ref.streams:
+                out[a] += rate[a, b]
+            longest = max(
+                max(sum(row) - row[i], sum(col) - col[i]) / out[group[i]]
+                for i, (row, col) in enumerate(zip(sizes, zip(*sizes, strict=True), strict=True))
+            )
         p = Plan(
             "all_to_all", ref.algo, ref.proto, mean, streams, path_lat, ref.latency, 0.0, longest
         )
@@ -385,7 +398,7 @@ class Nccl(CommModel):
         check_op(op)
         if op != "all_to_all":
             raise ConfigError("collective", op, "all_to_all, for per-pair sizes")
-        return self.plan_uneven(group, sizes)
+        return self.plan_uneven(group, sizes, algorithm)
 
     def _batch_of(self, p: Plan):
         """The plan's streams checked and routed by the network (one event for all of
@@ -529,7 +542,7 @@ class Nccl(CommModel):
     def _prepared(self, op, groups, nbytes, roots, algorithm, sizes=None):
         """`_many_plans` made: the plans, their streams as one batch, the arrays run_many reads."""
         if sizes is not None:  # an uneven all-to-all: each group's plan as `run` makes it
-            plans = [self._plan_of(op, g, nbytes, sizes=sizes) for g in groups]
+            plans = [self._plan_of(op, g, nbytes, algorithm=algorithm, sizes=sizes) for g in groups]
         else:
             plans = self._alike_plans(op, groups, nbytes, roots, algorithm)
         streams = [x for p in plans for x in p.streams]

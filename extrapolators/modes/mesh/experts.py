@@ -46,8 +46,10 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 from dataclasses import dataclass
 
+from extrapolators.communication.nccl.system import node_partition
 from extrapolators.modes import moe_loads
 from extrapolators.modes.mesh.dims import Mesh
 from perfmodel.base import Target, batch_ratio, scales_with_batch
@@ -91,8 +93,23 @@ def check_load_fields(o, experts: bool) -> None:
         raise ConfigError(
             "parallelism.expert_loads", o.expert_loads, f"null with load {o.load}: set load: given"
         )
+    if o.dispatcher != "deepep":
+        for field in ("router_groups", "router_group_topk"):
+            if getattr(o, field) is not None:
+                raise ConfigError(
+                    f"parallelism.{field}",
+                    getattr(o, field),
+                    "null with dispatcher alltoall (the routing groups change only what "
+                    "DeepEP's dispatch sends): set dispatcher: deepep",
+                )
     if not experts:
-        for field, unset in (("load", "uniform"), ("capacity_factor", None)):
+        unset_fields = (
+            ("load", "uniform"),
+            ("capacity_factor", None),
+            ("dispatcher", "alltoall"),
+            ("dispatch_dtype", None),
+        )
+        for field, unset in unset_fields:
             if getattr(o, field) != unset:
                 raise ConfigError(
                     f"parallelism.{field}",
@@ -247,18 +264,94 @@ class ExpertPlan:
         self.gpu_tokens = moe_loads.per_gpu(kept, self.ep)
         self.scale = [x / traced for x in self.gpu_tokens]
         self.uniform = len(set(self.scale)) == 1
-        token_bytes = float(moe["hidden"]) * DTYPE_BYTES[moe.get("dispatch_dtype", "bfloat16")]
-        self.sizes = moe_loads.dispatch_sizes(kept, self.ep, token_bytes)
-        self.back = moe_loads.transpose(self.sizes)
+        hidden = float(moe["hidden"])
+        rest = hidden * DTYPE_BYTES[moe.get("dispatch_dtype", "bfloat16")]
+        sent = o.dispatch_dtype or moe.get("dispatch_dtype", "bfloat16")
+        # FP8 dispatch (DeepSeek-V3, DeepEP): a byte per value, a float32 scale per 128
+        fwd = (
+            hidden + 4 * math.ceil(hidden / 128) if sent == "float8" else hidden * DTYPE_BYTES[sent]
+        )
+        copies = moe_loads.dispatch_sizes(kept, self.ep, 1.0)  # tokens, one per routed expert
         # expert TP: what each EP rank's GPUs all-gather after the dispatch (and reduce-
         # scatter before the combine): the tokens all etp ranks received, etp x its own
-        self.etp_bytes = [self.etp * sum(col) for col in zip(*self.sizes, strict=True)]
+        self.etp_bytes = [self.etp * fwd * sum(col) for col in zip(*copies, strict=True)]
+        # the all-to-all's algorithm: DeepEP's kernels (no per-pair cap), else NCCL's
+        self.a2a_algorithm = "deepep" if o.dispatcher == "deepep" else None
+        if o.dispatcher == "deepep":
+            copies = self._deepep(copies, o)
+        self.sizes = _scaled(copies, fwd)
+        self.grad_sizes = self.sizes if fwd == rest else _scaled(copies, rest)
+        self.back = moe_loads.transpose(self.grad_sizes)
         self._times: dict = {}
 
+    def _deepep(self, copies, o):
+        """The dispatch's tokens as DeepEP moves them (moe_loads.deepep_sizes), over the EP
+        group's nodes in the topology; before there is one (the plan's early check) the
+        all-to-all's."""
+        moe, experts = self.moe, int(self.moe["num_experts"])
+        groups = o.router_groups or moe.get("router_groups") or 1
+        if experts % groups:
+            raise ConfigError(
+                "parallelism.router_groups", groups, f"a divisor of the {experts} experts"
+            )
+        top = o.router_group_topk or moe.get("router_group_topk") or groups
+        k = int(moe["top_k"])
+        if not 1 <= top <= groups or k > top * (experts // groups):
+            raise ConfigError(
+                "parallelism.router_group_topk",
+                top,
+                f"1 to the {groups} groups, holding at least top_k ({k}) experts",
+            )
+        nodes = self._nodes()
+        if nodes is None:
+            return copies
+        try:
+            return moe_loads.deepep_sizes(copies, nodes, experts, k, groups, top)
+        except ValueError as e:
+            raise ConfigError(
+                "parallelism.dispatcher",
+                "deepep",
+                f"an EP group whose GPUs fill its nodes alike (DeepEP forwards by position): {e}",
+            ) from None
+
+    def _nodes(self) -> list | None:
+        """EP rank j's node, numbered by first appearance, the same in every EP group
+        (else a ConfigError); None without a topology."""
+        mode = self.mode
+        if mode.graph is None:
+            return None
+        part, at = node_partition(mode.graph), mode.layout.at
+        patterns = set()
+        for x in at:
+            if self.ranks(x)[1] == 0:
+                first: dict = {}
+                patterns.add(
+                    tuple(first.setdefault(part[at[y]], len(first)) for y in self.ep_group(x))
+                )
+        for pattern in patterns:  # (the gateway is the GPU at the sender's position)
+            per_node = [pattern.count(n) for n in range(max(pattern) + 1)]
+            if len(set(per_node)) > 1:
+                raise ConfigError(
+                    "parallelism.dispatcher",
+                    "deepep",
+                    f"an EP group whose GPUs fill its nodes alike (DeepEP forwards by "
+                    f"position): here one spread unevenly over nodes ({per_node} per node)",
+                )
+        if len(patterns) > 1:
+            raise ConfigError(
+                "parallelism.dispatcher",
+                "deepep",
+                "EP groups placed alike on the nodes (DeepEP's forwarding is by position); "
+                f"here {len(patterns)} placements",
+            )
+        return list(patterns.pop())
+
     def a2a_sizes(self, kind: str):
-        """The all-to-all's bytes matrix: the dispatch's and the combine's gradient go the
-        dispatch's way, the others back."""
-        return self.sizes if kind in ("dispatch", "combine-grad") else self.back
+        """The all-to-all's bytes matrix: the dispatch's (at the dispatched dtype) and the
+        combine's gradient go the dispatch's way, the others back."""
+        if kind == "dispatch":
+            return self.sizes
+        return self.grad_sizes if kind == "combine-grad" else self.back
 
     # -- timing ---------------------------------------------------------------------------
     def time(self, op, j: int) -> float:
@@ -328,3 +421,7 @@ class ExpertPlan:
                 f"forward operators)",
             )
         return moved
+
+
+def _scaled(matrix, factor: float) -> tuple:
+    return tuple(tuple(x * factor for x in row) for row in matrix)

@@ -33,6 +33,31 @@ class LoadOptions:
         help="token dropping: an expert keeps at most this factor x its balanced share "
         "of its EP group's tokens (null: the trace's router's, null there: dropless)",
     )
+    dispatcher: Literal["alltoall", "deepep"] = option(
+        "alltoall",
+        help="how tokens reach the experts: alltoall (Megatron's all-to-all dispatcher: one "
+        "copy per routed expert, NCCL's all-to-all) or deepep (DeepEP's and HybridEP's "
+        "normal kernels: one copy per node over the NICs, forwarded over NVLink, one per GPU)",
+    )
+    dispatch_dtype: Literal["bfloat16", "float8"] | None = option(
+        None,
+        help="what the forward dispatch sends per token: bfloat16, or float8 (DeepSeek-V3's "
+        "and DeepEP's FP8 dispatch: 1 byte a value and a float32 scale per 128); null: the "
+        "trace's (metadata moe.dispatch_dtype); the combine and the gradients: bfloat16",
+    )
+    router_groups: int | None = option(
+        None,
+        ge=1,
+        help="group-limited routing (DeepSeek-V3: 8): the experts in this many groups of "
+        "consecutive experts, each token routed within router_group_topk of them (Megatron's "
+        "moe_router_num_groups); null: the trace's (metadata moe.router_groups), else none",
+    )
+    router_group_topk: int | None = option(
+        None,
+        ge=1,
+        help="group-limited routing (DeepSeek-V3: 4): the groups each token's experts are "
+        "chosen in (Megatron's moe_router_group_topk); null: the trace's, else all",
+    )
 
 
 @dataclass(frozen=True)

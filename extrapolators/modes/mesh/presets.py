@@ -426,6 +426,10 @@ class ExpertParallel(MeshMode):
             seed=o.seed,
             expert_loads=o.expert_loads,
             capacity_factor=o.capacity_factor,
+            dispatcher=o.dispatcher,
+            dispatch_dtype=o.dispatch_dtype,
+            router_groups=o.router_groups,
+            router_group_topk=o.router_group_topk,
         )
 
 

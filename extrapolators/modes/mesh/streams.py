@@ -195,7 +195,14 @@ class MeshStreams:
             group = self.experts_group(x, "ep")
             key = f"ep:p{p}d{d}e{te}:m{m}:{layer}:{kind}{re}"
             return Collective(
-                "all_to_all", group, sum(sizes[j]), key, layer=layer, phase=phase, sizes=sizes
+                "all_to_all",
+                group,
+                sum(sizes[j]),
+                key,
+                layer=layer,
+                phase=phase,
+                algorithm=ex.a2a_algorithm,
+                sizes=sizes,
             )
         group = self.experts_group(x, "etp")
         key = f"etp:p{p}d{d}j{j}:m{m}:{layer}:{kind}-{op}{re}"

@@ -1,0 +1,264 @@
+"""DeepEP's dispatch (`dispatcher: deepep`, extrapolators/modes/moe_loads.py): a token
+crosses the NICs once per node it is routed to and is forwarded over NVLink once per GPU,
+under group-limited routing; checked against an enumeration of every routing, by hand on a
+2 x 2 system, end to end on a timeline, and against DeepEP's published bandwidths."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from fractions import Fraction
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from extrapolators.modes import moe_loads
+from tests.test_expert_parallel import TB, TIMES, T, moe_trace
+from triosim import Simulation
+from triosim.common.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def enumerated_hit(A: set, experts: int, groups: int, top_groups: int, k: int) -> Fraction:
+    """P(a token hits A) by listing every routing: each choice of top_groups groups, then
+    each choice of k of their experts, all equally likely."""
+    X = experts // groups
+    hit = total = Fraction(0)
+    for S in itertools.combinations(range(groups), top_groups):
+        pool = [e for g in S for e in range(g * X, (g + 1) * X)]
+        n = math.comb(len(pool), k)
+        for chosen in itertools.combinations(pool, k):
+            w = Fraction(1, n)
+            total += w
+            hit += w if A & set(chosen) else 0
+    return hit / total
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    groups=st.sampled_from([1, 2, 3, 4]),
+    per_group=st.sampled_from([1, 2, 3]),
+    data=st.data(),
+)
+def test_hit_probability_is_the_enumerated_routings(groups, per_group, data):
+    experts = groups * per_group
+    top = data.draw(st.integers(1, groups))
+    k = data.draw(st.integers(1, top * per_group))
+    A = set(data.draw(st.lists(st.integers(0, experts - 1), unique=True, max_size=experts)))
+    counts = [len([e for e in A if e // per_group == g]) for g in range(groups)]
+    got = moe_loads.hit_probability(counts, per_group, top, k)
+    assert got == pytest.approx(float(enumerated_hit(A, experts, groups, top, k)), abs=1e-12)
+
+
+def test_two_nodes_of_two_gpus_by_hand():
+    """8 experts, 2 a GPU, 4 GPUs on 2 nodes, top-2, no groups; T tokens of b bytes a GPU.
+    A token hits a GPU (2 of 8 experts) with 1 - C(6,2)/C(8,2) = 13/28, a node (4 of 8)
+    with 1 - C(4,2)/C(8,2) = 22/28. GPU 0 sends GPU 2 (the other node's GPU at its
+    position, its gateway) T x 22/28 x b and GPU 3 nothing; GPU 0 is GPU 2's gateway in
+    turn, so to GPU 1 it sends its own tokens and forwards GPU 2's: 2 x T x 13/28 x b (its
+    own for itself, T x 13/28 x b, stay: the diagonal)."""
+    ep, E, k, b = 4, 8, 2, 100.0
+    copies = moe_loads.dispatch_sizes(moe_loads.kept_tokens([1 / E] * E, T, k, ep, None), ep, b)
+    assert copies[0][1] == pytest.approx(T * k / ep * b)  # the all-to-all: a copy per expert
+    got = moe_loads.deepep_sizes(copies, [0, 0, 1, 1], E, k)
+    gpu, node = T * 13 / 28 * b, T * 22 / 28 * b
+    want = [
+        [gpu, 2 * gpu, node, 0],
+        [2 * gpu, gpu, 0, node],
+        [node, 0, gpu, 2 * gpu],
+        [0, node, 2 * gpu, gpu],
+    ]
+    assert [list(r) for r in got] == [pytest.approx(r) for r in want]
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    nodes=st.sampled_from([1, 2, 4]),
+    per_node=st.sampled_from([1, 2, 4]),
+    per_gpu=st.sampled_from([1, 2]),
+    data=st.data(),
+)
+def test_nic_bytes_never_exceed_the_all_to_alls(nodes, per_node, per_gpu, data):
+    """Over the NICs DeepEP sends each token once per node, the all-to-all once per expert
+    there: never more, and the same where a node holds one expert. Every GPU receives each
+    token routed to it once: the tokens reaching it (directly or forwarded) are T x its hit
+    probability from each source."""
+    ep = nodes * per_node
+    E = ep * per_gpu
+    groups = data.draw(st.sampled_from([g for g in (1, 2, nodes, E) if E % g == 0]))
+    top = data.draw(st.integers(1, groups))
+    k = data.draw(st.integers(1, min(4, top * E // groups)))
+    node_of = [j // per_node for j in range(ep)]
+    copies = moe_loads.dispatch_sizes(moe_loads.kept_tokens([1 / E] * E, T, k, ep, None), ep, 1.0)
+    got = moe_loads.deepep_sizes(copies, node_of, E, k, groups, top)
+    for i in range(ep):
+        cross = [j for j in range(ep) if node_of[j] != node_of[i]]
+        nic = sum(got[i][j] for j in cross)
+        a2a = sum(copies[i][j] for j in cross)
+        assert nic <= a2a * (1 + 1e-12)
+        if E == nodes:  # one expert a node: the same copies
+            assert nic == pytest.approx(a2a)
+    X = E // groups
+    p_node = moe_loads.hit_probability(
+        [len([e for e in range(per_node * per_gpu) if e // X == g]) for g in range(groups)],
+        X,
+        top,
+        k,
+    )  # node 0's experts (every node alike where groups align; checked on node 0's GPUs)
+    for j in range(ep):
+        counts = [0] * groups
+        for e in range(j * per_gpu, (j + 1) * per_gpu):
+            counts[e // X] += 1
+        p = moe_loads.hit_probability(counts, X, top, k)
+        # every source's tokens for j reach it once: from its own node (its sources, and
+        # the gateways forwarding the other nodes'), or kept where j is the gateway
+        own = sum(got[i][j] for i in range(ep) if node_of[i] == node_of[j])
+        assert own + (nodes - 1) * T * p == pytest.approx(ep * T * p)
+        if node_of[j] == 0:  # over the NICs into gateway j: one copy a token from each
+            nic_in = sum(got[i][j] for i in range(ep) if node_of[i] != node_of[j])
+            assert nic_in == pytest.approx((nodes - 1) * T * p_node)
+
+
+def ep_run(dispatcher, comm="textbook", **extra):
+    cfg = {
+        "num_gpus": 4,
+        "batch_size": 8,
+        "parallelism": {"mode": "ep", "ep": 4, "dispatcher": dispatcher, **extra},
+        # NVLink 1000 x the NIC: the forwarding's time is the NIC's / 1000
+        "topology": {
+            "kind": "multi_node",
+            "gpus_per_node": 2,
+            "bandwidth": 1e13,
+            "latency": 0.0,
+            "inter_bandwidth": 1e10,
+            "inter_latency": 0.0,
+        },
+        "communication": {"kind": comm},
+        "perfmodel": {"kind": "trace"},
+    }
+    sim = Simulation(cfg, trace=moe_trace(experts=4, top_k=2))
+    return sim, sim.run()
+
+
+def test_dispatch_on_the_timeline_by_hand():
+    """4 experts on 4 GPUs (2 nodes of 2), top-2. The all-to-all sends each GPU's T tokens
+    x 2 / 4 to each other GPU: T x b over its NIC (2 peers off its node), T x b / 1e10 s.
+    DeepEP sends one copy per token to the other node where a token hits it (2 of its 4
+    experts: 1 - C(2,2)/C(4,2) = 5/6), over the NIC to one gateway: 5/6 of the time, plus
+    the forwarding over NVLink (1/1000 of the NIC's time per byte) running beside it."""
+    nic = T * TB / 1e10
+    for dispatcher, want in (("alltoall", nic), ("deepep", 5 / 6 * nic)):
+        _, r = ep_run(dispatcher)
+        tl = r.timeline
+        rows = tl[(tl["name"] == "all_to_all") & (tl["gpu"] == 0)]
+        assert len(rows) == 4
+        assert (rows["end"] - rows["start"]).to_numpy() == pytest.approx([want] * 4, rel=2e-3)
+    # the rest of the iteration is the same: the difference is the four all-to-alls'
+    _, a = ep_run("alltoall")
+    _, d = ep_run("deepep")
+    assert a.iteration_time - d.iteration_time == pytest.approx(4 * nic / 6, rel=2e-3)
+    assert a.iteration_time > sum(TIMES.values())
+    # with NCCL's model too: DeepEP's streams are not held to NCCL's per-pair rate (there
+    # the gateway pairs, carrying a node's copies, would take longer than the all-to-all)
+    a2a = {}
+    for dispatcher in ("alltoall", "deepep"):
+        _, r = ep_run(dispatcher, comm="nccl")
+        tl = r.timeline
+        rows = tl[(tl["name"] == "all_to_all") & (tl["gpu"] == 0)]
+        a2a[dispatcher] = (rows["end"] - rows["start"]).sum()
+    assert a2a["deepep"] < 0.9 * a2a["alltoall"]
+
+
+def test_fp8_dispatch_sends_a_byte_and_a_scale_per_128_values():
+    """hidden 1024 in float8: 1024 bytes + 8 float32 scales = 1056 a token, the forward
+    dispatch only; the combine and the gradients in bfloat16 (2048)."""
+    sim, _ = ep_run("alltoall", dispatch_dtype="float8")
+    ex = sim.extrapolator.experts
+    assert ex.a2a_sizes("dispatch")[0][1] == pytest.approx(T * 2 / 4 * 1056)
+    for kind in ("combine", "combine-grad", "dispatch-grad"):
+        assert ex.a2a_sizes(kind)[0][1] == pytest.approx(T * 2 / 4 * 2048)
+
+
+@pytest.mark.parametrize(
+    "extra, field",
+    [
+        ({"router_groups": 2}, "parallelism.router_groups"),  # alltoall: unused, refused
+        ({"dispatcher": "deepep", "router_groups": 3}, "parallelism.router_groups"),
+        ({"dispatcher": "deepep", "router_groups": 4, "router_group_topk": 1},
+         "parallelism.router_group_topk"),  # 1 group of 1 expert, top-2
+        ({"dispatcher": "deepep", "router_groups": 2, "router_group_topk": 3},
+         "parallelism.router_group_topk"),
+    ],
+)  # fmt: skip
+def test_bad_routing_fields_name_their_field(extra, field):
+    par = {"dispatcher": "alltoall", **extra}
+    with pytest.raises(ConfigError) as e:
+        ep_run(par.pop("dispatcher"), **par)
+    assert e.value.field == field
+
+
+def test_an_ep_group_spread_unevenly_over_nodes_is_refused():
+    """8 GPUs on 2 nodes of 4, EP groups of 4 placed by `order` as GPUs 0, 1, 2, 4 and 3,
+    5, 6, 7: 3 and 1 on a node, and DeepEP's gateway (the GPU at the sender's position in
+    the other node) is missing. Refused, naming the field."""
+    cfg = {
+        "num_gpus": 8,
+        "batch_size": 16,
+        "parallelism": {
+            "mode": "mesh",
+            "dp_replicate": 8,
+            "ep": 4,
+            "dispatcher": "deepep",
+            "order": [0, 1, 2, 4, 3, 5, 6, 7],
+        },
+        "topology": {"kind": "multi_node", "gpus_per_node": 4, "bandwidth": 1e12},
+        "communication": {"kind": "textbook"},
+        "perfmodel": {"kind": "trace"},
+    }
+    with pytest.raises(ConfigError, match="unevenly") as e:
+        Simulation(cfg, trace=moe_trace(experts=4, top_k=2))
+    assert e.value.field == "parallelism.dispatcher"
+    cfg["parallelism"]["order"] = [0, 4, 1, 5, 2, 3, 6, 7]  # even, but not alike
+    with pytest.raises(ConfigError, match="alike") as e:
+        Simulation(cfg, trace=moe_trace(experts=4, top_k=2))
+    cfg["parallelism"]["order"] = [0, 1, 4, 5, 2, 3, 6, 7]  # two a node, alike: runs
+    Simulation(cfg, trace=moe_trace(experts=4, top_k=2)).run()
+
+
+def test_nccl_runs_deepep_streams_uncapped():
+    """NCCL's uneven all-to-all caps each pair at the even all-to-all's per-pair rate (its
+    p2p channels); DeepEP's kernels are not NCCL's: no cap, the network shares the links."""
+    from triosim.config.loading import from_dict
+    from triosim.studies.calibration import system
+
+    cfg = from_dict(
+        {
+            "num_gpus": 16,
+            "communication": {"kind": "nccl"},
+            "topology": {"kind": "multi_node", "gpus_per_node": 8},
+            "trace": str(ROOT / "traces/modelled/h100-sxm/deepseek-v3-s4096-b1.trace.json.gz"),
+        }
+    )
+    _, _, comm, group = system(cfg)
+    sizes = tuple(tuple(1e6 * (i != j) for j in range(16)) for i in range(16))
+    capped = comm.plan_uneven(tuple(group), sizes)
+    free = comm.plan_uneven(tuple(group), sizes, "deepep")
+    assert all(math.isfinite(s[3]) for s in capped.streams)
+    assert all(math.isinf(s[3]) for s in free.streams)
+    assert [s[:3] for s in free.streams] == [s[:3] for s in capped.streams]
+    with pytest.raises(ConfigError):
+        comm.plan_uneven(tuple(group), sizes, "ring")
+
+
+def test_simulated_kernels_near_deepeps_published_bandwidth():
+    """DeepEP's own measurement at EP 64 (H800, 8 nodes; benchmarks/deepep_dispatch.py has
+    the source): FP8 dispatch 51 GB/s, BF16 combine 50 GB/s of its logical RDMA bytes. The
+    simulation runs every link at its rated bandwidth, so it may be faster than the real
+    kernels, but not by more than a quarter, and never slower."""
+    from benchmarks.deepep_dispatch import simulate
+
+    for name, sim, published in simulate(64):
+        assert 0.75 * published < sim <= published, name
