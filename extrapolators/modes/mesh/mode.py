@@ -101,7 +101,7 @@ class MeshMode(Extrapolator):
         self.v = o.virtual_stages
         order_of = schedule(o.schedule)
         M = o.microbatches
-        self.orders = [order_of(p, mesh.pp, M, self.v) for p in range(mesh.pp)]
+        self.orders = self._orders(order_of, M, o.accumulation)
         if self.batch is not None and M > 1 and M * mesh.dp > self.batch:
             raise ConfigError(
                 "parallelism.microbatches",
@@ -181,6 +181,41 @@ class MeshMode(Extrapolator):
         self.builder = MeshStreams(self)  # its stage templates, built once
 
     # -- the plan's parts -----------------------------------------------------------------
+    def _orders(self, order_of, M: int, K: int) -> list:
+        """Each stage's steps: the schedule over M micro-batches, or with accumulation K
+        the schedule over M / K of them K times (micro-batches numbered on: m + k M / K)."""
+        pp = self.mesh.pp
+        self.flush_size = M // K  # micro-batches a schedule runs
+        if K == 1:
+            return [order_of(p, pp, M, self.v) for p in range(pp)]
+        if pp == 1:
+            raise ConfigError(
+                "parallelism.accumulation",
+                K,
+                f"1 with pp 1 (gradient accumulation there is microbatches: {M})",
+            )
+        if M % K:
+            raise ConfigError(
+                "parallelism.accumulation",
+                K,
+                f"a divisor of microbatches ({M}): each of the K pipeline schedules runs "
+                f"microbatches / K of them",
+            )
+        per = M // K
+        out = []
+        for p in range(pp):
+            try:
+                one = order_of(p, pp, per, self.v)
+            except ConfigError as e:  # the schedule's rule on what one schedule runs
+                raise ConfigError(
+                    "parallelism.accumulation",
+                    K,
+                    f"one leaving each schedule microbatches / accumulation = {per} "
+                    f"micro-batches, and {e.field} must be {e.allowed}",
+                ) from None
+            out.append([(kind, m + k * per, j) for k in range(K) for kind, m, j in one])
+        return out
+
     def _tp_plan(self, group0):
         """The TP plan on the first TP group: Megatron's (tensor_parallel.py), with experts
         on the mesh the dense layers' only (moe_tp.py: the router whole, the routed

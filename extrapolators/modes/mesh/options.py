@@ -98,6 +98,14 @@ class MeshOptions(LoadOptions):
         help="micro-batches each data-parallel replica's batch is split into: the pipeline's "
         "(pp > 1) or gradient accumulation steps (pp 1)",
     )
+    accumulation: int = option(
+        1,
+        ge=1,
+        help="pp > 1: the pipeline schedules an iteration runs, each over microbatches / "
+        "accumulation of them (torchtitan's and NeMo Automodel's gradient accumulation "
+        "around the pipeline: each schedule fills and drains, the parameters are gathered "
+        "again, the gradients reduced after the last); 1: one schedule (Megatron's)",
+    )
     schedule: str = option(
         "1f1b", help="pipeline schedule: gpipe, 1f1b, interleaved (or one registered)"
     )

@@ -155,6 +155,9 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
 
     order = mode.orders[p]
     last_b = {j: k for k, (kind, _, j) in enumerate(order) if kind == "B"}
+    # with accumulation, each schedule's last backward of a chunk reshards its units
+    per = mode.flush_size
+    flush_b = {(m // per, j): k for k, (kind, m, j) in enumerate(order) if kind == "B"}
     buckets_at: dict = {}
     param_at = mode.gather_before[p]
     for k, (pos, _, _) in enumerate(mode.buckets.get(p, ())):
@@ -207,7 +210,7 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
         if shard is not None:  # what this step leaves gathered
             if kind == "F":
                 resident -= {(c, u) for ph, u in here if ph == "forward" and shard.reshards(u)}
-            elif S == 1 or final:
+            elif S == 1 or final or flush_b[m // per, j] == step:
                 resident -= {(c, u) for _, u in here}
         other((SIGNAL, f"{kind}{m}.{c}"))
     for k in range(len(mode.buckets.get(p, ()))):  # gradients no backward operator made
