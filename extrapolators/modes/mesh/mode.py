@@ -125,6 +125,13 @@ class MeshMode(Extrapolator):
             tokens = self.op_micro / mesh.tp if mesh.tp > 1 else self.op_micro
             self.experts = ExpertPlan(self, mesh, o, tokens)
         check_load_fields(o, self.experts is not None)
+        if o.ep_comm_overlap and (self.experts is None or self.experts.ep == 1 or mesh.pp == 1):
+            raise ConfigError(
+                "parallelism.ep_comm_overlap",
+                True,
+                "false without EP all-to-alls in a pipeline (it pairs a forward and a backward "
+                "step of the 1F1B steady state: ep > 1 with an MoE trace, and pp > 1)",
+            )
         if self.experts is not None:
             if self.fsdp and mesh.dp_replicate > 1:
                 raise ConfigError(

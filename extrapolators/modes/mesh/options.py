@@ -123,6 +123,13 @@ class MeshOptions(LoadOptions):
         "all-gather or reduce-scatter beside a linear layer runs while that layer's product "
         "runs (the product pipelined in chunks with it); false: each before or after it",
     )
+    ep_comm_overlap: bool = option(
+        False,
+        help="Megatron's overlap_moe_expert_parallel_comm (combined 1F1B; DualPipe's overlap "
+        "in effect): in the pipeline's steady state each forward step runs together with "
+        "the backward step after it, layer by layer, each one's EP all-to-alls on an 'ep' "
+        "stream beside the other's compute (pp > 1, experts on the mesh)",
+    )
     cp_comm: Literal["p2p", "a2a"] = option(
         "p2p", help="p2p: ring attention; a2a: all-to-all of the heads (Ulysses)"
     )

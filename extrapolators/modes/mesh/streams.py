@@ -42,6 +42,8 @@ from extrapolators.modes.mesh.template import (
     ATTN,
     COLL,
     ENTER,
+    EPSTART,
+    EPWAIT,
     ETP,
     GRADS,
     RECV,
@@ -109,7 +111,18 @@ class MeshStreams:
                 out[(g, "cp")] = self.cp_sends(x)
             if mode.options.tp_comm_overlap and mesh.tp > 1:  # (the template: lazily)
                 out[(g, "tp")] = self.tp_side(x)
+            if mode.options.ep_comm_overlap:
+                out[(g, "ep")] = self.ep_side(x)
         return out
+
+    def ep_side(self, x):
+        """ep_comm_overlap: the paired steps' all-to-alls (template.ep_side), each when the
+        compute stream starts it; the compute stream waits for its end where it needs it."""
+        g = self.layout.at[x]
+        for i, item in enumerate(self.template_of(x).ep_side):
+            yield Wait(f"{g}:eps{i}")
+            yield self._tokens(x, item)
+            yield Signal(f"{g}:epd{i}")
 
     def tp_side(self, x):
         """tp_comm_overlap: the TP collectives beside their operators (template.side), each
@@ -172,6 +185,10 @@ class MeshStreams:
                 yield Signal(f"{gk}tps{item[1]}")
             elif tag == TPWAIT:
                 yield Wait(f"{gk}tpd{item[1]}")
+            elif tag == EPSTART:
+                yield Signal(f"{gk}eps{item[1]}")
+            elif tag == EPWAIT:
+                yield Wait(f"{gk}epd{item[1]}")
             else:
                 yield Wait(gk + item[1])
         slot[0] -= 1

@@ -40,6 +40,7 @@ from extrapolators.execution.tasks import ComputeRun
 from triosim.trace.precision import MATMULS
 
 COLL, RECV, SIGNAL, WAIT, ATTN, ENTER, GRADS, A2A, ETP, TPSTART, TPWAIT = range(11)
+EPSTART, EPWAIT = 11, 12
 
 
 @dataclass
@@ -51,6 +52,9 @@ class Template:
     # stream, in this order: (collective template, key suffix, recomputed); TPSTART i and
     # TPWAIT i in the items start the i-th and wait for its end
     side: list = field(default_factory=list)
+    # ep_comm_overlap: the all-to-alls of paired steps on the GPU's "ep" stream, in this
+    # order (A2A items); EPSTART i / EPWAIT i start the i-th and wait for its end
+    ep_side: list = field(default_factory=list)
 
 
 def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
@@ -165,7 +169,10 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
     fired: set = set()
     resident: set = set()
     entered: list = []  # (chunk, unit) entered in a forward step, in order
+    steps = []  # each step's items
     for step, (kind, m, j) in enumerate(order):
+        items = []
+        steps.append(items)
         c = j * S + p
         if kind == "F":
             if c > 0:
@@ -213,6 +220,13 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
             elif S == 1 or final or flush_b[m // per, j] == step:
                 resident -= {(c, u) for _, u in here}
         other((SIGNAL, f"{kind}{m}.{c}"))
+    items = out.items
+    if o.ep_comm_overlap:
+        for merged in paired(steps, order, out):
+            items.extend(merged)
+    else:
+        for one in steps:
+            items.extend(one)
     for k in range(len(mode.buckets.get(p, ()))):  # gradients no backward operator made
         if k not in fired:
             other((SIGNAL, f"bucket{k}"))
@@ -238,3 +252,66 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
     if run:
         items.append(ComputeRun(run))
     return out
+
+
+def paired(steps: list, order: list, out: Template):
+    """ep_comm_overlap (Megatron's combined 1F1B): in the 1F1B steady state each backward
+    step runs together with the forward step after it (Megatron adds a warm-up forward so
+    that the two do not wait on each other across stages): both steps' receives first,
+    then their items cut at their all-to-alls into segments, alternating (backward's k-th,
+    forward's k-th, ...), each all-to-all started on the "ep" stream after the segment
+    before it and waited for before the segment after it: one step's all-to-all runs
+    beside the other's compute. Other steps as they are. Yields each (merged) step's items;
+    renumbers `out.side` (TP overlap) in the new order of its starts."""
+    k, merged = 0, []
+    while k < len(steps):
+        if order[k][0] == "B" and k + 1 < len(steps) and order[k + 1][0] == "F":
+            merged.append(_interleave(steps[k], steps[k + 1], out))
+            k += 2
+            continue
+        merged.append(steps[k])
+        k += 1
+    if out.side:  # the TP stream runs its collectives in the order the compute starts them
+        new, where = [], {}
+        for items in merged:
+            for i, item in enumerate(items):
+                if type(item) is tuple and item[0] == TPSTART:
+                    where[item[1]] = len(new)
+                    new.append(out.side[item[1]])
+                    items[i] = (TPSTART, where[item[1]])
+                elif type(item) is tuple and item[0] == TPWAIT:
+                    items[i] = (TPWAIT, where[item[1]])
+        out.side[:] = new
+    yield from merged
+
+
+def _segments(items: list) -> tuple[list, list, list]:
+    """(its receives, the segments between all-to-alls, the all-to-alls) of a step."""
+    recv = [x for x in items if type(x) is tuple and x[0] == RECV]
+    segs, a2a = [[]], []
+    for item in items:
+        if type(item) is tuple and item[0] == A2A:
+            a2a.append(item)
+            segs.append([])
+        elif not (type(item) is tuple and item[0] == RECV):
+            segs[-1].append(item)
+    return recv, segs, a2a
+
+
+def _interleave(first: list, second: list, out: Template) -> list:
+    parts = [_segments(first), _segments(second)]
+    items = [x for recv, _, _ in parts for x in recv]
+    started = [None, None]  # each step's all-to-all in flight (its index in ep_side)
+    for k in range(max(len(parts[0][1]), len(parts[1][1]))):
+        for s, (_, segs, a2a) in enumerate(parts):
+            if k >= len(segs):
+                continue
+            if started[s] is not None:
+                items.append((EPWAIT, started[s]))
+                started[s] = None
+            items.extend(segs[k])
+            if k < len(a2a):
+                started[s] = len(out.ep_side)
+                out.ep_side.append(a2a[k])
+                items.append((EPSTART, started[s]))
+    return items

@@ -1,0 +1,117 @@
+"""EP all-to-all overlap (`parallelism.ep_comm_overlap`, Megatron's combined 1F1B): a
+steady-state backward step runs with the forward step after it, each one's all-to-alls on
+the GPU's "ep" stream beside the other's compute (extrapolators/modes/mesh/template.py,
+`paired`). Checked: the merged order by hand, dependencies kept on the timeline, the same
+work and bytes as without it, and the refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from extrapolators.modes.mesh.template import (
+    A2A,
+    EPSTART,
+    EPWAIT,
+    RECV,
+    SIGNAL,
+    Template,
+    paired,
+)
+from tests.test_expert_parallel import moe_trace
+from triosim import Simulation
+from triosim.common.errors import ConfigError
+
+
+def test_a_backward_and_the_next_forward_interleave_by_hand():
+    """B: recv, X1, a2a b1, X2, a2a b2, X3, signal; F: recv, Y1, a2a f1, Y2, signal. Both
+    receives first; then X1, start b1, Y1, start f1, wait b1, X2, start b2, wait f1, Y2,
+    F's signal, wait b2, X3, B's signal; the ep stream runs b1, f1, b2. A lone forward (a
+    warm-up) stays as it is."""
+    rb, rf = (RECV, 1, "grad", "backward"), (RECV, 0, "act", "forward")
+    b1, b2, f1 = (A2A, "l1", "combine-grad"), (A2A, "l0", "dispatch-grad"), (A2A, "l0", "x")
+    sb, sf = (SIGNAL, "B0.0"), (SIGNAL, "F2.0")
+    warm = ["W"]
+    steps = [warm, [rb, "X1", b1, "X2", b2, "X3", sb], [rf, "Y1", f1, "Y2", sf]]
+    order = [("F", 1, 0), ("B", 0, 0), ("F", 2, 0)]
+    out = Template()
+    got = list(paired(steps, order, out))
+    assert got[0] == warm
+    assert got[1] == [
+        rb, rf, "X1", (EPSTART, 0), "Y1", (EPSTART, 1), (EPWAIT, 0), "X2", (EPSTART, 2),
+        (EPWAIT, 1), "Y2", sf, (EPWAIT, 2), "X3", sb,
+    ]  # fmt: skip
+    assert out.ep_side == [b1, f1, b2]
+
+
+def run(overlap: bool, S=2, v=2, M=4):
+    cfg = {
+        "num_gpus": 2 * S,
+        "batch_size": 4 * M,
+        "parallelism": {
+            "mode": "mesh", "pp": S, "dp_replicate": 2, "ep": 2, "microbatches": M,
+            "schedule": "interleaved", "virtual_stages": v, "ep_comm_overlap": overlap,
+        },
+        "topology": {"kind": "fully_connected", "bandwidth": 1e9, "latency": 1e-6},
+        "communication": {"kind": "textbook"},
+        "perfmodel": {"kind": "trace"},
+    }  # fmt: skip
+    return Simulation(cfg, trace=moe_trace(layers=2 * S * v, experts=2)).run()
+
+
+def test_the_experts_still_wait_for_their_tokens_and_the_work_is_the_same():
+    """On the timeline: each expert operator starts after the all-to-all that brings its
+    micro-batch's tokens (the dispatch forward, the combine's gradient backward) has ended
+    and before the one after it starts; some all-to-all on the ep stream runs beside a
+    compute task of the same GPU (the overlap). The same operators, all-to-alls and bytes
+    as without the overlap, and here a shorter iteration (the all-to-alls take as long as
+    the experts)."""
+    r, base = run(True), run(False)
+    tl = r.timeline
+    for g in range(4):
+        mine = tl[tl["gpu"] == g]
+        a2a = mine[mine["name"] == "all_to_all"]
+        assert set(a2a["stream"]) == {"ep", "compute"}  # paired steps' and lone steps'
+        experts = mine[(mine["kind"] == "compute") & mine["layer"].str.endswith("experts")]
+        for _, op in experts.iterrows():
+            m, layer = int(op["microbatch"]), op["layer"]
+            before = "dispatch" if op["phase"] == "forward" else "combine-grad"
+            after = "combine" if op["phase"] == "forward" else "dispatch-grad"
+            own = a2a[a2a["key"].str.contains(f":m{m}:{layer}:", regex=False)]
+            first = own[own["key"].str.endswith(f":{before}")]
+            then = own[own["key"].str.endswith(f":{after}")]
+            assert len(first) == 1 and len(then) == 1
+            assert first["end"].iloc[0] <= op["start"] + 1e-12
+            assert then["start"].iloc[0] >= op["end"] - 1e-12
+        compute = mine[mine["kind"] == "compute"]
+        side = a2a[a2a["stream"] == "ep"]
+        assert any(
+            ((compute["start"] < e) & (compute["end"] > s)).any()
+            for s, e in zip(side["start"], side["end"], strict=True)
+        )
+    key = ["gpu", "name", "layer", "phase", "microbatch"]
+    work = tl[tl["kind"] == "compute"][key].sort_values(key).reset_index(drop=True)
+    base_work = base.timeline[base.timeline["kind"] == "compute"][key]
+    assert work.equals(base_work.sort_values(key).reset_index(drop=True))
+    assert (tl["name"] == "all_to_all").sum() == (base.timeline["name"] == "all_to_all").sum()
+    assert r.per_link()["nbytes"].sum() == pytest.approx(base.per_link()["nbytes"].sum())
+    assert r.iteration_time < base.iteration_time
+
+
+@pytest.mark.parametrize(
+    "par",
+    [
+        {"pp": 1, "dp_replicate": 4, "ep": 2, "microbatches": 2},  # no pipeline
+        {"pp": 2, "dp_replicate": 2, "ep": 1, "microbatches": 2},  # no all-to-all
+    ],
+)
+def test_overlap_without_paired_all_to_alls_is_refused(par):
+    cfg = {
+        "num_gpus": 4,
+        "batch_size": 2 * 2 * par["dp_replicate"],  # the traced 2 a micro-batch
+        "parallelism": {"mode": "mesh", "ep_comm_overlap": True, **par},
+        "perfmodel": {"kind": "trace"},
+        "topology": {"kind": "fully_connected", "bandwidth": 1e9},
+    }
+    with pytest.raises(ConfigError) as e:
+        Simulation(cfg, trace=moe_trace(layers=4, experts=2))
+    assert e.value.field == "parallelism.ep_comm_overlap"
