@@ -26,9 +26,10 @@ data, each with its source (numbers only; nothing else is copied):
 - NeMo 24.03 long-sequence table (docs/source/performance/performance_long_sequence.md):
   Llama 2 7B FP8, 131,072 tokens, 128 H100s, TP 4, CP 4, DP 8: 555 TFLOPS/GPU (here the
   Llama 3 8B 128K trace, the closest shipped model; TFLOPS by Megatron's formula).
-- DeepSeek-V3 Technical Report (arXiv 2412.19437, section 1): 180K H800 GPU hours per
-  trillion tokens = 1,543 tokens/s/GPU on 2,048 H800s (FP8, DualPipe, PP 16, EP 64); here
-  1,024 GPUs (expert-DP 1), 1F1B over 32 micro-batches, NVLink 200 GB/s per direction.
+- DeepSeek-V3 Technical Report (arXiv 2412.19437, sections 1, 3.2 and 4.2): 180K H800 GPU
+  hours per trillion tokens = 1,543 tokens/s/GPU on 2,048 H800s (FP8, DualPipe, PP 16, EP
+  64, batch 15,360 sequences of 4,096); here 1,024 GPUs (expert-DP 1), 1F1B over the same
+  120 micro-batches a pipeline, NVLink 200 GB/s per direction.
 
 Settings every Megatron row takes (NeMo's and Megatron-Bridge's recipes): the distributed
 optimizer with overlapped gradient reduce-scatters and parameter all-gathers, sequence
@@ -36,8 +37,24 @@ parallelism and TP communication overlap (TransformerEngine's userbuffers:
 `tp_comm_overlap`) with TP > 1, bfloat16 weights with gradients reduced in float32 (`precision`),
 FP8 products where the row says FP8 (`precision.matmul: float8`: TransformerEngine's
 recipe, modelled at the float8 peak's share; no FP8 kernel measured here). Megatron-FSDP
-and FSDP2 rows shard with FSDP (`dp_shard`). No row recomputes activations (the tables do
-not say; where a prediction does not fit in 80 GB, the real run must have).
+and FSDP2 rows shard with FSDP (`dp_shard`). The dense rows recompute nothing (the tables
+do not say; where a prediction does not fit in 80 GB, the real run must have).
+
+The MoE rows take what their recipes say (read in the frameworks' public sources):
+- NeMo Automodel's DeepSeek-V3 (examples/benchmark/configs/deepseek_v3_te_deepep*.yaml,
+  2025-10): DeepEP (`dispatcher: deepep`), balanced routing (`fake_balanced_gate`: uniform
+  loads), every block recomputed (`activation_checkpointing: true`: `recompute: full`),
+  FSDP units kept gathered from forward to backward (`reshard_after_forward: false`), and
+  gradient accumulation as whole pipeline schedules (the recipe calls the pipeline's
+  schedule once per accumulation step: `accumulation: 4` of 8 micro-batches at 1,024 GPUs).
+- Megatron-Bridge's DeepSeek-V3 on H100 (scripts/performance/run_script.py, v0.1.0rc4,
+  2025-10): DeepEP, forced load balancing, `overlap_moe_expert_parallel_comm`
+  (`ep_comm_overlap`). Not expressible here: its recomputation of `mla_up_proj` and `mlp`,
+  its hand-placed layers (`Et|(tt|)*30mL`), `delay_wgrad_compute`.
+- DeepSeek-V3's report: node-limited routing through NVLink forwarding (DeepEP) with FP8
+  dispatch (`dispatch_dtype: float8`), 15,360 sequences over 128 data-parallel replicas:
+  120 micro-batches a pipeline (here 7,680 over 64). DualPipe is not modelled: 1F1B.
+- Group-limited routing (8 groups, 4 per token) comes with the shipped DeepSeek-V3 trace.
 
 The system: DGX-H100 (8 H100 SXM per node, NVLink 450 GB/s per GPU and direction, one 400
 Gb/s NIC per GPU), multi_node topology; the H800 rows NVLink 200 GB/s.
@@ -60,6 +77,8 @@ TRACES = ROOT / "traces" / "modelled" / "h100-sxm"
 MEGATRON = {"distributed_optimizer": True, "overlap_param_gather": True, "dp_overlap": True}
 BF16 = {"params": "bfloat16", "reduce": "float32"}
 FP8 = {**BF16, "matmul": "float8"}
+# NeMo Automodel's DeepSeek-V3 recipes (module docstring)
+AUTOMODEL = {"dispatcher": "deepep", "recompute": "full", "reshard_after_forward": "never"}
 
 RUNS = [
     # name, trace, GPUs, global batch (sequences), tokens per sequence, mesh fields,
@@ -88,15 +107,16 @@ RUNS = [
     ("MBridge 25.09 DeepSeek-V3, 1,024 GPUs, TP 2 PP 8 VP 4 EP 64 (FP8)",
      "deepseek-v3-s4096-b1", 1024, 8192, 4096,
      {"tp": 2, "pp": 8, "virtual_stages": 4, "schedule": "interleaved", "ep": 64,
-      "microbatches": 128, "sequence_parallel": True, **MEGATRON},
+      "microbatches": 128, "sequence_parallel": True, "dispatcher": "deepep",
+      "ep_comm_overlap": True, **MEGATRON},
      FP8, (1297, "tokens"), "Megatron-Bridge 25.09", 450e9),
     ("Automodel DeepSeek-V3, 1,024 GPUs, PP 4 VP 8 EP 64 FSDP (BF16)", "deepseek-v3-s4096-b1",
      1024, 8192, 4096, {"pp": 4, "virtual_stages": 8, "schedule": "interleaved", "ep": 64,
-                        "dp_shard": 256, "microbatches": 32},
+                        "dp_shard": 256, "microbatches": 32, "accumulation": 4, **AUTOMODEL},
      BF16, (865, "tokens"), "NeMo Automodel", 450e9),
     ("Automodel DeepSeek-V3, 256 GPUs, PP 4 VP 8 EP 64 FSDP (BF16)", "deepseek-v3-s4096-b1",
      256, 512, 4096, {"pp": 4, "virtual_stages": 8, "schedule": "interleaved", "ep": 64,
-                      "dp_shard": 64, "microbatches": 8},
+                      "dp_shard": 64, "microbatches": 8, **AUTOMODEL},
      BF16, (1002, "tokens"), "NeMo Automodel", 450e9),
     ("MCore 0.9 Mixtral 8x7B, 64 GPUs, EP 8 PP 4 VP 8 (BF16)", "mixtral-8x7b-s4096-b1", 64,
      256, 4096, {"ep": 8, "pp": 4, "virtual_stages": 8, "schedule": "interleaved",
@@ -108,8 +128,9 @@ RUNS = [
       "overlap_param_gather": False},
      FP8, (555, "megatron_tflops"), "NeMo 24.03 long sequence", 450e9),
     ("DeepSeek-V3 report, 2,048 H800 (here 1,024), PP 16 EP 64 (FP8, DualPipe)",
-     "deepseek-v3-s4096-b1", 1024, 2048, 4096,
-     {"pp": 16, "ep": 64, "microbatches": 32, "distributed_optimizer": True},
+     "deepseek-v3-s4096-b1", 1024, 7680, 4096,
+     {"pp": 16, "ep": 64, "microbatches": 120, "distributed_optimizer": True,
+      "dispatcher": "deepep", "dispatch_dtype": "float8"},
      FP8, (1e12 / (180e3 * 3600), "tokens"), "DeepSeek-V3 report", 200e9),
 ]  # fmt: skip
 
