@@ -72,27 +72,16 @@ class Meetings:
             del self.open[task.key]
             done.succeed()
             return
-        if task.sizes is not None:  # an all-to-all of uneven sizes: each copy's on its own
-            if images:
-                twins = self._start_images(task, images)
-            yield from self.comm.run(
-                task.op,
-                task.group,
-                task.nbytes,
-                tag=task.key,
-                algorithm=task.algorithm,
-                sizes=task.sizes,
-            )
-            self._count(task)
-            if twins is not None:
-                twins.rep_done(self.env.now)
-            del self.open[task.key]
-            done.succeed()
-            return
         if images:  # the same collective in every copy, started at the same instant
             twins = self._start_images(task, images)
-        yield from self.comm.run(
-            task.op, task.group, task.nbytes, tag=task.key, root=task.root, algorithm=task.algorithm
+        yield from self.comm.run(  # (an all-to-all of uneven sizes: each copy's on its own)
+            task.op,
+            task.group,
+            task.nbytes,
+            tag=task.key,
+            root=task.root,
+            algorithm=task.algorithm,
+            sizes=task.sizes,
         )
         self._count(task)
         if twins is not None:
@@ -160,21 +149,15 @@ class Meetings:
 
     def _image_collective(self, task: Collective, group, k: int, twins):
         """Copy k's image of a representatives' collective (its tag: the same key)."""
-        if task.sizes is not None:  # the sizes are per position in the group: the same
-            yield from self.comm.run(
-                task.op,
-                group,
-                task.nbytes,
-                tag=task.key,
-                algorithm=task.algorithm,
-                sizes=task.sizes,
-            )
-            self._count(task)
-            twins.image_done(self.env.now)
-            return
         root = None if task.root is None else self.symmetry.image(task.root, k)
-        yield from self.comm.run(
-            task.op, group, task.nbytes, tag=task.key, root=root, algorithm=task.algorithm
+        yield from self.comm.run(  # (uneven sizes are per position in the group: the same)
+            task.op,
+            group,
+            task.nbytes,
+            tag=task.key,
+            root=root,
+            algorithm=task.algorithm,
+            sizes=task.sizes,
         )
         self._count(task)
         twins.image_done(self.env.now)
