@@ -35,6 +35,7 @@ LARGE = {
     "titan_llama405b_4d.yaml",
     "megatron_mixtral.yaml",
     "megatron_deepseek_v3.yaml",
+    "automodel_deepseek_v3.yaml",  # 256 GPUs: 12 s
     "mixtral_ep.yaml",  # 64 GPUs' outputs (435,840 timeline rows): 17 s; its run is
     # fingerprinted by benchmarks/same_results.py, as are the two Llama 3 8B examples':
     "llama8b_tp.yaml",  # 11 s with its outputs
