@@ -228,3 +228,41 @@ def test_fp8_on_a_gpu_without_fp8_units_is_refused():
            "precision": {"matmul": "float8"}}  # fmt: skip
     with pytest.raises(ConfigError, match="precision.matmul"):
         Simulation(cfg, trace=fp8_trace()).run()
+
+
+def test_fp8_covers_the_experts_grouped_gemms_by_hand():
+    """An MoE layer's routed experts (a batched product over their stacked weights, as the
+    tracer records a grouped GEMM) run in FP8 like the linears (TransformerEngine's
+    GroupedLinear): 2 GPUs, EP 2, top-1, the traced batch on each; the experts' forward
+    (4 ms) and backward (8 ms) at 989.4 / 1978.9 of that, plus the cast-transpose of the
+    routed tokens (forward) and of their gradient (backward): 2 x T x hidden x 2 bytes at
+    3.35 TB/s each."""
+    from tests.test_expert_parallel import TB, TIMES, T
+
+    ratio = 989.4 / 1978.9
+    cast = 2 * T * TB / 3.35e12
+    took = {}
+    for fp8 in (False, True):
+        r = _ep_run(fp8)
+        tl = r.timeline
+        ex = tl[(tl.kind == "compute") & tl.layer.str.endswith("experts") & (tl.gpu == 0)]
+        took[fp8] = {row.phase: row.end - row.start for row in ex.itertuples()}
+    assert took[False] == pytest.approx(
+        {"forward": TIMES["experts"], "backward": TIMES["experts_bwd"]}
+    )
+    assert took[True]["forward"] == pytest.approx(TIMES["experts"] * ratio + cast, rel=1e-12)
+    assert took[True]["backward"] == pytest.approx(TIMES["experts_bwd"] * ratio + cast, rel=1e-12)
+
+
+def _ep_run(fp8: bool):
+    from tests.test_expert_parallel import moe_trace
+
+    cfg = {
+        "num_gpus": 2,
+        "batch_size": 4,
+        "parallelism": {"mode": "ep"},
+        "topology": {"kind": "fully_connected", "bandwidth": 1e10},
+        "perfmodel": {"kind": "trace"},
+        **({"precision": {"matmul": "float8"}} if fp8 else {}),
+    }
+    return Simulation(cfg, trace=moe_trace()).run()

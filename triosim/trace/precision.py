@@ -19,7 +19,9 @@ bfloat16 where used).
 
 - `matmul: float8` is TransformerEngine's FP8 recipe (Megatron-Core's `--fp8-format`,
   torchtitan's Float8Linear): the transformer blocks' linear layers (ops in a numbered layer,
-  `layers.N`; not the output projection, not the attention) run their forward product and
+  `layers.N`, with a weight operand; with a mixture of experts their grouped GEMMs, traced
+  as `aten::bmm` over the experts' stacked weights, as TransformerEngine's GroupedLinear
+  runs them; not the output projection, not the attention) run their forward product and
   both backward products (input and weight gradients) in FP8, each with a cast of its
   operand to FP8 (cast-transpose: 2 bytes read and 2 written per element, at the GPU's
   memory bandwidth): the forward's activation input, the backward's output gradient. The
@@ -41,6 +43,8 @@ from triosim.trace.model import DTYPE_BYTES
 Dtype = Literal["trace", "bfloat16", "float16", "float32"]
 CASTS = ("aten::to", "aten::_to_copy")  # what a weight cast to the compute dtype is traced as
 MATMULS = ("aten::linear", "aten::mm", "aten::matmul", "aten::addmm")  # TE's Linear's products
+# with a weight operand, the routed experts' grouped GEMMs (TE's GroupedLinear): FP8 too
+GROUPED = ("aten::bmm",)
 
 
 def in_numbered_block(layer: str) -> bool:
@@ -90,7 +94,7 @@ class Precision:
                 op.id
                 for op in trace.operators
                 if op.phase == "forward"
-                and op.name in MATMULS
+                and (op.name in MATMULS or op.name in GROUPED)
                 and in_numbered_block(op.layer)
                 and any(not trace.tensors[i].scales_with_batch for i in op.inputs)
             }
