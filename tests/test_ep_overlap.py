@@ -43,12 +43,12 @@ def test_a_backward_and_the_next_forward_interleave_by_hand():
     assert out.ep_side == [b1, f1, b2]
 
 
-def run(overlap: bool, S=2, v=2, M=4):
+def run(overlap: bool, S=2, v=2, M=4, dp="dp_replicate"):
     cfg = {
         "num_gpus": 2 * S,
         "batch_size": 4 * M,
         "parallelism": {
-            "mode": "mesh", "pp": S, "dp_replicate": 2, "ep": 2, "microbatches": M,
+            "mode": "mesh", "pp": S, dp: 2, "ep": 2, "microbatches": M,
             "schedule": "interleaved", "virtual_stages": v, "ep_comm_overlap": overlap,
         },
         "topology": {"kind": "fully_connected", "bandwidth": 1e9, "latency": 1e-6},
@@ -115,3 +115,20 @@ def test_overlap_without_paired_all_to_alls_is_refused(par):
     with pytest.raises(ConfigError) as e:
         Simulation(cfg, trace=moe_trace(layers=4, experts=2))
     assert e.value.field == "parallelism.ep_comm_overlap"
+
+
+def test_with_fsdp_the_gathers_follow_the_merged_order():
+    """FSDP x EP x PP: the gather stream gathers each unit one entry ahead of the compute,
+    in the order the compute enters them; merged steps enter units in a new order, and
+    the gathers follow it (in the old order the run stalled: the compute waited for a
+    unit the gather stream would fetch only after one the compute had not reached). The
+    same operators and all-gathers as without the overlap."""
+    r, base = run(True, dp="dp_shard"), run(False, dp="dp_shard")
+    for res in (r, base):
+        assert (res.timeline["name"] == "all_gather").sum() > 0
+    key = ["gpu", "name", "layer", "phase", "microbatch"]
+    work = r.timeline[r.timeline["kind"] == "compute"][key].sort_values(key)
+    base_work = base.timeline[base.timeline["kind"] == "compute"][key].sort_values(key)
+    assert work.reset_index(drop=True).equals(base_work.reset_index(drop=True))
+    gathers = r.timeline[r.timeline["name"] == "all_gather"]
+    assert len(gathers) == (base.timeline["name"] == "all_gather").sum()

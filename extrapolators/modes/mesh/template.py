@@ -262,7 +262,8 @@ def paired(steps: list, order: list, out: Template):
     forward's k-th, ...), each all-to-all started on the "ep" stream after the segment
     before it and waited for before the segment after it: one step's all-to-all runs
     beside the other's compute. Other steps as they are. Yields each (merged) step's items;
-    renumbers `out.side` (TP overlap) in the new order of its starts."""
+    renumbers `out.side` (TP overlap) in the new order of its starts and orders
+    `out.entries` (FSDP's gathers) as the compute now enters the units."""
     k, merged = 0, []
     while k < len(steps):
         if order[k][0] == "B" and k + 1 < len(steps) and order[k + 1][0] == "F":
@@ -282,6 +283,12 @@ def paired(steps: list, order: list, out: Template):
                 elif type(item) is tuple and item[0] == TPWAIT:
                     items[i] = (TPWAIT, where[item[1]])
         out.side[:] = new
+    if out.entries:  # FSDP's gather stream gathers in the order the compute enters units
+        at = {e[0]: e for e in out.entries}
+        order_in = [
+            it[1] for items in merged for it in items if type(it) is tuple and it[0] == ENTER
+        ]
+        out.entries[:] = [at[key] for key in order_in]
     yield from merged
 
 
