@@ -7,6 +7,8 @@ work and bytes as without it, and the refusals."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from extrapolators.modes.mesh.template import (
     A2A,
@@ -17,6 +19,7 @@ from extrapolators.modes.mesh.template import (
     Template,
     paired,
 )
+from tests.test_ep_tp import trace
 from tests.test_expert_parallel import moe_trace
 from triosim import Simulation
 from triosim.common.errors import ConfigError
@@ -132,3 +135,51 @@ def test_with_fsdp_the_gathers_follow_the_merged_order():
     assert work.reset_index(drop=True).equals(base_work.reset_index(drop=True))
     gathers = r.timeline[r.timeline["name"] == "all_gather"]
     assert len(gathers) == (base.timeline["name"] == "all_gather").sum()
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    tp=st.sampled_from([1, 2]),
+    shard=st.booleans(),
+    schedule=st.sampled_from(["1f1b", "interleaved"]),
+    recompute=st.sampled_from(["none", "full"]),
+    accumulation=st.sampled_from([1, 2]),
+    tp_overlap=st.booleans(),
+)
+def test_random_layouts_finish_with_the_same_work(
+    tp, shard, schedule, recompute, accumulation, tp_overlap
+):
+    """Over random layouts (TP with or without its overlap, FSDP or replicas, 1F1B or
+    interleaved, recomputation, accumulation) the overlap never stalls a run (the runtime
+    raises on work left over) and runs the same operators and collectives."""
+    S, M = 2, 4
+    par = {
+        "mode": "mesh",
+        "pp": S,
+        "tp": tp,
+        ("dp_shard" if shard else "dp_replicate"): 2,
+        "ep": 2,
+        "microbatches": M,
+        "accumulation": accumulation,
+        "schedule": schedule,
+        "virtual_stages": 2 if schedule == "interleaved" else 1,
+        "recompute": recompute,
+        "sequence_parallel": tp > 1,
+        "tp_comm_overlap": tp_overlap and tp > 1,
+    }
+    if schedule == "interleaved" and accumulation > 1:
+        par["microbatches"] = 2 * S * accumulation  # each schedule a multiple of S
+    got = {}
+    for overlap in (False, True):
+        cfg = {
+            "num_gpus": 2 * S * tp,
+            "batch_size": 2 * par["microbatches"],
+            "parallelism": {**par, "ep_comm_overlap": overlap},
+            "topology": {"kind": "fully_connected", "bandwidth": 1e9, "latency": 1e-6},
+            "communication": {"kind": "textbook"},
+            "perfmodel": {"kind": "roofline"},
+        }
+        tl = Simulation(cfg, trace=trace(layers=2 * S * 2, experts=2)).run().timeline
+        key = ["gpu", "kind", "name", "layer", "phase"]
+        got[overlap] = tl[tl["kind"].isin(["compute", "comm"])][key].value_counts().to_dict()
+    assert got[True] == got[False]

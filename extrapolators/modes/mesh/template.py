@@ -222,7 +222,7 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
         other((SIGNAL, f"{kind}{m}.{c}"))
     items = out.items
     if o.ep_comm_overlap:
-        for merged in paired(steps, order, out):
+        for merged in paired(steps, order, out, per):
             items.extend(merged)
     else:
         for one in steps:
@@ -254,19 +254,23 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
     return out
 
 
-def paired(steps: list, order: list, out: Template):
+def paired(steps: list, order: list, out: Template, per: int | None = None):
     """ep_comm_overlap (Megatron's combined 1F1B): in the 1F1B steady state each backward
     step runs together with the forward step after it (Megatron adds a warm-up forward so
     that the two do not wait on each other across stages): both steps' receives first,
     then their items cut at their all-to-alls into segments, alternating (backward's k-th,
     forward's k-th, ...), each all-to-all started on the "ep" stream after the segment
     before it and waited for before the segment after it: one step's all-to-all runs
-    beside the other's compute. Other steps as they are. Yields each (merged) step's items;
+    beside the other's compute. Other steps as they are, and never two of different
+    schedules (accumulation: `per` micro-batches a schedule; the last backward of one and
+    the first forward of the next wait on each other across stages). Yields each step's items;
     renumbers `out.side` (TP overlap) in the new order of its starts and orders
     `out.entries` (FSDP's gathers) as the compute now enters the units."""
     k, merged = 0, []
     while k < len(steps):
-        if order[k][0] == "B" and k + 1 < len(steps) and order[k + 1][0] == "F":
+        nxt = order[k + 1] if k + 1 < len(steps) else None
+        same = nxt is not None and (per is None or order[k][1] // per == nxt[1] // per)
+        if order[k][0] == "B" and same and nxt[0] == "F":
             merged.append(_interleave(steps[k], steps[k + 1], out))
             k += 2
             continue
