@@ -110,7 +110,7 @@ class Meetings:
             tag=task.key,
             roots=roots,
             algorithm=task.algorithm,
-            **({} if task.sizes is None else {"sizes": task.sizes}),
+            sizes=task.sizes,
         )
         for _ in range(len(images) + 1):
             self._count(task)
