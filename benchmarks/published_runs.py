@@ -46,7 +46,9 @@ The MoE rows take what their recipes say (read in the frameworks' public sources
   loads), every block recomputed (`activation_checkpointing: true`: `recompute: full`),
   FSDP units kept gathered from forward to backward (`reshard_after_forward: false`), and
   gradient accumulation as whole pipeline schedules (the recipe calls the pipeline's
-  schedule once per accumulation step: `accumulation: 4` of 8 micro-batches at 1,024 GPUs).
+  schedule once per accumulation step: `accumulation: 4` of 8 micro-batches at 1,024 GPUs),
+  the shared expert on its own stream beside the routed path (`moe/layers.py`:
+  `shared_expert_overlap`).
 - Megatron-Bridge's DeepSeek-V3 on H100 (scripts/performance/run_script.py, v0.1.0rc4,
   2025-10): DeepEP, forced load balancing, `overlap_moe_expert_parallel_comm`
   (`ep_comm_overlap`). Not expressible here: its recomputation of `mla_up_proj` and `mlp`,
@@ -78,7 +80,8 @@ MEGATRON = {"distributed_optimizer": True, "overlap_param_gather": True, "dp_ove
 BF16 = {"params": "bfloat16", "reduce": "float32"}
 FP8 = {**BF16, "matmul": "float8"}
 # NeMo Automodel's DeepSeek-V3 recipes (module docstring)
-AUTOMODEL = {"dispatcher": "deepep", "recompute": "full", "reshard_after_forward": "never"}
+AUTOMODEL = {"dispatcher": "deepep", "recompute": "full", "reshard_after_forward": "never",
+             "shared_expert_overlap": True}
 
 RUNS = [
     # name, trace, GPUs, global batch (sequences), tokens per sequence, mesh fields,

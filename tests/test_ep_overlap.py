@@ -183,3 +183,90 @@ def test_random_layouts_finish_with_the_same_work(
         key = ["gpu", "kind", "name", "layer", "phase"]
         got[overlap] = tl[tl["kind"].isin(["compute", "comm"])][key].value_counts().to_dict()
     assert got[True] == got[False]
+
+
+def shared_run(overlap: bool, **extra):
+    cfg = {
+        "num_gpus": 2,
+        "batch_size": 4,
+        # (gradients reduced after the backward pass: no all-reduce sharing the links)
+        "parallelism": {"mode": "mesh", "dp_replicate": 2, "ep": 2, "dp_overlap": False,
+                        "shared_expert_overlap": overlap, **extra},
+        "topology": {"kind": "fully_connected", "bandwidth": 10e9, "latency": 2e-6},
+        "communication": {"kind": "textbook"},
+        "perfmodel": {"kind": "trace"},
+    }  # fmt: skip
+    return Simulation(cfg, trace=moe_trace(shared=(2e-3, 3e-3))).run()
+
+
+def test_shared_experts_beside_the_dispatch_by_hand():
+    """2 GPUs, EP 2, top-1: each all-to-all sends half a GPU's tokens, a = T x TB / 2 / B + L
+    (0.42 ms). The shared expert (2 ms forward, 3 ms backward) runs while the dispatch (and,
+    backward, the combine's gradient) crosses: each of those all-to-alls leaves the
+    compute stream's path, 2a shorter in all; the combine and the dispatch's gradient stay
+    in line. The same operators either way."""
+    from tests.test_expert_parallel import TB, T
+
+    a = T * TB / 2 / 10e9 + 2e-6
+    base, r = shared_run(False), shared_run(True)
+    assert base.iteration_time - r.iteration_time == pytest.approx(2 * a, rel=1e-9)
+    tl = r.timeline
+    side = tl[(tl["stream"] == "ep") & (tl["name"] == "all_to_all") & (tl["gpu"] == 0)]
+    assert sorted(side["key"].str.rsplit(":", n=1).str[-1]) == ["combine-grad", "dispatch"]
+    shared = tl[(tl["gpu"] == 0) & tl["layer"].str.endswith("shared_experts")]
+    for _, s in side.iterrows():  # each beside the shared expert of its phase
+        phase = "backward" if s["key"].endswith("combine-grad") else "forward"
+        mine = shared[shared["phase"] == phase]
+        assert mine["start"].iloc[0] == pytest.approx(s["start"])
+    key = ["gpu", "name", "layer", "phase"]
+    assert (
+        tl[tl["kind"] == "compute"][key].value_counts().to_dict()
+        == base.timeline[base.timeline["kind"] == "compute"][key].value_counts().to_dict()
+    )
+
+
+@pytest.mark.parametrize(
+    "extra, trace_shared",
+    [({}, False), ({"ep_comm_overlap": True, "pp": 2, "microbatches": 2}, True)],
+)
+def test_shared_overlap_needs_shared_experts_and_not_the_ep_overlap(extra, trace_shared):
+    cfg = {
+        "num_gpus": 4 if extra else 2,
+        "batch_size": 8 if extra else 4,  # the traced 2 a micro-batch
+        "parallelism": {"mode": "mesh", "dp_replicate": 2, "ep": 2,
+                        "shared_expert_overlap": True, **extra},
+        "perfmodel": {"kind": "trace"},
+        "topology": {"kind": "fully_connected", "bandwidth": 1e9},
+    }  # fmt: skip
+    trace = moe_trace(layers=2, shared=(1e-3, 1e-3) if trace_shared else None)
+    with pytest.raises(ConfigError) as e:
+        Simulation(cfg, trace=trace)
+    assert e.value.field == "parallelism.shared_expert_overlap"
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    pp=st.sampled_from([1, 2]),
+    shard=st.booleans(),
+    recompute=st.sampled_from(["none", "full"]),
+    layers=st.sampled_from([2, 4]),
+)
+def test_shared_overlap_on_random_layouts_finishes_with_the_same_work(pp, shard, recompute, layers):
+    got = {}
+    for overlap in (False, True):
+        cfg = {
+            "num_gpus": 2 * pp,
+            "batch_size": 8,
+            "parallelism": {
+                "mode": "mesh", "pp": pp, ("dp_shard" if shard else "dp_replicate"): 2,
+                "ep": 2, "microbatches": 2, "recompute": recompute,
+                "shared_expert_overlap": overlap,
+            },
+            "topology": {"kind": "fully_connected", "bandwidth": 1e9, "latency": 1e-6},
+            "communication": {"kind": "textbook"},
+            "perfmodel": {"kind": "roofline"},
+        }  # fmt: skip
+        tl = Simulation(cfg, trace=moe_trace(layers=layers, shared=(1e-3, 2e-3))).run().timeline
+        key = ["gpu", "kind", "name", "layer", "phase"]
+        got[overlap] = tl[tl["kind"].isin(["compute", "comm"])][key].value_counts().to_dict()
+    assert got[True] == got[False]

@@ -21,10 +21,13 @@ TIMES = dict(router=1e-3, experts=4e-3, experts_bwd=8e-3, router_bwd=2e-3, optim
 DENSE, EXPERT = 8e6, 64e6  # weight bytes: the router (dense), both experts together
 
 
-def moe_trace(layers=1, experts=2, top_k=1, tokens=T, batch=2, capacity=None, dense=DENSE):
+def moe_trace(
+    layers=1, experts=2, top_k=1, tokens=T, batch=2, capacity=None, dense=DENSE, shared=None
+):
     """`layers` MoE layers of two operators each (router, grouped experts), their backward,
     one optimizer operator; times TIMES. The expert operators read the routed tokens (an
-    activation), so they scale with the tokens each GPU gets."""
+    activation), so they scale with the tokens each GPU gets. `shared` (forward, backward
+    seconds): a shared expert after the routed ones, on the layer's input."""
     tensors, ops = {}, []
 
     def add(cat, nbytes, name=None):
@@ -38,10 +41,15 @@ def moe_trace(layers=1, experts=2, top_k=1, tokens=T, batch=2, capacity=None, de
         wr = add("weight", dense / layers, f"layers.{i}.feed_forward.router.weight")
         we = add("weight", EXPERT / layers, f"layers.{i}.feed_forward.experts.w1")
         a, y = add("activation", tokens * TB), add("activation", tokens * TB)
-        for name, layer, ins, outs, t in (
+        parts = [
             ("aten::linear", "router", (x, wr), (a,), TIMES["router"]),
             ("aten::bmm", "experts", (a, we), (y,), TIMES["experts"]),
-        ):
+        ]
+        if shared is not None:
+            ws = add("weight", dense / layers, f"layers.{i}.feed_forward.shared_experts.w")
+            z = add("activation", tokens * TB)
+            parts.append(("aten::linear", "shared_experts", (x, ws), (z,), shared[0]))
+        for name, layer, ins, outs, t in parts:
             ops.append(
                 Operator(
                     len(ops), name, f"layers.{i}.feed_forward.{layer}", "forward", t, ins, outs, 1.0
@@ -54,6 +62,8 @@ def moe_trace(layers=1, experts=2, top_k=1, tokens=T, batch=2, capacity=None, de
         g, ga = add("gradient", tensors[ins[1]].nbytes), add("activation", tokens * TB)
         grads.append(g)
         t = TIMES["experts_bwd" if op.name == "aten::bmm" else "router_bwd"]
+        if op.layer.endswith("shared_experts"):
+            t = shared[1]
         ops.append(
             Operator(
                 len(ops),
@@ -89,6 +99,7 @@ def moe_trace(layers=1, experts=2, top_k=1, tokens=T, batch=2, capacity=None, de
         "capacity": capacity if capacity is not None else tokens * top_k / experts,
         "capacity_factor": None,
         "dispatch_dtype": "bfloat16",
+        "shared_experts": 1 if shared is not None else 0,
     }
     return Trace(ops, tensors, {"batch_size": batch, "gpu": "H100-SXM", "moe": moe}).validate()
 

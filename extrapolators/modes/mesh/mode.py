@@ -125,6 +125,8 @@ class MeshMode(Extrapolator):
             tokens = self.op_micro / mesh.tp if mesh.tp > 1 else self.op_micro
             self.experts = ExpertPlan(self, mesh, o, tokens)
         check_load_fields(o, self.experts is not None)
+        if o.shared_expert_overlap:
+            self._check_shared_overlap(o, mesh)
         if o.ep_comm_overlap and (self.experts is None or self.experts.ep == 1 or mesh.pp == 1):
             raise ConfigError(
                 "parallelism.ep_comm_overlap",
@@ -188,6 +190,24 @@ class MeshMode(Extrapolator):
         self.builder = MeshStreams(self)  # its stage templates, built once
 
     # -- the plan's parts -----------------------------------------------------------------
+    def _check_shared_overlap(self, o, mesh) -> None:
+        ex, field = self.experts, "parallelism.shared_expert_overlap"
+        if ex is None or ex.ep == 1 or not int(ex.moe.get("shared_experts") or 0):
+            raise ConfigError(
+                field,
+                True,
+                "false without an all-to-all beside shared experts (ep > 1 with an MoE trace "
+                "whose layers have shared experts: metadata moe.shared_experts)",
+            )
+        if mesh.tp > 1:
+            raise ConfigError(field, True, f"false with tp {mesh.tp} (modelled with tp 1 only)")
+        if o.ep_comm_overlap:
+            raise ConfigError(
+                field,
+                True,
+                "false with ep_comm_overlap (Megatron-Bridge's recipes set one or the other)",
+            )
+
     def _orders(self, order_of, M: int, K: int) -> list:
         """Each stage's steps: the schedule over M micro-batches, or with accumulation K
         the schedule over M / K of them K times (micro-batches numbered on: m + k M / K)."""

@@ -130,6 +130,12 @@ class MeshOptions(LoadOptions):
         "the backward step after it, layer by layer, each one's EP all-to-alls on an 'ep' "
         "stream beside the other's compute (pp > 1, experts on the mesh)",
     )
+    shared_expert_overlap: bool = option(
+        False,
+        help="the shared experts beside the routed path (Megatron's moe_shared_expert_overlap; "
+        "NeMo Automodel always): an MoE layer's dispatch all-to-all (backward: its combine's "
+        "gradient) on an 'ep' stream while the compute stream runs the shared experts (tp 1)",
+    )
     cp_comm: Literal["p2p", "a2a"] = option(
         "p2p", help="p2p: ring attention; a2a: all-to-all of the heads (Ulysses)"
     )

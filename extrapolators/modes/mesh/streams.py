@@ -111,13 +111,14 @@ class MeshStreams:
                 out[(g, "cp")] = self.cp_sends(x)
             if mode.options.tp_comm_overlap and mesh.tp > 1:  # (the template: lazily)
                 out[(g, "tp")] = self.tp_side(x)
-            if mode.options.ep_comm_overlap:
+            if mode.options.ep_comm_overlap or mode.options.shared_expert_overlap:
                 out[(g, "ep")] = self.ep_side(x)
         return out
 
     def ep_side(self, x):
-        """ep_comm_overlap: the paired steps' all-to-alls (template.ep_side), each when the
-        compute stream starts it; the compute stream waits for its end where it needs it."""
+        """ep_comm_overlap or shared_expert_overlap: the all-to-alls the compute stream runs
+        beside other work (template.ep_side), each when the compute stream starts it; the
+        compute stream waits for its end where it needs it."""
         g = self.layout.at[x]
         for i, item in enumerate(self.template_of(x).ep_side):
             yield Wait(f"{g}:eps{i}")

@@ -221,6 +221,9 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
                 resident -= {(c, u) for _, u in here}
         other((SIGNAL, f"{kind}{m}.{c}"))
     items = out.items
+    if o.shared_expert_overlap:
+        prefix = shared_prefix(ex.moe)
+        steps = [beside_shared(one, prefix, out) for one in steps]
     if o.ep_comm_overlap:
         for merged in paired(steps, order, out, per):
             items.extend(merged)
@@ -326,3 +329,73 @@ def _interleave(first: list, second: list, out: Template) -> list:
                 out.ep_side.append(a2a[k])
                 items.append((EPSTART, started[s]))
     return items
+
+
+def shared_prefix(moe: dict):
+    """An expert layer's name -> its MoE layer's shared experts' module, as a dotted prefix
+    (`layers.3.feed_forward.experts` -> `.layers.3.feed_forward.shared_experts.`)."""
+    mod = moe["expert_module"]
+    parent = mod.rsplit(".", 1)[0] + "." if "." in mod else ""
+    shared = moe.get("shared_module", "shared_experts")
+
+    def of(layer: str) -> str:
+        name = "." + layer + "."
+        return name[: name.find("." + mod + ".") + 1] + parent + shared + "."
+
+    return of
+
+
+def beside_shared(items: list, prefix, out: Template) -> list:
+    """shared_expert_overlap: each MoE layer's first all-to-all of a phase (the dispatch,
+    forward or recomputed; the combine's gradient, backward) started on the "ep" stream,
+    the layer's shared-expert operators of that phase moved to run right after its start
+    (they need only the layer's input, or its output's gradient), then its end waited for
+    before the routed experts."""
+    first = {"dispatch", "combine-grad"}
+    wanted: dict = {}  # (shared prefix, phase) -> its tasks in this step
+    for item in items:
+        if type(item) is tuple and item[0] == A2A and item[2] in first:
+            phase = (
+                "backward" if item[2] == "combine-grad" else ("recompute" if item[4] else "forward")
+            )
+            wanted[prefix(item[1]), phase] = []
+    if not wanted:
+        return items
+    kept = []
+    for item in items:
+        if type(item) is not ComputeRun:
+            kept.append(item)
+            continue
+        rest = []
+        for t in item.tasks:
+            got = wanted.get((_module_of(t.layer, wanted), t.phase))
+            (rest if got is None else got).append(t)
+        if len(rest) == len(item.tasks):
+            kept.append(item)
+        elif rest:
+            kept.append(ComputeRun(rest))
+    merged = []
+    for item in kept:
+        if type(item) is tuple and item[0] == A2A and item[2] in first:
+            phase = (
+                "backward" if item[2] == "combine-grad" else ("recompute" if item[4] else "forward")
+            )
+            k = len(out.ep_side)
+            out.ep_side.append(item)
+            merged.append((EPSTART, k))
+            tasks = wanted[prefix(item[1]), phase]
+            if tasks:
+                merged.append(ComputeRun(tasks))
+            merged.append((EPWAIT, k))
+        else:
+            merged.append(item)
+    return merged
+
+
+def _module_of(layer, wanted: dict):
+    """The shared prefix among `wanted`'s that `layer` falls under, else None."""
+    name = "." + (layer or "") + "."
+    for p, _ in wanted:
+        if name.startswith(p):
+            return p
+    return None
