@@ -80,8 +80,12 @@ MEGATRON = {"distributed_optimizer": True, "overlap_param_gather": True, "dp_ove
 BF16 = {"params": "bfloat16", "reduce": "float32"}
 FP8 = {**BF16, "matmul": "float8"}
 # NeMo Automodel's DeepSeek-V3 recipes (module docstring)
-AUTOMODEL = {"dispatcher": "deepep", "recompute": "full", "reshard_after_forward": "never",
-             "shared_expert_overlap": True}
+AUTOMODEL = {
+    "dispatcher": "deepep",
+    "recompute": "full",
+    "reshard_after_forward": "never",
+    "shared_expert_overlap": True,
+}
 
 RUNS = [
     # name, trace, GPUs, global batch (sequences), tokens per sequence, mesh fields,
