@@ -137,7 +137,7 @@ def test_with_fsdp_the_gathers_follow_the_merged_order():
     assert len(gathers) == (base.timeline["name"] == "all_gather").sum()
 
 
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(
     tp=st.sampled_from([1, 2]),
     shard=st.booleans(),
