@@ -262,3 +262,71 @@ def test_simulated_kernels_near_deepeps_published_bandwidth():
 
     for name, sim, published in simulate(64):
         assert 0.75 * published < sim <= published, name
+
+
+def test_skewed_loads_never_send_a_token_twice_to_a_gpu_or_node():
+    """8 experts, 4 GPUs on 2 nodes, top-2, every token routed to experts 0 and 1 (GPU 0):
+    the all-to-all sends GPU 0 two copies a token; DeepEP one. The uniform ratios applied
+    to those copies (P(hit GPU 0) 13/28 over the 1/2 copy a token expected there) would
+    give 1.86 T; each entry is capped at the sender's T."""
+    E, k, ep = 8, 2, 4
+    kept = moe_loads.kept_tokens([0.5, 0.5] + [0.0] * 6, T, k, ep, None)
+    copies = moe_loads.dispatch_sizes(kept, ep, 1.0)
+    assert copies[1][0] == pytest.approx(2 * T)
+    got = moe_loads.deepep_sizes(copies, [0, 0, 1, 1], E, k)
+    assert got[1][0] == pytest.approx(2 * T)  # its own T, and GPU 3's forwarded by GPU 1
+    assert got[2][0] == pytest.approx(T)  # GPU 2 -> its gateway GPU 0: one a token
+    assert got[3][1] == pytest.approx(T)  # GPU 3 -> its gateway GPU 1 (who forwards it)
+    assert max(max(r) for r in got) <= 2 * T + 1e-6
+
+
+def test_fp8_dispatch_keeps_the_expert_tp_reduce_scatters_in_bfloat16():
+    """With etp 2 the GPUs of an expert-TP group all-gather what the dispatch brought (in
+    FP8 with `dispatch_dtype: float8`) and reduce-scatter the experts' outputs (bfloat16),
+    and in backward gather and scatter gradients (bfloat16)."""
+    from tests.test_ep_tp import trace
+
+    cfg = {
+        "num_gpus": 4,
+        "batch_size": 8,
+        "parallelism": {"mode": "mesh", "dp_replicate": 4, "ep": 2, "etp": 2,
+                        "dispatch_dtype": "float8"},
+        "topology": {"kind": "fully_connected", "bandwidth": 1e10},
+        "perfmodel": {"kind": "roofline"},
+    }  # fmt: skip
+    sim = Simulation(cfg, trace=trace(experts=2, ffn=512))
+    ex = sim.extrapolator.experts
+    hidden = sim.trace.metadata["moe"]["hidden"]
+    ratio = (hidden + 4 * math.ceil(hidden / 128)) / (2 * hidden)
+    assert ex.etp_dispatch[0] == pytest.approx(ex.etp_bytes[0] * ratio)
+    tl = sim.run().timeline
+    etp = tl[tl["key"].astype(str).str.startswith("etp:") & (tl["gpu"] == 0)]
+    sent = {k.rsplit(":", 1)[-1]: n for k, n in zip(etp["key"], etp["nbytes"], strict=True)}
+    assert sent["dispatch-all_gather"] == pytest.approx(ex.etp_dispatch[0])
+    for kind in (
+        "combine-reduce_scatter",
+        "combine-grad-all_gather",
+        "dispatch-grad-reduce_scatter",
+    ):
+        assert sent[kind] == pytest.approx(ex.etp_bytes[0])
+
+
+def test_a_one_gpu_deepep_call_moves_nothing():
+    from triosim.config.loading import from_dict
+    from triosim.studies.calibration import system
+
+    cfg = from_dict(
+        {
+            "num_gpus": 2,
+            "communication": {"kind": "nccl"},
+            "topology": {"kind": "fully_connected", "bandwidth": 1e10},
+            "trace": str(ROOT / "traces/modelled/h100-sxm/deepseek-v3-s4096-b1.trace.json.gz"),
+        }
+    )
+    _, _, comm, group = system(cfg)
+    p = comm.plan_uneven((group[0],), ((5.0,),), "deepep")
+    assert p.streams == [] and p.bandwidth_time == 0.0
+    # a table of the same bytes, built again, finds the same plan (a Chakra replay)
+    sizes = tuple(tuple(1e6 * (i != j) for j in range(2)) for i in range(2))
+    again = tuple(tuple(1e6 * (i != j) for j in range(2)) for i in range(2))
+    assert comm.plan_uneven(tuple(group), sizes) is comm.plan_uneven(tuple(group), again)

@@ -105,6 +105,7 @@ def test_the_experts_still_wait_for_their_tokens_and_the_work_is_the_same():
     [
         {"pp": 1, "dp_replicate": 4, "ep": 2, "microbatches": 2},  # no pipeline
         {"pp": 2, "dp_replicate": 2, "ep": 1, "microbatches": 2},  # no all-to-all
+        {"pp": 2, "dp_replicate": 2, "ep": 2, "microbatches": 2, "schedule": "gpipe"},
     ],
 )
 def test_overlap_without_paired_all_to_alls_is_refused(par):
@@ -270,3 +271,17 @@ def test_shared_overlap_on_random_layouts_finishes_with_the_same_work(pp, shard,
         key = ["gpu", "kind", "name", "layer", "phase"]
         got[overlap] = tl[tl["kind"].isin(["compute", "comm"])][key].value_counts().to_dict()
     assert got[True] == got[False]
+
+
+def test_a_gradient_bucket_is_reduced_after_the_shared_experts_backward():
+    """With DDP's buckets (one a weight here), the shared expert's gradient bucket is
+    signalled after its backward operator: moving the combine's gradient beside the
+    shared expert must not move the signal ahead of the operator (it did: the bucket was
+    all-reduced while its gradient was still being computed)."""
+    r = shared_run(True, dp_overlap=True, bucket_size=4e6, first_bucket_size=4e6)
+    tl = r.timeline
+    g0 = tl[tl["gpu"] == 0]
+    shared = g0[g0["layer"].str.endswith("shared_experts") & (g0["phase"] == "backward")]
+    reduced = g0[(g0["name"] == "allreduce") & (g0["stream"] == "dp")]
+    assert len(reduced) > 0
+    assert reduced["start"].min() >= shared["end"].max() - 1e-12

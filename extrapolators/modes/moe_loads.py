@@ -154,7 +154,8 @@ def deepep_sizes(
     f = P(a token hits the GPU's / node's experts) / (the expert copies it sends there),
     both under uniform group-limited routing (hit_probability; experts j x E/ep ... of
     rank j, groups of E/groups consecutive experts): 1 where each token picks at most one
-    expert there. With uneven loads the uniform ratios scale the uneven copies.
+    expert there. With uneven loads the uniform ratios scale the uneven copies, each
+    capped at the sender's tokens (a token reaches a GPU or a node once).
     `node_of[j]`: EP rank j's node; every node must hold as many ranks of the group (the
     gateway is by position), else ValueError."""
     ep = len(sizes)
@@ -183,14 +184,15 @@ def deepep_sizes(
     out = [[0.0] * ep for _ in range(ep)]
     for i in range(ep):
         a = node_of[i]
+        whole = sum(sizes[i]) / top_k  # i's tokens: none goes anywhere twice
         for n, ranks in members.items():
             if n == a:
                 for j in ranks:
-                    out[i][j] += sizes[i][j] * f_gpu[j]
+                    out[i][j] += min(sizes[i][j] * f_gpu[j], whole)
                 continue
             gate = ranks[pos[i]]
-            out[i][gate] += sum(sizes[i][j] for j in ranks) * f_node[n]
+            out[i][gate] += min(sum(sizes[i][j] for j in ranks) * f_node[n], whole)
             for j in ranks:
                 if j != gate:
-                    out[gate][j] += sizes[i][j] * f_gpu[j]
+                    out[gate][j] += min(sizes[i][j] * f_gpu[j], whole)
     return tuple(tuple(row) for row in out)

@@ -369,6 +369,9 @@ class Nccl(CommModel):
         cached = self._uneven.get(key)
         if cached is not None and cached[0] is sizes:
             return cached[1]
+        same = self._plans.get(("all_to_all", group, sizes, algorithm))  # a new table of
+        if same is not None:  # the same bytes (a Chakra replay builds one per call)
+            return same
         check_sizes(group, sizes)
         if algorithm not in (None, "deepep"):
             raise ConfigError("algorithm", algorithm, "none or deepep, for per-pair sizes")
@@ -390,15 +393,16 @@ class Nccl(CommModel):
             out = {a: 0.0 for a in group}
             for a, b, *_ in ref.streams:
                 out[a] += rate[a, b]
-            longest = max(
-                max(sum(row) - row[i], sum(col) - col[i]) / out[group[i]]
+            longest = max(  # (a lone GPU moves nothing: no rate)
+                max(sum(row) - row[i], sum(col) - col[i]) / out[group[i]] if out[group[i]] else 0.0
                 for i, (row, col) in enumerate(zip(sizes, zip(*sizes, strict=True), strict=True))
             )
         p = Plan(
             "all_to_all", ref.algo, ref.proto, mean, streams, path_lat, ref.latency, 0.0, longest
         )
-        if len(self._uneven) < 100_000:
+        if len(self._plans) < 100_000:
             self._uneven[key] = (sizes, p)  # (the sizes held: their id stays theirs)
+            self._plans["all_to_all", group, sizes, algorithm] = p
         return p
 
     def _plan_of(self, op, group, nbytes, root=None, algorithm=None, sizes=None) -> Plan:

@@ -165,7 +165,8 @@ class ExpertPlan:
     `ep`, `etp`, `edp`; `expert_ops`, `expert_weights`; `before[op id]` / `after[op id]`:
     the all-to-all kinds around an MoE layer's first and last expert operator of a phase;
     `sizes` (GPU i of an EP group sends j `sizes[i][j]` bytes in the dispatch) and `back`
-    (the combine's); `etp_bytes[j]`; `uniform` (every EP rank alike); `time(op, j)`."""
+    (the combine's); `etp_bytes[j]` (`etp_dispatch[j]` after the forward dispatch, at its
+    dtype); `uniform` (every EP rank alike); `time(op, j)`."""
 
     def __init__(self, mode, mesh, options, tokens_batch: float | None):
         trace = mode.trace
@@ -274,7 +275,9 @@ class ExpertPlan:
         copies = moe_loads.dispatch_sizes(kept, self.ep, 1.0)  # tokens, one per routed expert
         # expert TP: what each EP rank's GPUs all-gather after the dispatch (and reduce-
         # scatter before the combine): the tokens all etp ranks received, etp x its own
-        self.etp_bytes = [self.etp * fwd * sum(col) for col in zip(*copies, strict=True)]
+        received = [self.etp * sum(col) for col in zip(*copies, strict=True)]
+        self.etp_bytes = [x * rest for x in received]  # the combine's and the gradients'
+        self.etp_dispatch = [x * fwd for x in received]  # after the dispatch: its dtype
         # the all-to-all's algorithm: DeepEP's kernels (no per-pair cap), else NCCL's
         self.a2a_algorithm = "deepep" if o.dispatcher == "deepep" else None
         if o.dispatcher == "deepep":

@@ -127,6 +127,13 @@ class MeshMode(Extrapolator):
         check_load_fields(o, self.experts is not None)
         if o.shared_expert_overlap:
             self._check_shared_overlap(o, mesh)
+        if o.ep_comm_overlap and o.schedule == "gpipe":
+            raise ConfigError(
+                "parallelism.ep_comm_overlap",
+                True,
+                "false with schedule gpipe (it pairs a backward with the forward after it: a "
+                "1F1B schedule's steady state; GPipe has none)",
+            )
         if o.ep_comm_overlap and (self.experts is None or self.experts.ep == 1 or mesh.pp == 1):
             raise ConfigError(
                 "parallelism.ep_comm_overlap",

@@ -224,7 +224,8 @@ class MeshStreams:
             )
         group = self.experts_group(x, "etp")
         key = f"etp:p{p}d{d}j{j}:m{m}:{layer}:{kind}-{op}{re}"
-        return Collective(op, group, ex.etp_bytes[j], key, layer, phase)
+        nbytes = (ex.etp_dispatch if kind == "dispatch" else ex.etp_bytes)[j]
+        return Collective(op, group, nbytes, key, layer, phase)
 
     # -- context parallelism --------------------------------------------------------------
     def _tag(self, x, op, phase, m) -> str:

@@ -346,56 +346,77 @@ def shared_prefix(moe: dict):
 
 
 def beside_shared(items: list, prefix, out: Template) -> list:
-    """shared_expert_overlap: each MoE layer's first all-to-all of a phase (the dispatch,
-    forward or recomputed; the combine's gradient, backward) started on the "ep" stream,
-    the layer's shared-expert operators of that phase moved to run right after its start
-    (they need only the layer's input, or its output's gradient), then its end waited for
-    before the routed experts."""
-    first = {"dispatch", "combine-grad"}
-    wanted: dict = {}  # (shared prefix, phase) -> its tasks in this step
-    for item in items:
-        if type(item) is tuple and item[0] == A2A and item[2] in first:
-            phase = (
-                "backward" if item[2] == "combine-grad" else ("recompute" if item[4] else "forward")
-            )
-            wanted[prefix(item[1]), phase] = []
-    if not wanted:
-        return items
-    kept = []
-    for item in items:
-        if type(item) is not ComputeRun:
-            kept.append(item)
-            continue
-        rest = []
-        for t in item.tasks:
-            got = wanted.get((_module_of(t.layer, wanted), t.phase))
-            (rest if got is None else got).append(t)
-        if len(rest) == len(item.tasks):
-            kept.append(item)
-        elif rest:
-            kept.append(ComputeRun(rest))
-    merged = []
-    for item in kept:
-        if type(item) is tuple and item[0] == A2A and item[2] in first:
-            phase = (
-                "backward" if item[2] == "combine-grad" else ("recompute" if item[4] else "forward")
-            )
-            k = len(out.ep_side)
-            out.ep_side.append(item)
-            merged.append((EPSTART, k))
-            tasks = wanted[prefix(item[1]), phase]
-            if tasks:
-                merged.append(ComputeRun(tasks))
-            merged.append((EPWAIT, k))
+    """shared_expert_overlap: each MoE layer's first all-to-all of a phase on the "ep"
+    stream beside the layer's shared-expert operators of that phase (they need only the
+    layer's input, or its output's gradient). Backward, where the shared experts come
+    first: the combine's gradient starts before them and is waited for where it stood.
+    Forward (and recomputed), where they come after the combine: they move to just after
+    the dispatch's start, the dispatch waited for after them; left in line where any other
+    item (a gather's wait, a parameter bucket's wait) stands between. Every other item
+    keeps its place (a gradient bucket's signal stays after the operators it follows)."""
+    flat = []  # ("t", task) or ("i", item)
+    for it in items:
+        if type(it) is ComputeRun:
+            flat.extend(("t", t) for t in it.tasks)
         else:
-            merged.append(item)
-    return merged
+            flat.append(("i", it))
+    firsts = [
+        k for k, (w, it) in enumerate(flat)
+        if w == "i" and type(it) is tuple and it[0] == A2A and it[2] in ("dispatch", "combine-grad")
+    ]  # fmt: skip
+    if not firsts:
+        return items
+    start: dict = {}  # position -> the all-to-all started just before it
+    wait_at: dict = {}  # position of the all-to-all -> (the all-to-all, its moved tasks)
+    moved: set = set()
+    for k in firsts:
+        a2a = flat[k][1]
+        phase = "backward" if a2a[2] == "combine-grad" else ("recompute" if a2a[4] else "forward")
+        pre = prefix(a2a[1])
+        mine = [
+            q for q, (w, t) in enumerate(flat)
+            if w == "t" and t.phase == phase and ("." + (t.layer or "") + ".").startswith(pre)
+        ]  # fmt: skip
+        if not mine:
+            continue
+        if phase == "backward" and max(mine) < k:
+            start[min(mine)] = a2a
+            wait_at[k] = (a2a, [])
+        elif phase != "backward" and min(mine) > k:
+            between = flat[k + 1 : max(mine)]
+            if any(w == "i" and not (type(x) is tuple and x[0] == A2A) for w, x in between):
+                continue  # a wait stands between: left in line
+            wait_at[k] = (a2a, [flat[q][1] for q in mine])
+            moved.update(mine)
+    out_items, run = [], []
 
+    def emit(x):
+        if run:
+            out_items.append(ComputeRun(run))
+            run.clear()
+        out_items.append(x)
 
-def _module_of(layer, wanted: dict):
-    """The shared prefix among `wanted`'s that `layer` falls under, else None."""
-    name = "." + (layer or "") + "."
-    for p, _ in wanted:
-        if name.startswith(p):
-            return p
-    return None
+    index: dict = {}  # an all-to-all (by identity) -> its ep_side index
+    for q, (w, x) in enumerate(flat):
+        if q in start:
+            index[id(start[q])] = len(out.ep_side)
+            out.ep_side.append(start[q])
+            emit((EPSTART, index[id(start[q])]))
+        if q in wait_at:
+            a2a, tasks = wait_at[q]
+            if tasks:  # forward: started here, the shared experts beside it
+                index[id(a2a)] = len(out.ep_side)
+                out.ep_side.append(a2a)
+                emit((EPSTART, index[id(a2a)]))
+                run.extend(tasks)
+            emit((EPWAIT, index[id(a2a)]))
+            continue
+        if q in moved:
+            continue
+        if w == "t":
+            run.append(x)
+        else:
+            emit(x)
+    if run:
+        out_items.append(ComputeRun(run))
+    return out_items
