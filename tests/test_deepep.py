@@ -228,21 +228,28 @@ def test_an_ep_group_spread_unevenly_over_nodes_is_refused():
     Simulation(cfg, trace=moe_trace(experts=4, top_k=2)).run()
 
 
-def test_nccl_runs_deepep_streams_uncapped():
-    """NCCL's uneven all-to-all caps each pair at the even all-to-all's per-pair rate (its
-    p2p channels); DeepEP's kernels are not NCCL's: no cap, the network shares the links."""
+def nccl_system(n: int, topology: dict):
+    """(the NCCL model, the GPUs) of an n-GPU system, as `triosim collectives` builds it."""
     from triosim.config.loading import from_dict
     from triosim.studies.calibration import system
 
+    trace = ROOT / "traces/modelled/h100-sxm/deepseek-v3-s4096-b1.trace.json.gz"
     cfg = from_dict(
         {
-            "num_gpus": 16,
+            "num_gpus": n,
             "communication": {"kind": "nccl"},
-            "topology": {"kind": "multi_node", "gpus_per_node": 8},
-            "trace": str(ROOT / "traces/modelled/h100-sxm/deepseek-v3-s4096-b1.trace.json.gz"),
+            "topology": topology,
+            "trace": str(trace),
         }
     )
     _, _, comm, group = system(cfg)
+    return comm, group
+
+
+def test_nccl_runs_deepep_streams_uncapped():
+    """NCCL's uneven all-to-all caps each pair at the even all-to-all's per-pair rate (its
+    p2p channels); DeepEP's kernels are not NCCL's: no cap, the network shares the links."""
+    comm, group = nccl_system(16, {"kind": "multi_node", "gpus_per_node": 8})
     sizes = tuple(tuple(1e6 * (i != j) for j in range(16)) for i in range(16))
     capped = comm.plan_uneven(tuple(group), sizes)
     free = comm.plan_uneven(tuple(group), sizes, "deepep")
@@ -312,18 +319,7 @@ def test_fp8_dispatch_keeps_the_expert_tp_reduce_scatters_in_bfloat16():
 
 
 def test_a_one_gpu_deepep_call_moves_nothing():
-    from triosim.config.loading import from_dict
-    from triosim.studies.calibration import system
-
-    cfg = from_dict(
-        {
-            "num_gpus": 2,
-            "communication": {"kind": "nccl"},
-            "topology": {"kind": "fully_connected", "bandwidth": 1e10},
-            "trace": str(ROOT / "traces/modelled/h100-sxm/deepseek-v3-s4096-b1.trace.json.gz"),
-        }
-    )
-    _, _, comm, group = system(cfg)
+    comm, group = nccl_system(2, {"kind": "fully_connected", "bandwidth": 1e10})
     p = comm.plan_uneven((group[0],), ((5.0,),), "deepep")
     assert p.streams == [] and p.bandwidth_time == 0.0
     # a table of the same bytes, built again, finds the same plan (a Chakra replay)
