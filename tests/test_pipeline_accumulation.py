@@ -77,3 +77,16 @@ def test_fsdp_gathers_again_for_each_schedule_and_reduces_once():
 def test_bad_accumulation_names_the_field(par, match):
     with pytest.raises(ConfigError, match=match):
         sim(chain_trace(layers=4), 4, "mesh", batch_size=16, **par)
+
+
+def test_each_schedules_last_micro_batch_skips_the_recomputation():
+    """`recompute_microbatches: except_last` (torch Pipe's checkpoint='except_last'): with
+    2 schedules of 4 micro-batches, micro-batches 3 and 7 run their backward without
+    recomputing; the others recompute."""
+    t = chain_trace(layers=4, t_opt=0, batch=8)
+    tl = sim(
+        t, 2, "mesh", FAST, pp=2, microbatches=8, accumulation=2, recompute="full",
+        recompute_microbatches="except_last",
+    ).run().timeline  # fmt: skip
+    again = tl[(tl["gpu"] == 0) & (tl["phase"] == "recompute")]
+    assert sorted(set(again["microbatch"])) == [0, 1, 2, 4, 5, 6]

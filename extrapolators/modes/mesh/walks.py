@@ -17,7 +17,8 @@ class ChunkWalks:
     What it gives:
       - `backward_walk[c]`: [(op, recomputed)] of chunk c's backward pass with its
         recomputed forward operators; `walk(c, m)`: the one micro-batch m runs (without
-        them for the last micro-batch under `recompute_microbatches: except_last`);
+        them for each pipeline schedule's last micro-batch under `recompute_microbatches:
+        except_last`);
       - `units_done(unit_of)`: (chunk, op id) -> the (chunk, unit) pairs whose last
         backward operator in the chunk that operator is, for FSDP's units (`unit_of`: op
         id -> unit, sharding.ShardPlan's).
@@ -41,7 +42,8 @@ class ChunkWalks:
     def walk(self, c: int, m: int) -> list:
         """[(op, recomputed)] of chunk c's backward pass for micro-batch m."""
         o = self.o
-        if o.recompute_microbatches == "except_last" and m == o.microbatches - 1:
+        per = o.microbatches // o.accumulation  # a pipeline schedule's
+        if o.recompute_microbatches == "except_last" and m % per == per - 1:
             return self._plain_walk[c]
         return self.backward_walk[c]
 
