@@ -74,16 +74,7 @@ class Meetings:
             return
         if images:  # the same collective in every copy, started at the same instant
             twins = self._start_images(task, images)
-        yield from self.comm.run(  # (an all-to-all of uneven sizes: each copy's on its own)
-            task.op,
-            task.group,
-            task.nbytes,
-            tag=task.key,
-            root=task.root,
-            algorithm=task.algorithm,
-            sizes=task.sizes,
-        )
-        self._count(task)
+        yield from self._run_on(task, task.group, task.root)
         if twins is not None:
             twins.rep_done(self.env.now)
         del self.open[task.key]
@@ -112,8 +103,7 @@ class Meetings:
             algorithm=task.algorithm,
             sizes=task.sizes,
         )
-        for _ in range(len(images) + 1):
-            self._count(task)
+        self._count(task, copies=len(images) + 1)
         Twins(self.runtime, f"collective {task.key!r}").check_all(ends[0], ends[1:])
 
     def _many_call(self, task: Collective, images) -> tuple:
@@ -138,19 +128,29 @@ class Meetings:
             else:  # over whole classes: run once, over the whole group
                 self.comm.prepare_one(t.op, t.group, t.nbytes, t.root, t.algorithm, t.sizes)
 
-    def _count(self, task: Collective) -> None:
-        """One run of `task` in `collective_bytes`: its bytes, or for an all-to-all of
-        uneven sizes its mean per-GPU buffer."""
+    def _count(self, task: Collective, copies: int = 1) -> None:
+        """`copies` runs of `task` in `collective_bytes`, one after another: its bytes, or
+        for an all-to-all of uneven sizes its mean per-GPU buffer (summed once)."""
         if task.sizes is None:
             nbytes = task.nbytes
         else:
             nbytes = sum(map(sum, task.sizes)) / len(task.group)
-        self.collective_bytes[task.op] = self.collective_bytes.get(task.op, 0.0) + nbytes
+        total = self.collective_bytes.get(task.op, 0.0)
+        for _ in range(copies):  # (added one at a time: the same float sum as copy by copy)
+            total += nbytes
+        self.collective_bytes[task.op] = total
 
     def _image_collective(self, task: Collective, group, k: int, twins):
         """Copy k's image of a representatives' collective (its tag: the same key)."""
         root = None if task.root is None else self.symmetry.image(task.root, k)
-        yield from self.comm.run(  # (uneven sizes are per position in the group: the same)
+        yield from self._run_on(task, group, root)
+        twins.image_done(self.env.now)
+
+    def _run_on(self, task: Collective, group, root):
+        """`task` run by the communication model over `group` (a representatives' or an
+        image's: uneven sizes are per position in the group, the same for every copy),
+        then counted."""
+        yield from self.comm.run(
             task.op,
             group,
             task.nbytes,
@@ -160,4 +160,3 @@ class Meetings:
             sizes=task.sizes,
         )
         self._count(task)
-        twins.image_done(self.env.now)
