@@ -140,6 +140,21 @@ def hit_probability(counts: list[int], group_size: int, top_groups: int, top_k: 
     return 1.0 - miss / total
 
 
+def node_members(node_of: list) -> dict:
+    """Node -> the EP ranks on it, in rank order (`node_of[j]`: rank j's node); ValueError
+    unless every node holds as many (DeepEP's gateway is the GPU at the sender's position
+    in the other node)."""
+    members: dict = {}
+    for j, n in enumerate(node_of):
+        members.setdefault(n, []).append(j)
+    if len({len(v) for v in members.values()}) != 1:
+        raise ValueError(
+            f"the EP group's {len(node_of)} GPUs are spread unevenly over nodes "
+            f"({sorted(len(v) for v in members.values())} per node)"
+        )
+    return members
+
+
 def deepep_sizes(
     sizes: tuple, node_of: list, experts: int, top_k: int, groups: int = 1, top_groups: int = 1
 ) -> tuple:
@@ -159,15 +174,7 @@ def deepep_sizes(
     `node_of[j]`: EP rank j's node; every node must hold as many ranks of the group (the
     gateway is by position), else ValueError."""
     ep = len(sizes)
-    members: dict = {}
-    for j, n in enumerate(node_of):
-        members.setdefault(n, []).append(j)
-    q = {len(v) for v in members.values()}
-    if len(q) != 1:
-        raise ValueError(
-            f"the EP group's {ep} GPUs are spread unevenly over nodes "
-            f"({sorted(len(v) for v in members.values())} per node)"
-        )
+    members = node_members(node_of)
     per_rank, X = experts // ep, experts // groups
 
     def f(ranks) -> float:

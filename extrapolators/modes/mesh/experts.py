@@ -308,14 +308,7 @@ class ExpertPlan:
         nodes = self._nodes()
         if nodes is None:
             return copies
-        try:
-            return moe_loads.deepep_sizes(copies, nodes, experts, k, groups, top)
-        except ValueError as e:
-            raise ConfigError(
-                "parallelism.dispatcher",
-                "deepep",
-                f"an EP group whose GPUs fill its nodes alike (DeepEP forwards by position): {e}",
-            ) from None
+        return moe_loads.deepep_sizes(copies, nodes, experts, k, groups, top)
 
     def _nodes(self) -> list | None:
         """EP rank j's node, numbered by first appearance, the same in every EP group
@@ -331,15 +324,16 @@ class ExpertPlan:
                 patterns.add(
                     tuple(first.setdefault(part[at[y]], len(first)) for y in self.ep_group(x))
                 )
-        for pattern in patterns:  # (the gateway is the GPU at the sender's position)
-            per_node = [pattern.count(n) for n in range(max(pattern) + 1)]
-            if len(set(per_node)) > 1:
+        for pattern in patterns:
+            try:
+                moe_loads.node_members(pattern)
+            except ValueError as e:
                 raise ConfigError(
                     "parallelism.dispatcher",
                     "deepep",
                     f"an EP group whose GPUs fill its nodes alike (DeepEP forwards by "
-                    f"position): here one spread unevenly over nodes ({per_node} per node)",
-                )
+                    f"position): {e}",
+                ) from None
         if len(patterns) > 1:
             raise ConfigError(
                 "parallelism.dispatcher",

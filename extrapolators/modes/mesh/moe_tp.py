@@ -24,19 +24,26 @@ from __future__ import annotations
 from extrapolators.modes.tensor_parallel import TensorParallel
 
 
-def moe_block_ops(trace, moe: dict) -> set:
-    """Ids of the operators (all phases) of the MoE layers outside the shared experts: the
-    router, the dispatch and combine, the routed experts. An MoE layer's module is what an
-    expert operator's layer has before `moe.expert_module` (`layers.3.feed_forward`)."""
+def moe_block_of(moe: dict):
+    """(layer name -> its MoE layer's module as a dotted prefix, `.layers.3.feed_forward.`,
+    or None outside the routed experts; the shared experts' module name). An MoE layer's
+    module is what an expert operator's layer has before `moe.expert_module`."""
     mod = moe["expert_module"]
     parent = mod.rsplit(".", 1)[0] + "." if "." in mod else ""  # `feed_forward.`
-    shared = moe.get("shared_module", "shared_experts")
-    blocks = set()
-    for op in trace.operators:
-        name = "." + (op.layer or "") + "."
+
+    def of(layer) -> str | None:
+        name = "." + (layer or "") + "."
         k = name.find("." + mod + ".")
-        if k >= 0:
-            blocks.add(name[: k + 1] + parent)  # `.layers.3.feed_forward.`
+        return name[: k + 1] + parent if k >= 0 else None
+
+    return of, moe.get("shared_module", "shared_experts")
+
+
+def moe_block_ops(trace, moe: dict) -> set:
+    """Ids of the operators (all phases) of the MoE layers outside the shared experts: the
+    router, the dispatch and combine, the routed experts (`moe_block_of`)."""
+    block_of, shared = moe_block_of(moe)
+    blocks = {block_of(op.layer) for op in trace.operators} - {None}
     out = set()
     for op in trace.operators:
         name = "." + (op.layer or "") + "."

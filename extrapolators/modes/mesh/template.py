@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from extrapolators.execution.tasks import ComputeRun
+from extrapolators.modes.mesh.moe_tp import moe_block_of
 from triosim.trace.precision import MATMULS
 
 COLL, RECV, SIGNAL, WAIT, ATTN, ENTER, GRADS, A2A, ETP, TPSTART, TPWAIT = range(11)
@@ -334,15 +335,8 @@ def _interleave(first: list, second: list, out: Template) -> list:
 def shared_prefix(moe: dict):
     """An expert layer's name -> its MoE layer's shared experts' module, as a dotted prefix
     (`layers.3.feed_forward.experts` -> `.layers.3.feed_forward.shared_experts.`)."""
-    mod = moe["expert_module"]
-    parent = mod.rsplit(".", 1)[0] + "." if "." in mod else ""
-    shared = moe.get("shared_module", "shared_experts")
-
-    def of(layer: str) -> str:
-        name = "." + layer + "."
-        return name[: name.find("." + mod + ".") + 1] + parent + shared + "."
-
-    return of
+    block_of, shared = moe_block_of(moe)
+    return lambda layer: block_of(layer) + shared + "."
 
 
 def beside_shared(items: list, prefix, out: Template) -> list:
