@@ -127,20 +127,8 @@ class MeshMode(Extrapolator):
         check_load_fields(o, self.experts is not None)
         if o.shared_expert_overlap:
             self._check_shared_overlap(o, mesh)
-        if o.ep_comm_overlap and o.schedule == "gpipe":
-            raise ConfigError(
-                "parallelism.ep_comm_overlap",
-                True,
-                "false with schedule gpipe (it pairs a backward with the forward after it: a "
-                "1F1B schedule's steady state; GPipe has none)",
-            )
-        if o.ep_comm_overlap and (self.experts is None or self.experts.ep == 1 or mesh.pp == 1):
-            raise ConfigError(
-                "parallelism.ep_comm_overlap",
-                True,
-                "false without EP all-to-alls in a pipeline (it pairs a forward and a backward "
-                "step of the 1F1B steady state: ep > 1 with an MoE trace, and pp > 1)",
-            )
+        if o.ep_comm_overlap:
+            self._check_ep_overlap(o, mesh)
         if self.experts is not None:
             if self.fsdp and mesh.dp_replicate > 1:
                 raise ConfigError(
@@ -213,6 +201,23 @@ class MeshMode(Extrapolator):
                 field,
                 True,
                 "false with ep_comm_overlap (Megatron-Bridge's recipes set one or the other)",
+            )
+
+    def _check_ep_overlap(self, o, mesh) -> None:
+        field = "parallelism.ep_comm_overlap"
+        if o.schedule == "gpipe":
+            raise ConfigError(
+                field,
+                True,
+                "false with schedule gpipe (it pairs a backward with the forward after it: a "
+                "1F1B schedule's steady state; GPipe has none)",
+            )
+        if self.experts is None or self.experts.ep == 1 or mesh.pp == 1:
+            raise ConfigError(
+                field,
+                True,
+                "false without EP all-to-alls in a pipeline (it pairs a forward and a backward "
+                "step of the 1F1B steady state: ep > 1 with an MoE trace, and pp > 1)",
             )
 
     def _orders(self, order_of, M: int, K: int) -> list:
