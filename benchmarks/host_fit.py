@@ -7,11 +7,12 @@
 2. `op_cost`, fitted per host-bound run (triosim/studies/host_fit.py; a run within 5 % of
    its GPU's work alone is refused: ResNet-152 b64) of the tracer's machine
    (`timings.json`): ResNet-152 b32 and DenseNet-121 b32 from their b64 traces (operators
-   scaled by the regression model), DenseNet-121 b64 replayed (their median beside the
-   default, perfmodel/host.py OP_COST, which is not it: see there). Leave one model out:
+   scaled by the regression model), DenseNet-121 b64 replayed; each model's median, their
+   mean beside the catalogue's entry for that host (perfmodel/host_cpus.py, h100-traces,
+   the default). Leave one model out:
    each model's fits predict the other's b32 run. Then every real trace of that machine
    replayed with the default against its plain measured time; the profiled pairs' machine
-   (`et_pairs/README.json`) fitted on DenseNet-121 b32.
+   (`et_pairs/README.json`) fitted on DenseNet-121 b32 (the catalogue's h100-profiles).
 3. Why the trace's own host column is not the default source: the same fit with `source:
    trace` (the profiled host spans x a fitted `trace_scale`) on DenseNet-121 b32 predicts
    the pairs.
@@ -28,6 +29,7 @@ import sys
 from pathlib import Path
 
 from perfmodel.host import OP_COST, HostOptions
+from perfmodel.host_cpus import DEFAULT_CPU, HOST_CPUS
 from triosim.common.errors import ConfigError
 from triosim.studies.host_fit import fit_kernel_gap, fit_op_cost, fit_option, replay_time
 from triosim.trace.model import load
@@ -135,10 +137,16 @@ def main() -> int:
         kind = "regression" if batch else "trace"
         fits[name] = fit_op_cost(tracer[key][0], measured, None, batch, kind)
         print(f"| {name} | {measured * 1e3:.2f} | {fits[name] * 1e6:.3f} |")
-    default = statistics.median(fits.values())
+    per_model = {
+        m: statistics.median(v for k, v in fits.items() if k.startswith(m))
+        for m in ("resnet152", "densenet121")
+    }
+    default = statistics.mean(per_model.values())
+    entry = HOST_CPUS[DEFAULT_CPU]
     print(
-        f"\nmedian {default * 1e6:.3f} us (the default, perfmodel/host.py OP_COST: "
-        f"{OP_COST * 1e6:g} us)"
+        f"\neach model's median ({', '.join(f'{m} {c * 1e6:.2f}' for m, c in per_model.items())}"
+        f" us), their mean {default * 1e6:.3f} us: the catalogue's {entry.name} "
+        f"(perfmodel/host_cpus.py) holds {entry.op_cost * 1e6:g} us"
     )
     print("\nleave one model out: one model's fits (median) predict the other's b32 run\n")
     print("| fitted on | op_cost us | predicted run | measured ms | predicted ms | error % |")
@@ -154,7 +162,7 @@ def main() -> int:
             f"| {on} | {cost * 1e6:.2f} | {other} b32 | {measured * 1e3:.2f} | {sim * 1e3:.2f} "
             f"| {(sim / measured - 1) * 100:+.1f} |"
         )
-    fitted = (gap_on,)
+    fitted = (gap_on, "h100 densenet121 b64")  # the kernel gap; a run of the default op_cost
     rows = predict(tracer, fitted, HostOptions(model="on", op_cost=OP_COST, kernel_gap=gap))
     table(
         f"Tracer traces (timings.json machine) at their own batch, op_cost {OP_COST * 1e6:g} us "
@@ -167,7 +175,8 @@ def main() -> int:
     t, plain = pairs[fit_on]
     cost = fit_op_cost(t, plain)
     table(
-        f"Imported profiles (et_pairs machine), op_cost {cost * 1e6:.2f} us fitted on {fit_on}:",
+        f"Imported profiles (et_pairs machine), op_cost {cost * 1e6:.2f} us fitted on {fit_on} "
+        f"(the catalogue's h100-profiles: {HOST_CPUS['h100-profiles'].op_cost * 1e6:g} us):",
         predict(pairs, (fit_on,), HostOptions(model="on", op_cost=cost)),
     )
 

@@ -10,7 +10,7 @@ perfmodel.learned (const, curve, boost), so the choice of form is visible:
   sequence (benchmarks/shape_twins.py; needs torch, cached in out/twins/), as a user gets it.
 
 Columns: the sum of operator times against the trace's (operators only), and the one-GPU
-iteration (mode single, the host model on: op_cost 12.7 us for the tracer's machine, and
+iteration (mode single, the host model on: op_cost 12.9 us for the tracer's machine, and
 for the profiles' machine fitted on DenseNet-121 b32 as benchmarks/host_fit.py does) against
 the plain measured time (../shared/gpu/timings.json for the tracer's traces, the pairs'
 README.json wall time carried by the imported ones). Then, for the chosen form, per

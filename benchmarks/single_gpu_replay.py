@@ -5,8 +5,9 @@ GPUs): the plain measured time (no profiler, no hooks: ../shared/gpu/timings.jso
 folder is present beside the repository; otherwise the column is empty and this says so),
 the trace's own measured_iteration_time (taken, for these traces, with the tracer's phase
 ranges on), the sum of operator GPU times, the one-GPU simulation (mode single, perfmodel
-trace) without and with the host model (perfmodel/host.py, its defaults: op_cost fitted on
-ResNet-152 b64, kernel_gap on ResNet-50 b128, both marked; the rest are predictions) and
+trace) without and with the host model (perfmodel/host.py, its defaults: op_cost from the
+tracing machine's host-bound runs, DenseNet-121 b64 one of them (perfmodel/host_cpus.py),
+kernel_gap on ResNet-50 b128, both marked; the rest are predictions) and
 its error against the plain time. The share the sum misses is the GPU's idle time (the
 host not issuing kernels fast enough). Prints a Markdown table.
 Run: python benchmarks/single_gpu_replay.py
@@ -24,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TIMINGS = ROOT.parent / "shared" / "gpu" / "timings.json"
 # the traces the host model's defaults were fitted on (perfmodel/host.py)
 FITTED = {
-    ("h100", "resnet152", 64): " (op_cost fitted)",
+    ("h100", "densenet121", 64): " (op_cost fitted, with b32 runs)",
     ("h100", "resnet50", 128): " (kernel_gap fitted)",
 }
 

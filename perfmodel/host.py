@@ -23,26 +23,22 @@ runs the schedule; this module says what each operator costs the host and the GP
 
 Where the numbers come from (`python benchmarks/host_fit.py` prints them; docs/models.md,
 "The host"):
-`op_cost` 12.7 us was fitted on ResNet-152 b64 (80.50 ms), which `triosim fit-host` now
-refuses: 0.8 % above its GPU's work alone, so the fit found the knee where the host starts
-to matter, not its cost. The host-bound runs of that machine (`triosim fit-host`, a run
-within 5 % of its GPU's work refused) give 8.97 us (ResNet-152 b32, 57.15 ms, from its b64
-trace), 10.75 (DenseNet-121 b32, 58.83 ms) and 12.10 (DenseNet-121 b64, 66.21 ms): one
-cost per launch does not hold across models (fitted on one model it misses the other's
-b32 run by 16-26 %: benchmarks/host_fit.py, leave one model out). The default stays: their
-median (10.75) would bring ResNet-152 b32 from +41 % to +20 % and DenseNet-121 b64 from
-+4.9 % to -11 %, a trade, not a fix (issue 46: costs per operator kind need host-bound
-runs of more models). The summary gives the default's spread. `kernel_gap` 1.07 us is
+`op_cost` is the host CPU's (perfmodel/host_cpus.py: `host.cpu` names one, `host.op_cost`
+gives yours): 12.9 us on the H100 machine that recorded the traces (its host-bound runs:
+ResNet-152 b32 11.70 us, DenseNet-121 b32 13.49 and b64 14.74; one cost per launch does not
+hold across models, leave one model out misses the other's b32 run by 13-20 %), 19.2 us on
+the machine that recorded the profiles. An operator that launches no kernel (an item() on
+the optimizer's CPU step count, an AccumulateGrad that takes the gradient as it is, a view)
+costs one dispatch: counted as a launch (tracers before wrote 1 kernel for it), ResNet-152's
+934 item() calls alone cost 24 ms of a 57 ms host-bound step. `kernel_gap` 1.07 us is
 fitted on a GPU-bound trace (ResNet-50 b128, 71.49 ms), whose time the host does not
 decide. `launch_latency` 8 us is measured: in the host-bound imported profiles
 (traces/h100/imported) the GPU idled 6.8 to 11.2 us per kernel after the launch call began
-(median 8.0). The host is the CPU's, not the GPU's: the machine that recorded the profiles
-needed 15.3 us per operator and launch (fitted on its DenseNet-121 b32). Two measurements the
-profiles give are not used, because the profiler inflates them: their kernel-to-kernel gap
-(1.6 us per kernel, where a plain ResNet-152 b64 leaves room for at most 0.83) and their host
-spans (the trace's host_time column: 2 to 4 times the plain loop's, and 35 % apart between
-two profiles of the same DenseNet-121); `source: trace` uses the latter for host columns a
-user trusts.
+(median 8.0). Two measurements the profiles give are not used, because the profiler
+inflates them: their kernel-to-kernel gap (1.6 us per kernel, where a plain ResNet-152 b64
+leaves room for at most 0.83) and their host spans (the trace's host_time column: 2 to 4
+times the plain loop's, and 35 % apart between two profiles of the same DenseNet-121);
+`source: trace` uses the latter for host columns a user trusts.
 """
 
 from __future__ import annotations
@@ -50,15 +46,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from perfmodel.host_cpus import DEFAULT_CPU, HOST_CPUS
 from triosim.common.errors import ConfigError
 from triosim.common.schema import option
 from triosim.trace.model import Operator, Trace
 
 # measured and fitted values: see the module docstring
-OP_COST = 12.7e-6
-# the fits behind it (module docstring): what the summary gives as the default's spread,
-# the other H100 machine's (15.3 us) included
-OP_COST_SPREAD = (8.97e-6, 15.3e-6)
+OP_COST = HOST_CPUS[DEFAULT_CPU].op_cost
 LAUNCH_LATENCY = 8.0e-6
 KERNEL_GAP = 1.07e-6
 
@@ -77,12 +71,18 @@ class HostOptions:
         help="launches: op_cost per operator and per kernel launch; trace: the trace's "
         "host_time column x trace_scale",
     )
+    cpu: str | None = option(
+        None,
+        help="the host CPU, from the catalogue (perfmodel/host_cpus.py: "
+        + ", ".join(HOST_CPUS)
+        + f"); unset: op_cost, whose default is {DEFAULT_CPU}'s",
+    )
     op_cost: float = option(
         OP_COST,
         unit="seconds",
         ge=0,
         help="host time per operator dispatch and per kernel launch (a CPU property; "
-        "fit yours with benchmarks/host_fit.py)",
+        "fit yours with triosim fit-host; or name a catalogued host with cpu)",
     )
     launch_latency: float = option(
         LAUNCH_LATENCY, unit="seconds", ge=0, help="from an issue to the kernel's start"
@@ -100,9 +100,10 @@ def check_fields(o: HostOptions, given=None) -> None:
     given = given if isinstance(given, dict) else {}
     default = HostOptions()
     if o.model == "off":
-        unused = ("source", "op_cost", "launch_latency", "kernel_gap", "trace_scale")
+        unused = ("source", "cpu", "op_cost", "launch_latency", "kernel_gap", "trace_scale")
     else:
         unused = () if o.source == "trace" else ("trace_scale",)
+    op_cost(o, given.get("cpu"))  # a catalogued name; not beside an op_cost of its own
     for name in unused:
         if getattr(o, name) != getattr(default, name):
             why = (
@@ -115,6 +116,24 @@ def check_fields(o: HostOptions, given=None) -> None:
                 given.get(name, getattr(o, name)),
                 f"unset with {why}, or leave it out",
             )
+
+
+def op_cost(o: HostOptions, written=None) -> float:
+    """The host's seconds per dispatch and launch: the catalogued host `cpu` names, else
+    `op_cost` (its default the default host's). `written`: cpu as the user wrote it."""
+    if o.cpu is None:
+        return o.op_cost
+    if o.cpu not in HOST_CPUS:
+        raise ConfigError(
+            "host.cpu", written or o.cpu, "one of " + ", ".join(HOST_CPUS) + " (or give op_cost)"
+        )
+    if o.op_cost != OP_COST:
+        raise ConfigError(
+            "host.op_cost",
+            o.op_cost,
+            f"unset with host.cpu {o.cpu!r} (the catalogue gives its cost): one of the two",
+        )
+    return HOST_CPUS[o.cpu].op_cost
 
 
 def runs_on_gpu(trace: Trace) -> bool:
@@ -136,7 +155,8 @@ class HostModel:
     def __init__(self, trace: Trace, options: HostOptions | None = None):
         self.options = o = options or HostOptions()
         self.launch_latency = o.launch_latency
-        self.comm_cost = o.op_cost  # a collective or a send: one NCCL kernel launch
+        self.op_cost = op_cost(o)
+        self.comm_cost = self.op_cost  # a collective or a send: one NCCL kernel launch
         if o.source == "trace" and trace.metadata.get("shapes_only"):
             raise ConfigError(
                 "host.source",
@@ -166,7 +186,7 @@ class HostModel:
         o = self.options
         if o.source == "trace":
             return op.host_time * o.trace_scale
-        return o.op_cost * (1 + op.kernels)
+        return self.op_cost * (1 + op.kernels)
 
     def gap(self, op: Operator, gpu_time: float) -> float:
         """The kernels' gaps, for an operator that runs on the GPU (gpu_time > 0)."""
@@ -175,7 +195,7 @@ class HostModel:
     def describe(self) -> str:
         o = self.options
         cost = (
-            f"op_cost {o.op_cost * 1e6:.3g} us per operator and launch"
+            f"op_cost {self.op_cost * 1e6:.3g} us per operator and launch"
             if o.source == "launches"
             else f"the trace's host_time x {o.trace_scale:g}"
         )
@@ -183,9 +203,17 @@ class HostModel:
             f"on ({cost}, launch latency {o.launch_latency * 1e6:.3g} us, kernel gap "
             f"{o.kernel_gap * 1e6:.3g} us)"
         )
-        if o.source == "launches" and o.op_cost == OP_COST:
-            lo, hi = OP_COST_SPREAD
-            out += f"; op_cost a default: {lo * 1e6:.3g}-{hi * 1e6:.3g} us on the hosts measured"
+        if o.source == "launches" and (o.cpu is not None or o.op_cost == OP_COST):
+            cpu = HOST_CPUS[o.cpu or DEFAULT_CPU]
+            lo, hi = cpu.spread
+            others = ", ".join(
+                f"{c.name} {c.op_cost * 1e6:.3g}" for c in HOST_CPUS.values() if c is not cpu
+            )
+            named = f"host cpu {cpu.name}" if o.cpu else f"a default: host cpu {cpu.name}"
+            out += (
+                f"; op_cost {named}, its host-bound runs fit {lo * 1e6:.3g}-{hi * 1e6:.3g} us "
+                f"(other hosts: {others} us)"
+            )
         return out
 
     @staticmethod

@@ -13,8 +13,21 @@ from triosim.trace.model import Trace
 def model_times(trace: Trace, gpu: str, kind: str = "calibrated", **options) -> Trace:
     """Set every operator's time to what perfmodel `kind` predicts on `gpu` (a catalogue
     name) at the traced batch size, in place; record in the metadata that the times are
-    modelled, by which model, from which calibration, for which GPU. Returns the trace."""
+    modelled, by which model, from which calibration, for which GPU. A shape-only trace's
+    operators also take the kernel counts of the real GPU traces (perfmodel.kernel_counts:
+    what the host model charges a launch for), where their names are known. Returns the
+    trace."""
     g = hardware.gpu(gpu)
+    kernels = None
+    if trace.metadata.get("shapes_only"):
+        from perfmodel.kernel_counts import TABLE_FILE, count_kernels
+
+        known = count_kernels(trace)
+        kernels = (
+            f"{known} of {len(trace.operators)} operators: the real H100 traces' count per "
+            f"operator name ({TABLE_FILE.name}), the same on any GPU; the others the meta "
+            "run's leaf operators"
+        )
     model = model_class(kind)(trace, **options)
     target = Target(gpu=g.name)
     times = [model.time(op, target) for op in trace.operators]
@@ -40,4 +53,6 @@ def model_times(trace: Trace, gpu: str, kind: str = "calibrated", **options) -> 
             "modelled_iteration_time": math.fsum(times),
         }
     )
+    if kernels is not None:
+        trace.metadata["kernels_source"] = kernels
     return trace

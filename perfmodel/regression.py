@@ -116,7 +116,10 @@ class LinearRegressionModel(OperatorModel):
         coef = reg.coef_ / scale
         # the kernel coefficient absorbs fit error from big ops; the shortest ops are
         # launch overhead and nothing else, so they bound it from above
-        floor = float(np.percentile(y / X[:, 0], 10)) if len(y) else 0.0
+        # (of the operators that launch kernels: one that launches none, e.g. an item() on
+        # a CPU scalar, takes no GPU time and says nothing about a launch)
+        launched = X[:, 0] > 0
+        floor = float(np.percentile(y[launched] / X[launched, 0], 10)) if launched.any() else 0.0
         self.overhead = min(float(coef[0]), floor)  # seconds per kernel launch
         self.report["overhead_s_per_kernel"] = self.overhead
 

@@ -79,6 +79,32 @@ def test_kernel_gap_adds_per_kernel_gpu_time():
     assert r.iteration_time == pytest.approx(515 * US, abs=1e-12)
 
 
+def test_an_operator_that_launches_nothing_costs_its_host_one_dispatch():
+    # op_cost 10 us, launch latency 5 us, no gap. A (10 us, 1 kernel): host 20, starts 25,
+    # ends 35. B launches nothing (an item() on a CPU scalar, an AccumulateGrad that takes
+    # the gradient as it is): host 10 more (30), no GPU time. C (10 us, 1 kernel): host
+    # 30 + 20 = 50, starts max(35, 55) = 55, ends 65. Charged a launch, B would end it at 75.
+    t = tiny_trace([10, 0, 10])
+    ops = [dataclasses.replace(o, kernels=0) if i == 1 else o for i, o in enumerate(t.operators)]
+    t = Trace(ops, t.tensors, t.metadata).validate()
+    r = run(t, op_cost=10 * US, launch_latency=5 * US, kernel_gap=0.0)
+    assert r.iteration_time == pytest.approx(65 * US, abs=1e-12)
+
+
+def test_a_gpu_traces_untimed_operators_are_read_as_launching_nothing(tmp_path):
+    # tracers before kernels could be 0 wrote 1 for an operator that launched none; a GPU
+    # trace timed by its kernels gives such an operator time 0, and reads it back as 0
+    from triosim.trace.model import load, save
+
+    t = tiny_trace([10, 0, 10])
+    gpu = Trace(t.operators, t.tensors, {**t.metadata, "time_source": "GPU kernels"})
+    back = load(save(gpu, tmp_path / "gpu.trace.json"))
+    assert [o.kernels for o in back.operators] == [1, 0, 1]
+    # a CPU trace's zero-time operator keeps its count (its time is not its kernels')
+    cpu = Trace(t.operators, t.tensors, {**t.metadata, "device": "cpu"})
+    assert [o.kernels for o in load(save(cpu, tmp_path / "cpu.trace.json")).operators] == [1] * 3
+
+
 def test_off_and_cpu_traces_keep_the_sum_of_operator_times():
     t = tiny_trace([10, 50, 10, 10])
     assert run(t, model="off").iteration_time == pytest.approx(80 * US, abs=1e-15)
@@ -293,18 +319,21 @@ def test_a_fit_refuses_a_run_its_gpu_decides_and_fits_a_host_bound_one():
     """Issue 46: ResNet-152 b64 ran 80.50 ms on the H100 (../shared/gpu/timings.json), its
     GPU's work alone 79.8: 0.8 % apart, so the host cost is not what decided it (fitting it
     gave the knee, 12.7 us, and its b32 run was then predicted 41 % slow): refused. The
-    b32 run (57.15 ms, host-bound: its GPU work about 40 ms) from the same trace: by hand,
-    2,602 operators and 3,668 kernels issued in about 57 ms is 57.15 / 6,270 = 9.1 us per
-    launch at most (the launch latency and last kernels come on top)."""
+    b32 run (57.15 ms, host-bound: its GPU work about 41 ms) from the same trace: by hand,
+    2,602 operators and 2,209 kernels (1,459 operators launch none: 934 item() calls on the
+    optimizer's CPU step counts, the AccumulateGrad nodes, views) issued in about 57 ms is
+    57.15 / 4,811 = 11.9 us per dispatch or launch at most (the launch latency and last
+    kernels come on top)."""
     from triosim.studies.host_fit import fit_op_cost
     from triosim.trace.model import load
 
     t = load(REAL / "resnet152-b64.trace.json.gz")
-    assert (len(t.operators), sum(o.kernels for o in t.operators)) == (2602, 3668)
+    assert (len(t.operators), sum(o.kernels for o in t.operators)) == (2602, 2209)
+    assert sum(o.kernels == 0 for o in t.operators) == 1459
     with pytest.raises(ConfigError, match="less than 5% above that"):
         fit_op_cost(t, 80.50e-3)
     cost = fit_op_cost(t, 57.15e-3, None, 32, "regression")
-    assert 8.5 * US < cost < 57.15e-3 / 6270
+    assert 10.5 * US < cost < 57.15e-3 / 4811
 
 
 def test_a_send_costs_its_host_one_launch():
@@ -343,19 +372,63 @@ def test_yaml_on_and_off_and_the_summary_line():
         assert from_dict(data).host.model == want
     t = tiny_trace([10, 50, 10, 10])
     assert run(t).host == (
-        "on (op_cost 12.7 us per operator and launch, launch latency 8 us, kernel gap 1.07 us);"
-        " op_cost a default: 8.97-15.3 us on the hosts measured"
+        "on (op_cost 12.9 us per operator and launch, launch latency 8 us, kernel gap 1.07 us);"
+        " op_cost a default: host cpu h100-traces, its host-bound runs fit 11.7-14.7 us (other"
+        " hosts: h100-profiles 19.2 us)"
     )
+    assert "op_cost host cpu h100-profiles, its host-bound runs fit 19.2-19.2 us" in (
+        run(t, cpu="h100-profiles").host
+    )
+    assert "a default" not in run(t, op_cost=5 * US).host  # the user's own host
     assert run(t, model="off").host == "off (host.model: off)"
     assert "host model" in run(t).summary()
     assert run(tiny_trace([10], device="cpu")).host.startswith("off (not a GPU trace")
 
 
+def test_a_named_host_cpu_changes_only_the_host_side():
+    # the same trace on the two catalogued hosts: every operator's GPU time the same; the
+    # host-bound run (30 ops of 1 us) takes each host's 2 x op_cost per op + the latency and
+    # the last kernel; the GPU-bound one (30 ops of 500 us) the same time on both
+    from perfmodel.host_cpus import HOST_CPUS
+
+    for times, bound in (([1] * 30, True), ([500] * 30, False)):
+        t = tiny_trace(times)
+        runs = {c: run(t, cpu=c, kernel_gap=0.0) for c in ("h100-traces", "h100-profiles")}
+        durations = {
+            c: sorted((r.timeline["end"] - r.timeline["start"]).round(12)) for c, r in runs.items()
+        }
+        assert durations["h100-traces"] == durations["h100-profiles"]
+        for c, r in runs.items():
+            cost = HOST_CPUS[c].op_cost
+            if bound:  # the last op issued at 30 x 2 x cost, then the latency and 1 us
+                want = 60 * cost + 8 * US + 1 * US
+            else:  # the first issued at 2 x cost, then back to back
+                want = 2 * cost + 8 * US + 30 * 500 * US
+            assert r.iteration_time == pytest.approx(want, rel=1e-9)
+    assert run(t, cpu="h100-profiles").iteration_time == run(t, op_cost=19.2 * US).iteration_time
+
+
+def test_a_host_cpu_is_one_of_the_catalogue_and_not_beside_an_op_cost():
+    t = tiny_trace([10])
+    with pytest.raises(ConfigError, match="host.cpu.*one of h100-traces, h100-profiles"):
+        run(t, cpu="xeon")
+    with pytest.raises(ConfigError, match="host.op_cost.*unset with host.cpu"):
+        run(t, cpu="h100-profiles", op_cost=5 * US)
+    import yaml
+
+    from triosim.config.loading import from_dict
+
+    with pytest.raises(ConfigError, match="host.cpu.*host.model off"):
+        from_dict(yaml.safe_load("trace: x.json\nhost: {model: off, cpu: h100-profiles}\n"))
+    with pytest.raises(ConfigError, match="host.cpu.*'epyc'"):
+        from_dict(yaml.safe_load("trace: x.json\nhost: {cpu: epyc}\n"))
+
+
 def test_info_prints_the_host_models_replay(tmp_path, capsys):
-    """Defaults (op_cost 12.7, latency 8, gap 1.07 us), ops of 10, 50, 10, 10 us, one kernel:
-    host 4 x 25.4 = 101.6 us. A issued 25.4, runs 33.4-44.47; B issued 50.8, runs
-    58.8-109.87; C issued 76.2, runs 109.87-120.94; D issued 101.6, runs 120.94-132.01:
-    132.01 us, kernels busy 80 / 132.01 = 60.6 %."""
+    """Defaults (op_cost 12.9, latency 8, gap 1.07 us), ops of 10, 50, 10, 10 us, one kernel:
+    host 4 x 25.8 = 103.2 us. A issued 25.8, runs 33.8-44.87; B issued 51.6, runs
+    59.6-110.67; C issued 77.4, runs 110.67-121.74; D issued 103.2, runs 121.74-132.81:
+    132.81 us, kernels busy 80 / 132.81 = 60.2 %."""
     from conftest import run_cli
 
     from triosim.trace.model import save
@@ -364,7 +437,7 @@ def test_info_prints_the_host_models_replay(tmp_path, capsys):
     code, out, _ = run_cli(capsys, "info", path)
     assert code == 0
     (line,) = [x for x in out.splitlines() if x.startswith("host model")]
-    assert "host 0.1016 ms" in line and "replay 0.1320 ms" in line and "busy 60.6 %" in line
+    assert "host 0.1032 ms" in line and "replay 0.1328 ms" in line and "busy 60.2 %" in line
     assert "(host-bound)" in line
     cpu = save(tiny_trace([10], device="cpu"), tmp_path / "c.trace.json.gz")
     assert "host model" not in run_cli(capsys, "info", cpu)[1]
@@ -382,7 +455,7 @@ def test_info_without_simpy_prints_the_host_time_alone(tmp_path, capsys, monkeyp
     code, out, _ = run_cli(capsys, "info", path)
     (line,) = [x for x in out.splitlines() if x.startswith("host model")]
     assert code == 0 and line.endswith(
-        "host 0.1016 ms per iteration (defaults: host.op_cost x launches)"
+        "host 0.1032 ms per iteration (defaults: host.op_cost x launches)"
     )
 
 

@@ -1,3 +1,5 @@
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -5,6 +7,7 @@ from perfmodel import LinearRegressionModel, Roofline, Target, TraceTime, op_fea
 from tests.conftest import chain_trace
 from triosim.common.errors import ConfigError
 from triosim.hardware import catalogue as hardware
+from triosim.trace.model import Trace
 
 
 def test_weights_keep_size_when_batch_doubles(chain):
@@ -46,6 +49,28 @@ def test_single_trace_scales_by_flop_ratio_around_overhead():
     want = 5e-6 + (op.time - 5e-6) * 2
     assert m.time(op, Target(batch_size=2 * t.batch_size)) == pytest.approx(want, rel=1e-6)
     assert m.time(op) == op.time  # traced setting: the measured time
+
+
+def test_operators_that_launch_nothing_do_not_pin_the_launch_overhead_to_zero():
+    # the 10th percentile of time per kernel bounds the overhead; an operator with no
+    # kernel (time 0) says nothing about a launch. With a third of the operators such (as
+    # an optimizer's item() calls are), the overhead is still the 5 us every launch costs.
+    import warnings
+
+    t = chain_trace()
+    ops = []
+    for op in t.operators:
+        op.time = 5e-6 + (op.flops or 0) / 1e12
+        ops.append(op)
+    extra = [
+        dataclasses.replace(op, id=1000 + k, time=0.0, kernels=0, flops=None)
+        for k, op in enumerate(t.operators[: len(t.operators) // 2])
+    ]
+    t = Trace(ops + extra, t.tensors, t.metadata).validate()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no division by a zero kernel count
+        m = LinearRegressionModel(t)
+    assert m.overhead == pytest.approx(5e-6, rel=1e-6)
 
 
 def test_save_load(tmp_path, chain):

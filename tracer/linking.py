@@ -317,7 +317,8 @@ def _operators(tree, top, tensors: _Tensors, times, fwd_of_seq, gpu, flops_of) -
         flops = None
         if flops_of is not None:
             flops = flops_of(tree.nodes, i, tree.subtree, tree.children)
-        op = Operator(i, name, layer, ph, t, in_ids, out_ids, flops, fwd_id, max(k, 1), split)
+        # on a GPU, k is what the operator launched: 0 for one that ran on the host alone
+        op = Operator(i, name, layer, ph, t, in_ids, out_ids, flops, fwd_id, k, split)
         for f, v in times.host.of(i, gpu).items():
             setattr(op, f, v)
         ops.append(op)

@@ -2,7 +2,7 @@
 
 The host's time per operator dispatch and kernel launch (`host.op_cost`, perfmodel/host.py)
 is a property of the CPU that runs the training loop, not of the GPU: two H100 machines
-needed 12.7 and 15.3 us. The GPU's gap per kernel (`host.kernel_gap`) is the device's and
+needed 12.9 and 19.2 us (perfmodel/host_cpus.py). The GPU's gap per kernel (`host.kernel_gap`) is the device's and
 the driver's. Each is fitted on the one-GPU simulation (mode single, the trace's own
 operator times) of one trace whose time it decides, by bisection (the simulated time does
 not decrease as either grows):
@@ -12,7 +12,7 @@ not decrease as either grows):
   is within `HOST_BOUND` (5 %) of the measurement is not decided by its host: the fit
   would only find the knee where the host starts to matter (at most an upper bound), as
   ResNet-152 b64 did (0.8 % above its GPU time: 12.7 us, where its host-bound b32 run
-  needs 9.0): an error says so. `batch_size` and `perfmodel` fit a run at another batch
+  needs 11.7): an error says so. `batch_size` and `perfmodel` fit a run at another batch
   than the trace's (its operators scaled by that operator model), e.g. the b32 run of a
   b64 trace.
 - `fit_kernel_gap(trace, measured)` on a GPU-bound one (its host issues ahead of the GPU).

@@ -509,6 +509,7 @@ def load(path, progress: bool = False) -> Trace:
         )
     if not ops:
         raise TraceError("the trace has no operators", file=path, field="operators")
+    _kernels_launched(ops, metadata)
     return Trace(ops, tensors, metadata).validate(file=path)
 
 
@@ -568,11 +569,24 @@ def _optional_kernels(rec, path, row) -> int:
     v = rec.get("kernels", 1)
     if v is None:
         return 1
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
         raise TraceError(
-            f"expected an integer >= 1, got {v!r}", file=path, row=row, field="kernels"
+            f"expected an integer >= 0, got {v!r}", file=path, row=row, field="kernels"
         )
     return v
+
+
+def _kernels_launched(ops: list, metadata: dict) -> None:
+    """A GPU trace timed by its kernels (the tracer's and imported profiles') gives an
+    operator that launched none (a CPU scalar's item(), an AccumulateGrad that takes the
+    gradient as it is, a view) time 0; tracers before kernels could be 0 wrote 1 for it.
+    Read it as 0, so the host model charges no launch for it."""
+    timed_by_kernels = "kernel" in str(metadata.get("time_source") or "")
+    if not (timed_by_kernels and str(metadata.get("device") or "").startswith("cuda")):
+        return
+    for op in ops:
+        if op.time == 0 and op.kernels == 1:
+            op.kernels = 0
 
 
 def _optional_bool(rec, f, path, row) -> bool:
