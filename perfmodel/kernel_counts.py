@@ -15,7 +15,8 @@ any other keeps its leaf count. Kernel counts follow the CUDA libraries' choices
 algorithm for a shape), not a GPU's speed: the same table serves every GPU, an assumption
 the modelled trace's metadata states. Fitted on some models, checked on others
 (tests/test_kernel_counts.py: each model's counts from a table without it).
-Regenerate: python -m perfmodel.kernel_counts
+Regenerate: python -m perfmodel.kernel_counts; then give the shipped shape-only traces its
+counts: python -m perfmodel.kernel_counts --recount traces/modelled/*/*.trace.json.gz
 """
 
 from __future__ import annotations
@@ -60,8 +61,37 @@ def count_kernels(trace: Trace, counts: dict | None = None) -> int:
     return known
 
 
-def main() -> int:
+def source_note(known: int, total: int) -> str:
+    """What a modelled trace's metadata `kernels_source` says."""
+    return (
+        f"{known} of {total} operators: the real H100 traces' count per operator name "
+        f"({TABLE_FILE.name}), the same on any GPU; the others the meta run's leaf operators"
+    )
+
+
+def recount(paths) -> None:
+    """Give shipped shape-only traces the table's counts in place (what tracing them again
+    with `triosim trace --shapes-only` writes, without the tracing)."""
+    from triosim.trace.model import load, save
+
+    for path in paths:
+        t = load(path)
+        if not t.metadata.get("shapes_only"):
+            raise SystemExit(f"{path}: not a shape-only trace (its counts are its GPU's)")
+        t.metadata["kernels_source"] = source_note(count_kernels(t), len(t.operators))
+        save(t, path)
+        print(f"{path}: {t.metadata['kernels_source'].split(':')[0]}")
+
+
+def main(argv=None) -> int:
+    import sys
+
     from triosim.trace.model import load
+
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--recount"]:  # python -m perfmodel.kernel_counts --recount FILE...
+        recount(argv[1:])
+        return 0
 
     files = sorted(TRACES.glob("*.trace.json.gz")) + sorted(
         (TRACES / "imported").glob("*.trace.json.gz")

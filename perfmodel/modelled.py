@@ -20,14 +20,9 @@ def model_times(trace: Trace, gpu: str, kind: str = "calibrated", **options) -> 
     g = hardware.gpu(gpu)
     kernels = None
     if trace.metadata.get("shapes_only"):
-        from perfmodel.kernel_counts import TABLE_FILE, count_kernels
+        from perfmodel.kernel_counts import count_kernels, source_note
 
-        known = count_kernels(trace)
-        kernels = (
-            f"{known} of {len(trace.operators)} operators: the real H100 traces' count per "
-            f"operator name ({TABLE_FILE.name}), the same on any GPU; the others the meta "
-            "run's leaf operators"
-        )
+        kernels = source_note(count_kernels(trace), len(trace.operators))
     model = model_class(kind)(trace, **options)
     target = Target(gpu=g.name)
     times = [model.time(op, target) for op in trace.operators]

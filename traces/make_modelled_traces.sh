@@ -3,7 +3,10 @@
 # nothing computed) timed by the calibrated operator model (perfmodel/calibration/h100.json,
 # fitted on the original TrioSim's H100 traces). Their times are MODELLED, not measured.
 # A100 and A40 times use those H100-fitted efficiencies with the A100's and A40's catalogue
-# peaks and bandwidths (an assumption). Re-run from the repository root:
+# peaks and bandwidths (an assumption). Kernel counts per operator name come from the real
+# H100 traces (perfmodel/kernel_counts.py; after a new table, `python -m
+# perfmodel.kernel_counts --recount traces/modelled/*/*.trace.json.gz` updates them without
+# tracing again). Re-run from the repository root:
 #   bash traces/make_modelled_traces.sh
 set -euo pipefail
 trace() { python -m triosim.cli.main trace "$@" --shapes-only --calibration perfmodel/calibration/h100.json; }
