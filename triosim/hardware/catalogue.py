@@ -204,6 +204,33 @@ _gpu(
         compute_capability=(9, 0),
     )
 )
+# NVIDIA HGX B200 (Blackwell, 1,000 W): the NVIDIA Blackwell architecture technical brief's
+# HGX B200 column: FP64 40 TF, FP32 80 TF, TF32 1.1 PF, FP16/BF16 2.25 PF, FP8 4.5 PF (dense:
+# half the "with sparsity" 2.2, 4.5 and 9 PF); the DGX B200 datasheet: 1,440 GB of HBM3e at
+# 64 TB/s for 8 GPUs, i.e. 180 GB at 8 TB/s a GPU, NVLink 5 at 1.8 TB/s a GPU (900 GB/s each
+# way). Compute capability 10.0 (NVIDIA, "CUDA GPUs"); 148 SMs (two dies of 74, as CUDA
+# reports them). NCCL's per-architecture tables this project holds stop at Hopper: a B200
+# uses Hopper's rows (nccl_constants.table_index: the nearest below) and NCCL's sm100 NVLink
+# figure is not modelled, an assumption.
+_gpu(
+    GPU(
+        "B200",
+        {
+            "float64": 40 * T,
+            "float32": 80 * T,
+            "tf32": 1100 * T,
+            "float16": 2250 * T,
+            "bfloat16": 2250 * T,
+            "float8": 4500 * T,
+        },
+        8000 * GB,
+        180 * GB,
+        ("HGX-B200", "NVIDIA B200"),
+        vector_flops={"float64": 40 * T, "float32": 80 * T},
+        sms=148,
+        compute_capability=(10, 0),
+    )
+)
 
 # PCI-SIG: PCIe 4.0 x16 is 16 GT/s x 16 lanes, ~32 GB/s per direction; PCIe 5.0 doubles it.
 LINKS["pcie4"] = Link("pcie4", 32 * GB, 1e-6)  # latency: assumption, ~1 us per hop
@@ -212,6 +239,8 @@ LINKS["pcie5"] = Link("pcie5", 64 * GB, 1e-6)  # latency: assumption
 LINKS["nvlink3"] = Link("nvlink3", 300 * GB, 0.7e-6)  # latency: assumption
 # NVIDIA H100 datasheet: NVLink 4, 900 GB/s total per GPU = 450 GB/s per direction.
 LINKS["nvlink4"] = Link("nvlink4", 450 * GB, 0.7e-6)  # latency: assumption
+# NVIDIA DGX B200 datasheet: NVLink 5, 1.8 TB/s total per GPU = 900 GB/s per direction.
+LINKS["nvlink5"] = Link("nvlink5", 900 * GB, 0.7e-6)  # latency: assumption
 # NVIDIA ConnectX-6 / ConnectX-7: InfiniBand HDR 200 Gb/s, NDR 400 Gb/s per port.
 LINKS["ib-hdr"] = Link("ib-hdr", 25 * GB, 2e-6)  # latency: assumption (switch + NIC)
 LINKS["ib-ndr"] = Link("ib-ndr", 50 * GB, 2e-6)  # latency: assumption
