@@ -70,6 +70,7 @@ class Runtime:
         self._procs: dict[tuple, simpy.Process] = {}
         self._last_acc: dict[int, tuple] = {}  # id(ComputeRun) -> its last timing (reuse)
         self._sends: dict[tuple, object] = {}  # (src, dst, bytes) -> Network.batch of it
+        self._pairs: dict[tuple, int] = {}  # sends to and receives from images, counted
         self.tasks_started = 0
         self.tasks_finished = 0
         self.collective_bytes: dict[str, float] = {}
@@ -168,10 +169,15 @@ class Runtime:
                     self._clock[gpu] = self._clock.get(gpu, 0.0) + host.comm_cost
                 yield self._send(gpu, task)
                 self.event("p2p:" + task.key).succeed()
+                if self.symmetry is not None and task.dst not in self.symmetry.orbits:
+                    self.event(self._to_image(gpu, task.dst)).succeed()
                 name, nbytes = f"send to {task.dst}", task.nbytes
                 log("comm", name, task.layer, task.phase, start, env._now, nbytes, task.key)
             elif type(task) is Recv:
-                yield self.event("p2p:" + task.key)
+                if self.symmetry is not None and task.src not in self.symmetry.orbits:
+                    yield self.event(self._from_image(task.src, gpu))
+                else:
+                    yield self.event("p2p:" + task.key)
                 name = f"recv from {task.src}"
                 log("wait", name, task.layer, task.phase, start, env._now, 0.0, task.key)
             elif type(task) is Signal:
@@ -180,7 +186,10 @@ class Runtime:
                     raise SimulationError(f"GPU {gpu} {stream}: signal {task.key!r} fired twice")
                 ev.succeed()
             elif type(task) is Wait:
-                yield self.event(task.key)
+                if task.gpu is not None and self.symmetry is not None:
+                    yield self.event(self._signal_of(task))
+                else:
+                    yield self.event(task.key)
                 if env._now > start:
                     log("wait", "wait", "", "", start, env._now, 0.0, task.key)
             elif type(task) is WaitSome:  # (rare: a generator is cheap enough)
@@ -361,6 +370,40 @@ class Runtime:
         self._meetings.prepare(collectives)
         for gpu, dst, nb in sends:
             self.network.batch(self._send_group(gpu, dst, nb))
+
+    # -- point-to-point with an image (a symmetric run whose copies move a group's ranks:
+    # CP's ring sends to the next CP rank, an image of the sender's representative) ----------
+    def _to_image(self, src, dst) -> str:
+        """The event a representative's n-th send to image `dst` fires: by the symmetry
+        its image under the inverse copy, image(src) -> dst's representative, ends at the
+        same instant, and that representative's n-th receive from there waits for it
+        (`_from_image`). Sends and receives of one pair are in the same order on both
+        ends (each stream runs its layers and micro-batches in the schedule's order)."""
+        return self._pair_event(src, dst, "sent")
+
+    def _from_image(self, src, gpu) -> str:
+        """The event representative `gpu`'s next receive from image `src` waits for: the
+        n-th send of src's representative to gpu's image in the inverse copy."""
+        sym = self.symmetry
+        rep, h = sym.where(src)
+        dst = sym.image(gpu, sym.inverse(h))
+        n = self._pairs[("recv", src, gpu)] = self._pairs.get(("recv", src, gpu), -1) + 1
+        return f"p2p-image:{rep}>{dst}:{n}"
+
+    def _pair_event(self, src, dst, side) -> str:
+        n = self._pairs[(side, src, dst)] = self._pairs.get((side, src, dst), -1) + 1
+        return f"p2p-image:{src}>{dst}:{n}"
+
+    def _signal_of(self, task: Wait) -> str:
+        """The event a Wait on GPU task.gpu's signal waits for: its representative's, when
+        task.gpu is an image (the same key after the GPU's prefix, at the same instant)."""
+        if task.gpu in self.symmetry.orbits:
+            return task.key
+        prefix = f"{task.gpu}:"
+        if not task.key.startswith(prefix):
+            raise SimulationError(f"wait {task.key!r}: not GPU {task.gpu}'s signal")
+        rep, _ = self.symmetry.where(task.gpu)
+        return f"{rep}:{task.key[len(prefix) :]}"
 
     def _send_group(self, gpu, dst, nb) -> list:
         """A send and every copy's image of it, as one transfer group."""

@@ -18,7 +18,10 @@ The runtime then runs only R's streams:
   is some representatives at every copy of whole axes (a TP group when TP is an axis: one
   representative at its TP copies) is met by those representatives and runs over the group
   and over its image in one copy of every other coset (the full run's other such groups);
-- a send between representatives also sends every image s_k(a) -> s_k(b);
+- a send between representatives also sends every image s_k(a) -> s_k(b); a send from a
+  to an image s_j(b) too, each copy's s_k(a) -> s_k(s_j(b)), and its end is b's receive
+  from s_{-j}(a) (that transfer's image; the n-th of a pair with the n-th); a wait on an
+  image's signal waits on its representative's (`Wait.gpu`);
 - anything else (a group or a send that mixes classes otherwise) breaks the symmetry.
 
 Why this is the full run: compute is identical within a class (same tasks, same compute
@@ -281,12 +284,18 @@ class Symmetry:
         return [k for k in map(self.index, itertools.product(*rest)) if k]
 
     def send_images(self, src, dst) -> list[tuple]:
-        """The (source, destination) of every image of a send src -> dst."""
-        o_dst = self.orbits.get(dst)
+        """The (source, destination) of every image of a send src -> dst (dst a
+        representative, or an image: then each copy's image of it)."""
+        o_src, o_dst = self.orbits[src], self.orbits.get(dst)
         if o_dst is None:
-            raise SymmetryBroken(f"GPU {src!r} sends to GPU {dst!r}, which is not a representative")
-        o_src = self.orbits[src]
+            return [(o_src[k], self.image(dst, k)) for k in range(1, self.copies)]
         return [(o_src[k], o_dst[k]) for k in range(1, self.copies)]
+
+    def inverse(self, k: int) -> int:
+        """The copy that undoes copy k (each axis negated)."""
+        if len(self.axes) == 1:
+            return -k % self.copies
+        return self.index([-d % n for n, d in zip(self.axes, self.digits(k), strict=True)])
 
     # -- the streams, compared -----------------------------------------------------------------
     def sampled_copies(self) -> list[int]:
@@ -385,17 +394,16 @@ class Symmetry:
             want = a.group if images is None else self.image_group(a.group, k)
             return b.group is want or tuple(b.group) == tuple(want)
         if t is Send:
-            o = self.orbits.get(a.dst)
             return (
-                o is not None
-                and o[k] == b.dst
+                self.image(a.dst, k) == b.dst
                 and a.nbytes == b.nbytes
                 and a.layer == b.layer
                 and a.phase == b.phase
             )
         if t is Recv:
-            o = self.orbits.get(a.src)
-            return o is not None and o[k] == b.src and a.phase == b.phase
+            return self.image(a.src, k) == b.src and a.phase == b.phase
+        if t is Wait and a.gpu is not None:  # another GPU's signal: its image's
+            return self.image(a.gpu, k) == b.gpu
         if t is Signal or t is Wait:
             return True  # keys name the GPU; they only pair tasks of the same GPU up
         if t is WaitSome:

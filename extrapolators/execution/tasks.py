@@ -112,7 +112,13 @@ class Signal:
 
 @dataclass(slots=True)
 class Wait:
+    """Wait for the named event. `gpu`: the event is that GPU's Signal, its key
+    f"{gpu}:..." (another GPU's: a symmetric run whose copies move that GPU's index waits
+    for the same key of its representative, fired at the same instant; the key after the
+    prefix must be the same on every copy)."""
+
     key: str
+    gpu: object = None
 
 
 @dataclass(slots=True)

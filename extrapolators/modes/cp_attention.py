@@ -65,8 +65,8 @@ def ring_sends(gpu, group, kv_bytes, tag, forward: bool, layer="", phase=""):
     dst = group[(j + 1) % c] if forward else group[(j - 1) % c]
     for s in range(c - 1 if forward else c):
         nbytes = kv_bytes if forward else kv_bytes * ((s < c - 1) + (s > 0))
-        yield Wait(f"{gpu}:{tag}:at{s}")
-        yield Wait(f"{dst}:{tag}:at{s}")
+        yield Wait(f"{gpu}:{tag}:at{s}", gpu)
+        yield Wait(f"{dst}:{tag}:at{s}", dst)
         yield Send(dst, nbytes, f"{tag}:{s + 1}:{gpu}>{dst}", layer, phase)
 
 
