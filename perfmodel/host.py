@@ -103,6 +103,12 @@ def check_fields(o: HostOptions, given=None) -> None:
         unused = ("source", "cpu", "op_cost", "launch_latency", "kernel_gap", "trace_scale")
     else:
         unused = () if o.source == "trace" else ("trace_scale",)
+    if given.get("cpu") is not None and "op_cost" in given:  # even one equal to the default
+        raise ConfigError(
+            "host.op_cost",
+            given["op_cost"],
+            f"unset with host.cpu {given['cpu']!r} (the catalogue gives its cost): one of the two",
+        )
     op_cost(o, given.get("cpu"))  # a catalogued name; not beside an op_cost of its own
     for name in unused:
         if getattr(o, name) != getattr(default, name):

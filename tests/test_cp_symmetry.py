@@ -17,10 +17,11 @@ from triosim.simulation.wiring import Simulation
 GB = 1e9
 
 
-def run(trace, n, par, symmetry, topology=None):
+def run(trace, n, par, symmetry, topology=None, iterations=1):
     topology = topology or {"kind": "switch", "bandwidth": 50 * GB, "latency": 1e-6}
     cfg = {
         "num_gpus": n,
+        "iterations": iterations,
         "topology": topology,
         "parallelism": {"mode": "mesh", **par},
         "communication": {"kind": "textbook"},
@@ -60,12 +61,28 @@ def test_a_symmetric_cp_run_is_the_exact_run(cp, comm, dp, tp, pp, fsdp):
     assert sym.bytes_delivered == pytest.approx(exact.bytes_delivered, rel=1e-12)
 
 
-def test_a_ring_on_a_ring_topology_is_still_the_exact_run():
+def test_a_ring_on_a_ring_topology_is_still_the_exact_run_every_iteration():
     # 4 CP ranks on a ring of links: each rank's send to the next crosses its own link,
-    # as each image's does; the copies are the ring's rotations
+    # as each image's does; the copies are the ring's rotations. Three iterations: the
+    # keys of iterations 1 and 2 carry their prefix ("it1/"), the waits on an image's
+    # signal too
     t = attention_trace(b=2, s=256, layers=2, H=8, d=64)
     ring = {"kind": "ring", "bandwidth": 20 * GB, "latency": 2e-6}
     par = {"cp": 4, "cp_comm": "p2p"}
-    exact, sym = run(t, 4, par, "off", ring), run(t, 4, par, "auto", ring)
+    exact, sym = run(t, 4, par, "off", ring, 3), run(t, 4, par, "auto", ring, 3)
     assert sym.symmetry == "auto: 1 representative of 4 GPUs"
+    assert sym.iteration_time == pytest.approx(exact.iteration_time, rel=1e-12)
+    assert sym.first_iteration_time == pytest.approx(exact.first_iteration_time, rel=1e-12)
+
+
+def test_cp_groups_that_snake_across_hosts_keep_their_ranks():
+    # TP 4 x CP 4 on two hosts of 8: the CP group of GPU 0 in the topology's ring order is
+    # [0, 4, 12, 8], which no CP shift maps onto itself: CP's ranks are kept (TP's copies
+    # only), without an attempt that falls back (a fallback warns: an error here)
+    t = attention_trace(b=2, s=256, layers=2, H=8, d=64)
+    nodes = {"kind": "multi_node", "gpus_per_node": 8, "bandwidth": 450 * GB,
+             "latency": 1e-6, "inter_bandwidth": 50 * GB}  # fmt: skip
+    par = {"cp": 4, "cp_comm": "p2p", "tp": 4}
+    exact, sym = run(t, 16, par, "off", nodes), run(t, 16, par, "auto", nodes)
+    assert sym.symmetry == "auto: 4 representatives of 16 GPUs"
     assert sym.iteration_time == pytest.approx(exact.iteration_time, rel=1e-12)

@@ -422,6 +422,19 @@ def test_a_host_cpu_is_one_of_the_catalogue_and_not_beside_an_op_cost():
         from_dict(yaml.safe_load("trace: x.json\nhost: {model: off, cpu: h100-profiles}\n"))
     with pytest.raises(ConfigError, match="host.cpu.*'epyc'"):
         from_dict(yaml.safe_load("trace: x.json\nhost: {cpu: epyc}\n"))
+    # an op_cost written beside cpu is refused even at the default's value, as written
+    with pytest.raises(ConfigError, match="'host.op_cost' = '12.9 us'.*unset with host.cpu"):
+        from_dict(yaml.safe_load("trace: x.json\nhost: {cpu: h100-profiles, op_cost: 12.9 us}\n"))
+
+
+def test_a_fit_starts_from_a_named_host_and_gives_the_hosts_own_cost():
+    from triosim.studies.host_fit import replay_time
+
+    t = tiny_trace([1] * 30)
+    truth = HostOptions(model="on", op_cost=7 * US, launch_latency=2 * US, kernel_gap=0.0)
+    measured = replay_time(t, truth)
+    start = dataclasses.replace(truth, op_cost=HostOptions().op_cost, cpu="h100-profiles")
+    assert fit_op_cost(t, measured, start) == pytest.approx(7 * US, rel=1e-3)
 
 
 def test_info_prints_the_host_models_replay(tmp_path, capsys):

@@ -399,11 +399,13 @@ class Runtime:
         task.gpu is an image (the same key after the GPU's prefix, at the same instant)."""
         if task.gpu in self.symmetry.orbits:
             return task.key
+        # (after iteration 0 the key carries the iteration's prefix "it1/", wiring.prefixed)
+        head, sep, own = task.key.rpartition("/")
         prefix = f"{task.gpu}:"
-        if not task.key.startswith(prefix):
+        if not own.startswith(prefix):
             raise SimulationError(f"wait {task.key!r}: not GPU {task.gpu}'s signal")
         rep, _ = self.symmetry.where(task.gpu)
-        return f"{rep}:{task.key[len(prefix) :]}"
+        return f"{head}{sep}{rep}:{own[len(prefix) :]}"
 
     def _send_group(self, gpu, dst, nb) -> list:
         """A send and every copy's image of it, as one transfer group."""

@@ -209,9 +209,11 @@ _gpu(
 # half the "with sparsity" 2.2, 4.5 and 9 PF); the DGX B200 datasheet: 1,440 GB of HBM3e at
 # 64 TB/s for 8 GPUs, i.e. 180 GB at 8 TB/s a GPU, NVLink 5 at 1.8 TB/s a GPU (900 GB/s each
 # way). Compute capability 10.0 (NVIDIA, "CUDA GPUs"); 148 SMs (two dies of 74, as CUDA
-# reports them). NCCL's per-architecture tables this project holds stop at Hopper: a B200
-# uses Hopper's rows (nccl_constants.table_index: the nearest below) and NCCL's sm100 NVLink
-# figure is not modelled, an assumption.
+# reports them). NCCL's per-architecture constants this project holds stop at Hopper: a B200
+# takes Hopper's rows of the latency and LL tables (nccl_constants.table_index: the nearest
+# below), the default channel speed of the ring search on an NVSwitch node (20 GB/s, of
+# INTRA_CHANNEL_SPEED) and no LL128 (LL128_ARCHS); NCCL's own sm100 figures (40.1 GB/s per
+# NVLink, its search speeds) are not modelled, an assumption.
 _gpu(
     GPU(
         "B200",

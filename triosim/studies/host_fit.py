@@ -66,7 +66,9 @@ def fit_option(
     base = dataclasses.replace(host or HostOptions(), model="on")
 
     def at(x: float) -> float:
-        host = dataclasses.replace(base, **{field: x})
+        # (a fitted op_cost is the host's own: not beside a catalogued host.cpu)
+        mine = {"cpu": None} if field == "op_cost" else {}
+        host = dataclasses.replace(base, **{field: x}, **mine)
         return replay_time(trace, host, batch_size, perfmodel)
 
     lo, hi = lower, upper

@@ -9,7 +9,7 @@ import math
 import operator
 
 from extrapolators.execution.symmetry import Symmetry
-from extrapolators.modes.mesh.dims import CP, REP, SHARD, TP, RankOrdered
+from extrapolators.modes.mesh.dims import CP, PP, REP, SHARD, TP, RankOrdered
 
 
 def mesh_symmetry(mode) -> Symmetry:
@@ -66,7 +66,7 @@ def digits(mode):
     # their NCCL rings are no orbits of a CP shift, so the network would move every copy's
     # flows, slower than keeping the CP ranks (torchtitan's 405B 4D layout at 1,024 GPUs:
     # 18.8 s against 15.6)
-    cp_fixed = mesh.cp > 1 and mesh.dp_replicate * mesh.dp_shard > 1
+    cp_fixed = mesh.cp > 1 and (mesh.dp_replicate * mesh.dp_shard > 1 or not _cp_rings(mode))
     shifts, ep = [], []
     for d, (lo, hi) in enumerate(zip(starts, ends, strict=True)):
         if ex is not None and lo >= ex.etp and hi <= ex.etp * ex.ep:
@@ -77,6 +77,22 @@ def digits(mode):
             continue
         shifts.append(d)
     return radices, shifts, ep
+
+
+def _cp_rings(mode) -> bool:
+    """Whether every CP group of the first stage lies in CP-rank order (either way round,
+    from any rank): a CP shift then maps each ring attention's sends to sends. The groups
+    are in the topology's ring order (dims.Layout), which on hosts of several GPUs may
+    snake ([0, 4, 12, 8]): its copies would break the symmetry, and the run fall back."""
+    layout, cp = mode.layout, mode.mesh.cp
+    for x in layout.at:
+        if x[PP] or x[CP]:
+            continue
+        ranks = [layout.coord[g][CP] for g in layout.group(x, ("cp",))]
+        steps = {(b - a) % cp for a, b in zip(ranks, ranks[1:] + ranks[:1], strict=True)}
+        if steps not in ({1}, {cp - 1}):
+            return False
+    return True
 
 
 def _along(mode, radices: list, shifts: list) -> Symmetry:
@@ -162,5 +178,7 @@ def copy_axis(mode) -> tuple[int, int]:
             return ex.etp, ex.ep
         return ex.ep * ex.etp, ex.edp
     strides = {REP: mesh.tp * mesh.cp * mesh.dp_shard, SHARD: mesh.tp * mesh.cp, TP: 1, CP: mesh.tp}
-    k = next((k for k in (REP, SHARD, TP, CP) if mesh.shape[k] > 1), None)
+    k = next((k for k in (REP, SHARD, TP) if mesh.shape[k] > 1), None)
+    if k is None and mesh.cp > 1 and _cp_rings(mode):
+        k = CP
     return (1, 1) if k is None else (strides[k], mesh.shape[k])
