@@ -143,6 +143,10 @@ RUNS = [
 
 LARGE = 512  # --skip-large leaves out rows on more GPUs
 PERFMODEL = "learned"  # --perfmodel
+# the runs of Megatron-Core's frameworks run TransformerEngine's modules (its default
+# transformer implementation): fused norms, RoPE, SwiGLU and attention keep what
+# triosim/results/fused_saves.py says (memory.activations: fused)
+TE_RUNS = ("NeMo", "MBridge", "MCore")
 
 
 def config(run) -> dict:
@@ -161,6 +165,7 @@ def config(run) -> dict:
         "symmetry": "auto",
         "precision": precision,
         "parallelism": {"mode": "mesh", **mesh},
+        "memory": {"activations": "fused" if name.startswith(TE_RUNS) else "trace"},
         "topology": {
             "kind": "multi_node",
             "gpus_per_node": 8,

@@ -56,6 +56,13 @@ class MemoryOptions:
     capacity: float | None = option(
         None, unit="bytes", gt=0, help="GPU memory (default: the target GPU's from the catalogue)"
     )
+    activations: Literal["trace", "fused"] = option(
+        "trace",
+        help="trace: what the traced run's backward reads (an eager trace: autograd's saves "
+        "per small operator); fused: what fused kernels keep (TransformerEngine, Megatron: "
+        "an element-wise chain its inputs, no copies for data movement; "
+        "triosim/results/fused_saves.py)",
+    )
     workspace: float | None = option(
         None,
         unit="bytes",
@@ -205,7 +212,7 @@ def memory_curves(timeline, trace, extrapolator, gpus, options: MemoryOptions, s
     grad_at: dict[int, list[int]] = {}
     for w, pos in ready.items():
         grad_at.setdefault(ops[pos].id, []).append(w)
-    plan = activation_plan(trace, extrapolator)
+    plan = activation_plan(trace, extrapolator, options.activations == "fused")
     grad_bytes = {i: sum(trace.tensors[w].nbytes for w in ws) for i, ws in grad_at.items()}
     rows = timeline.compute_rows() if isinstance(timeline, TimelineLog) else _FrameRows(timeline)
     end = rows.end
@@ -319,7 +326,7 @@ def _gpu_values(values: np.ndarray):
     return pd.Series(list(values)).to_numpy() if len(values) else values
 
 
-def activation_plan(trace, extrapolator) -> dict:
+def activation_plan(trace, extrapolator, fused: bool = False) -> dict:
     """Per operator, once for all GPUs: (allocations it touches, ratio). An allocation is
     a storage (a tensor and its views are one) of batch-scaled tensors, as (key, bytes,
     is an output, born-at op id or None, held). Two rules make it PyTorch's:
@@ -335,16 +342,23 @@ def activation_plan(trace, extrapolator) -> dict:
     """
     tensors = trace.tensors
     scaled = {t.id for t in tensors.values() if t.scales_with_batch}
+    reads, moved = {}, {}
+    if fused:  # what the backward operators read when fused kernels ran them
+        from triosim.results.fused_saves import fused_reads, moved_from
+
+        reads, moved = fused_reads(trace), moved_from(trace)
 
     def key(t):
         # a storage per dtype: the tracer joins a cast's output to its input's storage
         # (`aten::to`'s schema says it may alias, which it does only when the dtype is
         # already right), but a float32 copy of a bfloat16 tensor is new memory
-        x = tensors[t]
-        return ("s", x.storage, x.dtype) if x.storage is not None else ("t", t)
+        x = tensors[moved.get(t, t)]
+        return ("s", x.storage, x.dtype) if x.storage is not None else ("t", x.id)
 
     size: dict = {}
     for t in scaled:
+        if t in moved:  # (fused: no memory of its own)
+            continue
         k = key(t)
         size[k] = max(size.get(k, 0.0), tensors[t].nbytes)
     seen: set = set()
@@ -352,7 +366,7 @@ def activation_plan(trace, extrapolator) -> dict:
     made_before_loss: set = set()
     held: set = set()
     for o in trace.operators:
-        for t in o.inputs:
+        for t in reads.get(o.id, o.inputs):
             if t in scaled:
                 k = key(t)
                 if k not in seen and o.phase == "backward":
@@ -371,8 +385,9 @@ def activation_plan(trace, extrapolator) -> dict:
         items, done = [], set()
         # an output in the storage of an input (a view, an in-place op) is no new
         # allocation where it is recomputed: a recomputed view of a saved tensor is it
-        read = {key(t) for t in o.inputs if t in scaled}
-        for t, is_out in [(t, True) for t in o.outputs] + [(t, False) for t in o.inputs]:
+        ins = reads.get(o.id, o.inputs)
+        read = {key(t) for t in ins if t in scaled}
+        for t, is_out in [(t, True) for t in o.outputs] + [(t, False) for t in ins]:
             if t not in scaled or (k := key(t)) in done:
                 continue
             done.add(k)

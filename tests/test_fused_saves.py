@@ -1,0 +1,82 @@
+"""`memory.activations: fused` (triosim/results/fused_saves.py): what a Llama layer keeps for
+its backward when fused kernels run it (TransformerEngine, Megatron-Core), from the eager
+shape-only trace, by hand."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+from triosim.results.memory import activation_plan
+from triosim.simulation.wiring import Simulation
+from triosim.trace.model import load
+
+LLAMA = (
+    Path(__file__).resolve().parents[1]
+    / "traces/modelled/h100-sxm/llama3-8b-s8192-b1.trace.json.gz"
+)
+S, H = 8192, 4096  # tokens and hidden size of the trace (Llama 3 8B, one sequence of 8192)
+
+
+class _One:
+    def activation_ratio(self, op) -> float:
+        return 1.0
+
+
+def saved_by_layer(trace, fused: bool, layer: str) -> float:
+    """Bytes of the allocations a forward operator of `layer` (or its modules) makes first
+    and a backward operator reads last: what the layer keeps for its backward."""
+    first, last, size = {}, {}, {}
+    plan = activation_plan(trace, _One(), fused)
+    for o in trace.operators:
+        items = plan.get(o.id)
+        if not items:
+            continue
+        for k, nbytes, *_ in items[0]:
+            first.setdefault(k, o)
+            last[k], size[k] = o, nbytes
+    return sum(
+        size[k]
+        for k, o in first.items()
+        if o.phase == "forward"
+        and last[k].phase == "backward"
+        and (o.layer == layer or o.layer.startswith(layer + "."))
+    )
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return load(LLAMA)
+
+
+def test_a_fused_llama_layer_keeps_what_transformer_engine_keeps(llama):
+    # bfloat16, per token, in units of h bytes: the layer's input and
+    # the attention block's residual output (2 each: the norms' inputs), the norms' outputs
+    # (2 each: the projections' inputs), q after RoPE (2), k after RoPE and v (0.5 each:
+    # 8 of 32 heads), the attention output (2: also the output projection's input), the
+    # gate and up projections' outputs (7 each: 14336 = 3.5 h wide) and SwiGLU's output (7,
+    # the down projection's input): 34, as TransformerEngine's modules keep. Here 2.5 more:
+    # RoPE's backward reads the rotated q and k's inputs (2 + 0.5), where TE's fused RoPE
+    # keeps only its frequencies.
+    want = (2 + 2) + (2 + 2) + 2 + 0.5 + 0.5 + 2 + (7 + 7 + 7) + (2 + 0.5)
+    got = saved_by_layer(llama, True, "layers.0") / (S * H)
+    assert got == pytest.approx(want, abs=1e-9)
+    # the eager trace keeps more: SwiGLU's activation output (7), the key/value heads
+    # repeated for the attention (2 x 1.5 more), norms' and RoPE's float32 copies, ...
+    assert saved_by_layer(llama, False, "layers.0") / (S * H) > want
+
+
+def test_fused_saves_less_and_changes_no_time(llama):
+    runs = {}
+    for a in ("trace", "fused"):
+        cfg = {"num_gpus": 1, "perfmodel": {"kind": "trace"}, "memory": {"activations": a}}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            runs[a] = Simulation(cfg, trace=llama).run()
+    t, f = runs["trace"], runs["fused"]
+    assert f.iteration_time == t.iteration_time  # memory only
+    assert max(f.peak_memory.values()) < max(t.peak_memory.values())
+    # 32 layers x at least the 34 h per token above fit under the fused peak
+    assert max(f.peak_memory.values()) > 32 * 34 * S * H

@@ -1,0 +1,133 @@
+"""What the backward pass reads when element-wise chains run fused (`memory.activations:
+fused`): the activations a TransformerEngine / Megatron-Core layer keeps, from an eager trace.
+
+An eager PyTorch trace saves what autograd saves for each small operator: RMSNorm's float32
+copy of its input and its intermediates, RoPE's casts, halves and products, SwiGLU's
+activation output, the key/value heads repeated for grouped-query attention. Fused kernels
+(TransformerEngine's LayerNormLinear and fused RoPE, Megatron's SwiGLU and GQA-native
+attention) keep less. The rule, per backward operator B and each batch-scaled tensor T it
+reads (`fused_reads`):
+
+- T made by data movement (`role` "move": views, expand, reshape, cat, repeat) is read as
+  what it was made from: a fused kernel reads its input in place, strided, with the
+  key/value heads it has;
+- if B is the backward of an element-wise, normalisation or cast operator (`role`
+  "chain") or of a move, T made by a chain operator of the same module (the trace's
+  layer: RMSNorm's, the attention's RoPE, the MLP's SwiGLU) is read as that chain's
+  inputs, recursively: a fused element-wise backward recomputes what lies inside the
+  chain. The chain stops at the module's edge (the residual add that made a norm's input
+  is the layer's, not the norm's) and at what a matrix product or attention made. What a
+  matrix product or attention reads (its input; q, k, v, the output and statistics) is
+  kept, as those kernels keep it;
+- a tensor B reads that no forward operator returned was saved inside B's forward operator
+  (fwd_id): inside a chain operator it is read as that operator's inputs (RMSNorm keeps its
+  input and recomputes the rest).
+
+For a Llama layer (hidden h, grouped-query key/value width h/4, SwiGLU width 3.5h, all in
+bfloat16) this keeps, per token: the layer's input and the attention's residual output (2h
+each, for the two norms), the two norms' outputs (2h each, the projections' inputs), q
+after RoPE (2h), k after RoPE and v (h/2 each), the attention output (2h, also the output
+projection's input), the gate and up projections' outputs (7h each) and SwiGLU's output
+(7h, the down projection's input): 34h bytes, against 72h in the eager trace
+(tests/test_fused_saves.py). Korthikanti et al. (2022) count 34 s b h too for GPT's layer
+with FlashAttention's kernels (their 34 s b h + 5 a s^2 b without the score matrix).
+"""
+
+from __future__ import annotations
+
+from perfmodel.kinds import op_kind
+from triosim.trace.model import Trace
+
+CASTS = frozenset({"to", "_to_copy"})  # a new dtype: inside a chain, not a move
+
+
+def role(o) -> str | None:
+    """ "move" (data movement: views, expand, reshape, cat, repeat: a fused kernel reads the
+    source), "chain" (element-wise, normalisation, casts: recomputed from the chain's
+    inputs), or None (a matrix product, attention, ...: what it reads is kept)."""
+    family, kind = op_kind(o)
+    if family == "none" or (family == "copy" and kind not in CASTS):
+        return "move"
+    if family in ("elementwise", "norm", "copy"):
+        return "chain"
+    return None
+
+
+def fused_reads(trace: Trace) -> dict[int, tuple]:
+    """Backward operator id -> the tensors it reads under the rule above (only operators
+    whose reads change)."""
+    scaled = {t.id for t in trace.tensors.values() if t.scales_with_batch}
+    made: dict[int, object] = {}  # tensor -> the forward operator that returned it first
+    by_id = {}
+    for o in trace.operators:
+        by_id[o.id] = o
+        if o.phase == "forward":
+            for t in o.outputs:
+                made.setdefault(t, o)
+    roles: dict = {}
+
+    def role_of(o):
+        if o.id not in roles:
+            roles[o.id] = role(o)
+        return roles[o.id]
+
+    def sources(t, module, seen: set) -> list:
+        """What t is read as: itself; or, made by a move, what the move read; or, with
+        `module` (a chain's backward), made by a chain operator of that module, the
+        chain's inputs; recursively."""
+        o = made.get(t)
+        if o is None or t in seen:
+            return [t]
+        r = role_of(o)
+        if not (r == "move" or (r == "chain" and module is not None and o.layer == module)):
+            return [t]
+        seen.add(t)
+        out = []
+        for i in o.inputs:
+            if i in scaled and i != t:
+                out.extend(sources(i, module, seen))
+        return out or [t]
+
+    out: dict[int, tuple] = {}
+    returned: set = set()  # tensors an earlier operator returned (a gradient, in backward)
+    for b in trace.operators:
+        if b.phase != "backward":
+            returned.update(b.outputs)
+            continue
+        ins_before = returned
+        fwd = by_id.get(b.fwd_id) if b.fwd_id is not None else None
+        module = fwd.layer if fwd is not None and role_of(fwd) is not None else None
+        reads: list = []
+        for t in b.inputs:
+            if t not in scaled or (t in ins_before and t not in made):  # a gradient
+                reads.append(t)
+            elif t in made or module is None:
+                reads.extend(sources(t, module, set()))
+            else:  # saved inside an element-wise forward operator: its inputs
+                ins = [i for i in fwd.inputs if i in scaled]
+                reads.extend(x for i in ins for x in sources(i, module, set()))
+        returned.update(b.outputs)
+        reads = tuple(dict.fromkeys(reads))
+        if reads != tuple(b.inputs):
+            out[b.id] = reads
+    return out
+
+
+def moved_from(trace: Trace) -> dict[int, int]:
+    """Batch-scaled tensor made by data movement (`role` "move") -> the tensor it moves
+    (followed back to one a move did not make): under fused kernels no copy is made (the
+    kernel reads the source strided), so it is that tensor's memory, not its own (an
+    eager trace's repeated key/value heads are four times the heads there are)."""
+    scaled = {t.id for t in trace.tensors.values() if t.scales_with_batch}
+    out: dict[int, int] = {}
+    for o in trace.operators:
+        if o.phase != "forward" or role(o) != "move":
+            continue
+        src = next((i for i in o.inputs if i in scaled), None)
+        if src is None:
+            continue
+        src = out.get(src, src)
+        for t in o.outputs:
+            if t in scaled and t != src:
+                out.setdefault(t, src)
+    return out
