@@ -84,9 +84,9 @@ def llama_layer(layers: int = 1) -> Trace:
     return Trace(ops, tensors, {"batch_size": 8}).validate()
 
 
-def recomputed(trace, policy, every=1):
+def recomputed(trace, policy, every=1, modules=()):
     unit_of, names, _ = layer_units(trace, block_depth(trace))
-    walk = with_recompute(trace.operators, policy, unit_of, names, every)
+    walk = with_recompute(trace.operators, policy, unit_of, names, every, modules)
     return [
         (re.sub(r"^layers\.\d+\.?", "", op.layer) or op.layer, op.name)
         for op, again in walk
@@ -130,10 +130,13 @@ def test_every_second_block_as_torchtitans_selective_layer_option():
     assert len(ops) == 15 and ("layers.1", "aten::add") in ops  # only layers.1
 
 
-def activations_after_forward(policy):
+def activations_after_forward(policy, modules=()):
     """The activation bytes held while the loss runs, the forward pass's last operator (one
     GPU): what the forward pass leaves for the backward, and the loss's 4-byte output."""
-    cfg = {"num_gpus": 1, "parallelism": {"mode": "mesh", "recompute": policy}}
+    par = {"mode": "mesh", "recompute": policy}
+    if modules:
+        par["recompute_modules"] = list(modules)
+    cfg = {"num_gpus": 1, "parallelism": par}
     r = Simulation(cfg, trace=llama_layer()).run()
     tl = r.timeline
     end = tl[(tl.phase == "forward")].end.max()
@@ -173,3 +176,56 @@ def test_recompute_every_needs_a_policy_of_whole_blocks():
                                           "recompute_every": 2}}  # fmt: skip
     with pytest.raises(ConfigError, match="recompute_every"):
         Simulation(cfg, trace=llama_layer())
+
+
+def test_megatrons_recompute_modules_by_hand():
+    # Megatron-Core's --recompute-modules on the layer: each names the operators it runs
+    # again (the weights' casts of a module go with it where the trace has them)
+    layer = llama_layer()
+    assert recomputed(layer, "modules", modules=("layernorm",)) == [
+        ("attention_norm", "aten::rms_norm"),
+        ("ffn_norm", "aten::rms_norm"),
+    ]
+    assert recomputed(layer, "modules", modules=("core_attn",)) == [
+        ("attention", "aten::scaled_dot_product_attention")
+    ]
+    assert recomputed(layer, "modules", modules=("mlp",)) == [  # no experts: the dense MLP
+        ("feed_forward.w1", "aten::linear"),
+        ("feed_forward", "aten::silu"),
+        ("feed_forward.w3", "aten::linear"),
+        ("feed_forward", "aten::mul"),
+        ("feed_forward.w2", "aten::linear"),
+    ]
+    assert recomputed(layer, "modules", modules=("moe", "shared_experts", "moe_act")) == []
+    # what the attention module runs before its kernel (MLA's RoPE and splits; here q's view)
+    assert recomputed(layer, "modules", modules=("mla_up_proj",)) == [("attention", "aten::view")]
+
+
+@pytest.mark.parametrize(
+    "modules,held",
+    [
+        # layernorm: as none, but the norms' outputs n1 and n2 are made again in backward
+        # (their inputs x and r1 stay, the products read them again)
+        (("layernorm",), 6 * S + 2 * KV + 4 * F + S - 2 * S),
+        # mlp: the block keeps n2 (the MLP's input), not g, silu out, u, m
+        (("mlp",), 6 * S + 2 * KV + 4 * F + S - 4 * F),
+    ],
+)
+def test_what_recompute_modules_keep_from_forward_to_backward(modules, held):
+    got, r = activations_after_forward("modules", modules)
+    assert got == pytest.approx(held, rel=1e-12)
+    # each recomputed forward operator runs once more: 2 norms or the MLP's 5, 1 ms each
+    none = activations_after_forward("none")[1].iteration_time
+    again = 2e-3 if modules == ("layernorm",) else 5e-3
+    assert r.iteration_time == pytest.approx(none + again, rel=1e-12)
+
+
+def test_recompute_modules_are_megatrons_names_with_policy_modules():
+    for par, field in (
+        ({"recompute": "modules"}, "recompute_modules"),
+        ({"recompute": "full", "recompute_modules": ["mlp"]}, "recompute_modules"),
+        ({"recompute": "modules", "recompute_modules": ["ffn"]}, "recompute_modules"),
+    ):
+        cfg = {"num_gpus": 1, "parallelism": {"mode": "mesh", **par}}
+        with pytest.raises(ConfigError, match=field):
+            Simulation(cfg, trace=llama_layer())

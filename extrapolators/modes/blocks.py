@@ -75,7 +75,21 @@ def block_depth(trace) -> int | None:
     return None
 
 
-def with_recompute(ops, policy: str, unit_of: dict, names=None, every: int = 1) -> list:
+# Megatron-Core's recompute_modules (--recompute-modules, with --recompute-granularity
+# selective): the parts of a transformer layer it checkpoints, each a test on an operator
+# (`_in_module`)
+RECOMPUTE_MODULES = (
+    "core_attn",
+    "layernorm",
+    "mla_up_proj",
+    "mlp",
+    "moe",
+    "moe_act",
+    "shared_experts",
+)
+
+
+def with_recompute(ops, policy: str, unit_of: dict, names=None, every: int = 1, modules=()) -> list:
     """Forward + backward ops in order, with recomputed forward ops inserted before the
     first backward op of their unit: [(op, recomputed)]. `full` recomputes every forward op
     of a block (activation checkpointing per block); `selective` only the attention core
@@ -84,6 +98,15 @@ def with_recompute(ops, policy: str, unit_of: dict, names=None, every: int = 1) 
     `_save_list`): every forward op of a block again except the attention kernels and the
     odd-numbered matrix products of the block in forward order (the 1st, 3rd, ...; for
     Llama wq, wv, w1, w2), whose outputs are saved.
+
+    `modules` Megatron-Core's recompute_modules (`RECOMPUTE_MODULES`; the trace's module
+    names as the tracer's transformers have them): core_attn the attention core;
+    layernorm the norms (a module named ...norm); mla_up_proj MLA's up-projections
+    (wq_b, wkv_b) and what its attention module runs before the attention kernel (RoPE,
+    splits, concatenations: Megatron's checkpointed up-projection region); mlp a block's
+    feed-forward module where it has no experts, moe the whole one where it has; moe_act
+    the experts' element-wise operators (their activation); shared_experts the shared
+    experts' module.
 
     Blocks: `names` (unit names) given, the units whose name holds a number (a model's
     repeated layers, `layers.N`: torchtitan wraps `model.layers`' children and Megatron its
@@ -100,13 +123,21 @@ def with_recompute(ops, policy: str, unit_of: dict, names=None, every: int = 1) 
             blocks = {u for k, u in enumerate(sorted(blocks), start=1) if k % every == 0}
     by_unit: dict[int, list] = {}
     products: dict[int, int] = {}  # unit -> matrix products seen in its forward
+    experts = {unit_of.get(op.id, -1) for op in ops if ".experts" in f".{op.layer}"}
+    attended: set = set()  # units whose attention kernel has run (mla_up_proj's end)
     for op in ops:
         if op.phase != "forward":
             continue
         u = unit_of.get(op.id, -1)
         if blocks is not None and u not in blocks:
             continue
-        if policy == "op":
+        if policy == "modules":
+            hit = _in_module(op, modules, u in experts, u in attended)
+            if _attention_kernel(op):
+                attended.add(u)
+            if not hit:
+                continue
+        elif policy == "op":
             if _matrix_product(op):
                 products[u] = products.get(u, 0) + 1
                 if products[u] % 2 == 1:  # saved
@@ -125,6 +156,35 @@ def with_recompute(ops, policy: str, unit_of: dict, names=None, every: int = 1) 
                 out += [(f, True) for f in by_unit.get(u, ())]
         out.append((op, False))
     return out
+
+
+def _in_module(op, modules, has_experts: bool, attended: bool) -> bool:
+    """Whether `op` lies in one of Megatron's recompute `modules` (with_recompute)."""
+    parts = op.layer.split(".")
+    ffn = "feed_forward" in parts or "mlp" in parts
+    for m in modules:
+        if m == "core_attn" and _attention_core(op):
+            return True
+        if m == "layernorm" and parts[-1].endswith("norm"):
+            return True
+        if m == "mla_up_proj" and (
+            parts[-1] in ("wq_b", "wkv_b")
+            or (parts[-1] == "attention" and not attended and not _attention_kernel(op))
+        ):
+            return True
+        if m == "mlp" and ffn and not has_experts:
+            return True
+        if m == "moe" and ffn and has_experts:
+            return True
+        if m == "moe_act" and "experts" in parts and not _grouped_product(op):
+            return True
+        if m == "shared_experts" and "shared_experts" in parts:
+            return True
+    return False
+
+
+def _grouped_product(op) -> bool:
+    return op.name in ("aten::bmm", "aten::mm", "aten::matmul", "aten::linear", "aten::_grouped_mm")
 
 
 def _matrix_product(op) -> bool:

@@ -180,12 +180,19 @@ class MeshOptions(LoadOptions):
         "next forward pass reads them (Megatron's --overlap-param-gather); false: all after "
         "the optimizer step",
     )
-    recompute: Literal["none", "full", "selective", "op", "stage"] = option(
+    recompute: Literal["none", "full", "selective", "op", "modules", "stage"] = option(
         "none",
         help="activation recomputation: full (each block's forward again before its "
         "backward), selective (the attention core, Megatron-LM's), op (torchtitan's "
-        "selective op policy: all but the attention and every other matrix product) or "
-        "stage (each pipeline chunk's whole forward before its backward, torch Pipe's)",
+        "selective op policy: all but the attention and every other matrix product), "
+        "modules (Megatron-Core's recompute_modules) or stage (each pipeline chunk's "
+        "whole forward before its backward, torch Pipe's)",
+    )
+    recompute_modules: list[str] = option(
+        factory=list,
+        help="recompute modules: the parts of each block recomputed, Megatron-Core's "
+        "--recompute-modules: core_attn, layernorm, mla_up_proj, mlp, moe, moe_act, "
+        "shared_experts",
     )
     recompute_every: int = option(
         1,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from extrapolators.modes.blocks import RECOMPUTE_MODULES
 from extrapolators.modes.dist_optimizer import grad_reduction
 from triosim.common.errors import ConfigError
 
@@ -56,6 +57,25 @@ def field_rules(o, mesh) -> Rules:
     if o.tp_comm_overlap and mesh.tp == 1:
         raise ConfigError(
             "parallelism.tp_comm_overlap", True, "false without tensor parallelism (tp 1)"
+        )
+    if o.recompute == "modules" and not o.recompute_modules:
+        raise ConfigError(
+            "parallelism.recompute_modules",
+            [],
+            "some of " + ", ".join(RECOMPUTE_MODULES) + " with recompute modules",
+        )
+    if o.recompute_modules and o.recompute != "modules":
+        raise ConfigError(
+            "parallelism.recompute_modules",
+            o.recompute_modules,
+            f"unset with recompute {o.recompute} (set recompute: modules)",
+        )
+    unknown = [m for m in o.recompute_modules if m not in RECOMPUTE_MODULES]
+    if unknown:
+        raise ConfigError(
+            "parallelism.recompute_modules",
+            unknown[0],
+            "one of " + ", ".join(RECOMPUTE_MODULES) + " (Megatron-Core's names)",
         )
     if o.recompute_every > 1 and o.recompute not in ("full", "op"):
         raise ConfigError(

@@ -35,7 +35,9 @@ class ChunkWalks:
             unit_of, names, _ = layer_units(trace, depth)
         self.backward_walk, self._plain_walk = [], []
         for fwd, bwd in zip(pipe.fwd_ops, pipe.bwd_ops, strict=True):
-            walk = with_recompute(fwd + bwd, policy, unit_of, names, o.recompute_every)
+            walk = with_recompute(
+                fwd + bwd, policy, unit_of, names, o.recompute_every, o.recompute_modules
+            )
             self.backward_walk.append(walk[len(fwd) :])
             self._plain_walk.append([(op, False) for op in bwd])
 
