@@ -196,9 +196,39 @@ def test_megatrons_recompute_modules_by_hand():
         ("feed_forward", "aten::mul"),
         ("feed_forward.w2", "aten::linear"),
     ]
-    assert recomputed(layer, "modules", modules=("moe", "shared_experts", "moe_act")) == []
-    # what the attention module runs before its kernel (MLA's RoPE and splits; here q's view)
-    assert recomputed(layer, "modules", modules=("mla_up_proj",)) == [("attention", "aten::view")]
+    # modules the layer does not have are refused, as Megatron refuses them
+    for m, what in (
+        ("mla_up_proj", "multi-latent"),
+        ("moe", "experts"),
+        ("moe_act", "experts"),
+        ("shared_experts", "shared experts"),
+    ):
+        with pytest.raises(ConfigError, match=what):
+            recomputed(layer, "modules", modules=(m,))
+
+
+def test_mla_up_proj_and_moe_act_on_deepseek_and_mixtral():
+    # DeepSeek-V3's MLA: the up-projections (wq_b, wkv_b, with their weights' casts) and
+    # what its attention module runs before the kernel (RoPE's products, splits,
+    # concatenations); never the down-projections, MLA's own norms or the kernel.
+    # Mixtral's moe_act: the experts' activation (silu and the product), not the casts of
+    # the experts' weights
+    from pathlib import Path
+
+    from triosim.trace.model import load
+
+    root = Path(__file__).resolve().parents[1] / "traces/modelled/h100-sxm"
+    ds = load(root / "deepseek-v3-s4096-b1.trace.json.gz")
+    again = {
+        (re.sub(r"^dense_layers\.\d+\.", "", layer), name)  # (its 3 dense layers: dense_layers.N)
+        for layer, name in recomputed(ds, "modules", modules=("mla_up_proj",))
+    }
+    layers = {layer for layer, _ in again}
+    assert layers == {"attention", "attention.wq_b", "attention.wkv_b"}
+    assert ("attention", "aten::scaled_dot_product_attention") not in again
+    mx = load(root / "mixtral-8x7b-s4096-b1.trace.json.gz")
+    names = {name for _, name in recomputed(mx, "modules", modules=("moe_act",))}
+    assert names == {"aten::silu", "aten::mul"}
 
 
 @pytest.mark.parametrize(

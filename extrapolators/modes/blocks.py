@@ -3,6 +3,8 @@ blocks FSDP shards and activation checkpointing recomputes), and recomputation p
 
 from __future__ import annotations
 
+from perfmodel.kinds import op_kind
+from triosim.common.errors import ConfigError
 from triosim.trace.precision import in_numbered_block
 
 ATTENTION_CORE = ("softmax", "dropout", "bmm", "baddbmm", "scaled_dot_product", "matmul")
@@ -115,6 +117,8 @@ def with_recompute(ops, policy: str, unit_of: dict, names=None, every: int = 1, 
     `selective_ac_option: N`: the N-th, 2N-th, ... block)."""
     if policy == "none":
         return [(op, False) for op in ops]
+    if policy == "modules":
+        _check_modules(ops, modules)
     blocks = None
     if names is not None and policy != "selective":
         numbered = [u for u, n in enumerate(names) if in_numbered_block(n)]
@@ -158,6 +162,24 @@ def with_recompute(ops, policy: str, unit_of: dict, names=None, every: int = 1, 
     return out
 
 
+def _check_modules(ops, modules) -> None:
+    """Megatron refuses a module the model does not have: mla_up_proj without multi-latent
+    attention, the MoE ones without experts."""
+    layers = {op.layer for op in ops}
+    mla = any(x.endswith((".wq_b", ".wkv_b")) for x in layers)
+    moe = any(".experts" in f".{x}" for x in layers)
+    for m in modules:
+        if (m == "mla_up_proj" and not mla) or (m in ("moe", "moe_act") and not moe):
+            what = "multi-latent attention (wq_b, wkv_b)" if m == "mla_up_proj" else "experts"
+            raise ConfigError(
+                "parallelism.recompute_modules", m, f"a module the trace has: it has no {what}"
+            )
+        if m == "shared_experts" and not any("shared_experts" in x for x in layers):
+            raise ConfigError(
+                "parallelism.recompute_modules", m, "a module the trace has: no shared experts"
+            )
+
+
 def _in_module(op, modules, has_experts: bool, attended: bool) -> bool:
     """Whether `op` lies in one of Megatron's recompute `modules` (with_recompute)."""
     parts = op.layer.split(".")
@@ -165,7 +187,9 @@ def _in_module(op, modules, has_experts: bool, attended: bool) -> bool:
     for m in modules:
         if m == "core_attn" and _attention_core(op):
             return True
-        if m == "layernorm" and parts[-1].endswith("norm"):
+        # the block's two norms (Megatron's input_layernorm and pre_mlp_layernorm), not
+        # MLA's q_norm and kv_norm inside the attention
+        if m == "layernorm" and parts[-1].endswith("norm") and len(parts) == 3:
             return True
         if m == "mla_up_proj" and (
             parts[-1] in ("wq_b", "wkv_b")
@@ -176,15 +200,11 @@ def _in_module(op, modules, has_experts: bool, attended: bool) -> bool:
             return True
         if m == "moe" and ffn and has_experts:
             return True
-        if m == "moe_act" and "experts" in parts and not _grouped_product(op):
-            return True
+        if m == "moe_act" and "experts" in parts and op_kind(op)[0] == "elementwise":
+            return True  # the activation (silu, its product), not the weights' casts
         if m == "shared_experts" and "shared_experts" in parts:
             return True
     return False
-
-
-def _grouped_product(op) -> bool:
-    return op.name in ("aten::bmm", "aten::mm", "aten::matmul", "aten::linear", "aten::_grouped_mm")
 
 
 def _matrix_product(op) -> bool:
