@@ -216,10 +216,12 @@ class HostModel:
                 f"{c.name} {c.op_cost * 1e6:.3g}" for c in HOST_CPUS.values() if c is not cpu
             )
             named = f"host cpu {cpu.name}" if o.cpu else f"a default: host cpu {cpu.name}"
-            out += (
-                f"; op_cost {named}, its host-bound runs fit {lo * 1e6:.3g}-{hi * 1e6:.3g} us "
-                f"(other hosts: {others} us)"
+            fits = (
+                f"its host-bound runs fit {lo * 1e6:.3g}-{hi * 1e6:.3g} us"
+                if len(cpu.fits) > 1
+                else f"its host-bound run fits {lo * 1e6:.3g} us"
             )
+            out += f"; op_cost {named}, {fits} (other hosts: {others} us)"
         return out
 
     @staticmethod

@@ -376,7 +376,7 @@ def test_yaml_on_and_off_and_the_summary_line():
         " op_cost a default: host cpu h100-traces, its host-bound runs fit 11.7-14.7 us (other"
         " hosts: h100-profiles 19.2 us)"
     )
-    assert "op_cost host cpu h100-profiles, its host-bound runs fit 19.2-19.2 us" in (
+    assert "op_cost host cpu h100-profiles, its host-bound run fits 19.2 us" in (
         run(t, cpu="h100-profiles").host
     )
     assert "a default" not in run(t, op_cost=5 * US).host  # the user's own host
