@@ -101,16 +101,15 @@ def fused_reads(trace: Trace) -> dict[int, tuple]:
 
     tensors = trace.tensors
 
-    def storage(t):
+    def storage(t):  # (a storage in one dtype: a cast the tracer joins to its input is new)
         x = tensors[t]
-        return ("s", x.storage) if x.storage is not None else ("t", t)
+        return ("s", x.storage, x.dtype) if x.storage is not None else ("t", t)
 
     made_storage = {storage(t) for t in made}
     out: dict[int, tuple] = {}
-    returned: set = set()  # storages an earlier operator returned (a gradient, in backward)
+    returned: set = set()  # storages an earlier backward operator returned: gradients
     for b in trace.operators:
         if b.phase != "backward":
-            returned.update(storage(t) for t in b.outputs)
             continue
         fwd = by_id.get(b.fwd_id) if b.fwd_id is not None else None
         module = fwd.layer if fwd is not None and role_of(fwd) is not None else None
