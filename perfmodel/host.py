@@ -103,13 +103,7 @@ def check_fields(o: HostOptions, given=None) -> None:
         unused = ("source", "cpu", "op_cost", "launch_latency", "kernel_gap", "trace_scale")
     else:
         unused = () if o.source == "trace" else ("trace_scale",)
-    if given.get("cpu") is not None and "op_cost" in given:  # even one equal to the default
-        raise ConfigError(
-            "host.op_cost",
-            given["op_cost"],
-            f"unset with host.cpu {given['cpu']!r} (the catalogue gives its cost): one of the two",
-        )
-    op_cost(o, given.get("cpu"))  # a catalogued name; not beside an op_cost of its own
+    op_cost(o, given)  # a catalogued name; not beside an op_cost of its own
     for name in unused:
         if getattr(o, name) != getattr(default, name):
             why = (
@@ -124,19 +118,24 @@ def check_fields(o: HostOptions, given=None) -> None:
             )
 
 
-def op_cost(o: HostOptions, written=None) -> float:
+def op_cost(o: HostOptions, given=None) -> float:
     """The host's seconds per dispatch and launch: the catalogued host `cpu` names, else
-    `op_cost` (its default the default host's). `written`: cpu as the user wrote it."""
+    `op_cost` (its default the default host's). `given`: the section as written (an
+    op_cost written beside cpu is refused even at the default's value; errors name the
+    values as written)."""
+    given = given if isinstance(given, dict) else {}
     if o.cpu is None:
         return o.op_cost
     if o.cpu not in HOST_CPUS:
         raise ConfigError(
-            "host.cpu", written or o.cpu, "one of " + ", ".join(HOST_CPUS) + " (or give op_cost)"
+            "host.cpu",
+            given.get("cpu", o.cpu),
+            "one of " + ", ".join(HOST_CPUS) + " (or give op_cost)",
         )
-    if o.op_cost != OP_COST:
+    if "op_cost" in given or o.op_cost != OP_COST:
         raise ConfigError(
             "host.op_cost",
-            o.op_cost,
+            given.get("op_cost", o.op_cost),
             f"unset with host.cpu {o.cpu!r} (the catalogue gives its cost): one of the two",
         )
     return HOST_CPUS[o.cpu].op_cost

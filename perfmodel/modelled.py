@@ -18,11 +18,11 @@ def model_times(trace: Trace, gpu: str, kind: str = "calibrated", **options) -> 
     what the host model charges a launch for), where their names are known. Returns the
     trace."""
     g = hardware.gpu(gpu)
-    kernels = None
     if trace.metadata.get("shapes_only"):
         from perfmodel.kernel_counts import count_kernels, source_note
 
-        kernels = source_note(count_kernels(trace), len(trace.operators))
+        known = count_kernels(trace)
+        trace.metadata["kernels_source"] = source_note(known, len(trace.operators))
     model = model_class(kind)(trace, **options)
     target = Target(gpu=g.name)
     times = [model.time(op, target) for op in trace.operators]
@@ -48,6 +48,4 @@ def model_times(trace: Trace, gpu: str, kind: str = "calibrated", **options) -> 
             "modelled_iteration_time": math.fsum(times),
         }
     )
-    if kernels is not None:
-        trace.metadata["kernels_source"] = kernels
     return trace

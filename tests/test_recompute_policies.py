@@ -14,7 +14,7 @@ import re
 
 import pytest
 
-from extrapolators.modes.blocks import block_depth, layer_units, with_recompute
+from extrapolators.modes.blocks import block_depth, check_modules, layer_units, with_recompute
 from triosim.common.errors import ConfigError
 from triosim.simulation.wiring import Simulation
 from triosim.trace.model import Operator, Tensor, Trace
@@ -85,6 +85,10 @@ def llama_layer(layers: int = 1) -> Trace:
 
 
 def recomputed(trace, policy, every=1, modules=()):
+    """The recomputed (module, operator) pairs, the modules checked first (as the mesh
+    checks them, once for the whole trace)."""
+    if policy == "modules":
+        check_modules(trace.operators, modules)
     unit_of, names, _ = layer_units(trace, block_depth(trace))
     walk = with_recompute(trace.operators, policy, unit_of, names, every, modules)
     return [
@@ -226,6 +230,14 @@ def test_mla_up_proj_and_moe_act_on_deepseek_and_mixtral():
     layers = {layer for layer, _ in again}
     assert layers == {"attention", "attention.wq_b", "attention.wkv_b"}
     assert ("attention", "aten::scaled_dot_product_attention") not in again
+    # a pipeline stage without experts (DeepSeek-V3's dense layers) under moe: the model
+    # has experts, so moe is accepted; the stage recomputes nothing of it
+    check_modules(ds.operators, ("moe",))
+    unit_of, names, _ = layer_units(ds, block_depth(ds))
+    dense = [o for o in ds.operators if o.layer.startswith("dense_layers.0")]
+    assert not any(
+        again for _, again in with_recompute(dense, "modules", unit_of, names, 1, ("moe",))
+    )
     mx = load(root / "mixtral-8x7b-s4096-b1.trace.json.gz")
     names = {name for _, name in recomputed(mx, "modules", modules=("moe_act",))}
     assert names == {"aten::silu", "aten::mul"}
@@ -255,6 +267,8 @@ def test_recompute_modules_are_megatrons_names_with_policy_modules():
         ({"recompute": "modules"}, "recompute_modules"),
         ({"recompute": "full", "recompute_modules": ["mlp"]}, "recompute_modules"),
         ({"recompute": "modules", "recompute_modules": ["ffn"]}, "recompute_modules"),
+        # a module the model does not have (no MLA): refused by the mesh before it runs
+        ({"recompute": "modules", "recompute_modules": ["mla_up_proj"]}, "multi-latent"),
     ):
         cfg = {"num_gpus": 1, "parallelism": {"mode": "mesh", **par}}
         with pytest.raises(ConfigError, match=field):

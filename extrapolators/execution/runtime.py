@@ -379,7 +379,7 @@ class Runtime:
         same instant, and that representative's n-th receive from there waits for it
         (`_from_image`). Sends and receives of one pair are in the same order on both
         ends (each stream runs its layers and micro-batches in the schedule's order)."""
-        return self._pair_event(src, dst, "sent")
+        return f"p2p-image:{src}>{dst}:{self._nth('sent', src, dst)}"
 
     def _from_image(self, src, gpu) -> str:
         """The event representative `gpu`'s next receive from image `src` waits for: the
@@ -387,12 +387,12 @@ class Runtime:
         sym = self.symmetry
         rep, h = sym.where(src)
         dst = sym.image(gpu, sym.inverse(h))
-        n = self._pairs[("recv", src, gpu)] = self._pairs.get(("recv", src, gpu), -1) + 1
-        return f"p2p-image:{rep}>{dst}:{n}"
+        return f"p2p-image:{rep}>{dst}:{self._nth('recv', src, gpu)}"
 
-    def _pair_event(self, src, dst, side) -> str:
-        n = self._pairs[(side, src, dst)] = self._pairs.get((side, src, dst), -1) + 1
-        return f"p2p-image:{src}>{dst}:{n}"
+    def _nth(self, side, src, dst) -> int:
+        """0, 1, 2, ...: how many of this side's transfers of the pair came before."""
+        n = self._pairs[side, src, dst] = self._pairs.get((side, src, dst), -1) + 1
+        return n
 
     def _signal_of(self, task: Wait) -> str:
         """The event a Wait on GPU task.gpu's signal waits for: its representative's, when

@@ -101,7 +101,8 @@ def with_recompute(ops, policy: str, unit_of: dict, names=None, every: int = 1, 
     odd-numbered matrix products of the block in forward order (the 1st, 3rd, ...; for
     Llama wq, wv, w1, w2), whose outputs are saved.
 
-    `modules` Megatron-Core's recompute_modules (`RECOMPUTE_MODULES`; the trace's module
+    `modules` Megatron-Core's recompute_modules (`RECOMPUTE_MODULES`, `check_modules`
+    first; the trace's module
     names as the tracer's transformers have them): core_attn the attention core;
     layernorm the norms (a module named ...norm); mla_up_proj MLA's up-projections
     (wq_b, wkv_b) and what its attention module runs before the attention kernel (RoPE,
@@ -117,8 +118,6 @@ def with_recompute(ops, policy: str, unit_of: dict, names=None, every: int = 1, 
     `selective_ac_option: N`: the N-th, 2N-th, ... block)."""
     if policy == "none":
         return [(op, False) for op in ops]
-    if policy == "modules":
-        _check_modules(ops, modules)
     blocks = None
     if names is not None and policy != "selective":
         numbered = [u for u, n in enumerate(names) if in_numbered_block(n)]
@@ -162,9 +161,11 @@ def with_recompute(ops, policy: str, unit_of: dict, names=None, every: int = 1, 
     return out
 
 
-def _check_modules(ops, modules) -> None:
+def check_modules(ops, modules) -> None:
     """Megatron refuses a module the model does not have: mla_up_proj without multi-latent
-    attention, the MoE ones without experts."""
+    attention, the MoE ones without experts. `ops`: the whole model's (a pipeline stage
+    may hold no experts, DeepSeek-V3's first its dense layers: checked once, not per
+    chunk)."""
     layers = {op.layer for op in ops}
     mla = any(x.endswith((".wq_b", ".wkv_b")) for x in layers)
     moe = any(".experts" in f".{x}" for x in layers)

@@ -6,7 +6,7 @@ does not recompute. `ChunkWalks` (its contract in its docstring) is the part of 
 
 from __future__ import annotations
 
-from extrapolators.modes.blocks import block_depth, layer_units, with_recompute
+from extrapolators.modes.blocks import block_depth, check_modules, layer_units, with_recompute
 
 
 class ChunkWalks:
@@ -33,6 +33,8 @@ class ChunkWalks:
         elif policy != "none":
             depth = o.recompute_depth or block_depth(trace)
             unit_of, names, _ = layer_units(trace, depth)
+            if policy == "modules":
+                check_modules(trace.operators, o.recompute_modules)
         self.backward_walk, self._plain_walk = [], []
         for fwd, bwd in zip(pipe.fwd_ops, pipe.bwd_ops, strict=True):
             walk = with_recompute(
