@@ -8,6 +8,7 @@ changes; inputs and activations scale with it.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from triosim.common import schema
@@ -93,6 +94,22 @@ class OperatorModel:
 
     def time(self, op: Operator, target: Target = Target()) -> float:
         raise NotImplementedError
+
+    def view(self, trace: Trace) -> OperatorModel:
+        """This model with its settings timing `trace`, a view of its own (the same
+        operators over other tensors: one GPU's shard of some weights). A view is not the
+        traced run, so no operator keeps its measured time (identity off), and nothing
+        timed on this model's trace carries over (a model that caches times per operator
+        clears them in `_fresh`)."""
+        m = copy.copy(self)
+        m.trace = trace
+        if getattr(m, "identity", False):
+            m.identity = False
+        m._fresh()
+        return m
+
+    def _fresh(self) -> None:
+        """Drop what was computed from the trace (view); nothing by default."""
 
     def check_target(self, gpu: str | None) -> None:
         """Raise ConfigError, before a run, if this model cannot time operators on `gpu`."""

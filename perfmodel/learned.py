@@ -388,6 +388,9 @@ class LearnedModel(CatalogueGPUModel):
         self._cache: dict = {}
         self.report = {"table": self.table.source, "fitted_on": self.table.gpu}
 
+    def _fresh(self) -> None:
+        self._cache = {}  # a view's times are its own (OperatorModel.view)
+
     def time(self, op, target: Target = Target()) -> float:
         if self.identity:
             same = identity_time(self.trace, op, target)

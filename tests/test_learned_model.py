@@ -69,6 +69,37 @@ def test_gemm_and_convolution_on_a_second_gpu_by_hand():
     assert got == pytest.approx((10e-6 + 1e9 / A100_BW) * 1.5, rel=1e-9)
 
 
+def test_a_view_times_its_own_tensors_whatever_its_model_timed_before():
+    """OperatorModel.view: one GPU's shard of the trace (expert parallelism's experts) is
+    timed on its own bytes. A memory-bound float32 product on the A100 (1 GFLOP: 0.05 ms of
+    compute): the trace reads 4 GB and writes 1 GB, (5 us + 5e9 / 2039e9) x 2 = 4.9143 ms;
+    the view reads 1/8 of it, (5 us + 1.5e9 / 2039e9) x 2 = 1.4813 ms. The learned model
+    caches times per operator: asked the whole trace first, a view that shares the cache
+    answers 4.9 ms (as it did for DeepSeek-V3's experts under EP 64)."""
+    whole = one_op("aten::mm", "float32", 1e9, 4e9, 1e9)
+    shard = dict(whole.tensors)
+    shard[0] = Tensor(0, (1,), "float32", 4e9 / 8, "activation")
+    a100 = Target(gpu="A100-80GB")
+    m = LearnedModel(whole, table=hand_table())
+    op = whole.operators[0]
+    assert m.time(op, a100) == pytest.approx((5e-6 + 5e9 / A100_BW) * 2, rel=1e-9)
+    view = m.view(Trace(whole.operators, shard, whole.metadata))
+    assert view.time(op, a100) == pytest.approx((5e-6 + 1.5e9 / A100_BW) * 2, rel=1e-9)
+    assert view.time(op, a100) == pytest.approx(1.4813e-3, rel=1e-4)
+    assert m.time(op, a100) == pytest.approx(4.9143e-3, rel=1e-4)  # its own, still
+
+
+def test_a_view_of_a_real_trace_is_not_the_traced_run():
+    """A view's operators touch other bytes than the measured ones: none keeps its measured
+    time on the traced GPU (identity off), where the model itself keeps them."""
+    t = load(ROOT / "traces" / "h100" / "resnet18-b128.trace.json.gz")
+    m = LearnedModel(t)
+    conv = next(o for o in t.operators if o.name == "aten::conv2d")
+    assert m.time(conv) == conv.time
+    assert m.view(t).time(conv) != conv.time
+    assert m.view(t).time(conv) == LearnedModel(t, identity=False).time(conv)
+
+
 def conv_op(weight_shape, name="aten::conv2d") -> Trace:
     """One TF32 convolution of 4 TFLOP, 0.7 GB in (with a weight of `weight_shape`), 0.3 GB out."""
     tensors = {

@@ -44,7 +44,6 @@ router's capacity factor, `expert_ffn` for etp > 1.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -394,10 +393,8 @@ class ExpertPlan:
                             tensors[tid] = dataclasses.replace(t, nbytes=n)
                         elif self._etp_gathered(t):
                             tensors[tid] = dataclasses.replace(t, nbytes=t.nbytes * self.etp)
-            m = self._sharded = copy.copy(self.mode.model)
-            m.trace = Trace(self.trace.operators, tensors, self.trace.metadata)
-            if getattr(m, "identity", False):  # the view is not the traced run: its
-                m.identity = False  # operators touch 1/ep of the weights, so no replay
+            view = Trace(self.trace.operators, tensors, self.trace.metadata)
+            m = self._sharded = self.mode.model.view(view)
         return m
 
     def whole_layers(self, fwd, starts: list) -> list:
