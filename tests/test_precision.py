@@ -168,6 +168,49 @@ def test_megatrons_distributed_optimizer_reduces_in_float32_and_gathers_bfloat16
         assert m[m.gpu == 0]["buffers"].max() == pytest.approx(buf, rel=1e-12)
 
 
+def _static(par, mode="mesh", memory=None):
+    """GPU 0's largest weights, gradients, optimizer states and buffers under `par` with
+    bfloat16 parameters and float32 reduction, Adam's states."""
+    cfg = {
+        "num_gpus": 2,
+        "batch_size": 16,
+        "topology": RING,
+        "parallelism": {"mode": mode, **par},
+        "communication": {"kind": "textbook"},
+        "precision": {"params": "bfloat16", "reduce": "float32"},
+        "memory": {"optimizer": "adam", **(memory or {})},
+    }
+    m = Simulation(cfg, trace=two_cast_layers()).run().memory
+    g0 = m[m.gpu == 0].max()
+    return [float(g0[k]) for k in ("weights", "gradients", "optimizer_states", "buffers")]
+
+
+P = 2 * W / 4  # the two float32 weights' parameters: 2M
+
+
+def test_memory_holds_the_weights_as_the_layout_does_at_the_precision_set():
+    """`memory.precision: auto` by hand, P = 2M parameters, Adam (8 bytes of states each):
+    - Megatron's distributed optimizer on d = 2 GPUs (--bf16, grad_reduce_in_fp32): bfloat16
+      weights 2P = 4 MB, the float32 gradient buffer 4P = 8 MB, the float32 main copy and
+      Adam's states sharded: (4 + 8) P / 2 = 12 MB: 6 + 12/d = 12 bytes per parameter, the
+      "bf16 param, fp32 grads" row of Megatron's dist_optimizer.md (counted as float32
+      weights, its "fp32 param" row 8 + 8/d: 8 MB of weights, 8 of states);
+    - without it (DDP): 2P weights, 4P float32 gradients, 12P main copy and states = 18
+      bytes per parameter (4 + 8 + 24 MB);
+    - FSDP keeps its shards as stored (FSDP2 gathers in bfloat16): float32 weights and
+      gradients and the states, each halved: 4 + 4 + 8 MB;
+    - `mixed` named: ZeRO's 2 + 2 + 12 whatever the layout (DDP: 4 + 4 + 24 MB)."""
+    dist = {"dp_replicate": 2, "distributed_optimizer": True, "bucket_size": 1e9}
+    w, g, s, buf = _static({**dist, "first_bucket_size": 1e9})
+    assert (w, g, s, buf) == pytest.approx((4e6, 0.0, 12e6, 8e6), rel=1e-12)
+    w, g, s, _ = _static({"bucket_size": 1e9, "first_bucket_size": 1e9}, mode="ddp")
+    assert (w, g, s) == pytest.approx((4e6, 8e6, 24e6), rel=1e-12)
+    w, g, s, _ = _static({"wrap_depth": 1}, mode="fsdp")
+    assert (w, g, s) == pytest.approx((4e6, 4e6, 8e6), rel=1e-12)
+    w, g, s, _ = _static({}, mode="ddp", memory={"precision": "mixed"})
+    assert (w, g, s) == pytest.approx((4e6, 4e6, 24e6), rel=1e-12)
+
+
 def fp8_trace():
     """A block's linear (`layers.0.w`: a weight operand), an attention-like product of two
     activations in the block, and the output projection outside any block; 1 ms forward,

@@ -181,6 +181,12 @@ class Extrapolator:
         """Size of `op`'s batch-scaled tensors on a GPU relative to the trace's."""
         return batch_ratio(self.trace, Target(batch_size=self.op_batch()))
 
+    def held_dtypes(self) -> tuple | None:
+        """(weights, gradients): the dtypes this layout holds 16-bit weights whole in and
+        their gradients (the memory model's `precision: auto`), None where it keeps the
+        weights as the trace stores them."""
+        return None
+
     def buffer_bytes(self, gpu) -> float:
         """Communication buffers this GPU keeps for the whole iteration (DDP buckets)."""
         return 0.0

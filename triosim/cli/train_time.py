@@ -120,7 +120,7 @@ def cmd_train_time(args) -> int:
             f"{args.config}: a trace with a sequence length (metadata seq_len) and a batch "
             "size: --tokens counts tokens, a step trains batch x sequence of them"
         )
-    state = model_state_bytes(sim.trace, sim.config.memory)
+    state = model_state_bytes(sim.trace, sim.config.memory, sim.extrapolator)
     step = r.iteration_time
     if args.cv and not runs:
         from triosim.studies.variability import slowest_factor, uniform_step

@@ -16,7 +16,13 @@ Optimizer states and precision follow ZeRO's accounting (Rajbhandari et al., SC'
 section 3.1): fp32 training holds 4 (weights) + 4 (gradients) + 4k bytes per parameter,
 k = 2 for Adam/AdamW, 1 for SGD with momentum, 0 for plain SGD (16 bytes with Adam); mixed
 precision holds 2 (bf16/fp16 weights) + 2 (gradients) + 4 (fp32 master weights) + 4k
-(16 bytes with Adam, as ZeRO's 2 + 2 + 12).
+(16 bytes with Adam, as ZeRO's 2 + 2 + 12). `memory.precision: auto` (the default) takes
+the run's `precision` section as the layout holds it (`held_dtypes` of the mode): 16-bit
+weights held whole (Megatron's --bf16 module weights, with or without its distributed
+optimizer) are 2 bytes, their gradients the reduce dtype's (float32: 4) and a float32 main
+copy kept with the optimizer states (Megatron's docs/source/api-guide/dist_optimizer.md:
+"bf16 param, fp32 grads" 18 bytes, 6 + 12/d with the distributed optimizer over d GPUs);
+FSDP keeps its shards as stored, so `auto` is fp32 there and without a precision section.
 """
 
 from __future__ import annotations
@@ -42,10 +48,12 @@ class MemoryOptions:
         help="optimizer whose states are held (auto: from the trace's optimizer "
         "states: 2x the weights is Adam, 1x momentum, none SGD)",
     )
-    precision: Literal["fp32", "mixed"] = option(
-        "fp32",
-        help="fp32, or mixed precision (16-bit weights and gradients, fp32 master "
-        "weights and states)",
+    precision: Literal["auto", "fp32", "mixed"] = option(
+        "auto",
+        help="fp32; mixed precision (ZeRO's: 16-bit weights and gradients, fp32 master "
+        "weights and states); auto: as the layout holds the weights at the `precision` "
+        "section's dtypes (Megatron's 16-bit weights: 2 bytes, gradients in the reduce "
+        "dtype, an fp32 main copy with the states), else fp32",
     )
     reserve: float = option(
         2**30,
@@ -82,18 +90,37 @@ def optimizer_kind(trace, options: MemoryOptions) -> str:
     return "adam" if ratio > 1.5 else ("momentum" if ratio > 0.5 else "sgd")
 
 
+# bytes per parameter: weights, gradients, a float32 master copy (with the optimizer states)
+ACCOUNTING = {"fp32": (4, 4, 0), "mixed": (2, 2, 4)}
+
+
+def accounting(options: MemoryOptions, extrapolator=None) -> tuple:
+    """(weights, gradients, master) bytes per parameter (module docstring): the named
+    accounting, or for `auto` the layout's (`extrapolator.held_dtypes()`: the dtypes it
+    holds 16-bit weights and their gradients in, None where it keeps them as stored)."""
+    if options.precision != "auto":
+        return ACCOUNTING[options.precision]
+    held = extrapolator.held_dtypes() if extrapolator is not None else None
+    if held is None:
+        return ACCOUNTING["fp32"]
+    from triosim.trace.model import DTYPE_BYTES
+
+    weights, grads = held
+    return (DTYPE_BYTES[weights], DTYPE_BYTES[grads], 4)
+
+
 def static_bytes(
-    held_weight_bytes: float, bytes_per_param: float, optimizer: str, precision: str
+    held_weight_bytes: float, bytes_per_param: float, optimizer: str, precision
 ) -> dict:
-    """Weights, gradients and optimizer states for `held_weight_bytes` of the trace's weights."""
+    """Weights, gradients and optimizer states for `held_weight_bytes` of the trace's weights
+    at `precision`: a name in ACCOUNTING or (weights, gradients, master) bytes per parameter."""
     params = held_weight_bytes / bytes_per_param if bytes_per_param else 0.0
     k = STATE_FACTOR[optimizer]
-    if precision == "fp32":
-        return {"weights": 4 * params, "gradients": 4 * params, "optimizer_states": 4 * k * params}
+    w, g, master = ACCOUNTING[precision] if isinstance(precision, str) else precision
     return {
-        "weights": 2 * params,
-        "gradients": 2 * params,
-        "optimizer_states": (4 + 4 * k) * params,
+        "weights": w * params,
+        "gradients": g * params,
+        "optimizer_states": (master + 4 * k) * params,
     }
 
 
@@ -114,22 +141,23 @@ def static_per_gpu(trace, extrapolator, gpu, options: MemoryOptions, _kind=None)
     """Weights, gradients and optimizer states `gpu` holds under its mode's placement
     (`_kind`: (optimizer, bytes per parameter) when the caller has them already)."""
     optimizer, bpp = _kind or (optimizer_kind(trace, options), _bytes_per_param(trace))
+    how = accounting(options, extrapolator)
     shares = extrapolator.state_fractions_of(gpu)
     if shares is None:
-        return static_bytes(extrapolator.held_weight_bytes(gpu), bpp, optimizer, options.precision)
-    full = static_bytes(trace.weight_bytes(), bpp, optimizer, options.precision)
+        return static_bytes(extrapolator.held_weight_bytes(gpu), bpp, optimizer, how)
+    full = static_bytes(trace.weight_bytes(), bpp, optimizer, how)
     return {k: v * shares[k] for k, v in full.items()}  # ZeRO: a share of each kind
 
 
-def model_state_bytes(trace, options: MemoryOptions) -> float:
+def model_state_bytes(trace, options: MemoryOptions, extrapolator=None) -> float:
     """Weights and optimizer states of one copy of the model at the memory options'
-    precision and optimizer: what a checkpoint writes (replicas hold copies of the same
-    bytes; sharded ones together hold one)."""
+    precision (`auto`: as `extrapolator` holds them) and optimizer: what a checkpoint
+    writes (replicas hold copies of the same bytes; sharded ones together hold one)."""
     full = static_bytes(
         trace.weight_bytes(),
         _bytes_per_param(trace),
         optimizer_kind(trace, options),
-        options.precision,
+        accounting(options, extrapolator),
     )
     return full["weights"] + full["optimizer_states"]
 
