@@ -8,60 +8,6 @@ from __future__ import annotations
 from triosim.trace import flops as fl
 from triosim.trace.model import Operator, Trace
 
-# operators that launch no GPU kernel
-NO_KERNEL = frozenset(
-    {
-        "view",
-        "_unsafe_view",
-        "reshape_alias",
-        "_reshape_alias",
-        "t",
-        "transpose",
-        "permute",
-        "expand",
-        "expand_as",
-        "unsqueeze",
-        "squeeze",
-        "slice",
-        "select",
-        "split",
-        "split_with_sizes",
-        "chunk",
-        "unbind",
-        "as_strided",
-        "flatten",
-        "unflatten",
-        "alias",
-        "detach",
-        "view_as",
-        "empty",
-        "empty_like",
-        "empty_strided",
-        "lift_fresh",
-        "item",
-        "_local_scalar_dense",
-        "numpy_T",
-        "narrow",
-    }
-)
-NO_KERNEL_BACKWARD = frozenset(
-    {
-        "T",
-        "View",
-        "UnsafeView",
-        "Permute",
-        "Transpose",
-        "Unsqueeze",
-        "Squeeze",
-        "Alias",
-        "Detach",
-        "AccumulateGrad",
-        "ReshapeAlias",
-        "Clone",
-        "Unflatten",
-        "Flatten",
-    }
-)
 NORM = ("norm",)
 POOL = ("pool",)
 LOSS = frozenset(
@@ -116,7 +62,7 @@ def op_kind(op: Operator) -> tuple[str, str]:
     ("optimizer", "_foreach_addcdiv"), ...; family "none" for an operator with no kernel."""
     if op.phase == "backward":
         b = fl.backward_kind(op.name) or op.name.split(":")[-1].strip()
-        if b in NO_KERNEL_BACKWARD:
+        if b in fl.NO_KERNEL_BACKWARD:
             return "none", b
         low = b.lower()
         if b in fl.CONV_BACKWARD:
@@ -139,7 +85,7 @@ def op_kind(op: Operator) -> tuple[str, str]:
             fam = "elementwise_bwd"
         return fam, b
     k = fl.kind(op.name)
-    if k in NO_KERNEL:
+    if k in fl.NO_KERNEL:
         return "none", k
     if op.phase == "optimizer":
         return "optimizer", k

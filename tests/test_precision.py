@@ -241,6 +241,11 @@ def fp8_trace():
                 len(ops), "MmBackward0", layer, "backward", 2e-3, (inp, b), (g,), 0.0, fwd_id=k
             )
         )
+        # the linear's other autograd nodes, as the tracer records them (attributed to the
+        # linear): the output gradient's view and the weight's transpose, no kernel
+        gv, gt = tensor("activation", 2e6), tensor("buffer", 4e6)
+        for name, out in (("ViewBackward0", gv), ("TBackward0", gt)):
+            ops.append(Operator(len(ops), name, layer, "backward", 0.0, (g,), (out,), 0.0, fwd_id=k))
     meta = {"batch_size": 8, "gpu": "H100-SXM"}
     return Trace(ops, tensors, meta).validate()
 
@@ -252,9 +257,14 @@ def test_fp8_products_by_hand():
     # 4 MB input (once: a second product of the same input casts nothing), backward the
     # 2 MB output gradient. The attention's product and the output projection stay as
     # traced.
+    # The linear's view and transpose nodes launch no kernel: no cast of theirs (each was
+    # charged the output gradient's cast-transpose, 4 per Llama linear instead of 1).
     cfg = {"num_gpus": 1, "perfmodel": {"kind": "trace"}, "precision": {"matmul": "float8"}}
     r = Simulation(cfg, trace=fp8_trace()).run()
     tl = r.timeline[r.timeline.kind == "compute"]
+    views = tl[tl.name.isin(["ViewBackward0", "TBackward0"])]
+    assert len(views) == 8 and (views.end - views.start).tolist() == [0.0] * 8
+    tl = tl[~tl.index.isin(views.index)]
     took = {(row.layer, row.phase): row.end - row.start for row in tl.itertuples()}
     ratio = 989.4 / 1978.9
     assert took["layers.0.w", "forward"] == pytest.approx(1e-3 * ratio + 8e6 / 3.35e12, rel=1e-12)

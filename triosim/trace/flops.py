@@ -37,6 +37,62 @@ MATMUL = frozenset({"linear", "addmm", "mm", "bmm", "matmul", "baddbmm"})
 CONV_BACKWARD = frozenset({"Convolution", "CudnnConvolution", "MkldnnConvolution"})
 MATMUL_BACKWARD = frozenset({"Addmm", "Mm", "Bmm", "Baddbmm", "Linear"})
 
+# operators that launch no GPU kernel (views, shape changes, host-side scalars), and the
+# autograd nodes that pass or reshape their gradient without one
+NO_KERNEL = frozenset(
+    {
+        "view",
+        "_unsafe_view",
+        "reshape_alias",
+        "_reshape_alias",
+        "t",
+        "transpose",
+        "permute",
+        "expand",
+        "expand_as",
+        "unsqueeze",
+        "squeeze",
+        "slice",
+        "select",
+        "split",
+        "split_with_sizes",
+        "chunk",
+        "unbind",
+        "as_strided",
+        "flatten",
+        "unflatten",
+        "alias",
+        "detach",
+        "view_as",
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "lift_fresh",
+        "item",
+        "_local_scalar_dense",
+        "numpy_T",
+        "narrow",
+    }
+)
+NO_KERNEL_BACKWARD = frozenset(
+    {
+        "T",
+        "View",
+        "UnsafeView",
+        "Permute",
+        "Transpose",
+        "Unsqueeze",
+        "Squeeze",
+        "Alias",
+        "Detach",
+        "AccumulateGrad",
+        "ReshapeAlias",
+        "Clone",
+        "Unflatten",
+        "Flatten",
+    }
+)
+
 # forward: FLOPs per element of the larger of the first input and the first output
 PER_ELEMENT = {
     "relu": 1,

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from triosim.common.schema import option
+from triosim.trace.flops import NO_KERNEL_BACKWARD, backward_kind
 from triosim.trace.model import DTYPE_BYTES
 
 Dtype = Literal["trace", "bfloat16", "float16", "float32"]
@@ -98,7 +99,13 @@ class Precision:
                 and in_numbered_block(op.layer)
                 and any(not trace.tensors[i].scales_with_batch for i in op.inputs)
             }
-            back = {op.id for op in trace.operators if op.fwd_id in linear}
+            # their backward products; the linear's view and transpose nodes (attributed to
+            # it by the tracer) launch no kernel and cast nothing
+            back = {
+                op.id
+                for op in trace.operators
+                if op.fwd_id in linear and backward_kind(op.name) not in NO_KERNEL_BACKWARD
+            }
             self.fp8 = linear | back
             # each activation is cast once: wq, wk and wv (TE's fused QKV), w1 and w3 read
             # one input, cast by the first of them
