@@ -245,7 +245,9 @@ def fp8_trace():
         # linear): the output gradient's view and the weight's transpose, no kernel
         gv, gt = tensor("activation", 2e6), tensor("buffer", 4e6)
         for name, out in (("ViewBackward0", gv), ("TBackward0", gt)):
-            ops.append(Operator(len(ops), name, layer, "backward", 0.0, (g,), (out,), 0.0, fwd_id=k))
+            ops.append(
+                Operator(len(ops), name, layer, "backward", 0.0, (g,), (out,), 0.0, fwd_id=k)
+            )
     meta = {"batch_size": 8, "gpu": "H100-SXM"}
     return Trace(ops, tensors, meta).validate()
 
