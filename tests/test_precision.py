@@ -168,16 +168,16 @@ def test_megatrons_distributed_optimizer_reduces_in_float32_and_gathers_bfloat16
         assert m[m.gpu == 0]["buffers"].max() == pytest.approx(buf, rel=1e-12)
 
 
-def _static(par, mode="mesh", memory=None):
+def _static(par, mode="mesh", memory=None, reduce="float32"):
     """GPU 0's largest weights, gradients, optimizer states and buffers under `par` with
-    bfloat16 parameters and float32 reduction, Adam's states."""
+    bfloat16 parameters and `reduce`, Adam's states."""
     cfg = {
         "num_gpus": 2,
         "batch_size": 16,
         "topology": RING,
         "parallelism": {"mode": mode, **par},
         "communication": {"kind": "textbook"},
-        "precision": {"params": "bfloat16", "reduce": "float32"},
+        "precision": {"params": "bfloat16", "reduce": reduce},
         "memory": {"optimizer": "adam", **(memory or {})},
     }
     m = Simulation(cfg, trace=two_cast_layers()).run().memory
@@ -199,7 +199,8 @@ def test_memory_holds_the_weights_as_the_layout_does_at_the_precision_set():
       bytes per parameter (4 + 8 + 24 MB);
     - FSDP keeps its shards as stored (FSDP2 gathers in bfloat16): float32 weights and
       gradients and the states, each halved: 4 + 4 + 8 MB;
-    - `mixed` named: ZeRO's 2 + 2 + 12 whatever the layout (DDP: 4 + 4 + 24 MB)."""
+    - `mixed` named: ZeRO's 2 + 2 + 12 whatever the layout (DDP: 4 + 4 + 24 MB);
+    - DDP's gradients in bfloat16: 2P = 4 MB; with `reduce: trace`, as stored: 8 MB."""
     dist = {"dp_replicate": 2, "distributed_optimizer": True, "bucket_size": 1e9}
     w, g, s, buf = _static({**dist, "first_bucket_size": 1e9})
     assert (w, g, s, buf) == pytest.approx((4e6, 0.0, 12e6, 8e6), rel=1e-12)
@@ -209,6 +210,10 @@ def test_memory_holds_the_weights_as_the_layout_does_at_the_precision_set():
     assert (w, g, s) == pytest.approx((4e6, 4e6, 8e6), rel=1e-12)
     w, g, s, _ = _static({}, mode="ddp", memory={"precision": "mixed"})
     assert (w, g, s) == pytest.approx((4e6, 4e6, 24e6), rel=1e-12)
+    # gradients in the reduce dtype: bfloat16 2P = 4 MB; `trace`, as stored (float32) 8 MB
+    ddp = {"bucket_size": 1e9, "first_bucket_size": 1e9}
+    assert _static(ddp, mode="ddp", reduce="bfloat16")[1] == pytest.approx(4e6, rel=1e-12)
+    assert _static(ddp, mode="ddp", reduce="trace")[1] == pytest.approx(8e6, rel=1e-12)
 
 
 def fp8_trace():

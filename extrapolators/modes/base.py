@@ -183,8 +183,8 @@ class Extrapolator:
 
     def held_dtypes(self) -> tuple | None:
         """(weights, gradients): the dtypes this layout holds 16-bit weights whole in and
-        their gradients (the memory model's `precision: auto`), None where it keeps the
-        weights as the trace stores them."""
+        their gradients ("trace": as the trace stores them) for the memory model's
+        `precision: auto`; None where it keeps the weights as the trace stores them."""
         return None
 
     def buffer_bytes(self, gpu) -> float:

@@ -94,10 +94,11 @@ def optimizer_kind(trace, options: MemoryOptions) -> str:
 ACCOUNTING = {"fp32": (4, 4, 0), "mixed": (2, 2, 4)}
 
 
-def accounting(options: MemoryOptions, extrapolator=None) -> tuple:
+def accounting(options: MemoryOptions, extrapolator=None, stored: float = 4.0) -> tuple:
     """(weights, gradients, master) bytes per parameter (module docstring): the named
     accounting, or for `auto` the layout's (`extrapolator.held_dtypes()`: the dtypes it
-    holds 16-bit weights and their gradients in, None where it keeps them as stored)."""
+    holds 16-bit weights and their gradients in, "trace" for the `stored` bytes; None
+    where it keeps them as stored)."""
     if options.precision != "auto":
         return ACCOUNTING[options.precision]
     held = extrapolator.held_dtypes() if extrapolator is not None else None
@@ -106,7 +107,7 @@ def accounting(options: MemoryOptions, extrapolator=None) -> tuple:
     from triosim.trace.model import DTYPE_BYTES
 
     weights, grads = held
-    return (DTYPE_BYTES[weights], DTYPE_BYTES[grads], 4)
+    return (DTYPE_BYTES[weights], stored if grads == "trace" else DTYPE_BYTES[grads], 4)
 
 
 def static_bytes(
@@ -141,7 +142,7 @@ def static_per_gpu(trace, extrapolator, gpu, options: MemoryOptions, _kind=None)
     """Weights, gradients and optimizer states `gpu` holds under its mode's placement
     (`_kind`: (optimizer, bytes per parameter) when the caller has them already)."""
     optimizer, bpp = _kind or (optimizer_kind(trace, options), _bytes_per_param(trace))
-    how = accounting(options, extrapolator)
+    how = accounting(options, extrapolator, bpp)
     shares = extrapolator.state_fractions_of(gpu)
     if shares is None:
         return static_bytes(extrapolator.held_weight_bytes(gpu), bpp, optimizer, how)
@@ -153,11 +154,12 @@ def model_state_bytes(trace, options: MemoryOptions, extrapolator=None) -> float
     """Weights and optimizer states of one copy of the model at the memory options'
     precision (`auto`: as `extrapolator` holds them) and optimizer: what a checkpoint
     writes (replicas hold copies of the same bytes; sharded ones together hold one)."""
+    bpp = _bytes_per_param(trace)
     full = static_bytes(
         trace.weight_bytes(),
-        _bytes_per_param(trace),
+        bpp,
         optimizer_kind(trace, options),
-        accounting(options, extrapolator),
+        accounting(options, extrapolator, bpp),
     )
     return full["weights"] + full["optimizer_states"]
 

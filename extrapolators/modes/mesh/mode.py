@@ -428,15 +428,12 @@ class MeshMode(Extrapolator):
 
     def held_dtypes(self) -> tuple | None:
         """16-bit `params` held whole (Megatron's --bf16 module weights), gradients in
-        `reduce` (the stored dtype where `trace`); FSDP keeps its shards as stored (FSDP2
-        gathers in `params`), so None there and without 16-bit `params`."""
+        `reduce` ("trace": as stored); FSDP keeps its shards as stored (FSDP2 gathers in
+        `params`), so None there and without 16-bit `params`."""
         p = self.precision.options
         if self.fsdp or p.params not in ("bfloat16", "float16"):
             return None
-        if p.reduce != "trace":
-            return p.params, p.reduce
-        stored = next((t.dtype for t in self.trace.weights()), "float32")
-        return p.params, stored
+        return p.params, p.reduce
 
     def state_fractions_of(self, gpu) -> dict | None:
         total = self.trace.weight_bytes()
