@@ -285,3 +285,32 @@ def test_an_expert_product_is_timed_on_one_gpus_experts_by_the_learned_model():
     got = tl[(tl.gpu == 0) & (tl.op_id == bmm.id) & (tl.phase == "forward")]
     assert len(got) == 1
     assert float(got.end.iloc[0] - got.start.iloc[0]) == pytest.approx(want, rel=1e-9)
+
+
+def test_ep_copies_across_nodes_fall_back_to_copies_that_keep_a_nodes_parity():
+    """NCCL's rail rings enter and leave alternate nodes on alternate GPUs, so a copy that
+    moves a GPU to a node of the other parity may meet another data-parallel ring
+    (Megatron-Bridge's DeepSeek-V3 layout: a TP collective on the odd nodes ended 13 us
+    later). 16 GPUs in nodes of 4, tp 2 x dp_replicate 8, ep 8: the local index's digits
+    cut at the TP pair, the node and two nodes: radices 2, 2, 2, 2 (TP; a node's second
+    pair; the next node, which flips the parity; the next EP group). The declarations, in
+    order: every digit (16 copies, one representative), then all but the parity digit
+    (8 copies: within a node and two nodes on), then one axis (the expert-DP rank: 2)."""
+    from extrapolators.modes.mesh.symmetry import digits, mesh_symmetry
+
+    topo = {"kind": "multi_node", "gpus_per_node": 4, "bandwidth": B, "latency": L,
+            "inter_bandwidth": B / 10, "inter_latency": L}  # fmt: skip
+    par = {"mode": "mesh", "tp": 2, "dp_replicate": 8, "ep": 8, "sequence_parallel": True}
+    cfg = {"num_gpus": 16, "batch_size": 16, "parallelism": par, "topology": topo,
+           "communication": {"kind": "textbook"}, "perfmodel": {"kind": "roofline"},
+           "symmetry": "auto"}  # fmt: skip
+    sim = Simulation(cfg, trace=trace(layers=2, experts=8))
+    radices, shifts, _ = digits(sim.extrapolator)
+    assert radices == [2, 2, 2, 2] and shifts == [0, 1, 2, 3]
+    chain, sym = [], mesh_symmetry(sim.extrapolator)
+    while sym is not None:
+        chain.append(sym.copies)
+        sym = getattr(sym, "fallback", None)
+    assert chain == [16, 8, 2]
+    exact = Simulation({**cfg, "symmetry": "off"}, trace=trace(layers=2, experts=8)).run()
+    assert sim.run().iteration_time == pytest.approx(exact.iteration_time, rel=1e-12)

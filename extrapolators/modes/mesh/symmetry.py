@@ -31,7 +31,9 @@ def mesh_symmetry(mode) -> Symmetry:
     radices, shifts, ep = digits(mode)
     chain = []  # the declarations to try, finest first
     if radices is not None:
-        for ds in (shifts, [d for d in shifts if d not in ep]):
+        parity = _node_parity_digit(mode, radices) if mode.experts is not None else None
+        same_parity = [d for d in shifts if d != parity]
+        for ds in (shifts, same_parity, [d for d in shifts if d not in ep]):
             ds = [d for d in ds if radices[d] > 1]
             if len(ds) >= 2 and all(c[1] != ds for c in chain):
                 chain.append((radices, ds))
@@ -40,6 +42,44 @@ def mesh_symmetry(mode) -> Symmetry:
         finer = _along(mode, radices, ds)
         finer.fallback, sym = sym, finer
     return sym
+
+
+def _node_size(mode) -> int | None:
+    """GPUs a node holds, in a stage's local index, where the first stage's local index
+    runs node by node (local i on node i // g); None otherwise or without a topology."""
+    graph = getattr(mode, "graph", None)
+    if graph is None:
+        return None
+    from extrapolators.communication.nccl.system import node_partition
+
+    part, mesh, at = node_partition(graph), mode.mesh, mode.layout.at
+    nodes = {}
+    for x in at:
+        if x[PP] == 0:
+            nodes[mesh.local(x)] = part.get(at[x])
+    if None in nodes.values():
+        return None
+    order = [nodes[i] for i in sorted(nodes)]
+    g = order.count(order[0])
+    first = {}
+    ok = all(first.setdefault(n, i // g) == i // g for i, n in enumerate(order))
+    return g if ok and len(order) % g == 0 else None
+
+
+def _node_parity_digit(mode, radices: list):
+    """The digit (index into `radices`) of a stage's local index that steps from a node
+    to the next where the next digit's copies keep the node's parity: NCCL's rail rings
+    enter and leave alternate nodes on alternate GPUs, so a copy that moves a GPU to a
+    node of the other parity may meet another ring (None where there is no such digit)."""
+    g = _node_size(mode)
+    if g is None:
+        return None
+    lo = 1
+    for d, r in enumerate(radices):
+        if lo == g and r == 2:
+            return d
+        lo *= r
+    return None
 
 
 def digits(mode):
@@ -51,6 +91,9 @@ def digits(mode):
     cuts = {math.prod(dense[: i + 1]) for i in range(4)}
     if ex is not None:
         cuts |= {ex.etp, ex.etp * ex.ep, mesh.stage_size}
+        g = _node_size(mode)  # EP's copies across nodes: a node, and two (its parity:
+        if g is not None:  # _node_parity_digit)
+            cuts |= {c for c in (g, 2 * g) if mesh.stage_size % c == 0}
     bounds = sorted(cuts)
     radices, prev = [], 1
     for b in bounds:
