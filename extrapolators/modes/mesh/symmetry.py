@@ -44,6 +44,22 @@ def mesh_symmetry(mode) -> Symmetry:
     return sym
 
 
+def _per_mode(f):
+    """`f(mode)` computed once per mode (its layout and topology do not change): `digits`
+    and the fallbacks built after it ask the same questions of the same layout."""
+    name = f"_symmetry_{f.__name__}"
+
+    def once(mode):
+        d = mode.__dict__
+        if name not in d:
+            d[name] = f(mode)
+        return d[name]
+
+    once.__doc__, once.__name__ = f.__doc__, f.__name__
+    return once
+
+
+@_per_mode
 def _node_size(mode) -> int | None:
     """GPUs a node holds, in a stage's local index, where the first stage's local index
     runs node by node (local i on node i // g); None otherwise or without a topology."""
@@ -122,6 +138,7 @@ def digits(mode):
     return radices, shifts, ep
 
 
+@_per_mode
 def _cp_rings(mode) -> bool:
     """Whether every CP group of the first stage lies in CP-rank order (either way round,
     from any rank): a CP shift then maps each ring attention's sends to sends. The groups
