@@ -126,7 +126,7 @@ def with_recompute(ops, policy: str, unit_of: dict, names=None, every: int = 1, 
             blocks = {u for k, u in enumerate(sorted(blocks), start=1) if k % every == 0}
     by_unit: dict[int, list] = {}
     products: dict[int, int] = {}  # unit -> matrix products seen in its forward
-    experts = {unit_of.get(op.id, -1) for op in ops if ".experts" in f".{op.layer}"}
+    experts = {unit_of.get(op.id, -1) for op in ops if _in_experts(op.layer)}
     attended: set = set()  # units whose attention kernel has run (mla_up_proj's end)
     for op in ops:
         if op.phase != "forward":
@@ -168,7 +168,7 @@ def check_modules(ops, modules) -> None:
     chunk)."""
     layers = {op.layer for op in ops}
     mla = any(x.endswith((".wq_b", ".wkv_b")) for x in layers)
-    moe = any(".experts" in f".{x}" for x in layers)
+    moe = any(_in_experts(x) for x in layers)
     for m in modules:
         if (m == "mla_up_proj" and not mla) or (m in ("moe", "moe_act") and not moe):
             what = "multi-latent attention (wq_b, wkv_b)" if m == "mla_up_proj" else "experts"
@@ -179,6 +179,11 @@ def check_modules(ops, modules) -> None:
             raise ConfigError(
                 "parallelism.recompute_modules", m, "a module the trace has: no shared experts"
             )
+
+
+def _in_experts(layer: str) -> bool:
+    """A layer inside a routed-experts module (`...experts`, not `shared_experts`)."""
+    return ".experts" in f".{layer}"
 
 
 def _in_module(op, modules, has_experts: bool, attended: bool) -> bool:
