@@ -9,8 +9,11 @@ the end of the run, at the time per-task events would reach (the same sequential
 sums), so long streams cost one SimPy event per run, not per task. A mode may emit a
 ComputeRun (the computes between two other tasks, built once and shared by every GPU): it
 is timed by one cumsum and logged as one block (extrapolators.execution.timeline_log: the timeline is
-built from the log when asked for, without a tuple per task). When the events run out, `check_finished` names
-every stream still waiting (a deadlock) instead of returning a short iteration.
+built from the log when asked for, without a tuple per task). With a `contention`
+(extrapolators.execution.contention) a run's end moves while its GPU communicates, and
+its instants are mapped through the time it kept before they are logged. When the events
+run out, `check_finished` names every stream still waiting (a deadlock) instead of
+returning a short iteration.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy as np
 import simpy
 from simpy.core import NORMAL
 
+from extrapolators.execution.contention import Contention
 from extrapolators.execution.meetings import Meetings
 from extrapolators.execution.symmetry import SymmetryBroken, Twins
 from extrapolators.execution.tasks import (
@@ -53,8 +57,12 @@ class Runtime:
         symmetry=None,
         host=None,
         noise: dict | None = None,
+        contention: Contention | None = None,
     ):
         self.env = env
+        # extrapolators.execution.contention.Contention: compute slowed while its GPU
+        # communicates, or None (overlap is free)
+        self.contention = contention
         # GPU -> n -> n factors on its next n computes (heterogeneity.op_cv), or None
         self.noise = noise
         # perfmodel.host.HostModel (launch_latency, comm_cost) or None: each GPU's host
@@ -111,6 +119,7 @@ class Runtime:
         here = who  # (gpu, stream, the current iteration): a block's `who`
         scale = self.compute_scale.get(gpu, 1.0)
         noise = self.noise.get(gpu) if self.noise else None
+        contention = self.contention
 
         def log(kind, name, layer, phase, t0, t1, nbytes, key):  # one row of COLUMNS
             rows.append((gpu, stream, kind, name, layer, phase, t0, t1, nbytes, key, it, -1, -1))
@@ -148,7 +157,12 @@ class Runtime:
                     else:
                         (acc, t), starts = self._timed(task, start, scale, noise), None
                     if t != start:
-                        yield self._at(t)
+                        if contention is None:
+                            yield self._at(t)
+                        else:
+                            span = contention.compute(gpu, start, t)
+                            yield span.event
+                            acc, starts = span.warp(acc), span.warp(starts)
                     if here[2] != it:
                         here = (gpu, stream, it)
                     rows.append(Block(here, task, acc, starts))
@@ -158,8 +172,12 @@ class Runtime:
             elif type(task) is Collective:
                 if host is not None:  # its launch costs the host (it does not wait for it)
                     self._clock[gpu] = self._clock.get(gpu, 0.0) + host.comm_cost
+                if contention is not None:
+                    contention.comm_started(gpu)
                 meet = self._meetings.arrive(gpu, task)  # (a call, not a generator per collective)
                 yield meet["done"]
+                if contention is not None:
+                    contention.comm_ended(gpu)
                 begin, layer, phase = meet["begin"], task.layer, task.phase
                 if begin > start:
                     log("wait", f"wait {task.op}", layer, phase, start, begin, 0.0, task.key)
@@ -167,7 +185,11 @@ class Runtime:
             elif type(task) is Send:
                 if host is not None:
                     self._clock[gpu] = self._clock.get(gpu, 0.0) + host.comm_cost
+                if contention is not None:
+                    contention.comm_started(gpu)
                 yield self._send(gpu, task)
+                if contention is not None:
+                    contention.comm_ended(gpu)
                 self.event("p2p:" + task.key).succeed()
                 if self.symmetry is not None and task.dst not in self.symmetry.orbits:
                     self.event(self._to_image(gpu, task.dst)).succeed()
@@ -256,7 +278,12 @@ class Runtime:
                 t = t + d
             ends.append(t)
         if t != start:
-            yield self._at(t)
+            if self.contention is None:
+                yield self._at(t)
+            else:
+                span = self.contention.compute(gpu, start, t)
+                yield span.event
+                ends = span.warp(np.array(ends)).tolist()
         t0 = start
         for c, t1 in zip(run, ends, strict=True):
             self._log.append(
@@ -293,7 +320,12 @@ class Runtime:
         else:
             (acc, t), starts = _cumsum(block, start, scale, noise), None
         if t != start:
-            yield self._at(t)
+            if self.contention is None:
+                yield self._at(t)
+            else:
+                span = self.contention.compute(who[0], start, t)
+                yield span.event
+                acc, starts = span.warp(acc), span.warp(starts)
         self._log.append(Block(who, block, acc, starts))
 
     def _timed(self, block: ComputeRun, start: float, scale: float, noise=None) -> tuple:

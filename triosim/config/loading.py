@@ -19,6 +19,7 @@ from typing import Literal
 
 import yaml
 
+from extrapolators.execution.contention import OverlapOptions
 from perfmodel.host import HostOptions
 from perfmodel.host import check_fields as check_host_fields
 from triosim.common import schema
@@ -121,6 +122,11 @@ class TopLevel:
         "(reduce), FP8 products (matmul: float8) (triosim/trace/precision.py; torchtitan: "
         "params bfloat16, reduce float32)",
     )
+    overlap: OverlapOptions = option(
+        factory=OverlapOptions,
+        help="what communication costs the compute it overlaps on the same GPU "
+        "(extrapolators/execution/contention.py)",
+    )
 
 
 def _sections():
@@ -155,6 +161,7 @@ class Config:
     memory: MemoryOptions = field(default_factory=MemoryOptions)
     host: HostOptions = field(default_factory=HostOptions)
     precision: PrecisionOptions = field(default_factory=PrecisionOptions)
+    overlap: OverlapOptions = field(default_factory=OverlapOptions)
     parallelism: ParallelismConfig = field(default_factory=ParallelismConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
     network: NetworkConfig = field(default_factory=NetworkConfig)
@@ -177,6 +184,7 @@ class Config:
         d["memory"] = schema.dump(self.memory)
         d["host"] = schema.dump(self.host)
         d["precision"] = schema.dump(self.precision)
+        d["overlap"] = schema.dump(self.overlap)
         for name in ("parallelism", "topology", "network", "communication", "perfmodel"):
             d[name] = schema.dump(getattr(self, name))
         return d

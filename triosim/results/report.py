@@ -40,6 +40,7 @@ def summary_text(s: dict, verdict: str) -> str:
         *([("symmetry", s["symmetry"])] if s["symmetry"] != "off" else []),
         *([("symmetric flows", s["symmetry_flows"])] if s.get("symmetry_flows") else []),
         *([("host model", s["host"])] if "host" in s else []),
+        *([("overlap", s["overlap"])] if "overlap" in s else []),
     ]
     w = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{w}}  {v}" for k, v in rows)

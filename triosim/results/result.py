@@ -69,6 +69,8 @@ class Result:
         self._timeline = None
         self.symmetry = "off"  # what ran: "off", "auto: ..." or "off (fell back: <why>)"
         self.host = "off"  # the host model (perfmodel.host): "on (its costs)" or "off (why)"
+        # what overlapped communication costs compute (extrapolators.execution.contention)
+        self.overlap = "free"
         self.symmetry_skew = 0.0  # largest relative gap between an image's end and its rep's
         # with symmetry, how the network moved the copies' flows: "by orbits: ..." (one flow
         # per orbit, networks.packet.quotient) or "every copy's: <why>"; None without
@@ -255,6 +257,7 @@ class Result:
             "symmetry": self.symmetry,
             "symmetry_flows": getattr(self, "symmetry_flows", None),  # (results saved before it)
             "host": self.host,
+            "overlap": getattr(self, "overlap", "free"),  # (results saved before it)
         }
 
     def summary(self) -> str:

@@ -21,6 +21,7 @@ import simpy
 from extrapolators.communication import comm_class
 from extrapolators.communication.rings import ring_order
 from extrapolators.execution import Runtime
+from extrapolators.execution.contention import Contention, slowdown
 from extrapolators.execution.symmetry import SymmetryBroken, SymmetryWarning
 from extrapolators.execution.tasks import prefixed
 from extrapolators.modes import extrapolator_class
@@ -114,6 +115,8 @@ class Simulation:
             )
             self.model.check_target(cfg.gpu)
             self.host = HostModel.for_trace(self.trace, cfg.host)
+        # compute slowed while its GPU communicates (extrapolators.execution.contention)
+        self.slowdown, self.overlap = slowdown(cfg.overlap, self.trace)
         stage("checking the plan")
         _check_plan_early(mode, self.trace, self.model, cfg)
         note = big_run_note(cfg.num_gpus, cfg.iterations) if progress else None
@@ -284,6 +287,7 @@ class Simulation:
             symmetry=sym,
             host=self.host,
             noise=cfg.heterogeneity.op_noise(self.gpus, cfg.seed),
+            contention=Contention(env, self.slowdown) if self.slowdown else None,
         )
         if sym is not None:  # a second set of streams: checking consumes them
             sym.check_streams(self.extrapolator.streams())
@@ -316,6 +320,7 @@ class Simulation:
         result.symmetry_flows = flows if sym is not None else None
         describe = getattr(self.extrapolator, "describe", None)
         result.layout = describe() if describe is not None else None  # the mesh's degrees
+        result.overlap = self.overlap
         if self.host is not None:
             result.host = self.host.describe()
         elif not extrapolator_class(cfg.parallelism.mode).uses_trace:

@@ -1,0 +1,158 @@
+"""Compute slowed while its GPU communicates: NCCL's kernels run on the GPU's own SMs and
+memory, so a GEMM that overlaps a collective runs slower than alone (arXiv 2507.03114,
+"Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep
+Learning": 18.9 % slower on average, 40 % at most, over GPT and Llama layers on A100,
+H100, MI250 and MI210).
+
+Contract: a GPU's compute progresses at rate 1 while none of its communication is in
+flight and at 1 / (1 + slowdown) while any is (one or several: the measurement is of
+one collective beside the compute; several are not counted twice). Communication is in
+flight on a GPU from the moment one of its streams reaches a collective or a send until
+that ends: an NCCL kernel holds its SMs while it waits for its peers too. A receive
+is not counted (the sender's send covers the transfer; a pipeline's receive mostly
+blocks the compute stream it is on). A run of computes (`Span`) is timed at its start
+as if nothing changed; each time its GPU starts or stops communicating, its end moves
+(`Contention.comm_started`, `comm_ended`) and the instants inside it are mapped through
+the piecewise-linear time it kept (`Span.warp`). A span that never overlapped ends at
+exactly the instant the runtime would have given it without contention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from heapq import heappush
+
+import numpy as np
+import simpy
+from simpy.core import NORMAL
+
+from perfmodel.host import runs_on_gpu
+from triosim.common.schema import option
+
+__all__ = ["Contention", "OverlapOptions", "Span", "slowdown"]
+
+# arXiv 2507.03114's average compute slowdown under overlapped communication
+PUBLISHED_SLOWDOWN = 0.189
+
+
+@dataclass
+class OverlapOptions:
+    """The `overlap` section: what communication costs the compute it overlaps."""
+
+    compute_slowdown: float | None = option(
+        None,
+        ge=0.0,
+        le=1.0,
+        help="compute runs this much slower while its GPU communicates (a collective or "
+        "a send in flight: NCCL's kernels take SMs and memory bandwidth); 0: overlap is "
+        f"free; unset: {PUBLISHED_SLOWDOWN} (the published average, arXiv 2507.03114) for "
+        "traces of a GPU (as host.model auto), 0 for CPU and synthetic traces",
+    )
+
+
+def slowdown(options: OverlapOptions, trace) -> tuple[float, str]:
+    """(the compute slowdown a run takes, how it was chosen: the summary's line)."""
+    s = options.compute_slowdown
+    if s is not None:
+        how = "set"
+    elif runs_on_gpu(trace):
+        s, how = PUBLISHED_SLOWDOWN, "a GPU trace: the published average, arXiv 2507.03114"
+    else:
+        s, how = 0.0, "not a GPU trace"
+    if not s:
+        return 0.0, f"free ({how})"
+    return s, f"compute {s * 100:g} % slower while its GPU communicates ({how})"
+
+
+class Span:
+    """One run of computes on one stream, from `start` to `end_u` as timed without
+    contention (unstretched time u). `points` are the instants its rate changed, as
+    (u, real time, slow after it); the real end follows from the last one."""
+
+    __slots__ = ("end_u", "event", "factor", "points", "u0", "r0", "slow")
+
+    def __init__(self, start: float, end_u: float, slow: bool, factor: float):
+        self.end_u, self.factor = end_u, factor
+        self.u0 = self.r0 = start
+        self.slow = slow
+        self.points = [(start, start, True)] if slow else []
+        self.event = None
+
+    def end(self) -> float:
+        if self.slow:
+            return self.r0 + (self.end_u - self.u0) * self.factor
+        return self.end_u + (self.r0 - self.u0)  # (never slowed: end_u + 0.0, end_u itself)
+
+    def change(self, now: float, slow: bool) -> None:
+        """Its GPU started (slow) or stopped communicating at `now`."""
+        gone = now - self.r0
+        u = self.u0 + (gone / self.factor if self.slow else gone)
+        self.u0, self.r0, self.slow = min(u, self.end_u), now, slow
+        self.points.append((self.u0, now, slow))
+
+    def warp(self, instants: np.ndarray | None) -> np.ndarray | None:
+        """`instants` (unstretched, within the span) in real time: a new array, or the
+        same one where the span never ran slow."""
+        if instants is None or not self.points:
+            return instants
+        us = np.array([p[0] for p in self.points])
+        rs = np.array([p[1] for p in self.points])
+        rate = np.array([self.factor if p[2] else 1.0 for p in self.points])
+        i = np.searchsorted(us, instants, side="right") - 1
+        before = i < 0  # before the first change: real time is unstretched time
+        i = np.maximum(i, 0)
+        out = rs[i] + (instants - us[i]) * rate[i]
+        return np.where(before, instants, out)
+
+
+class Contention:
+    """Which GPUs are communicating and which runs of computes each is in the middle of
+    (the contract is the module's). The runtime asks `compute` for the event a run ends
+    at and `warp`s its instants after; it calls `comm_started` / `comm_ended` around
+    every collective and send."""
+
+    def __init__(self, env: simpy.Environment, slowdown: float):
+        self.env = env
+        self.factor = 1.0 + slowdown
+        self._open: dict = {}  # GPU -> communication operations in flight
+        self._spans: dict = {}  # GPU -> the spans running on it
+
+    def compute(self, gpu, start: float, end_u: float) -> Span:
+        """A span from `start` (now) whose computes take until `end_u` uncontended;
+        `span.event` fires at its real end."""
+        span = Span(start, end_u, self._open.get(gpu, 0) > 0, self.factor)
+        self._spans.setdefault(gpu, []).append(span)
+        span.event = self._at(span.end())
+        span.event.callbacks.append(lambda _e: self._spans[gpu].remove(span))
+        return span
+
+    def comm_started(self, gpu) -> None:
+        n = self._open.get(gpu, 0)
+        self._open[gpu] = n + 1
+        if n == 0:
+            self._changed(gpu, True)
+
+    def comm_ended(self, gpu) -> None:
+        n = self._open[gpu] - 1
+        self._open[gpu] = n
+        if n == 0:
+            self._changed(gpu, False)
+
+    def _changed(self, gpu, slow: bool) -> None:
+        """Every span running on `gpu` changes rate now: its end moves. The event already
+        queued cannot leave SimPy's queue, so its waiters move to a new one at the new
+        end and the old one fires for nobody."""
+        now = self.env.now
+        for span in self._spans.get(gpu, ()):
+            if span.event.callbacks is None:  # (fired this instant: already ended)
+                continue
+            span.change(now, slow)
+            new = self._at(span.end())
+            new.callbacks, span.event.callbacks = span.event.callbacks, []
+            span.event = new
+
+    def _at(self, t: float) -> simpy.Event:
+        ev = simpy.Event(self.env)
+        ev._ok, ev._value = True, None
+        heappush(self.env._queue, (t, NORMAL, next(self.env._eid), ev))
+        return ev
