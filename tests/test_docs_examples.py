@@ -186,13 +186,13 @@ def test_a_changed_number_fails(tmp_path, monkeypatch):
     """A page whose printed number is off by one digit fails, naming the line."""
     page = ROOT / "README.md"
     text = page.read_text()
-    assert "iteration time                71.5560 ms" in text
+    assert "iteration time                71.6475 ms" in text
     bad = tmp_path / "README.md"
-    bad.write_text(text.replace("71.5560 ms", "71.5561 ms"))
+    bad.write_text(text.replace("71.6475 ms", "71.6476 ms"))
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
-    with pytest.raises(pytest.fail.Exception, match=r"(?s)README.md:\d+: .*71\.5561 ms"):
+    with pytest.raises(pytest.fail.Exception, match=r"(?s)README.md:\d+: .*71\.6476 ms"):
         run_page(bad, work)
 
 
