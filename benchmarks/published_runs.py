@@ -24,8 +24,8 @@ data, each with its source (numbers only; nothing else is copied):
 - Megatron-Core v0.9 (NVIDIA/Megatron-LM megatron/core/transformer/moe/README.md): Mixtral
   8x7B bf16 on 64 H100s, EP 8, PP 4, VP 8, GBS 256, seq 4096: 468 TFLOPS/GPU.
 - NeMo 24.03 long-sequence table (docs/source/performance/performance_long_sequence.md):
-  Llama 2 7B FP8, 131,072 tokens, 128 H100s, TP 4, CP 4, DP 8: 555 TFLOPS/GPU (here the
-  Llama 3 8B 128K trace, the closest shipped model; TFLOPS by Megatron's formula).
+  Llama 2 7B FP8, 131,072 tokens, 128 H100s, TP 4, CP 4, DP 8: 555 TFLOPS/GPU (TFLOPS by
+  Megatron's formula for Llama 2 7B: no GQA, FFN 11,008, a 32K vocabulary).
 - DeepSeek-V3 Technical Report (arXiv 2412.19437, sections 1, 3.2 and 4.2): 180K H800 GPU
   hours per trillion tokens = 1,543 tokens/s/GPU on 2,048 H800s (FP8, DualPipe, PP 16, EP
   64, batch 15,360 sequences of 4,096); here 1,024 GPUs (expert-DP 1), 1F1B over the same
@@ -130,8 +130,8 @@ RUNS = [
      256, 4096, {"ep": 8, "pp": 4, "virtual_stages": 8, "schedule": "interleaved",
                  "microbatches": 16, **MEGATRON},
      BF16, (468, "tflops"), "Megatron-Core v0.9 MoE README", 450e9),
-    ("NeMo 24.03 Llama 2 7B 128K, 128 GPUs, TP 4 CP 4 (FP8; Llama 3 8B trace)",
-     "llama3-8b-s131072-b1", 128, 8, 131072,
+    ("NeMo 24.03 Llama 2 7B 128K, 128 GPUs, TP 4 CP 4 (FP8)",
+     "llama2-7b-s131072-b1", 128, 8, 131072,
      {"tp": 4, "cp": 4, "microbatches": 1, "sequence_parallel": True, **MEGATRON,
       "overlap_param_gather": False},
      FP8, (555, "megatron_tflops"), "NeMo 24.03 long sequence", 450e9),
@@ -183,10 +183,10 @@ def predicted(run, r, sim) -> float:
     _, _, gpus, batch, seq, _, _, (_, unit), _, _ = run
     if unit == "tokens":
         return batch * seq / gpus / r.iteration_time
-    if unit == "megatron_tflops":  # Llama 3 8B's model FLOPs, as NeMo counts them
+    if unit == "megatron_tflops":  # Llama 2 7B's model FLOPs, as NeMo counts them
         from benchmarks.llm_parallelism import megatron_flops
 
-        flops = megatron_flops(s=seq, L=32, h=4096, H=32, g=8, f=14336, V=128256)
+        flops = megatron_flops(s=seq, L=32, h=4096, H=32, g=32, f=11008, V=32000)
     else:  # the trace's forward and backward FLOPs per sequence
         ops = sim.trace.operators
         flops = sum(o.flops or 0.0 for o in ops if o.phase in ("forward", "backward"))

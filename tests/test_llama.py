@@ -21,6 +21,7 @@ PUBLISHED = {
     "llama3-70b": (70.6e9, 70_553_706_496),
     "llama3.2-1b": (1.24e9, 1_235_814_400),
     "llama3.1-405b": (405.9e9, 405_853_388_800),  # Meta: "405B"; its config: 405.85 B
+    "llama2-7b": (6.74e9, 6_738_415_616),  # Meta: "7B"; Hugging Face's card: 6.74 B
 }
 
 

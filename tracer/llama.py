@@ -27,6 +27,10 @@ LLAMA = {
     "llama3.1-405b": dict(
         dim=16384, layers=126, heads=128, kv_heads=8, ffn=53248, vocab=128256, tied=False
     ),
+    # Llama 2 7B (its params.json: no GQA, FFN 11,008, a 32K vocabulary; the same blocks)
+    "llama2-7b": dict(
+        dim=4096, layers=32, heads=32, kv_heads=32, ffn=11008, vocab=32000, tied=False
+    ),
 }
 LLAMA_SMALL = dict(dim=64, layers=2, heads=4, kv_heads=2, ffn=128, vocab=256, tied=False)
 ROPE_THETA = 500000.0

@@ -2,7 +2,7 @@
 
 Defaults follow the published architectures (ResNet: He et al. 2016; VGG: Simonyan &
 Zisserman 2015; DenseNet-121: Huang et al. 2017; GPT-2 small: 12 x 768, 12 heads;
-BERT-base: 12 x 768, 12 heads; Llama 3: Meta's published configurations, below; the
+BERT-base: 12 x 768, 12 heads; Llama 3 and Llama 2 7B: Meta's published configurations, below; the
 mixture-of-experts models Mixtral 8x7B and DeepSeek-V3: tracer.moe, with their sources).
 `small=True` shrinks width/depth for fast CPU tests. Each entry of MODELS returns (model,
 make_batch, loss_fn). Transformers take `layers=k` to build k of their identical decoder

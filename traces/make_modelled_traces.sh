@@ -28,6 +28,8 @@ trace llama3-8b --seq-len 2048 --batch-size 8 --layers 2 --gpu H100-SXM --out tr
 trace llama3-8b --seq-len 2048 --batch-size 8 --layers 2 --gpu H100-SXM --master-weights --out traces/modelled/h100-sxm
 trace resnet50 --batch-size 128 --gpu H100-SXM --out traces/modelled/h100-sxm
 trace llama3-8b --seq-len 131072 --batch-size 1 --layers 2 --gpu H100-SXM --out traces/modelled/h100-sxm
+# Llama 2 7B at 128K, as NeMo's long-sequence table trained it (its published row)
+trace llama2-7b --seq-len 131072 --batch-size 1 --layers 2 --gpu H100-SXM --out traces/modelled/h100-sxm
 # mixture of experts (tracer/moe.py): Mixtral 8x7B and DeepSeek-V3, 2 of their MoE layers
 # traced (DeepSeek-V3's 3 dense layers whole) and replicated, dropless routing traced at the
 # balanced load; for mode ep and benchmarks/llm_parallelism.py
