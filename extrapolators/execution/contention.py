@@ -10,21 +10,19 @@ one collective beside the compute; several are not counted twice). Communication
 flight on a GPU from the moment one of its streams reaches a collective or a send until
 that ends: an NCCL kernel holds its SMs while it waits for its peers too. A receive
 is not counted (the sender's send covers the transfer; a pipeline's receive mostly
-blocks the compute stream it is on). A run of computes (`Span`) is timed at its start
-as if nothing changed; each time its GPU starts or stops communicating, its end moves
+blocks the compute stream it is on). A run of computes is timed at its start as if
+nothing changed; each time its GPU starts or stops communicating, its end moves
 (`Contention.comm_started`, `comm_ended`) and the instants inside it are mapped through
-the piecewise-linear time it kept (`Span.warp`). A span that never overlapped ends at
-exactly the instant the runtime would have given it without contention.
+the piecewise-linear time it kept (its `Span`, `Span.warp`). A run that never overlapped
+ends at exactly the instant the runtime would have given it without contention.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from heapq import heappush
 
 import numpy as np
 import simpy
-from simpy.core import NORMAL
 
 from perfmodel.host import runs_on_gpu
 from triosim.common.schema import option
@@ -69,14 +67,13 @@ class Span:
     contention (unstretched time u). `points` are the instants its rate changed, as
     (u, real time, slow after it); the real end follows from the last one."""
 
-    __slots__ = ("end_u", "event", "factor", "points", "u0", "r0", "slow")
+    __slots__ = ("end_u", "factor", "points", "u0", "r0", "slow")
 
     def __init__(self, start: float, end_u: float, slow: bool, factor: float):
         self.end_u, self.factor = end_u, factor
         self.u0 = self.r0 = start
         self.slow = slow
         self.points = [(start, start, True)] if slow else []
-        self.event = None
 
     def end(self) -> float:
         if self.slow:
@@ -107,52 +104,64 @@ class Span:
 
 class Contention:
     """Which GPUs are communicating and which runs of computes each is in the middle of
-    (the contract is the module's). The runtime asks `compute` for the event a run ends
-    at and `warp`s its instants after; it calls `comm_started` / `comm_ended` around
-    every collective and send."""
+    (the contract is the module's). The runtime asks `compute` for a run's entry, waits
+    on its event and, where the run was slowed, maps its instants through its `Span`; it
+    calls `comm_started` / `comm_ended` around every collective and send. A run that no
+    change reaches costs a list and its event: its Span is made when a change first finds
+    it (or at its start, where its GPU is communicating then)."""
 
     def __init__(self, env: simpy.Environment, slowdown: float):
         self.env = env
         self.factor = 1.0 + slowdown
+        self.at = None  # t -> an event at absolute time t: the runtime's (Runtime._at)
         self._open: dict = {}  # GPU -> communication operations in flight
-        self._spans: dict = {}  # GPU -> the spans running on it
+        # GPU -> [event, start, uncontended end, Span or None] of its runs, some maybe ended
+        self._running: dict = {}
 
-    def compute(self, gpu, start: float, end_u: float) -> Span:
-        """A span from `start` (now) whose computes take until `end_u` uncontended;
-        `span.event` fires at its real end."""
-        span = Span(start, end_u, self._open.get(gpu, 0) > 0, self.factor)
-        self._spans.setdefault(gpu, []).append(span)
-        span.event = self._at(span.end())
-        span.event.callbacks.append(lambda _e: self._spans[gpu].remove(span))
-        return span
+    def compute(self, gpu, start: float, end_u: float) -> list:
+        """The entry of a run from `start` (now) whose computes take until `end_u`
+        uncontended: wait on entry[0] at once (a change moves the waiters to a new event);
+        entry[3] is its Span once it ran slow, else None (its instants are as timed)."""
+        running = self._running.get(gpu)
+        if running is None:
+            running = self._running[gpu] = []
+        elif len(running) > 8:  # (runs that ended since the last change: let them go)
+            running[:] = [e for e in running if e[0].callbacks is not None]
+        if self._open.get(gpu):
+            span = Span(start, end_u, True, self.factor)
+            entry = [self.at(span.end()), start, end_u, span]
+        else:
+            entry = [self.at(end_u), start, end_u, None]
+        running.append(entry)
+        return entry
 
     def comm_started(self, gpu) -> None:
         n = self._open.get(gpu, 0)
         self._open[gpu] = n + 1
-        if n == 0:
+        if n == 0 and self._running.get(gpu):
             self._changed(gpu, True)
 
     def comm_ended(self, gpu) -> None:
         n = self._open[gpu] - 1
         self._open[gpu] = n
-        if n == 0:
+        if n == 0 and self._running.get(gpu):
             self._changed(gpu, False)
 
     def _changed(self, gpu, slow: bool) -> None:
-        """Every span running on `gpu` changes rate now: its end moves. The event already
-        queued cannot leave SimPy's queue, so its waiters move to a new one at the new
-        end and the old one fires for nobody."""
-        now = self.env.now
-        for span in self._spans.get(gpu, ()):
-            if span.event.callbacks is None:  # (fired this instant: already ended)
+        """Every run still going on `gpu` changes rate now: its end moves. The event
+        already queued cannot leave SimPy's queue, so its waiters move to a new one at the
+        new end and the old one fires for nobody."""
+        now, keep = self.env.now, []
+        for entry in self._running[gpu]:
+            ev = entry[0]
+            if ev.callbacks is None:  # (ended)
                 continue
+            span = entry[3]
+            if span is None:
+                span = entry[3] = Span(entry[1], entry[2], False, self.factor)
             span.change(now, slow)
-            new = self._at(span.end())
-            new.callbacks, span.event.callbacks = span.event.callbacks, []
-            span.event = new
-
-    def _at(self, t: float) -> simpy.Event:
-        ev = simpy.Event(self.env)
-        ev._ok, ev._value = True, None
-        heappush(self.env._queue, (t, NORMAL, next(self.env._eid), ev))
-        return ev
+            new = self.at(span.end())
+            new.callbacks, ev.callbacks = ev.callbacks, []
+            entry[0] = new
+            keep.append(entry)
+        self._running[gpu] = keep

@@ -63,6 +63,8 @@ class Runtime:
         # extrapolators.execution.contention.Contention: compute slowed while its GPU
         # communicates, or None (overlap is free)
         self.contention = contention
+        if contention is not None:
+            contention.at = self._at
         # GPU -> n -> n factors on its next n computes (heterogeneity.op_cv), or None
         self.noise = noise
         # perfmodel.host.HostModel (launch_latency, comm_cost) or None: each GPU's host
@@ -160,9 +162,10 @@ class Runtime:
                         if contention is None:
                             yield self._at(t)
                         else:
-                            span = contention.compute(gpu, start, t)
-                            yield span.event
-                            acc, starts = span.warp(acc), span.warp(starts)
+                            entry = contention.compute(gpu, start, t)
+                            yield entry[0]
+                            if entry[3] is not None:  # (it ran slow: its Span)
+                                acc, starts = entry[3].warp(acc), entry[3].warp(starts)
                     if here[2] != it:
                         here = (gpu, stream, it)
                     rows.append(Block(here, task, acc, starts))
@@ -281,9 +284,10 @@ class Runtime:
             if self.contention is None:
                 yield self._at(t)
             else:
-                span = self.contention.compute(gpu, start, t)
-                yield span.event
-                ends = span.warp(np.array(ends)).tolist()
+                entry = self.contention.compute(gpu, start, t)
+                yield entry[0]
+                if entry[3] is not None:
+                    ends = entry[3].warp(np.array(ends)).tolist()
         t0 = start
         for c, t1 in zip(run, ends, strict=True):
             self._log.append(
@@ -323,9 +327,10 @@ class Runtime:
             if self.contention is None:
                 yield self._at(t)
             else:
-                span = self.contention.compute(who[0], start, t)
-                yield span.event
-                acc, starts = span.warp(acc), span.warp(starts)
+                entry = self.contention.compute(who[0], start, t)
+                yield entry[0]
+                if entry[3] is not None:
+                    acc, starts = entry[3].warp(acc), entry[3].warp(starts)
         self._log.append(Block(who, block, acc, starts))
 
     def _timed(self, block: ComputeRun, start: float, scale: float, noise=None) -> tuple:
