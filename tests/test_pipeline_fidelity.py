@@ -136,6 +136,32 @@ def test_partition_avoids_a_huge_activation_at_the_compute_balanced_cut():
     assert forced.iteration_time == pytest.approx(2e-3 + y + 2e-3 + 4e-3 + y + 4e-3, rel=1e-9)
 
 
+def test_balanced_cuts_fall_between_layers_as_frameworks_split_models():
+    """Four operators, forward 1, 1, 3, 3 ms (backward twice that), in two layers
+    (layers.0: the first two, layers.1: the others): between any two operators the best
+    two-stage cut is 1 + 1 + 3 | 3 (15 | 9 ms with backward); between layers it is 1 + 1 |
+    3 + 3 (6 | 18 ms), where torchtitan's split points and Megatron's layers per stage cut.
+    With one operator a layer (layer0 .. layer3) the first cut is back."""
+    t = chain_trace(layers=4, t_fwd=1e-3, t_bwd=2e-3, t_opt=0)
+    fwd = [op for op in t.operators if op.phase == "forward"]
+    bwd = {op.fwd_id: op for op in t.operators if op.phase == "backward"}
+    for op, ms, layer in zip(
+        fwd, (1, 1, 3, 3), ("layers.0.a", "layers.0.b", "layers.1.a", "layers.1.b"), strict=True
+    ):
+        op.time, bwd[op.id].time = ms * 1e-3, 2 * ms * 1e-3
+        op.layer = bwd[op.id].layer = layer
+    r = run(t, 2, "gpipe")
+    assert r.extrapolator.pipe.starts == [0, 2]
+    assert r.iteration_time == pytest.approx((2 + 6 + 12 + 4) * 1e-3, rel=1e-9)
+    for k, op in enumerate(fwd):
+        op.layer = bwd[op.id].layer = f"layer{k}"
+    assert run(t, 2, "gpipe").extrapolator.pipe.starts == [0, 3]
+    # more stages than layers: between any two operators, as before
+    for op in fwd:
+        op.layer = bwd[op.id].layer = "layers.0.x"
+    assert run(t, 4, "gpipe").extrapolator.pipe.starts == [0, 1, 2, 3]
+
+
 @pytest.mark.skipif(not GO_TRACES.exists(), reason="shared/reference traces absent")
 def test_vgg13_gpipe_cuts_avoid_the_16_gb_activations():
     from triosim.trace.go_csv import import_triosim_csv

@@ -1,6 +1,8 @@
 """A pipeline's cut: the forward operators in S contiguous chunks balanced by time (S: the
 plan's GPUs, one per chunk), or where the user says; the mesh (mesh/) and mode ep run each
-chunk on a stage under a schedule (schedules.py).
+chunk on a stage under a schedule (schedules.py). Balanced cuts fall between layers (the
+trace's modules, `_block`) as the frameworks split models, where there are at least S of
+them; else between any two forward operators.
 
 The cuts minimise the slowest chunk, where a chunk costs one micro-batch's forward (twice
 where it is recomputed) and backward time plus, at each of its boundaries, the activation
@@ -97,6 +99,17 @@ def balanced_cuts(costs, parts: int, boundary=None) -> list[int]:
     return [0, *reversed(starts)]
 
 
+def _block(layer: str) -> str:
+    """The layer (module) an operator's layer name is in: up to its first numbered part
+    ("layers.3.attention.wq" -> "layers.3", "layer1.0.conv1" -> "layer1.0"), else its
+    first part ("(model)", "fc")."""
+    parts = layer.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit():
+            return ".".join(parts[: i + 1])
+    return parts[0]
+
+
 @dataclass(frozen=True)
 class PipelineOptions:
     microbatches: int = option(1, ge=1, help="micro-batches the mini-batch is split into")
@@ -174,7 +187,7 @@ class StageCut(Extrapolator):
         if self.options.stages:
             starts = self._user_cuts(fwd)
         else:
-            starts = balanced_cuts(cost, S, boundary)
+            starts = self._balanced(fwd, cost, boundary, S)
         stage_of_fwd = np.searchsorted(np.array(starts), np.arange(len(fwd)), side="right") - 1
         self.stage_of = {}
         for k, i in enumerate(fwd):
@@ -210,6 +223,19 @@ class StageCut(Extrapolator):
             bw = min(bw, *(e["bandwidth"] for e in edges))
             lat = max(lat, sum(e.get("latency", 0.0) for e in edges))
         return bw, lat
+
+    def _balanced(self, fwd, cost, boundary, S) -> list[int]:
+        """Balanced cuts between layers where the trace has at least S of them (a
+        framework splits a model between its modules: torchtitan at module names, Megatron
+        whole layers a stage), else between any two forward operators."""
+        blocks = [_block(self.trace.operators[i].layer) for i in fwd]
+        allowed = [k for k in range(len(fwd)) if k == 0 or blocks[k] != blocks[k - 1]]
+        if len(allowed) < S:
+            return balanced_cuts(cost, S, boundary)
+        group = np.searchsorted(np.array(allowed), np.arange(len(fwd)), side="right") - 1
+        cost_g = np.bincount(group, weights=cost, minlength=len(allowed))
+        boundary_g = np.append(boundary[allowed], boundary[len(fwd)])
+        return [allowed[g] for g in balanced_cuts(cost_g, S, boundary_g)]
 
     def _cut_bytes(self, fwd) -> np.ndarray:
         """Activation bytes (traced batch) crossing cut j, between forward positions j-1 and j,
