@@ -52,7 +52,9 @@ The MoE rows take what their recipes say (read in the frameworks' public sources
 - Megatron-Bridge's DeepSeek-V3 on H100 (scripts/performance/run_script.py, v0.1.0rc4,
   2025-10): DeepEP, forced load balancing, `overlap_moe_expert_parallel_comm`
   (`ep_comm_overlap`), its recomputation of `mla_up_proj` and `mlp` (`recompute: modules`).
-  Not expressible here: its hand-placed layers (`Et|(tt|)*30mL`), `delay_wgrad_compute`.
+  Its hand-placed layers (`Et|(tt|)*30mL`) as `stages` (MBRIDGE_DSV3_LAYOUT). Not
+  expressible here: the MTP module in its last chunk (the trace has none),
+  `delay_wgrad_compute`.
 - DeepSeek-V3's report: node-limited routing through NVLink forwarding (DeepEP) with FP8
   dispatch (`dispatch_dtype: float8`), 15,360 sequences over 128 data-parallel replicas:
   120 micro-batches a pipeline (here 7,680 over 64). DualPipe is not modelled: 1F1B.
@@ -87,6 +89,15 @@ AUTOMODEL = {
     "shared_expert_overlap": True,
 }
 
+# Megatron-Bridge's DeepSeek-V3 pipeline layout `Et|(tt|)*30mL` (32 chunks: the embedding
+# and the first layer, thirty chunks of two layers, then the MTP module and the loss) as
+# where chunks 2..32 begin in the trace (dense_layers.0-2, then layers.0-57); the trace
+# has no MTP module, so the last chunk holds the final norm, the output and the loss
+MBRIDGE_DSV3_LAYOUT = [
+    "dense_layers.1",
+    *(f"layers.{k}" for k in range(0, 58, 2)),
+    "norm",
+]
 RUNS = [
     # name, trace, GPUs, global batch (sequences), tokens per sequence, mesh fields,
     # precision, published (value, unit), source, NVLink per direction
@@ -116,7 +127,7 @@ RUNS = [
      {"tp": 2, "pp": 8, "virtual_stages": 4, "schedule": "interleaved", "ep": 64,
       "microbatches": 128, "sequence_parallel": True, "dispatcher": "deepep",
       "ep_comm_overlap": True, "recompute": "modules",
-      "recompute_modules": ["mla_up_proj", "mlp"], **MEGATRON},
+      "recompute_modules": ["mla_up_proj", "mlp"], "stages": MBRIDGE_DSV3_LAYOUT, **MEGATRON},
      FP8, (1297, "tokens"), "Megatron-Bridge 25.09", 450e9),
     ("Automodel DeepSeek-V3, 1,024 GPUs, PP 4 VP 8 EP 64 FSDP (BF16)", "deepseek-v3-s4096-b1",
      1024, 8192, 4096, {"pp": 4, "virtual_stages": 8, "schedule": "interleaved", "ep": 64,
