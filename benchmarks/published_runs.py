@@ -31,6 +31,9 @@ data, each with its source (numbers only; nothing else is copied):
   64, batch 15,360 sequences of 4,096); here 1,024 GPUs (expert-DP 1), 1F1B over the same
   120 micro-batches a pipeline, NVLink 200 GB/s per direction.
 
+Megatron rows split the model as Megatron does: the same number of layers a pipeline chunk
+(`split: uniform`; the embedding with the first, the head and loss with the last), or the
+recipe's own layout where it sets one (`stages`: Megatron-Bridge's 405B and DeepSeek-V3).
 Settings every Megatron row takes (NeMo's and Megatron-Bridge's recipes): the distributed
 optimizer with overlapped gradient reduce-scatters and parameter all-gathers, sequence
 parallelism and TP communication overlap (TransformerEngine's userbuffers:
@@ -98,6 +101,11 @@ MBRIDGE_DSV3_LAYOUT = [
     *(f"layers.{k}" for k in range(0, 58, 2)),
     "norm",
 ]
+# Megatron-Bridge's Llama 3.1 405B recipe counts the embedding and the loss as layers
+# (account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split): 128 over
+# 64 chunks, two a chunk: the embedding and layers.0, then two layers a chunk, then
+# layers.125 and the loss
+MBRIDGE_405B_LAYOUT = [f"layers.{k}" for k in range(1, 126, 2)]
 RUNS = [
     # name, trace, GPUs, global batch (sequences), tokens per sequence, mesh fields,
     # precision, published (value, unit), source, NVLink per direction
@@ -105,7 +113,8 @@ RUNS = [
      {"cp": 2, "microbatches": 32, **MEGATRON}, FP8, (12036, "tokens"), "NeMo 24.07", 450e9),
     ("NeMo 24.07 Llama 3 70B, 64 GPUs, TP 4 PP 4 CP 2 VP 5 (FP8)", "llama3-70b-s8192-b1", 64,
      128, 8192, {"tp": 4, "pp": 4, "cp": 2, "virtual_stages": 5, "schedule": "interleaved",
-                 "microbatches": 64, "sequence_parallel": True, **MEGATRON},
+                 "microbatches": 64, "sequence_parallel": True, "split": "uniform",
+                 **MEGATRON},
      FP8, (1533, "tokens"), "NeMo 24.07", 450e9),
     ("MBridge 25.09 Llama 3 8B, 8 GPUs, FSDP (FP8)", "llama3-8b-s8192-b1", 8, 128, 8192,
      {"dp_shard": 8, "microbatches": 16}, FP8, (14079, "tokens"), "Megatron-Bridge 25.09",
@@ -115,12 +124,14 @@ RUNS = [
      450e9),
     ("MBridge 25.09 Llama 3 70B, 64 GPUs, TP 4 PP 8 VP 5 (FP8)", "llama3-70b-s8192-b1", 64,
      128, 8192, {"tp": 4, "pp": 8, "virtual_stages": 5, "schedule": "interleaved",
-                 "microbatches": 64, "sequence_parallel": True, **MEGATRON},
+                 "microbatches": 64, "sequence_parallel": True, "split": "uniform",
+                 **MEGATRON},
      FP8, (1619, "tokens"), "Megatron-Bridge 25.09", 450e9),
     ("MBridge 25.09 Llama 3.1 405B, 1,024 GPUs, TP 8 PP 8 CP 2 VP 8 (FP8)",
      "llama3.1-405b-s8192-b1", 1024, 512, 8192,
      {"tp": 8, "pp": 8, "cp": 2, "virtual_stages": 8, "schedule": "interleaved",
-      "microbatches": 64, "sequence_parallel": True, **MEGATRON},
+      "microbatches": 64, "sequence_parallel": True, "stages": MBRIDGE_405B_LAYOUT,
+      **MEGATRON},
      FP8, (302, "tokens"), "Megatron-Bridge 25.09", 450e9),
     ("MBridge 25.09 DeepSeek-V3, 1,024 GPUs, TP 2 PP 8 VP 4 EP 64 (FP8)",
      "deepseek-v3-s4096-b1", 1024, 8192, 4096,
@@ -139,7 +150,7 @@ RUNS = [
      BF16, (1002, "tokens"), "NeMo Automodel", 450e9),
     ("MCore 0.9 Mixtral 8x7B, 64 GPUs, EP 8 PP 4 VP 8 (BF16)", "mixtral-8x7b-s4096-b1", 64,
      256, 4096, {"ep": 8, "pp": 4, "virtual_stages": 8, "schedule": "interleaved",
-                 "microbatches": 16, **MEGATRON},
+                 "microbatches": 16, "split": "uniform", **MEGATRON},
      BF16, (468, "tflops"), "Megatron-Core v0.9 MoE README", 450e9),
     ("NeMo 24.03 Llama 2 7B 128K, 128 GPUs, TP 4 CP 4 (FP8)",
      "llama2-7b-s131072-b1", 128, 8, 131072,

@@ -117,6 +117,12 @@ class PipelineOptions:
         factory=list,
         help="where stages 2..S begin: layer names or forward-op positions (default: balanced)",
     )
+    split: Literal["balanced", "uniform"] = option(
+        "balanced",
+        help="where cuts fall without `stages`: balanced (by time and boundary bytes, between "
+        "layers); uniform (the trace's numbered layers in equal numbers a chunk, what comes "
+        "before them with the first, after them with the last: Megatron's default split)",
+    )
     recompute: Literal["none", "except_last", "all"] = option(
         "none",
         help="activation checkpointing: re-run a stage's forward for a micro-batch just before "
@@ -184,8 +190,14 @@ class StageCut(Extrapolator):
         crossing = self.cut_bytes * self._mb_ratio()
         boundary = np.where(crossing > 0, 2 * (crossing / bw + lat), 0.0)
         boundary[0] = boundary[-1] = 0.0
+        if self.options.stages and self.options.split == "uniform":
+            raise ConfigError(
+                "parallelism.split", "uniform", "balanced where stages names the cuts"
+            )
         if self.options.stages:
             starts = self._user_cuts(fwd)
+        elif self.options.split == "uniform":
+            starts = self._uniform(fwd, S)
         else:
             starts = self._balanced(fwd, cost, boundary, S)
         stage_of_fwd = np.searchsorted(np.array(starts), np.arange(len(fwd)), side="right") - 1
@@ -236,6 +248,26 @@ class StageCut(Extrapolator):
         cost_g = np.bincount(group, weights=cost, minlength=len(allowed))
         boundary_g = np.append(boundary[allowed], boundary[len(fwd)])
         return [allowed[g] for g in balanced_cuts(cost_g, S, boundary_g)]
+
+    def _uniform(self, fwd, S) -> list[int]:
+        """Chunk k starts at numbered layer floor(k L / S) of the L in the trace (Megatron:
+        num_layers / (pp x vp) a chunk); the operators before the first layer (the
+        embedding) go with the first chunk, those after the last (norm, head, loss) with
+        the last."""
+        blocks = [_block(self.trace.operators[i].layer) for i in fwd]
+        layers = [
+            k
+            for k in range(len(fwd))
+            if (k == 0 or blocks[k] != blocks[k - 1]) and any(c.isdigit() for c in blocks[k])
+        ]
+        if len(layers) < S:
+            raise ConfigError(
+                "parallelism.split",
+                "uniform",
+                f"a trace with at least {S} numbered layers for {S} chunks (it has "
+                f"{len(layers)}): use balanced, or stages",
+            )
+        return [0, *(layers[k * len(layers) // S] for k in range(1, S))]
 
     def _cut_bytes(self, fwd) -> np.ndarray:
         """Activation bytes (traced batch) crossing cut j, between forward positions j-1 and j,

@@ -306,6 +306,7 @@ class MeshMode(Extrapolator):
             PipelineOptions(
                 microbatches=M,
                 stages=list(o.stages) if stages is None else stages,
+                split=o.split,
                 recompute=again,
             ),
             batch_size=self.per_gpu_batch(mesh.dp),

@@ -115,6 +115,12 @@ class MeshOptions(LoadOptions):
         help="where chunks 2.. begin: layer names or forward-op positions (default: balanced "
         "by time and boundary bytes)",
     )
+    split: Literal["balanced", "uniform"] = option(
+        "balanced",
+        help="where cuts fall without `stages`: balanced (by time and boundary bytes, between "
+        "layers); uniform (the trace's numbered layers in equal numbers a chunk, what comes "
+        "before them with the first, after them with the last: Megatron's default split)",
+    )
     tp_style: Literal["megatron", "channel"] = option("megatron", help="as mode tp")
     sequence_parallel: bool = option(False, help="as mode tp (Megatron's)")
     tp_comm_overlap: bool = option(

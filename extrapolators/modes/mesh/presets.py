@@ -63,6 +63,7 @@ def _pipeline(o, n: int, schedule: str) -> MeshOptions:
         microbatches=o.microbatches,
         schedule=schedule,
         stages=list(o.stages),
+        split=o.split,
         recompute=policy,
         recompute_microbatches=which,
     )
