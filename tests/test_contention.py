@@ -37,13 +37,21 @@ def op(name, ms):
     return Compute(name, "l", "forward", ms * MS, 0, 0)
 
 
-def test_a_send_beside_a_run_of_computes_by_hand():
+@pytest.mark.parametrize("shape", ["one block", "plain computes", "a mix"])
+def test_a_send_beside_a_run_of_computes_by_hand(shape):
     """GPU 0 sends 1 MB (0 to 1 ms) beside two 1 ms operators, 25 % slower while it
     sends: by 1 ms the first has done 0.8 ms of its work, the rest (0.2 ms) at full speed:
-    it ends at 1.2 ms, the second at 2.2 ms. Without contention: 1 and 2 ms."""
+    it ends at 1.2 ms, the second at 2.2 ms. Without contention: 1 and 2 ms. The same as
+    one ComputeRun (timed inline), as plain Computes and as a mix (the runtime's other
+    two paths)."""
+    run = {
+        "one block": [ComputeRun([op("a", 1), op("b", 1)])],
+        "plain computes": [op("a", 1), op("b", 1)],
+        "a mix": [op("a", 1), ComputeRun([op("b", 1)])],
+    }[shape]
     tasks = [
         (0, "comm", [Send(1, 1e6, "k")]),
-        (0, "compute", [ComputeRun([op("a", 1), op("b", 1)])]),
+        (0, "compute", run),
         (1, "compute", [Recv(0, "k")]),
     ]
     rows = runtime(0.25, tasks)

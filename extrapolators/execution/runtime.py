@@ -281,13 +281,9 @@ class Runtime:
                 t = t + d
             ends.append(t)
         if t != start:
-            if self.contention is None:
-                yield self._at(t)
-            else:
-                entry = self.contention.compute(gpu, start, t)
-                yield entry[0]
-                if entry[3] is not None:
-                    ends = entry[3].warp(np.array(ends)).tolist()
+            span = yield from self._until(gpu, start, t)
+            if span is not None:
+                ends = span.warp(np.array(ends)).tolist()
         t0 = start
         for c, t1 in zip(run, ends, strict=True):
             self._log.append(
@@ -324,14 +320,21 @@ class Runtime:
         else:
             (acc, t), starts = _cumsum(block, start, scale, noise), None
         if t != start:
-            if self.contention is None:
-                yield self._at(t)
-            else:
-                entry = self.contention.compute(who[0], start, t)
-                yield entry[0]
-                if entry[3] is not None:
-                    acc, starts = entry[3].warp(acc), entry[3].warp(starts)
+            span = yield from self._until(who[0], start, t)
+            if span is not None:
+                acc, starts = span.warp(acc), span.warp(starts)
         self._log.append(Block(who, block, acc, starts))
+
+    def _until(self, gpu, start: float, t: float):
+        """Wait out a run of computes timed from `start` to `t`; return its Span where
+        contention slowed it (its instants to map), else None. (`_run` inlines this for
+        its single blocks.)"""
+        if self.contention is None:
+            yield self._at(t)
+            return None
+        entry = self.contention.compute(gpu, start, t)
+        yield entry[0]
+        return entry[3]
 
     def _timed(self, block: ComputeRun, start: float, scale: float, noise=None) -> tuple:
         """(instants, end) of `block` run from `start`. GPUs in lock step run a shared
