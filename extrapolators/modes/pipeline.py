@@ -240,8 +240,7 @@ class StageCut(Extrapolator):
         """Balanced cuts between layers where the trace has at least S of them (a
         framework splits a model between its modules: torchtitan at module names, Megatron
         whole layers a stage), else between any two forward operators."""
-        blocks = [_block(self.trace.operators[i].layer) for i in fwd]
-        allowed = [k for k in range(len(fwd)) if k == 0 or blocks[k] != blocks[k - 1]]
+        allowed = self._layer_starts(fwd)
         if len(allowed) < S:
             return balanced_cuts(cost, S, boundary)
         group = np.searchsorted(np.array(allowed), np.arange(len(fwd)), side="right") - 1
@@ -254,12 +253,7 @@ class StageCut(Extrapolator):
         num_layers / (pp x vp) a chunk); the operators before the first layer (the
         embedding) go with the first chunk, those after the last (norm, head, loss) with
         the last."""
-        blocks = [_block(self.trace.operators[i].layer) for i in fwd]
-        layers = [
-            k
-            for k in range(len(fwd))
-            if (k == 0 or blocks[k] != blocks[k - 1]) and any(c.isdigit() for c in blocks[k])
-        ]
+        layers = self._layer_starts(fwd, numbered=True)
         if len(layers) < S:
             raise ConfigError(
                 "parallelism.split",
@@ -268,6 +262,17 @@ class StageCut(Extrapolator):
                 f"{len(layers)}): use balanced, or stages",
             )
         return [0, *(layers[k * len(layers) // S] for k in range(1, S))]
+
+    def _layer_starts(self, fwd, numbered: bool = False) -> list[int]:
+        """Forward positions where a layer (`_block`) begins; `numbered`: only the layers
+        whose name has a number (the model's repeated blocks, not its embedding or head)."""
+        blocks = [_block(self.trace.operators[i].layer) for i in fwd]
+        return [
+            k
+            for k in range(len(fwd))
+            if (k == 0 or blocks[k] != blocks[k - 1])
+            and (not numbered or any(c.isdigit() for c in blocks[k]))
+        ]
 
     def _cut_bytes(self, fwd) -> np.ndarray:
         """Activation bytes (traced batch) crossing cut j, between forward positions j-1 and j,
