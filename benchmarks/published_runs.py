@@ -102,7 +102,9 @@ MBRIDGE_DSV3_LAYOUT = [
     "norm",
 ]
 # Megatron-Bridge's Llama 3.1 405B recipe counts the embedding and the loss as layers
-# (account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split): 128 over
+# (account_for_embedding_in_pipeline_split, account_for_loss_in_pipeline_split: True in
+# its recipes/llama/llama3.py, llama31_405b_pretrain_config, the performance scripts'
+# base): 128 over
 # 64 chunks, two a chunk: the embedding and layers.0, then two layers a chunk, then
 # layers.125 and the loss
 MBRIDGE_405B_LAYOUT = [f"layers.{k}" for k in range(1, 126, 2)]
