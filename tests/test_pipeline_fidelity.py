@@ -255,19 +255,19 @@ def test_recompute_is_validated():
 
 
 def test_uniform_split_puts_equal_numbers_of_layers_in_each_chunk():
-    """Megatron's default split: 6 operators, the first outside any numbered layer (an
-    embedding), then layers.0 to layers.3 (layers.3 has two), 1 ms each but layers.0's
+    """Megatron's default split: 6 operators, the first outside any numbered layer (a stem,
+    `conv1`: its digit is not a layer number), then layers.0 to layers.3 (layers.3 has two), 1 ms each but layers.0's
     10 ms: balanced cuts would isolate layers.0; uniform gives 2 layers a chunk (layers.0-1
     with the embedding | layers.2-3), whatever the times. Refused beside `stages`, and with
     more chunks than layers."""
     t = chain_trace(layers=6, t_fwd=1e-3, t_bwd=2e-3, t_opt=0)
     fwd = [op for op in t.operators if op.phase == "forward"]
     bwd = {op.fwd_id: op for op in t.operators if op.phase == "backward"}
-    names = ("embed", "layers.0.a", "layers.1.a", "layers.2.a", "layers.3.a", "layers.3.b")
+    names = ("conv1", "layers.0.a", "layers.1.a", "layers.2.a", "layers.3.a", "layers.3.b")
     for op, layer in zip(fwd, names, strict=True):
         op.layer = bwd[op.id].layer = layer
     fwd[1].time = 10e-3
-    assert run(t, 2, "gpipe").extrapolator.pipe.starts == [0, 2]  # embed + layers.0 | rest
+    assert run(t, 2, "gpipe").extrapolator.pipe.starts == [0, 2]  # conv1 + layers.0 | rest
     assert run(t, 2, "gpipe", split="uniform").extrapolator.pipe.starts == [0, 3]
     assert run(t, 4, "gpipe", split="uniform").extrapolator.pipe.starts == [0, 2, 3, 4]
     with pytest.raises(ConfigError, match="parallelism.split"):

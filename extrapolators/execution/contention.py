@@ -76,9 +76,10 @@ class Span:
         self.points = [(start, start, True)] if slow else []
 
     def end(self) -> float:
-        if self.slow:
-            return self.r0 + (self.end_u - self.u0) * self.factor
-        return self.end_u + (self.r0 - self.u0)  # (never slowed: end_u + 0.0, end_u itself)
+        # (warp's arithmetic for its last segment, so that the event and the logged end
+        # are the same double; a run that no change reaches has no Span: its end is the
+        # timed one)
+        return self.r0 + (self.end_u - self.u0) * (self.factor if self.slow else 1.0)
 
     def change(self, now: float, slow: bool) -> None:
         """Its GPU started (slow) or stopped communicating at `now`."""
@@ -160,7 +161,7 @@ class Contention:
             if span is None:
                 span = entry[3] = Span(entry[1], entry[2], False, self.factor)
             span.change(now, slow)
-            new = self.at(span.end())
+            new = self.at(span.end())  # (>= now: r0 is now, end_u >= u0)
             new.callbacks, ev.callbacks = ev.callbacks, []
             entry[0] = new
             keep.append(entry)

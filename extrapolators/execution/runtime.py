@@ -161,11 +161,13 @@ class Runtime:
                     if t != start:
                         if contention is None:
                             yield self._at(t)
+                        elif starts is not None:  # (operators that wait for their host)
+                            acc, starts = yield from self._hosted_slowed(gpu, acc, starts)
                         else:
                             entry = contention.compute(gpu, start, t)
                             yield entry[0]
                             if entry[3] is not None:  # (it ran slow: its Span)
-                                acc, starts = entry[3].warp(acc), entry[3].warp(starts)
+                                acc = entry[3].warp(acc)
                     if here[2] != it:
                         here = (gpu, stream, it)
                     rows.append(Block(here, task, acc, starts))
@@ -320,10 +322,46 @@ class Runtime:
         else:
             (acc, t), starts = _cumsum(block, start, scale, noise), None
         if t != start:
-            span = yield from self._until(who[0], start, t)
-            if span is not None:
-                acc, starts = span.warp(acc), span.warp(starts)
+            if self.contention is not None and starts is not None:
+                acc, starts = yield from self._hosted_slowed(who[0], acc, starts)
+            else:
+                span = yield from self._until(who[0], start, t)
+                if span is not None:
+                    acc = span.warp(acc)
         self._log.append(Block(who, block, acc, starts))
+
+    def _hosted_slowed(self, gpu, acc, starts):
+        """A run whose host issued some operators late (`starts[i] > acc[i]`: the GPU
+        waited for their launch), under contention: the waits are not work, so only the
+        stretches that run back to back are slowed, each from its launch or its
+        predecessor's real end, whichever is later (a slowed operator eats into the wait
+        after it). Returns the real (acc, starts); the timed ones, to the bit, where no
+        change reached the run. (The host's clock after a sync task stays the timed one.)"""
+        n = len(starts)
+        acc2, starts2 = acc.copy(), starts.copy()
+        waits = np.flatnonzero(starts > acc[:-1])
+        bounds = [0, *(int(i) for i in waits if i > 0), n]
+        free = float(acc[0])  # the stream is free from here, in real time
+        for a, b in zip(bounds, bounds[1:], strict=False):
+            launch = float(starts[a])
+            begin = max(free, launch)
+            if begin > self.env._now:
+                yield self._at(begin)
+            end_u = begin + (float(acc[b]) - launch)
+            span = None
+            if end_u > begin:
+                entry = self.contention.compute(gpu, begin, end_u)
+                yield entry[0]
+                span = entry[3]
+            if span is None and begin == launch:  # (as timed: the timed instants)
+                free = float(acc[b])
+                continue
+            ends = begin + (acc[a + 1 : b + 1] - launch)
+            acc2[a + 1 : b + 1] = ends if span is None else span.warp(ends)
+            starts2[a] = begin
+            starts2[a + 1 : b] = acc2[a + 1 : b]
+            free = float(acc2[b])
+        return acc2, starts2
 
     def _until(self, gpu, start: float, t: float):
         """Wait out a run of computes timed from `start` to `t`; return its Span where

@@ -265,13 +265,14 @@ class StageCut(Extrapolator):
 
     def _layer_starts(self, fwd, numbered: bool = False) -> list[int]:
         """Forward positions where a layer (`_block`) begins; `numbered`: only the layers
-        whose name has a number (the model's repeated blocks, not its embedding or head)."""
+        named with a numbered part after the first (the model's repeated blocks:
+        "layers.3", "layer1.0"; not its embedding, stem or head: "(model)", "conv1")."""
         blocks = [_block(self.trace.operators[i].layer) for i in fwd]
         return [
             k
             for k in range(len(fwd))
             if (k == 0 or blocks[k] != blocks[k - 1])
-            and (not numbered or any(c.isdigit() for c in blocks[k]))
+            and (not numbered or any(p.isdigit() for p in blocks[k].split(".")[1:]))
         ]
 
     def _cut_bytes(self, fwd) -> np.ndarray:
