@@ -82,7 +82,12 @@ class Span:
         return self.r0 + (self.end_u - self.u0) * (self.factor if self.slow else 1.0)
 
     def change(self, now: float, slow: bool) -> None:
-        """Its GPU started (slow) or stopped communicating at `now`."""
+        """Its GPU started (slow) or stopped communicating at `now` (before the span's
+        start, where it waits for its launch: it starts at that rate)."""
+        if now <= self.r0:
+            self.slow = slow
+            self.points.append((self.u0, self.r0, slow))
+            return
         gone = now - self.r0
         u = self.u0 + (gone / self.factor if self.slow else gone)
         self.u0, self.r0, self.slow = min(u, self.end_u), now, slow
@@ -120,7 +125,7 @@ class Contention:
         self._running: dict = {}
 
     def compute(self, gpu, start: float, end_u: float) -> list:
-        """The entry of a run from `start` (now) whose computes take until `end_u`
+        """The entry of a run from `start` (now, or later: a launch) whose computes take until `end_u`
         uncontended: wait on entry[0] at once (a change moves the waiters to a new event);
         entry[3] is its Span once it ran slow, else None (its instants are as timed)."""
         running = self._running.get(gpu)

@@ -345,14 +345,14 @@ class Runtime:
         for a, b in zip(bounds, bounds[1:], strict=False):
             launch = float(starts[a])
             begin = max(free, launch)
-            if begin > self.env._now:
-                yield self._at(begin)
             end_u = begin + (float(acc[b]) - launch)
             span = None
-            if end_u > begin:
+            if end_u > begin:  # (a span may start later than now: at its launch)
                 entry = self.contention.compute(gpu, begin, end_u)
                 yield entry[0]
                 span = entry[3]
+            elif begin > self.env._now:
+                yield self._at(begin)
             if span is None and begin == launch:  # (as timed: the timed instants)
                 free = float(acc[b])
                 continue
