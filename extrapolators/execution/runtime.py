@@ -345,7 +345,8 @@ class Runtime:
         for a, b in zip(bounds, bounds[1:], strict=False):
             launch = float(starts[a])
             begin = max(free, launch)
-            end_u = begin + (float(acc[b]) - launch)
+            late = begin != launch  # (on time: the timed instants themselves, to the bit)
+            end_u = begin + (float(acc[b]) - launch) if late else float(acc[b])
             span = None
             if end_u > begin:  # (a span may start later than now: at its launch)
                 entry = self.contention.compute(gpu, begin, end_u)
@@ -353,10 +354,10 @@ class Runtime:
                 span = entry[3]
             elif begin > self.env._now:
                 yield self._at(begin)
-            if span is None and begin == launch:  # (as timed: the timed instants)
+            if span is None and not late:  # (as timed)
                 free = float(acc[b])
                 continue
-            ends = begin + (acc[a + 1 : b + 1] - launch)
+            ends = begin + (acc[a + 1 : b + 1] - launch) if late else acc[a + 1 : b + 1]
             acc2[a + 1 : b + 1] = ends if span is None else span.warp(ends)
             starts2[a] = begin
             starts2[a + 1 : b] = acc2[a + 1 : b]
