@@ -161,13 +161,8 @@ class Runtime:
                     if t != start:
                         if contention is None:
                             yield self._at(t)
-                        elif starts is not None:  # (operators that wait for their host)
-                            acc, starts = yield from self._hosted_slowed(gpu, acc, starts)
                         else:
-                            entry = contention.compute(gpu, start, t)
-                            yield entry[0]
-                            if entry[3] is not None:  # (it ran slow: its Span)
-                                acc = entry[3].warp(acc)
+                            acc, starts = yield from self._slowed(gpu, acc, starts)
                     if here[2] != it:
                         here = (gpu, stream, it)
                     rows.append(Block(here, task, acc, starts))
@@ -283,9 +278,11 @@ class Runtime:
                 t = t + d
             ends.append(t)
         if t != start:
-            span = yield from self._until(gpu, start, t)
-            if span is not None:
-                ends = span.warp(np.array(ends)).tolist()
+            if self.contention is None:
+                yield self._at(t)
+            else:
+                acc, _ = yield from self._slowed(gpu, np.array([start, *ends]), None)
+                ends = acc[1:].tolist()
         t0 = start
         for c, t1 in zip(run, ends, strict=True):
             self._log.append(
@@ -322,13 +319,21 @@ class Runtime:
         else:
             (acc, t), starts = _cumsum(block, start, scale, noise), None
         if t != start:
-            if self.contention is not None and starts is not None:
-                acc, starts = yield from self._hosted_slowed(who[0], acc, starts)
+            if self.contention is None:
+                yield self._at(t)
             else:
-                span = yield from self._until(who[0], start, t)
-                if span is not None:
-                    acc = span.warp(acc)
+                acc, starts = yield from self._slowed(who[0], acc, starts)
         self._log.append(Block(who, block, acc, starts))
+
+    def _slowed(self, gpu, acc, starts):
+        """Wait out a run of computes timed as `acc` (its start, then every end) and
+        `starts` (None: back to back) under contention; return its real (acc, starts):
+        the timed arrays themselves where no change reached it."""
+        if starts is not None:  # (operators that wait for their host)
+            return (yield from self._hosted_slowed(gpu, acc, starts))
+        entry = self.contention.compute(gpu, float(acc[0]), float(acc[-1]))
+        yield entry[0]
+        return (acc if entry[3] is None else entry[3].warp(acc)), None
 
     def _hosted_slowed(self, gpu, acc, starts):
         """A run whose host issued some operators late (`starts[i] > acc[i]`: the GPU
@@ -363,17 +368,6 @@ class Runtime:
             starts2[a + 1 : b] = acc2[a + 1 : b]
             free = float(acc2[b])
         return acc2, starts2
-
-    def _until(self, gpu, start: float, t: float):
-        """Wait out a run of computes timed from `start` to `t`; return its Span where
-        contention slowed it (its instants to map), else None. (`_run` inlines this for
-        its single blocks.)"""
-        if self.contention is None:
-            yield self._at(t)
-            return None
-        entry = self.contention.compute(gpu, start, t)
-        yield entry[0]
-        return entry[3]
 
     def _timed(self, block: ComputeRun, start: float, scale: float, noise=None) -> tuple:
         """(instants, end) of `block` run from `start`. GPUs in lock step run a shared
