@@ -21,7 +21,8 @@ def layer_units(trace, depth: int | None = None) -> tuple[dict, list[str], list[
         depth = 1
         while (
             depth < 8
-            and len({_prefix(op, depth) for op in fwd if any(t in weights for t in op.inputs)}) < 4
+            and len({layer_prefix(op, depth) for op in fwd if any(t in weights for t in op.inputs)})
+            < 4
         ):
             depth += 1
     unit_of: dict[int, int] = {}
@@ -29,7 +30,7 @@ def layer_units(trace, depth: int | None = None) -> tuple[dict, list[str], list[
     held: list[set] = []
     key = None
     for op in fwd:
-        k = _prefix(op, depth)
+        k = layer_prefix(op, depth)
         if k != key or not names:
             key = k
             names.append(k or "(no layer)")
@@ -54,13 +55,14 @@ def layer_units(trace, depth: int | None = None) -> tuple[dict, list[str], list[
             continue
         u = unit_of.get(op.fwd_id) if op.fwd_id is not None else None
         if u is None:
-            named = units_named.get(_prefix(op, depth) or "(no layer)")
+            named = units_named.get(layer_prefix(op, depth) or "(no layer)")
             u = min(named, key=lambda k: (abs(k - now), -k)) if named else now
         unit_of[op.id] = now = u
     return unit_of, names, held
 
 
-def _prefix(op, depth: int) -> str:
+def layer_prefix(op, depth: int) -> str:
+    """The unit `op` is in: the first `depth` dotted parts of its layer name."""
     return ".".join(op.layer.split(".")[:depth])
 
 
@@ -71,7 +73,7 @@ def block_depth(trace) -> int | None:
     weights = {t.id for t in trace.weights()}
     fwd = [op for op in trace.operators if op.phase == "forward"]
     for depth in range(1, 9):
-        names = {_prefix(op, depth) for op in fwd if any(t in weights for t in op.inputs)}
+        names = {layer_prefix(op, depth) for op in fwd if any(t in weights for t in op.inputs)}
         if any(n.split(".")[-1].isdigit() for n in names if n):
             return depth
     return None

@@ -1,8 +1,8 @@
 """A pipeline's cut: the forward operators in S contiguous chunks balanced by time (S: the
 plan's GPUs, one per chunk), or where the user says; the mesh (mesh/) and mode ep run each
 chunk on a stage under a schedule (schedules.py). Balanced cuts fall between layers (the
-trace's modules, `_block`) as the frameworks split models, where there are at least S of
-them; else between any two forward operators.
+units of the model's repeated blocks, blocks.block_depth) as the frameworks split models,
+where there are at least S of them; else between any two forward operators.
 
 The cuts minimise the slowest chunk, where a chunk costs one micro-batch's forward (twice
 where it is recomputed) and backward time plus, at each of its boundaries, the activation
@@ -23,6 +23,7 @@ import networkx as nx
 import numpy as np
 
 from extrapolators.modes.base import Extrapolator
+from extrapolators.modes.blocks import block_depth, layer_prefix
 from perfmodel import Target
 from perfmodel.base import batch_ratio
 from triosim.common.errors import ConfigError
@@ -97,17 +98,6 @@ def balanced_cuts(costs, parts: int, boundary=None) -> list[int]:
         starts.append(i)
         j = i
     return [0, *reversed(starts)]
-
-
-def _block(layer: str) -> str:
-    """The layer (module) an operator's layer name is in: up to its first numbered part
-    ("layers.3.attention.wq" -> "layers.3", "layer1.0.conv1" -> "layer1.0"), else its
-    first part ("(model)", "fc")."""
-    parts = layer.split(".")
-    for i, part in enumerate(parts):
-        if part.isdigit():
-            return ".".join(parts[: i + 1])
-    return parts[0]
 
 
 @dataclass(frozen=True)
@@ -264,15 +254,17 @@ class StageCut(Extrapolator):
         return [0, *(layers[k * len(layers) // S] for k in range(1, S))]
 
     def _layer_starts(self, fwd, numbered: bool = False) -> list[int]:
-        """Forward positions where a layer (`_block`) begins; `numbered`: only the layers
-        named with a numbered part after the first (the model's repeated blocks:
-        "layers.3", "layer1.0"; not its embedding, stem or head: "(model)", "conv1")."""
-        blocks = [_block(self.trace.operators[i].layer) for i in fwd]
+        """Forward positions where a layer begins: a unit of the model's repeated blocks
+        (blocks.block_depth: `layers.3`, `layer1.0`; depth 1 where the trace has none);
+        `numbered`: only those named with a number after their first part (not the
+        embedding, stem or head: "(model)", "conv1"; not an imported trace's "0")."""
+        depth = block_depth(self.trace) or 1
+        names = [layer_prefix(self.trace.operators[i], depth) for i in fwd]
         return [
             k
             for k in range(len(fwd))
-            if (k == 0 or blocks[k] != blocks[k - 1])
-            and (not numbered or any(p.isdigit() for p in blocks[k].split(".")[1:]))
+            if (k == 0 or names[k] != names[k - 1])
+            and (not numbered or any(p.isdigit() for p in names[k].split(".")[1:]))
         ]
 
     def _cut_bytes(self, fwd) -> np.ndarray:
