@@ -46,7 +46,7 @@ from extrapolators.modes.mesh.symmetry import mesh_symmetry
 from extrapolators.modes.mesh.walks import ChunkWalks
 from extrapolators.modes.mesh.weights import StageWeights, param_buckets
 from extrapolators.modes.pipeline import PipelineOptions, StageCut
-from extrapolators.modes.schedules import schedule
+from extrapolators.modes.schedules import overlapped, placement_of, schedule
 from extrapolators.modes.tensor_parallel import TensorParallel, TPOptions
 from extrapolators.modes.tp_roles import SHARDED
 from perfmodel.base import Target, batch_ratio
@@ -100,8 +100,10 @@ class MeshMode(Extrapolator):
         self.params_after_step = r.params_after_step
         self.v = o.virtual_stages
         order_of = schedule(o.schedule)
+        self.place = placement_of(o.schedule, mesh.pp, self.v)
         M = o.microbatches
         self.orders = self._orders(order_of, M, o.accumulation)
+        self.pairs = self._pairs(o.schedule, M, o.accumulation)
         if self.batch is not None and M > 1 and M * mesh.dp > self.batch:
             raise ConfigError(
                 "parallelism.microbatches",
@@ -155,7 +157,7 @@ class MeshMode(Extrapolator):
             pipe.fwd_ops,
             pipe.bwd_ops,
             self.orders,
-            mesh.pp,
+            self.place,
             split,
             mesh.tp,
             ex.expert_weights if ex is not None else (),
@@ -255,6 +257,19 @@ class MeshMode(Extrapolator):
             out.append([(kind, m + k * per, j) for k in range(K) for kind, m, j in one])
         return out
 
+    def _pairs(self, name: str, M: int, K: int) -> list:
+        """Each stage's overlapped forward-backward pairs (indices into its steps: steps k
+        and k + 1) where the schedule names them (DualPipeV), each of the K schedules'
+        shifted by the steps before it; None where it names none."""
+        pp, per, out = self.mesh.pp, M // K, []
+        for p in range(pp):
+            one = overlapped(name, p, pp, per, self.v)
+            if one is None:
+                return None
+            n = len(self.orders[p]) // K
+            out.append({k + i * n for i in range(K) for k in one})
+        return out
+
     def _tp_plan(self, group0):
         """The TP plan on the first TP group: Megatron's (tensor_parallel.py), with experts
         on the mesh the dense layers' only (moe_tp.py: the router whole, the routed
@@ -292,7 +307,7 @@ class MeshMode(Extrapolator):
         """The model in pp x v chunks (pipeline.StageCut; chunk k on stage k % pp)."""
         mesh, at = self.mesh, self.layout.at
         chunks = mesh.pp * self.v
-        chain = [at[(k % mesh.pp, 0, 0, 0, 0)] for k in range(chunks)]
+        chain = [at[(self.place.stage(k), 0, 0, 0, 0)] for k in range(chunks)]
         o = self.options
         # what the balancing charges for recomputation: the chunk's forward again, for
         # the micro-batches that recompute (selective recomputation not counted)

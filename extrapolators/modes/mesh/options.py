@@ -107,7 +107,7 @@ class MeshOptions(LoadOptions):
         "again, the gradients reduced after the last); 1: one schedule (Megatron's)",
     )
     schedule: str = option(
-        "1f1b", help="pipeline schedule: gpipe, 1f1b, interleaved (or one registered)"
+        "1f1b", help="pipeline schedule: gpipe, 1f1b, interleaved, dualpipev (or one registered)"
     )
     virtual_stages: int = option(1, ge=1, help="model chunks per pipeline stage (interleaved)")
     stages: list[int | str] = option(

@@ -270,7 +270,7 @@ class MeshStreams:
             mode.orders[p],
             kinds,
             p,
-            mesh.pp,
+            mode.place,
             mode.pipe.boundary,
             ratio,
             lambda q: at[(q, r, s, c, t)],

@@ -62,7 +62,7 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
     """Stage p's template (module docstring) for an EP rank (its experts' loads). `mode`
     is the mesh mode after `check`."""
     o, mesh = mode.options, mode.mesh
-    S, C = mesh.pp, mesh.pp * mode.v
+    C, place = mesh.pp * mode.v, mode.place
     out, run = Template(), []
     items = out.items
 
@@ -174,15 +174,19 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
     for step, (kind, m, j) in enumerate(order):
         items = []
         steps.append(items)
-        c = j * S + p
+        c = place.chunk(p, j)
         if kind == "F":
-            if c > 0:
-                other((RECV, (c - 1) % S, f"act{c - 1}.{m}", "forward"))
+            if c > 0 and place.stage(c - 1) == p:  # (DualPipeV's turn: on this stage)
+                other((WAIT, f"F{m}.{c - 1}"))
+            elif c > 0:
+                other((RECV, place.stage(c - 1), f"act{c - 1}.{m}", "forward"))
             walk = [(op, False) for op in mode.pipe.fwd_ops[c]]
             params = m == 0
         else:
-            if c < C - 1:
-                other((RECV, (c + 1) % S, f"grad{c + 1}.{m}", "backward"))
+            if c < C - 1 and place.stage(c + 1) == p:
+                other((WAIT, f"B{m}.{c + 1}"))
+            elif c < C - 1:
+                other((RECV, place.stage(c + 1), f"grad{c + 1}.{m}", "backward"))
             walk = mode.walks.walk(c, m)
             params = False
         final = kind == "B" and last_b[j] == step
@@ -218,7 +222,7 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
         if shard is not None:  # what this step leaves gathered
             if kind == "F":
                 resident -= {(c, u) for ph, u in here if ph == "forward" and shard.reshards(u)}
-            elif S == 1 or final or flush_b[m // per, j] == step:
+            elif mesh.pp == 1 or final or flush_b[m // per, j] == step:
                 resident -= {(c, u) for _, u in here}
         other((SIGNAL, f"{kind}{m}.{c}"))
     items = out.items
@@ -226,7 +230,8 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
         prefix = shared_prefix(ex.moe)
         steps = [beside_shared(one, prefix, out) for one in steps]
     if o.ep_comm_overlap:
-        for merged in paired(steps, order, out, per):
+        pairs = mode.pairs[p] if mode.pairs is not None else None
+        for merged in paired(steps, order, out, per, pairs):
             items.extend(merged)
     else:
         for one in steps:
@@ -238,7 +243,7 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
         if cu not in out.reduce_order:
             out.reduce_order.append(cu)
             other((GRADS, cu))
-    if S > 1:
+    if mesh.pp > 1:
         for name, _ in mode.send_streams():
             other((WAIT, f"{name} done"))
     if not o.dp_overlap and shard is None:
@@ -258,7 +263,7 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
     return out
 
 
-def paired(steps: list, order: list, out: Template, per: int | None = None):
+def paired(steps: list, order: list, out: Template, per: int | None = None, pairs=None):
     """ep_comm_overlap (Megatron's combined 1F1B): in the 1F1B steady state each backward
     step runs together with the forward step after it (Megatron adds a warm-up forward so
     that the two do not wait on each other across stages): both steps' receives first,
@@ -269,12 +274,18 @@ def paired(steps: list, order: list, out: Template, per: int | None = None):
     schedules (accumulation: `per` micro-batches a schedule; the last backward of one and
     the first forward of the next wait on each other across stages). Yields each step's items;
     renumbers `out.side` (TP overlap) in the new order of its starts and orders
-    `out.entries` (FSDP's gathers) as the compute now enters the units."""
+    `out.entries` (FSDP's gathers) as the compute now enters the units. `pairs`: the
+    steps k that run with step k + 1 where the schedule names them (DualPipeV's forward
+    with a backward), instead of the steady state's."""
     k, merged = 0, []
     while k < len(steps):
         nxt = order[k + 1] if k + 1 < len(steps) else None
         same = nxt is not None and (per is None or order[k][1] // per == nxt[1] // per)
-        if order[k][0] == "B" and same and nxt[0] == "F":
+        if pairs is not None:
+            pair = k in pairs
+        else:
+            pair = order[k][0] == "B" and same and nxt[0] == "F"
+        if pair:
             merged.append(_interleave(steps[k], steps[k + 1], out))
             k += 2
             continue

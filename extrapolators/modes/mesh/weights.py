@@ -2,7 +2,7 @@
 each model chunk, the bytes a GPU holds of each (a TP-split weight 1/tp), per stage, and the
 stage's DDP gradient buckets in the order its schedule completes them.
 
-`StageWeights(trace, chunk_fwd, chunk_bwd, orders, pp, split, tp, experts, expert_parts,
+`StageWeights(trace, chunk_fwd, chunk_bwd, orders, place, split, tp, experts, expert_parts,
 precision)`: `chunk_weights[c]` (the weights chunk c's forward operators read first),
 `wbytes[w]` (a TP-split weight 1/tp, a routed expert's 1/expert_parts: 1/(ep x etp)) as
 stored, `gbytes[w]` and `rbytes[w]` the same weight as gathered and as its gradient is
@@ -39,14 +39,15 @@ class StageWeights:
         chunk_fwd,
         chunk_bwd,
         orders,
-        pp: int,
+        place,
         split: set,
         tp: int,
         experts=(),
         expert_parts: int = 1,
         precision=None,
     ):
-        self.trace, self.chunk_bwd, self.orders, self.pp = trace, chunk_bwd, orders, pp
+        self.trace, self.chunk_bwd, self.orders, self.place = trace, chunk_bwd, orders, place
+        pp = place.stages
         self.experts = frozenset(experts)
         self.chunk_weights: list[list[int]] = [[] for _ in chunk_fwd]
         seen: set = set()
@@ -64,12 +65,11 @@ class StageWeights:
             self.gbytes = {t: precision.gathered(t) / parts[t] for t in seen}
         if precision is not None and precision.options.reduce != "trace":
             self.rbytes = {t: precision.reduced(t) / parts[t] for t in seen}
-        chunks = len(chunk_fwd)
 
         def held(p, kinds, of=self.wbytes):
             return sum(
                 of[t]
-                for c in range(p, chunks, pp)
+                for c in place.stage_chunks(p)
                 for t in self.chunk_weights[c]
                 if (t in ex) in kinds
             )
@@ -94,8 +94,8 @@ class StageWeights:
         dense, expert = self._as[what]
         return dense[p] if kind == "dense" else expert[p]
 
-    def stage_chunks(self, p: int) -> range:
-        return range(p, len(self.chunk_weights), self.pp)
+    def stage_chunks(self, p: int) -> list[int]:
+        return self.place.stage_chunks(p)
 
     def buckets(self, p: int, first: float, cap: float) -> list[tuple[int, float, str]]:
         made = self._buckets(p, first, cap, "dense")
@@ -112,7 +112,7 @@ class StageWeights:
         out, size, last, at = [], 0.0, -1, 0
         expert = kind == "expert"
         for j in sorted(last_b, key=last_b.get):
-            c = j * self.pp + p
+            c = self.place.chunk(p, j)
             mine = {pos[op.id] for op in self.chunk_bwd[c]}
             end = max(mine, default=-1)
             weights = [w for w in self.chunk_weights[c] if (w in self.experts) == expert]
