@@ -7,16 +7,20 @@ model) with the framework's settings as the config fields that model them. Kept 
 data, each with its source (numbers only; nothing else is copied):
 
 - NeMo 24.07, DGX-H100, FP8 (NVIDIA/NeMo docs/source/performance/performance_summary.md,
-  "Pretraining", container NeMo 24.07): LLAMA3-8B 8 GPUs, GBS 128, MBS 1, seq 8192, TP 1,
-  PP 1, CP 2: 12,036 tokens/s/GPU; LLAMA3-70B 64 GPUs, GBS 128, MBS 1, seq 8192, TP 4,
-  PP 4, CP 2, VP 5: 1,533.
+  "Pretraining", container NeMo 24.07, the table as last revised for 24.07 at 8e3d65dcfe,
+  2024-09-09, "24.07 perf numbers"; the first draft, 4c73f77670, had 12,036 and 1,533):
+  LLAMA3-8B 8 GPUs, GBS 128, MBS 1, seq 8192, TP 1, PP 1, CP 2: 12,273 tokens/s/GPU;
+  LLAMA3-70B 64 GPUs, GBS 128, MBS 1, seq 8192, TP 4, PP 4, CP 2, VP 5: 1,524. Gradients
+  reduced in bfloat16 (NeMo-Framework-Launcher 24.07, examples/training/llama/h100/
+  llama3_{8b,70b}_fp8.sh: `optim.grad_sync_dtype=bf16`).
 - Megatron-Bridge, NeMo 25.09 container, DGX-H100, FP8 (NVIDIA-NeMo/Megatron-Bridge
   docs/performance-summary.md): LLAMA3_8B 8 GPUs, GBS 128, MBS 1, seq 8192, FSDP, GA 16:
   14,079; LLAMA3_70B 64 GPUs, GBS 128, MBS 1, TP 4, PP 8, VP 5, GA 64: 1,619;
   LLAMA3.1_405B 1,024 GPUs, GBS 512, MBS 1, TP 8, PP 8, CP 2, VP 8, GA 64: 302;
   DeepSeekV3 (dropless) 1,024 GPUs, GBS 8192, MBS 1, seq 4096, TP 2, PP 8, VP 4, EP 64,
   GA 128: 1,297. The same file, NeMo 25.11 container: LLAMA3_8B (FP8-CS, the same layout)
-  14,451.
+  14,451. Gradients reduced in bfloat16 (scripts/performance/configs/*/..._llm_pretrain.yaml
+  at v0.1.0rc4: `grad_reduce_in_fp32: false`).
 - NeMo Automodel (PyTorch FSDP2), DGX-H100, BF16 (NVIDIA-NeMo/Automodel performance summary,
   "System: DGX-H100, Precision: BF16"): DeepSeek V3 671B 1,024 GPUs, GBS 8192, MBS 1, LBS
   8, GA 4, seq 4096, PP 4, EP 64, VP 8, FSDP 256: 865 tokens/s/GPU; 256 GPUs, GBS 512, LBS 8,
@@ -24,20 +28,27 @@ data, each with its source (numbers only; nothing else is copied):
 - Megatron-Core v0.9 (NVIDIA/Megatron-LM megatron/core/transformer/moe/README.md): Mixtral
   8x7B bf16 on 64 H100s, EP 8, PP 4, VP 8, GBS 256, seq 4096: 468 TFLOPS/GPU.
 - NeMo 24.03 long-sequence table (docs/source/performance/performance_long_sequence.md):
-  Llama 2 7B FP8, 131,072 tokens, 128 H100s, TP 4, CP 4, DP 8: 555 TFLOPS/GPU (TFLOPS by
-  Megatron's formula for Llama 2 7B: no GQA, FFN 11,008, a 32K vocabulary).
+  Llama 2 7B FP8, 131,072 tokens, 128 H100s, batch 32 (the table's "Batch Size" column,
+  added 2025-04-28), TP 4, CP 4, DP 8: 555 TFLOPS/GPU (TFLOPS by Megatron's formula for
+  Llama 2 7B: no GQA, FFN 11,008, a 32K vocabulary); four micro-batches of one sequence a
+  replica (the micro-batch size is not published); gradients reduced in bfloat16 as the
+  launcher's Llama 2 7B FP8 example of the same container (24.03.01:
+  `optim.grad_sync_dtype=bf16`).
 - DeepSeek-V3 Technical Report (arXiv 2412.19437, sections 1, 3.2 and 4.2): 180K H800 GPU
   hours per trillion tokens = 1,543 tokens/s/GPU on 2,048 H800s (FP8, DualPipe, PP 16, EP
-  64, batch 15,360 sequences of 4,096); here 1,024 GPUs (expert-DP 1), 1F1B over the same
-  120 micro-batches a pipeline, NVLink 200 GB/s per direction.
+  64, batch 15,360 sequences of 4,096; an average over pre-training, its batch ramp
+  included); here 1,024 GPUs (expert-DP 1), DualPipeV over the same 120 micro-batches a
+  pipeline with its all-to-alls overlapped, every RMSNorm and MLA up-projection recomputed
+  (section 3.2.3), NVLink 160 GB/s (section 3.2.2).
 
 Megatron rows split the model as Megatron does: the same number of layers a pipeline chunk
 (`split: uniform`; the embedding with the first, the head and loss with the last), or the
 recipe's own layout where it sets one (`stages`: Megatron-Bridge's 405B and DeepSeek-V3).
-Settings every Megatron row takes (NeMo's and Megatron-Bridge's recipes): the distributed
-optimizer with overlapped gradient reduce-scatters and parameter all-gathers, sequence
-parallelism and TP communication overlap (TransformerEngine's userbuffers:
-`tp_comm_overlap`) with TP > 1, bfloat16 weights with gradients reduced in float32 (`precision`),
+Settings every Megatron row takes (NeMo's and Megatron-Bridge's recipes) unless it says
+otherwise: the distributed optimizer with overlapped gradient reduce-scatters and parameter
+all-gathers, sequence parallelism and TP communication overlap (TransformerEngine's
+userbuffers: `tp_comm_overlap`) with TP > 1, bfloat16 weights with gradients reduced in
+bfloat16 (`precision`: the recipes' `grad_reduce_in_fp32: false`, `grad_sync_dtype=bf16`),
 FP8 products where the row says FP8 (`precision.matmul: float8`: TransformerEngine's
 recipe, modelled at the float8 peak's share; no FP8 kernel measured here). Megatron-FSDP
 and FSDP2 rows shard with FSDP (`dp_shard`). The dense rows recompute nothing (the tables
@@ -54,13 +65,18 @@ The MoE rows take what their recipes say (read in the frameworks' public sources
   `shared_expert_overlap`).
 - Megatron-Bridge's DeepSeek-V3 on H100 (scripts/performance/run_script.py, v0.1.0rc4,
   2025-10): DeepEP, forced load balancing, `overlap_moe_expert_parallel_comm`
-  (`ep_comm_overlap`), its recomputation of `mla_up_proj` and `mlp` (`recompute: modules`).
+  (`ep_comm_overlap`), its recomputation of `mla_up_proj` and `mlp` (`recompute: modules`),
+  no TP communication overlap (recipes/deepseek/deepseek_v3.py:
+  `CommOverlapConfig(tp_comm_overlap=False)`; no userbuffers entry for it in
+  scripts/performance/utils/helpers.py) and, on H100, `overlap_grad_reduce = False`.
   Its hand-placed layers (`Et|(tt|)*30mL`) as `stages` (MBRIDGE_DSV3_LAYOUT). Not
   expressible here: the MTP module in its last chunk (the trace has none),
   `delay_wgrad_compute`.
 - DeepSeek-V3's report: node-limited routing through NVLink forwarding (DeepEP) with FP8
   dispatch (`dispatch_dtype: float8`), 15,360 sequences over 128 data-parallel replicas:
-  120 micro-batches a pipeline (here 7,680 over 64). DualPipe is not modelled: 1F1B.
+  120 micro-batches a pipeline (here 7,680 over 64). DualPipe as DualPipeV (`schedule:
+  dualpipev`: the same V of chunks and overlapped pairs on one copy of the weights),
+  without its zero-bubble weight-gradient steps. Not in the trace: the MTP module.
 - Group-limited routing (8 groups, 4 per token) comes with the shipped DeepSeek-V3 trace.
 
 The system: DGX-H100 (8 H100 SXM per node, NVLink 450 GB/s per GPU and direction, one 400
@@ -82,8 +98,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT / "traces" / "modelled" / "h100-sxm"
 MEGATRON = {"distributed_optimizer": True, "overlap_param_gather": True, "dp_overlap": True}
-BF16 = {"params": "bfloat16", "reduce": "float32"}
-FP8 = {**BF16, "matmul": "float8"}
+BF16 = {"params": "bfloat16", "reduce": "float32"}  # FSDP2's (Automodel) and Megatron-Core's
+MEGATRON_BF16 = {"params": "bfloat16", "reduce": "bfloat16"}  # NeMo's and Bridge's recipes
+FP8 = {**MEGATRON_BF16, "matmul": "float8"}
 # NeMo Automodel's DeepSeek-V3 recipes (module docstring)
 AUTOMODEL = {
     "dispatcher": "deepep",
@@ -112,12 +129,12 @@ RUNS = [
     # name, trace, GPUs, global batch (sequences), tokens per sequence, mesh fields,
     # precision, published (value, unit), source, NVLink per direction
     ("NeMo 24.07 Llama 3 8B, 8 GPUs, CP 2 (FP8)", "llama3-8b-s8192-b1", 8, 128, 8192,
-     {"cp": 2, "microbatches": 32, **MEGATRON}, FP8, (12036, "tokens"), "NeMo 24.07", 450e9),
+     {"cp": 2, "microbatches": 32, **MEGATRON}, FP8, (12273, "tokens"), "NeMo 24.07", 450e9),
     ("NeMo 24.07 Llama 3 70B, 64 GPUs, TP 4 PP 4 CP 2 VP 5 (FP8)", "llama3-70b-s8192-b1", 64,
      128, 8192, {"tp": 4, "pp": 4, "cp": 2, "virtual_stages": 5, "schedule": "interleaved",
                  "microbatches": 64, "sequence_parallel": True, "split": "uniform",
                  **MEGATRON},
-     FP8, (1533, "tokens"), "NeMo 24.07", 450e9),
+     FP8, (1524, "tokens"), "NeMo 24.07", 450e9),
     ("MBridge 25.09 Llama 3 8B, 8 GPUs, FSDP (FP8)", "llama3-8b-s8192-b1", 8, 128, 8192,
      {"dp_shard": 8, "microbatches": 16}, FP8, (14079, "tokens"), "Megatron-Bridge 25.09",
      450e9),
@@ -140,7 +157,8 @@ RUNS = [
      {"tp": 2, "pp": 8, "virtual_stages": 4, "schedule": "interleaved", "ep": 64,
       "microbatches": 128, "sequence_parallel": True, "dispatcher": "deepep",
       "ep_comm_overlap": True, "recompute": "modules",
-      "recompute_modules": ["mla_up_proj", "mlp"], "stages": MBRIDGE_DSV3_LAYOUT, **MEGATRON},
+      "recompute_modules": ["mla_up_proj", "mlp"], "stages": MBRIDGE_DSV3_LAYOUT, **MEGATRON,
+      "tp_comm_overlap": False, "dp_overlap": False},
      FP8, (1297, "tokens"), "Megatron-Bridge 25.09", 450e9),
     ("Automodel DeepSeek-V3, 1,024 GPUs, PP 4 VP 8 EP 64 FSDP (BF16)", "deepseek-v3-s4096-b1",
      1024, 8192, 4096, {"pp": 4, "virtual_stages": 8, "schedule": "interleaved", "ep": 64,
@@ -155,15 +173,17 @@ RUNS = [
                  "microbatches": 16, "split": "uniform", **MEGATRON},
      BF16, (468, "tflops"), "Megatron-Core v0.9 MoE README", 450e9),
     ("NeMo 24.03 Llama 2 7B 128K, 128 GPUs, TP 4 CP 4 (FP8)",
-     "llama2-7b-s131072-b1", 128, 8, 131072,
-     {"tp": 4, "cp": 4, "microbatches": 1, "sequence_parallel": True, **MEGATRON,
+     "llama2-7b-s131072-b1", 128, 32, 131072,
+     {"tp": 4, "cp": 4, "microbatches": 4, "sequence_parallel": True, **MEGATRON,
       "overlap_param_gather": False},
      FP8, (555, "megatron_tflops"), "NeMo 24.03 long sequence", 450e9),
     ("DeepSeek-V3 report, 2,048 H800 (here 1,024), PP 16 EP 64 (FP8, DualPipe)",
      "deepseek-v3-s4096-b1", 1024, 7680, 4096,
      {"pp": 16, "ep": 64, "microbatches": 120, "distributed_optimizer": True,
-      "dispatcher": "deepep", "dispatch_dtype": "float8"},
-     FP8, (1e12 / (180e3 * 3600), "tokens"), "DeepSeek-V3 report", 200e9),
+      "dispatcher": "deepep", "dispatch_dtype": "float8", "schedule": "dualpipev",
+      "virtual_stages": 2, "ep_comm_overlap": True, "recompute": "modules",
+      "recompute_modules": ["layernorm", "mla_up_proj"]},
+     FP8, (1e12 / (180e3 * 3600), "tokens"), "DeepSeek-V3 report", 160e9),
 ]  # fmt: skip
 
 LARGE = 512  # --skip-large leaves out rows on more GPUs
@@ -180,7 +200,7 @@ def config(run) -> dict:
         model = mesh.get("tp", 1) * mesh.get("pp", 1) * mesh.get("cp", 1)
         mesh = {**mesh, "dp_replicate": gpus // model, "dp_shard": 1}
         if mesh.get("tp", 1) > 1:  # NeMo's H100 recipes: TP communication overlap
-            mesh["tp_comm_overlap"] = True
+            mesh.setdefault("tp_comm_overlap", True)
     return {
         "trace": str(TRACES / f"{trace}.trace.json.gz"),
         "num_gpus": gpus,

@@ -49,6 +49,7 @@ from extrapolators.modes.pipeline import PipelineOptions, StageCut
 from extrapolators.modes.schedules import overlapped, placement_of, schedule
 from extrapolators.modes.tensor_parallel import TensorParallel, TPOptions
 from extrapolators.modes.tp_roles import SHARDED
+from extrapolators.modes.wgrad import weight_grad_shares
 from perfmodel.base import Target, batch_ratio
 from triosim.common.errors import ConfigError
 
@@ -101,6 +102,7 @@ class MeshMode(Extrapolator):
         self.v = o.virtual_stages
         order_of = schedule(o.schedule)
         self.place = placement_of(o.schedule, mesh.pp, self.v)
+        self._wgrad = None
         M = o.microbatches
         self.orders = self._orders(order_of, M, o.accumulation)
         self.pairs = self._pairs(o.schedule, M, o.accumulation)
@@ -256,6 +258,14 @@ class MeshMode(Extrapolator):
                 ) from None
             out.append([(kind, m + k * per, j) for k in range(K) for kind, m, j in one])
         return out
+
+    @property
+    def wgrad_shares(self) -> dict:
+        """Backward op id -> the share of its time a zero-bubble schedule's W step runs
+        (extrapolators.modes.wgrad), made once."""
+        if self._wgrad is None:
+            self._wgrad = weight_grad_shares(self.trace)
+        return self._wgrad
 
     def _pairs(self, name: str, M: int, K: int) -> list:
         """Each stage's overlapped forward-backward pairs (indices into its steps: steps k

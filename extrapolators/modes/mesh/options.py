@@ -107,9 +107,12 @@ class MeshOptions(LoadOptions):
         "again, the gradients reduced after the last); 1: one schedule (Megatron's)",
     )
     schedule: str = option(
-        "1f1b", help="pipeline schedule: gpipe, 1f1b, interleaved, dualpipev (or one registered)"
+        "1f1b",
+        help="pipeline schedule: gpipe, 1f1b, interleaved, zb1p, dualpipev (or one registered)",
     )
-    virtual_stages: int = option(1, ge=1, help="model chunks per pipeline stage (interleaved)")
+    virtual_stages: int = option(
+        1, ge=1, help="model chunks per pipeline stage (interleaved, zb1p; dualpipev: 2)"
+    )
     stages: list[int | str] = option(
         factory=list,
         help="where chunks 2.. begin: layer names or forward-op positions (default: balanced "

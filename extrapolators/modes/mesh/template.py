@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 from extrapolators.execution.tasks import ComputeRun
 from extrapolators.modes.mesh.moe_tp import moe_block_of
+from extrapolators.modes.schedules import split_steps
 from triosim.trace.precision import MATMULS
 
 COLL, RECV, SIGNAL, WAIT, ATTN, ENTER, GRADS, A2A, ETP, TPSTART, TPWAIT = range(11)
@@ -118,7 +119,15 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
             t = secs[op.id] = mode.op_seconds(op, split, whole, 1.0, ep_rank)
         return t
 
-    def op_tasks(op, m, again):
+    def compute(op, m, phase, part):
+        """The op's compute task, `part` of its time (a split backward's B: what is not
+        W), or none where nothing is left."""
+        if part == 1.0:
+            run.append(timed(op, seconds(op), m, phase))
+        elif part > 0.0:
+            run.append(timed(op, seconds(op) * part, m, phase))
+
+    def op_tasks(op, m, again, part=1.0):
         phase = "recompute" if again else None
         re = ":re" if again else ""
         if pending and op.layer != pending[0]:
@@ -135,7 +144,7 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
                 if moe:
                     for layer, kind in ex.before.get(op.id, ()):
                         tokens(layer, kind, m, again, True)
-                run.append(timed(op, seconds(op), m, phase))
+                compute(op, m, phase, part)
                 if op.id in main:  # the layer's product: its collectives end with it
                     flush()
                 return
@@ -149,7 +158,7 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
             scale = 1 / mesh.cp if p2p else 1.0
             other((ATTN, op, mode.op_time(op, split, whole, m, phase, scale, ep_rank), m))
         else:
-            run.append(timed(op, seconds(op), m, phase))
+            compute(op, m, phase, part)
         if comm:
             for c in tpx.after.get(op.id, ()):
                 other((COLL, c, f"m{m}/{c.key}{re}", again))
@@ -160,6 +169,10 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
 
     order = mode.orders[p]
     last_b = {j: k for k, (kind, _, j) in enumerate(order) if kind == "B"}
+    # zero-bubble schedules: the backwards split into B and W (wgrad.py), and the step
+    # after which each chunk's gradients are complete (its last W or unsplit B)
+    wsplit, last_g = split_steps(order)
+    shares = mode.wgrad_shares if wsplit else {}
     # with accumulation, each schedule's last backward of a chunk reshards its units
     per = mode.flush_size
     flush_b = {(m // per, j): k for k, (kind, m, j) in enumerate(order) if kind == "B"}
@@ -171,10 +184,28 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
     resident: set = set()
     entered: list = []  # (chunk, unit) entered in a forward step, in order
     steps = []  # each step's items
+
+    def grads_signals(op):  # (in the step that completes chunk c's gradients)
+        for k in buckets_at.get(mode.position[op.id], ()):
+            fired.add(k)
+            other((SIGNAL, f"bucket{k}"))
+        for cu in mode.units_done.get((c, op.id), ()):
+            out.reduce_order.append(cu)
+            other((GRADS, cu))
+
     for step, (kind, m, j) in enumerate(order):
         items = []
         steps.append(items)
         c = place.chunk(p, j)
+        if kind == "W":  # the weight gradients the step's B left
+            for op in mode.pipe.bwd_ops[c]:
+                compute(op, m, None, shares.get(op.id, 0.0))
+                if last_g[j] == step:
+                    grads_signals(op)
+            if run:
+                items.append(ComputeRun(run))
+                run.clear()
+            continue
         if kind == "F":
             if c > 0 and place.stage(c - 1) == p:  # (DualPipeV's turn: on this stage)
                 other((WAIT, f"F{m}.{c - 1}"))
@@ -190,6 +221,7 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
             walk = mode.walks.walk(c, m)
             params = False
         final = kind == "B" and last_b[j] == step
+        input_only = kind == "B" and (m, j) in wsplit  # (its W comes later)
         here: set = set()
         for op, again in walk:
             if shard is not None:
@@ -207,14 +239,9 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
             if params and not again:  # overlap_param_gather: the bucket's updated shards
                 for k in param_at.get(op.id, ()):
                     other((WAIT, f"pg{k}"))
-            op_tasks(op, m, again)
-            if final and not again:
-                for k in buckets_at.get(mode.position[op.id], ()):
-                    fired.add(k)
-                    other((SIGNAL, f"bucket{k}"))
-                for cu in mode.units_done.get((c, op.id), ()):
-                    out.reduce_order.append(cu)
-                    other((GRADS, cu))
+            op_tasks(op, m, again, 1.0 - shares.get(op.id, 0.0) if input_only else 1.0)
+            if final and not again and last_g[j] == step:
+                grads_signals(op)
             if moe:
                 after_tasks(op, m, again)
         if pending:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import heapq
 
 from extrapolators.modes.base import gradient_ready
+from extrapolators.modes.schedules import split_steps
 
 
 class StageWeights:
@@ -107,7 +108,7 @@ class StageWeights:
     def _buckets(self, p: int, first: float, cap: float, kind: str) -> list:
         ready = gradient_ready(self.trace)
         order = self.orders[p]
-        last_b = {j: k for k, (kind_, _, j) in enumerate(order) if kind_ == "B"}
+        last_b = split_steps(order)[1]  # (a chunk's gradients: after its last W or B)
         pos = {op.id: i for i, op in enumerate(self.trace.operators)}
         out, size, last, at = [], 0.0, -1, 0
         expert = kind == "expert"
