@@ -69,14 +69,16 @@ The MoE rows take what their recipes say (read in the frameworks' public sources
   no TP communication overlap (recipes/deepseek/deepseek_v3.py:
   `CommOverlapConfig(tp_comm_overlap=False)`; no userbuffers entry for it in
   scripts/performance/utils/helpers.py) and, on H100, `overlap_grad_reduce = False`.
-  Its hand-placed layers (`Et|(tt|)*30mL`) as `stages` (MBRIDGE_DSV3_LAYOUT). Not
-  expressible here: the MTP module in its last chunk (the trace has none),
-  `delay_wgrad_compute`.
+  Its hand-placed layers (`Et|(tt|)*30mL`) as `stages` (MBRIDGE_DSV3_LAYOUT), its MTP
+  module (`mtp_num_layers` 1 in recipes/deepseek/deepseek_v3.py: the `deepseek-v3-mtp1`
+  trace) in the last chunk with the head and the loss. Not expressible here:
+  `delay_wgrad_compute`, FP8 parameter gathers (`fp8_param_gather`).
 - DeepSeek-V3's report: node-limited routing through NVLink forwarding (DeepEP) with FP8
   dispatch (`dispatch_dtype: float8`), 15,360 sequences over 128 data-parallel replicas:
   120 micro-batches a pipeline (here 7,680 over 64). DualPipe as DualPipeV (`schedule:
-  dualpipev`: the same V of chunks and overlapped pairs on one copy of the weights),
-  without its zero-bubble weight-gradient steps. Not in the trace: the MTP module.
+  dualpipev`: the same V of chunks, overlapped pairs and zero-bubble weight-gradient steps
+  on one copy of the weights); its MTP module (section 2.2, depth 1: the
+  `deepseek-v3-mtp1` trace) on the last stage.
 - Group-limited routing (8 groups, 4 per token) comes with the shipped DeepSeek-V3 trace.
 
 The system: DGX-H100 (8 H100 SXM per node, NVLink 450 GB/s per GPU and direction, one 400
@@ -111,8 +113,8 @@ AUTOMODEL = {
 
 # Megatron-Bridge's DeepSeek-V3 pipeline layout `Et|(tt|)*30mL` (32 chunks: the embedding
 # and the first layer, thirty chunks of two layers, then the MTP module and the loss) as
-# where chunks 2..32 begin in the trace (dense_layers.0-2, then layers.0-57); the trace
-# has no MTP module, so the last chunk holds the final norm, the output and the loss
+# where chunks 2..32 begin in the trace (dense_layers.0-2, then layers.0-57); the last
+# chunk holds the final norm, the output head, the MTP module and the losses
 MBRIDGE_DSV3_LAYOUT = [
     "dense_layers.1",
     *(f"layers.{k}" for k in range(0, 58, 2)),
@@ -153,7 +155,7 @@ RUNS = [
       **MEGATRON},
      FP8, (302, "tokens"), "Megatron-Bridge 25.09", 450e9),
     ("MBridge 25.09 DeepSeek-V3, 1,024 GPUs, TP 2 PP 8 VP 4 EP 64 (FP8)",
-     "deepseek-v3-s4096-b1", 1024, 8192, 4096,
+     "deepseek-v3-mtp1-s4096-b1", 1024, 8192, 4096,
      {"tp": 2, "pp": 8, "virtual_stages": 4, "schedule": "interleaved", "ep": 64,
       "microbatches": 128, "sequence_parallel": True, "dispatcher": "deepep",
       "ep_comm_overlap": True, "recompute": "modules",
@@ -178,7 +180,7 @@ RUNS = [
       "overlap_param_gather": False},
      FP8, (555, "megatron_tflops"), "NeMo 24.03 long sequence", 450e9),
     ("DeepSeek-V3 report, 2,048 H800 (here 1,024), PP 16 EP 64 (FP8, DualPipe)",
-     "deepseek-v3-s4096-b1", 1024, 7680, 4096,
+     "deepseek-v3-mtp1-s4096-b1", 1024, 7680, 4096,
      {"pp": 16, "ep": 64, "microbatches": 120, "distributed_optimizer": True,
       "dispatcher": "deepep", "dispatch_dtype": "float8", "schedule": "dualpipev",
       "virtual_stages": 2, "ep_comm_overlap": True, "recompute": "modules",

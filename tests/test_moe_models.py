@@ -142,3 +142,40 @@ def test_latent_attention_runs_one_fused_attention_operator():
     # PyTorch's unfused fallback (query and value head sizes differ) differentiates its
     # matrix products one by one, holding the whole score matrix: none here
     assert not [o.name for o in att if o.phase == "backward" and "Bmm" in o.name]
+
+
+def test_mtp_module_holds_one_more_moe_layer_and_a_projection():
+    """DeepSeek-V3 with one MTP module (--mtp 1): 14B parameters in the report with the
+    shared embedding and head counted; here without them, by hand: one more MoE layer
+    (attention, router, 256 routed and 1 shared expert, two norms) + eh_proj (2 x 7,168 x
+    7,168 = 102,760,448) + its three norms (3 x 7,168)."""
+    with torch.device("meta"):
+        base, _, _ = build("deepseek-v3")
+        mtp, _, loss = build("deepseek-v3", mtp=1)
+    layer = sum(p.numel() for p in base.layers[0].parameters())
+    extra = sum(p.numel() for p in mtp.parameters()) - sum(p.numel() for p in base.parameters())
+    assert extra == layer + 2 * 7168 * 7168 + 3 * 7168
+    assert 11e9 < extra < 14e9
+    assert loss.__name__ == "mtp_loss"
+
+
+def test_mtp_trace_runs_the_module_after_the_main_head_with_its_own_loss():
+    """The module's operators come after the main model's output head, its MoE layer's
+    experts are named as the others' (so expert parallelism finds them), the shared head
+    runs twice, two cross-entropies; real and shape-only traces have the same operators;
+    the metadata says so; other models refuse --mtp."""
+    meta = trace_model("deepseek-v3", 2, small=True, seq_len=8, shapes_only=True, mtp=1)
+    real = trace_model("deepseek-v3", 2, small=True, seq_len=8, warmup=1, measure=1, mtp=1)
+    assert _names(meta) == _names(real)
+    fwd = [o for o in meta.operators if o.phase == "forward"]
+    first_mtp = min(i for i, o in enumerate(fwd) if (o.layer or "").startswith("mtp.0"))
+    heads = [i for i, o in enumerate(fwd) if o.layer == "output" and o.name == "aten::linear"]
+    assert len(heads) == 2 and heads[0] < first_mtp < heads[1]
+    assert any(o.layer == "mtp.0.block.feed_forward.experts" for o in fwd)
+    assert sum(o.name == "aten::cross_entropy_loss" for o in fwd) == 2
+    assert meta.metadata["moe"]["mtp_layers"] == 1
+    plain = trace_model("deepseek-v3", 2, small=True, seq_len=8, shapes_only=True)
+    assert plain.metadata["moe"]["mtp_layers"] == 0
+    assert not any((o.layer or "").startswith("mtp") for o in plain.operators)
+    with pytest.raises(TracerError, match="--mtp"):
+        trace_model("mixtral-8x7b", 2, small=True, shapes_only=True, mtp=1)

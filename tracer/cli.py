@@ -29,6 +29,7 @@ def trace_model(
     master_weights=False,
     capacity_factor=None,
     replicate=True,
+    mtp=0,
 ):
     """Trace a reference model (or module:function). shapes_only: on meta tensors, nothing
     computed or timed (times 0, for a performance model to fill); layers: trace this many of
@@ -37,7 +38,8 @@ def trace_model(
     master_weights (Llama): bfloat16 parameters with float32 master weights in the optimizer
     (Megatron-LM), instead of float32 parameters cast to bfloat16 where used (torchtitan);
     capacity_factor (MoE models): token-dropping routing at this capacity factor (None:
-    dropless, traced at the balanced load)."""
+    dropless, traced at the balanced load); mtp (DeepSeek-V3): this many multi-token
+    prediction modules after the main model (tracer.moe)."""
     import torch
 
     from tracer.collect import collect
@@ -50,7 +52,7 @@ def trace_model(
         if layers is not None:
             raise TracerError("--layers works for the reference transformers only")
         return _trace_function(name, where, shapes_only, run)
-    total = _check_reference(name, small, layers, master_weights, capacity_factor)
+    total = _check_reference(name, small, layers, master_weights, capacity_factor, mtp)
     with where:
         model, make_batch, loss_fn = build(
             name,
@@ -60,6 +62,7 @@ def trace_model(
             layers=layers,
             bf16_params=master_weights,
             capacity_factor=capacity_factor,
+            mtp=mtp,
         )
     if not shapes_only:
         # on the device before the optimizer is made: MasterWeightAdamW's float32 master
@@ -76,7 +79,7 @@ def trace_model(
         model_name=label,
         shapes_only=shapes_only,
         metadata=_reference_metadata(
-            name, seq_len, master_weights, small, batch_size, capacity_factor
+            name, seq_len, master_weights, small, batch_size, capacity_factor, mtp
         ),
     )
     if replicate and layers is not None and layers != total:
@@ -113,12 +116,18 @@ def _trace_function(name, where, shapes_only, run):
     return collect(model, make_batch, loss_fn, opt, **run, model_name=fn, shapes_only=shapes_only)
 
 
-def _check_reference(name, small, layers, master_weights, capacity_factor=None):
+def _check_reference(name, small, layers, master_weights, capacity_factor=None, mtp=0):
     """The number of identical layers of reference model `name` (None for a model without
     them); TracerError for an unknown model, a --layers the model cannot take,
-    --master-weights on a model that is no Llama, or a --capacity-factor on a model without
-    experts (or not above 0)."""
-    from tracer.models import LAYERED, LLAMA, MODELS, MOE_NAMES, num_layers
+    --master-weights on a model that is no Llama, a --capacity-factor on a model without
+    experts (or not above 0), or an --mtp on a model without MTP modules (or below 0)."""
+    from tracer.models import LAYERED, LLAMA, MODELS, MOE_NAMES, MTP_NAMES, num_layers
+
+    if mtp and (name not in MTP_NAMES or mtp < 0):
+        raise TracerError(
+            f"--mtp {mtp}: a number of multi-token prediction modules (0 or more) for "
+            f"{', '.join(MTP_NAMES)}"
+        )
 
     if capacity_factor is not None and (name not in MOE_NAMES or not capacity_factor > 0):
         raise TracerError(
@@ -165,7 +174,7 @@ def _optimizer(model, name, shapes_only, master_weights):
 
 
 def _reference_metadata(
-    name, seq_len, master_weights, small=False, batch_size=1, capacity_factor=None
+    name, seq_len, master_weights, small=False, batch_size=1, capacity_factor=None, mtp=0
 ) -> dict:
     """What a reference model's trace says beyond collect's metadata: the sequence length of
     a transformer, the dtype and mixed precision of the Llama and MoE models, an MoE
@@ -176,7 +185,7 @@ def _reference_metadata(
     if name in MOE_NAMES:
         from tracer.moe import moe_metadata
 
-        extra["moe"] = moe_metadata(name, small, batch_size, seq_len, capacity_factor)
+        extra["moe"] = moe_metadata(name, small, batch_size, seq_len, capacity_factor, mtp)
     if name in LAYERED:
         extra["seq_len"] = seq_len
     if master_weights:
@@ -210,6 +219,7 @@ def trace_file_name(args) -> str:
             name
             + ("-small" if args.small else "")
             + ("-bf16" if getattr(args, "master_weights", False) else "")
+            + (f"-mtp{args.mtp}" if getattr(args, "mtp", 0) else "")
         )
     if getattr(args, "shapes_only", False) and name in LAYERED:
         label += f"-s{args.seq_len}"
@@ -271,6 +281,7 @@ def run_trace(args, timer=None) -> int:
             layers,
             getattr(args, "master_weights", False),
             getattr(args, "capacity_factor", None),
+            mtp=getattr(args, "mtp", 0),
         )
         if shapes_only:
             beat.stage(f"timing {len(t.operators)} operators with the performance model")

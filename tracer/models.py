@@ -324,13 +324,15 @@ def build(
     layers: int | None = None,
     bf16_params: bool = False,
     capacity_factor: float | None = None,
+    mtp: int = 0,
 ):
     """Return (model, make_batch(batch_size, device), loss_fn) for a reference model.
     layers: build this many of a transformer's decoder layers (default: all of them).
     bf16_params (Llama): bfloat16 parameters, to train with MasterWeightAdamW (Megatron-LM's
     scheme) instead of float32 parameters cast where used (torchtitan's).
     capacity_factor (MoE models): token-dropping routing with this capacity factor; None:
-    dropless (traced at the balanced load, tracer.moe)."""
+    dropless (traced at the balanced load, tracer.moe). mtp (DeepSeek-V3): this many
+    multi-token prediction modules (tracer.moe)."""
     if layers is not None and name not in LAYERED:
         raise KeyError(f"{name} has no identical layers to trace a few of")
     classes = 10 if small else 1000
@@ -364,13 +366,15 @@ def build(
             model.rope_cos, model.rope_sin = model.rope_cos.float(), model.rope_sin.float()
         return model, _token_batch(seq_len, cfg["vocab"]), _llama_loss
     if name in MOE_NAMES:
-        from tracer.moe import MoETransformer, moe_config
+        from tracer.moe import MoETransformer, moe_config, mtp_loss
 
         cfg = moe_config(name, small)
         if layers is not None:
             cfg["layers"] = layers
-        model = MoETransformer(cfg, capacity_factor, max_len=max(seq_len, 4096), small=small)
-        return model, _token_batch(seq_len, cfg["vocab"]), _llama_loss
+        model = MoETransformer(
+            cfg, capacity_factor, max_len=max(seq_len, 4096), small=small, mtp=mtp
+        )
+        return model, _token_batch(seq_len, cfg["vocab"]), mtp_loss if mtp else _llama_loss
     raise KeyError(name)
 
 
@@ -385,8 +389,9 @@ def num_layers(name: str, small: bool = False) -> int:
     return 2 if small else 12
 
 
-# the mixture-of-experts models (tracer.moe)
+# the mixture-of-experts models (tracer.moe); those with multi-token prediction modules
 MOE_NAMES = ("mixtral-8x7b", "deepseek-v3")
+MTP_NAMES = ("deepseek-v3",)
 # model -> the module list of its identical layers (an MoE model's: its MoE layers)
 LAYERED = {
     "gpt2": "blocks",

@@ -14,8 +14,13 @@ Where the numbers come from:
   dims, 128 value head dim); vocab 129280; group-limited routing (`n_group` 8, `topk_group`
   4: each token's experts within 4 of 8 groups of 32, so on at most 4 nodes where a node
   holds a group), written to the metadata for DeepEP's dispatch (the traced routing is
-  plain top-k: the operators are the same). Not modelled: multi-token prediction, FP8
-  training.
+  plain top-k: the operators are the same). Multi-token prediction with `mtp=D` (the
+  report's section 2.2, D = 1 in its training; Megatron-Core's `mtp_num_layers`): D
+  sequential modules after the main model, module k taking the main model's (or module
+  k - 1's) final hidden state and the embedding of the token k ahead, each RMS-normed,
+  concatenated and projected back (`eh_proj`, 2 x hidden to hidden), through one more MoE
+  layer and a norm, to the shared output head and its own cross-entropy (weighted 0.3).
+  Not modelled: FP8 training.
 
 Routing with static shapes (so that a meta-tensor run, which cannot size a tensor by its
 data, traces the same operators as a real one): each expert takes a fixed number of token
@@ -205,12 +210,47 @@ class MoEBlock(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
 
+class MultiTokenPrediction(nn.Module):
+    """One of DeepSeek-V3's MTP modules (module docstring): the hidden state before and the
+    embedding of the token k ahead, each normed, concatenated and projected, through one
+    transformer block and a norm."""
+
+    def __init__(self, dim, block):
+        super().__init__()
+        self.hnorm, self.enorm = RMSNorm(dim), RMSNorm(dim)
+        self.eh_proj = LlamaLinear(2 * dim, dim)
+        self.block, self.norm = block, RMSNorm(dim)
+
+    def forward(self, h, ahead, cos, sin):
+        x = self.eh_proj(torch.cat([self.hnorm(h), self.enorm(ahead)], dim=-1))
+        return self.block(x, cos, sin)
+
+
+MTP_WEIGHT = 0.3  # the report's lambda for the MTP losses (its first 10T tokens)
+
+
+def mtp_loss(out, target):
+    """The main cross-entropy (in float32, as the Llama models') plus MTP_WEIGHT x the mean
+    of the MTP modules' (module k predicts the token k ahead of the main target)."""
+    if not isinstance(out, tuple):
+        return F.cross_entropy(out.flatten(0, 1).float(), target.flatten(0, 1))
+    main, *extra = out
+    loss = F.cross_entropy(main.flatten(0, 1).float(), target.flatten(0, 1))
+    ahead = [
+        F.cross_entropy(o.flatten(0, 1).float(), torch.roll(target, -k, 1).flatten(0, 1))
+        for k, o in enumerate(extra, start=1)
+    ]
+    return loss + MTP_WEIGHT * sum(ahead) / len(ahead)
+
+
 class MoETransformer(MixedPrecision):
     """A decoder of `dense_layers` SwiGLU layers (module list `dense_layers`) then `layers`
     identical MoE layers (`layers`, the ones `--layers K` traces K of), trained as the
-    Llama models are (bfloat16 compute, float32 master weights, AdamW)."""
+    Llama models are (bfloat16 compute, float32 master weights, AdamW); with `mtp` D, D
+    multi-token prediction modules (`mtp`) after them, sharing the embedding and the
+    output head: it returns the main logits and each module's."""
 
-    def __init__(self, cfg: dict, capacity_factor=None, max_len=4096, small=False):
+    def __init__(self, cfg: dict, capacity_factor=None, max_len=4096, small=False, mtp=0):
         super().__init__()
         dim, heads = cfg["dim"], cfg["heads"]
         mla = MLA_SMALL if small else MLA
@@ -238,6 +278,9 @@ class MoETransformer(MixedPrecision):
         )
         self.layers = nn.ModuleList(MoEBlock(attention(), dim, moe()) for _ in range(cfg["layers"]))
         self.norm = RMSNorm(dim)
+        self.mtp = nn.ModuleList(
+            MultiTokenPrediction(dim, MoEBlock(attention(), dim, moe())) for _ in range(mtp)
+        )
         self.output = LlamaLinear(dim, cfg["vocab"])
         hd = mla["rope"] if cfg["attention"] == "mla" else dim // heads
         add_rope_tables(self, max_len, hd, cfg["rope_theta"])
@@ -248,14 +291,22 @@ class MoETransformer(MixedPrecision):
         x = F.embedding(idx, self.w(self.tok_embeddings.weight))
         for layer in [*self.dense_layers, *self.layers]:
             x = layer(x, cos, sin)
-        return self.output(self.norm(x))
+        logits = self.output(self.norm(x))
+        if not len(self.mtp):
+            return logits
+        out = [logits]
+        for k, module in enumerate(self.mtp, start=1):  # the token k ahead's embedding
+            ahead = F.embedding(torch.roll(idx, -k, 1), self.w(self.tok_embeddings.weight))
+            x = module(x, ahead, cos, sin)
+            out.append(self.output(module.norm(x)))
+        return tuple(out)
 
 
 def moe_config(name: str, small: bool = False) -> dict:
     return dict((MOE_SMALL if small else MOE)[name])
 
 
-def moe_metadata(name, small, batch_size, seq_len, capacity_factor) -> dict:
+def moe_metadata(name, small, batch_size, seq_len, capacity_factor, mtp=0) -> dict:
     """The trace's `moe` metadata (docs/trace-format.md): what mode `ep` needs to find the
     routed experts' operators and weights and to size their tokens."""
     cfg = moe_config(name, small)
@@ -268,6 +319,7 @@ def moe_metadata(name, small, batch_size, seq_len, capacity_factor) -> dict:
         "expert_ffn": cfg["expert_ffn"],
         "shared_experts": cfg["shared"],
         "moe_layers": cfg["layers"],
+        "mtp_layers": mtp,
         "dense_layers": cfg["dense_layers"],
         "gate": cfg["gate"],
         "capacity_factor": capacity_factor,

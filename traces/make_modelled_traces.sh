@@ -35,6 +35,9 @@ trace llama2-7b --seq-len 131072 --batch-size 1 --layers 2 --gpu H100-SXM --out 
 # balanced load; for mode ep and benchmarks/llm_parallelism.py
 trace mixtral-8x7b --seq-len 4096 --batch-size 1 --layers 2 --gpu H100-SXM --out traces/modelled/h100-sxm
 trace deepseek-v3 --seq-len 4096 --batch-size 1 --layers 2 --gpu H100-SXM --out traces/modelled/h100-sxm
+# DeepSeek-V3 with its multi-token prediction module (the report's training; Megatron-Bridge's
+# recipe: mtp_num_layers 1), for the published runs that trained with it
+trace deepseek-v3 --seq-len 4096 --batch-size 1 --layers 2 --mtp 1 --gpu H100-SXM --out traces/modelled/h100-sxm
 # the mesh's published layouts (examples/titan_*.yaml): torchtitan's Llama 3.1 8B, 70B and
 # 405B at sequence 8192 (the 8B and 70B have Llama 3's shapes), 405B at 64K for CP
 trace llama3-8b --seq-len 8192 --batch-size 1 --layers 2 --gpu H100-SXM --out traces/modelled/h100-sxm

@@ -487,6 +487,14 @@ def trace_arguments(sub) -> None:
         help="MoE models: token-dropping routing, each expert taking F x its balanced "
         "share of tokens (default: dropless, traced at the balanced load)",
     )
+    t.add_argument(
+        "--mtp",
+        type=int,
+        default=0,
+        metavar="D",
+        help="DeepSeek-V3: D multi-token prediction modules after the main model (the "
+        "report trains with 1; Megatron-Core's mtp_num_layers); default 0",
+    )
     t.set_defaults(func=cmd_trace)
 
 
