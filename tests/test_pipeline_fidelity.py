@@ -102,6 +102,26 @@ def test_one_stage_never_gets_an_extra_cut_from_rounding():
     assert r.iteration_time == pytest.approx(sum(costs), rel=1e-12)
 
 
+def test_no_cut_between_the_loss_and_what_it_reads():
+    """Four operators in their own layers, forward 1, 1, 1, 3 ms (backward twice that): two
+    layers, the head, then the loss reading the head's output. Between layers the best
+    two-stage cut is 3 + 3 + 3 | 9 (the loss alone: its stage would receive the logits);
+    the loss stays with the head, as every framework runs it: 3 + 3 | 3 + 9."""
+    t = chain_trace(layers=4, t_fwd=1e-3, t_bwd=2e-3, t_opt=0)
+    fwd = [op for op in t.operators if op.phase == "forward"]
+    bwd = {op.fwd_id: op for op in t.operators if op.phase == "backward"}
+    for op, ms, layer in zip(
+        fwd, (1, 1, 1, 3), ("layers.0", "layers.1", "output", "loss"), strict=True
+    ):
+        op.time, bwd[op.id].time = ms * 1e-3, 2 * ms * 1e-3
+        op.layer = bwd[op.id].layer = layer
+    r = run(t, 2, "gpipe")
+    assert r.extrapolator.pipe.starts == [0, 2]
+    assert r.iteration_time == pytest.approx((2 + 4 + 8 + 4) * 1e-3, rel=1e-9)
+    fwd[3].layer = bwd[fwd[3].id].layer = "criterion"  # (not the loss: cut before it)
+    assert run(t, 2, "gpipe").extrapolator.pipe.starts == [0, 3]
+
+
 @pytest.mark.skipif(not GO_TRACES.exists(), reason="shared/reference traces absent")
 @pytest.mark.parametrize("model", ["vgg13", "resnet50"])
 def test_imported_h100_traces_on_one_stage_and_one_gpu_replicas(model):

@@ -257,13 +257,23 @@ class StageCut(Extrapolator):
         """Forward positions where a layer begins: a unit of the model's repeated blocks
         (blocks.block_depth: `layers.3`, `layer1.0`; depth 1 where the trace has none);
         `numbered`: only those named with a number after their first part (not the
-        embedding, stem or head: "(model)", "conv1"; not an imported trace's "0")."""
+        embedding, stem or head: "(model)", "conv1"; not an imported trace's "0"). No cut
+        between the loss and what it reads (the heads): a stage would send the logits
+        (DeepSeek-V3's main and MTP heads: 1-2 GB a micro-batch), which no framework does."""
+        ops = self.trace.operators
         depth = block_depth(self.trace) or 1
-        names = [layer_prefix(self.trace.operators[i], depth) for i in fwd]
+        names = [layer_prefix(ops[i], depth) for i in fwd]
+        made, banned = {}, set()
+        for k, i in enumerate(fwd):
+            if ops[i].layer == "loss":
+                for t in ops[i].inputs:
+                    banned.update(range(made.get(t, k) + 1, k + 1))
+            for t in ops[i].outputs:
+                made.setdefault(t, k)
         return [
             k
             for k in range(len(fwd))
-            if (k == 0 or names[k] != names[k - 1])
+            if (k == 0 or (names[k] != names[k - 1] and k not in banned))
             and (not numbered or any(p.isdigit() for p in names[k].split(".")[1:]))
         ]
 

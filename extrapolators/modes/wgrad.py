@@ -5,7 +5,9 @@ BACKWARD_WEIGHT): B passes the gradient on to the stage before at once, W comput
 weights' gradients later, where the schedule has room.
 
 `weight_grad_shares(trace)`: backward op id -> the share of its time that is W work, for the
-ops that have some (absent: all B). Read from the trace's autograd structure:
+ops that have some (absent: all B); `weight_grad_outputs(trace)`: the tensors a split op's W
+part makes (the weights' gradients it passes to the all-W ops), which the memory model
+counts from the W part's start. Read from the trace's autograd structure:
 - a matrix product of a weight (or of a tensor made from weights only, as a cast) and an
   activation: its backward runs two products of equal FLOPs, the input's gradient and the
   weight's (dX = dY W, dW = dY^T X): half is W;
@@ -29,6 +31,16 @@ PRODUCTS = (*MATMULS, "aten::bmm", "aten::baddbmm")
 def weight_grad_shares(trace) -> dict[int, float]:
     """Backward op id -> the share of its time that is weight-gradient work (module
     docstring); ops with none are absent."""
+    return _split(trace)[0]
+
+
+def weight_grad_outputs(trace) -> set[int]:
+    """The outputs of split ops (part B, part W) that an all-W op reads: the weights'
+    gradients, made by the W part."""
+    return _split(trace)[1]
+
+
+def _split(trace) -> tuple[dict[int, float], set[int]]:
     tensors = trace.tensors
     derived = {t for t, x in tensors.items() if x.category == "weight"}
     weight_side: set[int] = set()  # forward ops on weights (or tensors made from them) only
@@ -58,4 +70,7 @@ def weight_grad_shares(trace) -> dict[int, float]:
             shares[op.id] = 1.0  # (the weight gradient's transpose)
         if shares.get(op.id) == 1.0:
             feeds_w.update(op.inputs)
-    return shares
+    made_in_w = {
+        t for op in backward if shares.get(op.id) == 0.5 for t in op.outputs if t in feeds_w
+    }
+    return shares, made_in_w

@@ -359,7 +359,9 @@ def _gpu_values(values: np.ndarray):
 def activation_plan(trace, extrapolator, fused: bool = False) -> dict:
     """Per operator, once for all GPUs: (allocations it touches, ratio). An allocation is
     a storage (a tensor and its views are one) of batch-scaled tensors, as (key, bytes,
-    is an output, born-at op id or None, held). Two rules make it PyTorch's:
+    is an output, born-at op id or None, held, read by the op, late: a weight's gradient
+    that a split backward's W part makes, born with the op's last run;
+    extrapolators.modes.wgrad). Two rules make it PyTorch's:
     - a tensor a backward op reads that no earlier op wrote was made inside a forward op
       (cross_entropy saves its log_softmax output, max_pool2d its indices): it is born
       when the backward op's paired forward op (fwd_id) starts, else when it is first
@@ -384,6 +386,19 @@ def activation_plan(trace, extrapolator, fused: bool = False) -> dict:
         # already right), but a float32 copy of a bfloat16 tensor is new memory
         x = tensors[moved.get(t, t)]
         return ("s", x.storage, x.dtype) if x.storage is not None else ("t", x.id)
+
+    # a storage that holds a weight, a weight's cast (a buffer), a gradient or a state is no
+    # activation, whatever a view of it is labelled: the tracer labels what a backward
+    # operator returns "activation", and a product's backward returns a view of the weight
+    # it saved (counted as a second copy of the weight while the operator ran; with a split
+    # backward, from its B part to its W part)
+    kept = {
+        ("s", x.storage, x.dtype)
+        for x in tensors.values()
+        if x.storage is not None
+        and x.category in ("weight", "gradient", "optimizer_state", "buffer")
+    }
+    scaled = {t for t in scaled if key(t) not in kept}
 
     size: dict = {}
     for t in scaled:
@@ -410,6 +425,9 @@ def activation_plan(trace, extrapolator, fused: bool = False) -> dict:
                 seen.add(k)
                 if o.phase == "forward" and o.layer != "loss":
                     made_before_loss.add(k)
+    from extrapolators.modes.wgrad import weight_grad_outputs
+
+    late = {key(t) for t in weight_grad_outputs(trace) if t in scaled}
     plan = {}
     for o in trace.operators:
         items, done = [], set()
@@ -421,7 +439,7 @@ def activation_plan(trace, extrapolator, fused: bool = False) -> dict:
             if t not in scaled or (k := key(t)) in done:
                 continue
             done.add(k)
-            items.append((k, size[k], is_out, born.get(k), k in held, k in read))
+            items.append((k, size[k], is_out, born.get(k), k in held, k in read, k in late))
         if items:
             plan[o.id] = (items, extrapolator.activation_ratio(o))
     return plan
@@ -434,7 +452,8 @@ def _activations(r, plan, times, cats, values):
     (iteration, micro-batch). Allocations a recomputed forward op writes are a second copy
     (pass 1): the first forward's copy lives only until its last forward reader, and
     backward reads the recomputed one; one a recomputed op saved inside itself is born
-    with the recomputation."""
+    with the recomputation. A weight's gradient a split backward makes (`late`) is born
+    with the op's last run (its W part), not its first (its B part)."""
     first: dict = {}
     last: dict = {}
     size: dict = {}
@@ -442,11 +461,14 @@ def _activations(r, plan, times, cats, values):
     again: dict = {}  # the same, of the op's recomputation
     ends: dict = {}  # (iteration, micro-batch) -> end of its last op
     held: list = []
+    late: dict = {}  # key -> (op id, iteration, micro-batch) of the split op that makes it
+    latest: dict = {}  # (op id, iteration, micro-batch) -> the start of its last run
     rows = zip(
         r["op_id"], r["start"], r["end"], r["iteration"], r["microbatch"], r["phase"], strict=True
     )
     for op_id, start, stop, it, mb, phase in rows:
         started.setdefault((op_id, it, mb), start)
+        latest[op_id, it, mb] = start
         if phase == "recompute":
             again.setdefault((op_id, it, mb), start)
         prev_end = ends.get((it, mb), stop)
@@ -456,7 +478,7 @@ def _activations(r, plan, times, cats, values):
             continue
         items, ratio = p
         redo = phase == "recompute"
-        for k, nbytes, is_out, born_in, is_held, aliased in items:
+        for k, nbytes, is_out, born_in, is_held, aliased, w_made in items:
             key = (k, it, mb, 1)
             if not (redo and is_out and not aliased) and key not in first:
                 key = (k, it, mb, 0)  # the first forward's copy, or one never recomputed
@@ -471,10 +493,14 @@ def _activations(r, plan, times, cats, values):
                 size[key] = nbytes * ratio
                 if is_held:
                     held.append(key)
+                if w_made and is_out:
+                    late[key] = (op_id, it, mb)
             prev = last.get(key, stop)
             last[key] = prev if prev > stop else stop
     for key in held:
         last[key] = max(last[key], ends[(key[1], key[2])])
+    for key, run in late.items():
+        first[key] = latest[run]
     k = CATEGORIES.index("activations")
     for key, t0 in first.items():
         times += [t0, last[key]]
