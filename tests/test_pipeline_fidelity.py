@@ -122,6 +122,20 @@ def test_no_cut_between_the_loss_and_what_it_reads():
     assert run(t, 2, "gpipe").extrapolator.pipe.starts == [0, 3]
 
 
+def test_an_auxiliary_loss_does_not_undo_the_cuts_between_layers():
+    """Eight 1 ms operators: layers.0 the first three, layers.1 the next four, then the
+    loss, which also reads the first operator's output (an auxiliary loss): no cut is left
+    between the loss and what it reads, so the cuts stay between layers (3 | 5 ms), not
+    between any two operators (4 | 4, inside layers.1)."""
+    t = chain_trace(layers=8, t_fwd=1e-3, t_bwd=2e-3, t_opt=0)
+    fwd = [op for op in t.operators if op.phase == "forward"]
+    bwd = {op.fwd_id: op for op in t.operators if op.phase == "backward"}
+    for k, op in enumerate(fwd):
+        op.layer = bwd[op.id].layer = "layers.0" if k < 3 else "layers.1" if k < 7 else "loss"
+    fwd[7].inputs = (*fwd[7].inputs, fwd[0].outputs[0])
+    assert run(t, 2, "gpipe").extrapolator.pipe.starts == [0, 3]
+
+
 @pytest.mark.skipif(not GO_TRACES.exists(), reason="shared/reference traces absent")
 @pytest.mark.parametrize("model", ["vgg13", "resnet50"])
 def test_imported_h100_traces_on_one_stage_and_one_gpu_replicas(model):

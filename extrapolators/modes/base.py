@@ -160,17 +160,25 @@ class Extrapolator:
         cast = fp8_cast_bytes(self.trace, op, target, inputs)
         return t * ratio + cast / g.memory_bandwidth
 
-    def timed(self, op, t: float, mb: int = 0, phase=None):
+    def timed(self, op, t: float, mb: int = 0, phase=None, part: float = 1.0):
         """The task for `op` taking `t` GPU seconds (from `compute`, or a mode that timed
         it itself); where the host model is on, its kernels' gaps added to its GPU time and
-        its host's issue time (the same launches at any batch, TP degree or micro-batch)."""
+        its host's issue time (the same launches at any batch, TP degree or micro-batch).
+        `part`: the share of the op's kernels this task runs (a split backward's B or W:
+        its gaps and issue time that share, each part its own sync)."""
         from extrapolators.execution.tasks import Compute
 
         h = self.host
         if h is None:
             return Compute(op.name, op.layer, phase or op.phase, t, op.id, mb)
-        t += h.gap(op, t)
-        return Compute(op.name, op.layer, phase or op.phase, t, op.id, mb, h.issue(op), h.sync(op))
+        if part == 1.0:
+            t += h.gap(op, t)
+            return Compute(
+                op.name, op.layer, phase or op.phase, t, op.id, mb, h.issue(op), h.sync(op)
+            )
+        t += h.gap(op, t) * part
+        issue = h.issue(op) * part
+        return Compute(op.name, op.layer, phase or op.phase, t, op.id, mb, issue, h.sync(op))
 
     # -- what the memory model needs -----------------------------------------------------
     def op_batch(self) -> float | None:

@@ -231,6 +231,8 @@ class StageCut(Extrapolator):
         framework splits a model between its modules: torchtitan at module names, Megatron
         whole layers a stage), else between any two forward operators."""
         allowed = self._layer_starts(fwd)
+        if len(allowed) < S:  # (a loss that reads an early layer bans too many cuts)
+            allowed = self._layer_starts(fwd, loss=False)
         if len(allowed) < S:
             return balanced_cuts(cost, S, boundary)
         group = np.searchsorted(np.array(allowed), np.arange(len(fwd)), side="right") - 1
@@ -253,19 +255,21 @@ class StageCut(Extrapolator):
             )
         return [0, *(layers[k * len(layers) // S] for k in range(1, S))]
 
-    def _layer_starts(self, fwd, numbered: bool = False) -> list[int]:
+    def _layer_starts(self, fwd, numbered: bool = False, loss: bool = True) -> list[int]:
         """Forward positions where a layer begins: a unit of the model's repeated blocks
         (blocks.block_depth: `layers.3`, `layer1.0`; depth 1 where the trace has none);
         `numbered`: only those named with a number after their first part (not the
         embedding, stem or head: "(model)", "conv1"; not an imported trace's "0"). No cut
         between the loss and what it reads (the heads): a stage would send the logits
-        (DeepSeek-V3's main and MTP heads: 1-2 GB a micro-batch), which no framework does."""
+        (DeepSeek-V3's main and MTP heads: 1-2 GB a micro-batch), which no framework does
+        (`loss=False`: where a loss reading an early layer, an auxiliary loss, would leave
+        too few)."""
         ops = self.trace.operators
         depth = block_depth(self.trace) or 1
         names = [layer_prefix(ops[i], depth) for i in fwd]
         made, banned = {}, set()
         for k, i in enumerate(fwd):
-            if ops[i].layer == "loss":
+            if loss and ops[i].layer == "loss":
                 for t in ops[i].inputs:
                     banned.update(range(made.get(t, k) + 1, k + 1))
             for t in ops[i].outputs:

@@ -8,9 +8,10 @@ weights' gradients later, where the schedule has room.
 ops that have some (absent: all B); `weight_grad_outputs(trace)`: the tensors a split op's W
 part makes (the weights' gradients it passes to the all-W ops), which the memory model
 counts from the W part's start. Read from the trace's autograd structure:
-- a matrix product of a weight (or of a tensor made from weights only, as a cast) and an
-  activation: its backward runs two products of equal FLOPs, the input's gradient and the
-  weight's (dX = dY W, dW = dY^T X): half is W;
+- a matrix product or a convolution of a weight (or of a tensor made from weights only, as
+  a cast) and an activation: its backward runs two products of equal FLOPs, the input's
+  gradient and the weight's (dX = dY W, dW = dY^T X; a convolution's with its filter):
+  half is W;
 - the ops on the weight's side only: the backward of an op whose inputs are all weights or
   made from them (a cast, a transpose of the weight), autograd's `AccumulateGrad` (no
   forward partner), an embedding's backward (its only gradient is the table's), and the
@@ -24,8 +25,11 @@ from __future__ import annotations
 
 from triosim.trace.precision import MATMULS
 
-# products of a weight and an activation (a MoE layer's experts run one batched product)
-PRODUCTS = (*MATMULS, "aten::bmm", "aten::baddbmm")
+# products of a weight and an activation (a MoE layer's experts run one batched product;
+# a convolution's backward computes its input's and its filter's gradients, equal FLOPs)
+PRODUCTS = (*MATMULS, "aten::bmm", "aten::baddbmm", "aten::conv1d", "aten::conv2d")
+PRODUCTS += ("aten::conv3d", "aten::convolution", "aten::_convolution")
+SPLIT = ("mm", "convolution")  # in the name of the backward op that runs both products
 
 
 def weight_grad_shares(trace) -> dict[int, float]:
@@ -64,7 +68,7 @@ def _split(trace) -> tuple[dict[int, float], set[int]]:
         f = op.fwd_id
         if f is None or f in weight_side or f in embeddings:
             shares[op.id] = 1.0
-        elif f in products and "mm" in op.name.lower():
+        elif f in products and any(k in op.name.lower() for k in SPLIT):
             shares[op.id] = 0.5
         elif f in products and any(t in feeds_w for t in op.outputs):
             shares[op.id] = 1.0  # (the weight gradient's transpose)

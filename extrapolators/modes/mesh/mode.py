@@ -4,7 +4,8 @@ e.g. `parallelism: {mode: mesh, pp: 16, dp_shard: 32, tp: 8, schedule: interleav
 
 One plan per dimension, each checked here against the trace before any simulation:
   - PP: the model cut into pp x virtual_stages chunks (the pipeline mode's balanced cut,
-    pipeline.StageCut), chunk k on stage k % pp, each stage's schedule (schedules.py); with
+    pipeline.StageCut), chunk k on the stage the schedule's placement says (schedules.py:
+    k % pp, or DualPipeV's V), each stage's schedule (schedules.py); with
     one stage the schedule is gradient accumulation over `microbatches`;
   - TP: Megatron's roles and collectives on each chunk's operators at the GPU's tokens
     (tensor_parallel.py), over the GPU's TP group;
@@ -314,7 +315,7 @@ class MeshMode(Extrapolator):
                     self.gather_before[p].setdefault(ops[pos].id, []).append(k)
 
     def _cut(self, M: int, stages=None):
-        """The model in pp x v chunks (pipeline.StageCut; chunk k on stage k % pp)."""
+        """The model in pp x v chunks (pipeline.StageCut; chunk k on stage place.stage(k))."""
         mesh, at = self.mesh, self.layout.at
         chunks = mesh.pp * self.v
         chain = [at[(self.place.stage(k), 0, 0, 0, 0)] for k in range(chunks)]

@@ -96,7 +96,7 @@ class ThreeDOptions:
     microbatches: int = option(1, ge=1, help="micro-batches each replica's batch is split into")
     schedule: str = option(
         "1f1b",
-        help="pipeline schedule: gpipe, 1f1b, interleaved (or one "
+        help="pipeline schedule: gpipe, 1f1b, interleaved, zb1p, dualpipev (or one "
         "registered in extrapolators.modes.schedules)",
     )
     virtual_stages: int = option(1, ge=1, help="model chunks per pipeline stage (interleaved)")
@@ -263,8 +263,8 @@ class EPOptions(LoadOptions):
     )
     schedule: str = option(
         "1f1b",
-        help="pp > 1: the pipeline schedule, as mode 3d's (1f1b, gpipe, or interleaved "
-        "with virtual_stages > 1)",
+        help="pp > 1: the pipeline schedule, as mode 3d's (1f1b, gpipe, interleaved with "
+        "virtual_stages > 1, zb1p, dualpipev with virtual_stages 2)",
     )
     virtual_stages: int = option(
         1,

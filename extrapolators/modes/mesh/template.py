@@ -125,7 +125,7 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
         if part == 1.0:
             run.append(timed(op, seconds(op), m, phase))
         elif part > 0.0:
-            run.append(timed(op, seconds(op) * part, m, phase))
+            run.append(timed(op, seconds(op) * part, m, phase, part))
 
     def op_tasks(op, m, again, part=1.0):
         phase = "recompute" if again else None
