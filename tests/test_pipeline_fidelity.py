@@ -102,19 +102,24 @@ def test_one_stage_never_gets_an_extra_cut_from_rounding():
     assert r.iteration_time == pytest.approx(sum(costs), rel=1e-12)
 
 
+def layered_chain(ms, layers):
+    """A chain of len(ms) operators, forward ms[k] ms (backward twice that), in `layers`:
+    (trace, forward ops, backward op of each forward op id)."""
+    t = chain_trace(layers=len(ms), t_fwd=1e-3, t_bwd=2e-3, t_opt=0)
+    fwd = [op for op in t.operators if op.phase == "forward"]
+    bwd = {op.fwd_id: op for op in t.operators if op.phase == "backward"}
+    for op, k, layer in zip(fwd, ms, layers, strict=True):
+        op.time, bwd[op.id].time = k * 1e-3, 2 * k * 1e-3
+        op.layer = bwd[op.id].layer = layer
+    return t, fwd, bwd
+
+
 def test_no_cut_between_the_loss_and_what_it_reads():
     """Four operators in their own layers, forward 1, 1, 1, 3 ms (backward twice that): two
     layers, the head, then the loss reading the head's output. Between layers the best
     two-stage cut is 3 + 3 + 3 | 9 (the loss alone: its stage would receive the logits);
     the loss stays with the head, as every framework runs it: 3 + 3 | 3 + 9."""
-    t = chain_trace(layers=4, t_fwd=1e-3, t_bwd=2e-3, t_opt=0)
-    fwd = [op for op in t.operators if op.phase == "forward"]
-    bwd = {op.fwd_id: op for op in t.operators if op.phase == "backward"}
-    for op, ms, layer in zip(
-        fwd, (1, 1, 1, 3), ("layers.0", "layers.1", "output", "loss"), strict=True
-    ):
-        op.time, bwd[op.id].time = ms * 1e-3, 2 * ms * 1e-3
-        op.layer = bwd[op.id].layer = layer
+    t, fwd, bwd = layered_chain((1, 1, 1, 3), ("layers.0", "layers.1", "output", "loss"))
     r = run(t, 2, "gpipe")
     assert r.extrapolator.pipe.starts == [0, 2]
     assert r.iteration_time == pytest.approx((2 + 4 + 8 + 4) * 1e-3, rel=1e-9)
@@ -177,14 +182,9 @@ def test_balanced_cuts_fall_between_layers_as_frameworks_split_models():
     two-stage cut is 1 + 1 + 3 | 3 (15 | 9 ms with backward); between layers it is 1 + 1 |
     3 + 3 (6 | 18 ms), where torchtitan's split points and Megatron's layers per stage cut.
     With one operator a layer (layer0 .. layer3) the first cut is back."""
-    t = chain_trace(layers=4, t_fwd=1e-3, t_bwd=2e-3, t_opt=0)
-    fwd = [op for op in t.operators if op.phase == "forward"]
-    bwd = {op.fwd_id: op for op in t.operators if op.phase == "backward"}
-    for op, ms, layer in zip(
-        fwd, (1, 1, 3, 3), ("layers.0.a", "layers.0.b", "layers.1.a", "layers.1.b"), strict=True
-    ):
-        op.time, bwd[op.id].time = ms * 1e-3, 2 * ms * 1e-3
-        op.layer = bwd[op.id].layer = layer
+    t, fwd, bwd = layered_chain(
+        (1, 1, 3, 3), ("layers.0.a", "layers.0.b", "layers.1.a", "layers.1.b")
+    )
     r = run(t, 2, "gpipe")
     assert r.extrapolator.pipe.starts == [0, 2]
     assert r.iteration_time == pytest.approx((2 + 6 + 12 + 4) * 1e-3, rel=1e-9)
