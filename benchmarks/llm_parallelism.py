@@ -114,7 +114,8 @@ RUNS = [
         # at 120 (DualPipe's is smaller still)
         steps=32,
         batch=64 * 32,
-        # published: ZeRO-1 data parallelism, PP 16 (DualPipe: not modelled, 1F1B here)
+        # published: ZeRO-1 data parallelism, PP 16 (DualPipe; here 1F1B: published_runs.py
+        # runs the report on DualPipeV)
         parallelism={"pp": 16, "schedule": "1f1b", "distributed_optimizer": True},
         nvlink=200e9,
         published="1543 tokens/s/GPU (tech report: 180K H800 h per 1T tokens; FP8, PP 16)",
