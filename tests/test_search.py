@@ -52,6 +52,7 @@ def test_candidates_cover_every_family():
         "hsdp 2 x 2",
         "fsdp 2 x pp 2 (1f1b, 4 mb)",
         "fsdp 2 x pp 2 (interleaved, 4 mb, full recompute)",
+        "fsdp 2 x pp 2 (zb1p, 4 mb)",
     ):
         assert want in labels
     mesh = {"mode": "mesh", "pp": 2, "dp_replicate": 1, "dp_shard": 2, "cp": 1, "tp": 2}

@@ -16,7 +16,8 @@ parallel); tensor x context parallelism (tp x cp, both above 1,
 both ways, with sequence parallelism and the distributed optimizer; the rest
 data-parallel), and 3D grids with a CP degree (cp and pp above 1, 1F1B, ring attention; with and without
 Megatron's distributed optimizer), and on the device mesh FSDP2 composed with the rest as
-torchtitan runs it (FSDP x TP, x PP, x CP, HSDP; each without and with full recomputation)
+torchtitan runs it (FSDP x TP, x PP with 1F1B, interleaved or zb1p, x CP, HSDP; each without
+and with full recomputation)
 and expert parallelism where only the mesh writes it (FSDP x EP x PP, CP x EP).
 A candidate whose plan the trace does not allow (a TP degree that does not
 divide a layer, a batch that does not split) is skipped with its reason; one whose weights,
@@ -140,8 +141,9 @@ def candidates(n: int, batch: int) -> list[tuple[str, dict]]:
 def _mesh_candidates(n: int, batch: int) -> list[tuple[str, dict]]:
     """FSDP2 composed with the other dimensions on the mesh, torchtitan's layouts: every
     factorisation pp x dp_replicate x dp_shard x cp x tp of n with dp_shard > 1 and pp, tp
-    or dp_replicate above 1 (FSDP alone, and CP with FSDP alone, are candidates above), 1F1B
-    and interleaved (2 chunks a stage) over 2 x pp micro-batches with pipeline stages,
+    or dp_replicate above 1 (FSDP alone, and CP with FSDP alone, are candidates above), 1F1B,
+    interleaved (2 chunks a stage) and zero-bubble 1F1B (zb1p) over 2 x pp micro-batches
+    with pipeline stages,
     sequence parallel with TP; each without and with full recomputation per block."""
     out = []
     for pp, tp, cp, rep in itertools.product(_divisors(n), repeat=4):
@@ -160,7 +162,7 @@ def _mesh_candidates(n: int, batch: int) -> list[tuple[str, dict]]:
         par.update(cp=cp, tp=tp, microbatches=m, sequence_parallel=tp > 1)
         schedules = [("1f1b", 1)]
         if pp > 1:
-            schedules.append(("interleaved", 2))
+            schedules += [("interleaved", 2), ("zb1p", 1)]
         for sched, v in schedules:
             for recompute in ("none", "full"):
                 label = " x ".join(dims)
