@@ -48,6 +48,7 @@ from tracer.llama import (
     MixedPrecision,
     RMSNorm,
     SwiGLU,
+    _llama_loss,
     add_rope_tables,
     rotary,
 )
@@ -232,10 +233,8 @@ MTP_WEIGHT = 0.3  # the report's lambda for the MTP losses (its first 10T tokens
 def mtp_loss(out, target):
     """The main cross-entropy (in float32, as the Llama models') plus MTP_WEIGHT x the mean
     of the MTP modules' (module k predicts the token k ahead of the main target)."""
-    if not isinstance(out, tuple):
-        return F.cross_entropy(out.flatten(0, 1).float(), target.flatten(0, 1))
     main, *extra = out
-    loss = F.cross_entropy(main.flatten(0, 1).float(), target.flatten(0, 1))
+    loss = _llama_loss(main, target)
     ahead = [
         F.cross_entropy(o.flatten(0, 1).float(), torch.roll(target, -k, 1).flatten(0, 1))
         for k, o in enumerate(extra, start=1)

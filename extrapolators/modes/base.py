@@ -171,12 +171,7 @@ class Extrapolator:
         h = self.host
         if h is None:
             return Compute(op.name, op.layer, phase or op.phase, t, op.id, mb)
-        if part == 1.0:
-            t += h.gap(op, t)
-            return Compute(
-                op.name, op.layer, phase or op.phase, t, op.id, mb, h.issue(op), h.sync(op)
-            )
-        t += h.gap(op, t) * part
+        t += h.gap(op, t) * part  # (x 1.0: the same double)
         issue = h.issue(op) * part
         return Compute(op.name, op.layer, phase or op.phase, t, op.id, mb, issue, h.sync(op))
 

@@ -28,13 +28,17 @@ PLACEMENTS: dict[str, str] = {}  # schedule name -> "loop" or "v"
 PAIRS: dict[str, Callable] = {}  # schedule name -> (s, S, M, v) -> indices k: k, k+1 a pair
 
 
-def register_schedule(name: str, placement: str = "loop"):
+def register_schedule(name: str, placement: str = "loop", pairs: Callable | None = None):
+    """Register a schedule under `name`, its chunks placed by `placement` and, where it
+    runs overlapped forward-backward pairs of its own, `pairs` naming them (`overlapped`)."""
     if placement not in ("loop", "v"):
         raise ValueError(f"placement {placement!r}: 'loop' or 'v'")
 
     def deco(fn):
         SCHEDULES[name] = fn
         PLACEMENTS[name] = placement
+        if pairs is not None:
+            PAIRS[name] = pairs
         return fn
 
     return deco
@@ -230,7 +234,7 @@ def _dualpipev(s: int, S: int, M: int, v: int) -> tuple[list[Step], set[int]]:
     return seq, pairs
 
 
-@register_schedule("dualpipev", placement="v")
+@register_schedule("dualpipev", placement="v", pairs=lambda s, S, M, v: _dualpipev(s, S, M, v)[1])
 def dualpipev(s: int, S: int, M: int, v: int) -> list[Step]:
     """DeepSeek's DualPipeV (the V-shaped half of DualPipe, as torch.distributed.pipelining's
     ScheduleDualPipeV): two chunks a stage placed in a V, micro-batches from the first stage
@@ -288,6 +292,3 @@ def zero_bubble(s: int, S: int, M: int, v: int) -> list[Step]:
     for j in backs[weights:]:
         step("W", j)
     return seq
-
-
-PAIRS["dualpipev"] = lambda s, S, M, v: _dualpipev(s, S, M, v)[1]

@@ -36,6 +36,7 @@ import pandas as pd
 
 from triosim.common.errors import ConfigError
 from triosim.common.schema import option
+from triosim.trace.model import BATCH_SCALED
 
 CATEGORIES = ("weights", "gradients", "optimizer_states", "activations", "buffers")
 STATE_FACTOR = {"sgd": 0, "momentum": 1, "adam": 2, "adamw": 2}
@@ -395,8 +396,7 @@ def activation_plan(trace, extrapolator, fused: bool = False) -> dict:
     kept = {
         ("s", x.storage, x.dtype)
         for x in tensors.values()
-        if x.storage is not None
-        and x.category in ("weight", "gradient", "optimizer_state", "buffer")
+        if x.storage is not None and x.category not in BATCH_SCALED
     }
     scaled = {t for t in scaled if key(t) not in kept}
 
@@ -468,7 +468,6 @@ def _activations(r, plan, times, cats, values):
     )
     for op_id, start, stop, it, mb, phase in rows:
         started.setdefault((op_id, it, mb), start)
-        latest[op_id, it, mb] = start
         if phase == "recompute":
             again.setdefault((op_id, it, mb), start)
         prev_end = ends.get((it, mb), stop)
@@ -495,6 +494,8 @@ def _activations(r, plan, times, cats, values):
                     held.append(key)
                 if w_made and is_out:
                     late[key] = (op_id, it, mb)
+            if w_made and is_out:  # (only a split op's rows: not every row's)
+                latest[op_id, it, mb] = start
             prev = last.get(key, stop)
             last[key] = prev if prev > stop else stop
     for key in held:

@@ -122,9 +122,7 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
     def compute(op, m, phase, part):
         """The op's compute task, `part` of its time (a split backward's B: what is not
         W), or none where nothing is left."""
-        if part == 1.0:
-            run.append(timed(op, seconds(op), m, phase))
-        elif part > 0.0:
+        if part > 0.0:  # (x 1.0: the same double)
             run.append(timed(op, seconds(op) * part, m, phase, part))
 
     def op_tasks(op, m, again, part=1.0):
