@@ -42,6 +42,8 @@ class FastEngine:
     `_log`).
     """
 
+    small_table = 64  # tables of up to this many flows checked in plain Python (`_done`)
+
     def __init__(self, net) -> None:
         self.net, self.env = net, net.env
         self.table = FlowTable(net.capacity)
@@ -168,6 +170,18 @@ class FastEngine:
         """Which flows `sel` are done: (almost) no bytes left, no links, or less time left
         than the clock resolves."""
         t = self.table
+        if len(t.rem) <= self.small_table:  # a few flows: plain Python, the same comparisons
+            rem, rate, nb, nh = t.rem.tolist(), t.rate.tolist(), t.nb.tolist(), t.nh.tolist()
+            rows = range(len(rem)) if isinstance(sel, slice) else sel.tolist()
+            return np.array(
+                [
+                    rem[i] <= _REL_TOL * nb[i]
+                    or nh[i] == 0
+                    or (rate[i] > 0 and rem[i] <= rate[i] * tick)
+                    for i in rows
+                ],
+                bool,
+            )
         rem, rate = t.rem[sel], t.rate[sel]
         return (
             (rem <= _REL_TOL * t.nb[sel]) | (t.nh[sel] == 0) | ((rate > 0) & (rem <= rate * tick))

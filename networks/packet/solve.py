@@ -13,6 +13,8 @@ re-solves only the flows above the level a change can reach.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from networks.maxmin import max_min_rates
@@ -262,6 +264,10 @@ class ComponentSolve:
         link is locally minimal unless one of its flows has a tighter one (infinite links
         take no part); a flow freezes at its tightest share if one of its links is."""
         t = self.table
+        if len(idx) <= self.small_flows:
+            one = self._round_one_small(idx, links)
+            if one is not False:
+                return one
         maxr = t.maxr[idx]
         nh = t.nh[idx]
         share = self.capacity[links] / t.occ[links]  # inf on infinite links
@@ -281,6 +287,38 @@ class ComponentSolve:
             return None
         return tight, bool(capped.all())
 
+    def _round_one_small(self, idx: np.ndarray, links: np.ndarray):
+        """`_round_one` of a few flows in plain Python: the same float operations (each
+        share one division, each tight share a least value), element by element; False
+        where a flow has no link (numpy's way then)."""
+        t = self.table
+        nh = t.nh[idx].tolist()
+        if 0 in nh:
+            return False
+        share = (self.capacity[links] / t.occ[links]).tolist()
+        ls, fin = links.tolist(), self.finite[links].tolist()
+        maxr = t.maxr[idx].tolist()
+        tight, e = [], 0
+        for h, cap in zip(nh, maxr, strict=True):
+            least = min(share[e : e + h])
+            tight.append(cap if cap < least else least)
+            e += h
+        if not all(map(math.isfinite, tight)):
+            return None
+        beaten, e = set(), 0  # links not locally minimal
+        for f, h in zip(tight, nh, strict=True):
+            for j in range(e, e + h):
+                if fin[j] and f < share[j]:
+                    beaten.add(ls[j])
+            e += h
+        capped = [f == cap for f, cap in zip(tight, maxr, strict=True)]
+        e = 0
+        for c, h in zip(capped, nh, strict=True):
+            if not c and not any(fin[j] and ls[j] not in beaten for j in range(e, e + h)):
+                return None
+            e += h
+        return np.array(tight), all(capped)
+
     def _dirty(self, gone: np.ndarray, new: int) -> tuple[np.ndarray, np.ndarray]:
         """The flows whose rates may have changed: those sharing a label with a departed
         flow (`gone`: their labels) or with a flow on a finite link of a new flow, and
@@ -293,6 +331,11 @@ class ComponentSolve:
         if new:
             tail = t.flat[len(t.flat) - int(t.nh[n - new :].sum()) :]
             labels.append(self.llab[tail[self.finite[tail]]])
+        if n <= self.small_table:  # (the same sets in plain Python)
+            ch = {x for part in labels for x in part.tolist() if x >= 0}
+            dirty = [x in ch for x in t.flab.tolist()]
+            dirty[n - new :] = [True] * new
+            return np.array(dirty, bool), np.array(sorted(ch), np.int64)
         changed = np.unique(np.concatenate(labels))
         changed = changed[changed >= 0]
         if len(changed) == 1:
@@ -314,6 +357,9 @@ class ComponentSolve:
         re-solves a part small enough)."""
         t = self.table
         k, base = len(idx), self.labels
+        if 1 < k <= self.small_flows:
+            self._relabel_small(idx, links)
+            return
         fin = self.finite[links]
         lab = None
         if 1 < k and len(links) <= self.relabel_entries:
@@ -339,6 +385,44 @@ class ComponentSolve:
         t.flab[idx] = base + flab.reshape(-1)
         self.llab[uniq] = base + np.searchsorted(roots, on_link)
         self.labels += len(roots)
+
+    # components of up to this many flows are solved and labelled in plain Python, tables
+    # of up to small_table flows scanned so (numpy's per-call cost exceeds their work)
+    small_flows = 32
+    small_table = 64
+
+    def _relabel_small(self, idx: np.ndarray, links: np.ndarray) -> None:
+        """`_relabel` of a few flows (2 to `small_flows`) without numpy's per-call costs (a
+        tensor-parallel collective's handful of flows is most of a symmetric LLM run's
+        solves): the same components, numbered the same way (by their least flow, from
+        `labels` on), each flow joined to the first flow seen on each of its finite links."""
+        t, finite, llab = self.table, self.finite, self.llab
+        k, base = len(idx), self.labels
+        parent = list(range(k))
+
+        def root(i):
+            while parent[i] != i:
+                parent[i] = i = parent[parent[i]]
+            return i
+
+        first: dict = {}  # finite link -> the first flow on it
+        e = 0
+        ls = links.tolist()
+        for i, h in enumerate(t.nh[idx].tolist()):
+            for link in ls[e : e + h]:
+                if finite[link]:
+                    j = first.setdefault(link, i)
+                    if j != i:
+                        a, b = root(i), root(j)
+                        if a != b:  # the least flow is the root
+                            parent[max(a, b)] = min(a, b)
+            e += h
+        roots = [root(i) for i in range(k)]
+        number = {r: n for n, r in enumerate(sorted(set(roots)))}
+        t.flab[idx] = [base + number[r] for r in roots]
+        for link, i in first.items():
+            llab[link] = base + number[roots[i]]
+        self.labels += len(number)
 
     def renumber(self, links: np.ndarray):
         """np.unique(links, return_inverse=True): the distinct links in order and each
@@ -379,6 +463,27 @@ class ComponentSolve:
         cols = np.repeat(np.arange(len(idx)), ext)
         return max_min_rates(rows, cols, len(idx), capacity)
 
+    def _update_loads_small(self, touched: np.ndarray) -> None:
+        """`update_loads` over a few flows in plain Python: each touched link's load summed
+        from 0.0 over its flows in table order (bincount's sums), the peak from the same
+        quotients."""
+        t = self.table
+        load = dict.fromkeys(touched.tolist(), 0.0)
+        ls, e = t.flat.tolist(), 0
+        for r, h in zip(t.rate.tolist(), t.nh.tolist(), strict=True):
+            for link in ls[e : e + h]:
+                if link in load:
+                    load[link] += r
+            e += h
+        self.load[touched] = list(load.values())
+        self.busy = None
+        if self.nan_util:
+            return
+        fin = touched[self.finite[touched]]
+        if len(fin):
+            util = float((self.load[fin] / self.capacity[fin]).max())
+            self.net.max_utilisation = max(self.net.max_utilisation, util)
+
     def update_loads(self, touched: np.ndarray) -> None:
         """Recompute the load of the links `touched` (the flows on each summed in table
         order, as link_loads sums them) and the peak utilisation: the other links carry
@@ -386,8 +491,12 @@ class ComponentSolve:
         and their utilisation already counted."""
         t = self.table
         n_links, n_entries = len(self.capacity), len(t.flat)
+        many = len(touched) == n_links or (4 * len(touched) > n_entries and n_links < 3 * n_entries)
+        if not many and len(t.rem) <= self.small_table:
+            self._update_loads_small(touched)
+            return
         rate_e = np.repeat(t.rate, t.nh)
-        if len(touched) == n_links or (4 * len(touched) > n_entries and n_links < 3 * n_entries):
+        if many:
             # many links: all of them at once is cheaper (the same sums for the others)
             self.load = np.bincount(t.flat, weights=rate_e, minlength=n_links)
         else:

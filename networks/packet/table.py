@@ -9,6 +9,8 @@ the change log.
 
 from __future__ import annotations
 
+from itertools import accumulate
+
 import numpy as np
 
 from networks.groups import Group
@@ -120,6 +122,14 @@ class FlowTable:
         flow's first entry from the running sum of hops (`ends`: its value at `flows`,
         if known), then one repeat over these flows only (repeating a mask over the whole
         table costs ~7 ns a flow: 0.35 ms at 50,000 flows, per call)."""
+        if len(flows) <= self.small_flows and len(self.nh) <= self.small_rows:  # plain Python
+            hops = self.nh.tolist()
+            at = list(accumulate(hops)) if ends is None else None
+            out: list = []
+            for j, f in enumerate(flows.tolist()):
+                end = at[f] if ends is None else int(ends[j])
+                out.extend(range(end - hops[f], end))
+            return np.array(out, np.int64)
         nh = self.nh[flows]
         first = (np.cumsum(self.nh)[flows] if ends is None else ends) - nh
         if len(flows) == 1:
@@ -164,6 +174,9 @@ class FlowTable:
             self._compact(name, first, idx[first:])
 
     SLIDE_MAX = 16  # flows removed from which the table is compacted by one gather
+    # `entries` of up to small_flows flows in a table of up to small_rows in plain Python
+    # (numpy's per-call cost exceeds the work there; tests set them to 0 to compare)
+    small_flows, small_rows = 8, 64
 
     def _slide(self, name: str, lo: list, hi: list, length: int) -> None:
         """Remove rows [lo[j], hi[j]) (ascending, disjoint) from column `name` of `length`

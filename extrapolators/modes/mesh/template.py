@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from extrapolators.execution.tasks import ComputeRun
+from extrapolators.execution.tasks import Compute, ComputeRun
 from extrapolators.modes.mesh.moe_tp import moe_block_of
 from extrapolators.modes.schedules import split_steps
 from triosim.trace.precision import MATMULS
@@ -119,11 +119,18 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
             t = secs[op.id] = mode.op_seconds(op, split, whole, 1.0, ep_rank)
         return t
 
+    made: dict = {}  # (op id, part) -> its task at micro-batch 0 (the same at every one)
+
     def compute(op, m, phase, part):
         """The op's compute task, `part` of its time (a split backward's B: what is not
         W), or none where nothing is left."""
         if part > 0.0:  # (x 1.0: the same double)
-            run.append(timed(op, seconds(op) * part, m, phase, part))
+            c = made.get((op.id, part))
+            if c is None:
+                c = made[op.id, part] = timed(op, seconds(op) * part, 0, None, part)
+            run.append(
+                Compute(c.name, c.layer, phase or c.phase, c.duration, c.op_id, m, c.host, c.sync)
+            )
 
     def op_tasks(op, m, again, part=1.0):
         phase = "recompute" if again else None
