@@ -899,3 +899,57 @@ def test_extra_rings_from_the_groups_links_are_those_of_the_edge_scan(seed):
         s = System(g, group)
         first = list(s.order)
         assert s._extra_rings(first) == _extra_rings_by_scan(s, first), (seed, group)
+
+
+def _net_bound_both_ways(g, seed: int) -> None:
+    """RouteGraph.net_bound with the neighbour rule (a few neighbours: 1 + their least
+    count) equals each component's own search (`NEIGHBOUR_RULE` 0), on every pair of
+    components and on random (a, b) arrays with repeats."""
+    from networks.routing.graph import RouteGraph
+
+    rng = np.random.default_rng(seed)
+    n = int(RouteGraph(g).local.max()) + 1
+    a = np.repeat(np.arange(n), n)
+    b = np.tile(np.arange(n), n)
+    extra = rng.integers(0, n, (2, 50))
+    a, b = np.concatenate([a, extra[0]]), np.concatenate([b, extra[1]])
+    rule, plain = RouteGraph(g), RouteGraph(g)
+    plain.NEIGHBOUR_RULE = 0
+    got, want = rule.net_bound(a, b), plain.net_bound(a, b)
+    assert np.array_equal(got, want), np.flatnonzero(got != want)
+    assert len(plain._comp_hops) >= len(rule._comp_hops)  # (no more searches than before)
+
+
+@pytest.mark.parametrize("name", list(builders()))
+def test_net_bound_via_neighbours_is_each_components_search(name):
+    _net_bound_both_ways(builders()[name], 0)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31))
+def test_net_bound_via_neighbours_on_random_graphs(seed):
+    _net_bound_both_ways(random_graph(seed), seed)
+
+
+def test_net_bound_neighbour_rule_without_the_own_component_fails(monkeypatch):
+    """The rule needs its 0 to the component itself: without it a server's bound to its
+    own GPUs would be 2 network links (out and back), and the check above says so."""
+    from networks.routing.graph import RouteGraph
+
+    real = RouteGraph._comp_hops_to
+
+    def no_zero(self, c, targets):
+        out = real(self, c, targets)
+        if self.NEIGHBOUR_RULE and self._comp_hops.get(c) is None:
+            out = out.copy()
+            g = self._comp_graph
+            nbrs = g.indices[g.indptr[c] : g.indptr[c + 1]]
+            nbrs = nbrs[nbrs != c]
+            if 0 < len(nbrs) <= self.NEIGHBOUR_RULE:
+                own = targets == c
+                out[own] = 1.0 + min(self._comp_search(w)[c] for w in nbrs.tolist())
+        return out
+
+    monkeypatch.setattr(RouteGraph, "_comp_hops_to", no_zero)
+    with pytest.raises(AssertionError):
+        _net_bound_both_ways(builders()["multi-node rail"], 0)

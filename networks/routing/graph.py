@@ -141,6 +141,38 @@ class RouteGraph:
         self.out_deg = out_deg
         self._pendants(u, v, out_deg)
 
+    NEIGHBOUR_RULE = 16  # components with at most this many neighbours: via theirs
+
+    def _comp_hops_to(self, c: int, targets: np.ndarray) -> np.ndarray:
+        """Fewest network links from component c to each of `targets`. A component with a
+        few neighbours (a server: its rail leaves) is 1 + the least of its neighbours'
+        counts (0 to itself), from their searches, kept: one search per leaf instead of
+        one per server (at 131,072 GPUs on the rail cluster, 16,384 servers' searches
+        were 30 % of a symmetric 3D run). The same integers as its own search."""
+        g = self._comp_graph
+        hops = self._comp_hops.get(c)
+        if hops is not None:
+            return hops[targets]
+        nbrs = g.indices[g.indptr[c] : g.indptr[c + 1]]
+        nbrs = nbrs[nbrs != c]
+        if not 0 < len(nbrs) <= self.NEIGHBOUR_RULE:
+            return self._comp_search(c)[targets]
+        out = np.full(len(targets), np.inf)
+        for w in nbrs.tolist():
+            np.minimum(out, self._comp_search(w)[targets], out=out)
+        out += 1.0
+        out[targets == c] = 0.0
+        return out
+
+    def _comp_search(self, c: int) -> np.ndarray:
+        """Fewest network links from component c to every component (a search, kept)."""
+        hops = self._comp_hops.get(c)
+        if hops is None:
+            from scipy.sparse.csgraph import dijkstra
+
+            hops = self._comp_hops[c] = dijkstra(self._comp_graph, indices=c, unweighted=True)
+        return hops
+
     def _pendants(self, u, v, out_deg) -> None:
         """Pendant nodes: one link out and one in, both with the same neighbour that is not
         itself pendant (a GPU on a leaf switch). No shortest path passes through one (it
@@ -208,18 +240,15 @@ class RouteGraph:
             net = np.flatnonzero(self.net_link)
             n = int(self.local.max()) + 1 if len(self.local) else 0
             cu, cv = self.local[self.u[net]], self.local[self.v[net]]
-            self._comp_graph = csr_matrix((np.ones(len(net)), (cu, cv)), shape=(n, n))
+            g = csr_matrix((np.ones(len(net)), (cu, cv)), shape=(n, n))
+            g.sum_duplicates()  # (sorted, distinct neighbours per row)
+            self._comp_graph = g
             self._net_w = float(self.weight[net].min()) if len(net) else 0.0
             self._comp_hops: dict = {}
         out = np.empty(len(a))
         for c in np.unique(a).tolist():
-            hops = self._comp_hops.get(c)
-            if hops is None:
-                from scipy.sparse.csgraph import dijkstra
-
-                hops = self._comp_hops[c] = dijkstra(self._comp_graph, indices=c, unweighted=True)
             on = a == c
-            out[on] = hops[b[on]]
+            out[on] = self._comp_hops_to(c, b[on])
         bound = np.full(len(out), np.inf)  # no path at all
         fin = np.isfinite(out)
         bound[fin] = out[fin] * self._net_w
