@@ -454,59 +454,67 @@ def _activations(r, plan, times, cats, values):
     backward reads the recomputed one; one a recomputed op saved inside itself is born
     with the recomputation. A weight's gradient a split backward makes (`late`) is born
     with the op's last run (its W part), not its first (its B part)."""
-    first: dict = {}
-    last: dict = {}
-    size: dict = {}
+    # (tensor key, iteration, micro-batch) -> [its first forward's copy, its recomputed
+    # copy], each a record [first instant, last instant, bytes] or None; `order`: the
+    # records as made (the curve adds them in that order: equal instants sum in it)
+    slots: dict = {}
+    order: list = []
     started: dict = {}  # (op id, iteration, micro-batch) -> start
     again: dict = {}  # the same, of the op's recomputation
     ends: dict = {}  # (iteration, micro-batch) -> end of its last op
-    held: list = []
-    late: dict = {}  # key -> (op id, iteration, micro-batch) of the split op that makes it
+    held: list = []  # (record, (iteration, micro-batch)) of the held model output
+    late: list = []  # (record, (op id, iteration, micro-batch) of the split op making it)
     latest: dict = {}  # (op id, iteration, micro-batch) -> the start of its last run
     rows = zip(
         r["op_id"], r["start"], r["end"], r["iteration"], r["microbatch"], r["phase"], strict=True
     )
     for op_id, start, stop, it, mb, phase in rows:
-        started.setdefault((op_id, it, mb), start)
-        if phase == "recompute":
-            again.setdefault((op_id, it, mb), start)
-        prev_end = ends.get((it, mb), stop)
-        ends[(it, mb)] = prev_end if prev_end > stop else stop
+        run = (op_id, it, mb)
+        if run not in started:
+            started[run] = start
+        redo = phase == "recompute"
+        if redo and run not in again:
+            again[run] = start
+        im = (it, mb)
+        prev_end = ends.get(im, stop)
+        ends[im] = prev_end if prev_end > stop else stop
         p = plan.get(op_id)
         if p is None:
             continue
         items, ratio = p
-        redo = phase == "recompute"
         for k, nbytes, is_out, born_in, is_held, aliased, w_made in items:
-            key = (k, it, mb, 1)
-            if not (redo and is_out and not aliased) and key not in first:
-                key = (k, it, mb, 0)  # the first forward's copy, or one never recomputed
-            if key not in first:
+            slot = slots.get((k, it, mb))
+            if slot is None:
+                slot = slots[k, it, mb] = [None, None]
+            # the recomputed copy: where this op makes it, or once it exists
+            c = 1 if (redo and is_out and not aliased) or slot[1] is not None else 0
+            rec = slot[c]
+            if rec is None:
                 t0 = start
                 if born_in is not None and not is_out:
                     # what autograd saved inside a recomputed op is saved by its
                     # recomputation (the first forward ran without saving)
                     b = (born_in, it, mb)
                     t0 = again.get(b, started.get(b, start))
-                first[key] = t0
-                size[key] = nbytes * ratio
+                rec = slot[c] = [t0, stop, nbytes * ratio]
+                order.append(rec)
                 if is_held:
-                    held.append(key)
+                    held.append((rec, im))
                 if w_made and is_out:
-                    late[key] = (op_id, it, mb)
+                    late.append((rec, run))
+            elif stop > rec[1]:
+                rec[1] = stop
             if w_made and is_out:  # (only a split op's rows: not every row's)
-                latest[op_id, it, mb] = start
-            prev = last.get(key, stop)
-            last[key] = prev if prev > stop else stop
-    for key in held:
-        last[key] = max(last[key], ends[(key[1], key[2])])
-    for key, run in late.items():
-        first[key] = latest[run]
+                latest[run] = start
+    for rec, im in held:
+        rec[1] = max(rec[1], ends[im])
+    for rec, run in late:
+        rec[0] = latest[run]
     k = CATEGORIES.index("activations")
-    for key, t0 in first.items():
-        times += [t0, last[key]]
+    for t0, t1, nbytes in order:
+        times += [t0, t1]
         cats += [k, k]
-        values += [size[key], -size[key]]
+        values += [nbytes, -nbytes]
 
 
 def _gradients(r, grad_bytes, total, times, cats, values):
