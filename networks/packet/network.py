@@ -72,6 +72,9 @@ class _Batch:
     # each one's kept flow (an index into srcs); None: the batch is its transfers
     full: tuple | None = None
     expand: np.ndarray | None = None
+    # by orbits: the full group's bytes less the kept flows' (float sums, made once: a
+    # start and a landing add them to the network's counters)
+    extra_bytes: float = 0.0
 
     def __len__(self) -> int:
         return len(self.srcs)
@@ -284,7 +287,8 @@ class PacketSwitchNetwork(Network):
 
     def batch_of(self, srcs, dsts, nb, maxr, flat, nh, lat, full=None, expand=None) -> _Batch:
         """A batch of routed transfers (`flat`: their links, `nh` per transfer)."""
-        return _Batch(self, srcs, dsts, nb, maxr, flat, nh, lat, False, full, expand)
+        extra = 0.0 if full is None else float(np.sum(full[2])) - float(np.sum(nb))
+        return _Batch(self, srcs, dsts, nb, maxr, flat, nh, lat, False, full, expand, extra)
 
     def ring(self, group, chunk: float, steps: int, tag: str = "") -> simpy.Event:
         """Network's ring; the fast engine runs it as a reserved job where its links are

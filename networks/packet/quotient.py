@@ -196,7 +196,7 @@ class Quotient:
         done = env.event()
         full = Group(*b.full, env.now, tag, None, done)
         kept = Group(b.srcs, b.dsts, b.nb, b.maxr, env.now, tag, None, None)
-        kept.done = _Landed(self, kept, full, b.expand)  # at once, as the full group's done
+        kept.done = _Landed(self, kept, full, b)  # at once, as the full group's done
         self._start(b, kept, full)
         return done
 
@@ -226,7 +226,7 @@ class Quotient:
         net = self.net
         net._engine.start(kept, b.flat, b.nh, b.lat)
         net._log[-1] = full
-        net.bytes_sent += float(np.sum(full.nb)) - float(np.sum(kept.nb))
+        net.bytes_sent += b.extra_bytes  # (full.nb's sum less kept.nb's)
         net.in_flight += len(full.nb) - len(kept.nb)
 
     def _landed(self, full_nb, kept_nb, extra: int) -> None:
@@ -250,15 +250,17 @@ class _Landed:
     """The kept group's `done`: when its last flow lands (Landing calls `succeed`), the full
     group's ends, counters and done event, at once (no event step between)."""
 
-    __slots__ = ("q", "kept", "full", "expand")
+    __slots__ = ("q", "kept", "full", "batch")
 
-    def __init__(self, q, kept, full, expand):
-        self.q, self.kept, self.full, self.expand = q, kept, full, expand
+    def __init__(self, q, kept, full, batch):
+        self.q, self.kept, self.full, self.batch = q, kept, full, batch
 
     def succeed(self, _records=None) -> None:
-        full, kept = self.full, self.kept
-        full.ends[:] = kept.ends[self.expand]
-        self.q._landed(full.nb, kept.nb, len(full.nb) - len(kept.nb))
+        full, kept, b = self.full, self.kept, self.batch
+        full.ends[:] = kept.ends[b.expand]
+        net = self.q.net  # (Quotient._landed of the whole group: its sums made once)
+        net.bytes_delivered += b.extra_bytes
+        net.in_flight -= len(full.nb) - len(kept.nb)
         full.done.succeed(Records(full))
 
 
