@@ -172,7 +172,7 @@ class FastEngine:
         t = self.table
         if len(t.rem) <= self.small_table:  # a few flows: plain Python, the same comparisons
             rem, rate, nb, nh = t.rem.tolist(), t.rate.tolist(), t.nb.tolist(), t.nh.tolist()
-            rows = range(len(rem)) if isinstance(sel, slice) else sel.tolist()
+            rows = range(len(rem))[sel] if isinstance(sel, slice) else sel.tolist()
             return np.array(
                 [
                     rem[i] <= _REL_TOL * nb[i]

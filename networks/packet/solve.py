@@ -357,7 +357,7 @@ class ComponentSolve:
         re-solves a part small enough)."""
         t = self.table
         k, base = len(idx), self.labels
-        if 1 < k <= self.small_flows:
+        if 1 < k <= self.small_flows and len(links) <= self.relabel_entries:
             self._relabel_small(idx, links)
             return
         fin = self.finite[links]
@@ -475,7 +475,7 @@ class ComponentSolve:
                 if link in load:
                     load[link] += r
             e += h
-        self.load[touched] = list(load.values())
+        self.load[list(load)] = list(load.values())  # (touched's repeats once)
         self.busy = None
         if self.nan_util:
             return

@@ -502,8 +502,8 @@ def _activations(r, plan, times, cats, values):
                     held.append((rec, im))
                 if w_made and is_out:
                     late.append((rec, run))
-            elif stop > rec[1]:
-                rec[1] = stop
+            else:
+                rec[1] = rec[1] if rec[1] > stop else stop  # (a tie keeps `stop`, as before)
             if w_made and is_out:  # (only a split op's rows: not every row's)
                 latest[run] = start
     for rec, im in held:
