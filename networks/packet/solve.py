@@ -464,9 +464,8 @@ class ComponentSolve:
         return max_min_rates(rows, cols, len(idx), capacity)
 
     def _update_loads_small(self, touched: np.ndarray) -> None:
-        """`update_loads` over a few flows in plain Python: each touched link's load summed
-        from 0.0 over its flows in table order (bincount's sums), the peak from the same
-        quotients."""
+        """`update_loads`' sums over a few flows in plain Python: each touched link's load
+        summed from 0.0 over its flows in table order (bincount's sums)."""
         t = self.table
         load = dict.fromkeys(touched.tolist(), 0.0)
         ls, e = t.flat.tolist(), 0
@@ -476,13 +475,6 @@ class ComponentSolve:
                     load[link] += r
             e += h
         self.load[list(load)] = list(load.values())  # (touched's repeats once)
-        self.busy = None
-        if self.nan_util:
-            return
-        fin = touched[self.finite[touched]]
-        if len(fin):
-            util = float((self.load[fin] / self.capacity[fin]).max())
-            self.net.max_utilisation = max(self.net.max_utilisation, util)
 
     def update_loads(self, touched: np.ndarray) -> None:
         """Recompute the load of the links `touched` (the flows on each summed in table
@@ -492,11 +484,10 @@ class ComponentSolve:
         t = self.table
         n_links, n_entries = len(self.capacity), len(t.flat)
         many = len(touched) == n_links or (4 * len(touched) > n_entries and n_links < 3 * n_entries)
-        if not many and len(t.rem) <= self.small_table:
+        rate_e = None if not many and len(t.rem) <= self.small_table else np.repeat(t.rate, t.nh)
+        if rate_e is None:
             self._update_loads_small(touched)
-            return
-        rate_e = np.repeat(t.rate, t.nh)
-        if many:
+        elif many:
             # many links: all of them at once is cheaper (the same sums for the others)
             self.load = np.bincount(t.flat, weights=rate_e, minlength=n_links)
         else:
