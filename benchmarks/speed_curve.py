@@ -120,6 +120,14 @@ def cliffs(ns, walls) -> tuple[float, list]:
     return float(b), [n for n, w in pts if w > 2 * math.exp(a + b * math.log(n))]
 
 
+def tail_ratio(ns, walls) -> float:
+    """Wall time of the largest N over that of the one before, per doubling of N (2.0: a
+    linear tail; nan with fewer than two points)."""
+    if len(ns) < 2 or walls[-2] <= 0:
+        return math.nan
+    return (walls[-1] / walls[-2]) ** (math.log(2) / math.log(ns[-1] / ns[-2]))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max", type=int, default=1024, help="the largest N (default 1024)")
@@ -164,10 +172,18 @@ def main(argv=None) -> int:
         ns, walls = [n for n, _ in ok], [r["wall"] for _, r in ok]
         k, bad = cliffs(ns, walls)
         found += [(case, n) for n in bad]
-        print(f"{case}: wall ~ N^{k:.2f} over N >= 16" + (f"; cliffs at N = {bad}" if bad else ""))
-        a1.loglog(ns, walls, "o-", label=case)
-        a2.loglog(ns, [r["rss"] / 1e6 for _, r in ok], "o-", label=case)
-    a1.set(xlabel="GPUs", ylabel="wall s (one process)", title="time")
+        last = tail_ratio(ns, walls)
+        print(
+            f"{case}: wall ~ N^{k:.2f} over N >= 16"
+            + (f"; the last doubling {last:.2f}x" if last == last else "")
+            + (f"; cliffs at N = {bad}" if bad else "")
+        )
+        (line,) = a1.loglog(ns, walls, "o-", label=case)
+        if bad:  # the named points ringed in red
+            a1.loglog(bad, [w for n, w in zip(ns, walls, strict=True) if n in bad], "o",
+                      ms=13, mfc="none", mec="red", mew=1.5)  # fmt: skip
+        a2.loglog(ns, [r["rss"] / 1e6 for _, r in ok], "o-", color=line.get_color(), label=case)
+    a1.set(xlabel="GPUs", ylabel="wall s (one process)", title="time (red rings: named cliffs)")
     a2.set(xlabel="GPUs", ylabel="peak RSS MB", title="memory")
     for ax in (a1, a2):
         ax.grid(True, which="both", alpha=0.3)
