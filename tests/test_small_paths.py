@@ -224,3 +224,26 @@ def test_edges_a_review_found():
     (_, a), (_, b) = _both(solver, lambda s: s.update_loads(touched))
     _same(a.load, b.load)
     assert a.load[5] == 3e9 and a.load[2150] == 4e9
+
+
+@SMALL
+@given(seed=st.integers(0, 2**31 - 1), new=st.integers(0, 5))
+def test_dirty_flows_of_many_departures(seed, new):
+    """`_dirty` with hundreds of departed flows' labels in runs (an all-to-all's), on a
+    table above the small size: the flows sharing a label with them, and the new ones."""
+    rng = np.random.default_rng(seed)
+    solver, _ = _state(seed, 80)
+    t = solver.table
+    t.flab[:] = rng.integers(0, 12, 80)
+    t.flab[80 - new :] = -1
+    solver.labels = 12
+    gone = np.repeat(rng.integers(-1, 12, 9), rng.integers(1, 60, 9))  # runs, -1 included
+    dirty, changed = solver._dirty(gone, new)
+    want = sorted({int(x) for x in gone if x >= 0} | {
+        int(solver.llab[link]) for link in t.flat[len(t.flat) - int(t.nh[80 - new :].sum()) :]
+        if np.isfinite(solver.capacity[link]) and solver.llab[link] >= 0
+    }) if new else sorted({int(x) for x in gone if x >= 0})  # fmt: skip
+    assert changed.tolist() == want
+    expect = np.isin(t.flab, want)
+    expect[80 - new :] = True
+    _same(dirty, expect)
