@@ -175,7 +175,7 @@ class FlowTable:
 
     SLIDE_MAX = 16  # flows removed from which the table is compacted by one gather
     # `entries` of up to small_flows flows in a table of up to small_rows in plain Python
-    # (numpy's per-call cost exceeds the work there; tests set them to 0 to compare)
+    # (numpy's per-call cost exceeds the work there; tests turn them off to compare)
     small_flows, small_rows = 8, 64
 
     def _slide(self, name: str, lo: list, hi: list, length: int) -> None:
