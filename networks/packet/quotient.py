@@ -216,7 +216,7 @@ class Quotient:
             def landed(_e, mine=mine):
                 full.ends[mine] = env.now
                 nb = full.nb[mine]
-                self._landed(nb, nb[:1], len(mine) - 1)
+                self._landed(float(np.sum(nb)) - float(np.sum(nb[:1])), len(mine) - 1)
 
             ev.callbacks.append(landed)
         return [events[j] for j in b.expand.tolist()]
@@ -229,9 +229,11 @@ class Quotient:
         net.bytes_sent += b.extra_bytes  # (full.nb's sum less kept.nb's)
         net.in_flight += len(full.nb) - len(kept.nb)
 
-    def _landed(self, full_nb, kept_nb, extra: int) -> None:
+    def _landed(self, extra_bytes: float, extra: int) -> None:
+        """The images' transfers landed with their kept flows: `extra_bytes` (the full
+        group's bytes less the kept flows', as float sums) and `extra` transfers."""
         net = self.net
-        net.bytes_delivered += float(np.sum(full_nb)) - float(np.sum(kept_nb))
+        net.bytes_delivered += extra_bytes
         net.in_flight -= extra
 
     # -- what the run reads --------------------------------------------------------------
@@ -258,9 +260,7 @@ class _Landed:
     def succeed(self, _records=None) -> None:
         full, kept, b = self.full, self.kept, self.batch
         full.ends[:] = kept.ends[b.expand]
-        net = self.q.net  # (Quotient._landed of the whole group: its sums made once)
-        net.bytes_delivered += b.extra_bytes
-        net.in_flight -= len(full.nb) - len(kept.nb)
+        self.q._landed(b.extra_bytes, len(full.nb) - len(kept.nb))  # (sums made once)
         full.done.succeed(Records(full))
 
 

@@ -484,13 +484,13 @@ class ComponentSolve:
         t = self.table
         n_links, n_entries = len(self.capacity), len(t.flat)
         many = len(touched) == n_links or (4 * len(touched) > n_entries and n_links < 3 * n_entries)
-        rate_e = None if not many and len(t.rem) <= self.small_table else np.repeat(t.rate, t.nh)
-        if rate_e is None:
+        if not many and len(t.rem) <= self.small_table:
             self._update_loads_small(touched)
         elif many:
             # many links: all of them at once is cheaper (the same sums for the others)
-            self.load = np.bincount(t.flat, weights=rate_e, minlength=n_links)
+            self.load = np.bincount(t.flat, weights=np.repeat(t.rate, t.nh), minlength=n_links)
         else:
+            rate_e = np.repeat(t.rate, t.nh)
             on = self.mark
             on[touched] = True
             sel = on[t.flat]
