@@ -146,6 +146,15 @@ def run_cli(capsys, *args):
 
 
 @pytest.fixture
+def no_group_jobs(monkeypatch):
+    """Every transfer through the packet engine's flow table (tests of its solver: a group
+    alone on its links would otherwise run as a job, networks.packet.groupjobs)."""
+    from networks.packet.groupjobs import GroupJobs
+
+    monkeypatch.setattr(GroupJobs, "enabled", False)
+
+
+@pytest.fixture
 def chain():
     return chain_trace()
 

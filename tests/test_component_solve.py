@@ -15,6 +15,9 @@ from networks import PacketSwitchNetwork
 from networks import topology as topo
 from networks.packet.solve import ComponentSolve
 
+# these tests read the solver's work on the flow table: every transfer goes there
+pytestmark = pytest.mark.usefixtures("no_group_jobs")
+
 GB = 1e9
 
 

@@ -208,6 +208,7 @@ def test_fuzz_exercises_ring_jobs_and_their_splits():
 
 
 @pytest.mark.no_cover
+@pytest.mark.usefixtures("no_group_jobs")  # (a group alone on its links is a job, unsolved)
 def test_fuzz_exercises_partial_solves():
     """The scenarios reach all three solve paths: new flows alone on their links, some
     components of the table, and the whole table."""
@@ -339,7 +340,10 @@ def test_transfer_all_fires_when_the_last_transfer_lands(engine):
     assert net.in_flight == 0 and net.bytes_delivered == 4e6
 
 
-@settings(max_examples=40, deadline=None)
+@pytest.mark.usefixtures("no_group_jobs")  # (reads the new flows in the table)
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(seed=st.integers(0, 2**31 - 1))
 def test_new_flow_level_is_the_least_root_of_the_link_loads(seed):
     """`_new_flow_level` against the definition, found by bisection: on each finite link

@@ -5,7 +5,8 @@ fit; the pieces are objects, one concern each, a module each: `reference.py` (th
 reference engine), `engine.py` (the fast engine's clock, holding the rest), `table.py`
 (the flow table), `landing.py` (delivery on arrival), `solve.py` and `above.py` (the
 incremental max-min solve), `checks.py` (whole-table checks of it), `ringjobs.py` and
-`ringjob.py` (a ring collective on free links as one reserved job).
+`ringjob.py` (a ring collective on free links as one reserved job), `groupjobs.py` (a
+transfer group alone on its links as one reserved job).
 """
 
 from networks.packet.network import PacketOptions, PacketSwitchNetwork

@@ -5,7 +5,8 @@ this instant (`solve_soon`), after every start queued there; a solve (`finish`) 
 queued rows, delivers the flows that are done, re-solves the rates (the solver's
 `solve_changed`), updates the loads and sets one timer for the next flow to finish; a newer
 solve supersedes it (`generation`). Between solves nothing moves but the clock: `advance`
-moves every flow forward at its rate.
+moves every flow forward at its rate. A group alone on its links that one timer would
+finish runs as a job instead (networks.packet.groupjobs), outside the table.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 import simpy
 
 from networks.groups import Group, seq_sum
+from networks.packet.groupjobs import GroupJobs
 from networks.packet.landing import Landing
 from networks.packet.ringjob import REL_TOL as _REL_TOL
 from networks.packet.ringjob import TIME_TOL as _TIME_TOL
@@ -34,8 +36,8 @@ class FastEngine:
     solve queued for this instant, at once), `advance()` (the clock moved to now),
     `finish()` (a solve: done flows delivered, rates and loads brought up to date, the
     next timer set); and its parts: `table` (networks.packet.table), `landing`
-    (networks.packet.landing), `solver` (networks.packet.solve) and `rings`
-    (networks.packet.ringjobs).
+    (networks.packet.landing), `solver` (networks.packet.solve), `rings`
+    (networks.packet.ringjobs) and `groups` (networks.packet.groupjobs).
 
     Needs: the network (`env`, `capacity`, `links`, `check_solves`, and the counters it
     adds to: `link_bytes`, `link_busy`, `bytes_sent`, `in_flight`, `reallocations`,
@@ -50,6 +52,7 @@ class FastEngine:
         self.landing = Landing(net, self.table)
         self.solver = ComponentSolve(net, self.table, self.landing)
         self.rings = RingJobs(net, self)
+        self.groups = GroupJobs(net, self)
         self.last = net.env.now  # the instant the flows were last moved forward to
         self.generation = 0  # solves so far: a timer of an older one does nothing
         self.solve_queued = False  # new flows wait for a solve at this instant
@@ -58,13 +61,16 @@ class FastEngine:
         self.checked = self.tmin_at = None
         self.tmin = np.inf
 
-    def start(self, g: Group, flat, nh, lat, distinct: bool = False) -> None:
+    def start(self, g: Group, flat, nh, lat, distinct: bool = False, alone=None) -> None:
         """Start the transfers of `g` (their routes' links `flat`, `nh` per transfer, path
-        latencies `lat`; `distinct`: no link twice in `flat`)."""
+        latencies `lat`; `distinct`: no link twice in `flat`; `alone`: what they get alone
+        on their links, networks.packet.groupjobs.Alone, to run as a job if they are)."""
         self.advance()
-        rings, net = self.rings, self.net
+        rings, groups, net = self.rings, self.groups, self.net
         if len(rings.jobs) and (rings.owner[flat] >= 0).any():
             rings.split_touched(flat)
+        if len(groups.jobs) and (groups.owner[flat] >= 0).any():
+            groups.split_touched(flat)
         nb = g.nb
         k = len(nb)
         if distinct:  # each link gets one add: a buffered add is the unbuffered one
@@ -75,6 +81,10 @@ class FastEngine:
         net.in_flight += k
         net._log.append(g)
         gid = self.landing.register(g)
+        if alone is not None and groups.start(gid, g, flat, nh, lat, alone):
+            if self.table.waiting:  # a split job's flows wait for a solve
+                self.solve_soon()
+            return
         if k == 1:  # a point-to-point send (pipelines: hundreds of thousands at 16k GPUs)
             self.table.add(gid, g, _ZERO_I, nb, _ZERO_F, lat, nh, flat, distinct)
         else:

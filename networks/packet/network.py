@@ -12,9 +12,12 @@ as one flat array of link ids), caches each (source, destination) route and its 
 keeps one record per transfer group (networks.groups; per-transfer records are built when
 asked for), and delivers the flows that arrive at the same instant with one timer. It also
 runs a ring collective on links nothing else uses as one reserved job
-(networks.packet.ringjobs), split back into flows when other traffic touches them. Both evaluate
-the same float expressions in the same order, so the results agree bit for bit on their
-own and to round-off under contention (checked by tests/test_engine_fuzz.py).
+(networks.packet.ringjobs), and a transfer group alone on its links whose flows all end at
+its first timer as another (networks.packet.groupjobs), each split back into flows when
+other traffic touches their links. Both evaluate the same float expressions in the same
+order, so the results agree bit for bit on their own and to round-off under contention
+(checked by tests/test_engine_fuzz.py; the jobs against the flow table by
+tests/test_ring_job.py and tests/test_group_jobs.py).
 
 `PacketSwitchNetwork` holds the links, the routes and the counters, and one engine; each
 piece is an object owning one concern and its state, its class docstring its contract:
@@ -32,13 +35,15 @@ piece is an object owning one concern and its state, its class docstring its con
 * networks.packet.checks: `SolveChecks`, whole-table checks of those solves (tests turn
   them on with `check_solves`);
 * networks.packet.ringjobs: `RingJobs`, ring collectives as reserved jobs
-  (networks.packet.ringjob: one job's step times).
+  (networks.packet.ringjob: one job's step times);
+* networks.packet.groupjobs: `GroupJobs`, transfer groups alone on their links as
+  reserved jobs.
 """
 
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import numpy as np
@@ -75,9 +80,19 @@ class _Batch:
     # by orbits: the full group's bytes less the kept flows' (float sums, made once: a
     # start and a landing add them to the network's counters)
     extra_bytes: float = 0.0
+    # what the kept flows get alone on their links (networks.packet.groupjobs), made when
+    # first asked for
+    _alone: list = field(default_factory=list, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.srcs)
+
+    def alone(self):
+        """networks.packet.groupjobs.Alone of these flows, made once."""
+        if not self._alone:
+            groups = self.net._engine.groups
+            self._alone.append(groups.alone(self.flat, self.nh, self.nb, self.maxr))
+        return self._alone[0]
 
     def tuples(self) -> list:
         """Every transfer (by orbits: the full group's, not only the kept flows)."""
@@ -189,6 +204,8 @@ class PacketSwitchNetwork(Network):
     SLIDE_MAX = _part("_engine.table", "SLIDE_MAX")
     ring_jobs = _part("_engine.rings", "ring_jobs")
     ring_splits = _part("_engine.rings", "ring_splits")
+    group_jobs = _part("_engine.groups", "group_jobs")
+    group_splits = _part("_engine.groups", "group_splits")
 
     # -- routing ----------------------------------------------------------------------
     def _routing_tables(self):
@@ -242,7 +259,7 @@ class PacketSwitchNetwork(Network):
             if b.expand is not None:
                 return self.quotient.start_group(b, tag)
             g = Group(srcs, dsts, b.nb, b.maxr, self.env.now, tag, events)
-            self._engine.start(g, b.flat, b.nh, b.lat)
+            self._engine.start(g, b.flat, b.nh, b.lat, alone=b.alone())
         return events
 
     def transfer_all(self, transfers, tag: str = "") -> simpy.Event:
@@ -261,7 +278,7 @@ class PacketSwitchNetwork(Network):
         if b.expand is not None:
             return self.quotient.start_all(b, tag)
         g = Group(b.srcs, b.dsts, b.nb, b.maxr, self.env.now, tag, None, done)
-        self._engine.start(g, b.flat, b.nh, b.lat, b.distinct)
+        self._engine.start(g, b.flat, b.nh, b.lat, b.distinct, b.alone())
         return done
 
     def batch(self, transfers):
@@ -303,8 +320,13 @@ class PacketSwitchNetwork(Network):
     def flow_rates(self) -> np.ndarray:
         """Rates (bytes/s) of the flows in flight, in the order they started."""
         if self._fast:
-            self._engine.solve_now()
-            return self._engine.table.rate.copy()
+            engine = self._engine
+            if engine.groups.jobs:  # group jobs' flows into the table, to be solved with it
+                engine.advance()
+                engine.groups.split_all()
+                engine.solve_soon()
+            engine.solve_now()
+            return engine.table.rate.copy()
         return np.array([f.rate for f in self._engine.flows])
 
     def stats(self) -> dict:
@@ -315,9 +337,10 @@ class PacketSwitchNetwork(Network):
 
         engine = self._engine
         engine.advance()
-        if self._fast and engine.rings.jobs:  # count what ring jobs did so far
+        if self._fast and (engine.rings.jobs or engine.groups.jobs):  # count what jobs did so far
             for job in list(engine.rings.jobs.values()):
                 engine.rings.split(job)
+            engine.groups.split_all()
             engine.finish()
         cap, nbytes, busy = self.capacity, self.link_bytes, self.link_busy
         if self.quotient is not None:

@@ -93,8 +93,12 @@ class RingJobs:
         self.engine.start(g, p.flat, p.nh, p.lat)
 
     def _free(self, flat) -> bool:
-        """No reservation and no flow in the table on these links."""
-        return not ((self.owner[flat] >= 0).any() or self.table.occ[flat].any())
+        """No reservation (a ring's or a group's) and no flow in the table on these links."""
+        return not (
+            (self.owner[flat] >= 0).any()
+            or self.table.occ[flat].any()
+            or (self.engine.groups.owner[flat] >= 0).any()
+        )
 
     def _start_job(self, p: RingPaths, chunk, steps, tag, done) -> None:
         net = self.net

@@ -1,0 +1,165 @@
+"""Transfer groups alone on their links, in closed form (`GroupJobs`).
+
+A transfer group whose links carry nothing else (no flow in the table, no ring or group
+job) gets from the engine, while nothing else touches those links, its own max-min rates
+(the component solve of its flows alone, networks.maxmin), one timer at t0 + min(bytes /
+rate), and at that instant the done rule. When that one timer retires every flow, the
+group's whole life is known when it starts: each flow lands at t1 + its path latency. Such
+a group runs as a job: its links are reserved, one event fires at t1 (the landing then
+goes through the engine's own Landing), and no row enters the flow table and no solve
+runs. A transfer that touches a reserved link first splits the job: its flows enter the
+table with the bytes they have left and their rates, as the engine would hold them then.
+Groups whose timer would leave some flow unfinished (unequal shares: a second round) take
+the table. The floats are the engine's for the group alone, so a job gives its times bit
+for bit when nothing else runs; when other flows elsewhere start or end meanwhile, the
+engine would have moved the group's bytes forward at each of those instants, and its
+times differ from a job's by round-off (as ring jobs', networks.packet.ringjobs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from networks.groups import Group, at
+from networks.maxmin import max_min_rates
+from networks.packet.ringjob import REL_TOL, TIME_TOL
+from networks.packet.table import FlowTable
+
+
+class Alone:
+    """What a group of transfers gets alone on its links (made once per batch, read by
+    every job of it): the max-min `rate` of each flow, `dt` = min(bytes / rate) (the
+    engine's first timer), the distinct `links` and the peak utilisation `util` their
+    loads give; `ok` False where a job cannot run it (a rate 0 or infinite, a flow of 0
+    bytes or no link)."""
+
+    __slots__ = ("ok", "rate", "dt", "links", "util")
+
+    def __init__(self, capacity: np.ndarray, flat, nh, nb, maxr, nan_util: bool) -> None:
+        n = len(nh)
+        capped = np.flatnonzero(maxr < np.inf)
+        if len(capped):  # the engine's incidence: a capped flow's private link after its path
+            rows, ext = FlowTable.with_private_links(flat, nh, capped, len(capacity))
+            cap = np.concatenate([capacity, maxr[capped]])
+        else:
+            rows, ext, cap = flat, nh, capacity
+        self.rate = max_min_rates(rows, np.repeat(np.arange(n), ext), n, cap)
+        rate = self.rate
+        self.ok = bool(
+            n and (nh > 0).all() and (nb > 0).all() and np.isfinite(rate).all() and (rate > 0).all()
+        )
+        self.dt = float((nb / rate).min()) if self.ok else 0.0
+        self.links, inv = np.unique(flat, return_inverse=True)
+        self.util = 0.0
+        fin = np.isfinite(capacity[self.links])
+        if self.ok and fin.any() and not nan_util:  # (a link of capacity 0: no peak kept)
+            # the solve's loads: each link's flows summed in their order (bincount)
+            load = np.bincount(inv.reshape(-1), weights=np.repeat(rate, nh))
+            self.util = float((load[fin] / capacity[self.links][fin]).max())
+
+
+class GroupJob:
+    """One group under way as a job: started at t0, its flows done sending at t1."""
+
+    __slots__ = ("id", "gid", "g", "flat", "nh", "lat", "alone", "t0", "t1", "alive")
+
+    def __init__(self, jid, gid, g, flat, nh, lat, alone, t0, t1) -> None:
+        self.id, self.gid, self.g = jid, gid, g
+        self.flat, self.nh, self.lat, self.alone = flat, nh, lat, alone
+        self.t0, self.t1, self.alive = t0, t1, True
+
+
+class GroupJobs:
+    """The fast engine's transfer groups run as jobs where they are alone (the module's
+    docstring says when and what a job computes).
+
+    Gives: `start(gid, g, flat, nh, lat, alone)` (True: `g`, registered with the landing
+    as `gid`, now runs as a job; False: it must take the table), `split_touched(flat)`
+    (split the jobs holding any of these links: the table must have been advanced to
+    now), `split_all()`; its state, `jobs` (by id) and `owner` (the job holding each link,
+    -1 for none); the counters `group_jobs` and `group_splits`.
+
+    Needs: the network (`env`, `capacity`, and the counters it adds to: `link_busy`,
+    `max_utilisation`, `reallocations`) and the fast `engine` (its flow table's `add` and
+    `occ`, its landing's `land_later`, its ring jobs' `owner`).
+    """
+
+    enabled = True  # tests turn jobs off to see the table's way
+
+    def __init__(self, net, engine) -> None:
+        self.net, self.env, self.engine = net, net.env, engine
+        self.jobs: dict[int, GroupJob] = {}
+        self.owner = np.full(len(net.links), -1, np.int64)
+        self.group_jobs = self.group_splits = 0
+
+    def alone(self, flat, nh, nb, maxr) -> Alone:
+        return Alone(self.net.capacity, flat, nh, nb, maxr, self.engine.solver.nan_util)
+
+    def start(self, gid: int, g: Group, flat, nh, lat, alone: Alone) -> bool:
+        if not (alone.ok and self.enabled):
+            return False
+        engine = self.engine
+        if engine.table.occ[flat].any() or (self.owner[flat] >= 0).any():
+            return False
+        if len(engine.rings.jobs) and (engine.rings.owner[flat] >= 0).any():
+            return False
+        t0 = self.env.now
+        t1 = t0 + alone.dt  # the engine's timer (timeout(dt) from t0)
+        d = t1 - t0  # its advance at the timer
+        rem = g.nb - alone.rate * d
+        tick = TIME_TOL * max(t1, 1e-9)
+        if not ((rem <= REL_TOL * g.nb) | (rem <= alone.rate * tick)).all():
+            return False  # some flow would need another round: the table's way
+        net = self.net
+        net.reallocations += 1  # the solve at its start
+        net.max_utilisation = max(net.max_utilisation, alone.util)
+        job = GroupJob(self.group_jobs, gid, g, flat, nh, lat, alone, t0, t1)
+        self.group_jobs += 1
+        self.jobs[job.id] = job
+        self.owner[flat] = job.id
+        at(self.env, t1, lambda _e: self._sent(job))
+        return True
+
+    def _sent(self, job: GroupJob) -> None:
+        """The job's timer: its flows are done sending; they land one path latency later."""
+        if not job.alive:
+            return  # split earlier
+        self._release(job)
+        self.net.link_busy[job.alone.links] += job.t1 - job.t0
+        n = len(job.nh)
+        self.engine.landing.land_later(
+            self.env.now + job.lat, job.lat, np.full(n, job.gid), np.arange(n)
+        )
+
+    def _release(self, job: GroupJob) -> None:
+        self.owner[job.flat] = -1
+        job.alive = False
+        del self.jobs[job.id]
+
+    def split(self, job: GroupJob) -> None:
+        """Turn the job into the flows the engine would hold now (the table advanced to
+        now): the bytes left and the rates, their busy time so far counted."""
+        now = self.env.now
+        self._release(job)
+        self.group_splits += 1
+        a = job.alone
+        d = now - job.t0
+        if d > 0:
+            self.net.link_busy[a.links] += d
+            rem = job.g.nb - a.rate * d
+        else:
+            rem = job.g.nb.copy()
+        n = len(job.nh)
+        self.engine.table.add(
+            job.gid, job.g, np.arange(n), rem, a.rate.copy(), job.lat, job.nh, job.flat
+        )
+
+    def split_touched(self, flat: np.ndarray) -> None:
+        """Split the jobs holding any of the links `flat`, in order of first touch."""
+        owner = self.owner[flat]
+        for jid in dict.fromkeys(owner[owner >= 0].tolist()):
+            self.split(self.jobs[jid])
+
+    def split_all(self) -> None:
+        for job in list(self.jobs.values()):
+            self.split(job)
