@@ -75,6 +75,12 @@ class Network:
         self.transfer_group(transfers, tag=tag, _member=member)
         return done
 
+    def transfer_all_then(self, transfers, then, tag: str = "") -> None:
+        """`transfer_all`, its records handed to `then(records)` once every transfer is
+        delivered: when its event is processed here; networks that can, at the instant the
+        last one lands (no event between)."""
+        self.transfer_all(transfers, tag=tag).callbacks.append(lambda e: then(e.value))
+
     def batch(self, transfers):
         """Transfers to start many times with `transfer_all` (a collective's streams):
         networks that can check and route them once return a prepared object; here, a

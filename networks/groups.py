@@ -101,6 +101,12 @@ class Records(Sequence):
             return [r.end for r in self._list]
         return self._entry.ends.tolist()  # a Group's arrival times, as its columns give
 
+    def end_array(self) -> np.ndarray:
+        """`ends()` as a float array (to read, not to write)."""
+        if self._list is not None:
+            return np.array([r.end for r in self._list], float)
+        return self._entry.ends
+
 
 def node_array(nodes) -> np.ndarray | None:
     """The nodes as an int64 array when all are plain ints (tables build much faster from
@@ -213,8 +219,10 @@ def seq_sum(acc: float, values) -> float:
     """acc + v0 + v1 + ... added one at a time, left to right (as one add per transfer
     would), not numpy's pairwise sum."""
     values = np.asarray(values, float)
-    if len(values) <= 1:  # one add (a point-to-point transfer): no arrays needed
-        return float(acc + values[0]) if len(values) else acc
+    if len(values) <= 32:  # a few adds: in Python floats (the same IEEE additions)
+        for v in values.tolist():
+            acc = acc + v
+        return float(acc)
     return float(np.cumsum(np.concatenate(([acc], values)))[-1])
 
 
@@ -259,3 +267,26 @@ def at(env: simpy.Environment, t: float, callback) -> simpy.Event:
     ev.callbacks.append(callback)
     heappush(env._queue, (t, NORMAL, next(env._eid), ev))
     return ev
+
+
+class Then:
+    """A transfer group's `done` that calls `fn(records)` at once when its last transfer
+    lands (`Network.transfer_all_then`), where an event would wait for the next step."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+
+    def succeed(self, value=None) -> None:
+        self.fn(value)
+
+
+def fire_at(env: simpy.Environment, event: simpy.Event, t: float) -> None:
+    """Trigger `event` (value None) to be processed at absolute time t (>= now): now, as
+    `succeed` does, or later without the round-off of a timeout(t - now)."""
+    if t <= env.now:
+        event.succeed()
+        return
+    event._ok, event._value = True, None
+    heappush(env._queue, (t, NORMAL, next(env._eid), event))

@@ -164,3 +164,25 @@ def test_flow_rates_see_a_jobs_flows():
     assert net.flow_rates().tolist() == [100 * GB, 100 * GB]
     env.run()
     assert net.in_flight == 0 and net.bytes_delivered == 2e9
+
+
+def test_a_flow_with_less_time_left_than_the_clock_resolves_is_done_with_the_job():
+    # at t = 1,000 s the clock resolves 1e-12 x 1,000 = 1 ns: a flow 1e-8 of its bytes
+    # (0.1 ns at 100 GB/s) behind the other is done at the same timer, as in the table
+    def run(jobs: bool):
+        env, net = _star()
+        out = {}
+
+        def proc():
+            yield env.timeout(1000.0)
+            recs = yield net.transfer_all([(0, 1, 1e9), (2, 3, 1e9 * (1 + 1e-8))])
+            out["ends"] = [r.end for r in recs]
+
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(GroupJobs, "enabled", jobs)
+            env.process(proc())
+            env.run()
+        return out["ends"], net.group_jobs
+
+    (ends, jobs), (table_ends, _) = run(True), run(False)
+    assert jobs == 1 and ends == table_ends and ends[0] == ends[1]

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from networks.groups import Group
 from networks.packet.engine import FastEngine
+from networks.packet.groupjobs import Alone
 from networks.packet.solve import ComponentSolve
 from networks.packet.table import FlowTable
 from tests.test_engine_fuzz import _scenario
@@ -30,6 +31,8 @@ def _numpy_only(monkeypatch):
     monkeypatch.setattr(FlowTable, "small_flows", -1)
     monkeypatch.setattr(FlowTable, "small_rows", -1)
     monkeypatch.setattr(FastEngine, "small_table", -1)
+    monkeypatch.setattr(FastEngine, "small_adds", -1)
+    monkeypatch.setattr(Alone, "small_flows", -1)
 
 
 class _Net:

@@ -8,8 +8,8 @@ collective has ended and whose "begin" is then the instant it started; errors fo
 outside the group, a second post, or posts that differ in group or operation; `open` (key
 -> the meeting in progress: the runtime's deadlock report reads who is missing); and the
 runtime's `collective_bytes` kept up to date ({op: bytes}, every copy counted).
-What it needs of the runtime: `env`, `comm` (a CommModel; `run_many` is used where it has
-one), `symmetry` (None, or an extrapolators.execution.symmetry.Symmetry whose `plan`,
+What it needs of the runtime: `env`, `comm` (a CommModel; `start_many` is used where it
+has one), `symmetry` (None, or an extrapolators.execution.symmetry.Symmetry whose `plan`,
 `image` and `image_copies` it calls), `collective_bytes`, and `open_images` (image
 operations started and not ended, which the Twins it makes count down).
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from extrapolators.execution.symmetry import Twins
 from extrapolators.execution.tasks import Collective
+from networks.groups import fire_at
 from triosim.common.errors import SimulationError
 
 
@@ -62,16 +63,14 @@ class Meetings:
         meet["left"].discard(gpu)
         if not meet["left"]:
             meet["begin"] = self.env.now
-            self.env.process(self._run_collective(task, meet["done"], meet["images"]))
+            if meet["images"] and hasattr(self.comm, "start_many"):  # no process: callbacks
+                self._start_with_images(task, meet["done"], meet["images"])
+            else:
+                self.env.process(self._run_collective(task, meet["done"], meet["images"]))
         return meet
 
     def _run_collective(self, task: Collective, done, images=None):
         twins = None
-        if images and hasattr(self.comm, "run_many"):  # every copy's at once, one group
-            yield from self._run_with_images(task, images)
-            del self.open[task.key]
-            done.succeed()
-            return
         if images:  # the same collective in every copy, started at the same instant
             twins = self._start_images(task, images)
         yield from self._run_on(task, task.group, task.root)
@@ -89,25 +88,26 @@ class Meetings:
             self.env.process(self._image_collective(task, group, k, twins))
         return twins
 
-    def _run_with_images(self, task: Collective, images):
-        """The representatives' collective and its images through `comm.run_many`: one
-        transfer group for all copies; each image's end checked against the
-        representatives' (as `_image_collective` would, without a process per copy)."""
+    def _start_with_images(self, task: Collective, done, images) -> None:
+        """The representatives' collective and its images through `comm.start_many`: one
+        transfer group for all copies; when the last transfer lands, each image's end
+        checked against the representatives' (as `_image_collective` would, without a
+        process per copy) and `done` fired at the collective's end, with no process and no
+        event between."""
         groups, roots = self._many_call(task, images)
-        ends = yield from self.comm.run_many(
-            task.op,
-            groups,
-            task.nbytes,
-            tag=task.key,
-            roots=roots,
-            algorithm=task.algorithm,
-            sizes=task.sizes,
+
+        def then(ends, end):
+            self._count(task, copies=len(images) + 1)
+            Twins(self.runtime, f"collective {task.key!r}").check_all(ends[0], ends[1:])
+            del self.open[task.key]
+            fire_at(self.env, done, end)
+
+        self.comm.start_many(
+            task.op, groups, task.nbytes, then, task.key, roots, task.algorithm, task.sizes
         )
-        self._count(task, copies=len(images) + 1)
-        Twins(self.runtime, f"collective {task.key!r}").check_all(ends[0], ends[1:])
 
     def _many_call(self, task: Collective, images) -> tuple:
-        """(the groups, their roots) of `comm.run_many` for `task` and its images."""
+        """(the groups, their roots) of `comm.start_many` for `task` and its images."""
         roots = [task.root] + [
             None if task.root is None else self.symmetry.image(task.root, k)
             for k in self.symmetry.image_copies(task.group)
@@ -116,7 +116,7 @@ class Meetings:
 
     def prepare(self, tasks) -> None:
         """Prepare, before the run, what the communication model will be asked for each of
-        the collectives `tasks` (the representatives', one of each call): `run_many` of
+        the collectives `tasks` (the representatives', one of each call): `start_many` of
         those with images, `run` of those over whole classes (a network moving flows by orbits
         checks each collective's transfers there: `QuotientBroken` before the run, not in
         it)."""

@@ -45,6 +45,7 @@ class FastEngine:
     """
 
     small_table = 64  # tables of up to this many flows checked in plain Python (`_done`)
+    small_adds = 16  # a start's link bytes added in plain Python up to this many entries
 
     def __init__(self, net) -> None:
         self.net, self.env = net, net.env
@@ -75,6 +76,12 @@ class FastEngine:
         k = len(nb)
         if distinct:  # each link gets one add: a buffered add is the unbuffered one
             net.link_bytes[flat] += nb[0] if k == 1 else np.repeat(nb, nh)
+        elif len(flat) <= self.small_adds:  # the same adds, one at a time, in Python
+            lb, links, e = net.link_bytes, flat.tolist(), 0
+            for v, h in zip(nb.tolist(), nh.tolist(), strict=True):
+                for i in links[e : e + h]:
+                    lb[i] += v
+                e += h
         else:  # one unbuffered add in flow order: the same sums as one add per flow
             np.add.at(net.link_bytes, flat, np.repeat(nb, nh))
         net.bytes_sent = seq_sum(net.bytes_sent, nb)

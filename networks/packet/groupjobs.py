@@ -5,10 +5,12 @@ job) gets from the engine, while nothing else touches those links, its own max-m
 (the component solve of its flows alone, networks.maxmin), one timer at t0 + min(bytes /
 rate), and at that instant the done rule. When that one timer retires every flow, the
 group's whole life is known when it starts: each flow lands at t1 + its path latency. Such
-a group runs as a job: its links are reserved, one event fires at t1 (the landing then
-goes through the engine's own Landing), and no row enters the flow table and no solve
-runs. A transfer that touches a reserved link first splits the job: its flows enter the
-table with the bytes they have left and their rates, as the engine would hold them then.
+a group runs as a job: its links are reserved, its landings are set when it starts (one
+event per distinct arrival time, through the engine's own Landing), and no row enters the
+flow table and no solve runs. A transfer that touches a reserved link before t1 first
+splits the job: its flows enter the table with the bytes they have left and their rates,
+as the engine would hold them then (its landings then do nothing); at or after t1 the job
+only lets go of its links (its busy time counted up to t1).
 Groups whose timer would leave some flow unfinished (unequal shares: a second round) take
 the table. The floats are the engine's for the group alone, so a job gives its times bit
 for bit when nothing else runs; when other flows elsewhere start or end meanwhile, the
@@ -33,10 +35,14 @@ class Alone:
     loads give; `ok` False where a job cannot run it (a rate 0 or infinite, a flow of 0
     bytes or no link)."""
 
-    __slots__ = ("ok", "rate", "dt", "links", "util")
+    __slots__ = ("ok", "rate", "dt", "links", "util", "nb", "ids", "lat0", "small")
+    small_flows = 8  # groups of up to this many flows: the done rule in Python floats
 
-    def __init__(self, capacity: np.ndarray, flat, nh, nb, maxr, nan_util: bool) -> None:
+    def __init__(self, capacity: np.ndarray, flat, nh, nb, maxr, lat, nan_util: bool) -> None:
         n = len(nh)
+        self.nb, self.ids = nb, np.arange(n)
+        # one path latency for all (the common case: one landing at t1 + it), else None
+        self.lat0 = float(lat[0]) if n and (lat == lat[0]).all() else None
         capped = np.flatnonzero(maxr < np.inf)
         if len(capped):  # the engine's incidence: a capped flow's private link after its path
             rows, ext = FlowTable.with_private_links(flat, nh, capped, len(capacity))
@@ -56,17 +62,23 @@ class Alone:
             # the solve's loads: each link's flows summed in their order (bincount)
             load = np.bincount(inv.reshape(-1), weights=np.repeat(rate, nh))
             self.util = float((load[fin] / capacity[self.links][fin]).max())
+        # (bytes, rate) of each flow of a small group, for the done rule in Python floats
+        small = n <= self.small_flows
+        self.small = list(zip(nb.tolist(), rate.tolist(), strict=True)) if small else None
 
 
 class GroupJob:
     """One group under way as a job: started at t0, its flows done sending at t1."""
 
-    __slots__ = ("id", "gid", "g", "flat", "nh", "lat", "alone", "t0", "t1", "alive")
+    __slots__ = ("id", "gid", "g", "flat", "nh", "lat", "alone", "t0", "t1", "alive", "split")
 
     def __init__(self, jid, gid, g, flat, nh, lat, alone, t0, t1) -> None:
         self.id, self.gid, self.g = jid, gid, g
         self.flat, self.nh, self.lat, self.alone = flat, nh, lat, alone
-        self.t0, self.t1, self.alive = t0, t1, True
+        self.t0, self.t1 = t0, t1
+        self.alive = True  # holds its links (until it is split, or a touch or a landing
+        # after t1 lets them go)
+        self.split = False
 
 
 class GroupJobs:
@@ -76,7 +88,7 @@ class GroupJobs:
     Gives: `start(gid, g, flat, nh, lat, alone)` (True: `g`, registered with the landing
     as `gid`, now runs as a job; False: it must take the table), `split_touched(flat)`
     (split the jobs holding any of these links: the table must have been advanced to
-    now), `split_all()`; its state, `jobs` (by id) and `owner` (the job holding each link,
+    now), `split_all()`, `free(flat)` (no job holds these links); its state, `jobs` (by id) and `owner` (the job holding each link,
     -1 for none); the counters `group_jobs` and `group_splits`.
 
     Needs: the network (`env`, `capacity`, and the counters it adds to: `link_busy`,
@@ -92,24 +104,30 @@ class GroupJobs:
         self.owner = np.full(len(net.links), -1, np.int64)
         self.group_jobs = self.group_splits = 0
 
-    def alone(self, flat, nh, nb, maxr) -> Alone:
-        return Alone(self.net.capacity, flat, nh, nb, maxr, self.engine.solver.nan_util)
+    def alone(self, flat, nh, nb, maxr, lat) -> Alone:
+        return Alone(self.net.capacity, flat, nh, nb, maxr, lat, self.engine.solver.nan_util)
 
     def start(self, gid: int, g: Group, flat, nh, lat, alone: Alone) -> bool:
         if not (alone.ok and self.enabled):
             return False
         engine = self.engine
-        if engine.table.occ[flat].any() or (self.owner[flat] >= 0).any():
+        if engine.table.occ[flat].any() or not self.free(flat):
             return False
         if len(engine.rings.jobs) and (engine.rings.owner[flat] >= 0).any():
             return False
         t0 = self.env.now
         t1 = t0 + alone.dt  # the engine's timer (timeout(dt) from t0)
         d = t1 - t0  # its advance at the timer
-        rem = g.nb - alone.rate * d
         tick = TIME_TOL * max(t1, 1e-9)
-        if not ((rem <= REL_TOL * g.nb) | (rem <= alone.rate * tick)).all():
-            return False  # some flow would need another round: the table's way
+        if alone.small is not None and g.nb is alone.nb:  # the same float operations
+            for b, r in alone.small:
+                rem = b - r * d
+                if not (rem <= REL_TOL * b or rem <= r * tick):
+                    return False  # some flow would need another round: the table's way
+        else:
+            rem = g.nb - alone.rate * d
+            if not ((rem <= REL_TOL * g.nb) | (rem <= alone.rate * tick)).all():
+                return False
         net = self.net
         net.reallocations += 1  # the solve at its start
         net.max_utilisation = max(net.max_utilisation, alone.util)
@@ -117,19 +135,37 @@ class GroupJobs:
         self.group_jobs += 1
         self.jobs[job.id] = job
         self.owner[flat] = job.id
-        at(self.env, t1, lambda _e: self._sent(job))
+        # (at t1 the engine lands each one timeout(lat) later: t1 + lat)
+        if alone.lat0 is not None:
+            at(self.env, t1 + alone.lat0, lambda _e: self._landed(job, None))
+        else:
+            self._land_at(job, t1 + lat)
         return True
 
+    def _land_at(self, job: GroupJob, arrival: np.ndarray) -> None:
+        """The job's landings, one event per distinct arrival time (Landing.land_later's
+        runs: in order of first appearance, the order kept within each)."""
+        if (arrival == arrival[0]).all():
+            at(self.env, float(arrival[0]), lambda _e: self._landed(job, None))
+            return
+        _, first, inv = np.unique(arrival, return_index=True, return_inverse=True)
+        for j in np.argsort(first).tolist():
+            idx = np.flatnonzero(inv == j)
+            at(self.env, float(arrival[idx[0]]), lambda _e, idx=idx: self._landed(job, idx))
+
+    def _landed(self, job: GroupJob, idx) -> None:
+        """Transfers of the job (None: all) land now, unless it was split (its flows then
+        land from the table)."""
+        if job.split:
+            return
+        if job.alive:  # its links held since t1: free them now
+            self._sent(job)
+        self.engine.landing.land_one(job.gid, job.alone.ids if idx is None else idx)
+
     def _sent(self, job: GroupJob) -> None:
-        """The job's timer: its flows are done sending; they land one path latency later."""
-        if not job.alive:
-            return  # split earlier
+        """The job is done sending (now >= t1): its links free, their busy time counted."""
         self._release(job)
         self.net.link_busy[job.alone.links] += job.t1 - job.t0
-        n = len(job.nh)
-        self.engine.landing.land_later(
-            self.env.now + job.lat, job.lat, np.full(n, job.gid), np.arange(n)
-        )
 
     def _release(self, job: GroupJob) -> None:
         self.owner[job.flat] = -1
@@ -138,9 +174,10 @@ class GroupJobs:
 
     def split(self, job: GroupJob) -> None:
         """Turn the job into the flows the engine would hold now (the table advanced to
-        now): the bytes left and the rates, their busy time so far counted."""
+        now, before t1): the bytes left and the rates, their busy time so far counted."""
         now = self.env.now
         self._release(job)
+        job.split = True
         self.group_splits += 1
         a = job.alone
         d = now - job.t0
@@ -154,12 +191,28 @@ class GroupJobs:
             job.gid, job.g, np.arange(n), rem, a.rate.copy(), job.lat, job.nh, job.flat
         )
 
-    def split_touched(self, flat: np.ndarray) -> None:
-        """Split the jobs holding any of the links `flat`, in order of first touch."""
+    def free(self, flat: np.ndarray) -> bool:
+        """No job holds any of the links `flat` (those done sending let go of them now)."""
         owner = self.owner[flat]
+        if not (owner >= 0).any():
+            return True
+        now = self.env.now
         for jid in dict.fromkeys(owner[owner >= 0].tolist()):
-            self.split(self.jobs[jid])
+            job = self.jobs[jid]
+            if now >= job.t1:
+                self._sent(job)
+        return not (self.owner[flat] >= 0).any()
+
+    def split_touched(self, flat: np.ndarray) -> None:
+        """Split the jobs holding any of the links `flat` that are still sending, in order
+        of first touch (those done sending let go of their links)."""
+        owner = self.owner[flat]
+        now = self.env.now
+        for jid in dict.fromkeys(owner[owner >= 0].tolist()):
+            job = self.jobs[jid]
+            self._sent(job) if now >= job.t1 else self.split(job)
 
     def split_all(self) -> None:
+        now = self.env.now
         for job in list(self.jobs.values()):
-            self.split(job)
+            self._sent(job) if now >= job.t1 else self.split(job)

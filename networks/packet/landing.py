@@ -22,7 +22,7 @@ class Landing:
       `land_later(arrival, delay, gids, idxs)` lands transfers at given times. Either way
       with one timer per distinct arrival time, the transfers within one landing in the
       order given (so records and events come in the order the reference engine gives).
-    * `land(gids, idxs)` lands transfers now: sets their arrival times, counts the bytes
+    * `land(gids, idxs)` lands transfers now (`land_one(gid, idxs)`: of one group): sets their arrival times, counts the bytes
       delivered and the transfers in flight, fires each transfer's event (transfer_group)
       and, when a group's last transfer lands, its `done` event with its Records
       (transfer_all), and forgets the group.
@@ -79,7 +79,7 @@ class Landing:
 
     def land(self, gids, idxs) -> None:
         """Transfers (group id, index) arrive now."""
-        now, net, groups = self.env.now, self.net, self.groups
+        net, groups = self.net, self.groups
         if self.per_record:  # a subclass delivers record by record
             for g, i in zip(gids.tolist(), idxs.tolist(), strict=True):
                 grp = groups[g]
@@ -88,16 +88,23 @@ class Landing:
                 grp.ends[i] = rec.end
             return
         for g in dict.fromkeys(gids.tolist()):
-            grp = groups[g]
-            sel = idxs if gids[0] == gids[-1] == g else idxs[gids == g]
-            grp.ends[sel] = now
-            net.bytes_delivered = seq_sum(net.bytes_delivered, grp.nb[sel])
-            net.in_flight -= len(sel)
-            grp.pending -= len(sel)
-            if grp.events is not None:
-                for i in sel.tolist():
-                    grp.events[i].succeed(grp.record(i))
-            if grp.pending == 0:
-                del groups[g]
-                if grp.done is not None:
-                    grp.done.succeed(Records(grp))
+            self.land_one(g, idxs if gids[0] == gids[-1] == g else idxs[gids == g])
+
+    def land_one(self, g: int, sel) -> None:
+        """Transfers `sel` (indices) of group `g` arrive now (a subclass that delivers
+        record by record: through `land`)."""
+        if self.per_record:
+            self.land(np.full(len(sel), g), sel)
+            return
+        net, grp = self.net, self.groups[g]
+        grp.ends[sel] = self.env.now
+        net.bytes_delivered = seq_sum(net.bytes_delivered, grp.nb[sel])
+        net.in_flight -= len(sel)
+        grp.pending -= len(sel)
+        if grp.events is not None:
+            for i in sel.tolist():
+                grp.events[i].succeed(grp.record(i))
+        if grp.pending == 0:
+            del self.groups[g]
+            if grp.done is not None:
+                grp.done.succeed(Records(grp))

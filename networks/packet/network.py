@@ -50,7 +50,7 @@ import numpy as np
 import simpy
 
 from networks.base import Network, register
-from networks.groups import Group
+from networks.groups import Group, Then
 from networks.packet.engine import FastEngine
 from networks.packet.quotient import Quotient
 from networks.packet.reference import ReferenceEngine
@@ -91,7 +91,7 @@ class _Batch:
         """networks.packet.groupjobs.Alone of these flows, made once."""
         if not self._alone:
             groups = self.net._engine.groups
-            self._alone.append(groups.alone(self.flat, self.nh, self.nb, self.maxr))
+            self._alone.append(groups.alone(self.flat, self.nh, self.nb, self.maxr, self.lat))
         return self._alone[0]
 
     def tuples(self) -> list:
@@ -280,6 +280,18 @@ class PacketSwitchNetwork(Network):
         g = Group(b.srcs, b.dsts, b.nb, b.maxr, self.env.now, tag, None, done)
         self._engine.start(g, b.flat, b.nh, b.lat, b.distinct, b.alone())
         return done
+
+    def transfer_all_then(self, transfers, then, tag: str = "") -> None:
+        """Network's, for a batch of this network's fast engine: `then(records)` is called
+        when the last transfer lands (networks.groups.Then), with no event between."""
+        if not (self._fast and type(transfers) is _Batch and transfers.net is self):
+            return super().transfer_all_then(transfers, then, tag)
+        b = transfers
+        if b.expand is not None:
+            self.quotient.start_all(b, tag, Then(then))
+            return
+        g = Group(b.srcs, b.dsts, b.nb, b.maxr, self.env.now, tag, None, Then(then))
+        self._engine.start(g, b.flat, b.nh, b.lat, b.distinct, b.alone())
 
     def batch(self, transfers):
         """The transfers checked and routed once, for `transfer_all` to start many times

@@ -189,11 +189,13 @@ class Quotient:
         net.capacity[kept] = self.capacity0[kept] * len(links) / self.k
         return kept
 
-    def start_all(self, b, tag: str):
-        """transfer_all of a prepared batch: its event fires with every transfer's record."""
+    def start_all(self, b, tag: str, done=None):
+        """transfer_all of a prepared batch: its event fires with every transfer's record
+        (`done`: what to succeed instead, e.g. networks.groups.Then)."""
         net = self.net
         env = net.env
-        done = env.event()
+        if done is None:
+            done = env.event()
         full = Group(*b.full, env.now, tag, None, done)
         kept = Group(b.srcs, b.dsts, b.nb, b.maxr, env.now, tag, None, None)
         kept.done = _Landed(self, kept, full, b)  # at once, as the full group's done

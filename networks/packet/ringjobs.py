@@ -97,7 +97,7 @@ class RingJobs:
         return not (
             (self.owner[flat] >= 0).any()
             or self.table.occ[flat].any()
-            or (self.engine.groups.owner[flat] >= 0).any()
+            or not self.engine.groups.free(flat)
         )
 
     def _start_job(self, p: RingPaths, chunk, steps, tag, done) -> None:

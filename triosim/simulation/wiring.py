@@ -249,11 +249,11 @@ class Simulation:
 
     def _by_orbits(self, sym, net, comm, runtime) -> str:
         """Let the network move one flow per orbit of the copies (networks.packet.quotient)
-        where nothing rules it out: a communication model without run_many (its image
+        where nothing rules it out: a communication model without start_many (its image
         collectives start one by one), an earlier attempt that broke it, a collective whose
         transfers the check before the run refuses. Says which it is."""
         why = self._all_flows
-        if why is None and not hasattr(comm, "run_many"):
+        if why is None and not hasattr(comm, "start_many"):
             why = "the communication model starts each copy's collective on its own"
         by_orbits = getattr(net, "by_orbits", None)
         if why is None and by_orbits is not None:

@@ -41,7 +41,7 @@ from extrapolators.communication.nccl.groups import GroupAnalysis, _Group
 from extrapolators.communication.nccl.layouts import window_max as _window_max
 from extrapolators.communication.nccl.options import NcclOptions, Tuning, resolve_tuning
 from extrapolators.communication.nccl.system import System, tree_depth
-from networks.groups import at as at_instant
+from networks.groups import fire_at
 from triosim.common.errors import ConfigError
 from triosim.hardware import nccl_constants as P
 
@@ -446,35 +446,61 @@ class Nccl(CommModel):
     def run_many(self, op, groups, nbytes, tag="", roots=None, algorithm=None, sizes=None):
         """`run` of one collective over several groups at the same instant (a symmetric
         run's representatives and their images; `sizes`: an all-to-all's per-pair bytes,
-        by position in each group): all their streams as one transfer group (one network
-        update, not one per group). Returns each group's end instant, computed
-        with `run`'s float operations (its transfers' last arrival, then what is left of
-        NCCL's latency); returns at the first group's end when every group's transfers
-        arrived at that group's instant (the symmetric case), else at once."""
+        by position in each group): `start_many`, waited for. Returns each group's end
+        instant; returns at the first group's end."""
+        done, out = self.env.event(), []
+
+        def then(ends, end):
+            out.append(ends)
+            fire_at(self.env, done, end)
+
+        self.start_many(op, groups, nbytes, then, tag, roots, algorithm, sizes)
+        yield done
+        return out[0]
+
+    def start_many(self, op, groups, nbytes, then, tag="", roots=None, algorithm=None, sizes=None):
+        """Start `run_many`'s collective: all the groups' streams as one transfer group (one
+        network update, not one per group). When the last transfer lands (at once if none
+        moves), calls `then(ends, end)`: each group's end instant, computed with `run`'s
+        float operations (its transfers' last arrival, then what is left of NCCL's
+        latency), and the instant the first group's `run` would have returned (its end
+        when every group's transfers arrived at its instant, the symmetric case, else the
+        landing instant); no event between."""
         roots = roots if roots is not None else [None] * len(groups)
         plans, batch, m = self._many_plans(op, groups, nbytes, roots, algorithm, sizes)
         for k, count in m.choices:
             self.choices[k] = self.choices.get(k, 0) + count
-        start = self.env.now
+        env = self.env
+        start = env.now
         # per group, as `run` does it: its transfers' last arrival (`last`, when its
         # transfer_all would have fired), then what is left of NCCL's latency after its
         # last byte left (`rest`); the same float operations, element by element
-        last = np.full(len(plans), start)
-        rest = m.rest.copy()
+
+        def landed(records):
+            if m.uniform and records is not None:  # every group lands as the first one
+                return then(*_uniform_ends(records.end_array()[: m.uniform], m, len(plans), env))
+            last = np.full(len(plans), start)
+            rest = m.rest.copy()
+            if records is not None:
+                arrive = np.asarray(
+                    records.ends() if hasattr(records, "ends") else [r.end for r in records],
+                    float,
+                )
+                last[m.has] = np.maximum.reduceat(arrive, m.first)
+                sent = np.maximum.reduceat(arrive - m.path_lat, m.first)
+                rest[m.has] -= last[m.has] - sent
+            ends = np.where(rest > 0, last + rest, last).tolist()
+            now = env.now
+            if now == last[0] and rest[0] > 0:
+                end = now + float(rest[0])  # as `run`'s timeout(rest): the same sum
+            else:  # another group's transfers arrived later: at ends[0] (or now)
+                end = max(now, ends[0])
+            then(ends, end)
+
         if batch:
-            records = yield self.net.transfer_all(batch, tag=tag or op)
-            arrive = np.asarray(
-                records.ends() if hasattr(records, "ends") else [r.end for r in records], float
-            )
-            last[m.has] = np.maximum.reduceat(arrive, m.first)
-            sent = np.maximum.reduceat(arrive - m.path_lat, m.first)
-            rest[m.has] -= last[m.has] - sent
-        ends = np.where(rest > 0, last + rest, last).tolist()
-        if self.env.now == last[0] and rest[0] > 0:
-            yield self.env.timeout(float(rest[0]))  # as `run`: the same sum, the same instant
-        elif self.env.now < ends[0]:  # another group's transfers arrived later: at ends[0]
-            yield at_instant(self.env, ends[0], lambda _e: None)
-        return ends
+            self.net.transfer_all_then(batch, landed, tag=tag or op)
+        else:
+            landed(None)
 
     def prepare_many(self, op, groups, nbytes, roots, algorithm=None, sizes=None) -> None:
         """What `run_many` of this call will need, made now and kept (its plans and
@@ -576,7 +602,36 @@ class Nccl(CommModel):
             first=(np.cumsum(counts) - counts)[counts > 0],
             path_lat=np.array([x for p in plans for x in p.path_latency], float),
         )
+        m.uniform = _uniform(batch, counts, m.rest, m.path_lat)
         return plans, batch, m
+
+
+def _uniform(batch, counts, rest, path_lat) -> int:
+    """The number of streams of each group where every group ends as the first: the network
+    moves the batch by orbits (each transfer lands with its kept flow: `expand`), every
+    group's streams are the same kept flows with the same path latencies, and every group
+    has the same latency after; else 0."""
+    expand = getattr(batch, "expand", None)
+    if expand is None or not len(counts) or counts[0] == 0 or (counts != counts[0]).any():
+        return 0
+    if (rest != rest[0]).any():
+        return 0
+    c = int(counts[0])
+    e, lat = expand.reshape(-1, c).tolist(), path_lat.reshape(-1, c).tolist()
+    first = sorted(zip(e[0], lat[0], strict=True))
+    same = all(sorted(zip(a, b, strict=True)) == first for a, b in zip(e, lat, strict=True))
+    return c if same else 0
+
+
+def _uniform_ends(arrive, m, n: int, env) -> tuple:
+    """`start_many`'s (ends, end) where every group ends as the first (`_uniform`):
+    the first group's, with the same float operations, `arrive` its streams' arrivals."""
+    last = float(arrive.max())
+    sent = float((arrive - m.path_lat[: len(arrive)]).max())
+    rest = float(m.rest[0]) - (last - sent)
+    e = last + rest if rest > 0 else last
+    now = env.now
+    return [e] * n, now + rest if (now == last and rest > 0) else max(now, e)
 
 
 def _rooted_alike(roots, groups) -> list:

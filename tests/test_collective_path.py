@@ -1,0 +1,133 @@
+"""The symmetric run's collective path without a process per call (Meetings ->
+Nccl.start_many -> Network.transfer_all_then): the same results as the general per-group
+computation, and the exact helpers it rests on (sequential sums, events at an absolute
+instant)."""
+
+import functools
+import operator
+import types
+
+import numpy as np
+import pandas as pd
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from extrapolators.communication.nccl import model as nccl_model
+from networks import PacketSwitchNetwork
+from networks import topology as topo
+from networks.groups import fire_at, seq_sum
+from tests.conftest import chain_trace
+from triosim.simulation.wiring import Simulation
+
+NODES = {
+    "kind": "multi_node",
+    "gpus_per_node": 4,
+    "bandwidth": "450 GB/s",
+    "latency": "1 us",
+    "inter_bandwidth": "50 GB/s",
+    "inter_latency": "5 us",
+}
+
+
+def _symmetric(par, n):
+    t = chain_trace(batch=8, layers=4, weight_bytes=3e6)
+    cfg = {
+        "num_gpus": n,
+        "batch_size": 8 * n,
+        "parallelism": {"mode": "mesh", **par},
+        "topology": NODES,
+        "symmetry": "auto",
+    }
+    sim = Simulation(cfg, trace=t)
+    r = sim.run()
+    return r, pd.util.hash_pandas_object(r.timeline, index=False).to_numpy()
+
+
+@pytest.mark.parametrize(
+    "par",
+    [
+        {"tp": 4, "dp_shard": 4},
+        {"tp": 2, "dp_shard": 2, "pp": 2, "microbatches": 2, "dp_replicate": 2},
+        {"tp": 4, "dp_replicate": 4, "sequence_parallel": True},
+    ],
+)
+def test_every_group_ending_as_the_first_gives_the_per_group_result(par, monkeypatch):
+    """Where every copy's group lands with the first (`_uniform`), its end is taken once:
+    the same iteration and the same timeline as computing every group's end."""
+    taken = []
+    real = nccl_model._uniform_ends
+
+    def counted(*args):
+        taken.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(nccl_model, "_uniform_ends", counted)
+    fast, fast_rows = _symmetric(par, 16)
+    assert "representative" in fast.symmetry and taken
+    monkeypatch.setattr(nccl_model, "_uniform", lambda *a: 0)
+    slow, slow_rows = _symmetric(par, 16)
+    assert repr(fast.iteration_time) == repr(slow.iteration_time)
+    assert np.array_equal(fast_rows, slow_rows)
+
+
+def test_uniform_needs_the_same_kept_flows_latencies_and_latency_after():
+    # 3 groups of 2 streams; expand: each stream's kept flow
+    b = types.SimpleNamespace(expand=np.array([0, 1, 1, 0, 0, 1]))
+    two, lat = np.array([2, 2, 2]), np.array([1e-6, 2e-6, 2e-6, 1e-6, 1e-6, 2e-6])
+    rest = np.full(3, 5e-6)
+    assert nccl_model._uniform(b, two, rest, lat) == 2  # the same pairs, in any order
+    other = types.SimpleNamespace(expand=np.array([0, 1, 1, 0, 0, 0]))
+    assert nccl_model._uniform(other, two, rest, lat) == 0  # a group on another flow
+    lat2 = lat.copy()
+    lat2[5] = 3e-6
+    assert nccl_model._uniform(b, two, rest, lat2) == 0  # another path latency
+    assert nccl_model._uniform(b, two, np.array([5e-6, 5e-6, 6e-6]), lat) == 0
+    uneven = types.SimpleNamespace(expand=np.array([0, 1, 1, 0, 0, 1]))
+    assert nccl_model._uniform(uneven, np.array([2, 3, 1]), rest, lat) == 0
+    assert nccl_model._uniform(types.SimpleNamespace(), two, rest, lat) == 0  # no orbits
+
+
+def test_a_group_behind_a_slower_link_is_not_taken_as_the_first():
+    """`_uniform` needs the copies' streams to be the same kept flows: without orbits
+    (every flow moved) it says 0, and run_many still ends each group as its own."""
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, topo.switch_star(8, 50e9, 1e-6))
+    batch = net.batch([(0, 1, 1e6), (1, 0, 1e6), (2, 3, 1e6), (3, 2, 1e6)])
+    counts = np.array([2, 2])
+    assert nccl_model._uniform(batch, counts, np.zeros(2), np.zeros(4)) == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    acc=st.floats(-1e12, 1e12, allow_nan=False),
+    values=st.lists(st.floats(-1e12, 1e12, allow_nan=False), max_size=70),
+)
+def test_seq_sum_adds_left_to_right(acc, values):
+    # the definition: one add at a time, in order (not numpy's pairwise sum)
+    assert seq_sum(acc, values) == functools.reduce(operator.add, values, acc)
+
+
+def test_seq_sum_differs_from_a_pairwise_sum():
+    # 1 + 1e-16 + ... : one add at a time loses every tiny term, pairwise sums keep some
+    values = [1.0] + [1e-16] * 40
+    assert seq_sum(0.0, values) == 1.0 and float(np.sum(values)) != 1.0
+
+
+def test_fire_at_processes_the_event_at_the_instant_given():
+    env = simpy.Environment()
+    seen = []
+
+    def proc():
+        yield env.timeout(0.177)
+        ev = env.event()
+        ev.callbacks.append(lambda _e: seen.append(env.now))
+        fire_at(env, ev, 0.761)  # a timeout(0.761 - 0.177) would fire at 0.7610000000000001
+        now = env.event()
+        now.callbacks.append(lambda _e: seen.append(env.now))
+        fire_at(env, now, 0.177)
+
+    env.process(proc())
+    env.run()
+    assert seen == [0.177, 0.761] and 0.177 + (0.761 - 0.177) != 0.761
