@@ -24,6 +24,7 @@ import numpy as np
 
 from networks.groups import Group, at
 from networks.maxmin import max_min_rates
+from networks.packet.landing import arrival_runs
 from networks.packet.ringjob import REL_TOL, TIME_TOL
 from networks.packet.table import FlowTable
 
@@ -35,7 +36,7 @@ class Alone:
     loads give; `ok` False where a job cannot run it (a rate 0 or infinite, a flow of 0
     bytes or no link)."""
 
-    __slots__ = ("ok", "rate", "dt", "links", "util", "nb", "ids", "lat0", "small")
+    __slots__ = ("ok", "rate", "dt", "links", "util", "nb", "ids", "lat0", "small", "lat_runs")
     small_flows = 8  # groups of up to this many flows: the done rule in Python floats
 
     def __init__(self, capacity: np.ndarray, flat, nh, nb, maxr, lat, nan_util: bool) -> None:
@@ -43,6 +44,11 @@ class Alone:
         self.nb, self.ids = nb, np.arange(n)
         # one path latency for all (the common case: one landing at t1 + it), else None
         self.lat0 = float(lat[0]) if n and (lat == lat[0]).all() else None
+        # else the flows of each distinct latency (Landing's runs of the arrivals, as long
+        # as t1 + latency keeps them apart) and that latency
+        self.lat_runs = None
+        if self.lat0 is None and n:
+            self.lat_runs = [(float(lat[r[0]]), r) for r in arrival_runs(lat)]
         capped = np.flatnonzero(maxr < np.inf)
         if len(capped):  # the engine's incidence: a capped flow's private link after its path
             rows, ext = FlowTable.with_private_links(flat, nh, capped, len(capacity))
@@ -139,19 +145,21 @@ class GroupJobs:
         if alone.lat0 is not None:
             at(self.env, t1 + alone.lat0, lambda _e: self._landed(job, None))
         else:
-            self._land_at(job, t1 + lat)
+            self._land_at(job, lat)
         return True
 
-    def _land_at(self, job: GroupJob, arrival: np.ndarray) -> None:
+    def _land_at(self, job: GroupJob, lat: np.ndarray) -> None:
         """The job's landings, one event per distinct arrival time (Landing.land_later's
         runs: in order of first appearance, the order kept within each)."""
-        if (arrival == arrival[0]).all():
-            at(self.env, float(arrival[0]), lambda _e: self._landed(job, None))
-            return
-        _, first, inv = np.unique(arrival, return_index=True, return_inverse=True)
-        for j in np.argsort(first).tolist():
-            idx = np.flatnonzero(inv == j)
-            at(self.env, float(arrival[idx[0]]), lambda _e, idx=idx: self._landed(job, idx))
+        runs = job.alone.lat_runs
+        times = [job.t1 + x for x, _ in runs]
+        if len(set(times)) == len(times):  # the latencies' runs are the arrivals' runs
+            runs = [(t, idx) for t, (_, idx) in zip(times, runs, strict=True)]
+        else:
+            arrival = job.t1 + lat
+            runs = [(float(arrival[idx[0]]), idx) for idx in arrival_runs(arrival)]
+        for t, idx in runs:
+            at(self.env, t, lambda _e, idx=idx: self._landed(job, idx))
 
     def _landed(self, job: GroupJob, idx) -> None:
         """Transfers of the job (None: all) land now, unless it was split (its flows then

@@ -58,14 +58,7 @@ class Landing:
         """Land transfers (gid, idx) at `arrival` (delay: arrival - now as a timeout sees
         it; None: schedule at the absolute time)."""
         now = self.env.now
-        if len(arrival) == 1 or (arrival == arrival[0]).all():
-            runs = [np.arange(len(arrival))]
-        else:  # one run per distinct arrival, in order of first appearance, order kept within
-            _, first, inv = np.unique(arrival, return_index=True, return_inverse=True)
-            perm = np.argsort(inv, kind="stable")
-            runs = np.split(perm, np.cumsum(np.bincount(inv))[:-1])
-            runs = [runs[j] for j in np.argsort(first)]
-        for ks in runs:
+        for ks in arrival_runs(arrival):
             t = float(arrival[ks[0]])
             g, i = gid[ks], idx[ks]
             if t <= now:
@@ -108,3 +101,14 @@ class Landing:
             del self.groups[g]
             if grp.done is not None:
                 grp.done.succeed(Records(grp))
+
+
+def arrival_runs(arrival: np.ndarray) -> list:
+    """The positions of each distinct arrival time, one array per time in order of first
+    appearance, the order kept within each."""
+    if len(arrival) == 1 or (arrival == arrival[0]).all():
+        return [np.arange(len(arrival))]
+    _, first, inv = np.unique(arrival, return_index=True, return_inverse=True)
+    perm = np.argsort(inv, kind="stable")
+    runs = np.split(perm, np.cumsum(np.bincount(inv))[:-1])
+    return [runs[j] for j in np.argsort(first)]

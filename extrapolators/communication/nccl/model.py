@@ -434,10 +434,13 @@ class Nccl(CommModel):
             records = yield self.net.transfer_all(self._batch_of(p), tag=tag or op)
             # the network charged each stream its path latency after its last byte left;
             # NCCL's latency replaces it: wait what is left of it after the last byte left
-            ends = records.ends() if hasattr(records, "ends") else [r.end for r in records]
-            if len(ends) > 64:  # (the same float operations, in numpy)
-                sent = float(np.max(np.asarray(ends) - p.latency_array()))
+            if len(p.streams) > 64:  # (the same float operations, in numpy)
+                ends = records.end_array() if hasattr(records, "end_array") else records
+                if not isinstance(ends, np.ndarray):
+                    ends = np.array([r.end for r in ends], float)
+                sent = float(np.max(ends - p.latency_array()))
             else:
+                ends = records.ends() if hasattr(records, "ends") else [r.end for r in records]
                 sent = max(e - pl for e, pl in zip(ends, p.path_latency, strict=True))
             rest -= self.env.now - sent
         if rest > 0:
