@@ -59,3 +59,40 @@ def test_a_split_backwards_weight_gradient_is_born_with_its_w_part():
     assert (got[10.0], got[-10.0]) == (0.0, 6e-3)
     assert (got[20.0], got[-20.0]) == (0.0, 6e-3)
     assert (got[30.0], got[-30.0]) == pytest.approx((5e-3, 6e-3))
+
+
+def test_activation_copies_by_hand_in_the_order_they_are_made():
+    """Rows of two micro-batches, by hand: op 1 (forward) makes "a" and saves "s" inside
+    itself (its maker, op 1); op 2 (recompute, micro-batch 0) writes "a" again (the
+    recomputed copy); op 3 (backward) reads "a" and "s". Op 3 of micro-batch 1 runs
+    before any op 1 of micro-batch 1, so its "s" is born with it (nothing made it yet).
+    The copies come out in the order their first rows made them."""
+    rows = {
+        "op_id": [1, 3, 2, 3, 1],
+        "start": [0.0, 1.0, 2.0, 3.0, 4.0],
+        "end": [0.5, 1.5, 2.5, 3.5, 4.5],
+        "iteration": [0, 0, 0, 0, 0],
+        "microbatch": [0, 1, 0, 0, 1],
+        "phase": ["forward", "backward", "recompute", "backward", "forward"],
+    }
+    plan = {
+        1: ([("a", 10.0, True, None, False, False, False)], 1.0),
+        2: ([("a", 10.0, True, None, False, False, False)], 1.0),
+        3: (
+            [
+                ("a", 10.0, False, None, False, True, False),
+                ("s", 5.0, False, 1, False, True, False),
+            ],
+            2.0,
+        ),
+    }
+    times, cats, values = [], [], []
+    _activations(rows, plan, times, cats, values)
+    assert list(zip(times[::2], times[1::2], values[::2], strict=True)) == [
+        (0.0, 0.5, 10.0),  # a, mb 0, op 1's copy: to its last forward reader
+        (1.0, 4.5, 20.0),  # a, mb 1: read by op 3 first (ratio 2), op 1 extends it
+        (1.0, 1.5, 10.0),  # s, mb 1: its maker had not run: born with its reader
+        (2.0, 3.5, 10.0),  # a, mb 0, recomputed copy: op 2 to op 3
+        (0.0, 3.5, 10.0),  # s, mb 0: born with op 1's first run
+    ]
+    assert values[1::2] == [-v for v in values[::2]]

@@ -453,68 +453,131 @@ def _activations(r, plan, times, cats, values):
     (pass 1): the first forward's copy lives only until its last forward reader, and
     backward reads the recomputed one; one a recomputed op saved inside itself is born
     with the recomputation. A weight's gradient a split backward makes (`late`) is born
-    with the op's last run (its W part), not its first (its B part)."""
-    # (tensor key, iteration, micro-batch) -> [its first forward's copy, its recomputed
-    # copy], each a record [first instant, last instant, bytes] or None; `order`: the
-    # records as made (the curve adds them in that order: equal instants sum in it)
-    slots: dict = {}
-    order: list = []
-    started: dict = {}  # (op id, iteration, micro-batch) -> start
-    again: dict = {}  # the same, of the op's recomputation
-    ends: dict = {}  # (iteration, micro-batch) -> end of its last op
-    held: list = []  # (record, (iteration, micro-batch)) of the held model output
-    late: list = []  # (record, (op id, iteration, micro-batch) of the split op making it)
-    latest: dict = {}  # (op id, iteration, micro-batch) -> the start of its last run
-    rows = zip(
-        r["op_id"], r["start"], r["end"], r["iteration"], r["microbatch"], r["phase"], strict=True
+    with the op's last run (its W part), not its first (its B part).
+
+    In arrays, row by row as one pass would take them: every (row, allocation it touches)
+    pair in row order; a pair's slot is (allocation, iteration, micro-batch) and its copy
+    the recomputed one from the slot's first pair where a recomputed op writes it; a copy
+    starts at its first pair's row (or its maker's first run there, or its last run for a
+    late gradient) and ends at its pairs' last end; copies are added in the order of their
+    first pairs (the curve sums equal instants in that order)."""
+    ops = r["op_id"]
+    n = len(ops)
+    if not n or not plan:
+        return
+    pos = {o: i for i, o in enumerate(plan)}
+    first_item, count, item_cols = _plan_items(plan)
+    pidx = np.fromiter((pos.get(o, -1) for o in ops), np.int64, count=n)
+    sel = np.flatnonzero(pidx >= 0)
+    if not len(sel):
+        return
+    code: dict = {}  # op id -> int (rows' ops first, then makers never run here)
+    oc = np.fromiter((code.setdefault(o, len(code)) for o in ops), np.int64, count=n)
+    start = np.asarray(r["start"], float)
+    stop = np.asarray(r["end"], float)
+    it, mb = _codes(r["iteration"], n), _codes(r["microbatch"], n)
+    redo = np.fromiter((ph == "recompute" for ph in r["phase"]), bool, count=n)
+    span_it, span_mb = int(it.max()) + 1, int(mb.max()) + 1
+    im = it * span_mb + mb  # (iteration, micro-batch)
+    run = oc * (span_it * span_mb) + im  # (op, iteration, micro-batch)
+    k_of, nb_of, out_of, born_of, held_of, alias_of, late_of = item_cols
+    # the pairs, in row order and each row's items in plan order
+    cnt = count[pidx[sel]]
+    prow = np.repeat(sel, cnt)
+    pitem = np.repeat(first_item[pidx[sel]], cnt) + (
+        np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
     )
-    for op_id, start, stop, it, mb, phase in rows:
-        run = (op_id, it, mb)
-        if run not in started:
-            started[run] = start
-        redo = phase == "recompute"
-        if redo and run not in again:
-            again[run] = start
-        im = (it, mb)
-        prev_end = ends.get(im, stop)
-        ends[im] = prev_end if prev_end > stop else stop
-        p = plan.get(op_id)
-        if p is None:
-            continue
-        items, ratio = p
-        for k, nbytes, is_out, born_in, is_held, aliased, w_made in items:
-            slot = slots.get((k, it, mb))
-            if slot is None:
-                slot = slots[k, it, mb] = [None, None]
-            # the recomputed copy: where this op makes it, or once it exists
-            c = 1 if (redo and is_out and not aliased) or slot[1] is not None else 0
-            rec = slot[c]
-            if rec is None:
-                t0 = start
-                if born_in is not None and not is_out:
-                    # what autograd saved inside a recomputed op is saved by its
-                    # recomputation (the first forward ran without saving)
-                    b = (born_in, it, mb)
-                    t0 = again.get(b, started.get(b, start))
-                rec = slot[c] = [t0, stop, nbytes * ratio]
-                order.append(rec)
-                if is_held:
-                    held.append((rec, im))
-                if w_made and is_out:
-                    late.append((rec, run))
-            else:
-                rec[1] = rec[1] if rec[1] > stop else stop  # (a tie keeps `stop`, as before)
-            if w_made and is_out:  # (only a split op's rows: not every row's)
-                latest[run] = start
-    for rec, im in held:
-        rec[1] = max(rec[1], ends[im])
-    for rec, run in late:
-        rec[0] = latest[run]
+    _, slot = np.unique(k_of[pitem] * (span_it * span_mb) + im[prow], return_inverse=True)
+    slot = slot.reshape(-1)
+    # each slot's recomputed copy starts at its first pair where a recomputed op writes it
+    trig = np.flatnonzero(redo[prow] & out_of[pitem] & ~alias_of[pitem])
+    first_trig = np.full(int(slot.max()) + 1, len(prow))
+    ts, ti = np.unique(slot[trig], return_index=True)
+    first_trig[ts] = trig[ti]
+    rec = slot * 2 + (np.arange(len(prow)) >= first_trig[slot])
+    _, made, rinv = np.unique(rec, return_index=True, return_inverse=True)
+    rinv = rinv.reshape(-1)
+    t1 = np.full(len(made), -np.inf)
+    np.maximum.at(t1, rinv, stop[prow])
+    order = np.argsort(made, kind="stable")  # copies in the order they were made
+    made, t1 = made[order], t1[order]
+    row0, item0 = prow[made], pitem[made]
+    t0 = start[row0].copy()
+    # what a recomputed op saved inside itself is born with its maker's recomputation,
+    # else its maker's first run, where these ran by then
+    inside = np.flatnonzero((born_of[item0] >= 0) & ~out_of[item0])
+    if len(inside):
+        born = born_of[item0[inside]]
+        rows_in = row0[inside]
+        b = np.full(len(inside), -1, np.int64)
+        known = np.fromiter((code.get(x, -1) for x in born.tolist()), np.int64, len(born))
+        ok = known >= 0
+        b[ok] = known[ok] * (span_it * span_mb) + im[rows_in[ok]]
+        t0[inside] = _first_start(b, rows_in, run, start, np.arange(n), t0[inside])
+        t0[inside] = _first_start(b, rows_in, run, start, np.flatnonzero(redo), t0[inside])
+    held = np.flatnonzero(held_of[item0])
+    if len(held):  # the model output: to the end of its iteration and micro-batch
+        ends = np.full(span_it * span_mb, -np.inf)
+        np.maximum.at(ends, im, stop)
+        t1[held] = np.maximum(t1[held], ends[im[row0[held]]])
+    late = np.flatnonzero(late_of[item0] & out_of[item0])
+    if len(late):  # born with the last run of the op that makes it
+        w_rows = prow[late_of[pitem] & out_of[pitem]]
+        last = {}
+        for x, y in zip(run[w_rows].tolist(), w_rows.tolist(), strict=True):
+            last[x] = y
+        t0[late] = start[[last[x] for x in run[row0[late]].tolist()]]
+    nbytes = nb_of[item0]
     k = CATEGORIES.index("activations")
-    for t0, t1, nbytes in order:
-        times += [t0, t1]
-        cats += [k, k]
-        values += [nbytes, -nbytes]
+    times += np.column_stack([t0, t1]).ravel().tolist()
+    cats += [k] * (2 * len(t0))
+    values += np.column_stack([nbytes, -nbytes]).ravel().tolist()
+
+
+def _codes(values, n: int) -> np.ndarray:
+    """Each value's int code, equal where the values are equal as dict keys (a task's
+    micro-batch None is its own, 0 and 0.0 one)."""
+    seen: dict = {}
+    return np.fromiter((seen.setdefault(x, len(seen)) for x in values), np.int64, count=n)
+
+
+def _first_start(b, rows_at, run, start, rows, fallback):
+    """Per lookup j: the start of run b[j]'s first row among `rows` if that row comes at
+    or before row rows_at[j] (it has run by then), else fallback[j]."""
+    out = fallback.copy()
+    if not len(rows):
+        return out
+    codes, first = np.unique(run[rows], return_index=True)
+    at = np.searchsorted(codes, b)
+    at_ok = at < len(codes)
+    hit = np.zeros(len(b), bool)
+    hit[at_ok] = (codes[at[at_ok]] == b[at_ok]) & (b[at_ok] >= 0)
+    r0 = np.where(hit, rows[first[np.minimum(at, len(codes) - 1)]], 0)
+    ran = hit & (r0 <= rows_at)
+    out[ran] = start[r0[ran]]
+    return out
+
+
+def _plan_items(plan) -> tuple:
+    """The plan's items as columns (allocation key as an int, bytes x ratio, is an
+    output, maker op id or -1, held, read by the op, late), each op's first and count."""
+    keys: dict = {}
+    first, count = [], []
+    cols: tuple = ([], [], [], [], [], [], [])
+    for items, ratio in plan.values():
+        first.append(len(cols[0]))
+        count.append(len(items))
+        for k, nbytes, is_out, born_in, is_held, aliased, w_made in items:
+            cols[0].append(keys.setdefault(k, len(keys)))
+            cols[1].append(nbytes * ratio)
+            cols[2].append(is_out)
+            cols[3].append(-1 if born_in is None else born_in)
+            cols[4].append(is_held)
+            cols[5].append(aliased)
+            cols[6].append(w_made)
+    kinds = (np.int64, float, bool, np.int64, bool, bool, bool)
+    arrays = tuple(np.array(c, t) for c, t in zip(cols, kinds, strict=True))
+    return np.array(first, np.int64), np.array(count, np.int64), arrays
 
 
 def _gradients(r, grad_bytes, total, times, cats, values):
