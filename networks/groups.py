@@ -274,6 +274,8 @@ class Then:
     lands (`Network.transfer_all_then`), where an event would wait for the next step."""
 
     __slots__ = ("fn",)
+    calls_back = True  # runs code that may start transfers (the fast engine defers it
+    # out of a solve: networks.packet.landing)
 
     def __init__(self, fn) -> None:
         self.fn = fn

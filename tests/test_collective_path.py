@@ -131,3 +131,27 @@ def test_fire_at_processes_the_event_at_the_instant_given():
     env.process(proc())
     env.run()
     assert seen == [0.177, 0.761] and 0.177 + (0.761 - 0.177) != 0.761
+
+
+def test_a_calls_plans_are_found_again_by_its_lists(monkeypatch):
+    """`_many_plans` finds a call again by the identity of its lists (groups, roots), and
+    by their groups' identities otherwise; it makes them again after `forget_batches`,
+    and keeps no more GPU slots than MANY_SLOTS by its lists."""
+    from tests.test_symmetry import _nccl_on
+
+    env, model = _nccl_on({"kind": "switch", "bandwidth": "50 GB/s", "latency": "1 us"}, 8)
+    made = []
+    real = model._prepared
+    monkeypatch.setattr(model, "_prepared", lambda *a: made.append(1) or real(*a))
+    groups, roots = [(0, 1), (2, 3)], [None, None]
+    a = model._many_plans("allreduce", groups, 8e6, roots, None)
+    assert model._many_plans("allreduce", groups, 8e6, roots, None) is a and len(made) == 1
+    other = list(groups)  # new lists of the same groups: found by the groups
+    assert model._many_plans("allreduce", other, 8e6, [None, None], None) is a
+    assert len(made) == 1
+    model.forget_batches()
+    b = model._many_plans("allreduce", groups, 8e6, roots, None)
+    assert b is not a and len(made) == 2
+    monkeypatch.setattr(model, "MANY_SLOTS", 6)  # two calls of 4 slots: the first goes
+    model._many_plans("allreduce", [(4, 5), (6, 7)], 8e6, roots, None)
+    assert model._same_slots == 4 and len(model._same_lists) == 1

@@ -186,3 +186,81 @@ def test_a_flow_with_less_time_left_than_the_clock_resolves_is_done_with_the_job
 
     (ends, jobs), (table_ends, _) = run(True), run(False)
     assert jobs == 1 and ends == table_ends and ends[0] == ends[1]
+
+
+def test_a_callback_that_starts_transfers_where_a_group_lands_inside_a_solve():
+    # no latency: the table's group (unequal sizes: not a job) lands in the solve that
+    # retires it; its callback (transfer_all_then) starts two more transfers, which must
+    # run: the callback waits for the solve to end (a review found them stuck before)
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, topo.switch_star(4, 10 * GB, 0.0))
+    net.check_solves = True
+    later = []
+
+    def then(_records):
+        later.append(net.transfer_all([(0, 1, 5e8), (2, 3, 1e8)]))
+
+    net.transfer_all_then(net.batch([(0, 1, 1e8), (1, 0, 2e8)]), then)
+    env.run()
+    # 0.2 GB at 10 GB/s, then 0.5 GB at 10 GB/s
+    assert [r.end for r in later[0].value] == pytest.approx([0.07, 0.03], rel=1e-12)
+    assert net.in_flight == 0 and net.bytes_delivered == net.bytes_sent == 9e8
+
+
+def _two_land_at_once(jobs: bool, engine: str = "fast"):
+    # A (2 -> 3) sends from 0 to 6u, lands at 7u; B (0 -> 1) sends from u to 3u with
+    # 4u of latency: lands at 7u too (u = 2^-12 s, so every sum is exact)
+    import networkx as nx
+
+    u = 2.0**-12
+    g = nx.DiGraph()
+    for i in range(4):
+        g.add_node(i, kind="gpu")
+    topo.add_link(g, 2, 3, 2.0**30, u)
+    topo.add_link(g, 0, 1, 2.0**30, 4 * u)
+    topo.add_link(g, 1, 2, 2.0**30, u)
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, g, engine=engine)
+    order = []
+
+    def a():
+        r = yield net.transfer_all([(2, 3, 3 * 2.0**19)])
+        order.append(("A", r[0].end))
+
+    def b():
+        yield env.timeout(u)
+        r = yield net.transfer_all([(0, 1, 2.0**19)])
+        order.append(("B", r[0].end))
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(GroupJobs, "enabled", jobs)
+        env.process(a())
+        env.process(b())
+        env.run()
+    return order, net
+
+
+def test_landings_at_one_instant_come_in_the_tables_order():
+    on, net = _two_land_at_once(True)
+    assert net.group_jobs == 2
+    assert on == _two_land_at_once(False)[0] == _two_land_at_once(True, "reference")[0]
+    assert on == [("B", 7 * 2.0**-12), ("A", 7 * 2.0**-12)]
+
+
+def test_flow_rates_come_in_the_order_the_groups_started():
+    # a job (capped at 40 GB/s) from 0; at 1 ms a group that takes the table (unequal
+    # sizes); at 2 ms the rates read split the job into the table, after the other group
+    env, net = _star(8, lat=2e-6)
+    net.transfer_all([(0, 1, 1e9, 40 * GB)])
+    got = {}
+
+    def later():
+        yield env.timeout(1e-3)
+        net.transfer_all([(2, 3, 1e9), (4, 5, 5e8)])
+        yield env.timeout(1e-3)
+        got["rates"] = net.flow_rates().tolist()
+
+    env.process(later())
+    env.run()
+    assert got["rates"] == [40 * GB, 100 * GB, 100 * GB]
+    assert net.group_splits == 1

@@ -31,6 +31,8 @@ class Meetings:
         self.symmetry = runtime.symmetry
         self.collective_bytes = runtime.collective_bytes  # the runtime's dict, updated here
         self.open: dict[str, dict] = {}  # key -> the meeting in progress
+        # (id(group), root) -> (group, images, the groups and roots of its calls)
+        self._calls: dict = {}
 
     def arrive(self, gpu, task: Collective) -> dict:
         """Meet the other members; the last to arrive runs the algorithm. Returns the
@@ -92,8 +94,9 @@ class Meetings:
         """The representatives' collective and its images through `comm.start_many`: one
         transfer group for all copies; when the last transfer lands, each image's end
         checked against the representatives' (as `_image_collective` would, without a
-        process per copy) and `done` fired at the collective's end, with no process and no
-        event between."""
+        process per copy), its bytes counted, the meeting closed, and `done` fired at the
+        collective's end, with no process and no event between (so `done` comes before
+        other events of that instant that were set after the landing)."""
         groups, roots = self._many_call(task, images)
 
         def then(ends, end):
@@ -107,12 +110,20 @@ class Meetings:
         )
 
     def _many_call(self, task: Collective, images) -> tuple:
-        """(the groups, their roots) of `comm.start_many` for `task` and its images."""
+        """(the groups, their roots) of `comm.start_many` for `task` and its images; the
+        same list objects for the same group, images and root (a call's plans are kept
+        for them: networks' and the NCCL model's caches check them by identity)."""
+        key = (id(task.group), task.root)
+        hit = self._calls.get(key)
+        if hit is not None and hit[0] is task.group and hit[1] is images:
+            return hit[2], hit[3]
         roots = [task.root] + [
             None if task.root is None else self.symmetry.image(task.root, k)
             for k in self.symmetry.image_copies(task.group)
         ]
-        return [task.group, *images], roots
+        groups = [task.group, *images]
+        self._calls[key] = (task.group, images, groups, roots)
+        return groups, roots
 
     def prepare(self, tasks) -> None:
         """Prepare, before the run, what the communication model will be asked for each of

@@ -64,8 +64,9 @@ class FastEngine:
 
     def start(self, g: Group, flat, nh, lat, distinct: bool = False, alone=None) -> None:
         """Start the transfers of `g` (their routes' links `flat`, `nh` per transfer, path
-        latencies `lat`; `distinct`: no link twice in `flat`; `alone`: what they get alone
-        on their links, networks.packet.groupjobs.Alone, to run as a job if they are)."""
+        latencies `lat`; `distinct`: no link twice in `flat`; `alone`: a callable giving
+        what they get alone on their links, networks.packet.groupjobs.Alone, to run as a
+        job if they are)."""
         self.advance()
         rings, groups, net = self.rings, self.groups, self.net
         if len(rings.jobs) and (rings.owner[flat] >= 0).any():
@@ -127,6 +128,14 @@ class FastEngine:
         self.last = now
 
     def finish(self) -> None:
+        landing = self.landing
+        landing.solving = True  # what lands inside the solve waits for its own event
+        try:
+            self._finish()
+        finally:
+            landing.solving = False
+
+    def _finish(self) -> None:
         t, solver, check = self.table, self.solver, self.net.check_solves
         self.solve_queued = False  # a timer at this instant solves the queued flows too
         if t.waiting:

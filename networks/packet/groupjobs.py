@@ -2,20 +2,28 @@
 
 A transfer group whose links carry nothing else (no flow in the table, no ring or group
 job) gets from the engine, while nothing else touches those links, its own max-min rates
-(the component solve of its flows alone, networks.maxmin), one timer at t0 + min(bytes /
-rate), and at that instant the done rule. When that one timer retires every flow, the
-group's whole life is known when it starts: each flow lands at t1 + its path latency. Such
-a group runs as a job: its links are reserved, its landings are set when it starts (one
-event per distinct arrival time, through the engine's own Landing), and no row enters the
-flow table and no solve runs. A transfer that touches a reserved link before t1 first
-splits the job: its flows enter the table with the bytes they have left and their rates,
-as the engine would hold them then (its landings then do nothing); at or after t1 the job
-only lets go of its links (its busy time counted up to t1).
-Groups whose timer would leave some flow unfinished (unequal shares: a second round) take
-the table. The floats are the engine's for the group alone, so a job gives its times bit
-for bit when nothing else runs; when other flows elsewhere start or end meanwhile, the
-engine would have moved the group's bytes forward at each of those instants, and its
-times differ from a job's by round-off (as ring jobs', networks.packet.ringjobs).
+(the component solve of its flows alone, networks.maxmin), one timer at t1 = t0 +
+min(bytes / rate), and at that instant the done rule. When that one timer retires every
+flow, such a group runs as a job: its links are reserved, one event fires at t1 (its
+links freed, its busy time counted, and each transfer set to land one path latency later
+through the engine's own Landing, as the table's delivery sets them), and no row enters
+the flow table and no solve runs. A transfer that touches a reserved link (up to t1
+itself) first splits the job: its flows enter the table with the bytes they have left and
+their rates, as the engine would hold them then (at t1 nothing is left: the next solve
+lands them). Groups whose timer would leave some flow unfinished (unequal shares: a second
+round) take the table.
+
+The floats are the engine's for the group alone, so a job gives its times bit for bit when
+nothing else runs; when other flows elsewhere start or end meanwhile, the engine would
+have moved the group's bytes forward at each of those instants, and its times differ from
+a job's by round-off (as ring jobs', networks.packet.ringjobs). What differs besides:
+`reallocations` counts one solve per job (the table counts another when the group leaves
+a table that still holds flows), and the rows of a split job join the table after those
+already there (`flow_rates` gives the rates in the order the groups started). A group's
+`Alone` is made once per batch (networks.packet.network `_Batch.alone`), from the
+capacities as they are then: a batch does not outlive a change of them (a run by orbits
+sets a class's capacity when the class is first routed, before its batches are made;
+`by_orbits(None)` comes with the communication model's `forget_batches`).
 """
 
 from __future__ import annotations
@@ -76,15 +84,13 @@ class Alone:
 class GroupJob:
     """One group under way as a job: started at t0, its flows done sending at t1."""
 
-    __slots__ = ("id", "gid", "g", "flat", "nh", "lat", "alone", "t0", "t1", "alive", "split")
+    __slots__ = ("id", "gid", "g", "flat", "nh", "lat", "alone", "t0", "t1", "alive")
 
     def __init__(self, jid, gid, g, flat, nh, lat, alone, t0, t1) -> None:
         self.id, self.gid, self.g = jid, gid, g
         self.flat, self.nh, self.lat, self.alone = flat, nh, lat, alone
         self.t0, self.t1 = t0, t1
-        self.alive = True  # holds its links (until it is split, or a touch or a landing
-        # after t1 lets them go)
-        self.split = False
+        self.alive = True  # holds its links (until its timer at t1, or a split)
 
 
 class GroupJobs:
@@ -94,12 +100,13 @@ class GroupJobs:
     Gives: `start(gid, g, flat, nh, lat, alone)` (True: `g`, registered with the landing
     as `gid`, now runs as a job; False: it must take the table), `split_touched(flat)`
     (split the jobs holding any of these links: the table must have been advanced to
-    now), `split_all()`, `free(flat)` (no job holds these links); its state, `jobs` (by id) and `owner` (the job holding each link,
-    -1 for none); the counters `group_jobs` and `group_splits`.
+    now), `split_all()`, `free(flat)` (no job holds these links); its state, `jobs` (by
+    id) and `owner` (the job holding each link, -1 for none); the counters `group_jobs`
+    and `group_splits`.
 
     Needs: the network (`env`, `capacity`, and the counters it adds to: `link_busy`,
     `max_utilisation`, `reallocations`) and the fast `engine` (its flow table's `add` and
-    `occ`, its landing's `land_later`, its ring jobs' `owner`).
+    `occ`, its landing's `land_one`, its solver's `nan_util`, its ring jobs' `owner`).
     """
 
     enabled = True  # tests turn jobs off to see the table's way
@@ -113,13 +120,18 @@ class GroupJobs:
     def alone(self, flat, nh, nb, maxr, lat) -> Alone:
         return Alone(self.net.capacity, flat, nh, nb, maxr, lat, self.engine.solver.nan_util)
 
-    def start(self, gid: int, g: Group, flat, nh, lat, alone: Alone) -> bool:
-        if not (alone.ok and self.enabled):
+    def start(self, gid: int, g: Group, flat, nh, lat, alone) -> bool:
+        """`alone`: a callable giving the group's Alone (made only where the links are
+        free)."""
+        if not self.enabled:
             return False
         engine = self.engine
         if engine.table.occ[flat].any() or not self.free(flat):
             return False
         if len(engine.rings.jobs) and (engine.rings.owner[flat] >= 0).any():
+            return False
+        alone = alone()
+        if not alone.ok:
             return False
         t0 = self.env.now
         t1 = t0 + alone.dt  # the engine's timer (timeout(dt) from t0)
@@ -135,45 +147,44 @@ class GroupJobs:
             if not ((rem <= REL_TOL * g.nb) | (rem <= alone.rate * tick)).all():
                 return False
         net = self.net
-        net.reallocations += 1  # the solve at its start
+        net.reallocations += 1  # the solve at its start (the table's would count one more
+        # at its end when other flows are in the table then)
         net.max_utilisation = max(net.max_utilisation, alone.util)
         job = GroupJob(self.group_jobs, gid, g, flat, nh, lat, alone, t0, t1)
         self.group_jobs += 1
         self.jobs[job.id] = job
         self.owner[flat] = job.id
-        # (at t1 the engine lands each one timeout(lat) later: t1 + lat)
-        if alone.lat0 is not None:
-            at(self.env, t1 + alone.lat0, lambda _e: self._landed(job, None))
-        else:
-            self._land_at(job, lat)
+        at(self.env, t1, lambda _e: self._timer(job))
         return True
 
-    def _land_at(self, job: GroupJob, lat: np.ndarray) -> None:
-        """The job's landings, one event per distinct arrival time (Landing.land_later's
-        runs: in order of first appearance, the order kept within each)."""
-        runs = job.alone.lat_runs
+    def _timer(self, job: GroupJob) -> None:
+        """The job's timer at t1: done sending, its links free; each transfer lands one
+        path latency later, set now as the table's delivery sets it (so landings that
+        share an instant come in the order the table gives them)."""
+        if not job.alive:
+            return  # split earlier (at t1 too: its flows, done, land from the table)
+        self._release(job)
+        self.net.link_busy[job.alone.links] += job.t1 - job.t0
+        self._land(job)
+
+    def _land(self, job: GroupJob) -> None:
+        alone, env = job.alone, self.env
+        if alone.lat0 is not None:  # (the table's timeout(lat) from t1: t1 + lat)
+            at(env, job.t1 + alone.lat0, lambda _e: self._landed(job, None))
+            return
+        runs = alone.lat_runs
         times = [job.t1 + x for x, _ in runs]
         if len(set(times)) == len(times):  # the latencies' runs are the arrivals' runs
             runs = [(t, idx) for t, (_, idx) in zip(times, runs, strict=True)]
         else:
-            arrival = job.t1 + lat
+            arrival = job.t1 + job.lat
             runs = [(float(arrival[idx[0]]), idx) for idx in arrival_runs(arrival)]
         for t, idx in runs:
-            at(self.env, t, lambda _e, idx=idx: self._landed(job, idx))
+            at(env, t, lambda _e, idx=idx: self._landed(job, idx))
 
     def _landed(self, job: GroupJob, idx) -> None:
-        """Transfers of the job (None: all) land now, unless it was split (its flows then
-        land from the table)."""
-        if job.split:
-            return
-        if job.alive:  # its links held since t1: free them now
-            self._sent(job)
+        """Transfers of the job (None: all) land now."""
         self.engine.landing.land_one(job.gid, job.alone.ids if idx is None else idx)
-
-    def _sent(self, job: GroupJob) -> None:
-        """The job is done sending (now >= t1): its links free, their busy time counted."""
-        self._release(job)
-        self.net.link_busy[job.alone.links] += job.t1 - job.t0
 
     def _release(self, job: GroupJob) -> None:
         self.owner[job.flat] = -1
@@ -182,10 +193,10 @@ class GroupJobs:
 
     def split(self, job: GroupJob) -> None:
         """Turn the job into the flows the engine would hold now (the table advanced to
-        now, before t1): the bytes left and the rates, their busy time so far counted."""
+        now, at most t1: at t1 they have nothing left, and the next solve lands them):
+        the bytes left and the rates, their busy time so far counted."""
         now = self.env.now
         self._release(job)
-        job.split = True
         self.group_splits += 1
         a = job.alone
         d = now - job.t0
@@ -200,27 +211,15 @@ class GroupJobs:
         )
 
     def free(self, flat: np.ndarray) -> bool:
-        """No job holds any of the links `flat` (those done sending let go of them now)."""
-        owner = self.owner[flat]
-        if not (owner >= 0).any():
-            return True
-        now = self.env.now
-        for jid in dict.fromkeys(owner[owner >= 0].tolist()):
-            job = self.jobs[jid]
-            if now >= job.t1:
-                self._sent(job)
+        """No job holds any of the links `flat`."""
         return not (self.owner[flat] >= 0).any()
 
     def split_touched(self, flat: np.ndarray) -> None:
-        """Split the jobs holding any of the links `flat` that are still sending, in order
-        of first touch (those done sending let go of their links)."""
+        """Split the jobs holding any of the links `flat`, in order of first touch."""
         owner = self.owner[flat]
-        now = self.env.now
         for jid in dict.fromkeys(owner[owner >= 0].tolist()):
-            job = self.jobs[jid]
-            self._sent(job) if now >= job.t1 else self.split(job)
+            self.split(self.jobs[jid])
 
     def split_all(self) -> None:
-        now = self.env.now
         for job in list(self.jobs.values()):
-            self._sent(job) if now >= job.t1 else self.split(job)
+            self.split(job)

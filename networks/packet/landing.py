@@ -37,6 +37,7 @@ class Landing:
     def __init__(self, net: Network, table) -> None:
         self.net, self.env, self.table = net, net.env, table
         self.groups: dict[int, Group] = {}  # groups with transfers not yet landed
+        self.solving = False  # the engine is in a solve (FastEngine.finish)
         self.next_gid = 0
         # a subclass that counts deliveries itself gets one _deliver call per transfer
         self.per_record = type(net)._deliver is not Network._deliver
@@ -99,8 +100,15 @@ class Landing:
                 grp.events[i].succeed(grp.record(i))
         if grp.pending == 0:
             del self.groups[g]
-            if grp.done is not None:
-                grp.done.succeed(Records(grp))
+            done = grp.done
+            if done is None:
+                return
+            if self.solving and getattr(done, "calls_back", False):
+                # a callback (networks.groups.Then) may start transfers: not in the middle
+                # of a solve; at this instant, after it, as an event's callbacks would run
+                at(self.env, self.env.now, lambda _e: done.succeed(Records(grp)))
+            else:
+                done.succeed(Records(grp))
 
 
 def arrival_runs(arrival: np.ndarray) -> list:

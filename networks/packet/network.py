@@ -88,7 +88,8 @@ class _Batch:
         return len(self.srcs)
 
     def alone(self):
-        """networks.packet.groupjobs.Alone of these flows, made once."""
+        """networks.packet.groupjobs.Alone of these flows, made once (from the
+        capacities then: a batch does not outlive a change of them)."""
         if not self._alone:
             groups = self.net._engine.groups
             self._alone.append(groups.alone(self.flat, self.nh, self.nb, self.maxr, self.lat))
@@ -259,7 +260,7 @@ class PacketSwitchNetwork(Network):
             if b.expand is not None:
                 return self.quotient.start_group(b, tag)
             g = Group(srcs, dsts, b.nb, b.maxr, self.env.now, tag, events)
-            self._engine.start(g, b.flat, b.nh, b.lat, alone=b.alone())
+            self._engine.start(g, b.flat, b.nh, b.lat, alone=b.alone)
         return events
 
     def transfer_all(self, transfers, tag: str = "") -> simpy.Event:
@@ -278,7 +279,7 @@ class PacketSwitchNetwork(Network):
         if b.expand is not None:
             return self.quotient.start_all(b, tag)
         g = Group(b.srcs, b.dsts, b.nb, b.maxr, self.env.now, tag, None, done)
-        self._engine.start(g, b.flat, b.nh, b.lat, b.distinct, b.alone())
+        self._engine.start(g, b.flat, b.nh, b.lat, b.distinct, b.alone)
         return done
 
     def transfer_all_then(self, transfers, then, tag: str = "") -> None:
@@ -291,7 +292,7 @@ class PacketSwitchNetwork(Network):
             self.quotient.start_all(b, tag, Then(then))
             return
         g = Group(b.srcs, b.dsts, b.nb, b.maxr, self.env.now, tag, None, Then(then))
-        self._engine.start(g, b.flat, b.nh, b.lat, b.distinct, b.alone())
+        self._engine.start(g, b.flat, b.nh, b.lat, b.distinct, b.alone)
 
     def batch(self, transfers):
         """The transfers checked and routed once, for `transfer_all` to start many times
@@ -338,7 +339,9 @@ class PacketSwitchNetwork(Network):
                 engine.groups.split_all()
                 engine.solve_soon()
             engine.solve_now()
-            return engine.table.rate.copy()
+            t = engine.table
+            # a split job's flows joined the table's end: in the order the groups started
+            return t.rate[np.argsort(t.gid, kind="stable")]
         return np.array([f.rate for f in self._engine.flows])
 
     def stats(self) -> dict:

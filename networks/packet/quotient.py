@@ -226,7 +226,7 @@ class Quotient:
     def _start(self, b, kept: Group, full: Group) -> None:
         """The kept flows start; the network's log and counters read the full group."""
         net = self.net
-        net._engine.start(kept, b.flat, b.nh, b.lat, alone=b.alone())
+        net._engine.start(kept, b.flat, b.nh, b.lat, alone=b.alone)
         net._log[-1] = full
         net.bytes_sent += b.extra_bytes  # (full.nb's sum less kept.nb's)
         net.in_flight += len(full.nb) - len(kept.nb)
@@ -258,6 +258,11 @@ class _Landed:
 
     def __init__(self, q, kept, full, batch):
         self.q, self.kept, self.full, self.batch = q, kept, full, batch
+
+    @property
+    def calls_back(self) -> bool:
+        """Whether succeeding runs a callback (the full group's done is a Then)."""
+        return getattr(self.full.done, "calls_back", False)
 
     def succeed(self, _records=None) -> None:
         full, kept, b = self.full, self.kept, self.batch

@@ -152,6 +152,10 @@ class Nccl(CommModel):
         self._uneven: dict = {}  # plan_uneven's: (group, id(sizes), algorithm) -> (sizes, plan)
         self._many: dict = {}  # run_many's calls: (groups, plans, batch), see _many_plans
         self._keys: dict = {}  # alike keys per groups met by run_many (_group_keys)
+        # _many_plans' calls by the identity of their lists (groups, roots, sizes), and the
+        # GPU slots in them (bounded as _many's)
+        self._same_lists: dict = {}
+        self._same_slots = 0
         self.choices: dict = {}  # (op, algo, proto) -> calls, for reports
 
     def group_info(self, group) -> _Group:
@@ -520,6 +524,8 @@ class Nccl(CommModel):
     def forget_batches(self) -> None:
         """Drop the kept batches (the network now routes otherwise)."""
         self._many.clear()
+        self._same_lists.clear()
+        self._same_slots = 0
         for p in self._plans.values():
             p.batch = None
 
@@ -576,14 +582,26 @@ class Nccl(CommModel):
         32,768 tensor-parallel groups looked up 32,768 plans and checked and routed 131,072
         streams again. The same plans and the same streams in the same order, so the
         same transfers."""
+        # the same list objects again (a symmetric run's meetings keep them): at once
+        fast = (op, nbytes, algorithm, id(groups), id(roots), id(sizes))
+        hit = self._same_lists.get(fast)
+        if hit is not None and hit[0] is groups and hit[1] is roots and hit[2] is sizes:
+            return hit[3]
         key = (op, float(nbytes), algorithm, tuple(roots), tuple(map(id, groups)), id(sizes))
         held = groups if sizes is None else [*groups, sizes]  # (the sizes' object kept too)
-        return self._held(
+        out = self._held(
             self._many,
             key,
             held,
             lambda: self._prepared(op, groups, nbytes, roots, algorithm, sizes),
         )
+        same = self._same_lists
+        slots = sum(map(len, groups))
+        while same and self._same_slots + slots > self.MANY_SLOTS:  # the oldest out
+            self._same_slots -= same.pop(next(iter(same)))[4]
+        same[fast] = (groups, roots, sizes, out, slots)
+        self._same_slots += slots
+        return out
 
     def _prepared(self, op, groups, nbytes, roots, algorithm, sizes=None):
         """`_many_plans` made: the plans, their streams as one batch, the arrays run_many reads."""
