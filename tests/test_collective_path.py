@@ -14,21 +14,13 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from benchmarks.same_results import NODES  # 4-GPU nodes, NVLink and a network
 from extrapolators.communication.nccl import model as nccl_model
 from networks import PacketSwitchNetwork
 from networks import topology as topo
 from networks.groups import fire_at, seq_sum
 from tests.conftest import chain_trace
 from triosim.simulation.wiring import Simulation
-
-NODES = {
-    "kind": "multi_node",
-    "gpus_per_node": 4,
-    "bandwidth": "450 GB/s",
-    "latency": "1 us",
-    "inter_bandwidth": "50 GB/s",
-    "inter_latency": "5 us",
-}
 
 
 def _symmetric(par, n):
