@@ -155,6 +155,28 @@ def test_vectorised_schedule_equals_the_task_by_task_one(tasks, start, clock, la
     assert acc[-1] >= clock + h.sum() + latency + d[-1] - 1e-12
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(times, times, st.booleans()), min_size=0, max_size=8),
+    times,
+    times,
+    times,
+)
+def test_a_few_tasks_in_python_give_the_arrays_bit_for_bit(tasks, start, clock, latency):
+    """host_schedule's small path (a few tasks, Python floats) against its numpy path."""
+    from extrapolators.execution import runtime
+
+    d = np.array([x[0] for x in tasks], float)
+    h = np.array([x[1] for x in tasks], float)
+    syncs = [i for i, x in enumerate(tasks) if x[2]]
+    small = host_schedule(d, h, syncs, start, clock, latency)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(runtime, "SMALL_HOST", -1)
+        arrays = host_schedule(d, h, syncs, start, clock, latency)
+    assert small[0].tolist() == arrays[0].tolist() and small[1].tolist() == arrays[1].tolist()
+    assert small[2] == arrays[2]
+
+
 def test_a_task_never_starts_before_the_previous_one_ends_by_rounding():
     # GPU-bound, no host time: the running sums give end_0 = 0.3, end_1 = 0.3 + 0.6 =
     # 0.8999999999999999, but (0.3 + 0.6) - 0.6 = 0.29999999999999993 for task 1's start

@@ -18,6 +18,7 @@ returning a short iteration.
 
 from __future__ import annotations
 
+import math
 from heapq import heappush
 
 import numpy as np
@@ -549,6 +550,8 @@ def host_schedule(d, h, syncs, start: float, clock: float, latency: float) -> tu
     Vectorised: with D the running sum of d, end_k - D_k = max(end_{k-1} - D_{k-1},
     issue_k + latency - D_{k-1}), a running maximum."""
     n = len(d)
+    if n <= SMALL_HOST:
+        return _host_small(d.tolist(), h.tolist(), syncs, start, clock, latency)
     acc = np.empty(n + 1)
     acc[0] = start
     starts = np.empty(n)
@@ -573,6 +576,37 @@ def host_schedule(d, h, syncs, start: float, clock: float, latency: float) -> tu
             clock = max(clock, t)
         a = b
     return acc, starts, clock
+
+
+SMALL_HOST = 8  # host_schedule of up to this many tasks in Python floats (tests: -1)
+
+
+def _host_small(d: list, h: list, syncs, start: float, clock: float, latency: float) -> tuple:
+    """host_schedule of a few tasks, element by element: the same float operations in the
+    same order (each running sum from its first term, each maximum of the same values)."""
+    acc, starts = [start], []
+    t, a = start, 0
+    for b in [*(s + 1 for s in syncs), len(d)]:
+        if b <= a:
+            continue
+        cs = ds = 0.0
+        e = -math.inf
+        for k in range(a, b):
+            cs += h[k]
+            ds += d[k]
+            before = ds - d[k]
+            x = clock + cs + latency - before
+            x = x if x >= t else t
+            e = x if x >= e else e
+            s0, prev = before + e, acc[k]
+            starts.append(s0 if s0 >= prev else prev)
+            acc.append(ds + e)
+        t = acc[b]
+        clock = clock + cs
+        if b - 1 in syncs:
+            clock = max(clock, t)
+        a = b
+    return np.array(acc), np.array(starts, float), clock
 
 
 def _count(run) -> tuple[int, bool]:
