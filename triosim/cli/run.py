@@ -58,6 +58,12 @@ def cmd_simulate(args) -> int:
             f"\noutputs written to {out}/ (timeline.csv, per_gpu.csv, per_layer.csv, links.csv,"
             " summary.json, chrome_trace.json, timeline.png, memory.csv, memory.png, config.yaml)"
         )
+        if result.symmetry.startswith("auto"):
+            print(
+                "symmetric run: the timeline, memory and Chrome trace hold its representatives'"
+                " rows (every other GPU's are copies); summary.json's represented_by maps"
+                " each GPU to its representative"
+            )
     return 0
 
 

@@ -162,16 +162,29 @@ def plot_breakdown(per_gpu, iteration_time, title, path) -> Path:
 
 
 def plot_overview(
-    timeline, per_gpu, links, gpus, iteration_time, topology, title, path, max_gpus=16
+    timeline,
+    per_gpu,
+    links,
+    gpus,
+    iteration_time,
+    topology,
+    title,
+    path,
+    max_gpus=16,
+    timeline_gpus=None,
 ):
-    """Timeline on top, breakdown and link utilisation below, in one PNG."""
+    """Timeline on top, breakdown and link utilisation below, in one PNG (`timeline_gpus`:
+    the GPUs the timeline has rows of, where not every one: a symmetric run's
+    representatives)."""
     plt = pyplot()
-    shown, _ = sample_gpus(list(gpus), max_gpus)
+    drawn = list(gpus) if timeline_gpus is None else list(timeline_gpus)
+    shown, _ = sample_gpus(drawn, max_gpus)
     fig = plt.figure(figsize=(15, 5.5 + 0.5 * len(shown)))
     top = 1.6 + 0.5 * len(shown)
     grid = fig.add_gridspec(2, 2, height_ratios=[top, 5.5], width_ratios=[1.1, 1])
+    what = "timeline" if timeline_gpus is None else "timeline (representatives)"
     timeline_figure(
-        timeline, gpus, f"{title}: timeline", ax=fig.add_subplot(grid[0, :]), max_gpus=max_gpus
+        timeline, drawn, f"{title}: {what}", ax=fig.add_subplot(grid[0, :]), max_gpus=max_gpus
     )
     breakdown_figure(per_gpu, iteration_time, "per-GPU breakdown", ax=fig.add_subplot(grid[1, 0]))
     links_figure(links, gpus, topology, "per-link utilisation", ax=fig.add_subplot(grid[1, 1]))

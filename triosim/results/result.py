@@ -100,6 +100,7 @@ class Result:
         self.trace = trace  # only for a trace passed in memory: saved beside the config
         self._per_gpu = None  # the timeline is final: compute the breakdown once
         self._memory = pd.DataFrame()  # gpu, time, bytes per category and total
+        self._memory_own = None  # with symmetry: the representatives' MemoryCurves
         self.peak_memory: dict = {}  # GPU -> peak bytes
         self.memory_capacity: float | None = None  # bytes usable by tensors (after reserve)
         self.memory_unknown = None  # why there is no memory model (a run without a trace)
@@ -170,6 +171,7 @@ class Result:
             self.peak_memory = dict(peaks)
         else:
             rep_of = self._rep_of()
+            self._memory_own = memory  # the representatives' curves (what `save` writes)
             self._memory = memory.expanded(self.gpus, rep_of)
             self.peak_memory = {g: peaks[rep_of[g]] for g in self.gpus}
         self.memory_capacity = None if capacity is None else capacity - reserve
@@ -203,8 +205,17 @@ class Result:
         """Per GPU and layer, over the last (steady-state) iteration's tasks: one row per
         (gpu, layer) with columns gpu, layer, compute, comm (seconds of that GPU's tasks of
         the layer; "(none)" for tasks of no layer). GPUs in order, layers in the order the
-        GPU first ran them; a pipeline stage's layers appear on its own GPUs only."""
-        return tables.per_layer_table(self.timeline, self.gpus, len(self.iteration_times) - 1)
+        GPU first ran them; a pipeline stage's layers appear on its own GPUs only. With
+        symmetry, each GPU's rows are its representative's (its timeline's are copies of
+        them): made from the representatives' rows, without every GPU's timeline."""
+        last = len(self.iteration_times) - 1
+        if self._orbits is None:
+            return tables.per_layer_table(self.timeline, self.gpus, last)
+        own = tables.per_layer_table(self.own_timeline, list(self._orbits), last)
+        rows = {r: own[own["gpu"] == r] for r in self._orbits}
+        rep_of = self._rep_of()
+        out = pd.concat([rows[rep_of[g]].assign(gpu=g) for g in self.gpus], ignore_index=True)
+        return out.astype(own.dtypes.to_dict())
 
     def per_link(self) -> pd.DataFrame:
         """Per link direction: src, dst, bandwidth, latency, nbytes, busy_time, utilisation
@@ -275,6 +286,28 @@ class Result:
         the links a transfer crossed are not recorded; links.csv has per-link totals).
         Thread ids are integers; each thread is named by a thread_name metadata event."""
         return chrome_trace.write(self.timeline, self.gpus, self._transfer_table(), path)
+
+    def _reps_chrome_trace(self, reps: list, path) -> Path:
+        """A symmetric run's Chrome trace for `save`: its representatives' rows, without
+        the network's transfers (every copy's; links.csv has the links' totals)."""
+        none = pd.DataFrame(columns=["src", "dst", "nbytes", "start", "end", "tag"])
+        return chrome_trace.write(self.own_timeline, reps, none, path)
+
+    def _reps_plot_timeline(self, reps: list, path) -> Path:
+        from triosim.results import plots
+
+        title = f"{self._title()} (representatives)"
+        return plots.plot_timeline(self.own_timeline, reps, title, path)
+
+    def _reps_plot_memory(self, path) -> Path:
+        from triosim.results import plots
+
+        own = self._memory_own
+        peaks = {g: self.peak_memory[g] for g in own.gpus}
+        frame = own.frame()
+        return plots.plot_memory(
+            frame, own.gpus, peaks, self.memory_capacity, self._verdict(), path, 4
+        )
 
     # -- figures (triosim.results.plots) ---------------------------------------------------------------
     def _title(self) -> str:
@@ -358,23 +391,34 @@ class Result:
                 write(tmp)
             written.append(name)
 
+        # a symmetric run: its representatives' rows (every other GPU's are copies of them,
+        # gigabytes at hundreds of GPUs), and which GPU each one stands for
+        reps = list(self._orbits) if self._orbits is not None else None
         tables = {
-            "timeline.csv": (self.timeline, False),
+            "timeline.csv": (self.timeline if reps is None else self.own_timeline, False),
             "per_gpu.csv": (self.per_gpu(), True),
             "per_layer.csv": (self.per_layer(), False),
             "links.csv": (self.per_link(), False),
         }
-        if len(self._memory):
-            tables["memory.csv"] = (self.memory, False)
+        if len(self._memory) or self._memory_own is not None:
+            own = self._memory_own
+            tables["memory.csv"] = (self.memory if reps is None else own.frame(), False)
         try:
             for name, (df, index) in tables.items():
                 put(name, lambda p, df=df, index=index: df.to_csv(p, index=index))
             summary = {**self.summary_dict(), "rows": {n: len(df) for n, (df, _) in tables.items()}}
+            if reps is not None:
+                summary["saved_rows"] = "representatives"
+                summary["represented_by"] = {str(g): r for g, r in self._rep_of().items()}
             put("summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
-            put("chrome_trace.json", self.to_chrome_trace)
-            put("timeline.png", self.plot_timeline)
-            if len(self._memory):
-                put("memory.png", self.plot_memory)
+            if reps is None:
+                put("chrome_trace.json", self.to_chrome_trace)
+                put("timeline.png", self.plot_timeline)
+            else:
+                put("chrome_trace.json", lambda p: self._reps_chrome_trace(reps, p))
+                put("timeline.png", lambda p: self._reps_plot_timeline(reps, p))
+            if len(self._memory) or self._memory_own is not None:
+                put("memory.png", self.plot_memory if reps is None else self._reps_plot_memory)
             if self.config is not None:
                 config = self.config
                 if self.trace is not None:  # a trace passed in memory: keep it beside the config

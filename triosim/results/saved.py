@@ -25,6 +25,9 @@ class SavedResult:
     iteration_time: float
     topology: dict
     title: str
+    # the GPUs the timeline has rows of where not every one (a symmetric run's folder holds
+    # its representatives' rows: summary.json's represented_by), else None
+    timeline_gpus: list | None = None
 
 
 def read_result_folder(folder) -> SavedResult:
@@ -70,7 +73,10 @@ def read_result_folder(folder) -> SavedResult:
     topology = {"kind": topo.get("kind", ""), "rows": topo.get("rows"), "cols": topo.get("cols")}
     t = float(summary.get("iteration_time_ms", 0.0)) / 1e3
     title = f"{summary.get('mode', '')}, {len(per_gpu)} GPUs: iteration {t * 1e3:.3f} ms"
-    return SavedResult(timeline, per_gpu, links, list(per_gpu.index), t, topology, title)
+    rep_of = summary.get("represented_by")
+    reps = list(dict.fromkeys(rep_of.values())) if isinstance(rep_of, dict) else None
+    gpus = list(per_gpu.index)
+    return SavedResult(timeline, per_gpu, links, gpus, t, topology, title, reps)
 
 
 def _whole(path: Path, df: pd.DataFrame, summary: dict, required) -> None:
@@ -109,7 +115,8 @@ def plot_result(saved: SavedResult, kind: str, path, max_gpus: int = 16) -> Path
     """One figure of a saved result: overview (all three), timeline, breakdown or links."""
     s = saved
     if kind == "timeline":
-        return plot_timeline(s.timeline, s.gpus, s.title, path, max_gpus)
+        title = s.title if s.timeline_gpus is None else f"{s.title} (representatives)"
+        return plot_timeline(s.timeline, s.timeline_gpus or s.gpus, title, path, max_gpus)
     if kind == "breakdown":
         return plot_breakdown(s.per_gpu, s.iteration_time, s.title, path)
     if kind == "links":
@@ -124,4 +131,5 @@ def plot_result(saved: SavedResult, kind: str, path, max_gpus: int = 16) -> Path
         s.title,
         path,
         max_gpus,
+        s.timeline_gpus,
     )
