@@ -130,19 +130,20 @@ def _reference(d, h, syncs, start, clock, latency):
 
 
 times = st.floats(0, 1e-3, allow_nan=False)
+task = st.tuples(times, times, st.booleans())  # (GPU seconds, host seconds, host waits)
+
+
+def _columns(tasks) -> tuple:
+    """(GPU durations, host times, positions where the host waits) of drawn tasks."""
+    d = np.array([x[0] for x in tasks], float)
+    h = np.array([x[1] for x in tasks], float)
+    return d, h, [i for i, x in enumerate(tasks) if x[2]]
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    st.lists(st.tuples(times, times, st.booleans()), min_size=1, max_size=40),
-    times,
-    times,
-    times,
-)
+@given(st.lists(task, min_size=1, max_size=40), times, times, times)
 def test_vectorised_schedule_equals_the_task_by_task_one(tasks, start, clock, latency):
-    d = np.array([x[0] for x in tasks])
-    h = np.array([x[1] for x in tasks])
-    syncs = [i for i, x in enumerate(tasks) if x[2]]
+    d, h, syncs = _columns(tasks)
     acc, starts, end_clock = host_schedule(d, h, syncs, start, clock, latency)
     ends, ref_starts, ref_clock = _reference(d, h, set(syncs), start, clock, latency)
     assert np.allclose(acc, ends, rtol=1e-12, atol=1e-15)
@@ -156,19 +157,12 @@ def test_vectorised_schedule_equals_the_task_by_task_one(tasks, start, clock, la
 
 
 @settings(max_examples=300, deadline=None)
-@given(
-    st.lists(st.tuples(times, times, st.booleans()), min_size=0, max_size=8),
-    times,
-    times,
-    times,
-)
+@given(st.lists(task, min_size=0, max_size=8), times, times, times)
 def test_a_few_tasks_in_python_give_the_arrays_bit_for_bit(tasks, start, clock, latency):
     """host_schedule's small path (a few tasks, Python floats) against its numpy path."""
     from extrapolators.execution import runtime
 
-    d = np.array([x[0] for x in tasks], float)
-    h = np.array([x[1] for x in tasks], float)
-    syncs = [i for i, x in enumerate(tasks) if x[2]]
+    d, h, syncs = _columns(tasks)
     small = host_schedule(d, h, syncs, start, clock, latency)
     with pytest.MonkeyPatch.context() as m:
         m.setattr(runtime, "SMALL_HOST", -1)
