@@ -287,28 +287,6 @@ class Result:
         Thread ids are integers; each thread is named by a thread_name metadata event."""
         return chrome_trace.write(self.timeline, self.gpus, self._transfer_table(), path)
 
-    def _reps_chrome_trace(self, reps: list, path) -> Path:
-        """A symmetric run's Chrome trace for `save`: its representatives' rows, without
-        the network's transfers (every copy's; links.csv has the links' totals)."""
-        none = pd.DataFrame(columns=["src", "dst", "nbytes", "start", "end", "tag"])
-        return chrome_trace.write(self.own_timeline, reps, none, path)
-
-    def _reps_plot_timeline(self, reps: list, path) -> Path:
-        from triosim.results import plots
-
-        title = f"{self._title()} (representatives)"
-        return plots.plot_timeline(self.own_timeline, reps, title, path)
-
-    def _reps_plot_memory(self, path) -> Path:
-        from triosim.results import plots
-
-        own = self._memory_own
-        peaks = {g: self.peak_memory[g] for g in own.gpus}
-        frame = own.frame()
-        return plots.plot_memory(
-            frame, own.gpus, peaks, self.memory_capacity, self._verdict(), path, 4
-        )
-
     # -- figures (triosim.results.plots) ---------------------------------------------------------------
     def _title(self) -> str:
         mode = self.config.parallelism.mode if self.config else ""
@@ -393,16 +371,35 @@ class Result:
 
         # a symmetric run: its representatives' rows (every other GPU's are copies of them,
         # gigabytes at hundreds of GPUs), and which GPU each one stands for
+        from triosim.results import plots
+
         reps = list(self._orbits) if self._orbits is not None else None
+        if reps is None:
+            timeline, shown, title = self.timeline, self.gpus, self._title()
+        else:
+            timeline, shown = self.own_timeline, reps
+            title = f"{self._title()} (representatives)"
+        memory = mem_gpus = None
+        if len(self._memory):
+            memory, mem_gpus = (
+                (self.memory, self.gpus)
+                if reps is None
+                else (self._memory_own.frame(), self._memory_own.gpus)
+            )
         tables = {
-            "timeline.csv": (self.timeline if reps is None else self.own_timeline, False),
+            "timeline.csv": (timeline, False),
             "per_gpu.csv": (self.per_gpu(), True),
             "per_layer.csv": (self.per_layer(), False),
             "links.csv": (self.per_link(), False),
         }
-        if len(self._memory) or self._memory_own is not None:
-            own = self._memory_own
-            tables["memory.csv"] = (self.memory if reps is None else own.frame(), False)
+        if memory is not None:
+            tables["memory.csv"] = (memory, False)
+
+        def transfers():  # a symmetric run's trace: no network (every copy's transfers)
+            if reps is None:
+                return self._transfer_table()
+            return pd.DataFrame(columns=["src", "dst", "nbytes", "start", "end", "tag"])
+
         try:
             for name, (df, index) in tables.items():
                 put(name, lambda p, df=df, index=index: df.to_csv(p, index=index))
@@ -411,14 +408,19 @@ class Result:
                 summary["saved_rows"] = "representatives"
                 summary["represented_by"] = {str(g): r for g, r in self._rep_of().items()}
             put("summary.json", lambda p: p.write_text(json.dumps(summary, indent=2)))
-            if reps is None:
-                put("chrome_trace.json", self.to_chrome_trace)
-                put("timeline.png", self.plot_timeline)
-            else:
-                put("chrome_trace.json", lambda p: self._reps_chrome_trace(reps, p))
-                put("timeline.png", lambda p: self._reps_plot_timeline(reps, p))
-            if len(self._memory) or self._memory_own is not None:
-                put("memory.png", self.plot_memory if reps is None else self._reps_plot_memory)
+            put("chrome_trace.json", lambda p: chrome_trace.write(timeline, shown, transfers(), p))
+            put("timeline.png", lambda p: plots.plot_timeline(timeline, shown, title, p))
+            if memory is not None:
+                peaks = self.peak_memory  # (a symmetric run's: its representatives')
+                if reps is not None:
+                    peaks = {g: peaks[g] for g in mem_gpus}
+                verdict = self._verdict()
+                put(
+                    "memory.png",
+                    lambda p: plots.plot_memory(
+                        memory, mem_gpus, peaks, self.memory_capacity, verdict, p
+                    ),
+                )
             if self.config is not None:
                 config = self.config
                 if self.trace is not None:  # a trace passed in memory: keep it beside the config
