@@ -244,6 +244,7 @@ def memory_curves(timeline, trace, extrapolator, gpus, options: MemoryOptions, s
     for w, pos in ready.items():
         grad_at.setdefault(ops[pos].id, []).append(w)
     plan = activation_plan(trace, extrapolator, options.activations == "fused")
+    columns = _plan_items(plan) if plan else None  # (the same for every GPU's curve)
     grad_bytes = {i: sum(trace.tensors[w].nbytes for w in ws) for i, ws in grad_at.items()}
     rows = timeline.compute_rows() if isinstance(timeline, TimelineLog) else _FrameRows(timeline)
     end = rows.end
@@ -265,7 +266,7 @@ def memory_curves(timeline, trace, extrapolator, gpus, options: MemoryOptions, s
         cols_of = rows.columns(g)
         # changes as (time, category, bytes); row 0 is the static state at time 0
         times, cats, values = [], [], []
-        _activations(cols_of, plan, times, cats, values)
+        _activations(cols_of, plan, times, cats, values, columns)
         _gradients(cols_of, grad_bytes, static["gradients"], times, cats, values)
         times.append(end)  # the state after the last change, drawn to the end of the run
         m = len(times)
@@ -445,7 +446,7 @@ def activation_plan(trace, extrapolator, fused: bool = False) -> dict:
     return plan
 
 
-def _activations(r, plan, times, cats, values):
+def _activations(r, plan, times, cats, values, columns=None):
     """Batch-scaled allocations: alive from the first op on this GPU that touches them (or
     the forward op they were made in) to the end of the last op on this GPU that reads
     them (the end of the iteration and micro-batch for the held model output), per
@@ -460,13 +461,13 @@ def _activations(r, plan, times, cats, values):
     the recomputed one from the slot's first pair where a recomputed op writes it; a copy
     starts at its first pair's row (or its maker's first run there, or its last run for a
     late gradient) and ends at its pairs' last end; copies are added in the order of their
-    first pairs (the curve sums equal instants in that order)."""
+    first pairs (the curve sums equal instants in that order). `columns`: `_plan_items`
+    of `plan`, made once for every GPU's curve (else made here)."""
     ops = r["op_id"]
     n = len(ops)
     if not n or not plan:
         return
-    pos = {o: i for i, o in enumerate(plan)}
-    first_item, count, item_cols = _plan_items(plan)
+    pos, first_item, count, item_cols = columns or _plan_items(plan)
     pidx = np.fromiter((pos.get(o, -1) for o in ops), np.int64, count=n)
     sel = np.flatnonzero(pidx >= 0)
     if not len(sel):
@@ -560,7 +561,8 @@ def _first_start(b, rows_at, run, start, rows, fallback):
 
 def _plan_items(plan) -> tuple:
     """The plan's items as columns (allocation key as an int, bytes x ratio, is an
-    output, maker op id or -1, held, read by the op, late), each op's first and count."""
+    output, maker op id or -1, held, read by the op, late), with each op's position in the
+    plan and its items' first and count."""
     keys: dict = {}
     first, count = [], []
     cols: tuple = ([], [], [], [], [], [], [])
@@ -577,7 +579,8 @@ def _plan_items(plan) -> tuple:
             cols[6].append(w_made)
     kinds = (np.int64, float, bool, np.int64, bool, bool, bool)
     arrays = tuple(np.array(c, t) for c, t in zip(cols, kinds, strict=True))
-    return np.array(first, np.int64), np.array(count, np.int64), arrays
+    pos = {o: i for i, o in enumerate(plan)}
+    return pos, np.array(first, np.int64), np.array(count, np.int64), arrays
 
 
 def _gradients(r, grad_bytes, total, times, cats, values):
