@@ -122,13 +122,9 @@ class GroupJobs:
 
     def start(self, gid: int, g: Group, flat, nh, lat, alone) -> bool:
         """`alone`: a callable giving the group's Alone (made only where the links are
-        free)."""
-        if not self.enabled:
-            return False
-        engine = self.engine
-        if engine.table.occ[flat].any() or not self.free(flat):
-            return False
-        if len(engine.rings.jobs) and (engine.rings.owner[flat] >= 0).any():
+        free). The engine calls it once it has split the ring and group jobs holding these
+        links (their flows are then in the table)."""
+        if not self.enabled or self.engine.table.occ[flat].any():
             return False
         alone = alone()
         if not alone.ok:

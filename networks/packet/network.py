@@ -276,23 +276,23 @@ class PacketSwitchNetwork(Network):
             if not srcs:
                 return done.succeed([])
             b = self._prepare(srcs, dsts, sizes, caps)
-        if b.expand is not None:
-            return self.quotient.start_all(b, tag)
-        g = Group(b.srcs, b.dsts, b.nb, b.maxr, self.env.now, tag, None, done)
-        self._engine.start(g, b.flat, b.nh, b.lat, b.distinct, b.alone)
-        return done
+        return self._start_all(b, tag, done)
 
     def transfer_all_then(self, transfers, then, tag: str = "") -> None:
         """Network's, for a batch of this network's fast engine: `then(records)` is called
         when the last transfer lands (networks.groups.Then), with no event between."""
         if not (self._fast and type(transfers) is _Batch and transfers.net is self):
             return super().transfer_all_then(transfers, then, tag)
-        b = transfers
+        self._start_all(transfers, tag, Then(then))
+
+    def _start_all(self, b: _Batch, tag: str, done):
+        """Start a batch as one group whose `done` (an event, or a Then) is succeeded with
+        its records when the last transfer lands; returns `done`."""
         if b.expand is not None:
-            self.quotient.start_all(b, tag, Then(then))
-            return
-        g = Group(b.srcs, b.dsts, b.nb, b.maxr, self.env.now, tag, None, Then(then))
+            return self.quotient.start_all(b, tag, done)
+        g = Group(b.srcs, b.dsts, b.nb, b.maxr, self.env.now, tag, None, done)
         self._engine.start(g, b.flat, b.nh, b.lat, b.distinct, b.alone)
+        return done
 
     def batch(self, transfers):
         """The transfers checked and routed once, for `transfer_all` to start many times

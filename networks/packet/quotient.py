@@ -42,7 +42,7 @@ class Quotient:
     """The network's flows by orbits of a symmetric run's copies.
 
     Gives: `prepare(srcs, dsts, sizes, caps)` (a batch of the kept flows, each with its
-    class path, and `expand`: each transfer's kept flow), `start_all(b, tag)` and
+    class path, and `expand`: each transfer's kept flow), `start_all(b, tag, done)` and
     `start_group(b, tag)` (transfer_all's and transfer_group's starts of such a batch),
     `link_stats_columns()` (bytes and busy time of every link, as the full run's).
 
@@ -189,13 +189,10 @@ class Quotient:
         net.capacity[kept] = self.capacity0[kept] * len(links) / self.k
         return kept
 
-    def start_all(self, b, tag: str, done=None):
-        """transfer_all of a prepared batch: its event fires with every transfer's record
-        (`done`: what to succeed instead, e.g. networks.groups.Then)."""
-        net = self.net
-        env = net.env
-        if done is None:
-            done = env.event()
+    def start_all(self, b, tag: str, done):
+        """transfer_all of a prepared batch: `done` (an event, or a networks.groups.Then)
+        is succeeded with every transfer's record."""
+        env = self.net.env
         full = Group(*b.full, env.now, tag, None, done)
         kept = Group(b.srcs, b.dsts, b.nb, b.maxr, env.now, tag, None, None)
         kept.done = _Landed(self, kept, full, b)  # at once, as the full group's done
