@@ -439,10 +439,7 @@ class Nccl(CommModel):
             # the network charged each stream its path latency after its last byte left;
             # NCCL's latency replaces it: wait what is left of it after the last byte left
             if len(p.streams) > 64:  # (the same float operations, in numpy)
-                ends = records.end_array() if hasattr(records, "end_array") else records
-                if not isinstance(ends, np.ndarray):
-                    ends = np.array([r.end for r in ends], float)
-                sent = float(np.max(ends - p.latency_array()))
+                sent = float(np.max(_arrivals(records) - p.latency_array()))
             else:
                 ends = records.ends() if hasattr(records, "ends") else [r.end for r in records]
                 sent = max(e - pl for e, pl in zip(ends, p.path_latency, strict=True))
@@ -489,20 +486,12 @@ class Nccl(CommModel):
             last = np.full(len(plans), start)
             rest = m.rest.copy()
             if records is not None:
-                arrive = np.asarray(
-                    records.ends() if hasattr(records, "ends") else [r.end for r in records],
-                    float,
-                )
+                arrive = _arrivals(records)
                 last[m.has] = np.maximum.reduceat(arrive, m.first)
                 sent = np.maximum.reduceat(arrive - m.path_lat, m.first)
                 rest[m.has] -= last[m.has] - sent
             ends = np.where(rest > 0, last + rest, last).tolist()
-            now = env.now
-            if now == last[0] and rest[0] > 0:
-                end = now + float(rest[0])  # as `run`'s timeout(rest): the same sum
-            else:  # another group's transfers arrived later: at ends[0] (or now)
-                end = max(now, ends[0])
-            then(ends, end)
+            then(ends, _first_end(env.now, float(last[0]), float(rest[0]), ends[0]))
 
         if batch:
             self.net.transfer_all_then(batch, landed, tag=tag or op)
@@ -651,8 +640,23 @@ def _uniform_ends(arrive, m, n: int, env) -> tuple:
     sent = float((arrive - m.path_lat[: len(arrive)]).max())
     rest = float(m.rest[0]) - (last - sent)
     e = last + rest if rest > 0 else last
-    now = env.now
-    return [e] * n, now + rest if (now == last and rest > 0) else max(now, e)
+    return [e] * n, _first_end(env.now, last, rest, e)
+
+
+def _first_end(now: float, last: float, rest: float, end: float) -> float:
+    """When the first group's `run` returns, at the landing instant `now`: after waiting
+    what is left of NCCL's latency (`rest`) where its transfers landed now (the same sum
+    as a timeout(rest)), else at its end `end` (another group's landed later), or now."""
+    if now == last and rest > 0:
+        return now + rest
+    return max(now, end)
+
+
+def _arrivals(records) -> np.ndarray:
+    """The transfers' arrival times as a float array (a transfer_all's records)."""
+    if hasattr(records, "end_array"):
+        return records.end_array()
+    return np.array([r.end for r in records], float)
 
 
 def _rooted_alike(roots, groups) -> list:
