@@ -153,7 +153,7 @@ class Runtime:
                     run.append(nxt)
                 if len(run) == 1 and type(task) is ComputeRun:  # most runs: inline (no
                     # generator per block; the same sums, events and rows as _compute_run)
-                    count = len(task.tasks)
+                    count = len(task)
                     self.tasks_started += count - 1
                     if host is not None and task.hosts is not None:
                         acc, starts, t = self._hosted(gpu, task, start, scale, noise)
@@ -618,7 +618,7 @@ def _count(run) -> tuple[int, bool]:
             count += 1
             plain += 1
         else:
-            count += len(c.tasks)
+            count += len(c)
     return count, plain == len(run)
 
 

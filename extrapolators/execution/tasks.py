@@ -31,10 +31,13 @@ class ComputeRun:
     a run costs O(1) Python per GPU instead of O(operators). Column lists are kept for the
     timeline; `durations` (seconds) for the sequential sums; `hosts` (seconds to issue
     each) and `syncs` (positions where the host waits for the GPU) when any task has a host
-    time, else None (the runtime's host-free path)."""
+    time, else None (the runtime's host-free path). Every column is read only: runs made
+    by `at_mb` share all but `mbs` with the run they copy, and make their `tasks` when
+    asked."""
 
     __slots__ = (
-        "tasks",
+        "_tasks",
+        "_base",
         "durations",
         "names",
         "layers",
@@ -48,24 +51,41 @@ class ComputeRun:
     def __init__(self, tasks):
         import numpy as np
 
-        self.tasks = tuple(tasks)
-        self.durations = np.array([c.duration for c in self.tasks], dtype=float)
-        self.names = [c.name for c in self.tasks]
-        self.layers = [c.layer for c in self.tasks]
-        self.phases = [c.phase for c in self.tasks]
-        self.op_ids = [c.op_id for c in self.tasks]
-        self.mbs = [c.mb for c in self.tasks]
-        hosts = [c.host for c in self.tasks]
+        self._tasks = tasks = tuple(tasks)
+        self._base = None
+        self.durations = np.array([c.duration for c in tasks], dtype=float)
+        self.names = [c.name for c in tasks]
+        self.layers = [c.layer for c in tasks]
+        self.phases = [c.phase for c in tasks]
+        self.op_ids = [c.op_id for c in tasks]
+        self.mbs = [c.mb for c in tasks]
+        hosts = [c.host for c in tasks]
         self.hosts = np.array(hosts, dtype=float) if any(hosts) else None
-        self.syncs = (
-            [i for i, c in enumerate(self.tasks) if c.sync] if self.hosts is not None else []
-        )
+        self.syncs = [i for i, c in enumerate(tasks) if c.sync] if self.hosts is not None else []
+
+    @classmethod
+    def at_mb(cls, run: ComputeRun, mb: int) -> ComputeRun:
+        """`run`'s computes, every one at micro-batch `mb` (a pipeline's next micro-batch
+        runs the same operators): its columns shared, not copied."""
+        new = object.__new__(cls)
+        new._tasks, new._base = None, run
+        new.durations, new.names, new.layers = run.durations, run.names, run.layers
+        new.phases, new.op_ids, new.hosts, new.syncs = run.phases, run.op_ids, run.hosts, run.syncs
+        new.mbs = [mb] * len(run.names)
+        return new
+
+    @property
+    def tasks(self) -> tuple:
+        if self._tasks is None:
+            mb = self.mbs[0] if self.mbs else 0
+            self._tasks = tuple(dataclasses.replace(c, mb=mb) for c in self._base.tasks)
+        return self._tasks
 
     def __len__(self) -> int:
-        return len(self.tasks)
+        return len(self.names)
 
     def __repr__(self) -> str:
-        return f"ComputeRun({len(self.tasks)} computes)"
+        return f"ComputeRun({len(self.names)} computes)"
 
 
 @dataclass(slots=True)

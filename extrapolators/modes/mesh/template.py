@@ -34,9 +34,10 @@ reshards). `reduce_order`: the (chunk, unit) pairs in the order their gradients 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
-from extrapolators.execution.tasks import Compute, ComputeRun
+from extrapolators.execution.tasks import ComputeRun
 from extrapolators.modes.mesh.moe_tp import moe_block_of
 from extrapolators.modes.schedules import split_steps
 from triosim.trace.precision import MATMULS
@@ -66,11 +67,22 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
     C, place = mesh.pp * mode.v, mode.place
     out, run = Template(), []
     items = out.items
+    # a run's computes are prototypes at micro-batch 0 (`made`, the optimizer's), each
+    # sequence made into a ComputeRun once and shared by every micro-batch's copy
+    runs: dict = {}  # the prototypes' ids -> their ComputeRun (holding them: ids stay valid)
+    run_mb = [0]
+
+    def close(into):
+        key = tuple(map(id, run))
+        base = runs.get(key)
+        if base is None:
+            base = runs[key] = ComputeRun(run)
+        into.append(base if run_mb[0] == 0 else ComputeRun.at_mb(base, run_mb[0]))
+        run.clear()
 
     def other(item):
         if run:
-            items.append(ComputeRun(run))
-            run.clear()
+            close(items)
         items.append(item)
 
     tpx, comm = mode.tpx, mesh.tp > 1
@@ -119,18 +131,21 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
             t = secs[op.id] = mode.op_seconds(op, split, whole, 1.0, ep_rank)
         return t
 
-    made: dict = {}  # (op id, part) -> its task at micro-batch 0 (the same at every one)
+    made: dict = {}  # (op id, part, phase) -> its task at micro-batch 0 (the same at every one)
 
     def compute(op, m, phase, part):
         """The op's compute task, `part` of its time (a split backward's B: what is not
         W), or none where nothing is left."""
         if part > 0.0:  # (x 1.0: the same double)
-            c = made.get((op.id, part))
+            c = made.get((op.id, part, phase))
             if c is None:
-                c = made[op.id, part] = timed(op, seconds(op) * part, 0, None, part)
-            run.append(
-                Compute(c.name, c.layer, phase or c.phase, c.duration, c.op_id, m, c.host, c.sync)
-            )
+                c = made.get((op.id, part, None))
+                if c is None:
+                    c = made[op.id, part, None] = timed(op, seconds(op) * part, 0, None, part)
+                if phase is not None:
+                    c = made[op.id, part, phase] = dataclasses.replace(c, phase=phase)
+            run.append(c)
+            run_mb[0] = m
 
     def op_tasks(op, m, again, part=1.0):
         phase = "recompute" if again else None
@@ -208,8 +223,7 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
                 if last_g[j] == step:
                     grads_signals(op)
             if run:
-                items.append(ComputeRun(run))
-                run.clear()
+                close(items)
             continue
         if kind == "F":
             if c > 0 and place.stage(c - 1) == p:  # (DualPipeV's turn: on this stage)
@@ -287,11 +301,12 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
             for c in tpx.before.get(op.id, ()):
                 other((COLL, c, f"opt/{c.key}", False))
         run.append(mode.compute(op, split, scale))
+        run_mb[0] = 0
     if mode.params_after_step:
         other((SIGNAL, "stepped"))
         other((WAIT, "params"))
     if run:
-        items.append(ComputeRun(run))
+        close(items)
     return out
 
 
