@@ -48,6 +48,7 @@ class StageWeights:
         precision=None,
     ):
         self.trace, self.chunk_bwd, self.orders, self.place = trace, chunk_bwd, orders, place
+        self._ready_pos = None
         pp = place.stages
         self.experts = frozenset(experts)
         self.chunk_weights: list[list[int]] = [[] for _ in chunk_fwd]
@@ -105,11 +106,18 @@ class StageWeights:
             made = list(heapq.merge(made, expert, key=lambda b: b[0]))
         return [(pos, size, kind) for (_, pos), size, kind in made]
 
+    def _ready(self) -> tuple[dict, dict]:
+        """(gradient_ready of the trace, each op id's position), made once: every stage's
+        buckets of each kind read them (DeepSeek-V3's 16 stages walked the trace 64 times)."""
+        if self._ready_pos is None:
+            ops = self.trace.operators
+            self._ready_pos = (gradient_ready(self.trace), {op.id: i for i, op in enumerate(ops)})
+        return self._ready_pos
+
     def _buckets(self, p: int, first: float, cap: float, kind: str) -> list:
-        ready = gradient_ready(self.trace)
+        ready, pos = self._ready()
         order = self.orders[p]
         last_b = split_steps(order)[1]  # (a chunk's gradients: after its last W or B)
-        pos = {op.id: i for i, op in enumerate(self.trace.operators)}
         out, size, last, at = [], 0.0, -1, 0
         expert = kind == "expert"
         for j in sorted(last_b, key=last_b.get):
