@@ -292,6 +292,30 @@ def test_collector_settings_are_restored_after_runs_nested_and_failed():
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
 
 
+def test_preparing_a_run_collects_less_and_restores_the_settings(monkeypatch):
+    """Reading the trace and planning (a dict per operator and tensor) run with the
+    run's collector settings; a preparation that fails restores them."""
+    import gc
+
+    from triosim.simulation.gc_tuning import THRESHOLDS
+
+    before, seen = gc.get_threshold(), []
+    prepare = Simulation._prepare
+
+    def watched(self, *a, **k):
+        seen.append(gc.get_threshold())
+        return prepare(self, *a, **k)
+
+    monkeypatch.setattr(Simulation, "_prepare", watched)
+    Simulation({"num_gpus": 2, "parallelism": {"mode": "dp"}}, trace=chain_trace())
+    assert seen[-1][0] == max(before[0], THRESHOLDS[0])
+    with pytest.raises(ConfigError):
+        Simulation(
+            {"num_gpus": 3, "batch_size": 4, "parallelism": {"mode": "dp"}}, trace=chain_trace()
+        )
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
 class _Boom:
     def attach(self, env, runtime):
         raise SimulationError("stop")

@@ -8,6 +8,9 @@ finding almost nothing to free. Inside `fewer_collections()` the objects alive b
 the run are frozen (never walked) and the young generation is collected every 50,000
 allocations instead of 700. Nothing the simulation computes depends on when collections
 happen; the settings are restored on exit (nested or concurrent uses share one entry).
+A Simulation prepares (reads the trace: a dict per operator and tensor; plans the mode)
+and runs inside it: the 405B 3D example at 1,024 GPUs spent 0.25 s of its preparation in
+five full collections before.
 """
 
 from __future__ import annotations

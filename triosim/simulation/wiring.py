@@ -82,9 +82,12 @@ class Simulation:
         cfg = _as_config(config, trace)
         self._all_flows = None  # why a symmetric run moves every copy's flows (None: by orbits)
         # with `progress`, a long preparation (a million-GPU topology) says what it is doing
-        with RunProgress(
-            f"preparing {cfg.num_gpus:,} GPUs", enabled=None if progress else False
-        ) as watch:
+        with (
+            RunProgress(
+                f"preparing {cfg.num_gpus:,} GPUs", enabled=None if progress else False
+            ) as watch,
+            fewer_collections(),  # (reading a trace builds a dict per operator and tensor)
+        ):
             self._prepare(cfg, trace, topology, progress, watch.stage)
 
     def _prepare(self, cfg: Config, trace, topology, progress, stage) -> None:
