@@ -212,6 +212,18 @@ class PacketSwitchNetwork(Network):
     def _routing_tables(self):
         self.routes = Routes(self.graph, self.routing)
 
+    def reuse_routes(self, routes) -> bool:
+        """Route with `routes`, another network's on this very graph and routing (what
+        they walked is kept: a symmetric run that falls back builds a second network),
+        where nothing was routed here yet. Says whether it does."""
+        if routes is self.routes:
+            return True
+        fresh = not self._route_cache and self.in_flight == 0 and not self._log
+        if not fresh or routes.graph is not self.graph or routes.mode != self.routing:
+            return False
+        self.routes = routes
+        return True
+
     def _distances(self, sources) -> None:
         self.routes.distances(sources)
 

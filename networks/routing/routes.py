@@ -90,6 +90,7 @@ class Routes:
     `arrays`, `rows`, `servers`, `spreads` and `walks` (each calls the ones it needs)."""
 
     def __init__(self, graph, mode: str = "latency"):
+        self.mode = mode
         self.arrays = arrays = RouteGraph(graph, mode)
         self.rows = RouteRows(arrays)
         self.servers = RouteServers(arrays)

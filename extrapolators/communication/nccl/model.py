@@ -158,6 +158,27 @@ class Nccl(CommModel):
         self._same_slots = 0
         self.choices: dict = {}  # (op, algo, proto) -> calls, for reports
 
+    def reuse_analysis(self, analysis: GroupAnalysis) -> bool:
+        """Take `analysis`, another model's (its groups analysed: what they are does not
+        depend on the tuning or the calls), where it was made for this model's options and
+        GPU architecture on the network's very graph and routes, before anything was
+        planned here (a symmetric run that falls back builds a second model). Says whether
+        it does."""
+        a = self.analysis
+        if analysis is a:
+            return True
+        same = (
+            analysis.graph is a.graph
+            and analysis.routes is getattr(self.net, "routes", None)
+            and analysis.options == a.options
+            and analysis.arch == a.arch
+            and analysis.switch_ends == a.switch_ends
+        )
+        if not same or self._plans or self._uneven or self._many:
+            return False
+        self.analysis, self.routes = analysis, analysis.routes
+        return True
+
     def group_info(self, group) -> _Group:
         """The group's default layout, analysed (GroupAnalysis.group_info)."""
         return self.analysis.group_info(group)
