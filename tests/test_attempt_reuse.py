@@ -7,14 +7,20 @@ from __future__ import annotations
 import dataclasses
 
 import networkx as nx
+import pytest
 import simpy
 
 import triosim.simulation.wiring as wiring
 from extrapolators.communication.nccl.model import Nccl
 from networks import PacketSwitchNetwork
 from networks import topology as topo
-from tests.test_symmetry import gpt2, threed  # noqa: F401 (gpt2: the fixture)
-from triosim.simulation.wiring import Simulation
+from tests.test_symmetry import GPT2, threed
+from triosim.simulation.wiring import Simulation, load_any_trace
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return load_any_trace(GPT2)
 
 
 def _net(graph, **options):
@@ -60,8 +66,7 @@ def test_an_analysis_is_taken_only_with_the_same_options_network_and_nothing_pla
 
 
 def test_a_run_that_falls_back_reuses_the_first_attempts_analysis_and_is_the_same(
-    gpt2,
-    monkeypatch,  # noqa: F811
+    gpt2, monkeypatch
 ):
     # every TP rank 1 at a quarter of the bandwidth: the finest declaration breaks in the
     # run, the next one holds (tests/test_symmetry.py)

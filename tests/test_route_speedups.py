@@ -845,6 +845,26 @@ def test_gpus_under_a_big_switch_share_its_spread():
     assert _same_rows(hop_rows(g, Routes(g), group, group), hop_rows(g, r, group, group))
 
 
+def test_many_sources_under_small_switches_share_their_spreads():
+    """An FSDP group of 16 GPUs, GPU 0 of 16 servers (one rail leaf of 20 ports, far below
+    SPREAD_DEGREE): 16 sources take the rail's spread (16 trees before), with the rows of
+    whole trees; a group of fewer than SPREAD_SOURCES sources keeps its trees."""
+    from extrapolators.communication.rings import hop_rows
+    from networks.routing import tuning
+
+    g = topo.multi_node(16, 4, 300 * GB, 50 * GB, 1e-6, 2e-6)
+    group = [4 * k for k in range(16)]
+    assert tuning.SPREAD_SOURCES <= len(group) and g.out_degree("rail0") < tuning.SPREAD_DEGREE
+    assert Routes(g).hub_hop_rows(group, group) is not None
+    few = group[: tuning.SPREAD_SOURCES - 1]
+    assert Routes(g).hub_hop_rows(few, few) is None
+    r = Routes(g)
+    full_trees = r.trees
+    r.trees = lambda sources, targets=None: full_trees(sources)  # the unbounded search
+    r.hub_hop_rows = r.server_hop_rows = lambda sources, targets: None
+    assert _same_rows(hop_rows(g, Routes(g), group, group), hop_rows(g, r, group, group))
+
+
 @pytest.mark.parametrize("name", ["fat tree", "multi-node switch", "ring", "dgx1", "pcie"])
 def test_ring_order_shortcut_for_alike_hops_is_the_search(name, monkeypatch):
     """Groups whose hops are all alike take a shortcut: the same order as the search."""

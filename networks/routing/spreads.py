@@ -46,14 +46,17 @@ class RouteSpreads:
         but maybe not the same bottleneck: each switch's spread keeps the least and the
         most over all of them, and where the two differ over the tight k the answer would
         depend on the tree's tie-break, so None. Only for switches of more than
-        tuning.SPREAD_DEGREE ports (a search from each GPU under one relaxes all of them)."""
+        tuning.SPREAD_DEGREE ports (a search from each GPU under one relaxes all of them),
+        or for tuning.SPREAD_SOURCES sources or more, whatever their switches' size (the
+        sources under one share its spread: a 16-GPU FSDP group of one rail took 16 trees)."""
         g = self.arrays
         idx = g.node_index
         t_idx = np.array([idx[t] for t in targets], dtype=np.int64)
         bandwidth = g.link_values("bandwidth")
         out = []
+        small = len(sources) >= tuning.SPREAD_SOURCES
         for s in (idx[v] for v in sources):
-            reads = self.rows.switch_reads(s, t_idx)
+            reads = self.rows.switch_reads(s, t_idx, small)
             if reads is None:
                 return None
             vals = np.array([w + row[t_idx] for _, w, _, row in reads])

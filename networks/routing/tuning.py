@@ -19,6 +19,9 @@ CANDIDATES = 2**20  # in-links weighed at once when paths are walked in a batch
 # a hub with more out-links than this serves its GPUs' hop metrics from one shared spread
 # (a search from a GPU under a big switch relaxes every link of it: O(N) per GPU on a star)
 SPREAD_DEGREE = 256
+# hop metrics asked from this many sources at once take spreads of switches of any size
+# (the sources under a switch share its spread, kept within HUB_ROWS_BYTES)
+SPREAD_SOURCES = 8
 SPREAD_LEVELS = 64  # a spread deeper than this (hops) is left to the per-source trees
 # a walk looks a node's candidates up by value (not a scan of its in-links) when it has
 # more than BIG_IN in-links and at least SHARED_ASKS walkers ask it with one row (a rail's
