@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import chain_trace
 from hypothesis import given, settings
@@ -157,7 +158,7 @@ def test_vectorised_schedule_equals_the_task_by_task_one(tasks, start, clock, la
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(task, min_size=0, max_size=8), times, times, times)
+@given(st.lists(task, min_size=0, max_size=40), times, times, times)
 def test_a_few_tasks_in_python_give_the_arrays_bit_for_bit(tasks, start, clock, latency):
     """host_schedule's small path (a few tasks, Python floats) against its numpy path."""
     from extrapolators.execution import runtime
@@ -558,3 +559,24 @@ def test_fit_host_says_when_the_trace_pins_its_cost_down_loosely(capsys, tmp_pat
         capsys, "fit-host", str(path), "--measured", "1ms", "--perfmodel", "learned"
     )
     assert code == 2 and "--perfmodel learned: with --batch-size" in err
+
+
+@pytest.mark.parametrize("par", MODES[:4] + MODES[6:8], ids=lambda p: p["mode"])
+def test_whole_runs_with_a_host_are_the_same_on_the_small_and_the_array_path(par, monkeypatch):
+    """The runtime schedules a run of up to SMALL_HOST computes in Python floats (lists,
+    compared as lists): every row, bit for bit, as the numpy path gives it."""
+    from extrapolators.execution import runtime
+
+    n = 4 if par.get("dp") else 2
+    cfg = {
+        "num_gpus": n,
+        "batch_size": 8,
+        "parallelism": par,
+        "perfmodel": {"kind": "regression"},
+        "host": {"model": "on", "op_cost": 250 * US},
+    }
+    small = Simulation(cfg, trace=gpu_chain()).run()
+    monkeypatch.setattr(runtime, "SMALL_HOST", -1)
+    arrays = Simulation(cfg, trace=gpu_chain()).run()
+    pd.testing.assert_frame_equal(small.timeline, arrays.timeline, check_exact=True)
+    assert small.iteration_time == arrays.iteration_time

@@ -396,12 +396,19 @@ class Runtime:
             acc, starts, t, self._clock[gpu] = last[2]
             return acc, starts, t
         d = _durations(block, scale, noise)
-        acc, starts, clock = host_schedule(
-            d, block.hosts, block.syncs, start, clock, self.host.launch_latency
-        )
-        t = float(acc[-1])
-        if np.array_equal(starts, acc[:-1]):
-            starts = None
+        latency = self.host.launch_latency
+        if len(d) <= SMALL_HOST:  # (lists: no arrays made to be compared)
+            acc, starts, clock = _host_small(
+                d.tolist(), block.hosts.tolist(), block.syncs, start, clock, latency
+            )
+            t = acc[-1]
+            starts = None if starts == acc[:-1] else np.array(starts, float)
+            acc = np.array(acc)
+        else:
+            acc, starts, clock = _host_arrays(d, block.hosts, block.syncs, start, clock, latency)
+            t = float(acc[-1])
+            if np.array_equal(starts, acc[:-1]):
+                starts = None
         self._last_acc[key[0]] = (block, key, (acc, starts, t, clock))
         self._clock[gpu] = clock
         return acc, starts, t
@@ -536,6 +543,8 @@ def _durations(block: ComputeRun, scale: float, noise=None) -> np.ndarray:
     d = block.durations * scale if scale != 1.0 else block.durations
     if noise is not None:
         d = d * noise(len(d))
+    elif scale > 0 and block.low >= 0:  # (checked once per run: a positive scale keeps signs)
+        return d
     if len(d) and d.min() < 0:
         raise ValueError(f"Negative delay {d[d < 0][0]}")  # as simpy's timeout
     return d
@@ -549,9 +558,15 @@ def host_schedule(d, h, syncs, start: float, clock: float, latency: float) -> tu
     Returns (acc: `start` then every end, starts, the host's clock after the last issue).
     Vectorised: with D the running sum of d, end_k - D_k = max(end_{k-1} - D_{k-1},
     issue_k + latency - D_{k-1}), a running maximum."""
+    if len(d) <= SMALL_HOST:
+        acc, starts, clock = _host_small(d.tolist(), h.tolist(), syncs, start, clock, latency)
+        return np.array(acc), np.array(starts, float), clock
+    return _host_arrays(d, h, syncs, start, clock, latency)
+
+
+def _host_arrays(d, h, syncs, start: float, clock: float, latency: float) -> tuple:
+    """host_schedule in numpy (its docstring)."""
     n = len(d)
-    if n <= SMALL_HOST:
-        return _host_small(d.tolist(), h.tolist(), syncs, start, clock, latency)
     acc = np.empty(n + 1)
     acc[0] = start
     starts = np.empty(n)
@@ -578,12 +593,14 @@ def host_schedule(d, h, syncs, start: float, clock: float, latency: float) -> tu
     return acc, starts, clock
 
 
-SMALL_HOST = 8  # host_schedule of up to this many tasks in Python floats (tests: -1)
+SMALL_HOST = 32  # host_schedule of up to this many tasks in Python floats (tests: -1); the
+# numpy path's set-up costs ~10 us, the Python one ~0.2 us a task
 
 
 def _host_small(d: list, h: list, syncs, start: float, clock: float, latency: float) -> tuple:
     """host_schedule of a few tasks, element by element: the same float operations in the
-    same order (each running sum from its first term, each maximum of the same values)."""
+    same order (each running sum from its first term, each maximum of the same values).
+    Lists: (acc, starts, clock)."""
     acc, starts = [start], []
     t, a = start, 0
     for b in [*(s + 1 for s in syncs), len(d)]:
@@ -606,7 +623,7 @@ def _host_small(d: list, h: list, syncs, start: float, clock: float, latency: fl
         if b - 1 in syncs:
             clock = max(clock, t)
         a = b
-    return np.array(acc), np.array(starts, float), clock
+    return acc, starts, clock
 
 
 def _count(run) -> tuple[int, bool]:

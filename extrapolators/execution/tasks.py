@@ -46,6 +46,7 @@ class ComputeRun:
         "mbs",
         "hosts",
         "syncs",
+        "low",
     )
 
     def __init__(self, tasks):
@@ -54,6 +55,7 @@ class ComputeRun:
         self._tasks = tasks = tuple(tasks)
         self._base = None
         self.durations = np.array([c.duration for c in tasks], dtype=float)
+        self.low = float(self.durations.min()) if tasks else 0.0  # (a negative one: refused)
         self.names = [c.name for c in tasks]
         self.layers = [c.layer for c in tasks]
         self.phases = [c.phase for c in tasks]
@@ -71,6 +73,7 @@ class ComputeRun:
         new._tasks, new._base = None, run
         new.durations, new.names, new.layers = run.durations, run.names, run.layers
         new.phases, new.op_ids, new.hosts, new.syncs = run.phases, run.op_ids, run.hosts, run.syncs
+        new.low = run.low
         new.mbs = [mb] * len(run.names)
         return new
 
