@@ -124,7 +124,7 @@ class GroupJobs:
         """`alone`: a callable giving the group's Alone (made only where the links are
         free). The engine calls it once it has split the ring and group jobs holding these
         links (their flows are then in the table)."""
-        if not self.enabled or self.engine.table.occ[flat].any():
+        if not self.enabled or np.count_nonzero(self.engine.table.occ[flat]):  # (no wrapper)
             return False
         alone = alone()
         if not alone.ok:
