@@ -86,6 +86,7 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
         items.append(item)
 
     tpx, comm = mode.tpx, mesh.tp > 1
+    before, after = (tpx.before, tpx.after) if comm else ({}, {})  # op id -> TP collectives
     split, whole = mode.target(mode.op_micro, tp=mesh.tp), mode.target(mode.op_micro)
     attention, shard = mode.attention, mode.shard
     p2p = o.cp_comm == "p2p"
@@ -132,20 +133,32 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
         return t
 
     made: dict = {}  # (op id, part, phase) -> its task at micro-batch 0 (the same at every one)
+    whole_in: dict = {}  # phase -> op id -> made[op id, 1.0, phase]
+
+    def make(op, phase, part):
+        c = made.get((op.id, part, phase))
+        if c is None:
+            c = made.get((op.id, part, None))
+            if c is None:
+                c = made[op.id, part, None] = timed(op, seconds(op) * part, 0, None, part)
+            if phase is not None:
+                c = made[op.id, part, phase] = dataclasses.replace(c, phase=phase)
+        return c
 
     def compute(op, m, phase, part):
         """The op's compute task, `part` of its time (a split backward's B: what is not
         W), or none where nothing is left."""
-        if part > 0.0:  # (x 1.0: the same double)
-            c = made.get((op.id, part, phase))
+        if part == 1.0:  # (most tasks: looked up by op id alone)
+            mine = whole_in.setdefault(phase, {})
+            c = mine.get(op.id)
             if c is None:
-                c = made.get((op.id, part, None))
-                if c is None:
-                    c = made[op.id, part, None] = timed(op, seconds(op) * part, 0, None, part)
-                if phase is not None:
-                    c = made[op.id, part, phase] = dataclasses.replace(c, phase=phase)
-            run.append(c)
-            run_mb[0] = m
+                c = mine[op.id] = make(op, phase, part)
+        elif part > 0.0:  # (x 1.0: the same double)
+            c = make(op, phase, part)
+        else:
+            return
+        run.append(c)
+        run_mb[0] = m
 
     def op_tasks(op, m, again, part=1.0):
         phase = "recompute" if again else None
@@ -153,7 +166,7 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
         if pending and op.layer != pending[0]:
             flush()
         if overlap and op.id in products:
-            coll = [*tpx.before.get(op.id, ()), *tpx.after.get(op.id, ())]
+            coll = [*before.get(op.id, ()), *after.get(op.id, ())]
             if coll or pending:  # (TE's userbuffers: the product pipelined with them)
                 for c in coll:
                     if not pending:
@@ -168,9 +181,8 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
                 if op.id in main:  # the layer's product: its collectives end with it
                     flush()
                 return
-        if comm:
-            for c in tpx.before.get(op.id, ()):
-                other((COLL, c, f"m{m}/{c.key}{re}", again))
+        for c in before.get(op.id, ()):
+            other((COLL, c, f"m{m}/{c.key}{re}", again))
         if moe:
             for layer, kind in ex.before.get(op.id, ()):
                 tokens(layer, kind, m, again, True)
@@ -179,9 +191,8 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
             other((ATTN, op, mode.op_time(op, split, whole, m, phase, scale, ep_rank), m))
         else:
             compute(op, m, phase, part)
-        if comm:
-            for c in tpx.after.get(op.id, ()):
-                other((COLL, c, f"m{m}/{c.key}{re}", again))
+        for c in after.get(op.id, ()):
+            other((COLL, c, f"m{m}/{c.key}{re}", again))
 
     def after_tasks(op, m, again):
         for layer, kind in ex.after.get(op.id, ()):
