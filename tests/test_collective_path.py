@@ -147,3 +147,36 @@ def test_a_calls_plans_are_found_again_by_its_lists(monkeypatch):
     monkeypatch.setattr(model, "MANY_SLOTS", 6)  # two calls of 4 slots: the first goes
     model._many_plans("allreduce", [(4, 5), (6, 7)], 8e6, roots, None)
     assert model._same_slots == 4 and len(model._same_lists) == 1
+
+
+def test_large_plans_keep_their_batches_within_a_budget(monkeypatch):
+    """A plan of more than KEEP_BATCH streams keeps its routed batch while the kept large
+    batches' streams stay within KEEP_STREAMS (the first met are kept); forget_batches
+    frees the budget; and a run is the same, bit for bit, with none kept."""
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, topo.ring(8, 10e9, 1e-6))
+    model = nccl_model.Nccl(env, net, gpu="H100-SXM")
+    monkeypatch.setattr(model, "KEEP_BATCH", 4)
+    monkeypatch.setattr(model, "KEEP_STREAMS", 20)
+    plans = [model.plan("allreduce", tuple(range(8)), x) for x in (1e6, 2e6, 3e6)]
+    sizes = [len(p.streams) for p in plans]
+    assert all(n > 4 for n in sizes)
+    for p in plans:
+        model._batch_of(p)
+    kept = [p.batch is not None for p in plans]
+    budget, want = 20, []
+    for n in sizes:  # the first ones met while they fit
+        want.append(n <= budget)
+        budget -= n if n <= budget else 0
+    assert kept == want and any(kept)
+    assert model._batch_of(plans[0]) is plans[0].batch  # found again, not routed again
+    model.forget_batches()
+    assert all(p.batch is None for p in plans) and model._big_kept == 0
+
+    par = {"dp_shard": 16}
+    monkeypatch.setattr(nccl_model.Nccl, "KEEP_BATCH", 4)  # every plan a large one
+    kept_run = _symmetric(par, 16)
+    monkeypatch.setattr(nccl_model.Nccl, "KEEP_STREAMS", 0)
+    routed_run = _symmetric(par, 16)
+    assert (kept_run[1] == routed_run[1]).all()
+    assert kept_run[0].iteration_time == routed_run[0].iteration_time
