@@ -610,6 +610,25 @@ def test_not_on_a_terminal_progress_is_plain_log_lines():
     assert quick.getvalue() == ""
 
 
+def test_a_plans_error_comes_before_a_large_topology_is_built(monkeypatch):
+    """Above EARLY_PLAN_ABOVE GPUs the plan is checked on a stand-in first: a bad batch is
+    reported without building the topology; below, the same error after it."""
+    from tests.conftest import chain_trace
+    from triosim.simulation import wiring as simulation
+
+    built = []
+    real = simulation.build_topology
+    monkeypatch.setattr(simulation, "build_topology", lambda cfg: built.append(1) or real(cfg))
+    bad = {"num_gpus": 4, "batch_size": 6, "parallelism": {"mode": "ddp"}}
+    with pytest.raises(ConfigError, match="batch_size"):
+        simulation.Simulation(bad, trace=chain_trace(batch=8))
+    assert built == [1]
+    monkeypatch.setattr(simulation, "EARLY_PLAN_ABOVE", 2)
+    with pytest.raises(ConfigError, match="batch_size"):
+        simulation.Simulation(bad, trace=chain_trace(batch=8))
+    assert built == [1]  # not built this time
+
+
 def test_the_preparation_names_its_stages(monkeypatch):
     from tests.conftest import chain_trace
     from triosim.simulation import progress
@@ -623,12 +642,19 @@ def test_the_preparation_names_its_stages(monkeypatch):
             super().stage(what)
 
     monkeypatch.setattr(simulation, "RunProgress", Watch)
-    simulation.Simulation(
-        {"num_gpus": 4, "batch_size": 8, "parallelism": {"mode": "ddp"}},
-        trace=chain_trace(batch=8),
-        progress=True,
-    )
+    cfg = {"num_gpus": 4, "batch_size": 8, "parallelism": {"mode": "ddp"}}
+    simulation.Simulation(cfg, trace=chain_trace(batch=8), progress=True)
     assert {d for d, _ in seen} == {"preparing 4 GPUs"}
+    assert [w for _, w in seen][:5] == [  # (a small topology: the plan checked after it)
+        "loading the trace",
+        "building the performance model",
+        "building the topology",
+        "ordering the ring",
+        "planning the streams",
+    ]
+    seen.clear()
+    monkeypatch.setattr(simulation, "EARLY_PLAN_ABOVE", 2)  # a large one: checked before
+    simulation.Simulation(cfg, trace=chain_trace(batch=8), progress=True)
     assert [w for _, w in seen][:6] == [
         "loading the trace",
         "building the performance model",
