@@ -30,6 +30,7 @@ pipeline cost to a system's measurements.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -645,6 +646,8 @@ class Nccl(CommModel):
             path_lat=np.array([x for p in plans for x in p.path_latency], float),
         )
         m.uniform = _uniform(batch, counts, m.rest, m.path_lat)
+        # the first group's path latencies and latency after, as Python floats
+        m.lat0, m.rest0 = m.path_lat[: m.uniform].tolist(), float(m.rest[0]) if plans else 0.0
         return plans, batch, m
 
 
@@ -667,10 +670,12 @@ def _uniform(batch, counts, rest, path_lat) -> int:
 
 def _uniform_ends(arrive, m, n: int, env) -> tuple:
     """`start_many`'s (ends, end) where every group ends as the first (`_uniform`):
-    the first group's, with the same float operations, `arrive` its streams' arrivals."""
-    last = float(arrive.max())
-    sent = float((arrive - m.path_lat[: len(arrive)]).max())
-    rest = float(m.rest[0]) - (last - sent)
+    the first group's, with the same float operations, `arrive` its streams' arrivals
+    (a few: in Python floats, the same differences and maxima as numpy's)."""
+    a = arrive.tolist()
+    last = max(a)
+    sent = max(map(operator.sub, a, m.lat0))
+    rest = m.rest0 - (last - sent)
     e = last + rest if rest > 0 else last
     return [e] * n, _first_end(env.now, last, rest, e)
 
