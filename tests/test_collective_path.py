@@ -175,7 +175,15 @@ def test_large_plans_keep_their_batches_within_a_budget(monkeypatch):
 
     par = {"dp_shard": 16}
     monkeypatch.setattr(nccl_model.Nccl, "KEEP_BATCH", 4)  # every plan a large one
+    models, init = [], nccl_model.Nccl.__init__
+
+    def record(self, *a, **k):
+        init(self, *a, **k)
+        models.append(self)
+
+    monkeypatch.setattr(nccl_model.Nccl, "__init__", record)
     kept_run = _symmetric(par, 16)
+    assert models[-1]._big_kept > 0  # large batches were kept and found again
     monkeypatch.setattr(nccl_model.Nccl, "KEEP_STREAMS", 0)
     routed_run = _symmetric(par, 16)
     assert (kept_run[1] == routed_run[1]).all()

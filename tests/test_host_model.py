@@ -158,7 +158,7 @@ def test_vectorised_schedule_equals_the_task_by_task_one(tasks, start, clock, la
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(task, min_size=0, max_size=40), times, times, times)
+@given(st.lists(task, min_size=0, max_size=32), times, times, times)  # (up to SMALL_HOST)
 def test_a_few_tasks_in_python_give_the_arrays_bit_for_bit(tasks, start, clock, latency):
     """host_schedule's small path (a few tasks, Python floats) against its numpy path."""
     from extrapolators.execution import runtime
@@ -575,7 +575,15 @@ def test_whole_runs_with_a_host_are_the_same_on_the_small_and_the_array_path(par
         "perfmodel": {"kind": "regression"},
         "host": {"model": "on", "op_cost": 250 * US},
     }
+    calls, small_path = [], runtime._host_small
+
+    def counted(*a):
+        calls.append(1)
+        return small_path(*a)
+
+    monkeypatch.setattr(runtime, "_host_small", counted)
     small = Simulation(cfg, trace=gpu_chain()).run()
+    assert calls  # the small path ran
     monkeypatch.setattr(runtime, "SMALL_HOST", -1)
     arrays = Simulation(cfg, trace=gpu_chain()).run()
     pd.testing.assert_frame_equal(small.timeline, arrays.timeline, check_exact=True)

@@ -337,6 +337,7 @@ class Simulation:
         else:
             result.host = HostModel.off_reason(self.trace, cfg.host)
         del runtime, comm, net, env  # the event queue (the log lives on in the result)
+        self._kept = {}  # (the routes and group analyses: no attempt comes after this one)
         if progress is not None:
             progress.stage("memory")
         # with symmetry: the representatives' curves, which the Result copies to their images
