@@ -370,3 +370,34 @@ def test_every_catalogue_gpu_gets_its_own_architecture():
         assert arch_of("X200") == 100
     finally:
         del catalogue.GPUS["X200"]
+
+
+@pytest.mark.parametrize(
+    "name, g, groups",
+    [
+        (
+            "rail cluster",
+            topo.multi_node(4, 4, 300e9, 50e9, 1e-6, 2e-6),
+            [(0, 5, 10, 15), tuple(range(16))],
+        ),
+        ("fat tree", topo.fat_tree(16, 25e9, 1e-6, radix=8), [(0, 3, 9, 12), (1, 2, 3, 4, 5, 6)]),
+        ("one node", topo.multi_node(1, 8, 300e9, 50e9, 1e-6, 2e-6), [tuple(range(8))]),
+    ],
+)
+def test_send_receive_schedules_skip_the_ring_search_with_the_same_plans(name, g, groups):
+    """An all-to-all or a sendrecv runs on the group's system without rings (p2p_layout):
+    NCCL's ring search is never run for it, and its plans (streams, latencies, times) are
+    those of the family's default layout it ran on before."""
+    _, _, light = model(g)
+    _, _, full = model(g)
+    full.analysis.p2p_layout = lambda grp: full.analysis.layout(
+        full.analysis.family(grp), full.analysis.family(grp).default
+    )
+    for grp in groups:
+        n = len(grp)
+        sizes = tuple(tuple(float((i + 2 * j) % 5) * 1e5 for j in range(n)) for i in range(n))
+        for op, x in (("all_to_all", 3e6), ("sendrecv", 1e6)):
+            assert light.plan(op, grp, x) == full.plan(op, grp, x), (name, grp, op)
+        assert light.plan_uneven(grp, sizes) == full.plan_uneven(grp, sizes)
+        assert "order" not in light.analysis.p2p_layout(grp).system.__dict__  # not searched
+        assert not light.analysis._families

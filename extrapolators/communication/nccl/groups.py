@@ -73,6 +73,7 @@ class GroupAnalysis:
         self.switch_ends = bool(getattr(net, "reducing_endpoints", False))
         self.partition = node_partition(graph)
         self._families: dict = {}
+        self._p2p: dict = {}  # group -> its send/receive layout (p2p_layout)
         # per (a, b) pair met so far: its number, then by number its path latency, whether
         # it crosses the network, its smallest link capacity and its hop count
         self._pair: dict = {}
@@ -105,6 +106,16 @@ class GroupAnalysis:
         self.pair_arrays(hops + [(b, a) for a, b in hops])
         for g, s, rs in zip(new, systems, rings, strict=True):
             self._families[g] = families.make(self, g, s, rs)
+
+    def p2p_layout(self, group) -> _Group:
+        """What a send/receive schedule (all-to-all, sendrecv) runs on: the group's system
+        without rings (its streams are pairs of GPUs, each on its own path: NCCL's ring
+        search, the family's layouts and their rings' analysis are left undone)."""
+        group = tuple(group)
+        info = self._p2p.get(group)
+        if info is None:
+            info = self._p2p[group] = _Group(self._system(group), None, [], [], [])
+        return info
 
     def _system(self, group) -> System:
         # small groups' orders are searched by the family (`_exhaustive`), not the system

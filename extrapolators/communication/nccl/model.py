@@ -252,9 +252,9 @@ class Nccl(CommModel):
         check_op(op)
         group = tuple(group)
         a = self.analysis
-        fam = a.family(group)
         if op in P2P_OPS:
-            return self._p2p_terms(a.layout(fam, fam.default), op, nbytes)
+            return self._p2p_terms(a.p2p_layout(group), op, nbytes)
+        fam = a.family(group)
         pairs = self._pairs(a.layout(fam, fam.default), op, algorithm)
         fastest = self.options.pick == "fastest"
         best, best_t = None, math.inf
@@ -567,7 +567,8 @@ class Nccl(CommModel):
                 if keys[k] is not None and keys[k] == keys[0] and same_root[k]:
                     plans[k] = alike.renamed(p0, groups[0], groups[k])
         rest = [k for k, p in enumerate(plans) if p is None]
-        self.analysis.prepare([groups[k] for k in rest])
+        if op not in P2P_OPS:  # (rings' hops routed together; a send/receive takes none)
+            self.analysis.prepare([groups[k] for k in rest])
         for k in rest:
             plans[k] = self.plan(op, groups[k], nbytes, roots[k], algorithm)
         return plans

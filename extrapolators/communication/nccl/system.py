@@ -65,11 +65,11 @@ class System:
         by_node: dict = {}
         for g in self.group:
             by_node.setdefault(part[g], []).append(g)
-        # the ring as NCCL's search weighs it: `capacity` per link of `routes.links`, what
-        # NCCL believes each link carries (default: the links' bandwidths)
-        self.order, self.alike, self.orders = order_and_alike(
-            graph, self.group, self.routes, capacity, exact
-        )
+        # the ring as NCCL's search weighs it (`order`, `alike`, `orders`): searched when
+        # first read (`__getattr__`), with `capacity` per link of `routes.links`, what NCCL
+        # believes each link carries (default: the links' bandwidths); a send/receive
+        # schedule never reads them (an all-to-all's pairs take no ring)
+        self._search = (capacity, exact)
         # a node's GPUs by the network switch they hang on, so local GPU i of every node
         # is on rail i, then in the group's order; nodes in the group's order. Neither
         # follows the links' bandwidths (the NCCL model times every node order where
@@ -96,6 +96,16 @@ class System:
         self.sharp = self._sharp_switches()
         # rails: on several nodes, local GPU i of every node with its own NIC
         self.rails = self.ppn if self.N > 1 and self.uniform and self._all_have_nics() else 1
+
+    def __getattr__(self, name):
+        """`order`, `alike` and `orders` (__init__), searched on first read."""
+        if name in ("order", "alike", "orders") and "_search" in self.__dict__:
+            capacity, exact = self._search
+            found = order_and_alike(self.graph, self.group, self.routes, capacity, exact)
+            for k, v in zip(("order", "alike", "orders"), found, strict=True):
+                self.__dict__.setdefault(k, v)  # (an order set by hand stays: layouts')
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # -- hardware ---------------------------------------------------------------------
     def _neighbours(self, g, kind_net: bool):
