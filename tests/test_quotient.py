@@ -339,3 +339,42 @@ def test_kept_groups_and_the_order_of_events_are_the_full_networks():
     assert o1 == o2
     assert list(t1["src"]) == list(t2["src"]) and list(t1["nbytes"]) == list(t2["nbytes"])
     np.testing.assert_allclose(t2["end"].to_numpy(float), t1["end"].to_numpy(float), rtol=1e-9)
+
+
+def test_a_group_started_again_from_its_batch_is_the_group_started_from_its_transfers():
+    """transfer_group of a prepared batch (a symmetric run's send and its images, routed
+    once and started at every send) moves what every flow moves: the same records and
+    events' instants as the transfers' list on a network moving every flow; by orbits an
+    image's event is its kept flow's."""
+    copies = Copies(4, 2)
+    a, b = _orbit(copies, 0, 3, 2e6, np.inf), _orbit(copies, 1, 2, 1e6, np.inf)
+    group = [t for pair in zip(a, b, strict=True) for t in pair]  # the orbits interleaved
+    got = {}
+    for how, by_orbits in (("list", False), ("list", True), ("batch", False), ("batch", True)):
+        env = simpy.Environment()
+        net = PacketSwitchNetwork(env, _graph(1, 4, 2))
+        if by_orbits:
+            assert net.by_orbits(copies)
+        batch = net.batch(group)
+        seen = []
+
+        def start(delay, how=how, by_orbits=by_orbits, batch=batch, net=net, env=env, seen=seen):
+            yield env.timeout(delay)
+            events = net.transfer_group(group if how == "list" else batch)
+            if by_orbits:  # each copy's event is its orbit's kept flow's
+                assert events[2] is events[0] and events[1] is not events[0]
+            yield simpy.AllOf(env, events)
+            seen.append([e.value.end for e in events])
+
+        for delay in (0.0, 1e-5, 3e-4):
+            env.process(start(delay))
+        env.run()
+        key = ["start", "src", "dst", "end"]
+        table = net.transfers().sort_values(key).reset_index(drop=True)
+        got[how, by_orbits] = (seen, table[key].to_dict("list"), net.bytes_delivered)
+    want = got["list", False]
+    assert len(want[1]["src"]) == 3 * len(group)
+    assert len(set(want[1]["end"])) > 3  # (the orbits land apart)
+    for k, v in got.items():
+        assert v[1] == want[1], k
+        assert v[2] == pytest.approx(want[2], rel=1e-12), k

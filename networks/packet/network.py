@@ -83,9 +83,19 @@ class _Batch:
     # what the kept flows get alone on their links (networks.packet.groupjobs), made when
     # first asked for
     _alone: list = field(default_factory=list, repr=False, compare=False)
+    # by orbits: the transfers of each kept flow (index arrays), and `expand` as a list
+    _by_kept: list = field(default_factory=list, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.srcs)
+
+    def by_kept(self) -> tuple:
+        """(each kept flow's transfers, `expand` as a list), made once."""
+        if not self._by_kept:
+            order = np.argsort(self.expand, kind="stable")
+            cuts = np.cumsum(np.bincount(self.expand, minlength=len(self.srcs)))[:-1]
+            self._by_kept.append((np.split(order, cuts), self.expand.tolist()))
+        return self._by_kept[0]
 
     def alone(self):
         """networks.packet.groupjobs.Alone of these flows, made once (from the
@@ -263,12 +273,22 @@ class PacketSwitchNetwork(Network):
         self._engine.start_group(records, events)
 
     def transfer_group(self, transfers, tag: str = "", _member=None) -> list[simpy.Event]:
+        """Network's; `transfers` may be this network's batch of them (`batch`: checked and
+        routed once, for a group started many times)."""
         if not self._fast:
+            if type(transfers) is _Batch:
+                transfers = transfers.tuples()
             return super().transfer_group(transfers, tag, _member)
-        srcs, dsts, sizes, caps = self._parse(transfers)
+        if type(transfers) is _Batch and transfers.net is self:
+            b = transfers
+            srcs, dsts = b.srcs, b.dsts
+        else:
+            if type(transfers) is _Batch:  # another network's: its transfers again
+                transfers = transfers.tuples()
+            srcs, dsts, sizes, caps = self._parse(transfers)
+            b = self._prepare(srcs, dsts, sizes, caps) if srcs else None
         events = [self.env.event() for _ in srcs]
         if srcs:
-            b = self._prepare(srcs, dsts, sizes, caps)
             if b.expand is not None:
                 return self.quotient.start_group(b, tag)
             g = Group(srcs, dsts, b.nb, b.maxr, self.env.now, tag, events)

@@ -208,9 +208,8 @@ class Quotient:
         full = Group(*b.full, env.now, tag, None, None)
         kept = Group(b.srcs, b.dsts, b.nb, b.maxr, env.now, tag, events)
         self._start(b, kept, full)
-        order = np.argsort(b.expand, kind="stable")
-        cuts = np.cumsum(np.bincount(b.expand, minlength=len(events)))[:-1]
-        for ev, mine in zip(events, np.split(order, cuts), strict=True):
+        parts, expand = b.by_kept()
+        for ev, mine in zip(events, parts, strict=True):
 
             def landed(_e, mine=mine):
                 full.ends[mine] = env.now
@@ -218,7 +217,7 @@ class Quotient:
                 self._landed(float(np.sum(nb)) - float(np.sum(nb[:1])), len(mine) - 1)
 
             ev.callbacks.append(landed)
-        return [events[j] for j in b.expand.tolist()]
+        return [events[j] for j in expand]
 
     def _start(self, b, kept: Group, full: Group) -> None:
         """The kept flows start; the network's log and counters read the full group."""
