@@ -384,11 +384,26 @@ def test_every_catalogue_gpu_gets_its_own_architecture():
         ("one node", topo.multi_node(1, 8, 300e9, 50e9, 1e-6, 2e-6), [tuple(range(8))]),
     ],
 )
-def test_send_receive_schedules_skip_the_ring_search_with_the_same_plans(name, g, groups):
+def test_send_receive_schedules_skip_the_ring_search_with_the_same_plans(
+    name, g, groups, monkeypatch
+):
     """An all-to-all or a sendrecv runs on the group's system without rings (p2p_layout):
     NCCL's ring search is never run for it, and its plans (streams, latencies, times) are
     those of the family's default layout it ran on before."""
+    from extrapolators.communication.nccl import system
+
+    searched, search = [], system.order_and_alike
+
+    def counted(*a, **k):
+        searched.append(1)
+        return search(*a, **k)
+
+    monkeypatch.setattr(system, "order_and_alike", counted)
     _, _, light = model(g)
+    for grp in groups:
+        light.plan("all_to_all", grp, 3e6)
+        light.plan("sendrecv", grp, 1e6)
+    assert not searched  # no ring search for send/receive schedules
     _, _, full = model(g)
     full.analysis.p2p_layout = lambda grp: full.analysis.layout(
         full.analysis.family(grp), full.analysis.family(grp).default

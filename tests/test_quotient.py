@@ -376,5 +376,6 @@ def test_a_group_started_again_from_its_batch_is_the_group_started_from_its_tran
     assert len(want[1]["src"]) == 3 * len(group)
     assert len(set(want[1]["end"])) > 3  # (the orbits land apart)
     for k, v in got.items():
+        assert v[0] == want[0], k  # every event's value: its (kept) record's instant
         assert v[1] == want[1], k
         assert v[2] == pytest.approx(want[2], rel=1e-12), k
