@@ -81,7 +81,8 @@ def test_a_run_that_falls_back_reuses_the_first_attempts_analysis_and_is_the_sam
     assert "fell back from" in r.symmetry and len(made) == 2
     assert made[1].analysis is made[0].analysis and made[1].net.routes is made[0].net.routes
     assert sim_kept_after(cfg, gpt2) == {}  # not held once the run is over
-    monkeypatch.setattr(wiring, "_reuse", lambda *a, **k: None)
+    monkeypatch.setattr(wiring, "_reuse_routes", lambda *a, **k: None)
+    monkeypatch.setattr(wiring, "_reuse_analysis", lambda *a, **k: None)
     made.clear()
     fresh = Simulation(cfg, trace=gpt2).run()
     assert made[1].analysis is not made[0].analysis

@@ -279,36 +279,34 @@ class PacketSwitchNetwork(Network):
             if type(transfers) is _Batch:
                 transfers = transfers.tuples()
             return super().transfer_group(transfers, tag, _member)
-        if type(transfers) is _Batch and transfers.net is self:
-            b = transfers
-            srcs, dsts = b.srcs, b.dsts
-        else:
-            if type(transfers) is _Batch:  # another network's: its transfers again
-                transfers = transfers.tuples()
-            srcs, dsts, sizes, caps = self._parse(transfers)
-            b = self._prepare(srcs, dsts, sizes, caps) if srcs else None
-        events = [self.env.event() for _ in srcs]
-        if srcs:
-            if b.expand is not None:
-                return self.quotient.start_group(b, tag)
-            g = Group(srcs, dsts, b.nb, b.maxr, self.env.now, tag, events)
-            self._engine.start(g, b.flat, b.nh, b.lat, alone=b.alone)
+        b = self._batch_for(transfers)
+        if b is None:
+            return []
+        if b.expand is not None:
+            return self.quotient.start_group(b, tag)
+        events = [self.env.event() for _ in b.srcs]
+        g = Group(b.srcs, b.dsts, b.nb, b.maxr, self.env.now, tag, events)
+        self._engine.start(g, b.flat, b.nh, b.lat, alone=b.alone)
         return events
 
     def transfer_all(self, transfers, tag: str = "") -> simpy.Event:
         if not self._fast:
             return super().transfer_all(transfers, tag)
         done = self.env.event()
-        if type(transfers) is _Batch and transfers.net is self:
-            b = transfers
-        else:
-            if type(transfers) is _Batch:  # another network's: its transfers again
-                transfers = transfers.tuples()
-            srcs, dsts, sizes, caps = self._parse(transfers)
-            if not srcs:
-                return done.succeed([])
-            b = self._prepare(srcs, dsts, sizes, caps)
+        b = self._batch_for(transfers)
+        if b is None:
+            return done.succeed([])
         return self._start_all(b, tag, done)
+
+    def _batch_for(self, transfers) -> _Batch | None:
+        """`transfers` as this network's batch: itself where it is one, else checked and
+        routed now (another network's batch: its transfers again); None for none."""
+        if type(transfers) is _Batch and transfers.net is self:
+            return transfers
+        if type(transfers) is _Batch:
+            transfers = transfers.tuples()
+        srcs, dsts, sizes, caps = self._parse(transfers)
+        return self._prepare(srcs, dsts, sizes, caps) if srcs else None
 
     def transfer_all_then(self, transfers, then, tag: str = "") -> None:
         """Network's, for a batch of this network's fast engine: `then(records)` is called

@@ -285,9 +285,9 @@ class Simulation:
         env = simpy.Environment()
         net = network_class(cfg.network.kind)(env, self.net_graph, cfg.network.options)
         c = cfg.communication
-        _reuse(self._kept, net)
+        _reuse_routes(self._kept, net)
         comm = comm_class(c.kind)(env, net, c.options, gpu=self.target_gpu(), base_dir=cfg.base_dir)
-        _reuse(self._kept, net, comm)
+        _reuse_analysis(self._kept, comm)
         runtime = Runtime(
             env,
             net,
@@ -391,17 +391,19 @@ def _say_if_big(cfg: Config, progress) -> None:
         print(note, file=sys.stderr, flush=True)
 
 
-def _reuse(kept: dict, net, comm=None) -> None:
-    """A new attempt's network and communication model take what the attempt before built
-    of the same graph (its routes; NCCL's analysis of each group: pure functions of the
-    graph and the model's options, each reuse checks that they match) and leave theirs
-    for the next: a symmetric run that falls back to a coarser declaration analysed
-    Mixtral's 164 groups again (0.75 s of a 5 s run)."""
-    if comm is None:
-        if kept.get("routes") is not None and hasattr(net, "reuse_routes"):
-            net.reuse_routes(kept["routes"])
-        kept["routes"] = getattr(net, "routes", None)
-        return
+def _reuse_routes(kept: dict, net) -> None:
+    """A new attempt's network takes the routes the attempt before's worked out on the same
+    graph (a pure function of it and the routing; `reuse_routes` checks both) and leaves
+    its own for the next: a symmetric run that falls back builds a second network."""
+    if kept.get("routes") is not None and hasattr(net, "reuse_routes"):
+        net.reuse_routes(kept["routes"])
+    kept["routes"] = getattr(net, "routes", None)
+
+
+def _reuse_analysis(kept: dict, comm) -> None:
+    """The same for the communication model's analysis of each group (NCCL's: a pure
+    function of the graph, the routes and its options; `reuse_analysis` checks them):
+    Mixtral's fallen-back run analysed its 164 groups again (0.75 s of a 5 s run)."""
     if kept.get("analysis") is not None and hasattr(comm, "reuse_analysis"):
         comm.reuse_analysis(kept["analysis"])
     kept["analysis"] = getattr(comm, "analysis", None)
