@@ -87,3 +87,18 @@ def test_a_wrong_definition_is_refused_naming_its_field(spec, field):
 def test_two_definitions_of_one_name_are_refused():
     with pytest.raises(ConfigError, match="gpus\\[1\\].name"):
         from_dict({"trace": TRACE, "gpus": [AS_H200, AS_H200]})
+
+
+def test_a_gpu_defined_again_under_its_name_is_the_one_looked_up():
+    # the lookup keeps what it found (once per operator it was a tenth of a large run's
+    # set-up), but a config that defines the name again, differently, gets its own figures
+    slow = {"name": "twice-h100", "base": "H100-SXM", "boost_clock_mhz": 990}
+    from_dict({"trace": TRACE, "gpus": [slow]})
+    first = catalogue.gpu("twice-h100")
+    assert catalogue.gpu("TWICE_H100") is first  # (by its normalized name too)
+    from_dict({"trace": TRACE, "gpus": [{**slow, "boost_clock_mhz": 1980}]})
+    again = catalogue.gpu("twice-h100")
+    assert again.peak_flops["bfloat16"] == pytest.approx(2 * first.peak_flops["bfloat16"])
+    del catalogue.GPUS["twice-h100"]
+    with pytest.raises(ConfigError):
+        catalogue.gpu("twice-h100")

@@ -254,11 +254,21 @@ def _norm(name: str) -> str:
     return name.lower().replace("_", "-").replace(" ", "-")
 
 
+_found: dict = {}  # normalized name -> the GPU the scan below found for it
+
+
 def gpu(name: str) -> GPU:
     """Look up a GPU by name or alias (case-insensitive)."""
     want = _norm(str(name))
+    g = _found.get(want)
+    # the GPU found before, while it is still the one under its name (a GPU registered
+    # since comes after it in the scan; one replaced or removed is looked up again): the
+    # models ask once per operator, and the scan was a tenth of a 1,024-GPU run's set-up
+    if g is not None and GPUS.get(g.name) is g:
+        return g
     for g in GPUS.values():
         if want in (_norm(g.name), *map(_norm, g.aliases)):
+            _found[want] = g
             return g
     raise ConfigError("gpu", name, f"one of {', '.join(GPUS)} (or a GPU of your own under `gpus:`)")
 

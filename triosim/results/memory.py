@@ -399,13 +399,14 @@ def activation_plan(trace, extrapolator, fused: bool = False) -> dict:
         for x in tensors.values()
         if x.storage is not None and x.category not in BATCH_SCALED
     }
-    scaled = {t for t in scaled if key(t) not in kept}
+    key_of = {t: key(t) for t in scaled}  # (asked for per operator that touches it)
+    scaled = {t for t in scaled if key_of[t] not in kept}
 
     size: dict = {}
     for t in scaled:
         if t in moved:  # (fused: no memory of its own)
             continue
-        k = key(t)
+        k = key_of[t]
         size[k] = max(size.get(k, 0.0), tensors[t].nbytes)
     seen: set = set()
     born: dict = {}  # storage -> forward op id it was made in
@@ -414,7 +415,7 @@ def activation_plan(trace, extrapolator, fused: bool = False) -> dict:
     for o in trace.operators:
         for t in reads.get(o.id, o.inputs):
             if t in scaled:
-                k = key(t)
+                k = key_of[t]
                 if k not in seen and o.phase == "backward":
                     born[k] = o.fwd_id
                 if o.layer == "loss" and o.phase == "forward" and k in made_before_loss:
@@ -422,22 +423,22 @@ def activation_plan(trace, extrapolator, fused: bool = False) -> dict:
                 seen.add(k)
         for t in o.outputs:
             if t in scaled:
-                k = key(t)
+                k = key_of[t]
                 seen.add(k)
                 if o.phase == "forward" and o.layer != "loss":
                     made_before_loss.add(k)
     from extrapolators.modes.wgrad import weight_grad_outputs
 
-    late = {key(t) for t in weight_grad_outputs(trace) if t in scaled}
+    late = {key_of[t] for t in weight_grad_outputs(trace) if t in scaled}
     plan = {}
     for o in trace.operators:
         items, done = [], set()
         # an output in the storage of an input (a view, an in-place op) is no new
         # allocation where it is recomputed: a recomputed view of a saved tensor is it
         ins = reads.get(o.id, o.inputs)
-        read = {key(t) for t in ins if t in scaled}
+        read = {key_of[t] for t in ins if t in scaled}
         for t, is_out in [(t, True) for t in o.outputs] + [(t, False) for t in ins]:
-            if t not in scaled or (k := key(t)) in done:
+            if t not in scaled or (k := key_of[t]) in done:
                 continue
             done.add(k)
             items.append((k, size[k], is_out, born.get(k), k in held, k in read, k in late))
