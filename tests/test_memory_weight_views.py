@@ -4,6 +4,7 @@ weight gradient a split backward makes is born with its W part. By hand."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from tests.conftest import chain_trace
@@ -53,6 +54,7 @@ def test_a_split_backwards_weight_gradient_is_born_with_its_w_part():
     ]
     times, cats, values = [], [], []
     _activations(rows, {7: (items, 1.0)}, times, cats, values)
+    times, cats, values = (np.concatenate(x).tolist() for x in (times, cats, values))
     k = CATEGORIES.index("activations")
     assert cats == [k] * 6
     got = {v: t for t, v in zip(times, values, strict=True)}
@@ -88,6 +90,7 @@ def test_activation_copies_by_hand_in_the_order_they_are_made():
     }
     times, cats, values = [], [], []
     _activations(rows, plan, times, cats, values)
+    times, values = (np.concatenate(x).tolist() for x in (times, values))
     assert list(zip(times[::2], times[1::2], values[::2], strict=True)) == [
         (0.0, 0.5, 10.0),  # a, mb 0, op 1's copy: to its last forward reader
         (1.0, 4.5, 20.0),  # a, mb 1: read by op 3 first (ratio 2), op 1 extends it

@@ -28,7 +28,9 @@ FSDP keeps its shards as stored, so `auto` is fp32 there and without a precision
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Literal
 
 import numpy as np
@@ -264,17 +266,17 @@ def memory_curves(timeline, trace, extrapolator, gpus, options: MemoryOptions, s
                 state_col.append(d_last)
                 continue
         cols_of = rows.columns(g)
-        # changes as (time, category, bytes); row 0 is the static state at time 0
-        times, cats, values = [], [], []
+        # changes as (time, category, bytes), in arrays; row 0 is the static state at 0
+        times, cats, values = [np.zeros(1)], [], []
         _activations(cols_of, plan, times, cats, values, columns)
         _gradients(cols_of, grad_bytes, static["gradients"], times, cats, values)
-        times.append(end)  # the state after the last change, drawn to the end of the run
-        m = len(times)
-        d = np.zeros((m + 1, len(CATEGORIES)))
+        times.append(np.array([end]))  # the state after the last change, to the run's end
+        t = np.concatenate(times)
+        d = np.zeros((len(t), len(CATEGORIES)))
         d[0] = [static["weights"], 0.0, static["optimizer_states"], 0.0, buffers]
         if cats:
-            d[np.arange(1, len(cats) + 1), cats] = values
-        t = np.array([0.0] + times)
+            cats = np.concatenate(cats)
+            d[np.arange(1, len(cats) + 1), cats] = np.concatenate(values)
         order = np.argsort(t, kind="stable")
         t, d = t[order], np.cumsum(d[order], axis=0)
         # one row per instant: the state after every change at that instant
@@ -463,22 +465,25 @@ def _activations(r, plan, times, cats, values, columns=None):
     starts at its first pair's row (or its maker's first run there, or its last run for a
     late gradient) and ends at its pairs' last end; copies are added in the order of their
     first pairs (the curve sums equal instants in that order). `columns`: `_plan_items`
-    of `plan`, made once for every GPU's curve (else made here)."""
+    of `plan`, made once for every GPU's curve (else made here). The changes go into
+    `times`, `cats` (category index) and `values` (bytes, + allocated, - freed) as one
+    array each appended to those lists."""
     ops = r["op_id"]
     n = len(ops)
     if not n or not plan:
         return
     pos, first_item, count, item_cols = columns or _plan_items(plan)
-    pidx = np.fromiter((pos.get(o, -1) for o in ops), np.int64, count=n)
+    # (per row through map: a generator's frame per row was most of a large run's curves)
+    pidx = np.fromiter(map(pos.get, ops, repeat(-1, n)), np.int64, count=n)
     sel = np.flatnonzero(pidx >= 0)
     if not len(sel):
         return
-    code: dict = {}  # op id -> int (rows' ops first, then makers never run here)
-    oc = np.fromiter((code.setdefault(o, len(code)) for o in ops), np.int64, count=n)
+    code = _first_seen(ops)  # op id -> int (rows' ops, in the order they first ran)
+    oc = np.fromiter(map(code.__getitem__, ops), np.int64, count=n)
     start = np.asarray(r["start"], float)
     stop = np.asarray(r["end"], float)
     it, mb = _codes(r["iteration"], n), _codes(r["microbatch"], n)
-    redo = np.fromiter((ph == "recompute" for ph in r["phase"]), bool, count=n)
+    redo = np.fromiter(map(operator.eq, r["phase"], repeat("recompute", n)), bool, count=n)
     span_it, span_mb = int(it.max()) + 1, int(mb.max()) + 1
     im = it * span_mb + mb  # (iteration, micro-batch)
     run = oc * (span_it * span_mb) + im  # (op, iteration, micro-batch)
@@ -530,17 +535,20 @@ def _activations(r, plan, times, cats, values, columns=None):
             last[x] = y
         t0[late] = start[[last[x] for x in run[row0[late]].tolist()]]
     nbytes = nb_of[item0]
-    k = CATEGORIES.index("activations")
-    times += np.column_stack([t0, t1]).ravel().tolist()
-    cats += [k] * (2 * len(t0))
-    values += np.column_stack([nbytes, -nbytes]).ravel().tolist()
+    times.append(np.column_stack([t0, t1]).ravel())
+    cats.append(np.full(2 * len(t0), CATEGORIES.index("activations")))
+    values.append(np.column_stack([nbytes, -nbytes]).ravel())
 
 
 def _codes(values, n: int) -> np.ndarray:
     """Each value's int code, equal where the values are equal as dict keys (a task's
     micro-batch None is its own, 0 and 0.0 one)."""
-    seen: dict = {}
-    return np.fromiter((seen.setdefault(x, len(seen)) for x in values), np.int64, count=n)
+    return np.fromiter(map(_first_seen(values).__getitem__, values), np.int64, count=n)
+
+
+def _first_seen(values) -> dict:
+    """Each distinct value (as a dict key) -> its number in the order values first show it."""
+    return {x: i for i, x in enumerate(dict.fromkeys(values))}
 
 
 def _first_start(b, rows_at, run, start, rows, fallback):
@@ -586,30 +594,37 @@ def _plan_items(plan) -> tuple:
 
 def _gradients(r, grad_bytes, total, times, cats, values):
     """This GPU's gradient bytes appear as its backward ops produce them (in proportion to
-    the weights whose gradient each op completes) and go after its optimizer step."""
+    the weights whose gradient each op completes) and go after its optimizer step: one
+    array each appended to `times`, `cats` and `values` (lists of arrays, as in
+    `_activations`)."""
     k = CATEGORIES.index("gradients")
     per_iter: dict = {}
     opt_end: dict = {}
-    for op_id, stop, it, phase in zip(
-        r["op_id"], r["end"], r["iteration"], r["phase"], strict=True
-    ):
-        if op_id in grad_bytes:
-            per_iter.setdefault(it, []).append((stop, grad_bytes[op_id]))
-        if phase == "optimizer":
-            opt_end[it] = stop if it not in opt_end else max(opt_end[it], stop)
+    ops, ends, its, n = r["op_id"], r["end"], r["iteration"], len(r["op_id"])
+    # the rows that complete gradients and the optimizer's, found through map (no
+    # Python frame per row), then taken in row order
+    grads = np.fromiter(map(grad_bytes.__contains__, ops), bool, count=n)
+    for i in np.flatnonzero(grads).tolist():
+        per_iter.setdefault(its[i], []).append((ends[i], grad_bytes[ops[i]]))
+    opt = np.fromiter(map(operator.eq, r["phase"], repeat("optimizer", n)), bool, count=n)
+    for i in np.flatnonzero(opt).tolist():
+        it, stop = its[i], ends[i]
+        opt_end[it] = stop if it not in opt_end else max(opt_end[it], stop)
+    at, change = [], []
     for it, items in per_iter.items():
         weight = sum(n for _, n in items)
         if not weight:
             continue
         for stop, n in items:
-            times.append(stop)
-            cats.append(k)
-            values.append(total * n / weight)
+            at.append(stop)
+            change.append(total * n / weight)
         free = opt_end.get(it)
         if free is not None:
-            times.append(free)
-            cats.append(k)
-            values.append(-total)
+            at.append(free)
+            change.append(-total)
+    times.append(np.array(at, float))
+    cats.append(np.full(len(at), k))
+    values.append(np.array(change, float))
 
 
 def capacity(options: MemoryOptions, gpu_name: str | None) -> float | None:
