@@ -973,3 +973,26 @@ def test_net_bound_neighbour_rule_without_the_own_component_fails(monkeypatch):
     monkeypatch.setattr(RouteGraph, "_comp_hops_to", no_zero)
     with pytest.raises(AssertionError):
         _net_bound_both_ways(builders()["multi-node rail"], 0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.integers(0, 40),
+    cols=st.integers(1, 5),
+    scale=st.sampled_from([1, 3, 2**20, 2**40]),
+    seed=st.integers(0, 2**31),
+)
+def test_reader_classes_are_equal_exactly_for_equal_rows(rows, cols, scale, seed):
+    # a route walk's pairs that read the same rows at the same offsets share their
+    # equal-cost candidates: a class per distinct row of the matrix, whatever its spread
+    # (a small one is coded as one int per row, a wide one compared row by row)
+    from networks.routing.walks import _row_classes
+
+    rng = np.random.default_rng(seed)
+    m = rng.integers(-scale, scale + 1, size=(rows, cols))
+    m[rng.random(rows) < 0.5] = m[0] if rows else m  # (repeats)
+    got = _row_classes(m)
+    assert len(got) == rows
+    for i in range(rows):
+        for j in range(rows):
+            assert (got[i] == got[j]) == bool((m[i] == m[j]).all())

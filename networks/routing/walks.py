@@ -264,6 +264,9 @@ class RouteWalks:
         qt = (dv[:, None] - off[pu]).ravel()
         combos, cinv = np.unique(qkey * n + qv, return_inverse=True)
         cinv = cinv.reshape(-1)
+        # each combo's queries in query order (one stable sort, not a scan per combo)
+        by_combo = np.argsort(cinv, kind="stable")
+        cuts = np.searchsorted(cinv[by_combo], np.arange(len(combos) + 1)).tolist()
         owners, poss = [], []
         for c, code in enumerate(combos.tolist()):
             key, v = divmod(code, n)
@@ -282,7 +285,7 @@ class RouteWalks:
             vals = vals[order]
             if at_pos is not None:
                 order = at_pos[order]
-            q = np.flatnonzero(cinv == c)
+            q = by_combo[cuts[c] : cuts[c + 1]]
             a = np.searchsorted(vals, qt[q], "left")
             b = np.searchsorted(vals, qt[q], "right")
             cnt = b - a
@@ -372,7 +375,19 @@ def _readers(row, off, hub, s_idx) -> np.ndarray:
     class."""
     _, off_cls = np.unique(off, return_inverse=True)
     own = np.where(hub < 0, s_idx, -1)[:, None]
-    _, reader = np.unique(
-        np.hstack([row, off_cls.reshape(off.shape), own]), axis=0, return_inverse=True
-    )
-    return reader.reshape(-1)
+    return _row_classes(np.hstack([row, off_cls.reshape(off.shape), own]))
+
+
+def _row_classes(m: np.ndarray) -> np.ndarray:
+    """Each row's class (equal rows, equal classes) of an int matrix: the rows as one
+    mixed-radix int each where they fit 62 bits (a sort of ints; `np.unique(axis=0)`
+    sorts the rows as byte strings, a sixth of an all-to-all's route walks), else by
+    rows."""
+    lo = m.min(axis=0) if len(m) else np.zeros(m.shape[1], np.int64)
+    span = (m.max(axis=0) - lo + 1) if len(m) else np.ones(m.shape[1], np.int64)
+    if float(np.prod(span.astype(float))) < 2.0**62:
+        code = np.zeros(len(m), np.int64)
+        for j in range(m.shape[1]):
+            code = code * int(span[j]) + (m[:, j] - lo[j])
+        return np.unique(code, return_inverse=True)[1].reshape(-1)
+    return np.unique(m, axis=0, return_inverse=True)[1].reshape(-1)
