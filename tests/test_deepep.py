@@ -355,3 +355,25 @@ def test_a_symmetric_deepep_run_with_tp_inside_ep_across_nodes_is_the_exact_run(
     assert sym.bytes_delivered == pytest.approx(exact.bytes_delivered, rel=1e-12)
     links = exact.per_link().merge(sym.per_link(), on=["src", "dst"])
     assert (links.nbytes_x - links.nbytes_y).abs().max() == 0.0
+
+
+def test_an_equal_table_in_another_object_is_planned_once_and_hashed_once():
+    """A mode's combine table can equal its dispatch's without being the same object: its
+    plan is the first one's, and later calls with it find it by the object (a 64 x 64
+    table hashed at each of thousands of calls was a twentieth of a MoE run)."""
+    comm, group = nccl_system(8, {"kind": "multi_node", "gpus_per_node": 4})
+    hashed = []
+
+    class Table(tuple):
+        def __hash__(self):
+            hashed.append(1)
+            return super().__hash__()
+
+    rows = [tuple(1e6 * (i != j) * (1 + i) for j in range(8)) for i in range(8)]
+    first = comm.plan_uneven(tuple(group), tuple(rows))
+    other = Table(rows)
+    assert comm.plan_uneven(tuple(group), other) is first
+    n = len(hashed)
+    for _ in range(3):
+        assert comm.plan_uneven(tuple(group), other) is first
+    assert len(hashed) == n
