@@ -188,3 +188,19 @@ def test_large_plans_keep_their_batches_within_a_budget(monkeypatch):
     routed_run = _symmetric(par, 16)
     assert (kept_run[1] == routed_run[1]).all()
     assert kept_run[0].iteration_time == routed_run[0].iteration_time
+
+
+def test_uneven_all_to_all_bytes_count_each_tables_own_mean():
+    """`collective_bytes` of an uneven all-to-all: its table's mean bytes per GPU, added
+    call by call; the mean is kept by the table's object, so a second table is its own."""
+    from extrapolators.execution.meetings import Meetings
+    from extrapolators.execution.tasks import Collective
+
+    rt = types.SimpleNamespace(env=simpy.Environment(), comm=None, symmetry=None)
+    rt.collective_bytes = {}
+    m = Meetings(rt)
+    a = ((0.0, 4.0), (2.0, 0.0))  # 6 bytes over 2 GPUs: 3 each
+    b = ((0.0, 10.0), (30.0, 0.0))  # 20 each
+    for sizes in (a, a, b, a):
+        m._count(Collective("all_to_all", (0, 1), 0.0, "k", sizes=sizes))
+    assert rt.collective_bytes == {"all_to_all": 3.0 + 3.0 + 20.0 + 3.0}
