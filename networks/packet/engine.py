@@ -62,17 +62,22 @@ class FastEngine:
         self.checked = self.tmin_at = None
         self.tmin = np.inf
 
-    def start(self, g: Group, flat, nh, lat, distinct: bool = False, alone=None) -> None:
+    def start(
+        self, g: Group, flat, nh, lat, distinct: bool = False, alone=None, footprint=None
+    ) -> None:
         """Start the transfers of `g` (their routes' links `flat`, `nh` per transfer, path
         latencies `lat`; `distinct`: no link twice in `flat`; `alone`: a callable giving
         what they get alone on their links, networks.packet.groupjobs.Alone, to run as a
-        job if they are)."""
+        job if they are; `footprint`: a callable giving their
+        networks.packet.footprint.Footprint, or None)."""
         self.advance()
         rings, groups, net = self.rings, self.groups, self.net
+        fp = footprint() if footprint is not None and len(flat) > self.small_adds else None
+        probe = flat if fp is None else fp.links  # (the links: the same answers)
         # (count_nonzero: a call in C, where .any() goes through numpy's Python wrapper)
-        if len(rings.jobs) and np.count_nonzero(rings.owner[flat] >= 0):
+        if len(rings.jobs) and np.count_nonzero(rings.owner[probe] >= 0):
             rings.split_touched(flat)
-        if len(groups.jobs) and np.count_nonzero(groups.owner[flat] >= 0):
+        if len(groups.jobs) and np.count_nonzero(groups.owner[probe] >= 0):
             groups.split_touched(flat)
         nb = g.nb
         k = len(nb)
@@ -84,13 +89,15 @@ class FastEngine:
                 for i in links[e : e + h]:
                     lb[i] += v
                 e += h
-        else:  # one unbuffered add in flow order: the same sums as one add per flow
+        elif fp is None or not fp.add_link_bytes(net.link_bytes):
+            # one unbuffered add in flow order: the same sums as one add per flow
             np.add.at(net.link_bytes, flat, np.repeat(nb, nh))
-        net.bytes_sent = seq_sum(net.bytes_sent, nb)
+        sent = None if fp is None else fp.add_to(net.bytes_sent)
+        net.bytes_sent = seq_sum(net.bytes_sent, nb) if sent is None else sent
         net.in_flight += k
         net._log.append(g)
         gid = self.landing.register(g)
-        if alone is not None and groups.start(gid, g, flat, nh, lat, alone):
+        if alone is not None and groups.start(gid, g, flat, nh, lat, alone, probe):
             if self.table.waiting:  # a split job's flows wait for a solve
                 self.solve_soon()
             return

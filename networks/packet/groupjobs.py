@@ -120,11 +120,13 @@ class GroupJobs:
     def alone(self, flat, nh, nb, maxr, lat) -> Alone:
         return Alone(self.net.capacity, flat, nh, nb, maxr, lat, self.engine.solver.nan_util)
 
-    def start(self, gid: int, g: Group, flat, nh, lat, alone) -> bool:
+    def start(self, gid: int, g: Group, flat, nh, lat, alone, probe=None) -> bool:
         """`alone`: a callable giving the group's Alone (made only where the links are
         free). The engine calls it once it has split the ring and group jobs holding these
-        links (their flows are then in the table)."""
-        if not self.enabled or np.count_nonzero(self.engine.table.occ[flat]):  # (no wrapper)
+        links (their flows are then in the table). `probe`: the distinct links of `flat`
+        where known (fewer to look at), else `flat`."""
+        probe = flat if probe is None else probe
+        if not self.enabled or np.count_nonzero(self.engine.table.occ[probe]):  # (no wrapper)
             return False
         alone = alone()
         if not alone.ok:

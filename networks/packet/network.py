@@ -37,7 +37,9 @@ piece is an object owning one concern and its state, its class docstring its con
 * networks.packet.ringjobs: `RingJobs`, ring collectives as reserved jobs
   (networks.packet.ringjob: one job's step times);
 * networks.packet.groupjobs: `GroupJobs`, transfer groups alone on their links as
-  reserved jobs.
+  reserved jobs;
+* networks.packet.footprint: `Footprint`, what a batch started many times adds to its
+  links, at once where that is exact.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ class _Batch:
     _alone: list = field(default_factory=list, repr=False, compare=False)
     # by orbits: the transfers of each kept flow (index arrays), and `expand` as a list
     _by_kept: list = field(default_factory=list, repr=False, compare=False)
+    # [starts asked for, the Footprint once made] (`footprint`)
+    _footprint: list = field(default_factory=lambda: [0, None], repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.srcs)
@@ -104,6 +108,19 @@ class _Batch:
             groups = self.net._engine.groups
             self._alone.append(groups.alone(self.flat, self.nh, self.nb, self.maxr, self.lat))
         return self._alone[0]
+
+    def footprint(self):
+        """networks.packet.footprint.Footprint of these flows, made at the second start
+        (a batch started once does not pay for it); None before."""
+        fp = self._footprint
+        if fp[1] is None:
+            fp[0] += 1
+            if fp[0] < 2:
+                return None
+            from networks.packet.footprint import Footprint
+
+            fp[1] = Footprint(self.flat, self.nh, self.nb)
+        return fp[1]
 
     def tuples(self) -> list:
         """Every transfer (by orbits: the full group's, not only the kept flows)."""
@@ -286,7 +303,7 @@ class PacketSwitchNetwork(Network):
             return self.quotient.start_group(b, tag)
         events = [self.env.event() for _ in b.srcs]
         g = Group(b.srcs, b.dsts, b.nb, b.maxr, self.env.now, tag, events)
-        self._engine.start(g, b.flat, b.nh, b.lat, alone=b.alone)
+        self._engine.start(g, b.flat, b.nh, b.lat, alone=b.alone, footprint=b.footprint)
         return events
 
     def transfer_all(self, transfers, tag: str = "") -> simpy.Event:
@@ -321,7 +338,7 @@ class PacketSwitchNetwork(Network):
         if b.expand is not None:
             return self.quotient.start_all(b, tag, done)
         g = Group(b.srcs, b.dsts, b.nb, b.maxr, self.env.now, tag, None, done)
-        self._engine.start(g, b.flat, b.nh, b.lat, b.distinct, b.alone)
+        self._engine.start(g, b.flat, b.nh, b.lat, b.distinct, b.alone, b.footprint)
         return done
 
     def batch(self, transfers):

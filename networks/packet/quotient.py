@@ -222,7 +222,7 @@ class Quotient:
     def _start(self, b, kept: Group, full: Group) -> None:
         """The kept flows start; the network's log and counters read the full group."""
         net = self.net
-        net._engine.start(kept, b.flat, b.nh, b.lat, alone=b.alone)
+        net._engine.start(kept, b.flat, b.nh, b.lat, alone=b.alone, footprint=b.footprint)
         net._log[-1] = full
         net.bytes_sent += b.extra_bytes  # (full.nb's sum less kept.nb's)
         net.in_flight += len(full.nb) - len(kept.nb)
