@@ -614,6 +614,12 @@ class Nccl(CommModel):
         hit = self._same_lists.get(fast)
         if hit is not None and hit[0] is groups and hit[1] is roots and hit[2] is sizes:
             return hit[3]
+        return self._many_plans_kept(fast, op, groups, nbytes, roots, algorithm, sizes)
+
+    def _many_plans_kept(self, fast, op, groups, nbytes, roots, algorithm, sizes):
+        """`_many_plans` where its lists are new: found or made, then kept under `fast`
+        (apart, so that the look-up above makes no closure cells: it runs at every
+        collective of a symmetric run)."""
         key = (op, float(nbytes), algorithm, tuple(roots), tuple(map(id, groups)), id(sizes))
         held = groups if sizes is None else [*groups, sizes]  # (the sizes' object kept too)
         out = self._held(
