@@ -74,7 +74,8 @@ class Group:
         """One transfer of a `transfer_all` group arrived (a subclass's own `_deliver`)."""
         self.pending -= 1
         if self.pending == 0:
-            self.done.succeed(Records(self))
+            done, self.done = self.done, None  # (a log keeps the group, not its waiters)
+            done.succeed(Records(self))
 
 
 class Records(Sequence):

@@ -204,3 +204,36 @@ def test_uneven_all_to_all_bytes_count_each_tables_own_mean():
     for sizes in (a, a, b, a):
         m._count(Collective("all_to_all", (0, 1), 0.0, "k", sizes=sizes))
     assert rt.collective_bytes == {"all_to_all": 3.0 + 3.0 + 20.0 + 3.0}
+
+
+def test_a_landed_group_keeps_its_transfers_not_what_waited_on_it():
+    """The network's log keeps every transfer group to the end of the run (its records);
+    what waited on a group (its event, the callbacks' closures) goes once it has landed.
+    Kept, a 1,024-GPU run's collectives left a million objects (a closure, its cells, the
+    collective, its event) for every garbage collection to walk."""
+    import gc
+    import weakref
+
+    from networks.groups import Then
+
+    env = simpy.Environment()
+    net = PacketSwitchNetwork(env, topo.switch_star(4, 100e9, 1e-6))
+
+    class Waiter:
+        pass
+
+    w = Waiter()
+    gone = weakref.ref(w)
+    seen = []
+    net.transfer_all_then(net.batch([(0, 1, 1e6), (1, 2, 2e6)]), lambda rec, w=w: seen.append(1))
+    ev = net.transfer_all([(2, 3, 1e6)])
+    del w
+    env.run()
+    assert seen == [1] and len(ev.value) == 1
+    assert gone() is None  # (freed when its group landed: no collection needed)
+    assert sorted(net.transfers()["nbytes"]) == [1e6, 1e6, 2e6]  # the records stay
+    # a symmetric run (its collectives by orbits, through Quotient): no waiter left
+    r, _ = _symmetric({"tp": 4, "dp_shard": 4}, 16)  # (its result holds the log)
+    gc.collect()
+    assert r.transfers is not None and "representative" in r.symmetry
+    assert not [o for o in gc.get_objects() if type(o) is Then]

@@ -100,7 +100,10 @@ class Landing:
                 grp.events[i].succeed(grp.record(i))
         if grp.pending == 0:
             del self.groups[g]
-            done = grp.done
+            # the log keeps the group's transfers, not what waited on them (its event and
+            # the callbacks' closures: kept to the end of the run, a 1,024-GPU run's
+            # collectives left a million objects for each garbage collection to walk)
+            done, grp.done, grp.events = grp.done, None, None
             if done is None:
                 return
             if self.solving and getattr(done, "calls_back", False):

@@ -264,7 +264,8 @@ class _Landed:
         full, kept, b = self.full, self.kept, self.batch
         full.ends[:] = kept.ends[b.expand]
         self.q._landed(b.extra_bytes, len(full.nb) - len(kept.nb))  # (sums made once)
-        full.done.succeed(Records(full))
+        done, full.done = full.done, None  # (the log keeps the group, not its waiters)
+        done.succeed(Records(full))
 
 
 def _ints(nodes) -> np.ndarray:
