@@ -9,6 +9,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from extrapolators.execution.tasks import Compute, ComputeRun
 from extrapolators.modes.mesh.template import GRADS, SIGNAL
@@ -90,3 +92,55 @@ def test_every_run_in_a_step_is_at_the_steps_micro_batch(par):
     assert all(
         np.array_equal(a.durations, b.durations) for a, b in zip(first, second, strict=False)
     )
+
+
+def _items(mode, p):
+    """A template's contents to compare: runs as their tasks, other items as they are."""
+    t = mode.builder.template(p)
+    items = [("run", x.tasks, tuple(x.mbs)) if type(x) is ComputeRun else x for x in t.items]
+    return items, t.entries, t.reduce_order, t.side
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pp=st.sampled_from([1, 2]),
+    tp=st.sampled_from([1, 2]),
+    dp_shard=st.sampled_from([1, 2]),
+    micro=st.integers(1, 4),
+    schedule=st.sampled_from(["1f1b", "gpipe", "interleaved", "zb1p"]),
+    recompute=st.sampled_from(["none", "full", "selective"]),
+    sp=st.booleans(),
+    dopt=st.sampled_from([None, "after", "overlap"]),
+)
+def test_plain_stretches_give_the_templates_of_one_operator_at_a_time(
+    pp, tp, dp_shard, micro, schedule, recompute, sp, dopt
+):
+    """A walk's plain stretches (operators that add only their compute task) are added as
+    tasks made once; taken one operator at a time instead, every template is the same:
+    its items (each run's tasks and micro-batches), FSDP entries, reduce order."""
+    from extrapolators.modes.mesh import template
+
+    par = {"pp": pp, "tp": tp, "dp_shard": dp_shard, "microbatches": micro * pp}
+    par |= {"schedule": schedule if pp > 1 else "1f1b", "recompute": recompute}
+    if schedule == "interleaved" and pp > 1:
+        par["virtual_stages"] = 2
+    if tp > 1:
+        par["sequence_parallel"] = sp
+    if dopt and dp_shard == 1:  # Megatron's distributed optimizer over 2 replicas (its
+        # parameter gathers waited for where the next forward reads them: `overlap`)
+        par |= {"dp_replicate": 2, "distributed_optimizer": True}
+        par["overlap_param_gather"] = dopt == "overlap"
+    cfg = {
+        "num_gpus": pp * tp * dp_shard * par.get("dp_replicate", 1),
+        "batch_size": 8 * micro * pp * dp_shard * par.get("dp_replicate", 1),
+        "parallelism": {"mode": "mesh", **par},
+        "topology": {"kind": "ring", "bandwidth": 1e10, "latency": 0.0},
+        "communication": {"kind": "textbook"},
+    }
+    got = {}
+    for plain in (True, False):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(template, "PLAIN_STRETCHES", plain)
+            mode = Simulation(cfg, trace=chain_trace(layers=8)).extrapolator
+            got[plain] = [_items(mode, p) for p in range(pp)]
+    assert got[True] == got[False]

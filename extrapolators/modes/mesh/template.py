@@ -19,7 +19,9 @@ the parameters come back after the step (the distributed optimizer, ZeRO-1/2), t
 for them.
 
 Items: ComputeRuns (the computes between two other items, the same tasks in the same
-order as one per operator) and tuples tagged COLL (collective template, key suffix,
+order as one per operator; a walk's stretches of operators that add nothing but their
+compute task are cut once and added as their tasks at every micro-batch's step) and tuples
+tagged COLL (collective template, key suffix,
 recomputed), TPSTART / TPWAIT (the index of a collective in `side`: with tp_comm_overlap
 a TP collective beside its operator, started before it and waited for after it), RECV
 (source stage, key suffix, phase), SIGNAL / WAIT (name), ATTN (attention
@@ -44,6 +46,8 @@ from triosim.trace.precision import MATMULS
 
 COLL, RECV, SIGNAL, WAIT, ATTN, ENTER, GRADS, A2A, ETP, TPSTART, TPWAIT = range(11)
 EPSTART, EPWAIT = 11, 12
+PLAIN_STRETCHES = True  # a walk's plain stretches added as made tasks (tests: False, the
+# operators one by one, to compare)
 
 
 @dataclass
@@ -145,14 +149,19 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
                 c = made[op.id, part, phase] = dataclasses.replace(c, phase=phase)
         return c
 
+    def full_task(op, phase):
+        """The op's compute task with all its time (looked up by op id alone)."""
+        mine = whole_in.setdefault(phase, {})
+        c = mine.get(op.id)
+        if c is None:
+            c = mine[op.id] = make(op, phase, 1.0)
+        return c
+
     def compute(op, m, phase, part):
         """The op's compute task, `part` of its time (a split backward's B: what is not
         W), or none where nothing is left."""
-        if part == 1.0:  # (most tasks: looked up by op id alone)
-            mine = whole_in.setdefault(phase, {})
-            c = mine.get(op.id)
-            if c is None:
-                c = mine[op.id] = make(op, phase, part)
+        if part == 1.0:  # (most tasks)
+            c = full_task(op, phase)
         elif part > 0.0:  # (x 1.0: the same double)
             c = make(op, phase, part)
         else:
@@ -213,6 +222,37 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
         buckets_at.setdefault(pos, []).append(k)
     fired: set = set()
     resident: set = set()
+    fwd_walks: dict = {}  # chunk -> its forward walk (one list object, for `segments`)
+    # a walk's plain stretches: operators that add only their compute task to the run
+    # (no collective, attention step, unit entry or parameter wait at them; the steps
+    # that split backwards or signal gradients, and TP overlap and MoE layouts, take
+    # every operator one by one), their tasks made once for every micro-batch's step
+    plain_ok = PLAIN_STRETCHES and not overlap and not moe
+    special = set(before) | set(after) | set(attention) | set(param_at)
+    cut: dict = {}  # id(walk) -> (walk, its segments)
+
+    def segments(walk):
+        """The walk as lists of (op, recomputed) to take one by one and tuples of the
+        compute tasks of plain stretches."""
+        hit = cut.get(id(walk))
+        if hit is not None and hit[0] is walk:
+            return hit[1]
+        segs, seen = [], set()  # [(plain, [its tasks, or its (op, recomputed)])]
+        for op, again in walk:
+            plain = op.id not in special
+            if shard is not None:
+                first = ("backward" if again else op.phase, shard.unit_of.get(op.id, 0))
+                plain = plain and first in seen
+                seen.add(first)
+            if not segs or segs[-1][0] != plain:
+                segs.append((plain, []))
+            segs[-1][1].append(
+                full_task(op, "recompute" if again else None) if plain else (op, again)
+            )
+        out = [tuple(x) if plain else x for plain, x in segs]
+        cut[id(walk)] = (walk, out)
+        return out
+
     entered: list = []  # (chunk, unit) entered in a forward step, in order
     steps = []  # each step's items
 
@@ -241,7 +281,9 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
                 other((WAIT, f"F{m}.{c - 1}"))
             elif c > 0:
                 other((RECV, place.stage(c - 1), f"act{c - 1}.{m}", "forward"))
-            walk = [(op, False) for op in mode.pipe.fwd_ops[c]]
+            walk = fwd_walks.get(c)
+            if walk is None:
+                walk = fwd_walks[c] = [(op, False) for op in mode.pipe.fwd_ops[c]]
             params = m == 0
         else:
             if c < C - 1 and place.stage(c + 1) == p:
@@ -253,27 +295,33 @@ def stage_template(mode, p: int, ep_rank: int = 0) -> Template:
         final = kind == "B" and last_b[j] == step
         input_only = kind == "B" and (m, j) in wsplit  # (its W comes later)
         here: set = set()
-        for op, again in walk:
-            if shard is not None:
-                u = shard.unit_of.get(op.id, 0)
-                phase = "backward" if again else op.phase
-                if (phase, u) not in here:
-                    here.add((phase, u))
-                    key = f"{m}:{phase}:{c}.{u}"
-                    gathers = (c, u) not in resident
-                    resident.add((c, u))
-                    out.entries.append((key, (c, u), phase, gathers))
-                    if phase == "forward" and (c, u) not in entered:
-                        entered.append((c, u))
-                    other((ENTER, key))
-            if params and not again:  # overlap_param_gather: the bucket's updated shards
-                for k in param_at.get(op.id, ()):
-                    other((WAIT, f"pg{k}"))
-            op_tasks(op, m, again, 1.0 - shares.get(op.id, 0.0) if input_only else 1.0)
-            if final and not again and last_g[j] == step:
-                grads_signals(op)
-            if moe:
-                after_tasks(op, m, again)
+        fast = plain_ok and not input_only and not (final and last_g[j] == step)
+        for seg in segments(walk) if fast else (walk,):
+            if type(seg) is tuple:  # plain computes: the tasks op_tasks would add
+                run.extend(seg)
+                run_mb[0] = m
+                continue
+            for op, again in seg:
+                if shard is not None:
+                    u = shard.unit_of.get(op.id, 0)
+                    phase = "backward" if again else op.phase
+                    if (phase, u) not in here:
+                        here.add((phase, u))
+                        key = f"{m}:{phase}:{c}.{u}"
+                        gathers = (c, u) not in resident
+                        resident.add((c, u))
+                        out.entries.append((key, (c, u), phase, gathers))
+                        if phase == "forward" and (c, u) not in entered:
+                            entered.append((c, u))
+                        other((ENTER, key))
+                if params and not again:  # overlap_param_gather: the updated shards
+                    for k in param_at.get(op.id, ()):
+                        other((WAIT, f"pg{k}"))
+                op_tasks(op, m, again, 1.0 - shares.get(op.id, 0.0) if input_only else 1.0)
+                if final and not again and last_g[j] == step:
+                    grads_signals(op)
+                if moe:
+                    after_tasks(op, m, again)
         if pending:
             flush()
         if shard is not None:  # what this step leaves gathered
