@@ -151,7 +151,7 @@ class GroupJobs:
         job = GroupJob(self.group_jobs, gid, g, flat, nh, lat, alone, t0, t1)
         self.group_jobs += 1
         self.jobs[job.id] = job
-        self.owner[flat] = job.id
+        self.owner[alone.links] = job.id  # (its distinct links: the same marks)
         at(self.env, t1, lambda _e: self._timer(job))
         return True
 
@@ -185,7 +185,7 @@ class GroupJobs:
         self.engine.landing.land_one(job.gid, job.alone.ids if idx is None else idx)
 
     def _release(self, job: GroupJob) -> None:
-        self.owner[job.flat] = -1
+        self.owner[job.alone.links] = -1
         job.alive = False
         del self.jobs[job.id]
 
