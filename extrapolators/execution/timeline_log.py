@@ -161,12 +161,10 @@ class TimelineLog:
 
     def _scan(self) -> tuple:
         """One pass over the log, kept: (latest end per iteration, each GPU's compute
-        entries and their signature keys (ComputeRows), the latest end of any row)."""
+        entries (ComputeRows), the latest end of any row)."""
         if self._scanned is None:
             ends: dict = {}
             per: dict = {}
-            keys: dict = {}
-            raw: dict = {}
             for e in self._log:
                 if type(e) is Block:
                     acc = e.acc
@@ -174,19 +172,9 @@ class TimelineLog:
                         continue
                     g, _, it = e.who
                     t = acc[-1]
-                    b = raw.get(id(acc))  # ranks in lock step share one array: its bytes once
-                    if b is None:
-                        b = raw[id(acc)] = acc.tobytes()
-                        if e.starts is not None:
-                            b += e.starts.tobytes()
-                    key = (id(e.run), it, b)
                 else:
                     it, t = e[10], e[7]
-                    if e[2] == "compute":
-                        g = e[0]
-                        key = (e[11], e[6], t, it, e[12], e[5])
-                    else:
-                        g = None
+                    g = e[0] if e[2] == "compute" else None
                 prev = ends.get(it)
                 if prev is None or t > prev:
                     ends[it] = t
@@ -194,11 +182,9 @@ class TimelineLog:
                     mine = per.get(g)
                     if mine is None:
                         mine = per[g] = []
-                        keys[g] = []
                     mine.append(e)
-                    keys[g].append(key)
             end = max(ends.values()) if ends else 0.0
-            self._scanned = ({k: float(v) for k, v in ends.items()}, per, keys, float(end))
+            self._scanned = ({k: float(v) for k, v in ends.items()}, per, float(end))
         return self._scanned
 
     def iteration_ends(self) -> list[float]:
@@ -211,12 +197,12 @@ class TimelineLog:
     def compute_rows(self) -> ComputeRows:
         """Each GPU's compute rows, for the memory model (triosim.results.memory). Read once: the
         scan's per-GPU lists go with it (they hold a key per block)."""
-        ends, per, keys, end = self._scan()
+        ends, per, end = self._scan()
         if per is None:  # read before: scan again
             self._scanned = None
-            ends, per, keys, end = self._scan()
-        self._scanned = (ends, None, None, end)
-        return ComputeRows(per, keys, end)
+            ends, per, end = self._scan()
+        self._scanned = (ends, None, end)
+        return ComputeRows(per, end)
 
     def busy(self, iteration) -> tuple:
         """The compute and communication rows of `iteration`, for the busy-time breakdown:
@@ -252,14 +238,28 @@ class ComputeRows:
     """Per GPU, its compute rows in timeline order, from the log: what the memory model
     reads (op_id, start, end, iteration, microbatch, phase) without the timeline table."""
 
-    def __init__(self, per: dict, keys: dict, end: float):
-        self._per, self._keys = per, keys  # GPU -> its entries; their signature keys
+    def __init__(self, per: dict, end: float):
+        self._per = per  # GPU -> its entries
         self.end = end  # the latest end of any row, as timeline["end"].max()
+        self._raw: dict = {}  # id(block's acc) -> its instants' bytes (`signature`)
 
     def signature(self, gpu) -> tuple:
         """Equal for two GPUs whose rows have equal values in those columns, in order (a
-        block: the same shared run, iteration and instants; a single row: its values)."""
-        return tuple(self._keys.get(gpu, ()))
+        block: the same shared run, iteration and instants; a single row: its values).
+        Made when asked for (a run of representatives compares none)."""
+        raw, out = self._raw, []
+        for e in self._per.get(gpu, ()):
+            if type(e) is Block:
+                acc = e.acc
+                b = raw.get(id(acc))  # ranks in lock step share one array: its bytes once
+                if b is None or b[0] is not acc:
+                    b = raw[id(acc)] = (acc, acc.tobytes())
+                    if e.starts is not None:
+                        b = raw[id(acc)] = (acc, b[1] + e.starts.tobytes())
+                out.append((id(e.run), e.who[2], b[1]))
+            else:
+                out.append((e[11], e[6], e[7], e[10], e[12], e[5]))
+        return tuple(out)
 
     def columns(self, gpu) -> dict:
         """{column: list} of the GPU's rows, ordered by (start, end) where the timeline's

@@ -341,9 +341,12 @@ class Simulation:
         if progress is not None:
             progress.stage("memory")
         # with symmetry: the representatives' curves, which the Result copies to their images
+        # (not compared for curves to share: representatives seldom repeat one another,
+        # and comparing their rows cost more than it saved; the same curves either way)
         gpu_name = cfg.gpu or self.trace.metadata.get("gpu")
+        gpus = list(sym.reps) if sym else self.gpus
         mem, peaks = memory_curves(
-            log, self.trace, self.extrapolator, list(sym.reps) if sym else self.gpus, cfg.memory
+            log, self.trace, self.extrapolator, gpus, cfg.memory, share=sym is None
         )
         result.set_memory(mem, peaks, capacity(cfg.memory, gpu_name), cfg.memory.reserve)
         return result
