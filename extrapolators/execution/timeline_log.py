@@ -271,7 +271,7 @@ class ComputeRows:
                 op += r.op_ids
                 mb += r.mbs
                 ph += r.phases
-                st += e.start_list()
+                st += acc[:-1] if e.starts is None else e.starts.tolist()  # (start_list)
                 en += acc[1:]
                 its += [e.who[2]] * len(r)
             else:
