@@ -8,7 +8,9 @@ time (repr: every digit), a SHA-256 of its whole timeline table (every row and c
 floats as repr) and one of its work (the compute and communication rows, sorted, without
 the stream names and meeting keys), so two runs agree only if every task of every GPU
 starts and ends at the same instant; a refactor that regroups the streams (other stream
-names, keys, waits) keeps the work and is said to.
+names, keys, waits) keeps the work and is said to. Each row also has a SHA-256 of the
+memory model's curves and peaks (every GPU's, floats bit for bit); a fingerprint file
+written before it existed is compared on the rest.
 
 Run: PYTHONPATH=. python -m benchmarks.same_results [--out before.json] [--against before.json]
 (--against exits 1 when any row differs and prints the rows that do).
@@ -252,14 +254,45 @@ def fingerprint(cfg) -> dict:
         "iteration_time": repr(r.iteration_time),
         "timeline_sha256": hashlib.sha256(table.encode()).hexdigest(),
         "work_sha256": hashlib.sha256(work.encode()).hexdigest(),
+        "memory_sha256": _memory_sha256(r),
         "rows": len(tl),
     }
+
+
+def _memory_sha256(r) -> str:
+    """Of the memory curves (gpu, time, each category, total: floats as their bits) and
+    every GPU's peak (repr): "none" where the run has no memory model (no trace)."""
+    import pandas as pd
+
+    mem = r.memory
+    h = hashlib.sha256()
+    if mem is None or not len(mem):
+        h.update(b"none")
+    else:
+        h.update(pd.util.hash_pandas_object(mem, index=False).to_numpy().tobytes())
+    h.update(repr(sorted((str(g), repr(p)) for g, p in r.peak_memory.items())).encode())
+    return h.hexdigest()
+
+
+def _common(a, b) -> tuple:
+    """Two fingerprints on the fields both have (a file written before a field existed);
+    as they are where either is missing or an error."""
+    if a is None or b is None or "error" in a or "error" in b:
+        return a, b
+    return {k: v for k, v in a.items() if k in b}, {k: v for k, v in b.items() if k in a}
+
+
+def _renamed(a, b) -> bool:
+    """Whether two fingerprints that `_same` finds alike differ at all (stream names)."""
+    a, b = _common(a, b)
+    return a != b
 
 
 def _same(a, b) -> str | None:
     """None where two fingerprints agree; else what differs. Rows that differ only in
     stream names, meeting keys or waits (a refactor that regroups the streams) are the
     same work: said, not counted."""
+    a, b = _common(a, b)
     if a == b:
         return None
     if a is None or b is None or "error" in a or "error" in b:
@@ -268,6 +301,8 @@ def _same(a, b) -> str | None:
         return "iteration time differs"
     if a.get("work_sha256") != b.get("work_sha256"):
         return "work differs (compute or communication rows)"
+    if a.get("memory_sha256") != b.get("memory_sha256"):
+        return "memory differs (curves or peaks)"
     return None
 
 
@@ -292,7 +327,7 @@ def main(argv=None) -> int:
         before = json.loads(Path(args.against).read_text())
         keys = sorted(set(before) | set(got))
         changed = [k for k in keys if _same(before.get(k), got.get(k))]
-        renamed = [k for k in keys if k not in changed and before.get(k) != got.get(k)]
+        renamed = [k for k in keys if k not in changed and _renamed(before.get(k), got.get(k))]
         print(f"\n{len(got) - len(changed)} of {len(got)} configs identical to {args.against}")
         if renamed:
             print(f"({len(renamed)} of them the same work under other stream names, keys or waits)")
