@@ -35,7 +35,9 @@ class TransferRecord:
 class Group:
     """Transfers started at one instant: sources, destinations, sizes, rate caps, and the
     arrival time of each (nan until it arrives). `events`: one event per transfer
-    (`transfer_group`), or None and `done` fires once all arrived (`transfer_all`)."""
+    (`transfer_group`), or None and `done` fires once all arrived (`transfer_all`). Once
+    every transfer has landed, `events` and `done` are None (a network's log keeps the
+    group's transfers, not what waited on them)."""
 
     __slots__ = ("srcs", "dsts", "nb", "maxr", "start", "tag", "ends", "events", "done", "pending")
 

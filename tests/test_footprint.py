@@ -5,6 +5,7 @@ it adds nothing and says so. Then a network that starts one batch many times cou
 what one that starts its transfers anew each time counts, float for float."""
 
 import numpy as np
+import pytest
 import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -54,13 +55,31 @@ def test_the_footprints_adds_are_the_adds_one_by_one_or_none(seed, n_links, n_fl
     assert total == seq_sum(acc, nb) if exact else total is None
 
 
+def test_no_footprint_sums_where_they_could_be_inexact_or_overflow():
+    flat, nh = np.array([0, 1, 1, 2]), np.array([2, 2])
+    huge = Footprint(flat, nh, np.array([1e308, 1e308]))  # (a sum would overflow)
+    assert huge.sums is None and huge.total is None and huge.links.tolist() == [0, 1, 2]
+    fp = Footprint(flat, nh, np.array([3.0, 5.0]))
+    assert fp.sums.tolist() == [3.0, 8.0, 5.0] and fp.total == 8.0
+    below = np.array([-(2.0**60), 0.0, 0.0])  # (a negative count: no bound from above)
+    assert not fp.add_link_bytes(below) and below[0] == -(2.0**60)
+    assert fp.add_to(-(2.0**60)) is None and fp.add_to(2.0) == 10.0
+
+
 def test_a_batch_started_again_counts_as_the_same_transfers_started_anew():
-    # 8 GPUs on a switch, an all-to-all of whole byte counts (one sends to several: a
-    # link carries several flows, so the adds' order matters where they are not exact),
-    # then a round with a fraction of a byte (no footprint: the adds one by one)
+    # 8 GPUs on a switch, an all-to-all of whole byte counts started three times (its
+    # footprint from the second start on: checked to run), then a round with a fraction
+    # of a byte (started once: the adds one by one)
     pairs = [(a, b) for a in range(8) for b in range(8) if a != b]
     rounds = [[(a, b, float(1000 * (a + 1) + b)) for a, b in pairs]] * 3
     rounds.append([(a, b, 1000.5 + a) for a, b in pairs])
+
+    used = []
+    real = Footprint.add_link_bytes
+
+    def counted(self, link_bytes):
+        used.append(real(self, link_bytes))
+        return used[-1]
 
     def run(reuse: bool):
         env = simpy.Environment()
@@ -76,7 +95,11 @@ def test_a_batch_started_again_counts_as_the_same_transfers_started_anew():
         env.run()
         return net
 
-    once, again = run(False), run(True)
+    once = run(False)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(Footprint, "add_link_bytes", counted)
+        again = run(True)
+    assert used == [True, True]  # (the second and third starts)
     assert again.link_bytes.tobytes() == once.link_bytes.tobytes()
     assert again.bytes_sent == once.bytes_sent == sum(x for r in rounds for *_, x in r)
     assert again.bytes_delivered == once.bytes_delivered

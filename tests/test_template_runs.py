@@ -9,7 +9,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from extrapolators.execution.tasks import Compute, ComputeRun
@@ -112,6 +112,10 @@ def _items(mode, p):
     sp=st.booleans(),
     dopt=st.sampled_from([None, "after", "overlap"]),
 )
+@example(
+    pp=2, tp=1, dp_shard=1, micro=2, schedule="1f1b", recompute="none", sp=False, dopt="overlap"
+)
+@example(pp=1, tp=2, dp_shard=2, micro=2, schedule="1f1b", recompute="full", sp=True, dopt=None)
 def test_plain_stretches_give_the_templates_of_one_operator_at_a_time(
     pp, tp, dp_shard, micro, schedule, recompute, sp, dopt
 ):

@@ -33,7 +33,7 @@ class Meetings:
         self.open: dict[str, dict] = {}  # key -> the meeting in progress
         # (id(group), root) -> (group, images, the groups and roots of its calls)
         self._calls: dict = {}
-        self._means: dict = {}  # id(sizes) -> (sizes, its mean bytes per GPU): `_count`
+        self._means: dict = {}  # id(sizes) -> (sizes, mean bytes per GPU, GPUs): `_count`
 
     def arrive(self, gpu, task: Collective) -> dict:
         """Meet the other members; the last to arrive runs the algorithm. Returns the
@@ -148,11 +148,12 @@ class Meetings:
         if sizes is None:
             nbytes = task.nbytes
         else:  # (kept by the table's object: a mode passes the same one at every call)
+            n = len(task.group)
             hit = self._means.get(id(sizes))
-            if hit is None or hit[0] is not sizes:
+            if hit is None or hit[0] is not sizes or hit[2] != n:
                 if len(self._means) >= 1024:  # (a replay may build a table per call)
                     self._means.clear()
-                hit = self._means[id(sizes)] = (sizes, sum(map(sum, sizes)) / len(task.group))
+                hit = self._means[id(sizes)] = (sizes, sum(map(sum, sizes)) / n, n)
             nbytes = hit[1]
         total = self.collective_bytes.get(task.op, 0.0)
         for _ in range(copies):  # (added one at a time: the same float sum as copy by copy)

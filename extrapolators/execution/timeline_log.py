@@ -196,7 +196,7 @@ class TimelineLog:
 
     def compute_rows(self) -> ComputeRows:
         """Each GPU's compute rows, for the memory model (triosim.results.memory). Read once: the
-        scan's per-GPU lists go with it (they hold a key per block)."""
+        scan's per-GPU lists go with it (a large run's millions of entries)."""
         ends, per, end = self._scan()
         if per is None:  # read before: scan again
             self._scanned = None

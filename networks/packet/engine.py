@@ -31,8 +31,9 @@ class FastEngine:
     """The fast engine: the flows in numpy arrays, one solve per instant that changed them,
     one timer for the next flow to finish.
 
-    Gives: `start(g, flat, nh, lat, distinct)` (a transfer group's flows start now: their
-    routes' links `flat`, `nh` per transfer, path latencies `lat`), `solve_now()` (the
+    Gives: `start(g, flat, nh, lat, distinct, alone, footprint)` (a transfer group's flows
+    start now: their routes' links `flat`, `nh` per transfer, path latencies `lat`; the
+    last three optional), `solve_now()` (the
     solve queued for this instant, at once), `advance()` (the clock moved to now),
     `finish()` (a solve: done flows delivered, rates and loads brought up to date, the
     next timer set); and its parts: `table` (networks.packet.table), `landing`

@@ -97,7 +97,7 @@ class GroupJobs:
     """The fast engine's transfer groups run as jobs where they are alone (the module's
     docstring says when and what a job computes).
 
-    Gives: `start(gid, g, flat, nh, lat, alone)` (True: `g`, registered with the landing
+    Gives: `start(gid, g, flat, nh, lat, alone, probe)` (True: `g`, registered with the landing
     as `gid`, now runs as a job; False: it must take the table), `split_touched(flat)`
     (split the jobs holding any of these links: the table must have been advanced to
     now), `split_all()`, `free(flat)` (no job holds these links); its state, `jobs` (by

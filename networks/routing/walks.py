@@ -380,9 +380,9 @@ def _readers(row, off, hub, s_idx) -> np.ndarray:
 
 def _row_classes(m: np.ndarray) -> np.ndarray:
     """Each row's class (equal rows, equal classes) of an int matrix: the rows as one
-    mixed-radix int each where they fit 62 bits (a sort of ints; `np.unique(axis=0)`
-    sorts the rows as byte strings, a sixth of an all-to-all's route walks), else by
-    rows."""
+    mixed-radix int each where they fit 62 bits (one sort of ints, in the rows' order:
+    `np.unique(axis=0)`'s labels; its sort of the rows as structured records was a sixth
+    of an all-to-all's route walks), else by rows."""
     lo = m.min(axis=0) if len(m) else np.zeros(m.shape[1], np.int64)
     span = (m.max(axis=0) - lo + 1) if len(m) else np.ones(m.shape[1], np.int64)
     if float(np.prod(span.astype(float))) < 2.0**62:

@@ -615,9 +615,9 @@ def _gradients(r, grad_bytes, total, times, cats, values):
         weight = sum(n for _, n in items)
         if not weight:
             continue
-        for stop, n in items:
+        for stop, nbytes in items:
             at.append(stop)
-            change.append(total * n / weight)
+            change.append(total * nbytes / weight)
         free = opt_end.get(it)
         if free is not None:
             at.append(free)
