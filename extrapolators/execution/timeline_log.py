@@ -44,8 +44,10 @@ class Block(NamedTuple):
     acc: np.ndarray
     starts: np.ndarray | None = None  # None: back to back (starts = acc[:-1])
 
-    def start_list(self) -> list:
-        return self.acc[:-1].tolist() if self.starts is None else self.starts.tolist()
+    def instants(self) -> tuple[list, list]:
+        """(starts, ends) of its rows as lists (the instants read once)."""
+        acc = self.acc.tolist()
+        return (acc[:-1] if self.starts is None else self.starts.tolist()), acc[1:]
 
 
 class TimelineLog:
@@ -61,7 +63,7 @@ class TimelineLog:
         for entry in self._log:
             if type(entry) is Block:
                 gpu, stream, it = entry.who
-                r, acc, st = entry.run, entry.acc.tolist(), entry.start_list()
+                r, (st, en) = entry.run, entry.instants()
                 for i in range(len(r)):
                     out.append(
                         (
@@ -72,7 +74,7 @@ class TimelineLog:
                             r.layers[i],
                             r.phases[i],
                             st[i],
-                            acc[i + 1],
+                            en[i],
                             0.0,
                             None,
                             it,
@@ -253,9 +255,8 @@ class ComputeRows:
                 acc = e.acc
                 b = raw.get(id(acc))  # ranks in lock step share one array: its bytes once
                 if b is None or b[0] is not acc:
-                    b = raw[id(acc)] = (acc, acc.tobytes())
-                    if e.starts is not None:
-                        b = raw[id(acc)] = (acc, b[1] + e.starts.tobytes())
+                    late = b"" if e.starts is None else e.starts.tobytes()
+                    b = raw[id(acc)] = (acc, acc.tobytes() + late)
                 out.append((id(e.run), e.who[2], b[1]))
             else:
                 out.append((e[11], e[6], e[7], e[10], e[12], e[5]))
@@ -267,12 +268,12 @@ class ComputeRows:
         op, st, en, its, mb, ph = [], [], [], [], [], []
         for e in self._per.get(gpu, ()):
             if type(e) is Block:
-                r, acc = e.run, e.acc.tolist()
+                r, (starts, ends) = e.run, e.instants()
                 op += r.op_ids
                 mb += r.mbs
                 ph += r.phases
-                st += acc[:-1] if e.starts is None else e.starts.tolist()  # (start_list)
-                en += acc[1:]
+                st += starts
+                en += ends
                 its += [e.who[2]] * len(r)
             else:
                 op.append(e[11])
