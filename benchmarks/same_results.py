@@ -9,8 +9,10 @@ floats as repr) and one of its work (the compute and communication rows, sorted,
 the stream names and meeting keys), so two runs agree only if every task of every GPU
 starts and ends at the same instant; a refactor that regroups the streams (other stream
 names, keys, waits) keeps the work and is said to. Each row also has a SHA-256 of the
-memory model's curves and peaks (every GPU's, floats bit for bit); a fingerprint file
-written before it existed is compared on the rest.
+memory model's curves and peaks (every GPU's, floats bit for bit) and one of the other
+outputs (the summary without its wall time, the network's counters, every link's totals
+and every transfer); a fingerprint file written before a field existed is compared on the
+rest.
 
 Run: PYTHONPATH=. python -m benchmarks.same_results [--out before.json] [--against before.json]
 (--against exits 1 when any row differs and prints the rows that do).
@@ -255,8 +257,23 @@ def fingerprint(cfg) -> dict:
         "timeline_sha256": hashlib.sha256(table.encode()).hexdigest(),
         "work_sha256": hashlib.sha256(work.encode()).hexdigest(),
         "memory_sha256": _memory_sha256(r),
+        "outputs_sha256": _outputs_sha256(r),
         "rows": len(tl),
     }
+
+
+def _outputs_sha256(r) -> str:
+    """Of the run's other outputs: its summary (without the wall time), the network's
+    counters, every link's totals and every transfer."""
+    import pandas as pd
+
+    summary = {k: v for k, v in r.summary_dict().items() if k != "simulation_wall_s"}
+    h = hashlib.sha256(repr(sorted(summary.items(), key=str)).encode())
+    h.update(repr(sorted(r.network_stats.items(), key=str)).encode())
+    for table in (r.per_link(), r.transfers()):  # (floats as their bits)
+        h.update(repr(list(table.columns)).encode())
+        h.update(pd.util.hash_pandas_object(table, index=False).to_numpy().tobytes())
+    return h.hexdigest()
 
 
 def _memory_sha256(r) -> str:
@@ -303,6 +320,8 @@ def _same(a, b) -> str | None:
         return "work differs (compute or communication rows)"
     if a.get("memory_sha256") != b.get("memory_sha256"):
         return "memory differs (curves or peaks)"
+    if a.get("outputs_sha256") != b.get("outputs_sha256"):
+        return "outputs differ (summary, network counters, links or transfers)"
     return None
 
 
