@@ -37,7 +37,7 @@ from pathlib import Path
 from perfmodel.base import CatalogueGPUModel, Target, identity_time, register
 
 # kinds and features live in perfmodel.kinds and perfmodel.features (re-exported here)
-from perfmodel.features import PASSES, op_bytes, op_flops, roofs  # noqa: F401
+from perfmodel.features import PASSES, op_bytes, op_flops, op_signature, roofs  # noqa: F401
 from perfmodel.kinds import COMPUTE_FAMILIES, kind_chain, launches_no_kernel, op_kind  # noqa: F401
 from triosim.common.errors import ConfigError
 from triosim.common.schema import option
@@ -336,10 +336,29 @@ class CalibratedModel(CatalogueGPUModel):
         else:
             self.calibration = shipped()
         self.report = {"calibration": self.calibration.source, "fitted_on": self.calibration.gpu}
+        self._fresh()
 
     def time(self, op, target: Target = Target()) -> float:
+        """`predict`, once per target, GPU and class of alike operators (equal
+        `features.op_signature`: a shape-only trace's replicated layers)."""
         if self.identity:
             same = identity_time(self.trace, op, target)
             if same is not None:
                 return same
-        return predict(self.calibration, self.trace, op, self._gpu(target.gpu), target)
+        gpu = self._gpu(target.gpu)
+        hit = self._class_of.get(id(op))
+        if hit is None or hit[0] is not op:  # (the operator object itself: kept with it)
+            c = self._classes.setdefault(op_signature(self.trace, op), len(self._classes))
+            hit = self._class_of[id(op)] = (op, c)
+        table = self._times.get(target)
+        if table is None or table[0] is not gpu:  # (a GPU redefined: timed again)
+            table = self._times[target] = (gpu, {})
+        t = table[1].get(hit[1])
+        if t is None:
+            t = table[1][hit[1]] = predict(self.calibration, self.trace, op, gpu, target)
+        return t
+
+    def _fresh(self) -> None:
+        self._class_of: dict = {}  # id(operator) -> (the operator, its class)
+        self._classes: dict = {}  # signature -> class
+        self._times: dict = {}  # target -> (its GPU, {class: seconds})

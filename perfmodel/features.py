@@ -54,6 +54,41 @@ def op_bytes(trace: Trace, op: Operator, target: Target = Target()) -> float:
     return (read + written) * PASSES.get(op_kind(op)[0], 1.0)
 
 
+def op_signature(trace: Trace, op: Operator) -> tuple:
+    """What the calibrated model reads of an operator: its name and phase (its kind,
+    perfmodel.kinds), FLOPs, TP split, math, measured time (perfmodel.base.identity_time)
+    and kernels, its tensors' shapes, dtypes, bytes and categories and which of them
+    repeat (`roofs`), and a backward operator's forward operator's own. Operators of one
+    trace with equal signatures take equal times there at any target: a shape-only
+    trace's replicated layers repeat each of a layer's signatures once per layer."""
+    own = _own_signature(trace, op)
+    if op.phase == "backward" and op.fwd_id is not None:
+        return own, _own_signature(trace, trace.op(op.fwd_id))
+    return own, None
+
+
+def _own_signature(trace: Trace, op: Operator) -> tuple:
+    first: dict = {}  # tensor id -> its place among the operator's distinct tensors
+    ins = tuple(first.setdefault(i, len(first)) for i in op.inputs)
+    outs = tuple(first.setdefault(i, len(first)) for i in op.outputs)
+    t = trace.tensors
+    tensors = tuple(
+        (tuple(x.shape), x.dtype, x.nbytes, x.category) for x in map(t.__getitem__, first)
+    )
+    return (
+        op.name,
+        op.phase,
+        op.time,
+        op.flops,
+        op.kernels,
+        op.tp_split,
+        op.math,
+        ins,
+        outs,
+        tensors,
+    )
+
+
 def fp8_cast_bytes(trace: Trace, op: Operator, target: Target = Target(), inputs=None) -> float:
     """Bytes TransformerEngine's FP8 casts of a linear's operand move at the target (a
     cast-transpose reads the bfloat16 tensor and writes it twice in FP8: 2 bytes in, 2 out
