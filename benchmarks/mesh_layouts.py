@@ -126,7 +126,7 @@ def main(argv=None) -> int:
             r.symmetry,
         )
         print(
-            f"| {name} | {cfg.num_gpus} | {r.iteration_time:.3f} | {tps:,.0f} | {pub} | {how} "
+            f"| {name} (`{example}`) | {cfg.num_gpus} | {r.iteration_time:.3f} | {tps:,.0f} | {pub} | {how} "
             f"| {peak:.1f} | {sym} | {wall:.1f} | {big[0]} | {big[1]} |",
             flush=True,
         )

@@ -270,7 +270,9 @@ def _outputs_sha256(r) -> str:
     summary = {k: v for k, v in r.summary_dict().items() if k != "simulation_wall_s"}
     h = hashlib.sha256(repr(sorted(summary.items(), key=str)).encode())
     h.update(repr(sorted(r.network_stats.items(), key=str)).encode())
-    for table in (r.per_link(), r.transfers()):  # (floats as their bits)
+    # (pandas' hash of each value: -0.0 hashes as 0.0, and another pandas version may hash
+    # otherwise, so a baseline and its comparison are written in one environment)
+    for table in (r.per_link(), r.transfers()):
         h.update(repr(list(table.columns)).encode())
         h.update(pd.util.hash_pandas_object(table, index=False).to_numpy().tobytes())
     return h.hexdigest()

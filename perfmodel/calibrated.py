@@ -340,7 +340,10 @@ class CalibratedModel(CatalogueGPUModel):
 
     def time(self, op, target: Target = Target()) -> float:
         """`predict`, once per target, GPU and class of alike operators (equal
-        `features.op_signature`: a shape-only trace's replicated layers)."""
+        `features.op_signature`: a shape-only trace's replicated layers; a real trace's
+        operators, each with its measured time, seldom share one). An operator is classed
+        when first timed: one changed in place afterwards keeps its class (traces are
+        not changed once built)."""
         if self.identity:
             same = identity_time(self.trace, op, target)
             if same is not None:
@@ -351,14 +354,17 @@ class CalibratedModel(CatalogueGPUModel):
             c = self._classes.setdefault(op_signature(self.trace, op), len(self._classes))
             hit = self._class_of[id(op)] = (op, c)
         table = self._times.get(target)
-        if table is None or table[0] is not gpu:  # (a GPU redefined: timed again)
-            table = self._times[target] = (gpu, {})
-        t = table[1].get(hit[1])
+        # (what else predict reads: a GPU redefined, the trace's batch or dtype changed,
+        # and the target's times are made again)
+        setting = (gpu, self.trace.batch_size, self.trace.metadata.get("dtype"))
+        if table is None or table[0] is not gpu or table[1] != setting:
+            table = self._times[target] = (gpu, setting, {})
+        t = table[2].get(hit[1])
         if t is None:
-            t = table[1][hit[1]] = predict(self.calibration, self.trace, op, gpu, target)
+            t = table[2][hit[1]] = predict(self.calibration, self.trace, op, gpu, target)
         return t
 
     def _fresh(self) -> None:
         self._class_of: dict = {}  # id(operator) -> (the operator, its class)
         self._classes: dict = {}  # signature -> class
-        self._times: dict = {}  # target -> (its GPU, {class: seconds})
+        self._times: dict = {}  # target -> (its GPU, the setting, {class: seconds})

@@ -9,7 +9,7 @@ import functools
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from perfmodel import CalibratedModel, Target
@@ -108,11 +108,16 @@ CHANGES = st.sampled_from(
         {"tensor_shape": ()},
         {"tensor_category": "weight"},
         {"tensor_dtype": "float16"},
+        {"phase": "optimizer"},
+        {"phase": "forward"},
     ]
 )
 
 
 @settings(max_examples=60, deadline=None)
+@example(k=5, change={"phase": "optimizer"}, target=TARGETS[0])
+@example(k=5, change={"flops": 3.0e9}, target=TARGETS[0])
+@example(k=5, change={"math": "tf32"}, target=TARGETS[0])
 @given(k=st.integers(0, 10_000), change=CHANGES, target=st.sampled_from(TARGETS))
 def test_a_changed_twin_is_timed_as_predict_times_it(k, change, target):
     # an operator and a twin differing in one field the model may read: each gets
@@ -210,3 +215,49 @@ def test_a_backward_operator_is_told_apart_by_its_forward_operator():
     assert op_signature(t2, bwd_twin) != op_signature(t2, bwd)
     first, twin = m.time(bwd, target), m.time(bwd_twin, target)
     assert twin == predict(m.calibration, t2, bwd_twin, gpu, target) != first
+
+
+@pytest.mark.parametrize("change", [{"flops": 7.0e12}, {"math": "float32"}])
+def test_a_matmul_twin_of_other_flops_or_math_is_not_its_original(change):
+    # a compute-bound operator: its time follows its FLOPs and the units its math runs on
+    t = _llama()
+    op = next(o for o in t.operators if o.name == "aten::linear" and o.flops)
+    t2, twin = _two_ops(t, op, **change)
+    m = CalibratedModel(t2, identity=False)
+    target = TARGETS[0]
+    gpu = hardware.gpu(target.gpu)
+    first, second = m.time(op, target), m.time(twin, target)
+    assert second == predict(m.calibration, t2, twin, gpu, target) != first
+
+
+def test_which_tensor_is_written_tells_two_operators_apart():
+    # both read x (small) and y (large); one writes x back, the other y: not alike
+    ts = {
+        0: Tensor(0, (16,), "float32", 64.0, "activation"),
+        1: Tensor(1, (1 << 20,), "float32", 4.0 * (1 << 20), "activation"),
+    }
+    from triosim.trace.model import Operator
+
+    a = Operator(0, "aten::add_", "l", "forward", 0.0, (0, 1), (0,))
+    b = Operator(1, "aten::add_", "l", "forward", 0.0, (0, 1), (1,))
+    t = Trace([a, b], ts, {"batch_size": 1, "gpu": "H100-SXM"})
+    m = CalibratedModel(t, identity=False)
+    target = TARGETS[0]
+    gpu = hardware.gpu(target.gpu)
+    assert op_signature(t, a) != op_signature(t, b)
+    assert [m.time(a, target), m.time(b, target)] == [
+        predict(m.calibration, t, o, gpu, target) for o in (a, b)
+    ]
+    assert m.time(a, target) != m.time(b, target)
+
+
+def test_the_traces_batch_or_dtype_changed_is_timed_again():
+    t = load(TRACES[0])
+    m = CalibratedModel(t, identity=False)
+    op = next(o for o in t.operators if o.flops and o.phase == "forward")
+    target = Target(gpu="H100-SXM", batch_size=8)
+    gpu = hardware.gpu(target.gpu)
+    before = m.time(op, target)
+    t.metadata["batch_size"] = 2 * t.metadata["batch_size"]  # the same target: half the work
+    after = m.time(op, target)
+    assert after == predict(m.calibration, t, op, gpu, target) != before
