@@ -1,7 +1,8 @@
 """The device mesh (extrapolators/modes/mesh/): ranks and groups, every degree checked in
 one place, HSDP and FSDP with pipeline stages by hand, the presets as the mesh they stand
 for, and properties over random meshes (compute per GPU against its closed form, the bytes
-each data-parallel plan reduces, symmetric runs equal to exact ones)."""
+each data-parallel plan reduces, a dimension of degree 1 as the mesh without it, symmetric
+runs equal to exact ones)."""
 
 from __future__ import annotations
 
@@ -329,6 +330,35 @@ def _tp_allreduce(r) -> float:
         (tl.kind == "comm") & (tl.name == "allreduce") & tl.key.astype(str).str.contains("/tp:")
     ]
     return float(rows.drop_duplicates("key").nbytes.sum())
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(par=MESHES, data=st.data())
+def test_a_dimension_of_degree_one_is_the_mesh_without_it(par, data):
+    """A dimension of degree 1 adds no rank: wherever the rank order puts it (innermost,
+    outermost, between the others), every GPU's coordinates, groups and timeline are the
+    mesh's without it, to the bit; and every byte the run sent was delivered."""
+    if not _valid(par):
+        return
+    dims = list(parse_order(par["order"]))
+    ones = [d for d in dims if par.get(d, 1) == 1]
+    if not ones:
+        return
+    d = data.draw(st.sampled_from(ones))
+    rest = [x for x in dims if x != d]
+    at = data.draw(st.integers(0, len(rest)))
+    moved = {**par, "order": "-".join([*rest[:at], d, *rest[at:]])}
+    t = chain_trace(batch=8, layers=4, weight_bytes=3e6)
+    dp = par["dp_replicate"] * par["dp_shard"]
+    n, batch = par["pp"] * dp * par["tp"], 8 * dp * par["microbatches"]
+    a, b = run(t, n, par, RING, batch=batch), run(t, n, moved, RING, batch=batch)
+    assert a.extrapolator.layout.coord == b.extrapolator.layout.coord
+    assert a.iteration_time == b.iteration_time
+    cols = ["gpu", "stream", "kind", "name", "start", "end", "nbytes"]
+    assert a.timeline[cols].equals(b.timeline[cols])
+    for r in (a, b):  # (the run checks it too: a difference would have raised)
+        moved_bytes = r.transfers()["nbytes"].sum() if len(r.transfers()) else 0.0
+        assert r.bytes_delivered == pytest.approx(moved_bytes, rel=1e-12, abs=1e-6)
 
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
