@@ -40,7 +40,7 @@ from extrapolators.modes.mesh.dims import DIMS, Layout, parse_order, resolve
 from extrapolators.modes.mesh.experts import ExpertPlan, check_load_fields
 from extrapolators.modes.mesh.moe_tp import DenseTensorParallel, moe_block_ops
 from extrapolators.modes.mesh.options import MeshOptions
-from extrapolators.modes.mesh.rules import field_rules
+from extrapolators.modes.mesh.rules import check_overlap_fields, field_rules
 from extrapolators.modes.mesh.sharding import ShardPlan
 from extrapolators.modes.mesh.streams import MeshStreams
 from extrapolators.modes.mesh.symmetry import mesh_symmetry
@@ -130,10 +130,7 @@ class MeshMode(Extrapolator):
             tokens = self.op_micro / mesh.tp if mesh.tp > 1 else self.op_micro
             self.experts = ExpertPlan(self, mesh, o, tokens)
         check_load_fields(o, self.experts is not None)
-        if o.shared_expert_overlap:
-            self._check_shared_overlap(o, mesh)
-        if o.ep_comm_overlap:
-            self._check_ep_overlap(o, mesh)
+        check_overlap_fields(o, mesh, self.experts)
         if self.experts is not None:
             if self.fsdp and mesh.dp_replicate > 1:
                 raise ConfigError(
@@ -190,41 +187,6 @@ class MeshMode(Extrapolator):
         self.builder = MeshStreams(self)  # its stage templates, built once
 
     # -- the plan's parts -----------------------------------------------------------------
-    def _check_shared_overlap(self, o, mesh) -> None:
-        ex, field = self.experts, "parallelism.shared_expert_overlap"
-        if ex is None or ex.ep == 1 or not int(ex.moe.get("shared_experts") or 0):
-            raise ConfigError(
-                field,
-                True,
-                "false without an all-to-all beside shared experts (ep > 1 with an MoE trace "
-                "whose layers have shared experts: metadata moe.shared_experts)",
-            )
-        if mesh.tp > 1:
-            raise ConfigError(field, True, f"false with tp {mesh.tp} (modelled with tp 1 only)")
-        if o.ep_comm_overlap:
-            raise ConfigError(
-                field,
-                True,
-                "false with ep_comm_overlap (Megatron-Bridge's recipes set one or the other)",
-            )
-
-    def _check_ep_overlap(self, o, mesh) -> None:
-        field = "parallelism.ep_comm_overlap"
-        if o.schedule == "gpipe":
-            raise ConfigError(
-                field,
-                True,
-                "false with schedule gpipe (it pairs a backward with the forward after it: a "
-                "1F1B schedule's steady state; GPipe has none)",
-            )
-        if self.experts is None or self.experts.ep == 1 or mesh.pp == 1:
-            raise ConfigError(
-                field,
-                True,
-                "false without EP all-to-alls in a pipeline (it pairs a forward and a backward "
-                "step of the 1F1B steady state: ep > 1 with an MoE trace, and pp > 1)",
-            )
-
     def _orders(self, order_of, M: int, K: int) -> list:
         """Each stage's steps: the schedule over M micro-batches, or with accumulation K
         the schedule over M / K of them K times (micro-batches numbered on: m + k M / K)."""

@@ -97,3 +97,41 @@ def field_rules(o, mesh) -> Rules:
         and not o.overlap_param_gather,
         reduction=grad_reduction(o.distributed_optimizer or zero_at == 2),
     )
+
+
+def check_overlap_fields(o, mesh, experts) -> None:
+    """`shared_expert_overlap` and `ep_comm_overlap` against the degrees and the expert
+    plan (`experts`: mesh.experts.ExpertPlan, or None without one)."""
+    if o.shared_expert_overlap:
+        field = "parallelism.shared_expert_overlap"
+        if experts is None or experts.ep == 1 or not int(experts.moe.get("shared_experts") or 0):
+            raise ConfigError(
+                field,
+                True,
+                "false without an all-to-all beside shared experts (ep > 1 with an MoE trace "
+                "whose layers have shared experts: metadata moe.shared_experts)",
+            )
+        if mesh.tp > 1:
+            raise ConfigError(field, True, f"false with tp {mesh.tp} (modelled with tp 1 only)")
+        if o.ep_comm_overlap:
+            raise ConfigError(
+                field,
+                True,
+                "false with ep_comm_overlap (Megatron-Bridge's recipes set one or the other)",
+            )
+    if o.ep_comm_overlap:
+        field = "parallelism.ep_comm_overlap"
+        if o.schedule == "gpipe":
+            raise ConfigError(
+                field,
+                True,
+                "false with schedule gpipe (it pairs a backward with the forward after it: a "
+                "1F1B schedule's steady state; GPipe has none)",
+            )
+        if experts is None or experts.ep == 1 or mesh.pp == 1:
+            raise ConfigError(
+                field,
+                True,
+                "false without EP all-to-alls in a pipeline (it pairs a forward and a backward "
+                "step of the 1F1B steady state: ep > 1 with an MoE trace, and pp > 1)",
+            )
