@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from benchmarks.same_results import NODES  # 4-GPU nodes, NVLink and a network
+from extrapolators.communication.nccl import many as nccl_many
 from extrapolators.communication.nccl import model as nccl_model
 from networks import PacketSwitchNetwork
 from networks import topology as topo
@@ -49,16 +50,16 @@ def test_every_group_ending_as_the_first_gives_the_per_group_result(par, monkeyp
     """Where every copy's group lands with the first (`_uniform`), its end is taken once:
     the same iteration and the same timeline as computing every group's end."""
     taken = []
-    real = nccl_model._uniform_ends
+    real = nccl_many._uniform_ends
 
     def counted(*args):
         taken.append(1)
         return real(*args)
 
-    monkeypatch.setattr(nccl_model, "_uniform_ends", counted)
+    monkeypatch.setattr(nccl_many, "_uniform_ends", counted)
     fast, fast_rows = _symmetric(par, 16)
     assert "representative" in fast.symmetry and taken
-    monkeypatch.setattr(nccl_model, "_uniform", lambda *a: 0)
+    monkeypatch.setattr(nccl_many, "_uniform", lambda *a: 0)
     slow, slow_rows = _symmetric(par, 16)
     assert repr(fast.iteration_time) == repr(slow.iteration_time)
     assert np.array_equal(fast_rows, slow_rows)
@@ -69,16 +70,16 @@ def test_uniform_needs_the_same_kept_flows_latencies_and_latency_after():
     b = types.SimpleNamespace(expand=np.array([0, 1, 1, 0, 0, 1]))
     two, lat = np.array([2, 2, 2]), np.array([1e-6, 2e-6, 2e-6, 1e-6, 1e-6, 2e-6])
     rest = np.full(3, 5e-6)
-    assert nccl_model._uniform(b, two, rest, lat) == 2  # the same pairs, in any order
+    assert nccl_many._uniform(b, two, rest, lat) == 2  # the same pairs, in any order
     other = types.SimpleNamespace(expand=np.array([0, 1, 1, 0, 0, 0]))
-    assert nccl_model._uniform(other, two, rest, lat) == 0  # a group on another flow
+    assert nccl_many._uniform(other, two, rest, lat) == 0  # a group on another flow
     lat2 = lat.copy()
     lat2[5] = 3e-6
-    assert nccl_model._uniform(b, two, rest, lat2) == 0  # another path latency
-    assert nccl_model._uniform(b, two, np.array([5e-6, 5e-6, 6e-6]), lat) == 0
+    assert nccl_many._uniform(b, two, rest, lat2) == 0  # another path latency
+    assert nccl_many._uniform(b, two, np.array([5e-6, 5e-6, 6e-6]), lat) == 0
     uneven = types.SimpleNamespace(expand=np.array([0, 1, 1, 0, 0, 1]))
-    assert nccl_model._uniform(uneven, np.array([2, 3, 1]), rest, lat) == 0
-    assert nccl_model._uniform(types.SimpleNamespace(), two, rest, lat) == 0  # no orbits
+    assert nccl_many._uniform(uneven, np.array([2, 3, 1]), rest, lat) == 0
+    assert nccl_many._uniform(types.SimpleNamespace(), two, rest, lat) == 0  # no orbits
 
 
 def test_a_group_behind_a_slower_link_is_not_taken_as_the_first():
@@ -88,7 +89,7 @@ def test_a_group_behind_a_slower_link_is_not_taken_as_the_first():
     net = PacketSwitchNetwork(env, topo.switch_star(8, 50e9, 1e-6))
     batch = net.batch([(0, 1, 1e6), (1, 0, 1e6), (2, 3, 1e6), (3, 2, 1e6)])
     counts = np.array([2, 2])
-    assert nccl_model._uniform(batch, counts, np.zeros(2), np.zeros(4)) == 0
+    assert nccl_many._uniform(batch, counts, np.zeros(2), np.zeros(4)) == 0
 
 
 @settings(max_examples=200, deadline=None)
@@ -126,27 +127,28 @@ def test_fire_at_processes_the_event_at_the_instant_given():
 
 
 def test_a_calls_plans_are_found_again_by_its_lists(monkeypatch):
-    """`_many_plans` finds a call again by the identity of its lists (groups, roots), and
+    """`ManyCalls.plans` finds a call again by the identity of its lists (groups, roots), and
     by their groups' identities otherwise; it makes them again after `forget_batches`,
     and keeps no more GPU slots than MANY_SLOTS by its lists."""
     from tests.test_symmetry import _nccl_on
 
     env, model = _nccl_on({"kind": "switch", "bandwidth": "50 GB/s", "latency": "1 us"}, 8)
     made = []
-    real = model._prepared
-    monkeypatch.setattr(model, "_prepared", lambda *a: made.append(1) or real(*a))
+    many = model.many
+    real = many._prepared
+    monkeypatch.setattr(many, "_prepared", lambda *a: made.append(1) or real(*a))
     groups, roots = [(0, 1), (2, 3)], [None, None]
-    a = model._many_plans("allreduce", groups, 8e6, roots, None)
-    assert model._many_plans("allreduce", groups, 8e6, roots, None) is a and len(made) == 1
+    a = many.plans("allreduce", groups, 8e6, roots, None)
+    assert many.plans("allreduce", groups, 8e6, roots, None) is a and len(made) == 1
     other = list(groups)  # new lists of the same groups: found by the groups
-    assert model._many_plans("allreduce", other, 8e6, [None, None], None) is a
+    assert many.plans("allreduce", other, 8e6, [None, None], None) is a
     assert len(made) == 1
     model.forget_batches()
-    b = model._many_plans("allreduce", groups, 8e6, roots, None)
+    b = many.plans("allreduce", groups, 8e6, roots, None)
     assert b is not a and len(made) == 2
-    monkeypatch.setattr(model, "MANY_SLOTS", 6)  # two calls of 4 slots: the first goes
-    model._many_plans("allreduce", [(4, 5), (6, 7)], 8e6, roots, None)
-    assert model._same_slots == 4 and len(model._same_lists) == 1
+    monkeypatch.setattr(many, "MANY_SLOTS", 6)  # two calls of 4 slots: the first goes
+    many.plans("allreduce", [(4, 5), (6, 7)], 8e6, roots, None)
+    assert many.same_slots == 4 and len(many.same_lists) == 1
 
 
 def test_large_plans_keep_their_batches_within_a_budget(monkeypatch):

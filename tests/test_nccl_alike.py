@@ -78,7 +78,7 @@ def test_renamed_plans_are_the_groups_own(case):
     # own analysis; every other group is analysed (and so equal too)
     name, graph, groups, op, root, nbytes = case
     roots = [None if root is None else g[root] for g in groups]
-    many = _model(graph)._alike_plans(op, groups, nbytes, roots, None)
+    many = _model(graph).many._alike_plans(op, groups, nbytes, roots, None)
     own = _model(graph)
     for g, r, p in zip(groups, roots, many, strict=True):
         assert p == own.plan(op, g, nbytes, r), (name, g)  # every field but the batch
@@ -253,7 +253,7 @@ def test_equal_cost_paths_of_other_bandwidths_are_seen_as_the_ring_search_sees_t
     graph, groups = _three_servers()
     for op in ["allreduce", "all_gather", "broadcast"]:
         roots = [g[0] for g in groups] if op == "broadcast" else [None] * 3
-        many = _model(graph)._alike_plans(op, groups, 64e6, roots, None)
+        many = _model(graph).many._alike_plans(op, groups, 64e6, roots, None)
         own = _model(graph)
         assert [
             p == own.plan(op, g, 64e6, r) for g, r, p in zip(groups, roots, many, strict=True)
@@ -265,7 +265,7 @@ def test_a_gpu_twice_in_the_ring_hint_keys_no_group():
     graph.graph["ring"] = [0, 1, 2, 0, 3, 4, 5, 6, 7, 8, 9, 10, 11]
     groups = [(0, 1, 2), (4, 5, 6), (8, 9, 10)]
     assert alike.fingerprints(_model(graph), groups) == [None] * 3
-    many = _model(graph)._alike_plans("allreduce", groups, 64e6, [None] * 3, None)
+    many = _model(graph).many._alike_plans("allreduce", groups, 64e6, [None] * 3, None)
     own = _model(graph)
     assert all(p == own.plan("allreduce", g, 64e6) for g, p in zip(groups, many, strict=True))
 
@@ -274,7 +274,7 @@ def test_a_root_outside_the_group_is_analysed_as_plan_does():
     # plan() takes a root outside the group as the group's first GPU; so do the images
     graph = topo.switch_star(12, 50 * GB, US)
     groups = [(0, 1, 2), (4, 5, 6), (8, 9, 10)]
-    many = _model(graph)._alike_plans("broadcast", groups, 1e6, [11, 11, 11], None)
+    many = _model(graph).many._alike_plans("broadcast", groups, 1e6, [11, 11, 11], None)
     own = _model(graph)
     assert all(p == own.plan("broadcast", g, 1e6, 11) for g, p in zip(groups, many, strict=True))
 
@@ -289,5 +289,5 @@ def test_one_model_over_many_calls_and_group_lists():
     b = [(0, 1, 2, 3), (4, 5, 6, 7), (12, 13, 14, 15)]
     m, own = _model(graph), _model(graph)
     for groups, op, size in [(a, "allreduce", 1e6), (b, "allreduce", 1e6), (a, "all_gather", 8e6)]:
-        got = m._alike_plans(op, groups, size, [None] * 3, None)
+        got = m.many._alike_plans(op, groups, size, [None] * 3, None)
         assert all(p == own.plan(op, g, size) for g, p in zip(groups, got, strict=True))

@@ -488,13 +488,13 @@ def test_run_many_keeps_the_calls_it_used_last(monkeypatch):
     # room for two calls' groups (2 x 8 GPU slots): calls A, B, C, C, C prepare A, B and C
     # once each (C kept in place of A, the least recently used); keeping the first calls
     # that fit and making every later one again prepared C three times
-    from extrapolators.communication.nccl.model import Nccl
+    from extrapolators.communication.nccl.many import ManyCalls
 
-    monkeypatch.setattr(Nccl, "MANY_SLOTS", 16)
+    monkeypatch.setattr(ManyCalls, "MANY_SLOTS", 16)
     made = []
-    real = Nccl._prepared
+    real = ManyCalls._prepared
     monkeypatch.setattr(
-        Nccl, "_prepared", lambda self, op, *a: made.append(op) or real(self, op, *a)
+        ManyCalls, "_prepared", lambda self, op, *a: made.append(op) or real(self, op, *a)
     )
     groups = [(0, 1, 2, 3), (4, 5, 6, 7)]
     env, model = _nccl_on({"kind": "switch", "bandwidth": "50 GB/s", "latency": "1 us"}, 8)
@@ -516,9 +516,9 @@ def test_run_many_again_ends_as_the_groups_own_runs(slots, monkeypatch):
     # every group ends where a run of its own, the same calls one after another, ends (a
     # kept call matched on anything less than its groups, size and roots would reuse
     # another's streams)
-    from extrapolators.communication.nccl.model import Nccl
+    from extrapolators.communication.nccl.many import ManyCalls
 
-    monkeypatch.setattr(Nccl, "MANY_SLOTS", slots)
+    monkeypatch.setattr(ManyCalls, "MANY_SLOTS", slots)
     groups = [(0, 1, 2, 3), (4, 5, 6, 7)]
     calls = [("allreduce", 8e6, None), ("allreduce", 16e6, None), ("broadcast", 8e6, 0)]
     calls += [("broadcast", 8e6, 3)]
@@ -550,7 +550,7 @@ def test_run_many_again_ends_as_the_groups_own_runs(slots, monkeypatch):
     p = env.process(many())
     env.run()
     assert [list(e) for e in zip(*p.value, strict=True)] == alone
-    assert len(model._many) == (4 if slots > 8 else 1)  # 4 distinct calls, 8 slots each
+    assert len(model.many.calls) == (4 if slots > 8 else 1)  # 4 distinct calls, 8 slots each
 
 
 # -- expert parallelism --------------------------------------------------------------------------

@@ -30,16 +30,15 @@ pipeline cost to a system's measurements.
 from __future__ import annotations
 
 import math
-import operator
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 
 import numpy as np
 
 from extrapolators.communication.base import CommModel, check_op, register
-from extrapolators.communication.nccl import alike, families, tuner
+from extrapolators.communication.nccl import families, tuner
 from extrapolators.communication.nccl.groups import GroupAnalysis, _Group
 from extrapolators.communication.nccl.layouts import window_max as _window_max
+from extrapolators.communication.nccl.many import P2P_OPS, ManyCalls, arrivals
 from extrapolators.communication.nccl.options import NcclOptions, Tuning, resolve_tuning
 from extrapolators.communication.nccl.system import System, tree_depth
 from networks.groups import fire_at
@@ -53,7 +52,6 @@ ALGO_NAMES = {
     "collnet": ("collnet_direct",),
 }
 PIPELINED = {"nvls", "nvls_tree", "collnet_direct"}
-P2P_OPS = ("all_to_all", "sendrecv")
 # bytes on the wire per byte of data: LL sends a 4-byte flag with every 4 bytes, LL128 one
 # 8-byte flag in every 128-byte line (NCCL's device.h)
 PROTO_WIRE = {"LL": 2.0, "LL128": 128 / 120, "Simple": 1.0}
@@ -151,12 +149,7 @@ class Nccl(CommModel):
         self.routes = self.analysis.routes
         self._plans: dict = {}
         self._uneven: dict = {}  # plan_uneven's: (group, id(sizes), algorithm) -> (sizes, plan)
-        self._many: dict = {}  # run_many's calls: (groups, plans, batch), see _many_plans
-        self._keys: dict = {}  # alike keys per groups met by run_many (_group_keys)
-        # _many_plans' calls by the identity of their lists (groups, roots, sizes), and the
-        # GPU slots in them (bounded as _many's)
-        self._same_lists: dict = {}
-        self._same_slots = 0
+        self.many = ManyCalls(self)  # run_many's calls
         self._big_kept = 0  # streams in the kept batches of more than KEEP_BATCH (_batch_of)
         self.choices: dict = {}  # (op, algo, proto) -> calls, for reports
 
@@ -176,7 +169,7 @@ class Nccl(CommModel):
             and analysis.arch == a.arch
             and analysis.switch_ends == a.switch_ends
         )
-        if not same or self._plans or self._uneven or self._many:
+        if not same or self._plans or self._uneven or self.many.calls:
             return False
         self.analysis, self.routes = analysis, analysis.routes
         return True
@@ -475,7 +468,7 @@ class Nccl(CommModel):
             # the network charged each stream its path latency after its last byte left;
             # NCCL's latency replaces it: wait what is left of it after the last byte left
             if len(p.streams) > 64:  # (the same float operations, in numpy)
-                sent = float(np.max(_arrivals(records) - p.latency_array()))
+                sent = float(np.max(arrivals(records) - p.latency_array()))
             else:
                 ends = records.ends() if hasattr(records, "ends") else [r.end for r in records]
                 sent = max(e - pl for e, pl in zip(ends, p.path_latency, strict=True))
@@ -499,45 +492,14 @@ class Nccl(CommModel):
         return out[0]
 
     def start_many(self, op, groups, nbytes, then, tag="", roots=None, algorithm=None, sizes=None):
-        """Start `run_many`'s collective: all the groups' streams as one transfer group (one
-        network update, not one per group). When the last transfer lands (at once if none
-        moves), calls `then(ends, end)`: each group's end instant, computed with `run`'s
-        float operations (its transfers' last arrival, then what is left of NCCL's
-        latency), and the instant the first group's `run` would have returned (its end
-        when every group's transfers arrived at its instant, the symmetric case, else the
-        landing instant); no event between."""
-        roots = roots if roots is not None else [None] * len(groups)
-        plans, batch, m = self._many_plans(op, groups, nbytes, roots, algorithm, sizes)
-        for k, count in m.choices:
-            self.choices[k] = self.choices.get(k, 0) + count
-        env = self.env
-        start = env.now
-        # per group, as `run` does it: its transfers' last arrival (`last`, when its
-        # transfer_all would have fired), then what is left of NCCL's latency after its
-        # last byte left (`rest`); the same float operations, element by element
-
-        def landed(records):
-            if m.uniform and records is not None:  # every group lands as the first one
-                return then(*_uniform_ends(records.end_array()[: m.uniform], m, len(plans), env))
-            last = np.full(len(plans), start)
-            rest = m.rest.copy()
-            if records is not None:
-                arrive = _arrivals(records)
-                last[m.has] = np.maximum.reduceat(arrive, m.first)
-                sent = np.maximum.reduceat(arrive - m.path_lat, m.first)
-                rest[m.has] -= last[m.has] - sent
-            ends = np.where(rest > 0, last + rest, last).tolist()
-            then(ends, _first_end(env.now, float(last[0]), float(rest[0]), ends[0]))
-
-        if batch:
-            self.net.transfer_all_then(batch, landed, tag=tag or op)
-        else:
-            landed(None)
+        """`run_many`'s collective started, `then(ends, end)` called when it lands
+        (many.ManyCalls.start)."""
+        self.many.start(op, groups, nbytes, then, tag, roots, algorithm, sizes)
 
     def prepare_many(self, op, groups, nbytes, roots, algorithm=None, sizes=None) -> None:
         """What `run_many` of this call will need, made now and kept (its plans and
         batch): a symmetric run's check before it starts (networks.packet.quotient)."""
-        self._many_plans(op, groups, nbytes, roots, algorithm, sizes)
+        self.many.plans(op, groups, nbytes, roots, algorithm, sizes)
 
     def prepare_one(self, op, group, nbytes, root=None, algorithm=None, sizes=None) -> None:
         """What `run` of this call will need, made now and kept (its plan and batch): a
@@ -548,174 +510,10 @@ class Nccl(CommModel):
 
     def forget_batches(self) -> None:
         """Drop the kept batches (the network now routes otherwise)."""
-        self._many.clear()
-        self._same_lists.clear()
-        self._same_slots = 0
+        self.many.forget()
         self._big_kept = 0
         for p in self._plans.values():
             p.batch = None
-
-    def _alike_plans(self, op, groups, nbytes, roots, algorithm) -> list:
-        """Each group's plan: groups[0]'s (the representatives') analysed; an image group
-        whose analysis would repeat it GPU for GPU (`alike.fingerprints`, the same root
-        position) gets it renamed (at 131,072 GPUs, analysing 32,768 tensor-parallel
-        groups one by one was ~40 % of a symmetric 3D run); any other is analysed."""
-        groups = [tuple(g) for g in groups]
-        plans: list = [None] * len(groups)
-        p0 = self.plan(op, groups[0], nbytes, roots[0], algorithm) if len(groups) > 2 else None
-        if p0 is not None and alike.renamed(p0, groups[0], groups[0]) is not None:
-            keys = self._group_keys(groups)
-            same_root = _rooted_alike(roots, groups)
-            plans[0] = p0
-            for k in range(1, len(groups)):
-                if keys[k] is not None and keys[k] == keys[0] and same_root[k]:
-                    plans[k] = alike.renamed(p0, groups[0], groups[k])
-        rest = [k for k, p in enumerate(plans) if p is None]
-        if op not in P2P_OPS:  # (rings' hops routed together; a send/receive takes none)
-            self.analysis.prepare([groups[k] for k in rest])
-        for k in rest:
-            plans[k] = self.plan(op, groups[k], nbytes, roots[k], algorithm)
-        return plans
-
-    def _group_keys(self, groups) -> list:
-        """`alike.fingerprints` of the groups, kept for the same group objects (a symmetric
-        run's images, held by its Symmetry, meet several ops and sizes: a 3D run keyed its 4
-        tensor-parallel group lists in 5 calls, now in 4)."""
-        ident = tuple(map(id, groups))
-        return self._held(self._keys, ident, groups, lambda: alike.fingerprints(self, groups))
-
-    def _held(self, cache: dict, key, groups, make):
-        """cache[key]'s value where it was made for these very group objects, else `make()`,
-        kept with the groups (their ids stay theirs); the least recently used dropped
-        beyond MANY_SLOTS GPU slots in the kept groups (not the first 32 calls kept)."""
-        hit = cache.get(key)
-        if hit is not None and all(a is b for a, b in zip(hit[0], groups, strict=True)):
-            cache[key] = cache.pop(key)  # the most recently used last
-            return hit[1]
-        value = make()
-        cache.pop(key, None)
-        cache[key] = (list(groups), value, sum(map(len, groups)))
-        slots = sum(entry[2] for entry in cache.values())  # (made on a miss only)
-        while slots > self.MANY_SLOTS and len(cache) > 1:
-            slots -= cache.pop(next(iter(cache)))[2]
-        return value
-
-    MANY_SLOTS = 4_000_000  # GPU slots (group members) in run_many's kept calls, per cache
-
-    def _many_plans(self, op, groups, nbytes, roots, algorithm, sizes=None):
-        """(each group's plan, all their streams checked and routed as one batch), kept for
-        the same groups (the same tuple objects: a symmetric run's images, held by its
-        Symmetry), roots and call: at 131,072 GPUs each of a run's ~1,300 calls over
-        32,768 tensor-parallel groups looked up 32,768 plans and checked and routed 131,072
-        streams again. The same plans and the same streams in the same order, so the
-        same transfers."""
-        # the same list objects again (a symmetric run's meetings keep them): at once
-        fast = (op, nbytes, algorithm, id(groups), id(roots), id(sizes))
-        hit = self._same_lists.get(fast)
-        if hit is not None and hit[0] is groups and hit[1] is roots and hit[2] is sizes:
-            return hit[3]
-        return self._many_plans_kept(fast, op, groups, nbytes, roots, algorithm, sizes)
-
-    def _many_plans_kept(self, fast, op, groups, nbytes, roots, algorithm, sizes):
-        """`_many_plans` where its lists are new: found or made, then kept under `fast`
-        (apart, so that the look-up above makes no closure cells: it runs at every
-        collective of a symmetric run)."""
-        key = (op, float(nbytes), algorithm, tuple(roots), tuple(map(id, groups)), id(sizes))
-        held = groups if sizes is None else [*groups, sizes]  # (the sizes' object kept too)
-        out = self._held(
-            self._many,
-            key,
-            held,
-            lambda: self._prepared(op, groups, nbytes, roots, algorithm, sizes),
-        )
-        same = self._same_lists
-        slots = sum(map(len, groups))
-        while same and self._same_slots + slots > self.MANY_SLOTS:  # the oldest out
-            self._same_slots -= same.pop(next(iter(same)))[4]
-        same[fast] = (groups, roots, sizes, out, slots)
-        self._same_slots += slots
-        return out
-
-    def _prepared(self, op, groups, nbytes, roots, algorithm, sizes=None):
-        """`_many_plans` made: the plans, their streams as one batch, the arrays run_many reads."""
-        if sizes is not None:  # an uneven all-to-all: each group's plan as `run` makes it
-            plans = [self._plan_of(op, g, nbytes, algorithm=algorithm, sizes=sizes) for g in groups]
-        else:
-            plans = self._alike_plans(op, groups, nbytes, roots, algorithm)
-        streams = [x for p in plans for x in p.streams]
-        batch = self.net.batch(streams) if streams else []
-        counts = np.array([len(p.streams) for p in plans], np.int64)
-        choices: dict = {}
-        for p in plans:
-            k = (op, p.algo, p.proto)
-            choices[k] = choices.get(k, 0) + 1
-        m = SimpleNamespace(
-            choices=list(choices.items()),
-            rest=np.array([p.latency + p.fill for p in plans], float),
-            has=counts > 0,  # groups with streams, and where each one's begin in the batch
-            first=(np.cumsum(counts) - counts)[counts > 0],
-            path_lat=np.array([x for p in plans for x in p.path_latency], float),
-        )
-        m.uniform = _uniform(batch, counts, m.rest, m.path_lat)
-        # the first group's path latencies and latency after, as Python floats
-        m.lat0, m.rest0 = m.path_lat[: m.uniform].tolist(), float(m.rest[0]) if plans else 0.0
-        return plans, batch, m
-
-
-def _uniform(batch, counts, rest, path_lat) -> int:
-    """The number of streams of each group where every group ends as the first: the network
-    moves the batch by orbits (each transfer lands with its kept flow: `expand`), every
-    group's streams are the same kept flows with the same path latencies, and every group
-    has the same latency after; else 0."""
-    expand = getattr(batch, "expand", None)
-    if expand is None or not len(counts) or counts[0] == 0 or (counts != counts[0]).any():
-        return 0
-    if (rest != rest[0]).any():
-        return 0
-    c = int(counts[0])
-    e, lat = expand.reshape(-1, c).tolist(), path_lat.reshape(-1, c).tolist()
-    first = sorted(zip(e[0], lat[0], strict=True))
-    same = all(sorted(zip(a, b, strict=True)) == first for a, b in zip(e, lat, strict=True))
-    return c if same else 0
-
-
-def _uniform_ends(arrive, m, n: int, env) -> tuple:
-    """`start_many`'s (ends, end) where every group ends as the first (`_uniform`):
-    the first group's, with the same float operations, `arrive` its streams' arrivals
-    (a few: in Python floats, the same differences and maxima as numpy's)."""
-    a = arrive.tolist()
-    last = max(a)
-    sent = max(map(operator.sub, a, m.lat0))
-    rest = m.rest0 - (last - sent)
-    e = last + rest if rest > 0 else last
-    return [e] * n, _first_end(env.now, last, rest, e)
-
-
-def _first_end(now: float, last: float, rest: float, end: float) -> float:
-    """When the first group's `run` returns, at the landing instant `now`: after waiting
-    what is left of NCCL's latency (`rest`) where its transfers landed now (the same sum
-    as a timeout(rest)), else at its end `end` (another group's landed later), or now."""
-    if now == last and rest > 0:
-        return now + rest
-    return max(now, end)
-
-
-def _arrivals(records) -> np.ndarray:
-    """The transfers' arrival times as a float array (a transfer_all's records)."""
-    if hasattr(records, "end_array"):
-        return records.end_array()
-    return np.array([r.end for r in records], float)
-
-
-def _rooted_alike(roots, groups) -> list:
-    """Per group, whether its root is at the representatives' root's position."""
-    r0 = roots[0]
-    if r0 is None:
-        return [r is None for r in roots]
-    if r0 not in groups[0]:  # (the plan takes the group's first GPU): analysed
-        return [True] + [False] * (len(groups) - 1)
-    at = groups[0].index(r0)
-    return [r is not None and g[at] == r for g, r in zip(groups, roots, strict=True)]
 
 
 def _missing(name: str, s: System) -> str:
