@@ -36,6 +36,7 @@ from triosim.common.registry import Registry
 from triosim.common.schema import option
 
 OPS = ("allreduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all", "sendrecv")
+P2P_OPS = ("all_to_all", "sendrecv")  # the ops that are point-to-point sends, no ring or tree
 
 COMM_MODELS = Registry("communication.kind", "kind", "communication model")
 register = COMM_MODELS.register
@@ -110,8 +111,6 @@ class Textbook(CommModel):
                 self.env, self.net, tuple(group), sizes, tag=tag or op
             )
             return
-        name = algorithm or (
-            "direct" if op in ("all_to_all", "sendrecv") else self.options.algorithm
-        )
+        name = algorithm or ("direct" if op in P2P_OPS else self.options.algorithm)
         algo = collectives.algorithm(op, name)
         yield from algo(self.env, self.net, tuple(group), nbytes, tag=tag or op, root=root)

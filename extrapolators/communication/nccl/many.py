@@ -10,9 +10,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from extrapolators.communication.base import P2P_OPS
 from extrapolators.communication.nccl import alike
-
-P2P_OPS = ("all_to_all", "sendrecv")
 
 
 class ManyCalls:
@@ -44,8 +43,8 @@ class ManyCalls:
         self.same_slots = 0
 
     def start(self, op, groups, nbytes, then, tag="", roots=None, algorithm=None, sizes=None):
-        """Start the model's `run_many` collective: all the groups' streams as one transfer group (one
-        network update, not one per group). When the last transfer lands (at once if none
+        """Start the model's `run_many` collective: all the groups' streams as one
+        transfer group (one network update, not one per group). When the last transfer lands (at once if none
         moves), calls `then(ends, end)`: each group's end instant, computed with `run`'s
         float operations (its transfers' last arrival, then what is left of NCCL's
         latency), and the instant the first group's `run` would have returned (its end

@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from extrapolators.communication.base import CommModel, check_op, register
+from extrapolators.communication.base import P2P_OPS, CommModel, check_op, register
 from extrapolators.communication.nccl import families, tuner
 from extrapolators.communication.nccl.groups import GroupAnalysis, _Group
 from extrapolators.communication.nccl.layouts import window_max as _window_max
-from extrapolators.communication.nccl.many import P2P_OPS, ManyCalls, arrivals
+from extrapolators.communication.nccl.many import ManyCalls, arrivals
 from extrapolators.communication.nccl.options import NcclOptions, Tuning, resolve_tuning
 from extrapolators.communication.nccl.system import System, tree_depth
 from networks.groups import fire_at
