@@ -76,8 +76,13 @@ class Group:
         """One transfer of a `transfer_all` group arrived (a subclass's own `_deliver`)."""
         self.pending -= 1
         if self.pending == 0:
-            done, self.done = self.done, None  # (a log keeps the group, not its waiters)
-            done.succeed(Records(self))
+            self.finish()
+
+    def finish(self) -> None:
+        """Every transfer landed: `done` succeeded with the group's Records, and let go (a
+        log keeps the group, not its waiters)."""
+        done, self.done = self.done, None
+        done.succeed(Records(self))
 
 
 class Records(Sequence):

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from networks.groups import Group, Records
+from networks.groups import Group
 from triosim.common.errors import QuotientBroken
 
 
@@ -264,8 +264,7 @@ class _Landed:
         full, kept, b = self.full, self.kept, self.batch
         full.ends[:] = kept.ends[b.expand]
         self.q._landed(b.extra_bytes, len(full.nb) - len(kept.nb))  # (sums made once)
-        done, full.done = full.done, None  # (the log keeps the group, not its waiters)
-        done.succeed(Records(full))
+        full.finish()
 
 
 def _ints(nodes) -> np.ndarray:

@@ -612,7 +612,7 @@ def _gradients(r, grad_bytes, total, times, cats, values):
         opt_end[it] = stop if it not in opt_end else max(opt_end[it], stop)
     at, change = [], []
     for it, items in per_iter.items():
-        weight = sum(n for _, n in items)
+        weight = sum(nbytes for _, nbytes in items)
         if not weight:
             continue
         for stop, nbytes in items:
