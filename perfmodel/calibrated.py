@@ -356,7 +356,7 @@ class CalibratedModel(CatalogueGPUModel):
         table = self._times.get(target)
         # (what else predict reads: a GPU redefined, the trace's batch or dtype changed,
         # and the target's times are made again)
-        setting = (gpu, self.trace.batch_size, self.trace.metadata.get("dtype"))
+        setting = (self.trace.batch_size, self.trace.metadata.get("dtype"))
         if table is None or table[0] is not gpu or table[1] != setting:
             table = self._times[target] = (gpu, setting, {})
         t = table[2].get(hit[1])
@@ -367,4 +367,4 @@ class CalibratedModel(CatalogueGPUModel):
     def _fresh(self) -> None:
         self._class_of: dict = {}  # id(operator) -> (the operator, its class)
         self._classes: dict = {}  # signature -> class
-        self._times: dict = {}  # target -> (its GPU, the setting, {class: seconds})
+        self._times: dict = {}  # target -> (its GPU, trace batch and dtype, {class: seconds})
